@@ -1,0 +1,102 @@
+"""Model configurations and media constants (h3_spec §1.1, §4, §8).
+
+One dataclass describes every DiT size, from `tiny` (CI) to the full 50-layer `h3`. The media
+constants are fixed by the H3 design and shared by the layout, the VAEs and the writer.
+"""
+from dataclasses import dataclass
+
+import torch
+
+# Media contract (h3_spec §4).
+FPS = 24  # video frames per second; a request for another fps is refused
+AUDIO_SAMPLE_RATE = 32000  # Hz, stereo
+AUDIO_HOP = 800  # waveform samples per audio latent -> 40 Hz latent rate
+AUDIO_LATENT_RATE = AUDIO_SAMPLE_RATE // AUDIO_HOP  # 40 Hz
+AUDIO_CHANNELS = 2  # stereo
+VIDEO_LATENT_CHANNELS = 24
+AUDIO_LATENT_CHANNELS = 32
+VIDEO_SPATIAL_DOWNSAMPLE = 16  # pixels per latent cell along height and width
+FRAMES_PER_LATENT = (1, 4, 4, 4, 4)  # frames covered by latent k: FRAMES_PER_LATENT[k % 5]
+PATCH = 2  # spatial patch (1, 2, 2) over the video latent
+VIDEO_ROW_WIDTH = VIDEO_LATENT_CHANNELS * PATCH * PATCH  # 96
+AUDIO_ROW_WIDTH = AUDIO_LATENT_CHANNELS  # 32
+ROW_ALIGN = 64  # every request's packed length is a multiple of this (h3_spec §2.1)
+CANVAS_MULTIPLE = 32  # height and width must be multiples of this (h3_spec §4.2)
+
+
+@dataclass(frozen=True)
+class DiTConfig:
+    """Sizes of one H3 DiT (h3_spec §1.1 for `h3`, §8 for the scaled sizes).
+
+    The structure is the same at every size: attention width A = heads x head_dim, rotary
+    width 6 x rope_freqs_per_axis of head_dim, per-block 3-modality AdaLN (18 x hidden) and a
+    2-block token refiner. `dtype` is the runtime dtype of everything except the fp32 patch
+    projections, time embedder and output heads.
+    """
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    head_dim: int
+    ffn_size: int
+    text_dim: int
+    rope_freqs_per_axis: int
+    time_embed_hidden_size: int
+    time_embed_dim: int
+    dtype: str = "float32"
+    num_refiner_layers: int = 2
+    timestep_freq_dim: int = 256
+    rope_theta: float = 10000.0
+    eps: float = 1e-5
+    default_steps: int = 4
+    default_height: int = 64
+    default_width: int = 96
+    default_num_frames: int = 22
+
+    @property
+    def attn_width(self) -> int:
+        """Attention inner width A = num_heads x head_dim (7168 for H3, != hidden_size)."""
+        return self.num_heads * self.head_dim
+
+    @property
+    def rotary_dim(self) -> int:
+        """Head dims rotated by the 3-axis RoPE: 3 axes x 2 halves x freqs per axis."""
+        return 6 * self.rope_freqs_per_axis
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
+
+CONFIGS = {
+    "tiny": DiTConfig(
+        name="tiny", num_layers=2, hidden_size=96, num_heads=8, head_dim=16, ffn_size=256,
+        text_dim=384, rope_freqs_per_axis=2, time_embed_hidden_size=96, time_embed_dim=48,
+        default_steps=4, default_height=64, default_width=96, default_num_frames=22,
+    ),
+    "small": DiTConfig(
+        name="small", num_layers=6, hidden_size=384, num_heads=8, head_dim=64, ffn_size=1024,
+        text_dim=384, rope_freqs_per_axis=8, time_embed_hidden_size=384, time_embed_dim=192,
+        default_steps=8, default_height=128, default_width=224, default_num_frames=39,
+    ),
+    "bench": DiTConfig(
+        name="bench", num_layers=8, hidden_size=5376, num_heads=56, head_dim=128,
+        ffn_size=14336, text_dim=5120, rope_freqs_per_axis=16, time_embed_hidden_size=5376,
+        time_embed_dim=2688, dtype="bfloat16", default_steps=30, default_height=384,
+        default_width=672, default_num_frames=209,
+    ),
+    "h3": DiTConfig(
+        name="h3", num_layers=50, hidden_size=5376, num_heads=56, head_dim=128,
+        ffn_size=14336, text_dim=5120, rope_freqs_per_axis=16, time_embed_hidden_size=5376,
+        time_embed_dim=2688, dtype="bfloat16", default_steps=30, default_height=384,
+        default_width=672, default_num_frames=209,
+    ),
+}
+
+
+def get_config(name: str) -> DiTConfig:
+    """Return the named DiT config. Raises ValueError naming the allowed names."""
+    if name not in CONFIGS:
+        raise ValueError(f"config {name!r} is unknown; choose one of {sorted(CONFIGS)}")
+    return CONFIGS[name]
