@@ -1,0 +1,264 @@
+"""Packed variable-length layout: one request's rows and the batched packing of N requests.
+
+One request occupies [ text L | audio 2*T_a | video V | padding to a multiple of 64 ] rows
+(h3_spec §2.1, t2va: no condition rows). A batch concatenates requests in batch order, each
+keeping its own padded length, so every request starts at a multiple of 64 rows and attention
+documents never cross requests (h3_spec §2.5). Shape math follows h3_spec §4.
+"""
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .config import (
+    AUDIO_CHANNELS, AUDIO_HOP, AUDIO_LATENT_RATE, AUDIO_SAMPLE_RATE, FPS, FRAMES_PER_LATENT, PATCH,
+    ROW_ALIGN, VIDEO_LATENT_CHANNELS, VIDEO_SPATIAL_DOWNSAMPLE,
+)
+
+FRAME_TIME = 5.0 / 3.0  # RoPE time units per video frame: one unit = one 40 Hz audio latent
+SPATIAL_EXTENT = 32.0  # RoPE spatial coordinates span about this range (h3_spec §2.3)
+
+TAG_PAD, TAG_VIDEO, TAG_TEXT, TAG_AUDIO = -1, 0, 1, 2  # token tags; also the AdaLN modality
+
+
+def align_num_frames(num_frames: int) -> int:
+    """Smallest 17n+5 frame count >= num_frames (h3_spec §4.2). align(200) = 209."""
+    if num_frames <= 5:
+        return 5
+    return 5 + 17 * math.ceil((num_frames - 5) / 17)
+
+
+def latent_frames(num_frames: int) -> int:
+    """Video latent frames T_lat = 5n+2 for an (aligned up) frame count. T_lat(209) = 62."""
+    aligned = align_num_frames(num_frames)
+    return (aligned - 5) // 17 * 5 + 2
+
+
+def audio_latent_frames(num_frames: int) -> int:
+    """Audio latents per stereo channel: round(num_frames / 24 fps x 40 Hz). T_a(209) = 348."""
+    return round(num_frames / FPS * AUDIO_LATENT_RATE)
+
+
+def audio_num_samples(num_frames: int) -> int:
+    """Waveform samples per channel of a clip of num_frames frames: num_frames / 24 s at 32 kHz."""
+    return round(num_frames * AUDIO_SAMPLE_RATE / FPS)
+
+
+@dataclass(frozen=True)
+class RequestLayout:
+    """Row layout of one request: [text | audio (channel-major) | video | padding].
+
+    All counts are rows. `seq_len` is the padded length (a multiple of 64, >= used).
+    """
+
+    text_len: int
+    latent_t: int
+    latent_h: int
+    latent_w: int
+    audio_t: int
+    seq_len: int
+
+    @property
+    def audio_rows(self) -> int:
+        return AUDIO_CHANNELS * self.audio_t
+
+    @property
+    def video_rows(self) -> int:
+        return self.latent_t * (self.latent_h // PATCH) * (self.latent_w // PATCH)
+
+    @property
+    def audio_start(self) -> int:
+        return self.text_len
+
+    @property
+    def video_start(self) -> int:
+        return self.text_len + self.audio_rows
+
+    @property
+    def used(self) -> int:
+        return self.text_len + self.audio_rows + self.video_rows
+
+    def spatial_grid(self) -> tuple[list[float], list[float]]:
+        """RoPE h and w coordinates of the patch grid (h3_spec §2.3), fp64 Python floats."""
+        area = math.sqrt(self.latent_h * self.latent_w)
+
+        def axis(size: int) -> list[float]:
+            ratio = size / area
+            left = (1.0 - ratio) / 2.0
+            count = size // PATCH
+            return [SPATIAL_EXTENT * (left + ratio * i / count) for i in range(count)]
+
+        return axis(self.latent_h), axis(self.latent_w)
+
+    def video_times(self) -> list[float]:
+        """RoPE time of each latent frame: text_len + 5/3 x (first frame it covers)."""
+        times, t = [], float(self.text_len)
+        for k in range(self.latent_t):
+            times.append(t)
+            t += FRAME_TIME * FRAMES_PER_LATENT[k % len(FRAMES_PER_LATENT)]
+        return times
+
+    def position_ids(self) -> torch.Tensor:
+        """RoPE coordinates (t, h, w) of every row, float64 [seq_len, 3] (h3_spec §2.3).
+
+        Text row i: (i, 0, 0). Audio channel c, latent tau: (text_len + tau, 0, w_grid[0] for
+        c = 0 or w_grid[-1] for c = 1). Video rows: (latent time, h grid, w grid), t-major then
+        h then w. Padding: (0, 0, 0).
+        """
+        pos = torch.zeros(self.seq_len, 3, dtype=torch.float64)
+        pos[: self.text_len, 0] = torch.arange(self.text_len, dtype=torch.float64)
+        h_grid, w_grid = self.spatial_grid()
+        tau = torch.arange(self.audio_t, dtype=torch.float64) + self.text_len
+        for channel, w in enumerate((w_grid[0], w_grid[-1])):
+            start = self.audio_start + channel * self.audio_t
+            pos[start : start + self.audio_t, 0] = tau
+            pos[start : start + self.audio_t, 2] = w
+        t = torch.tensor(self.video_times(), dtype=torch.float64)
+        h = torch.tensor(h_grid, dtype=torch.float64)
+        w = torch.tensor(w_grid, dtype=torch.float64)
+        grid = torch.stack(torch.meshgrid(t, h, w, indexing="ij"), dim=-1).reshape(-1, 3)
+        pos[self.video_start : self.used] = grid
+        return pos
+
+    def token_tags(self) -> torch.Tensor:
+        """Row modality tags, int64 [seq_len]: -1 padding, 0 video, 1 text, 2 audio."""
+        tags = torch.full((self.seq_len,), TAG_PAD, dtype=torch.int64)
+        tags[: self.text_len] = TAG_TEXT
+        tags[self.audio_start : self.video_start] = TAG_AUDIO
+        tags[self.video_start : self.used] = TAG_VIDEO
+        return tags
+
+
+def make_layout(text_len: int, height: int, width: int, num_frames: int,
+                seq_len: int | None = None) -> RequestLayout:
+    """Layout of a t2va request. height/width in pixels (multiples of 32), num_frames as asked
+    (aligned up to 17n+5 for the latent). seq_len pins the padded length (a multiple of 64,
+    >= used); None pads to the next multiple of 64.
+
+    672x384, 209 frames, 9 text tokens -> used 16,329, seq_len 16,384 (h3_spec §4.4).
+
+    Raises ValueError when seq_len is not a multiple of 64 or is below the used rows.
+    """
+    layout = RequestLayout(
+        text_len=text_len,
+        latent_t=latent_frames(num_frames),
+        latent_h=height // VIDEO_SPATIAL_DOWNSAMPLE,
+        latent_w=width // VIDEO_SPATIAL_DOWNSAMPLE,
+        audio_t=audio_latent_frames(num_frames),
+        seq_len=0,
+    )
+    used = layout.used
+    if seq_len is None:
+        seq_len = math.ceil(used / ROW_ALIGN) * ROW_ALIGN
+    if seq_len % ROW_ALIGN or seq_len < used:
+        raise ValueError(f"seq_len {seq_len} must be a multiple of {ROW_ALIGN} and >= {used} used rows")
+    return RequestLayout(layout.text_len, layout.latent_t, layout.latent_h, layout.latent_w,
+                         layout.audio_t, seq_len)
+
+
+def patchify_video(latent: torch.Tensor) -> torch.Tensor:
+    """Video latent [24, T, Hl, Wl] -> rows [T*(Hl/2)*(Wl/2), 96], t-major then h then w;
+    feature index = channel*4 + ph*2 + pw (h3_spec §1.8)."""
+    c, t, hl, wl = latent.shape
+    x = latent.reshape(c, t, hl // PATCH, PATCH, wl // PATCH, PATCH)
+    return x.permute(1, 2, 4, 0, 3, 5).reshape(t * (hl // PATCH) * (wl // PATCH), c * PATCH * PATCH)
+
+
+def unpatchify_video(rows: torch.Tensor, layout: RequestLayout) -> torch.Tensor:
+    """Inverse of patchify_video: rows [V, 96] -> latent [24, T_lat, Hl, Wl]."""
+    t, hp, wp = layout.latent_t, layout.latent_h // PATCH, layout.latent_w // PATCH
+    x = rows.reshape(t, hp, wp, VIDEO_LATENT_CHANNELS, PATCH, PATCH)
+    return x.permute(3, 0, 1, 4, 2, 5).reshape(VIDEO_LATENT_CHANNELS, t, hp * PATCH, wp * PATCH)
+
+
+def audio_rows_to_latent(rows: torch.Tensor, layout: RequestLayout) -> torch.Tensor:
+    """Channel-major audio rows [2*T_a, 32] -> audio VAE latent [2, 32, T_a] (h3_spec §1.8)."""
+    return rows.reshape(AUDIO_CHANNELS, layout.audio_t, -1).permute(0, 2, 1)
+
+
+@dataclass
+class PackedBatch:
+    """N requests packed into one sequence for one DiT forward (h3_spec §2.5).
+
+    Row index tensors are int64 on the CPU and list rows of the packed sequence in request
+    order. The text refiner runs on its own sequence in which each request's text block is
+    padded to a multiple of 64 rows (so row-tiled linears are batch-invariant).
+    """
+
+    layouts: list[RequestLayout]
+    offsets: list[int]  # first packed row of each request (multiples of 64)
+    total_rows: int
+    cu_seqlens: torch.Tensor  # int32 [documents + 1], no empty documents
+    max_seqlen: int
+    video_rows: torch.Tensor  # int64 [sum V]
+    audio_rows: torch.Tensor  # int64 [sum 2*T_a]
+    text_rows: torch.Tensor  # int64 [sum L]: packed rows receiving refined text
+    refiner_rows: int  # length of the refiner sequence (multiple of 64)
+    refiner_text_rows: torch.Tensor  # int64 [sum L]: where each text token sits in it
+    refiner_cu_seqlens: torch.Tensor  # int32
+    refiner_max_seqlen: int
+    position_ids: torch.Tensor  # float64 [total_rows, 3]
+    token_tags: torch.Tensor  # int64 [total_rows]
+    unique_timesteps: torch.Tensor  # float32 [M], sorted ascending
+    inverse_indices: torch.Tensor  # int64 [total_rows]: row -> index into unique_timesteps
+
+
+def _documents(starts_ends: list[tuple[int, int, int]]) -> tuple[torch.Tensor, int]:
+    """cu_seqlens for blocks (start, used_end, padded_end), omitting empty padding documents."""
+    bounds = [0]
+    for _, used_end, padded_end in starts_ends:
+        bounds.append(used_end)
+        if padded_end > used_end:
+            bounds.append(padded_end)
+    cu = torch.tensor(bounds, dtype=torch.int32)
+    return cu, int((cu[1:] - cu[:-1]).max())
+
+
+def pack_requests(layouts: list[RequestLayout], t_video: list[float],
+                  t_audio: list[float]) -> PackedBatch:
+    """Pack N requests (batch order kept) for one forward at per-request timesteps.
+
+    t_video / t_audio: each request's model timestep t = 1 - sigma for its video and audio
+    rows. Text and padding rows take t_video (h3_spec §1.9). Unique timesteps are taken over
+    the whole batch (torch.unique, sorted) with per-row inverse indices.
+    """
+    offsets, blocks, refiner_blocks = [], [], []
+    video, audio, text, refiner_text, positions, tags, timesteps = [], [], [], [], [], [], []
+    offset = refiner_offset = 0
+    for layout, tv, ta in zip(layouts, t_video, t_audio, strict=True):
+        offsets.append(offset)
+        blocks.append((offset, offset + layout.used, offset + layout.seq_len))
+        video.append(torch.arange(layout.video_start, layout.used) + offset)
+        audio.append(torch.arange(layout.audio_start, layout.video_start) + offset)
+        text.append(torch.arange(layout.text_len) + offset)
+        refiner_len = math.ceil(layout.text_len / ROW_ALIGN) * ROW_ALIGN
+        refiner_blocks.append((refiner_offset, refiner_offset + layout.text_len, refiner_offset + refiner_len))
+        refiner_text.append(torch.arange(layout.text_len) + refiner_offset)
+        positions.append(layout.position_ids())
+        request_tags = layout.token_tags()
+        tags.append(request_tags)
+        row_t = torch.full((layout.seq_len,), tv, dtype=torch.float32)
+        row_t[request_tags == TAG_AUDIO] = ta
+        timesteps.append(row_t)
+        offset += layout.seq_len
+        refiner_offset += refiner_len
+    cu, max_seqlen = _documents(blocks)
+    refiner_cu, refiner_max = _documents(refiner_blocks)
+    unique, inverse = torch.unique(torch.cat(timesteps), sorted=True, return_inverse=True)
+    return PackedBatch(
+        layouts=list(layouts), offsets=offsets, total_rows=offset, cu_seqlens=cu,
+        max_seqlen=max_seqlen, video_rows=torch.cat(video), audio_rows=torch.cat(audio),
+        text_rows=torch.cat(text), refiner_rows=refiner_offset,
+        refiner_text_rows=torch.cat(refiner_text), refiner_cu_seqlens=refiner_cu,
+        refiner_max_seqlen=refiner_max, position_ids=torch.cat(positions),
+        token_tags=torch.cat(tags), unique_timesteps=unique, inverse_indices=inverse,
+    )
+
+
+def split_rows(batch: PackedBatch, video: torch.Tensor,
+               audio: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Inverse of the packing for model outputs: video [sum V, 96] and audio [sum 2*T_a, 32]
+    -> one (video, audio) pair per request, in batch order."""
+    videos = video.split([layout.video_rows for layout in batch.layouts])
+    audios = audio.split([layout.audio_rows for layout in batch.layouts])
+    return list(zip(videos, audios))
