@@ -1,0 +1,189 @@
+"""The step-execution contract (h3_spec §5): prepare -> denoise_step(states) -> update -> decode.
+
+Request mode (`Engine.generate`) is the same four functions driven to completion for one
+request, so request mode, solo step mode and co-batched step mode run identical arithmetic.
+All per-request state lives in RequestState; the Engine holds only the models.
+"""
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import layout as L
+from .checkpoint import load_weights
+from .config import AUDIO_LATENT_CHANNELS, VIDEO_LATENT_CHANNELS, get_config
+from .encoder import TextEncoder
+from .model import H3DiT
+from .request import GenerationRequest, RequestLimits, random_seed, validate_request
+from .sampling import euler_step, sigma_schedule
+from .vae import AudioVAE, VideoVAE
+
+
+@dataclass
+class RequestState:
+    """Everything request-specific between steps (h3_spec §5.6).
+
+    video_latents: float32 [V, 96] video rows; audio_latents: float32 [2*T_a, 32] audio rows
+    (channel-major); text_embeds: [L, text_dim]; sigma lists have num_inference_steps + 1
+    entries; step_index counts completed DiT forwards.
+    """
+
+    request_id: str
+    output_index: int
+    seed: int
+    height: int
+    width: int
+    num_frames: int
+    layout: L.RequestLayout
+    text_embeds: torch.Tensor
+    video_latents: torch.Tensor
+    audio_latents: torch.Tensor
+    sigmas_video: list[float]
+    sigmas_audio: list[float]
+    step_index: int = 0
+    extra: dict = field(default_factory=dict)  # serving bookkeeping (times, sender); no math
+
+    @property
+    def total_steps(self) -> int:
+        return len(self.sigmas_video) - 1
+
+    @property
+    def finished(self) -> bool:
+        return self.step_index >= self.total_steps
+
+    @property
+    def rows(self) -> int:
+        """Padded packed rows this request occupies in a forward."""
+        return self.layout.seq_len
+
+
+def initial_noise(layout: L.RequestLayout, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Initial video rows [V, 96] and audio rows [2*T_a, 32], float32, each from its own CPU
+    generator seeded with `seed` (h3_spec §3.5)."""
+    video_gen = torch.Generator("cpu").manual_seed(seed)
+    latent = torch.randn(1, VIDEO_LATENT_CHANNELS, layout.latent_t, layout.latent_h, layout.latent_w,
+                         generator=video_gen)
+    audio_gen = torch.Generator("cpu").manual_seed(seed)
+    audio = torch.randn(layout.audio_rows, AUDIO_LATENT_CHANNELS, generator=audio_gen)
+    return L.patchify_video(latent[0]), audio
+
+
+class Engine:
+    """Runs the H3 models for any number of request states.
+
+    Args:
+        dit: the DiT (its device is the engine's device).
+        video_vae, audio_vae: decoders (kept on the CPU or the DiT's device).
+        encoder: the text encoder, or None when text states arrive precomputed (Triton).
+        limits: request limits checked in prepare().
+    """
+
+    def __init__(self, dit: H3DiT, video_vae: VideoVAE, audio_vae: AudioVAE,
+                 encoder: TextEncoder | None = None, limits: RequestLimits = RequestLimits()):
+        self.dit, self.video_vae, self.audio_vae, self.encoder, self.limits = dit, video_vae, audio_vae, encoder, limits
+        self.device = dit.video_patch_proj.weight.device
+
+    def encode_prompt(self, prompt: str) -> torch.Tensor:
+        """Text states float32 [L, text_dim] of the prompt. Raises ValueError for bad prompts."""
+        if self.encoder is None:
+            raise RuntimeError("this engine has no text encoder; pass text_embeds to prepare()")
+        return self.encoder.encode(prompt)
+
+    def prepare(self, request: GenerationRequest, text_embeds: torch.Tensor | None = None) -> list[RequestState]:
+        """Validate the request and build its states: num_outputs states with seeds seed,
+        seed+1, ... (a random seed is drawn when none is given).
+
+        text_embeds: float32 [L, text_dim]; None encodes request.prompt with the engine's encoder.
+        Raises ValueError naming the field (see validate_request; `rows` when the padded row
+        count exceeds limits.max_rows; `text_embeds` for a wrong width).
+        """
+        validate_request(request, self.limits)
+        if text_embeds is None:
+            text_embeds = self.encode_prompt(request.prompt)
+        if text_embeds.dim() != 2 or text_embeds.shape[1] != self.dit.cfg.text_dim or text_embeds.shape[0] < 1:
+            raise ValueError(f"text_embeds has shape {tuple(text_embeds.shape)}; expected [L >= 1, {self.dit.cfg.text_dim}]")
+        layout = L.make_layout(text_embeds.shape[0], request.height, request.width, request.num_frames)
+        if layout.seq_len > self.limits.max_rows:
+            raise ValueError(f"rows={layout.seq_len} is out of range: allowed 1..{self.limits.max_rows}")
+        seed = random_seed() if request.seed is None else request.seed
+        sigmas_video = sigma_schedule(request.num_inference_steps, request.video_shift)
+        sigmas_audio = sigma_schedule(request.num_inference_steps, request.audio_shift)
+        states = []
+        for index in range(request.num_outputs):
+            video, audio = initial_noise(layout, seed + index)
+            states.append(RequestState(
+                request_id=request.request_id, output_index=index, seed=seed + index,
+                height=request.height, width=request.width, num_frames=request.num_frames,
+                layout=layout, text_embeds=text_embeds, video_latents=video, audio_latents=audio,
+                sigmas_video=sigmas_video, sigmas_audio=sigmas_audio,
+            ))
+        return states
+
+    def denoise_step(self, states: list[RequestState]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """ONE packed DiT forward for all states at their own step; returns each state's
+        (video velocity float32 [V, 96], audio velocity float32 [2*T_a, 32]) on the CPU.
+        Raises ValueError if a state has already finished."""
+        for state in states:
+            if state.finished:
+                raise ValueError(f"request {state.request_id!r} has finished all {state.total_steps} steps")
+        batch = L.pack_requests(
+            [s.layout for s in states],
+            [1.0 - s.sigmas_video[s.step_index] for s in states],
+            [1.0 - s.sigmas_audio[s.step_index] for s in states],
+        )
+        video, audio, text = (torch.cat([getattr(s, name) for s in states]).to(self.device)
+                              for name in ("video_latents", "audio_latents", "text_embeds"))
+        video_v, audio_v = self.dit(video, audio, text, batch)
+        return L.split_rows(batch, video_v.cpu(), audio_v.cpu())
+
+    @staticmethod
+    def update(state: RequestState, velocity: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Advance `state` one Euler step with its (video, audio) velocity (h3_spec §3.2)."""
+        k = state.step_index
+        state.video_latents = euler_step(state.video_latents, velocity[0], state.sigmas_video[k], state.sigmas_video[k + 1])
+        state.audio_latents = euler_step(state.audio_latents, velocity[1], state.sigmas_audio[k], state.sigmas_audio[k + 1])
+        state.step_index = k + 1
+
+    def decode(self, state: RequestState) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decode a finished state: (frames uint8 [num_frames, H, W, 3], audio float32
+        [2, num_frames / 24 s x 32 kHz]). The aligned latent is decoded and the first
+        num_frames frames kept; audio is cut (or zero-padded by < 1 latent) to the clip length."""
+        return decode_latents(self.video_vae, self.audio_vae, state.layout, state.num_frames,
+                              state.video_latents, state.audio_latents)
+
+    def generate(self, request: GenerationRequest, text_embeds: torch.Tensor | None = None) -> list[tuple[RequestState, torch.Tensor, torch.Tensor]]:
+        """Request mode: prepare, then step each output to completion, then decode.
+        Returns (state, frames, audio) per output."""
+        results = []
+        for state in self.prepare(request, text_embeds):
+            while not state.finished:
+                self.update(state, self.denoise_step([state])[0])
+            results.append((state, *self.decode(state)))
+        return results
+
+
+def decode_latents(video_vae: VideoVAE, audio_vae: AudioVAE, layout: L.RequestLayout, num_frames: int,
+                   video_rows: torch.Tensor, audio_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Final rows -> (frames uint8 [num_frames, H, W, 3], audio float32 [2, samples]); see
+    Engine.decode. Shared by the engine and the Triton VAE model."""
+    frames = video_vae.decode(L.unpatchify_video(video_rows, layout))[:num_frames]
+    audio = audio_vae.decode(L.audio_rows_to_latent(audio_rows, layout))
+    samples = L.audio_num_samples(num_frames)
+    audio = torch.nn.functional.pad(audio[:, :samples], (0, max(0, samples - audio.shape[1])))
+    return frames, audio
+
+
+def load_engine(config_name: str, checkpoint_dir: str | Path, device: str = "cpu",
+                attention_backend: str = "sdpa", with_encoder: bool = True,
+                limits: RequestLimits = RequestLimits()) -> Engine:
+    """Build an Engine from a checkpoint folder holding dit.safetensors, video_vae.safetensors
+    and audio_vae.safetensors (see checkpoint_setup). The DiT uses 64-row linear tiles on the CPU."""
+    checkpoint_dir = Path(checkpoint_dir)
+    cfg = get_config(config_name)
+    dit = H3DiT(cfg, attention_backend=attention_backend, row_tile=64 if device == "cpu" else 0, device=device)
+    load_weights(dit, checkpoint_dir / "dit.safetensors")
+    video_vae, audio_vae = VideoVAE(), AudioVAE()
+    load_weights(video_vae, checkpoint_dir / "video_vae.safetensors")
+    load_weights(audio_vae, checkpoint_dir / "audio_vae.safetensors")
+    encoder = TextEncoder() if with_encoder else None
+    return Engine(dit.eval(), video_vae.eval(), audio_vae.eval(), encoder, limits)

@@ -1,0 +1,270 @@
+"""The H3 diffusion transformer (h3_spec §1): one module, config-driven, nanoGPT style.
+
+Dataflow of `H3DiT.forward` for a PackedBatch of N requests (rows S = sum of padded lengths):
+video rows -> video_patch_proj (fp32), audio rows -> audio_patch_proj (fp32), text ->
+condition_proj -> 2-block token refiner; scattered into a zero [S, H] buffer (padding rows stay
+0); time embedding of each unique timestep; num_layers AdaLN blocks with 3-axis RoPE and
+per-document attention; final layer; fp32 video/audio heads.
+
+Batch invariance (solo == co-batched, bitwise): every row-wise linear can run in fixed
+`row_tile`-row calls (64 on the CPU, whose GEMM results depend on the row count), and the time
+embedder and AdaLN projections run once per unique timestep value, so no result depends on
+how many requests share the forward.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import AUDIO_ROW_WIDTH, VIDEO_ROW_WIDTH, DiTConfig
+from ..layout import PackedBatch
+from .attention import AttentionFn, get_attention_backend
+from .rope import apply_rope, rope_table
+
+
+class Linear(nn.Linear):
+    """nn.Linear that, when `row_tile` > 0, multiplies in fixed row tiles of that many rows, so
+    each row's result does not depend on the total row count (inputs must then have a multiple
+    of row_tile rows)."""
+
+    row_tile: int = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.row_tile <= 0 or x.shape[0] == 1:
+            return super().forward(x)
+        if x.shape[0] % self.row_tile:
+            raise ValueError(f"{x.shape[0]} rows are not a multiple of the row tile {self.row_tile}")
+        return torch.cat([F.linear(tile, self.weight, self.bias) for tile in x.split(self.row_tile)])
+
+
+class RMSNorm(nn.Module):
+    """y = w * x / sqrt(mean(x^2) + eps): normalise in fp32, multiply by the fp32 weight, cast
+    back to x's dtype (h3_spec §1.4). Works on the last dim of any shape."""
+
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Fused qkv (no bias) -> per-head QK RMSNorm -> optional RoPE -> varlen attention -> out_proj."""
+
+    def __init__(self, cfg: DiTConfig, dtype: torch.dtype):
+        super().__init__()
+        self.heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.qkv_proj = Linear(cfg.hidden_size, 3 * cfg.attn_width, bias=False, dtype=dtype)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.eps, dtype)
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.eps, dtype)
+        self.out_proj = Linear(cfg.attn_width, cfg.hidden_size, bias=False, dtype=dtype)
+
+    def forward(self, x: torch.Tensor, attention: AttentionFn, cu_seqlens: torch.Tensor,
+                max_seqlen: int, rope: torch.Tensor | None) -> torch.Tensor:
+        rows = x.shape[0]
+        q, k, v = self.qkv_proj(x).view(rows, 3, self.heads, self.head_dim).unbind(1)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = apply_rope(q, rope), apply_rope(k, rope)
+        out = attention(q, k, v, cu_seqlens, max_seqlen)
+        return self.out_proj(out.reshape(rows, self.heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """SiLU-gated MLP: fc1 -> [gate; up] -> silu(gate) * up -> fc2 (no biases)."""
+
+    def __init__(self, cfg: DiTConfig, dtype: torch.dtype):
+        super().__init__()
+        self.fc1 = Linear(cfg.hidden_size, 2 * cfg.ffn_size, bias=False, dtype=dtype)
+        self.fc2 = Linear(cfg.ffn_size, cfg.hidden_size, bias=False, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.fc1(x).chunk(2, dim=-1)
+        return self.fc2(F.silu(gate) * up)
+
+
+def residual(x: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
+    """x + update computed in fp32 and rounded to x's dtype (h3_spec §1.6)."""
+    return (x.float() + update.float()).to(x.dtype)
+
+
+class RefinerBlock(nn.Module):
+    """Token refiner block: pre-norm attention (QK-norm, no RoPE, no AdaLN) and MLP (§1.7)."""
+
+    def __init__(self, cfg: DiTConfig, dtype: torch.dtype):
+        super().__init__()
+        self.norm1 = RMSNorm(cfg.hidden_size, cfg.eps, dtype)
+        self.attn = Attention(cfg, dtype)
+        self.norm2 = RMSNorm(cfg.hidden_size, cfg.eps, dtype)
+        self.mlp = MLP(cfg, dtype)
+
+    def forward(self, x, attention, cu_seqlens, max_seqlen):
+        x = residual(x, self.attn(self.norm1(x), attention, cu_seqlens, max_seqlen, rope=None))
+        return residual(x, self.mlp(self.norm2(x)))
+
+
+class TokenRefiner(nn.Module):
+    """Refiner blocks then a final RMSNorm over the projected text rows."""
+
+    def __init__(self, cfg: DiTConfig, dtype: torch.dtype):
+        super().__init__()
+        self.blocks = nn.ModuleList(RefinerBlock(cfg, dtype) for _ in range(cfg.num_refiner_layers))
+        self.final_norm = RMSNorm(cfg.hidden_size, cfg.eps, dtype)
+
+    def forward(self, x, attention, cu_seqlens, max_seqlen):
+        for block in self.blocks:
+            x = block(x, attention, cu_seqlens, max_seqlen)
+        return self.final_norm(x)
+
+
+class TimeEmbedder(nn.Module):
+    """t in [0, 1] -> sinusoid [cos(t f) | sin(t f)] (f_j = 10000^(-j/(D/2))) -> proj_in -> SiLU
+    -> proj_out, all fp32 (h3_spec §1.6). Input float32 [1]; output float32 [1, time_embed_dim]."""
+
+    def __init__(self, cfg: DiTConfig):
+        super().__init__()
+        self.freq_dim = cfg.timestep_freq_dim
+        self.proj_in = Linear(cfg.timestep_freq_dim, cfg.time_embed_hidden_size, dtype=torch.float32)
+        self.proj_out = Linear(cfg.time_embed_hidden_size, cfg.time_embed_dim, dtype=torch.float32)
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        half = self.freq_dim // 2
+        freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
+        angles = t.float()[:, None] * freqs
+        return self.proj_out(F.silu(self.proj_in(torch.cat([angles.cos(), angles.sin()], dim=-1))))
+
+
+class AdaLNProj(nn.Module):
+    """Linear(time_embed_dim -> n x hidden) over SiLU(t_emb), one call per unique timestep so
+    the result is independent of how many timesteps share the forward."""
+
+    def __init__(self, cfg: DiTConfig, n: int, dtype: torch.dtype):
+        super().__init__()
+        self.linear = Linear(cfg.time_embed_dim, n * cfg.hidden_size, dtype=dtype)
+
+    def forward(self, t_emb: torch.Tensor) -> torch.Tensor:
+        dtype = self.linear.weight.dtype
+        return torch.cat([self.linear(F.silu(e).to(dtype)) for e in t_emb.split(1)])
+
+
+class DiTBlock(nn.Module):
+    """AdaLN block (h3_spec §1.6): modulation row c = unique_index * 3 + modality.
+
+    h = norm1(x)(1 + scale_msa[c]) + shift_msa[c]; x += gate_msa[c] * attn(h);
+    h = norm2(x)(1 + scale_mlp[c]) + shift_mlp[c]; x += gate_mlp[c] * mlp(h).
+    """
+
+    def __init__(self, cfg: DiTConfig, dtype: torch.dtype):
+        super().__init__()
+        self.hidden = cfg.hidden_size
+        self.norm1 = RMSNorm(cfg.hidden_size, cfg.eps, dtype)
+        self.attn = Attention(cfg, dtype)
+        self.norm2 = RMSNorm(cfg.hidden_size, cfg.eps, dtype)
+        self.mlp = MLP(cfg, dtype)
+        self.adaln_proj = AdaLNProj(cfg, 18, dtype)
+
+    def forward(self, x, t_emb, mod_index, attention, cu_seqlens, max_seqlen, rope):
+        # [M, 18H] -> [M*3, 6H]: rows m*3 + modality, chunks shift/scale/gate for msa then mlp.
+        table = self.adaln_proj(t_emb).view(-1, 6 * self.hidden)
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = table.chunk(6, dim=-1)
+        h = self.norm1(x) * (1 + scale_msa[mod_index]) + shift_msa[mod_index]
+        x = residual(x, gate_msa[mod_index] * self.attn(h, attention, cu_seqlens, max_seqlen, rope))
+        h = self.norm2(x) * (1 + scale_mlp[mod_index]) + shift_mlp[mod_index]
+        return residual(x, gate_mlp[mod_index] * self.mlp(h))
+
+
+class FinalLayer(nn.Module):
+    """RMSNorm -> per-timestep shift/scale (no modality) -> fp32 video and audio heads."""
+
+    def __init__(self, cfg: DiTConfig, dtype: torch.dtype):
+        super().__init__()
+        self.hidden = cfg.hidden_size
+        self.norm = RMSNorm(cfg.hidden_size, cfg.eps, dtype)
+        self.adaln_proj = AdaLNProj(cfg, 2, dtype)
+        self.video_out = Linear(cfg.hidden_size, VIDEO_ROW_WIDTH, dtype=torch.float32)
+        self.audio_out = Linear(cfg.hidden_size, AUDIO_ROW_WIDTH, dtype=torch.float32)
+
+    def forward(self, x, t_emb, timestep_index):
+        shift, scale = self.adaln_proj(t_emb).chunk(2, dim=-1)
+        h = (self.norm(x) * (1 + scale[timestep_index]) + shift[timestep_index]).float()
+        return self.video_out(h), self.audio_out(h)
+
+
+class H3DiT(nn.Module):
+    """The H3 DiT. Parameter names are the native (vllm-omni) names of h3_spec §1.3.
+
+    Args:
+        cfg: sizes (config.CONFIGS).
+        attention_backend: name in attention.BACKENDS.
+        row_tile: rows per linear call (0 = one call; 64 on the CPU for batch invariance).
+        device: where the parameters live ("meta" for shape-only models).
+    """
+
+    def __init__(self, cfg: DiTConfig, attention_backend: str = "sdpa", row_tile: int = 0,
+                 device: str | torch.device = "cpu"):
+        super().__init__()
+        self.cfg = cfg
+        dtype = cfg.torch_dtype
+        with torch.device(device):
+            self.video_patch_proj = Linear(VIDEO_ROW_WIDTH, cfg.hidden_size, dtype=torch.float32)
+            self.audio_patch_proj = Linear(AUDIO_ROW_WIDTH, cfg.hidden_size, dtype=torch.float32)
+            self.condition_proj = Linear(cfg.text_dim, cfg.hidden_size, dtype=dtype)
+            self.token_refiner = TokenRefiner(cfg, dtype)
+            self.time_embedder = TimeEmbedder(cfg)
+            self.blocks = nn.ModuleList(DiTBlock(cfg, dtype) for _ in range(cfg.num_layers))
+            self.final_layer = FinalLayer(cfg, dtype)
+        self.attention = get_attention_backend(attention_backend)
+        self.set_row_tile(row_tile)
+
+    def set_row_tile(self, row_tile: int) -> None:
+        """Use fixed tiles of `row_tile` rows in every row-wise linear (0 = off)."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.row_tile = row_tile
+
+    @torch.inference_mode()
+    def forward(self, video: torch.Tensor, audio: torch.Tensor, text: torch.Tensor,
+                batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """One packed forward.
+
+        Args:
+            video: float32 [sum V, 96] noisy video rows of all requests, in batch order.
+            audio: float32 [sum 2*T_a, 32] noisy audio rows (channel-major per request).
+            text: [sum L, text_dim] text encoder states of all requests, in batch order.
+            batch: the PackedBatch describing the rows.
+        Returns:
+            (video velocity float32 [sum V, 96], audio velocity float32 [sum 2*T_a, 32]).
+        """
+        cfg, device, dtype = self.cfg, self.video_patch_proj.weight.device, self.cfg.torch_dtype
+        rows = batch.total_rows
+        video_rows = batch.video_rows.to(device)
+        audio_rows = batch.audio_rows.to(device)
+
+        # Embedding: each modality projected over all rows (fixed shapes), kept at its own rows.
+        x = torch.zeros(rows, cfg.hidden_size, dtype=dtype, device=device)
+        video_in = torch.zeros(rows, VIDEO_ROW_WIDTH, device=device).index_copy_(0, video_rows, video)
+        x.index_copy_(0, video_rows, self.video_patch_proj(video_in)[video_rows].to(dtype))
+        audio_in = torch.zeros(rows, AUDIO_ROW_WIDTH, device=device).index_copy_(0, audio_rows, audio)
+        x.index_copy_(0, audio_rows, self.audio_patch_proj(audio_in)[audio_rows].to(dtype))
+        refiner_text_rows = batch.refiner_text_rows.to(device)
+        text_in = torch.zeros(batch.refiner_rows, cfg.text_dim, dtype=dtype, device=device)
+        text_in.index_copy_(0, refiner_text_rows, text.to(dtype))
+        refiner_cu = batch.refiner_cu_seqlens.to(device)
+        refined = self.token_refiner(self.condition_proj(text_in), self.attention, refiner_cu,
+                                     batch.refiner_max_seqlen)
+        x.index_copy_(0, batch.text_rows.to(device), refined[refiner_text_rows])
+
+        # Conditioning: one time embedding per unique timestep; row -> AdaLN row index.
+        t_emb = torch.cat([self.time_embedder(t) for t in batch.unique_timesteps.to(device).split(1)])
+        timestep_index = batch.inverse_indices.to(device)
+        mod_index = timestep_index * 3 + batch.token_tags.to(device).clamp(min=0)
+        rope = rope_table(batch.position_ids.to(device), cfg.rope_freqs_per_axis, cfg.rope_theta, dtype)
+        cu_seqlens = batch.cu_seqlens.to(device)
+
+        for block in self.blocks:
+            x = block(x, t_emb, mod_index, self.attention, cu_seqlens, batch.max_seqlen, rope)
+        video_out, audio_out = self.final_layer(x, t_emb, timestep_index)
+        return video_out[video_rows], audio_out[audio_rows]

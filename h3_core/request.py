@@ -1,0 +1,79 @@
+"""A generation request, its limits and its validation (checked before anything runs)."""
+import secrets
+from dataclasses import dataclass
+
+from .config import CANVAS_MULTIPLE, FPS
+from .sampling import DEFAULT_AUDIO_SHIFT, DEFAULT_VIDEO_SHIFT
+
+INT64_MAX = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """Serving limits; each request field must lie within them (units: pixels, frames, rows)."""
+
+    max_height: int = 512
+    max_width: int = 512
+    max_num_frames: int = 257
+    max_steps: int = 100
+    max_outputs: int = 4
+    max_rows: int = 65536  # padded packed rows of one request
+    max_prompt_bytes: int = 4096
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One text-to-video+audio request. `seed` None means a random seed is drawn in prepare()."""
+
+    prompt: str
+    height: int
+    width: int
+    num_frames: int
+    num_inference_steps: int
+    seed: int | None = None
+    num_outputs: int = 1
+    video_shift: float = DEFAULT_VIDEO_SHIFT
+    audio_shift: float = DEFAULT_AUDIO_SHIFT
+    fps: int = FPS
+    request_id: str = ""
+
+
+def _check_range(field: str, value, low, high) -> None:
+    if not (low <= value <= high):
+        raise ValueError(f"{field}={value} is out of range: allowed {low}..{high}")
+
+
+def validate_request(request: GenerationRequest, limits: RequestLimits) -> None:
+    """Check every field; raise ValueError naming the field, the value and the allowed range.
+
+    Rules: prompt non-empty (not only whitespace), at most limits.max_prompt_bytes of UTF-8;
+    height/width positive multiples of 32 up to the maxima; 1 <= num_frames <= max;
+    1 <= num_inference_steps <= max; 1 <= num_outputs <= max; seed in 0..2^63-1 with
+    seed + num_outputs - 1 also in range; shifts > 0; fps must be the model's 24.
+    The padded row count is checked in Engine.prepare, once the prompt's token count is known.
+    """
+    if not isinstance(request.prompt, str) or not request.prompt.strip():
+        raise ValueError("prompt must be a non-empty string")
+    size = len(request.prompt.encode("utf-8"))
+    if size > limits.max_prompt_bytes:
+        raise ValueError(f"prompt is {size} bytes: allowed 1..{limits.max_prompt_bytes}")
+    for field, maximum in (("height", limits.max_height), ("width", limits.max_width)):
+        value = getattr(request, field)
+        if not (CANVAS_MULTIPLE <= value <= maximum) or value % CANVAS_MULTIPLE:
+            raise ValueError(f"{field}={value} is out of range: allowed multiples of "
+                             f"{CANVAS_MULTIPLE} in {CANVAS_MULTIPLE}..{maximum}")
+    _check_range("num_frames", request.num_frames, 1, limits.max_num_frames)
+    _check_range("num_inference_steps", request.num_inference_steps, 1, limits.max_steps)
+    _check_range("num_outputs", request.num_outputs, 1, limits.max_outputs)
+    if request.seed is not None:
+        _check_range("seed", request.seed, 0, INT64_MAX - (request.num_outputs - 1))
+    for field in ("video_shift", "audio_shift"):
+        if not getattr(request, field) > 0:
+            raise ValueError(f"{field}={getattr(request, field)} is out of range: allowed > 0")
+    if request.fps != FPS:
+        raise ValueError(f"fps={request.fps} is not supported: the model generates {FPS} fps")
+
+
+def random_seed() -> int:
+    """A fresh random seed in 0..2^31-1 (reported back with the output)."""
+    return secrets.randbelow(2**31)
