@@ -1,0 +1,48 @@
+"""Create the seeded random checkpoints used by tests and the server (idempotent).
+
+    python -m h3_core.checkpoint_setup [--configs tiny small] [--root checkpoints] [--force]
+
+Each folder <root>/<config>/ gets dit.safetensors, video_vae.safetensors and
+audio_vae.safetensors, initialised from fixed seeds (DiT seed 0, VAEs seed 1). Nothing is
+downloaded.
+"""
+import argparse
+from pathlib import Path
+
+from .checkpoint import init_weights, save_weights
+from .config import get_config
+from .model import H3DiT
+from .vae import create_vaes
+
+DIT_SEED, VAE_SEED = 0, 1
+CHECKPOINT_FILES = ("dit.safetensors", "video_vae.safetensors", "audio_vae.safetensors")
+DEFAULT_ROOT = Path(__file__).resolve().parents[1] / "checkpoints"
+
+
+def create_checkpoint(config_name: str, folder: str | Path, force: bool = False) -> bool:
+    """Write the seeded checkpoint of `config_name` into `folder`; returns False (and writes
+    nothing) when all files exist already and force is False."""
+    folder = Path(folder)
+    if not force and all((folder / name).is_file() for name in CHECKPOINT_FILES):
+        return False
+    dit = H3DiT(get_config(config_name))
+    init_weights(dit, DIT_SEED)
+    video_vae, audio_vae = create_vaes(VAE_SEED)
+    for module, name in zip((dit, video_vae, audio_vae), CHECKPOINT_FILES):
+        save_weights(module, folder / name)
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--configs", nargs="+", default=["tiny", "small"])
+    parser.add_argument("--root", type=Path, default=DEFAULT_ROOT)
+    parser.add_argument("--force", action="store_true", help="rewrite existing checkpoints")
+    args = parser.parse_args()
+    for name in args.configs:
+        made = create_checkpoint(name, args.root / name, args.force)
+        print(f"checkpoint {name}: {'created' if made else 'present'} in {args.root / name}")
+
+
+if __name__ == "__main__":
+    main()

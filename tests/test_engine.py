@@ -1,0 +1,141 @@
+import itertools
+
+import pytest
+import torch
+
+from h3_core.checkpoint import init_weights
+from h3_core.config import get_config
+from h3_core.encoder import TextEncoder
+from h3_core.engine import Engine
+from h3_core.model import H3DiT
+from h3_core.request import GenerationRequest, RequestLimits
+from h3_core.vae import create_vaes
+
+
+@pytest.fixture(scope="module")
+def engine():
+    dit = H3DiT(get_config("tiny"), row_tile=64)
+    init_weights(dit, 0)
+    video_vae, audio_vae = create_vaes(1)
+    return Engine(dit.eval(), video_vae.eval(), audio_vae.eval(), TextEncoder(),
+                  RequestLimits(max_height=128, max_width=128, max_num_frames=64, max_steps=20))
+
+
+REQUESTS = [
+    GenerationRequest("a red ball rolls to the left", 64, 96, 22, 5, seed=11, request_id="a"),
+    GenerationRequest("a blue square slides up while a high tone plays on the right side", 64, 64, 9, 3,
+                      seed=22, request_id="b"),
+    GenerationRequest("green", 32, 64, 5, 4, seed=33, request_id="c"),
+]
+
+
+def solo(engine, request):
+    state = engine.prepare(request)[0]
+    while not state.finished:
+        engine.update(state, engine.denoise_step([state])[0])
+    return state
+
+
+def assert_same(a, b):
+    assert torch.equal(a.video_latents, b.video_latents) and torch.equal(a.audio_latents, b.audio_latents)
+
+
+def test_request_mode_equals_step_mode(engine):
+    request = REQUESTS[0]
+    (state, frames, audio), = engine.generate(request)
+    stepped = solo(engine, request)
+    assert_same(state, stepped)
+    frames2, audio2 = engine.decode(stepped)
+    assert torch.equal(frames, frames2) and torch.equal(audio, audio2)
+    assert frames.dtype == torch.uint8 and frames.shape == (22, 64, 96, 3)
+    assert audio.dtype == torch.float32 and audio.shape == (2, 29333)  # 22 / 24 s at 32 kHz
+    assert state.step_index == state.total_steps == 5
+
+
+def run_cobatched(engine, requests, admit_at):
+    """Step mode: requests[i] joins when the step counter reaches admit_at[i]; finished states
+    leave the batch. Returns final states by request id."""
+    pending = {r.request_id: r for r in requests}
+    active, done, tick = [], {}, 0
+    while pending or active:
+        for request in [r for r in requests if r.request_id in pending and admit_at[r.request_id] <= tick]:
+            active += engine.prepare(pending.pop(request.request_id))
+        for state, velocity in zip(active, engine.denoise_step(active)):
+            engine.update(state, velocity)
+        done.update({s.request_id: s for s in active if s.finished})
+        active = [s for s in active if not s.finished]
+        tick += 1
+    return done
+
+
+def test_cobatched_mid_flight_admission_equals_solo(engine):
+    solos = {r.request_id: solo(engine, r) for r in REQUESTS}
+    # b joins at a's step 2; c (4 steps) joins at once; b (3 steps) finishes before a.
+    done = run_cobatched(engine, REQUESTS, {"a": 0, "b": 2, "c": 0})
+    for rid, state in done.items():
+        assert_same(state, solos[rid])
+    frames, audio = engine.decode(done["b"])
+    solo_frames, solo_audio = engine.decode(solos["b"])
+    assert torch.equal(frames, solo_frames) and torch.equal(audio, solo_audio)
+
+
+def test_batch_order_does_not_matter(engine):
+    solos = {r.request_id: solo(engine, r) for r in REQUESTS}
+    for order in itertools.islice(itertools.permutations(REQUESTS), 1, 3):
+        done = run_cobatched(engine, list(order), {"a": 0, "b": 0, "c": 0})
+        for rid, state in done.items():
+            assert_same(state, solos[rid])
+
+
+def test_num_outputs_gives_consecutive_seeds_in_both_modes(engine):
+    request = GenerationRequest("two clips", 32, 32, 5, 2, seed=100, num_outputs=2)
+    results = engine.generate(request)
+    assert [s.seed for s, _, _ in results] == [100, 101]
+    states = engine.prepare(request)
+    while not states[0].finished:
+        for state, velocity in zip(states, engine.denoise_step(states)):
+            engine.update(state, velocity)
+    for (expected, _, _), got in zip(results, states):
+        assert got.seed == expected.seed and got.output_index == expected.output_index
+        assert_same(got, expected)
+    assert not torch.equal(states[0].video_latents, states[1].video_latents)
+
+
+def test_missing_seed_is_drawn_and_recorded(engine):
+    state = engine.prepare(GenerationRequest("no seed", 32, 32, 5, 1))[0]
+    assert 0 <= state.seed < 2**31
+    again = engine.prepare(GenerationRequest("no seed", 32, 32, 5, 1, seed=state.seed))[0]
+    assert torch.equal(state.video_latents, again.video_latents)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("prompt", "   ", "prompt must be a non-empty string"),
+    ("height", 48, "height=48 is out of range: allowed multiples of 32 in 32..128"),
+    ("width", 0, "width=0 is out of range: allowed multiples of 32 in 32..128"),
+    ("width", 160, "width=160 is out of range: allowed multiples of 32 in 32..128"),
+    ("num_frames", 0, "num_frames=0 is out of range: allowed 1..64"),
+    ("num_inference_steps", 21, "num_inference_steps=21 is out of range: allowed 1..20"),
+    ("seed", -1, "seed=-1 is out of range: allowed 0..9223372036854775807"),
+    ("num_outputs", 0, "num_outputs=0 is out of range: allowed 1..4"),
+    ("fps", 30, "fps=30 is not supported: the model generates 24 fps"),
+])
+def test_validation_errors_name_field_value_and_range(engine, field, value, message):
+    fields = dict(prompt="ok", height=32, width=32, num_frames=5, num_inference_steps=1)
+    fields[field] = value
+    with pytest.raises(ValueError) as info:
+        engine.prepare(GenerationRequest(**fields))
+    assert str(info.value) == message
+
+
+def test_rows_limit_and_text_width(engine):
+    small = Engine(engine.dit, engine.video_vae, engine.audio_vae, engine.encoder, RequestLimits(max_rows=64))
+    with pytest.raises(ValueError, match=r"rows=128 is out of range: allowed 1..64"):
+        small.prepare(GenerationRequest("a red ball", 64, 96, 22, 1))
+    with pytest.raises(ValueError, match=r"text_embeds has shape \(3, 10\); expected \[L >= 1, 384\]"):
+        engine.prepare(GenerationRequest("x", 32, 32, 5, 1), text_embeds=torch.zeros(3, 10))
+
+
+def test_finished_state_cannot_step(engine):
+    state = solo(engine, REQUESTS[2])
+    with pytest.raises(ValueError, match="request 'c' has finished all 4 steps"):
+        engine.denoise_step([state])
