@@ -1,0 +1,77 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from h3_core.encoder import MINILM_PATH, TextEncoder
+
+PROMPT = "a red ball rolls to the left while a low tone plays"
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    return TextEncoder()
+
+
+def test_minilm_width_and_token_count(encoder):
+    assert encoder.width == 384 and encoder.max_tokens == 256
+    assert encoder.count_tokens(PROMPT) == 14
+    # [CLS] a red ball rolls to the left while a low tone plays [SEP]
+    assert encoder.tokenizer(PROMPT)["input_ids"] == [
+        101, 1037, 2417, 3608, 9372, 2000, 1996, 2187, 2096, 1037, 2659, 4309, 3248, 102,
+    ]
+
+
+def test_encode_shape_values_and_determinism(encoder):
+    states = encoder.encode(PROMPT)
+    assert states.shape == (14, 384) and states.dtype == torch.float32
+    assert torch.equal(states, encoder.encode(PROMPT))
+    # Golden values of the pretrained MiniLM's last layer ([CLS] row, first 4 dims).
+    golden = torch.tensor([0.158481, 0.034375, -0.185409, -0.367339])
+    torch.testing.assert_close(states[0, :4], golden, atol=1e-4, rtol=0)
+
+
+def test_hidden_layer_selects_output_hidden_states(encoder):
+    last = TextEncoder(hidden_layer=6)
+    assert torch.equal(last.encode(PROMPT), encoder.encode(PROMPT))
+    embeddings = TextEncoder(str(MINILM_PATH), hidden_layer=0).encode(PROMPT)
+    golden = torch.tensor([-0.264108, 0.212983, -0.087894, 0.133383])  # token "a", embedding layer
+    torch.testing.assert_close(embeddings[1, :4], golden, atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match=r"^hidden_layer must be in \[-7, 6\], got 7$"):
+        TextEncoder(hidden_layer=7)
+    with pytest.raises(ValueError, match=r"^max_tokens must be in \[1, 512\], got 513$"):
+        TextEncoder(max_tokens=513)
+    with pytest.raises(FileNotFoundError, match=r"^text encoder folder /nonexistent/encoder not found$"):
+        TextEncoder("/nonexistent/encoder")
+
+
+def test_prompt_errors(encoder):
+    long_prompt = "word " * 300
+    assert encoder.count_tokens(long_prompt) == 302
+    with pytest.raises(ValueError, match=r"^prompt has 302 tokens; the text encoder accepts at most 256$"):
+        encoder.encode(long_prompt)
+    with pytest.raises(ValueError, match=r"^prompt must be a non-empty string, got ''$"):
+        encoder.encode("")
+    with pytest.raises(ValueError, match=r"^prompt must be a non-empty string, got '  '$"):
+        encoder.count_tokens("  ")
+    short = TextEncoder(max_tokens=14)
+    assert short.encode(PROMPT).shape == (14, 384)
+    with pytest.raises(ValueError, match=r"^prompt has 15 tokens; the text encoder accepts at most 14$"):
+        short.encode(PROMPT + " softly")
+
+
+def test_offline_env_loads_local_files_only(encoder, tmp_path):
+    # A fresh process with the hub offline and an empty HF cache gives the same states.
+    out = tmp_path / "states.safetensors"
+    script = (
+        "import sys; from safetensors.torch import save_file; from h3_core.encoder import TextEncoder; "
+        "save_file({'s': TextEncoder().encode(sys.argv[1])}, sys.argv[2])"
+    )
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    subprocess.run([sys.executable, "-c", script, PROMPT, str(out)], cwd=REPO, env=env, check=True)
+    assert torch.equal(load_file(str(out))["s"], encoder.encode(PROMPT))
