@@ -73,12 +73,12 @@ class Engine:
 
     Args:
         dit: the DiT (its device is the engine's device).
-        video_vae, audio_vae: decoders (kept on the CPU or the DiT's device).
+        video_vae, audio_vae: decoders, or None where decoding happens elsewhere (Triton's h3_vae).
         encoder: the text encoder, or None when text states arrive precomputed (Triton).
         limits: request limits checked in prepare().
     """
 
-    def __init__(self, dit: H3DiT, video_vae: VideoVAE, audio_vae: AudioVAE,
+    def __init__(self, dit: H3DiT, video_vae: VideoVAE | None, audio_vae: AudioVAE | None,
                  encoder: TextEncoder | None = None, limits: RequestLimits = RequestLimits()):
         self.dit, self.video_vae, self.audio_vae, self.encoder, self.limits = dit, video_vae, audio_vae, encoder, limits
         self.device = dit.video_patch_proj.weight.device
@@ -173,17 +173,23 @@ def decode_latents(video_vae: VideoVAE, audio_vae: AudioVAE, layout: L.RequestLa
     return frames, audio
 
 
+def load_vaes(checkpoint_dir: str | Path, device: str = "cpu") -> tuple[VideoVAE, AudioVAE]:
+    """The video and audio VAEs of a checkpoint folder, in eval mode on `device`."""
+    video_vae, audio_vae = VideoVAE().to(device), AudioVAE().to(device)
+    load_weights(video_vae, Path(checkpoint_dir) / "video_vae.safetensors")
+    load_weights(audio_vae, Path(checkpoint_dir) / "audio_vae.safetensors")
+    return video_vae.eval(), audio_vae.eval()
+
+
 def load_engine(config_name: str, checkpoint_dir: str | Path, device: str = "cpu",
-                attention_backend: str = "sdpa", with_encoder: bool = True,
+                attention_backend: str = "sdpa", with_encoder: bool = True, with_vaes: bool = True,
                 limits: RequestLimits = RequestLimits()) -> Engine:
     """Build an Engine from a checkpoint folder holding dit.safetensors, video_vae.safetensors
-    and audio_vae.safetensors (see checkpoint_setup). The DiT uses 64-row linear tiles on the CPU."""
-    checkpoint_dir = Path(checkpoint_dir)
-    cfg = get_config(config_name)
-    dit = H3DiT(cfg, attention_backend=attention_backend, row_tile=64 if device == "cpu" else 0, device=device)
-    load_weights(dit, checkpoint_dir / "dit.safetensors")
-    video_vae, audio_vae = VideoVAE(), AudioVAE()
-    load_weights(video_vae, checkpoint_dir / "video_vae.safetensors")
-    load_weights(audio_vae, checkpoint_dir / "audio_vae.safetensors")
+    and audio_vae.safetensors (see checkpoint_setup). The DiT uses 64-row linear tiles on the
+    CPU. with_encoder / with_vaes False leave those parts out (the Triton DiT needs neither)."""
+    dit = H3DiT(get_config(config_name), attention_backend=attention_backend,
+                row_tile=64 if device == "cpu" else 0, device=device)
+    load_weights(dit, Path(checkpoint_dir) / "dit.safetensors")
+    video_vae, audio_vae = load_vaes(checkpoint_dir, device) if with_vaes else (None, None)
     encoder = TextEncoder() if with_encoder else None
-    return Engine(dit.eval(), video_vae.eval(), audio_vae.eval(), encoder, limits)
+    return Engine(dit.eval(), video_vae, audio_vae, encoder, limits)

@@ -1,0 +1,53 @@
+"""h3_vae: LATENT rows + INFO -> VIDEO_MP4 (+ FRAMES, AUDIO on request) and INFO with the
+decode time (thin adapter over h3_core.engine.decode_latents and h3_core.media)."""
+import time
+
+import numpy as np
+import torch
+
+from h3_core import layout as L
+from h3_core.config import AUDIO_ROW_WIDTH, VIDEO_ROW_WIDTH
+from h3_core.engine import decode_latents, load_vaes
+from h3_core.media import encode_mp4
+from server.adapter import (error_response, json_tensor, model_parameters, read_json, request_parameters,
+                            resolve_path, torch_tensor)
+
+import triton_python_backend_utils as pb_utils
+
+EMPTY_FRAMES = torch.zeros(1, 0, 0, 0, 3, dtype=torch.uint8)
+EMPTY_AUDIO = torch.zeros(1, 2, 0)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        params = model_parameters(args)
+        self.video_vae, self.audio_vae = load_vaes(resolve_path(args, params["checkpoint_dir"]), params["device"])
+
+    def execute(self, requests):
+        return [self.decode(request) for request in requests]
+
+    def decode(self, request):
+        start = time.perf_counter()
+        info = read_json(request, "INFO")
+        latent = torch.from_numpy(pb_utils.get_input_tensor_by_name(request, "LATENT").as_numpy().reshape(-1).copy())
+        if latent.numel() == 0:
+            return self.response(np.empty((1, 0), dtype=object), EMPTY_FRAMES, EMPTY_AUDIO, info)
+        parameters = request_parameters(request)
+        layout = L.make_layout(1, info["height"], info["width"], info["num_frames"])
+        video_size = layout.video_rows * VIDEO_ROW_WIDTH
+        if latent.numel() != video_size + layout.audio_rows * AUDIO_ROW_WIDTH:
+            return error_response("INVALID_ARG", f"LATENT has {latent.numel()} values; the shape in INFO needs "
+                                                 f"{video_size + layout.audio_rows * AUDIO_ROW_WIDTH}")
+        video_rows = latent[:video_size].reshape(-1, VIDEO_ROW_WIDTH)
+        audio_rows = latent[video_size:].reshape(-1, AUDIO_ROW_WIDTH)
+        frames, audio = decode_latents(self.video_vae, self.audio_vae, layout, info["num_frames"], video_rows, audio_rows)
+        frames, audio = frames.cpu(), audio.cpu()
+        mp4 = np.array([[encode_mp4(frames, audio)]], dtype=object)
+        info["stage_seconds"]["decode"] = time.perf_counter() - start
+        return self.response(mp4, frames[None] if parameters.get("return_frames") else EMPTY_FRAMES,
+                             audio[None] if parameters.get("return_audio") else EMPTY_AUDIO, info)
+
+    @staticmethod
+    def response(mp4, frames, audio, info):
+        return pb_utils.InferenceResponse([pb_utils.Tensor("VIDEO_MP4", mp4), torch_tensor("FRAMES", frames),
+                                           torch_tensor("AUDIO", audio), json_tensor("INFO", info)])

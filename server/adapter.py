@@ -1,0 +1,72 @@
+"""Glue shared by the Triton python models in model_repository/ (imported only inside the
+python backend stub, where triton_python_backend_utils exists).
+
+Error messages start with a stable code word (INVALID_ARG:, UNAVAILABLE:, CANCELLED:,
+INTERNAL:) because streaming clients receive only the message text; through the ensemble,
+Triton 2.51 prefixes it with "in ensemble 'h3_pipeline', ".
+"""
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+import triton_python_backend_utils as pb_utils
+
+ERROR_CODES = {
+    "INVALID_ARG": pb_utils.TritonError.INVALID_ARG,
+    "UNAVAILABLE": pb_utils.TritonError.UNAVAILABLE,
+    "CANCELLED": pb_utils.TritonError.CANCELLED,
+    "INTERNAL": pb_utils.TritonError.INTERNAL,
+}
+
+
+def model_parameters(args: dict) -> dict[str, str]:
+    """The string values of config.pbtxt `parameters`."""
+    config = json.loads(args["model_config"])
+    return {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
+
+
+def resolve_path(args: dict, path: str) -> Path:
+    """An absolute path, or one relative to the folder that holds the model repository."""
+    candidate = Path(path)
+    return candidate if candidate.is_absolute() else Path(args["model_repository"]).resolve().parents[1] / candidate
+
+
+def error_response(code: str, message: str) -> "pb_utils.InferenceResponse":
+    """An error response whose message starts with `code:`."""
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{code}: {message}", ERROR_CODES[code]))
+
+
+def json_tensor(name: str, value: dict) -> "pb_utils.Tensor":
+    """A BYTES [1, 1] tensor holding `value` as JSON."""
+    return pb_utils.Tensor(name, np.array([[json.dumps(value).encode()]], dtype=object))
+
+
+def read_json(request, name: str) -> dict:
+    """Decode a BYTES JSON input tensor."""
+    return json.loads(pb_utils.get_input_tensor_by_name(request, name).as_numpy().reshape(-1)[0])
+
+
+def torch_tensor(name: str, value: torch.Tensor) -> "pb_utils.Tensor":
+    """A Triton tensor from a torch tensor (also for empty ones, which numpy cannot export)."""
+    return pb_utils.Tensor.from_dlpack(name, torch.utils.dlpack.to_dlpack(value.contiguous()))
+
+
+# Request parameters a client may set (never Triton's reserved priority / timeout / sequence_*).
+REQUEST_PARAMETERS = {"progress_every": int, "return_frames": bool, "return_audio": bool}
+RESERVED_PARAMETERS = ("priority", "timeout")
+
+
+def request_parameters(request) -> dict:
+    """The request's control parameters as a dict. Triton's own keys (sequence_*, priority,
+    timeout) are dropped. Raises ValueError for an unknown name or a value of the wrong type."""
+    parameters = {}
+    for name, value in json.loads(request.parameters() or "{}").items():
+        if name.startswith("sequence_") or name in RESERVED_PARAMETERS:
+            continue
+        if name not in REQUEST_PARAMETERS:
+            raise ValueError(f"request parameter {name!r} is unknown; allowed: {sorted(REQUEST_PARAMETERS)}")
+        if type(value) is not REQUEST_PARAMETERS[name]:
+            raise ValueError(f"request parameter {name!r} must be {REQUEST_PARAMETERS[name].__name__}, got {value!r}")
+        parameters[name] = value
+    return parameters
