@@ -12,12 +12,7 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
-ERROR_CODES = {
-    "INVALID_ARG": pb_utils.TritonError.INVALID_ARG,
-    "UNAVAILABLE": pb_utils.TritonError.UNAVAILABLE,
-    "CANCELLED": pb_utils.TritonError.CANCELLED,
-    "INTERNAL": pb_utils.TritonError.INTERNAL,
-}
+ERROR_CODES = ("INVALID_ARG", "UNAVAILABLE", "CANCELLED", "INTERNAL")
 
 
 def model_parameters(args: dict) -> dict[str, str]:
@@ -33,8 +28,10 @@ def resolve_path(args: dict, path: str) -> Path:
 
 
 def error_response(code: str, message: str) -> "pb_utils.InferenceResponse":
-    """An error response whose message starts with `code:`."""
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{code}: {message}", ERROR_CODES[code]))
+    """An error response whose message starts with `code:` (one of ERROR_CODES, which are also
+    pb_utils.TritonError status names; pb_utils fills those in only once the stub runs)."""
+    status = getattr(pb_utils.TritonError, code)
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{code}: {message}", status))
 
 
 def json_tensor(name: str, value: dict) -> "pb_utils.Tensor":

@@ -10,12 +10,12 @@ from h3_core.config import AUDIO_ROW_WIDTH, VIDEO_ROW_WIDTH
 from h3_core.engine import decode_latents, load_vaes
 from h3_core.media import encode_mp4
 from server.adapter import (error_response, json_tensor, model_parameters, read_json, request_parameters,
-                            resolve_path, torch_tensor)
+                            resolve_path)
 
 import triton_python_backend_utils as pb_utils
 
-EMPTY_FRAMES = torch.zeros(1, 0, 0, 0, 3, dtype=torch.uint8)
-EMPTY_AUDIO = torch.zeros(1, 2, 0)
+EMPTY_FRAMES = np.zeros((1, 0, 0, 0, 3), dtype=np.uint8)
+EMPTY_AUDIO = np.zeros((1, 2, 0), dtype=np.float32)
 
 
 class TritonPythonModel:
@@ -44,10 +44,10 @@ class TritonPythonModel:
         frames, audio = frames.cpu(), audio.cpu()
         mp4 = np.array([[encode_mp4(frames, audio)]], dtype=object)
         info["stage_seconds"]["decode"] = time.perf_counter() - start
-        return self.response(mp4, frames[None] if parameters.get("return_frames") else EMPTY_FRAMES,
-                             audio[None] if parameters.get("return_audio") else EMPTY_AUDIO, info)
+        return self.response(mp4, frames[None].numpy() if parameters.get("return_frames") else EMPTY_FRAMES,
+                             audio[None].numpy() if parameters.get("return_audio") else EMPTY_AUDIO, info)
 
     @staticmethod
     def response(mp4, frames, audio, info):
-        return pb_utils.InferenceResponse([pb_utils.Tensor("VIDEO_MP4", mp4), torch_tensor("FRAMES", frames),
-                                           torch_tensor("AUDIO", audio), json_tensor("INFO", info)])
+        return pb_utils.InferenceResponse([pb_utils.Tensor("VIDEO_MP4", mp4), pb_utils.Tensor("FRAMES", frames),
+                                           pb_utils.Tensor("AUDIO", audio), json_tensor("INFO", info)])
