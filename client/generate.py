@@ -1,0 +1,63 @@
+"""Generate a clip with sound from a prompt through a running tritonserver.
+
+    python -m client.generate --prompt "a red ball rolls to the left" --out out/clip.mp4
+
+The server's gRPC endpoint comes from --url, else $H3_GRPC_URL, else 127.0.0.1:8001.
+"""
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from h3_core.media import write_wav
+
+from .api import H3Client, H3Error
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompt", required=True)
+    parser.add_argument("--out", type=Path, required=True, help="output .mp4 path")
+    parser.add_argument("--wav", type=Path, help="also write the audio as a .wav file")
+    parser.add_argument("--height", type=int)
+    parser.add_argument("--width", type=int)
+    parser.add_argument("--num-frames", type=int)
+    parser.add_argument("--steps", type=int, help="number of denoise steps (DiT forwards)")
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--url", default=os.environ.get("H3_GRPC_URL", "127.0.0.1:8001"))
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each response")
+    args = parser.parse_args(argv)
+
+    bar = tqdm(unit="step", desc="denoising")
+
+    def on_progress(step: int, total: int, position: int) -> None:
+        bar.total = total
+        bar.set_postfix(queue=position) if position else bar.set_postfix()
+        bar.update(step - bar.n)
+
+    start = time.perf_counter()
+    try:
+        result = H3Client(args.url, args.timeout).generate(
+            args.prompt, height=args.height, width=args.width, num_frames=args.num_frames,
+            num_inference_steps=args.steps, seed=args.seed, progress_every=1,
+            return_audio=args.wav is not None, on_progress=on_progress)[0]
+    except H3Error as error:
+        bar.close()
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    bar.close()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_bytes(result.video_mp4)
+    if args.wav is not None:
+        write_wav(args.wav, result.audio)
+    info = result.info
+    print(f"wrote {args.out} ({info['num_frames']} frames {info['width']}x{info['height']}, "
+          f"{info['num_inference_steps']} steps) in {time.perf_counter() - start:.2f} s, seed {info['seed']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
