@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Idempotent set-up of the h3-triton environment; run from anywhere (make setup).
+#   1. .venv/ in the repo root, made with the system python3 ($PYTHON overrides); recreated if broken
+#   2. torch==2.13.0 first, then requirements.txt, then this project editable (h3_core, server,
+#      client importable everywhere, also inside the python backend stub); skipped while
+#      .venv/.requirements.sha256 matches requirements.txt + pyproject.toml
+#   3. Debian libb64-0d for perf_analyzer (apt-get, only if missing; sudo only when not root)
+#   4. the python backend stub for the venv's Python copied into pytriton's backends/python/
+#   5. python -m h3_core.checkpoint_setup (seeded weights under checkpoints/), if that module exists
+# Downloads only from the configured PyPI index and Debian apt.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PYTHON="${PYTHON:-python3}"
+VENV="$ROOT/.venv"
+VPY="$VENV/bin/python"
+STAMP="$VENV/.requirements.sha256"
+TORCH_PIN="torch==2.13.0"
+START=$SECONDS
+
+log() { printf '[setup] %s\n' "$*"; }
+warn() { printf '[setup] WARNING: %s\n' "$*" >&2; }
+pyver() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])'; }
+
+# ---- 1. virtual environment ------------------------------------------------------------------
+SYS_VER="$(pyver "$PYTHON")"
+venv_ok() {
+    [ -x "$VPY" ] && "$VPY" -c 'import pip' >/dev/null 2>&1 && [ "$(pyver "$VPY")" = "$SYS_VER" ]
+}
+if [ -e "$VENV" ] && ! venv_ok; then
+    warn ".venv is broken or not Python $SYS_VER; recreating it"
+    rm -rf "$VENV"
+fi
+if [ ! -e "$VENV" ]; then
+    log "creating .venv with $(command -v "$PYTHON") (Python $("$PYTHON" -c 'import sys; print(sys.version.split()[0])'))"
+    "$PYTHON" -m venv "$VENV"
+else
+    log ".venv ok (Python $(pyver "$VPY"))"
+fi
+
+# ---- 2. Python packages ----------------------------------------------------------------------
+WANT="$( { echo "$TORCH_PIN"; cat requirements.txt; cat pyproject.toml 2>/dev/null || true; echo "$ROOT"
+          "$VPY" -c 'import sys; print(sys.version)'; } | sha256sum | cut -d' ' -f1)"
+tritonserver_dir() {
+    "$VPY" -c 'import importlib.util as u, os; s = u.find_spec("pytriton"); print(os.path.join(list(s.submodule_search_locations)[0], "tritonserver"))' 2>/dev/null
+}
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && T="$(tritonserver_dir)" && [ -x "$T/bin/tritonserver" ]; then
+    log "requirements.txt and pyproject.toml unchanged since the last install; skipping pip"
+else
+    log "pip install $TORCH_PIN"
+    "$VPY" -m pip install --quiet --progress-bar off "$TORCH_PIN"
+    log "pip install -r requirements.txt"
+    "$VPY" -m pip install --quiet --progress-bar off -r requirements.txt
+    if [ -f pyproject.toml ]; then
+        # compat mode = a .pth with the repo root, so packages added later are importable too
+        log "pip install -e . (editable, compat mode)"
+        "$VPY" -m pip install --quiet --progress-bar off --no-deps -e . --config-settings editable_mode=compat
+    fi
+    echo "$WANT" > "$STAMP"
+    log "packages installed ($("$VPY" -c 'import torch; print("torch", torch.__version__)'))"
+fi
+
+# ---- 3. libb64-0d (perf_analyzer from the tritonclient wheel links libb64.so.0d) --------------
+if ! command -v dpkg-query >/dev/null 2>&1; then
+    warn "not a Debian system: install libb64 yourself if you need perf_analyzer"
+elif dpkg-query -W -f='${Status}' libb64-0d 2>/dev/null | grep -q 'install ok installed'; then
+    log "libb64-0d already installed"
+else
+    SUDO=()
+    if [ "$(id -u)" -ne 0 ]; then SUDO=(sudo); fi
+    export DEBIAN_FRONTEND=noninteractive
+    log "apt-get install libb64-0d"
+    if "${SUDO[@]}" apt-get install -y -q --no-install-recommends libb64-0d >/dev/null 2>&1 \
+        || { "${SUDO[@]}" apt-get update -q >/dev/null && "${SUDO[@]}" apt-get install -y -q --no-install-recommends libb64-0d >/dev/null; }; then
+        log "libb64-0d installed"
+    else
+        warn "could not install libb64-0d: perf_analyzer will not run (the server and tests do not need it)"
+    fi
+fi
+
+# ---- 4. python backend stub for this Python --------------------------------------------------
+T="$(tritonserver_dir)"
+PYV="$(pyver "$VPY")"
+SRC="$T/python_backend_stubs/$PYV/triton_python_backend_stub"
+DST="$T/backends/python/triton_python_backend_stub"
+if [ ! -f "$SRC" ]; then
+    echo "[setup] ERROR: nvidia-pytriton has no python backend stub for Python $PYV ($SRC)" >&2
+    exit 1
+elif cmp -s "$SRC" "$DST"; then
+    log "python backend stub for $PYV already in place"
+else
+    cp "$SRC" "$DST.tmp.$$" && mv -f "$DST.tmp.$$" "$DST"
+    log "copied the python backend stub for $PYV into $T/backends/python/"
+fi
+
+# ---- 5. seeded weights -----------------------------------------------------------------------
+if [ -f h3_core/checkpoint_setup.py ] || [ -f h3_core/checkpoint_setup/__main__.py ]; then
+    log "python -m h3_core.checkpoint_setup"
+    "$VPY" -m h3_core.checkpoint_setup
+else
+    log "h3_core.checkpoint_setup does not exist yet; skipping the weights step"
+fi
+
+log "done in $((SECONDS - START)) s"

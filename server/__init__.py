@@ -1,0 +1,1 @@
+"""Serving glue: server.launch (tritonserver launcher) and server.adapter (python-model helpers)."""

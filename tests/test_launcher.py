@@ -1,0 +1,129 @@
+"""End-to-end tests of server.launch against a real tritonserver (trivial throwaway models)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from server.launch import LaunchError, TritonServer  # noqa: E402
+
+ADD_ONE_CONFIG = """\
+name: "add_one"
+backend: "python"
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]
+dynamic_batching { }
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+
+ADD_ONE_MODEL = """\
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x + 1)]))
+        return responses
+"""
+
+BAD_MODEL = """\
+class TritonPythonModel:
+    def initialize(self, args):
+        raise RuntimeError("weights for bad_model are missing (deliberate test failure 4711)")
+
+    def execute(self, requests):
+        return []
+"""
+
+
+def _write_model(repo: Path, name: str, config: str, model_py: str) -> None:
+    d = repo / name / "1"
+    d.mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(config.replace('"add_one"', f'"{name}"'))
+    (d / "model.py").write_text(textwrap.dedent(model_py))
+
+
+def _gone(pid: int) -> bool:
+    """The server was reaped and nothing is left in its process group (stubs included)."""
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.fixture
+def add_one_repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    _write_model(repo, "add_one", ADD_ONE_CONFIG, ADD_ONE_MODEL)
+    return repo
+
+
+def test_trivial_model_round_trip_and_clean_stop(add_one_repo: Path, tmp_path: Path) -> None:
+    import tritonclient.grpc as grpcclient
+
+    log_file = tmp_path / "server.log"
+    with TritonServer(add_one_repo, free_ports=True, log_file=log_file, timeout=60) as server:
+        assert server.is_running()
+        assert server.grpc_url.startswith("127.0.0.1:")
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        x = np.array([[1.0, 2.0, 3.5]], dtype=np.float32)
+        inp = grpcclient.InferInput("X", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        y = client.infer("add_one", [inp], client_timeout=30).as_numpy("Y")
+        np.testing.assert_array_equal(y, x + 1)
+        client.close()
+        pid = server.pid
+    assert server.process.returncode is not None
+    assert _gone(pid), "tritonserver or a python stub survived stop()"
+    assert "add_one" in server.log_text()
+    assert "add_one" in log_file.read_text()
+    assert server.stop() == server.process.returncode  # idempotent
+
+
+def test_failing_initialize_fails_fast_with_the_model_message(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    _write_model(repo, "add_one", ADD_ONE_CONFIG, ADD_ONE_MODEL)
+    _write_model(repo, "bad_model", ADD_ONE_CONFIG, BAD_MODEL)
+    server = TritonServer(repo, free_ports=True, timeout=90)
+    t0 = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        server.start()
+    assert time.monotonic() - t0 < 60, "the launcher waited instead of failing fast"
+    assert "deliberate test failure 4711" in str(info.value)
+    assert "bad_model" in str(info.value)
+    assert _gone(server.pid)
+
+
+def test_cli_then_runs_command_with_urls_and_returns_its_exit_code(add_one_repo: Path) -> None:
+    probe = (
+        "import os, sys, urllib.request\n"
+        "for k in ('H3_GRPC_URL', 'H3_HTTP_URL', 'H3_METRICS_URL'): print(k, os.environ[k])\n"
+        "r = urllib.request.urlopen('http://' + os.environ['H3_HTTP_URL'] + '/v2/health/ready')\n"
+        "assert r.status == 200\n"
+        "sys.exit(7)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "server.launch", "--model-repository", str(add_one_repo),
+         "--free-ports", "--timeout", "60", "--then", sys.executable, "-c", probe],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 7, proc.stdout + proc.stderr
+    assert "H3_GRPC_URL 127.0.0.1:" in proc.stdout
+    assert "H3_METRICS_URL http://127.0.0.1:" in proc.stdout
+    assert "ready" in proc.stderr
