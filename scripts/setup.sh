@@ -56,6 +56,7 @@ else
         # compat mode = a .pth with the repo root, so packages added later are importable too
         log "pip install -e . (editable, compat mode)"
         "$VPY" -m pip install --quiet --progress-bar off --no-deps -e . --config-settings editable_mode=compat
+        rm -rf "$ROOT/h3_triton.egg-info"  # build leftover; the metadata lives in site-packages
     fi
     echo "$WANT" > "$STAMP"
     log "packages installed ($("$VPY" -c 'import torch; print("torch", torch.__version__)'))"
