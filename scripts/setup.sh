@@ -22,6 +22,11 @@ START=$SECONDS
 log() { printf '[setup] %s\n' "$*"; }
 warn() { printf '[setup] WARNING: %s\n' "$*" >&2; }
 pyver() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])'; }
+# pip, minus the machine config's "file:///opt/pypi.../x is ignored" noise (exit status kept)
+pip_install() {
+    "$VPY" -m pip install --quiet --progress-bar off "$@" \
+        2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+}
 
 # ---- 1. virtual environment ------------------------------------------------------------------
 SYS_VER="$(pyver "$PYTHON")"
@@ -49,13 +54,13 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && T="$(tritonserver_dir)"
     log "requirements.txt and pyproject.toml unchanged since the last install; skipping pip"
 else
     log "pip install $TORCH_PIN"
-    "$VPY" -m pip install --quiet --progress-bar off "$TORCH_PIN"
+    pip_install "$TORCH_PIN"
     log "pip install -r requirements.txt"
-    "$VPY" -m pip install --quiet --progress-bar off -r requirements.txt
+    pip_install -r requirements.txt
     if [ -f pyproject.toml ]; then
         # compat mode = a .pth with the repo root, so packages added later are importable too
         log "pip install -e . (editable, compat mode)"
-        "$VPY" -m pip install --quiet --progress-bar off --no-deps -e . --config-settings editable_mode=compat
+        pip_install --no-deps -e . --config-settings editable_mode=compat
         rm -rf "$ROOT/h3_triton.egg-info"  # build leftover; the metadata lives in site-packages
     fi
     echo "$WANT" > "$STAMP"
