@@ -40,6 +40,7 @@ import json
 import os
 import re
 import shutil
+import shlex
 import signal
 import socket
 import subprocess
@@ -183,7 +184,10 @@ def _connect_host(bind_host: str) -> str:
     return bind_host
 
 
-def _set_parent_death_signal() -> None:  # runs in the child between fork and exec
+def _set_parent_death_signal() -> None:
+    """Runs in the child between fork and exec: SIGTERM the server when the launcher dies, even by
+    SIGKILL. Linux ties this to the *thread* that forked, so start servers from a long-lived
+    thread (the main thread in the CLI and in pytest)."""
     try:
         import ctypes
 
@@ -563,7 +567,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
              f"grpc={server.grpc_url} http={server.http_url} metrics={server.metrics_url}")
         if args.then:
             env = dict(os.environ, **server.url_env())
-            _say(f"running: {' '.join(args.then)}")
+            _say(f"running: {shlex.join(args.then)}")
             child = subprocess.Popen(args.then, env=env)
             rc = child.wait()
             rc = 128 - rc if rc < 0 else rc
