@@ -34,6 +34,7 @@ class TritonPythonModel:
         self.engine = load_engine(params["config_name"], resolve_path(args, params["checkpoint_dir"]),
                                   params["device"], params["attention_backend"], with_encoder=False,
                                   with_vaes=False, limits=self.limits)
+        self.engine.warm_up()
         self.mode = params["execution_mode"]
         if self.mode not in ("step", "request"):
             raise ValueError(f"execution_mode {self.mode!r} must be 'step' or 'request'")

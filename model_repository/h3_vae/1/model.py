@@ -22,6 +22,9 @@ class TritonPythonModel:
     def initialize(self, args):
         params = model_parameters(args)
         self.video_vae, self.audio_vae = load_vaes(resolve_path(args, params["checkpoint_dir"]), params["device"])
+        layout = L.make_layout(1, 32, 32, 1)  # warm up: first-call set-up is not paid by the first client
+        decode_latents(self.video_vae, self.audio_vae, layout, 1, torch.zeros(layout.video_rows, VIDEO_ROW_WIDTH),
+                       torch.zeros(layout.audio_rows, AUDIO_ROW_WIDTH))
 
     def execute(self, requests):
         return [self.decode(request) for request in requests]

@@ -1,0 +1,139 @@
+"""End-to-end tests against a real tritonserver (tiny config, CPU)."""
+import io
+import json
+import subprocess
+import threading
+
+import av
+import numpy as np
+import pytest
+
+from client.api import H3Client, H3Error
+from h3_core.checkpoint_setup import DEFAULT_ROOT, create_checkpoint
+from server.launch import TritonServer
+
+from .serving import ROOT, model_repository_copy
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    create_checkpoint("tiny", DEFAULT_ROOT / "tiny")
+    repo = model_repository_copy(tmp_path_factory.mktemp("repo") / "model_repository", max_steps="400")
+    log = tmp_path_factory.mktemp("log") / "server.log"
+    with TritonServer(repo, free_ports=True, log_file=log) as srv:
+        yield srv
+
+
+@pytest.fixture
+def client(server):
+    return H3Client(server.grpc_url, timeout_s=120)
+
+
+def test_one_prompt_returns_a_playable_mp4(client):
+    result, = client.generate("a red ball rolls to the left", height=64, width=96, num_frames=20,
+                              num_inference_steps=3, seed=3)
+    container = av.open(io.BytesIO(result.video_mp4))
+    video = container.streams.video[0]
+    audio = container.streams.audio[0]
+    frames = list(container.decode(video=0))
+    assert len(frames) == 20
+    assert (video.width, video.height, video.average_rate) == (96, 64, 24)
+    assert audio.channels == 2 and audio.sample_rate == 32000
+    container = av.open(io.BytesIO(result.video_mp4))
+    samples = sum(frame.samples for frame in container.decode(audio=0))
+    assert abs(samples - 20 * 32000 // 24) <= 1024  # AAC pads by at most one frame
+    assert result.info["seed"] == 3 and result.info["num_frames"] == 20
+    assert set(result.info["stage_seconds"]) == {"queue", "encode", "denoise", "decode"}
+
+
+REQUESTS = [
+    dict(prompt="a red ball rolls to the left", height=128, width=128, num_frames=39, seed=1),
+    dict(prompt="a blue square moves up while a high tone plays", height=64, width=96, num_frames=22, seed=2),
+    dict(prompt="green", height=96, width=64, num_frames=9, seed=3),
+]
+
+
+STEPS = [400, 40, 40]
+
+
+def test_three_concurrent_requests_are_cobatched_and_equal_their_solo_runs(client):
+    # The first request is long; the other two start together once it has taken its first
+    # step, so all three share packs however slow the machine is.
+    results, started = [None] * 3, threading.Event()
+
+    def run(i):
+        results[i] = client.generate(**REQUESTS[i], num_inference_steps=STEPS[i], return_frames=True,
+                                     return_audio=True, progress_every=1 if i == 0 else 0,
+                                     on_progress=lambda *_: started.set())[0]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    threads[0].start()
+    assert started.wait(60)
+    for thread in threads[1:]:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [r.info["largest_pack"] for r in results] == [3, 3, 3]
+    for request, steps, packed in zip(REQUESTS, STEPS, results):
+        alone = client.generate(**request, num_inference_steps=steps, return_frames=True, return_audio=True)[0]
+        assert alone.info["largest_pack"] == 1
+        assert alone.frames.tobytes() == packed.frames.tobytes()
+        assert alone.audio.tobytes() == packed.audio.tobytes()
+        assert alone.frames.shape == (request["num_frames"], request["height"], request["width"], 3)
+
+
+def test_progress_every_step_on_an_idle_server(client):
+    result, = client.generate("progress", num_inference_steps=7, progress_every=1, seed=1)
+    steps = [step for step, total, position in result.progress]
+    assert steps == [1, 2, 3, 4, 5, 6, 7]
+    assert all(total == 7 and position == 0 for _, total, position in result.progress)
+
+
+def test_progress_every_k_reports_multiples_and_the_last_step(client):
+    result, = client.generate("progress", num_inference_steps=7, progress_every=3, seed=1)
+    assert [step for step, _, _ in result.progress] == [3, 6, 7]
+
+
+def test_two_outputs_have_consecutive_seeds(client):
+    results = client.generate("two clips", num_inference_steps=2, seed=41, num_outputs=2)
+    assert [r.info["seed"] for r in results] == [41, 42]
+    assert [r.info["output_index"] for r in results] == [0, 1]
+    assert results[0].video_mp4 != results[1].video_mp4
+
+
+def test_missing_seed_is_reported(client):
+    result, = client.generate("no seed", num_inference_steps=1, request_id="my-id-1")
+    assert isinstance(result.info["seed"], int) and result.info["request_id"] == "my-id-1"
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(height=33), "height=33 is out of range: allowed multiples of 32 in 32..256"),
+    (dict(num_inference_steps=0), "num_inference_steps=0 is out of range: allowed 1..400"),
+    (dict(num_frames=500), "num_frames=500 is out of range: allowed 1..121"),
+])
+def test_bad_fields_get_invalid_arg(client, kwargs, message):
+    with pytest.raises(H3Error) as info:
+        client.generate("bad", **kwargs)
+    assert info.value.code == "INVALID_ARG" and info.value.message == message
+
+
+def test_empty_prompt_gets_invalid_arg(client):
+    with pytest.raises(H3Error) as info:
+        client.generate("  ")
+    assert info.value.code == "INVALID_ARG" and "prompt must be a non-empty string" in info.value.message
+
+
+def test_perf_analyzer_at_concurrency_2(server, tmp_path):
+    data = tmp_path / "input.json"
+    data.write_text(json.dumps({"data": [{"PROMPT": ["a red ball"], "NUM_INFERENCE_STEPS": [2]}]}))
+    export = tmp_path / "profile.json"
+    command = [str(ROOT / "scripts" / "perf_analyzer.sh"), "-m", "h3_pipeline", "-i", "grpc", "-u", server.grpc_url,
+               "--streaming", "--input-data", str(data), "--request-parameter", "sequence_end:false:bool",
+               "--sequence-id-range", "100000:200000", "--concurrency-range", "2",
+               "--measurement-mode", "count_windows", "--measurement-request-count", "6",
+               "--profile-export-file", str(export)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "Concurrency: 2" in run.stdout
+    requests = json.loads(export.read_text())["experiments"][0]["requests"]
+    assert len(requests) >= 6 and all(len(r["response_timestamps"]) >= 1 for r in requests)
