@@ -129,8 +129,7 @@ def test_perf_analyzer_at_concurrency_2(server, tmp_path):
     export = tmp_path / "profile.json"
     command = [str(ROOT / "scripts" / "perf_analyzer.sh"), "-m", "h3_pipeline", "-i", "grpc", "-u", server.grpc_url,
                "--streaming", "--input-data", str(data), "--request-parameter", "sequence_end:false:bool",
-               "--sequence-id-range", "100000:200000", "--concurrency-range", "2",
-               "--measurement-mode", "count_windows", "--measurement-request-count", "6",
+               "--sequence-id-range", "100000:200000", "--concurrency-range", "2", "--request-count", "6",
                "--profile-export-file", str(export)]
     run = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
