@@ -22,6 +22,7 @@ from torch import nn
 
 from h3_core import config
 from h3_core.checkpoint import init_weights
+from h3_core.layout import align_num_frames, latent_frames
 
 GROUP_FRAMES = max(config.FRAMES_PER_LATENT)  # 4 frames decoded per video latent
 VIDEO_GROUP_CHANNELS = 3 * GROUP_FRAMES  # 12: 4 RGB frames stacked on the channel axis
@@ -37,9 +38,9 @@ def num_video_latents(num_frames: int) -> int:
     """Latent frames for `num_frames` video frames: 17n + 5 frames -> 5n + 2 latents.
 
     Raises ValueError if num_frames is not of the form 17n + 5 (n >= 0)."""
-    if num_frames < 5 or (num_frames - 5) % 17:
+    if num_frames != align_num_frames(num_frames):
         raise ValueError(f"num_frames must be 17n + 5 (5, 22, 39, ...), got {num_frames}")
-    return (num_frames - 5) // 17 * 5 + 2
+    return latent_frames(num_frames)
 
 
 def num_video_frames(num_latents: int) -> int:
