@@ -2,13 +2,25 @@
 
 A backend computes, for every document [s, e) of cu_seqlens independently,
 out[s:e] = softmax(q[s:e] k[s:e]^T / sqrt(head_dim)) v[s:e] (non-causal). No backend ever lets
-a row attend across a document boundary. q, k, v: [rows, heads, head_dim] in any dtype; they
-may be strided views of a fused projection (only the last dim must have stride 1).
+a row attend across a document boundary. q, k, v: [rows, heads, head_dim]; they may be strided
+views of a fused projection (only the last dim must have stride 1). cu_seqlens: int32 [docs + 1]
+on q's device; max_seqlen: the longest document's rows. Every backend returns
+[rows, heads, head_dim] in q's dtype.
+
+Each backend's docstring states its parity rule (solo == packed: a document's output does not
+change when other documents share the call, its offset changes or padding documents are added),
+as measured by benchmarks/gpu_backends.py on the GPU (docs/gpu_backends.md) and by
+tests/test_attention_backends.py on the CPU. `get_attention_backend` checks that a backend can
+run on a device and dtype before it is used.
 """
+import functools
+import importlib.metadata
+import itertools
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
@@ -31,26 +43,205 @@ def check_cu_seqlens(cu_seqlens: torch.Tensor, total_rows: int) -> list[int]:
     return bounds
 
 
+def sdpa_document(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """`scaled_dot_product_attention` over one document: q, k, v [rows, heads, head_dim]."""
+    out = F.scaled_dot_product_attention(*(t.transpose(0, 1).unsqueeze(0) for t in (q, k, v)))
+    return out[0].transpose(0, 1)
+
+
 def sdpa_per_document(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
-    """Per-document `scaled_dot_product_attention`, one call per document (CPU and GPU).
+    """Per-document `scaled_dot_product_attention`, one call per document (CPU and GPU; on the
+    H200 in bf16 it runs cuDNN's sm90 flash kernel).
 
     Parity rule: bitwise solo == packed, since each document is computed by the same call on
-    the same data whatever its neighbours. Returns [rows, heads, head_dim] in q's dtype.
+    the same data whatever its neighbours (measured on the CPU and the H200, also for strided
+    vs contiguous q/k/v).
     """
     bounds = check_cu_seqlens(cu_seqlens, q.shape[0])
     out = torch.empty(q.shape[0], q.shape[1], v.shape[2], dtype=q.dtype, device=q.device)
     for start, end in zip(bounds, bounds[1:]):
-        doc = [t[start:end].transpose(0, 1).unsqueeze(0) for t in (q, k, v)]
-        out[start:end] = F.scaled_dot_product_attention(*doc)[0].transpose(0, 1)
+        out[start:end] = sdpa_document(q[start:end], k[start:end], v[start:end])
     return out
 
 
-BACKENDS: dict[str, AttentionFn] = {"sdpa": sdpa_per_document}
+@functools.lru_cache(maxsize=8)
+def document_block_mask(bounds: tuple[int, ...], device: torch.device) -> BlockMask:
+    """Flex-attention BlockMask letting row i see row j only when both lie in the same
+    document of `bounds` (cu_seqlens as ints). Cached: a DiT forward reuses it in every layer."""
+    cu = torch.tensor(bounds, device=device)
+    document = torch.repeat_interleave(torch.arange(len(bounds) - 1, device=device), cu[1:] - cu[:-1])
+
+    def same_document(batch, head, q_index, kv_index):
+        return document[q_index] == document[kv_index]
+
+    return create_block_mask(same_document, None, None, bounds[-1], bounds[-1], device=device)
 
 
-def get_attention_backend(name: str) -> AttentionFn:
-    """Return the named attention backend. Raises ValueError naming the available ones."""
+@functools.cache
+def compiled_flex_attention() -> Callable:
+    """flex_attention compiled once per process (a fused Triton kernel on the GPU)."""
+    return torch.compile(flex_attention)
+
+
+def flex_documents(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+    """`flex_attention` over the whole pack with a block-diagonal document mask.
+
+    Compiled on the GPU (torch.compile's default automatic dynamic shapes: the first shape gets
+    a static kernel, later shapes share one dynamic kernel). On the CPU it runs eagerly:
+    correct, but it materialises the [heads, rows, rows] score matrix, so it is for tests only.
+    Parity rule, measured. H200, so compiled: bitwise solo == packed for documents of
+    128..16,384 rows, strided == contiguous q/k/v; but not by construction: with a kernel
+    compiled for each shape (automatic dynamic shapes off) the same check differed by up to
+    4.9e-4 in bf16 (and ran 2.1x faster: 23.8 vs 50.7 ms for 3 x 16,384 rows, 24 heads;
+    docs/gpu_backends.md). CPU, eager: solo vs packed differ by up to about 6e-8 in float32
+    (the softmax runs over whole pack rows). Never a default.
+    """
+    bounds = check_cu_seqlens(cu_seqlens, q.shape[0])
+    attend = compiled_flex_attention() if q.is_cuda else flex_attention
+    out = attend(*(t.transpose(0, 1).unsqueeze(0) for t in (q, k, v)),
+                 block_mask=document_block_mask(tuple(bounds), q.device))
+    return out[0].transpose(0, 1)
+
+
+def varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+           cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+    """`torch.nn.attention.varlen.varlen_attn` (PyTorch's flash-attention 2 varlen kernel): one
+    call for the whole pack. CUDA, bf16/fp16 only.
+
+    Parity rule: bitwise solo == packed, measured on the H200 (PyTorch 2.11) for documents of
+    128..16,384 rows behind a 16,384-row document (so with another max_seqlen) and before a
+    padding document; strided == contiguous q/k/v bitwise.
+    """
+    from torch.nn.attention.varlen import varlen_attn
+
+    check_cu_seqlens(cu_seqlens, q.shape[0])
+    return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen)
+
+
+def flash_attn2(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+    """`flash_attn.flash_attn_varlen_func` of the flash_attn 2.x package (the Dockerfile's).
+    CUDA, bf16/fp16 only.
+
+    Parity rule: not measured (the package is not installed on the H200 machine).
+    """
+    from flash_attn import flash_attn_varlen_func
+
+    check_cu_seqlens(cu_seqlens, q.shape[0])
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen)
+
+
+def flash_attn4(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+    """`flash_attn.cute.flash_attn_varlen_func` of the flash-attn-4 package (CuTe DSL kernels,
+    written against 4.0.0b36, which returns (out, lse)). Hopper or newer GPU, bf16/fp16 only.
+
+    Parity rule: not measured (its CUDA 13 DSL libraries are a 92 MB wheel, too large to
+    carry to the H200 machine).
+    """
+    from flash_attn.cute import flash_attn_varlen_func
+
+    check_cu_seqlens(cu_seqlens, q.shape[0])
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens,
+                                  max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen)[0]
+
+
+# auto's table. Documents of at most AUTO_VARLEN_MAX_ROWS rows are gathered into one `varlen`
+# call, longer ones run through per-document SDPA. Measured on an NVIDIA H200 (PyTorch
+# 2.11.0+cu130, bf16, 56 heads x 128) on 2026-11-29, ms per pack of n documents of `rows` rows,
+# sdpa / varlen / auto gathering documents of up to 512 rows (docs/gpu_backends.md):
+#   rows   | n = 1                 | n = 12                | n = 96
+#   128    | 0.091 / 0.163 / 0.449 | 0.673 / 0.159 / 0.370 | 7.329 / 0.350 / 1.514
+#   512    | 0.140 / 0.158 / 0.285 | 0.652 / 0.399 / 0.893 | 5.088 / 2.303 / 5.726
+#   2048   | 0.286 / 0.480         | 2.706 / 4.231         |
+#   16384  | 12.84 / 22.31         |                       |
+# With the gather, varlen pays off for 128-row documents (from about 12 a pack), not for 512.
+AUTO_VARLEN_MAX_ROWS = 128
+
+
+def auto(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+         cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+    """Per document, by its length: documents of at most AUTO_VARLEN_MAX_ROWS rows are gathered
+    into one `varlen` call (faster than SDPA once a pack holds about 12 of them, about 0.3 ms
+    slower for one to three), longer ones run through per-document SDPA (the fastest measured
+    from 512 rows up). Where varlen cannot run (the CPU, float32) every document runs through
+    SDPA.
+
+    The choice depends on each document's own length, never on the rest of the pack (a choice
+    per pack shape would compute a document with different kernels solo and co-batched).
+    Parity rule: bitwise solo == packed, as both backends it uses are; measured on the H200,
+    also in the bench DiT (docs/gpu_backends.md).
+    """
+    bounds = check_cu_seqlens(cu_seqlens, q.shape[0])
+    documents = list(zip(bounds, bounds[1:]))
+    short = []
+    if unavailable_reason("varlen", q.device, q.dtype) is None:
+        short = [(start, end) for start, end in documents if end - start <= AUTO_VARLEN_MAX_ROWS]
+    out = torch.empty(q.shape[0], q.shape[1], v.shape[2], dtype=q.dtype, device=q.device)
+    for start, end in documents:
+        if (start, end) not in short:
+            out[start:end] = sdpa_document(q[start:end], k[start:end], v[start:end])
+    if short:
+        rows = torch.cat([torch.arange(start, end) for start, end in short]).to(q.device)
+        lengths = [end - start for start, end in short]
+        short_cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=q.device)
+        out[rows] = varlen(q[rows], k[rows], v[rows], short_cu, max(lengths))
+    return out
+
+
+BACKENDS: dict[str, AttentionFn] = {
+    "sdpa": sdpa_per_document,
+    "auto": auto,
+    "flex": flex_documents,
+    "varlen": varlen,
+    "flash_attn": flash_attn2,
+    "flash_attn4": flash_attn4,
+}
+
+
+def installed_version(distribution: str) -> str | None:
+    """Version of an installed Python distribution, or None when it is not installed."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def unavailable_reason(name: str, device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why backend `name` cannot run on `device` with `dtype`, or None when it can.
+
+    sdpa, auto and flex run everywhere; varlen needs CUDA and bf16/fp16; flash_attn also needs the
+    flash_attn 2.x package; flash_attn4 needs the flash-attn-4 package and a GPU of compute
+    capability 9 (Hopper) or newer.
+    """
+    if name in ("sdpa", "auto", "flex"):
+        return None
+    if name == "flash_attn" and not (installed_version("flash_attn") or "").startswith("2."):
+        return "the flash_attn 2.x package is not installed"
+    if name == "flash_attn4" and installed_version("flash-attn-4") is None:
+        return "the flash-attn-4 package is not installed"
+    if device.type != "cuda":
+        return f"it needs a CUDA device, not {device.type}"
+    if dtype not in (torch.bfloat16, torch.float16):
+        return f"it needs bfloat16 or float16, not {dtype}"
+    if name == "flash_attn4" and torch.cuda.get_device_capability(device)[0] < 9:
+        return "it needs a GPU of compute capability 9.0 (Hopper) or newer"
+    return None
+
+
+def get_attention_backend(name: str, device: str | torch.device, dtype: torch.dtype) -> AttentionFn:
+    """Return the named backend after checking it can run on `device` with `dtype`.
+
+    Raises:
+        ValueError: the name is unknown (the message lists the known ones).
+        RuntimeError: the backend cannot run here; the message says why (a package is
+            missing, it needs CUDA, it needs bf16/fp16, it needs a newer GPU).
+    """
     if name not in BACKENDS:
         raise ValueError(f"attention backend {name!r} is unknown; available: {sorted(BACKENDS)}")
+    reason = unavailable_reason(name, torch.device(device), dtype)
+    if reason:
+        raise RuntimeError(f"attention backend {name!r} is unavailable: {reason}")
     return BACKENDS[name]

@@ -6,10 +6,10 @@ condition_proj -> 2-block token refiner; scattered into a zero [S, H] buffer (pa
 0); time embedding of each unique timestep; num_layers AdaLN blocks with 3-axis RoPE and
 per-document attention; final layer; fp32 video/audio heads.
 
-Batch invariance (solo == co-batched, bitwise): every row-wise linear can run in fixed
-`row_tile`-row calls (64 on the CPU, whose GEMM results depend on the row count), and the time
-embedder and AdaLN projections run once per unique timestep value, so no result depends on
-how many requests share the forward.
+Batch invariance (solo == co-batched, bitwise): every row-wise linear runs in GEMM calls of one
+fixed row count (`row_tile`: 64 on the CPU, 4096 on CUDA, where cuBLAS picks other kernels for
+other row counts, docs/gpu_backends.md), and the time embedder and AdaLN projections run once
+per unique timestep value, so no result depends on how many requests share the forward.
 """
 import math
 
@@ -17,25 +17,40 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import AUDIO_ROW_WIDTH, VIDEO_ROW_WIDTH, DiTConfig
+from ..config import AUDIO_ROW_WIDTH, ROW_ALIGN, VIDEO_ROW_WIDTH, DiTConfig
 from ..layout import PackedBatch
 from .attention import AttentionFn, get_attention_backend
 from .rope import apply_rope, rope_table
 
+# Default row tiles, bitwise solo == co-batched. On the H200 (bench config, bf16) plain cuBLAS
+# GEMMs were not (the refiner's 64- vs 192-row fc2 changes kernels); tiles of 2048 to 8192 rows
+# cost the same within noise (+0.7 % / +2.6 % a step for 1 / 3 requests of 16,384 rows), and
+# 4096 bounds the padding a request of another size pays (docs/gpu_backends.md).
+CPU_ROW_TILE, GPU_ROW_TILE = 64, 4096
+
 
 class Linear(nn.Linear):
-    """nn.Linear that, when `row_tile` > 0, multiplies in fixed row tiles of that many rows, so
-    each row's result does not depend on the total row count (inputs must then have a multiple
-    of row_tile rows)."""
+    """nn.Linear that, when `row_tile` > 0, multiplies in GEMM calls of exactly `row_tile` rows
+    (the last tile zero-padded), so every call has one shape and a row's result does not depend
+    on how many rows share the forward (h3_spec §3.5 (3)). One-row inputs run as one call.
+    x: [rows, in_features] -> [rows, out_features] in x's dtype."""
 
     row_tile: int = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.row_tile <= 0 or x.shape[0] == 1:
+        rows, tile = x.shape[0], self.row_tile
+        if tile <= 0 or rows == 1:
             return super().forward(x)
-        if x.shape[0] % self.row_tile:
-            raise ValueError(f"{x.shape[0]} rows are not a multiple of the row tile {self.row_tile}")
-        return torch.cat([F.linear(tile, self.weight, self.bias) for tile in x.split(self.row_tile)])
+        tiles = list(x.split(tile))
+        if tiles[-1].shape[0] < tile:
+            tiles[-1] = F.pad(tiles[-1], (0, 0, 0, tile - tiles[-1].shape[0]))
+        out = x.new_empty(len(tiles) * tile, self.out_features)
+        for part, dst in zip(tiles, out.split(tile)):
+            if self.bias is None:
+                torch.mm(part, self.weight.t(), out=dst)
+            else:
+                torch.addmm(self.bias, part, self.weight.t(), out=dst)
+        return out[:rows]
 
 
 class RMSNorm(nn.Module):
@@ -198,12 +213,15 @@ class H3DiT(nn.Module):
 
     Args:
         cfg: sizes (config.CONFIGS).
-        attention_backend: name in attention.BACKENDS.
-        row_tile: rows per linear call (0 = one call; 64 on the CPU for batch invariance).
+        attention_backend: name in attention.BACKENDS (RuntimeError when it cannot run on
+            `device` with the config's dtype).
+        row_tile: rows per linear GEMM call (see set_row_tile); None = the device's bitwise
+            default (GPU_ROW_TILE on CUDA, CPU_ROW_TILE elsewhere); 0 = one call per linear,
+            not batch-invariant.
         device: where the parameters live ("meta" for shape-only models).
     """
 
-    def __init__(self, cfg: DiTConfig, attention_backend: str = "sdpa", row_tile: int = 0,
+    def __init__(self, cfg: DiTConfig, attention_backend: str = "sdpa", row_tile: int | None = None,
                  device: str | torch.device = "cpu"):
         super().__init__()
         self.cfg = cfg
@@ -216,14 +234,22 @@ class H3DiT(nn.Module):
             self.time_embedder = TimeEmbedder(cfg)
             self.blocks = nn.ModuleList(DiTBlock(cfg, dtype) for _ in range(cfg.num_layers))
             self.final_layer = FinalLayer(cfg, dtype)
-        self.attention = get_attention_backend(attention_backend)
+        self.attention = get_attention_backend(attention_backend, device, dtype)
+        if row_tile is None:
+            row_tile = GPU_ROW_TILE if torch.device(device).type == "cuda" else CPU_ROW_TILE
         self.set_row_tile(row_tile)
 
     def set_row_tile(self, row_tile: int) -> None:
-        """Use fixed tiles of `row_tile` rows in every row-wise linear (0 = off)."""
+        """Run every row-wise linear in GEMM calls of `row_tile` rows (0 = one call per linear).
+
+        The linears on the text-refiner sequence (condition_proj, token_refiner) then use
+        ROW_ALIGN (64) rows: every request's text block there starts at a multiple of 64 rows,
+        so 64-row tiles never pad (a 4096-row tile would pad a 64-row text block 64-fold).
+        """
+        refiner = {id(m) for m in (self.condition_proj, *self.token_refiner.modules())}
         for module in self.modules():
             if isinstance(module, Linear):
-                module.row_tile = row_tile
+                module.row_tile = min(row_tile, ROW_ALIGN) if id(module) in refiner else row_tile
 
     @torch.inference_mode()
     def forward(self, video: torch.Tensor, audio: torch.Tensor, text: torch.Tensor,

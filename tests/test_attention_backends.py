@@ -1,0 +1,127 @@
+import math
+import re
+
+import pytest
+import torch
+
+from h3_core.config import get_config
+from h3_core.model import H3DiT
+from h3_core.model import attention
+from h3_core.model.attention import BACKENDS, get_attention_backend, installed_version, unavailable_reason
+
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+
+CPU = torch.device("cpu")
+# A one-row document, one filling the 64-row block [64, 128) exactly, and ordinary ones.
+BOUNDS = [0, 1, 64, 128, 192, 250]
+CPU_BACKENDS = ["sdpa", "auto", "flex"]
+
+
+def strided_qkv(rows=250, seed=0):
+    """q, k, v as strided views of one fused projection [rows, 3, heads, head_dim] (field case C13)."""
+    fused = torch.randn(rows, 3, 4, 16, generator=torch.Generator().manual_seed(seed))
+    return fused.unbind(1)
+
+
+def reference_attention(q, k, v, bounds):
+    """float64 softmax(q k^T / sqrt(d)) v per document (h3_spec §2.6)."""
+    out = torch.empty(q.shape, dtype=torch.float64)
+    for s, e in zip(bounds, bounds[1:]):
+        qd, kd, vd = (t[s:e].double().transpose(0, 1) for t in (q, k, v))
+        w = torch.softmax(qd @ kd.transpose(1, 2) / math.sqrt(q.shape[-1]), dim=-1)
+        out[s:e] = (w @ vd).transpose(0, 1)
+    return out
+
+
+def test_backends_that_run_on_the_cpu():
+    assert [n for n in BACKENDS if unavailable_reason(n, CPU, torch.float32) is None] == CPU_BACKENDS
+    assert [n for n in BACKENDS if unavailable_reason(n, CPU, torch.bfloat16) is None] == CPU_BACKENDS
+
+
+@pytest.mark.parametrize("name", CPU_BACKENDS)
+def test_cpu_backend_matches_float64_reference_per_document(name):
+    q, k, v = strided_qkv()
+    assert not q.is_contiguous()
+    cu = torch.tensor(BOUNDS, dtype=torch.int32)
+    out = get_attention_backend(name, CPU, torch.float32)(q, k, v, cu, 64)
+    assert out.shape == (250, 4, 16) and out.dtype == torch.float32
+    assert (out.double() - reference_attention(q, k, v, BOUNDS)).abs().max().item() < 1e-5
+    assert torch.equal(out[0], v[0])  # a one-row document attends only to itself
+    contiguous = BACKENDS[name](q.contiguous(), k.contiguous(), v.contiguous(), cu, 64)
+    assert torch.equal(contiguous, out)
+
+
+def solo_vs_packed_max_diff(fn):
+    """Largest |solo - packed| over the documents of BOUNDS."""
+    q, k, v = strided_qkv()
+    packed = fn(q, k, v, torch.tensor(BOUNDS, dtype=torch.int32), 64)
+    diffs = []
+    for s, e in zip(BOUNDS, BOUNDS[1:]):
+        solo = fn(q[s:e].clone(), k[s:e].clone(), v[s:e].clone(), torch.tensor([0, e - s], dtype=torch.int32), e - s)
+        diffs.append((solo - packed[s:e]).abs().max().item())
+    return max(diffs)
+
+
+@pytest.mark.parametrize("name", ["sdpa", "auto"])
+def test_cpu_backend_solo_equals_packed_bitwise(name):
+    assert solo_vs_packed_max_diff(BACKENDS[name]) == 0.0
+
+
+def test_eager_flex_solo_vs_packed_within_rounding():
+    # Eager flex softmaxes over whole pack rows (masked entries included): not bitwise.
+    assert 0.0 < solo_vs_packed_max_diff(BACKENDS["flex"]) < 1e-6
+
+
+def test_auto_gathers_short_documents_into_one_varlen_call(monkeypatch):
+    # On the CPU varlen cannot run, so stand it in by per-document SDPA to check the gather.
+    calls = []
+
+    def fake_varlen(q, k, v, cu_seqlens, max_seqlen):
+        calls.append((cu_seqlens.tolist(), max_seqlen, q.is_contiguous()))
+        return attention.sdpa_per_document(q, k, v, cu_seqlens, max_seqlen)
+
+    monkeypatch.setattr(attention, "varlen", fake_varlen)
+    monkeypatch.setattr(attention, "unavailable_reason", lambda name, device, dtype: None)
+    bounds = [0, 1, 64, 320, 448, 512]  # lengths 1, 63, 256, 128, 64
+    q, k, v = strided_qkv(rows=512)
+    out = attention.auto(q, k, v, torch.tensor(bounds, dtype=torch.int32), 256)
+    assert calls == [([0, 1, 64, 192, 256], 128, True)]  # every document of <= 128 rows
+    assert torch.equal(out, attention.sdpa_per_document(q, k, v, torch.tensor(bounds, dtype=torch.int32), 256))
+
+
+def test_auto_runs_sdpa_where_varlen_cannot():
+    q, k, v = strided_qkv()
+    cu = torch.tensor(BOUNDS, dtype=torch.int32)
+    assert torch.equal(BACKENDS["auto"](q, k, v, cu, 64), BACKENDS["sdpa"](q, k, v, cu, 64))
+
+
+@pytest.mark.parametrize("name, device, dtype, reason", [
+    ("varlen", "cpu", torch.bfloat16, "it needs a CUDA device, not cpu"),
+    ("varlen", "cuda", torch.float32, "it needs bfloat16 or float16, not torch.float32"),
+])
+def test_unavailable_backend_raises_why(name, device, dtype, reason):
+    with pytest.raises(RuntimeError, match=f"^{re.escape(f'attention backend {name!r} is unavailable: {reason}')}$"):
+        get_attention_backend(name, device, dtype)
+
+
+@pytest.mark.skipif(installed_version("flash_attn") is not None, reason="flash_attn is installed here")
+def test_flash_attn_without_its_package_raises():
+    with pytest.raises(RuntimeError, match="^attention backend 'flash_attn' is unavailable: "
+                                           "the flash_attn 2.x package is not installed$"):
+        get_attention_backend("flash_attn", "cuda", torch.bfloat16)
+
+
+@pytest.mark.skipif(installed_version("flash-attn-4") is not None, reason="flash-attn-4 is installed here")
+def test_flash_attn4_without_its_package_raises():
+    with pytest.raises(RuntimeError, match="^attention backend 'flash_attn4' is unavailable: "
+                                           "the flash-attn-4 package is not installed$"):
+        get_attention_backend("flash_attn4", "cuda", torch.bfloat16)
+
+
+def test_unknown_backend_and_dit_construction_errors():
+    with pytest.raises(ValueError, match=re.escape(
+            "attention backend 'flash' is unknown; available: "
+            "['auto', 'flash_attn', 'flash_attn4', 'flex', 'sdpa', 'varlen']")):
+        get_attention_backend("flash", CPU, torch.float32)
+    with pytest.raises(RuntimeError, match="^attention backend 'varlen' is unavailable: it needs a CUDA device, not cpu$"):
+        H3DiT(get_config("tiny"), attention_backend="varlen")
