@@ -18,6 +18,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 MODEL = "h3_pipeline"
+DIT_MODEL = "h3_dit"  # control requests (cancel) go to the DiT itself
 INT_INPUTS = {"height": "HEIGHT", "width": "WIDTH", "num_frames": "NUM_FRAMES",
               "num_inference_steps": "NUM_INFERENCE_STEPS", "seed": "SEED", "num_outputs": "NUM_OUTPUTS"}
 ENSEMBLE_PREFIX = re.compile(r"^in ensemble '[^']*', ")
@@ -50,6 +51,7 @@ class GenerationResult:
     frames: np.ndarray | None = None
     audio: np.ndarray | None = None
     progress: list[tuple[int, int, int]] = field(default_factory=list)  # (step, total, queue position)
+    previews: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (step, uint8 [Hl, Wl, 3])
 
 
 def _input(name: str, value, datatype: str) -> grpcclient.InferInput:
@@ -67,35 +69,56 @@ class H3Client:
     def generate(self, prompt: str | bytes, *, height: int | None = None, width: int | None = None,
                  num_frames: int | None = None, num_inference_steps: int | None = None,
                  seed: int | None = None, num_outputs: int | None = None, progress_every: int = 0,
-                 return_frames: bool = False, return_audio: bool = False, request_id: str = "",
+                 preview_every: int = 0, deadline_s: float | None = None, return_frames: bool = False,
+                 return_audio: bool = False, request_id: str = "",
                  on_progress: Callable[[int, int, int], None] | None = None) -> list[GenerationResult]:
         """Generate num_outputs clips (None fields take the server's defaults).
 
         on_progress(step, total_steps, queue_position) is called for each progress response
-        (progress_every > 0). Returns the results in output-index order.
-        Raises H3Error with the server's code word, or TIMEOUT.
+        (progress_every > 0). preview_every k > 0 adds a PREVIEW image after steps k, 2k, ...
+        deadline_s: seconds from arrival at the DiT after which the server cancels the request.
+        request_id: lets `cancel(request_id)` reach this request. Returns the results in
+        output-index order. Raises H3Error with the server's code word, or TIMEOUT.
         """
         values = dict(height=height, width=width, num_frames=num_frames,
                       num_inference_steps=num_inference_steps, seed=seed, num_outputs=num_outputs)
         inputs = [_input("PROMPT", prompt.encode() if isinstance(prompt, str) else prompt, "BYTES")]
         inputs += [_input(INT_INPUTS[k], v, "INT64") for k, v in values.items() if v is not None]
-        outputs = [grpcclient.InferRequestedOutput(name) for name in ("VIDEO_MP4", "PROGRESS", "INFO")]
+        outputs = [grpcclient.InferRequestedOutput(name) for name in ("VIDEO_MP4", "PROGRESS", "PREVIEW", "INFO")]
         outputs += [grpcclient.InferRequestedOutput(name) for name, wanted in
                     (("FRAMES", return_frames), ("AUDIO", return_audio)) if wanted]
         parameters = {"progress_every": progress_every}
+        if preview_every:
+            parameters["preview_every"] = preview_every
+        if deadline_s is not None:
+            parameters["deadline_s"] = deadline_s
         if return_frames:
             parameters["return_frames"] = True
         if return_audio:
             parameters["return_audio"] = True
-        return self._stream(inputs, outputs, parameters, request_id, on_progress)
+        results, progress, previews = [], [], []
+        for result in self._stream(MODEL, inputs, outputs, parameters, request_id):
+            results += self._read(result, progress, previews, on_progress)
+        return sorted(results, key=lambda r: r.info["output_index"])
 
-    def _stream(self, inputs, outputs, parameters, request_id, on_progress) -> list[GenerationResult]:
+    def cancel(self, request_id: str) -> bool:
+        """Cancel the request with this id (running, queued, or still in the encoder) through a
+        control request to h3_dit. It leaves at the next step boundary and its stream ends with
+        a CANCELLED: error. Returns whether the server knew the id (an id it did not know is
+        remembered for a while in case its request is still on its way)."""
+        control = _input("REQUEST", json.dumps({"cancel_request_id": request_id}).encode(), "BYTES")
+        text = grpcclient.InferInput("TEXT_EMBEDS", [1, 0, 0], "FP32")
+        text.set_data_from_numpy(np.zeros((1, 0, 0), dtype=np.float32))
+        final = list(self._stream(DIT_MODEL, [text, control], [grpcclient.InferRequestedOutput("INFO")], {}, ""))
+        return json.loads(final[0].as_numpy("INFO").reshape(-1)[0])["found"]
+
+    def _stream(self, model, inputs, outputs, parameters, request_id):
+        """Yield the responses of one streaming request until the final one."""
         responses: queue.Queue = queue.Queue()
         client = grpcclient.InferenceServerClient(self.url)
-        progress, results = [], []
         try:
             client.start_stream(callback=lambda result, error: responses.put((result, error)))
-            client.async_stream_infer(MODEL, inputs, outputs=outputs, request_id=request_id,
+            client.async_stream_infer(model, inputs, outputs=outputs, request_id=request_id,
                                       parameters=parameters, enable_empty_final_response=True)
             while True:
                 try:
@@ -104,22 +127,24 @@ class H3Client:
                     raise H3Error("TIMEOUT", f"no response from {self.url} within {self.timeout_s} s") from None
                 if error is not None:
                     raise H3Error.from_server(error)
-                results += self._read(result, progress, on_progress)
+                yield result
                 if result.get_response().parameters["triton_final_response"].bool_param:
                     break
         finally:
             client.stop_stream()
             client.close()
-        return sorted(results, key=lambda r: r.info["output_index"])
 
     @staticmethod
-    def _read(result, progress, on_progress) -> list[GenerationResult]:
+    def _read(result, progress, previews, on_progress) -> list[GenerationResult]:
         info_tensor = result.as_numpy("INFO")
         if info_tensor is None or info_tensor.size == 0:
             return []  # the empty final response that closes the stream
         info = json.loads(info_tensor.reshape(-1)[0])
         step, total, position = (int(v) for v in result.as_numpy("PROGRESS").reshape(-1))
         if info["kind"] == "progress":
+            preview = result.as_numpy("PREVIEW")
+            if preview is not None and preview.size:
+                previews.append((step, preview[0]))
             progress.append((step, total, position))
             if on_progress:
                 on_progress(step, total, position)
@@ -128,5 +153,5 @@ class H3Client:
         return [GenerationResult(
             video_mp4=bytes(result.as_numpy("VIDEO_MP4").reshape(-1)[0]), info=info,
             frames=frames[0] if frames is not None else None, audio=audio[0] if audio is not None else None,
-            progress=list(progress),
+            progress=list(progress), previews=list(previews),
         )]

@@ -3,11 +3,15 @@
     python -m client.generate --prompt "a red ball rolls to the left" --out out/clip.mp4
 
 The server's gRPC endpoint comes from --url, else $H3_GRPC_URL, else 127.0.0.1:8001.
+Ctrl-C cancels the request on the server (by its id) and waits briefly for the cancelled
+final response before closing the stream.
 """
 import argparse
 import os
 import sys
+import threading
 import time
+import uuid
 from pathlib import Path
 
 from tqdm import tqdm
@@ -39,16 +43,34 @@ def main(argv: list[str] | None = None) -> int:
         bar.update(step - bar.n)
 
     start = time.perf_counter()
+    client, request_id, outcome = H3Client(args.url, args.timeout), f"cli-{uuid.uuid4()}", {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = client.generate(
+                args.prompt, height=args.height, width=args.width, num_frames=args.num_frames,
+                num_inference_steps=args.steps, seed=args.seed, progress_every=1, request_id=request_id,
+                return_audio=args.wav is not None, on_progress=on_progress)[0]
+        except H3Error as error:
+            outcome["error"] = error
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
     try:
-        result = H3Client(args.url, args.timeout).generate(
-            args.prompt, height=args.height, width=args.width, num_frames=args.num_frames,
-            num_inference_steps=args.steps, seed=args.seed, progress_every=1,
-            return_audio=args.wav is not None, on_progress=on_progress)[0]
-    except H3Error as error:
+        while worker.is_alive():
+            worker.join(0.2)
+    except KeyboardInterrupt:
         bar.close()
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+        print(f"cancelling {request_id} ...", file=sys.stderr)
+        client.cancel(request_id)
+        worker.join(10.0)
+        print(f"cancelled: {outcome.get('error', 'no final response within 10 s')}", file=sys.stderr)
+        return 130
     bar.close()
+    if "error" in outcome:
+        print(f"error: {outcome['error']}", file=sys.stderr)
+        return 1
+    result = outcome["result"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_bytes(result.video_mp4)
     if args.wav is not None:

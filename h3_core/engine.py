@@ -169,6 +169,20 @@ class Engine:
         return results
 
 
+# Fixed latent-to-RGB projection for previews: [24, 3], seeded, scaled to keep values O(1).
+PREVIEW_PROJECTION = torch.randn(VIDEO_LATENT_CHANNELS, 3, generator=torch.Generator().manual_seed(0)) / VIDEO_LATENT_CHANNELS ** 0.5
+
+
+def preview_frame(state: RequestState, video_velocity: torch.Tensor) -> torch.Tensor:
+    """A cheap preview of the current clean estimate (no VAE call): the middle latent frame of
+    x0_hat = x_t + sigma * v (h3_spec §3.2), projected to RGB with PREVIEW_PROJECTION.
+    video_velocity: float32 [V, 96] of this step. Returns uint8 [Hl, Wl, 3] (latent resolution)."""
+    x0 = state.video_latents + state.sigmas_video[state.step_index] * video_velocity
+    latent = L.unpatchify_video(x0, state.layout)[:, state.layout.latent_t // 2]  # [24, Hl, Wl]
+    rgb = torch.einsum("chw,cd->hwd", latent, PREVIEW_PROJECTION)
+    return ((rgb * 0.5 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8)
+
+
 def decode_latents(video_vae: VideoVAE, audio_vae: AudioVAE, layout: L.RequestLayout, num_frames: int,
                    video_rows: torch.Tensor, audio_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Final rows -> (frames uint8 [num_frames, H, W, 3], audio float32 [2, samples]); see

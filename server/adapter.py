@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import torch
 import triton_python_backend_utils as pb_utils
 
 ERROR_CODES = ("INVALID_ARG", "UNAVAILABLE", "CANCELLED", "INTERNAL")
@@ -44,13 +43,9 @@ def read_json(request, name: str) -> dict:
     return json.loads(pb_utils.get_input_tensor_by_name(request, name).as_numpy().reshape(-1)[0])
 
 
-def torch_tensor(name: str, value: torch.Tensor) -> "pb_utils.Tensor":
-    """A Triton tensor from a torch tensor (also for empty ones, which numpy cannot export)."""
-    return pb_utils.Tensor.from_dlpack(name, torch.utils.dlpack.to_dlpack(value.contiguous()))
-
-
 # Request parameters a client may set (never Triton's reserved priority / timeout / sequence_*).
-REQUEST_PARAMETERS = {"progress_every": int, "return_frames": bool, "return_audio": bool}
+REQUEST_PARAMETERS = {"progress_every": (int,), "preview_every": (int,), "deadline_s": (int, float), "request_priority": (int,),
+                      "return_frames": (bool,), "return_audio": (bool,)}
 RESERVED_PARAMETERS = ("priority", "timeout")
 
 
@@ -63,7 +58,8 @@ def request_parameters(request) -> dict:
             continue
         if name not in REQUEST_PARAMETERS:
             raise ValueError(f"request parameter {name!r} is unknown; allowed: {sorted(REQUEST_PARAMETERS)}")
-        if type(value) is not REQUEST_PARAMETERS[name]:
-            raise ValueError(f"request parameter {name!r} must be {REQUEST_PARAMETERS[name].__name__}, got {value!r}")
+        if type(value) not in REQUEST_PARAMETERS[name]:
+            kinds = " or ".join(kind.__name__ for kind in REQUEST_PARAMETERS[name])
+            raise ValueError(f"request parameter {name!r} must be {kinds}, got {value!r}")
         parameters[name] = value
     return parameters

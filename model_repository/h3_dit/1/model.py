@@ -1,26 +1,59 @@
 """h3_dit: the decoupled iterative DiT model (thin adapter over h3_core.engine / scheduler).
 
-Every execute() receives all live sequences; new ones (START flag) are validated and queued,
-the scheduler picks the jobs this step advances, ONE packed forward runs for them, progress
-and finished latents are sent, and every unfinished request is rescheduled before returning.
-In `request` execution mode the chosen job instead runs to completion inside one execute().
+Every execute() receives all live sequences. New ones (START flag) are validated and queued;
+control requests (REQUEST {"cancel_request_id": ID}) cancel a job by request id and are answered at once.
+At the step boundary cancelled, natively cancelled and expired jobs leave with a CANCELLED:
+final response; the scheduler picks the jobs this step advances; ONE packed forward runs for
+them; progress, previews and finished latents are sent; every unfinished request is
+rescheduled before returning. In `request` execution mode the chosen job instead runs to
+completion inside one execute().
 """
 import itertools
 import time
 
+import numpy as np
 import torch
 
-from h3_core.engine import load_engine
+from h3_core.engine import load_engine, preview_frame
 from h3_core.request import GenerationRequest, RequestLimits
 from h3_core.scheduler import Job, Overloaded, Scheduler
-from server.adapter import (error_response, json_tensor, model_parameters, request_parameters,
-                            resolve_path, torch_tensor)
+from server.adapter import (error_response, json_tensor, model_parameters, read_json, request_parameters,
+                            resolve_path)
 
 import triton_python_backend_utils as pb_utils
 
-OPTIONAL_INPUTS = {"HEIGHT": "height", "WIDTH": "width", "NUM_FRAMES": "num_frames",
-                   "NUM_INFERENCE_STEPS": "num_inference_steps", "SEED": "seed", "NUM_OUTPUTS": "num_outputs"}
-EMPTY_LATENT = torch.zeros(1, 0)
+FIELDS = ("height", "width", "num_frames", "num_inference_steps", "seed", "num_outputs")
+EMPTY_LATENT = np.zeros((1, 0), dtype=np.float32)
+EMPTY_PREVIEW = np.zeros((1, 0, 0, 3), dtype=np.uint8)
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+EARLY_CANCEL_SECONDS = 600.0  # how long an id cancelled before its request arrived is remembered
+
+
+class Metrics:
+    """The DiT's Prometheus metrics (h3_*), published on Triton's /metrics endpoint."""
+
+    def __init__(self):
+        labels = {"model": "h3_dit"}
+
+        def family(name, kind, description, buckets=None):
+            self.families.append(pb_utils.MetricFamily(name=name, description=description, kind=kind))
+            metric = self.families[-1].Metric(labels=labels, buckets=buckets) if buckets else self.families[-1].Metric(labels=labels)
+            return metric
+
+        gauge, counter, histogram = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER, pb_utils.MetricFamily.HISTOGRAM
+        self.families = []  # Triton requires the families to stay referenced
+        self.waiting = family("h3_waiting_requests", gauge, "requests waiting for admission")
+        self.active = family("h3_active_requests", gauge, "requests admitted to the pack")
+        self.pack_requests = family("h3_pack_requests", histogram, "request outputs per packed forward", [1, 2, 3, 4, 6, 8, 16])
+        self.pack_rows = family("h3_pack_rows", histogram, "packed rows per forward", [128, 512, 2048, 8192, 16384, 32768, 65536])
+        self.step_seconds = family("h3_step_seconds", histogram, "seconds per packed step", [0.005, 0.01, 0.05, 0.1, 0.5, 1, 5])
+        self.first_step = family("h3_time_to_first_step_seconds", histogram, "arrival at the DiT to first step end", [0.01, 0.1, 0.5, 1, 5, 30])
+        self.cancellations = family("h3_cancellations_total", counter, "requests cancelled")
+        self.expiries = family("h3_deadline_expiries_total", counter, "requests whose deadline_s expired")
+        self.refusals = family("h3_refusals_total", counter, "requests refused (INVALID_ARG or UNAVAILABLE)")
+        self.completions = family("h3_completions_total", counter, "request outputs completed")
+        self.failures = family("h3_failures_total", counter, "requests failed with INTERNAL")
+        self.heartbeat = family("h3_heartbeat_timestamp_seconds", gauge, "unix time of the step loop's last iteration")
 
 
 class TritonPythonModel:
@@ -39,27 +72,35 @@ class TritonPythonModel:
         if self.mode not in ("step", "request"):
             raise ValueError(f"execution_mode {self.mode!r} must be 'step' or 'request'")
         self.scheduler = Scheduler(int(params["max_num_seqs"]), int(params["max_batch_rows"]),
-                                   int(params["max_waiting"]))
+                                   int(params["max_waiting"]), params["scheduling_policy"])
         self.jobs: dict[object, Job] = {}
+        self.early_cancels: dict[str, float] = {}  # request id -> monotonic time of the cancel
         self.ids = itertools.count(1)
+        self.metrics = Metrics()
 
     def execute(self, requests):
+        self.metrics.heartbeat.set(time.time())
         present = []
         for request in requests:
             key = request.correlation_id()
             if key in (0, ""):
                 continue  # filler request inserted by the `direct` strategy
-            job = self.jobs.get(key) or self.admit(request, key)
+            fields = read_json(request, "REQUEST")
+            if "cancel_request_id" in fields:
+                self.control(request, str(fields["cancel_request_id"]))
+                continue
+            job = self.jobs.get(key) or self.admit(request, key, fields)
             if job is not None:
                 job.extra["request"] = request
                 job.extra["sender"] = request.get_response_sender()
                 present.append(job)
+        self.end_cancelled(present)
         pack = [job for job in self.scheduler.schedule() if job in present]
         if pack:
             if self.mode == "request":
                 pack = pack[:1]
-                while not pack[0].finished:
-                    self.step(pack)
+                while pack and not pack[0].finished:
+                    pack = self.step(pack)
             else:
                 self.step(pack)
         for job in present:
@@ -70,76 +111,164 @@ class TritonPythonModel:
                 self.send_progress(job, position)
             job.queue_position = position
             job.extra["request"].set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+        self.metrics.waiting.set(len(self.scheduler.line))
+        self.metrics.active.set(len(self.scheduler.pack))
         return None
 
-    def admit(self, request, key):
+    # -- new requests and control requests ---------------------------------------------------
+
+    def admit(self, request, key, fields: dict):
         """Validate a new request and queue it; on failure answer with an error at once."""
         sender = request.get_response_sender()
         try:
-            job = self.parse(request, key)
+            job = self.parse(request, key, fields)
+            if self.early_cancels.pop(job.request_id, None) is not None:
+                self.metrics.cancellations.increment(1)
+                sender.send(error_response("CANCELLED", f"request {job.request_id} was cancelled before it started (step 0 of {job.total_steps})"), flags=FINAL)
+                return None
             self.scheduler.add(job)
         except ValueError as error:
-            sender.send(error_response("INVALID_ARG", str(error)), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            self.metrics.refusals.increment(1)
+            sender.send(error_response("INVALID_ARG", str(error)), flags=FINAL)
             return None
         except Overloaded as error:
-            sender.send(error_response("UNAVAILABLE", str(error)), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            self.metrics.refusals.increment(1)
+            sender.send(error_response("UNAVAILABLE", str(error)), flags=FINAL)
             return None
         self.jobs[key] = job
         return job
 
-    def parse(self, request, key) -> Job:
-        """Inputs and control parameters -> Job. Raises ValueError naming the bad field."""
-        progress_every = request_parameters(request).get("progress_every", 0)
-        if progress_every < 0:
-            raise ValueError(f"progress_every={progress_every} is out of range: allowed >= 0")
+    def parse(self, request, key, fields: dict) -> Job:
+        """Inputs, REQUEST fields and control parameters -> Job. Raises ValueError naming the
+        bad field."""
+        parameters = request_parameters(request)
+        progress_every = parameters.get("progress_every", 0)
+        preview_every = parameters.get("preview_every", 0)
+        deadline_s = parameters.get("deadline_s")
+        for name, value in (("progress_every", progress_every), ("preview_every", preview_every)):
+            if value < 0:
+                raise ValueError(f"{name}={value} is out of range: allowed >= 0")
+        if deadline_s is not None and not deadline_s > 0:
+            raise ValueError(f"deadline_s={deadline_s} is out of range: allowed > 0 seconds")
         cfg = self.engine.dit.cfg
-        fields = dict(height=cfg.default_height, width=cfg.default_width, num_frames=cfg.default_num_frames,
+        values = dict(height=cfg.default_height, width=cfg.default_width, num_frames=cfg.default_num_frames,
                       num_inference_steps=cfg.default_steps, seed=None, num_outputs=1)
-        for name, field in OPTIONAL_INPUTS.items():
-            tensor = pb_utils.get_input_tensor_by_name(request, name)
-            if tensor is not None:
-                values = tensor.as_numpy().reshape(-1)
-                if values.size != 1:
-                    raise ValueError(f"{name} must hold exactly one INT64 value, got {values.size}")
-                fields[field] = int(values[0])
+        for name in FIELDS:
+            if name in fields:
+                if type(fields[name]) is not int:
+                    raise ValueError(f"{name} must be an integer, got {fields[name]!r}")
+                values[name] = fields[name]
         text = torch.from_numpy(pb_utils.get_input_tensor_by_name(request, "TEXT_EMBEDS").as_numpy().copy())
-        encode_s = float(pb_utils.get_input_tensor_by_name(request, "ENCODE_SECONDS").as_numpy().reshape(-1)[0])
+        encode_s = float(fields.get("encode_seconds", 0.0))
         request_id = request.request_id() or f"h3-{next(self.ids)}"
-        generation = GenerationRequest(prompt="(encoded)", request_id=request_id, **fields)
+        if any(job.request_id == request_id for job in self.jobs.values()):
+            raise ValueError(f"request id {request_id!r} is already running; ids must be unique")
+        generation = GenerationRequest(prompt="(encoded)", request_id=request_id, **values)
         states = self.engine.prepare(generation, text.reshape(-1, text.shape[-1]))
-        return Job(key=key, request_id=request_id, states=states, progress_every=progress_every, encode_s=encode_s)
+        job = Job(key=key, request_id=request_id, states=states, progress_every=progress_every, encode_s=encode_s,
+                  priority=parameters.get("request_priority", 0))
+        job.extra.update(preview_every=preview_every, deadline_s=deadline_s)
+        return job
 
-    def step(self, pack: list[Job]) -> None:
-        """One packed forward for the jobs in `pack`, then progress and final responses."""
+    def control(self, request, target: str) -> None:
+        """Cancel-by-id control request: the target leaves at the next step boundary (the
+        same execute() when it is only waiting); an id not seen yet is remembered for EARLY_CANCEL_SECONDS in
+        case its request is still in the encoder. Answered with one final response."""
+        now = time.monotonic()
+        self.early_cancels = {k: t for k, t in self.early_cancels.items() if now - t < EARLY_CANCEL_SECONDS}
+        matches = [job for job in self.jobs.values() if job.request_id == target]
+        for job in matches:
+            job.extra["cancelled"] = "cancelled by request"
+        if not matches:
+            self.early_cancels[target] = now
+        info = {"kind": "cancel", "request_id": target, "found": bool(matches)}
+        request.get_response_sender().send(pb_utils.InferenceResponse([
+            pb_utils.Tensor("LATENT", EMPTY_LATENT), pb_utils.Tensor("PROGRESS", np.zeros((1, 3), dtype=np.int32)),
+            pb_utils.Tensor("PREVIEW", EMPTY_PREVIEW), json_tensor("INFO", info)]), flags=FINAL)
+
+    def end_cancelled(self, present: list[Job]) -> None:
+        """Step boundary: end jobs cancelled by id, natively cancelled, or past their deadline."""
+        now = time.monotonic()
+        for job in present:
+            if job.key not in self.jobs:
+                continue
+            reason = job.extra.get("cancelled")
+            if reason is None and job.extra["request"].is_cancelled():
+                reason = "cancelled by the client"
+            deadline = job.extra["deadline_s"]
+            if reason is None and deadline is not None and now - job.arrival_s > deadline:
+                reason = f"deadline of {deadline} s expired"
+                self.metrics.expiries.increment(1)
+            if reason is not None:
+                self.cancel(job, reason)
+
+    def cancel(self, job: Job, reason: str) -> None:
+        self.metrics.cancellations.increment(1)
+        self.finish(job, error_response("CANCELLED", f"request {job.request_id} {reason} at step {job.step_index} of {job.total_steps}"))
+
+    # -- the step -------------------------------------------------------------------------------
+
+    def step(self, pack: list[Job]) -> list[Job]:
+        """One packed forward for `pack`, then progress, previews and final responses. If the
+        forward raises or returns non-finite values, it is retried one job at a time so only
+        the offending job fails (INTERNAL:). Returns the jobs still running."""
         states = [state for job in pack for state in job.states]
         start = time.monotonic()
         for job in pack:
             job.first_step_s = job.first_step_s or start
             job.largest_pack = max(job.largest_pack, len(states))
         try:
-            velocities = self.engine.denoise_step(states)
-        except Exception as error:  # one bad forward fails its pack, never the server
-            for job in pack:
-                self.finish(job, error_response("INTERNAL", f"denoise step failed: {error!r}"))
-            return
-        for state, velocity in zip(states, velocities):
-            self.engine.update(state, velocity)
+            velocities = self.forward(states)
+        except Exception:
+            velocities = []
+            for job in list(pack):
+                try:
+                    velocities += self.forward(job.states)
+                except Exception as error:
+                    self.metrics.failures.increment(1)
+                    self.finish(job, error_response("INTERNAL", f"denoise step {job.step_index + 1} failed: {error}"))
+                    pack.remove(job)
+            states = [state for job in pack for state in job.states]
         end = time.monotonic()
+        self.metrics.step_seconds.observe(end - start)
+        self.metrics.pack_requests.observe(len(states))
+        self.metrics.pack_rows.observe(sum(state.rows for state in states))
+        for state, velocity in zip(states, velocities):
+            job = next(j for j in pack if state in j.states)
+            every = job.extra["preview_every"]
+            if every and state.output_index == 0 and (state.step_index + 1) % every == 0:
+                job.extra["preview"] = preview_frame(state, velocity[0])
+            self.engine.update(state, velocity)
         for job in pack:
+            if job.step_index == 1:
+                self.metrics.first_step.observe(end - job.arrival_s)
             job.last_step_s = end
             step = job.step_index
-            if job.progress_every and (step % job.progress_every == 0 or step == job.total_steps):
+            if (job.progress_every and (step % job.progress_every == 0 or step == job.total_steps)) or "preview" in job.extra:
                 self.send_progress(job, 0)
             if job.finished:
                 self.send_results(job)
+        return [job for job in pack if job.key in self.jobs]
+
+    def forward(self, states):
+        """engine.denoise_step, raising ValueError on non-finite velocities."""
+        velocities = self.engine.denoise_step(states)
+        for state, (video, audio) in zip(states, velocities):
+            if not (torch.isfinite(video).all() and torch.isfinite(audio).all()):
+                raise ValueError(f"non-finite velocity for request {state.request_id}")
+        return velocities
+
+    # -- responses ------------------------------------------------------------------------------
 
     def progress_tensor(self, job: Job, position: int):
-        return torch_tensor("PROGRESS", torch.tensor([[job.step_index, job.total_steps, position]], dtype=torch.int32))
+        return pb_utils.Tensor("PROGRESS", np.array([[job.step_index, job.total_steps, position]], dtype=np.int32))
 
     def send_progress(self, job: Job, position: int) -> None:
+        preview = job.extra.pop("preview", None)
         info = {"kind": "progress", "request_id": job.request_id}
         job.extra["sender"].send(pb_utils.InferenceResponse([
-            torch_tensor("LATENT", EMPTY_LATENT), self.progress_tensor(job, position), json_tensor("INFO", info)]))
+            pb_utils.Tensor("LATENT", EMPTY_LATENT), self.progress_tensor(job, position),
+            pb_utils.Tensor("PREVIEW", EMPTY_PREVIEW if preview is None else preview[None].numpy()), json_tensor("INFO", info)]))
 
     def send_results(self, job: Job) -> None:
         """One response per output with its final latent rows (video then audio, flattened)."""
@@ -153,14 +282,14 @@ class TritonPythonModel:
                 "stage_seconds": {"queue": job.first_step_s - job.arrival_s, "encode": job.encode_s,
                                   "denoise": job.last_step_s - job.first_step_s},
             }
-            response = pb_utils.InferenceResponse([torch_tensor("LATENT", latent), self.progress_tensor(job, 0),
-                                                   json_tensor("INFO", info)])
-            last = state is job.states[-1]
-            job.extra["sender"].send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if last else 0)
+            response = pb_utils.InferenceResponse([pb_utils.Tensor("LATENT", latent.numpy()), self.progress_tensor(job, 0),
+                                                   pb_utils.Tensor("PREVIEW", EMPTY_PREVIEW), json_tensor("INFO", info)])
+            job.extra["sender"].send(response, flags=FINAL if state is job.states[-1] else 0)
+            self.metrics.completions.increment(1)
         self.forget(job)
 
     def finish(self, job: Job, response) -> None:
-        job.extra["sender"].send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        job.extra["sender"].send(response, flags=FINAL)
         self.forget(job)
 
     def forget(self, job: Job) -> None:

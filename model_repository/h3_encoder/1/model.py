@@ -1,12 +1,14 @@
-"""h3_encoder: PROMPT -> TEXT_EMBEDS + ENCODE_SECONDS (thin adapter over h3_core.encoder)."""
+"""h3_encoder: PROMPT -> TEXT_EMBEDS, optional request fields -> REQUEST JSON (thin adapter
+over h3_core.encoder)."""
 import time
 
-import torch
-
 from h3_core.encoder import TextEncoder
-from server.adapter import error_response, model_parameters, torch_tensor
+from server.adapter import error_response, json_tensor, model_parameters
 
 import triton_python_backend_utils as pb_utils
+
+FIELDS = {"HEIGHT": "height", "WIDTH": "width", "NUM_FRAMES": "num_frames",
+          "NUM_INFERENCE_STEPS": "num_inference_steps", "SEED": "seed", "NUM_OUTPUTS": "num_outputs"}
 
 
 class TritonPythonModel:
@@ -32,10 +34,18 @@ class TritonPythonModel:
             prompt = value.decode("utf-8") if isinstance(value, bytes) else str(value)
         except UnicodeDecodeError as error:
             return error_response("INVALID_ARG", f"prompt is not valid UTF-8 ({error.reason} at byte {error.start})")
+        fields = {}
+        for name, field in FIELDS.items():
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is not None:
+                values = tensor.as_numpy().reshape(-1)
+                if values.size != 1:
+                    return error_response("INVALID_ARG", f"{name} must hold exactly one INT64 value, got {values.size}")
+                fields[field] = int(values[0])
         try:
             embeds = self.encoder.encode(prompt)
         except ValueError as error:
             return error_response("INVALID_ARG", str(error))
-        seconds = torch.tensor([[time.perf_counter() - start]], dtype=torch.float32)
-        return pb_utils.InferenceResponse([torch_tensor("TEXT_EMBEDS", embeds[None]),
-                                           torch_tensor("ENCODE_SECONDS", seconds)])
+        fields["encode_seconds"] = time.perf_counter() - start
+        return pb_utils.InferenceResponse([pb_utils.Tensor("TEXT_EMBEDS", embeds[None].numpy()),
+                                           json_tensor("REQUEST", fields)])

@@ -1,0 +1,94 @@
+"""End-to-end: cancellation by id, deadlines, previews and metrics (tiny config, CPU)."""
+import threading
+import urllib.request
+
+import pytest
+
+from client.api import H3Error
+
+LONG = dict(prompt="a long clip", height=64, width=96, num_frames=22, num_inference_steps=400, seed=9)
+
+
+def run_in_thread(client, outcome, key, **kwargs):
+    def run():
+        try:
+            outcome[key] = client.generate(**kwargs)
+        except H3Error as error:
+            outcome[key] = error
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def metric(server, name):
+    text = urllib.request.urlopen(f"http://{server.metrics_url.split('//')[-1]}", timeout=10).read().decode()
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + "{")]
+    return values[0] if values else None
+
+
+def test_cancel_by_id_mid_denoise_leaves_the_neighbour_bit_identical(client, server):
+    outcome, started = {}, threading.Event()
+    long = run_in_thread(client, outcome, "long", **LONG, request_id="victim-1", progress_every=1,
+                         on_progress=lambda step, *_: step >= 3 and started.set())
+    neighbour = dict(prompt="a neighbour", height=64, width=64, num_frames=9, num_inference_steps=30, seed=4,
+                     return_frames=True, return_audio=True)
+    assert started.wait(60)
+    other = run_in_thread(client, outcome, "other", **neighbour)
+    assert client.cancel("victim-1") is True
+    long.join(60)
+    other.join(60)
+    error = outcome["long"]
+    assert isinstance(error, H3Error) and error.code == "CANCELLED"
+    assert error.message.startswith("request victim-1 cancelled by request at step ")
+    assert error.message.endswith(" of 400")
+    alone = client.generate(**neighbour)[0]
+    assert outcome["other"][0].frames.tobytes() == alone.frames.tobytes()
+    assert outcome["other"][0].audio.tobytes() == alone.audio.tobytes()
+
+
+def test_cancel_unknown_id_touches_nothing(client):
+    assert client.cancel("never-seen-7") is False
+    result, = client.generate("fine", num_inference_steps=2, seed=1)
+    assert result.info["num_inference_steps"] == 2
+
+
+def test_cancel_before_arrival_is_honoured(client):
+    assert client.cancel("early-1") is False  # remembered: the request has not reached the DiT yet
+    with pytest.raises(H3Error) as info:
+        client.generate("too late", num_inference_steps=3, request_id="early-1")
+    assert info.value.code == "CANCELLED"
+    assert info.value.message == "request early-1 was cancelled before it started (step 0 of 3)"
+
+
+def test_deadline_expires_and_frees_the_request(client, server):
+    before = metric(server, "h3_deadline_expiries_total") or 0
+    with pytest.raises(H3Error) as info:
+        client.generate(**LONG, deadline_s=0.3)
+    assert info.value.code == "CANCELLED" and "deadline of 0.3 s expired at step" in info.value.message
+    assert metric(server, "h3_deadline_expiries_total") == before + 1
+    assert metric(server, "h3_active_requests") == 0
+
+
+def test_previews_are_latent_resolution_images(client):
+    result, = client.generate("preview", height=64, width=96, num_frames=22, num_inference_steps=6,
+                              preview_every=2, seed=3)
+    assert [step for step, _ in result.previews] == [2, 4, 6]
+    assert all(image.shape == (4, 6, 3) and image.dtype.name == "uint8" for _, image in result.previews)
+
+
+def test_metrics_are_published(client, server):
+    done = metric(server, "h3_completions_total") or 0
+    client.generate("metrics", num_inference_steps=2, seed=1, num_outputs=2)
+    assert metric(server, "h3_completions_total") == done + 2
+    assert metric(server, "h3_heartbeat_timestamp_seconds") > 1.7e9
+    assert metric(server, "h3_waiting_requests") == 0
+
+
+def test_unknown_request_parameter_is_refused(client):
+    with pytest.raises(H3Error) as info:
+        client._stream_parameters = None
+        list(client._stream("h3_pipeline", [__import__("client.api", fromlist=["_input"])._input("PROMPT", b"x", "BYTES")],
+                            [], {"colour": "red"}, ""))
+    assert info.value.code == "INVALID_ARG"
+    assert info.value.message.startswith("request parameter 'colour' is unknown; allowed: ")
