@@ -111,13 +111,10 @@ def test_empty_prompt_gets_invalid_arg(client):
 def test_perf_analyzer_at_concurrency_2(server, tmp_path):
     data = tmp_path / "input.json"
     data.write_text(json.dumps({"data": [{"PROMPT": ["a red ball"], "NUM_INFERENCE_STEPS": [2]}]}))
-    export = tmp_path / "profile.json"
     command = [str(ROOT / "scripts" / "perf_analyzer.sh"), "-m", "h3_pipeline", "-i", "grpc", "-u", server.grpc_url,
                "--streaming", "--input-data", str(data), "--request-parameter", "sequence_end:false:bool",
-               "--sequence-id-range", "100000:200000", "--concurrency-range", "2", "--request-count", "6",
-               "--profile-export-file", str(export)]
+               "--sequence-id-range", "100000:200000", "--concurrency-range", "2", "--request-count", "6"]
     run = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "Concurrency: 2" in run.stdout
-    requests = json.loads(export.read_text())["experiments"][0]["requests"]
-    assert len(requests) >= 6 and all(len(r["response_timestamps"]) >= 1 for r in requests)
+    assert "Concurrency: 2, throughput:" in run.stdout
+    assert "Successful request count: 6" in run.stdout and "rror" not in run.stdout
