@@ -1,30 +1,50 @@
-"""Admission and packing for diffusion continuous batching (Triton-free).
+"""Admission and step-boundary scheduling for diffusion continuous batching (Triton-free).
 
-A Job is one client request inside the DiT: its RequestStates (one per output) plus serving
-bookkeeping. The Scheduler keeps the waiting queue (bounded by max_waiting) and the active set,
-and decides at every step boundary which jobs this step advances: first-in-first-out admission
-while the pack stays within max_num_seqs documents and max_batch_rows rows; every admitted job
-advances every step.
+A Job is one client request inside the DiT: its states (one per output) plus serving
+bookkeeping. The Scheduler holds the live jobs, refuses a job that can never fit one forward or
+that finds the waiting queue full, and at every step boundary lets its policy pick the jobs this
+step advances (the pack). A job left out of the pack is preempted: its state stays in the job and
+it resumes at the same step later. The policies (docs/scheduling.md compares them):
+
+- `request`: the oldest job alone until it finishes (run to completion, equal to request mode).
+- `fifo`: the reference (h3_spec §5.7): admit in arrival order while the pack fits max_num_seqs
+  and max_batch_rows, stopping at the first job that does not fit; every admitted job advances
+  every step (processor sharing). The admitted jobs are always the oldest ones, so the pack is
+  recomputed from arrival order at every boundary.
+- `srpt`: shortest remaining processing time with preemption at step boundaries. Jobs are ranked
+  by (higher effective priority, newcomer before started job, less remaining work = remaining
+  steps x rows, earlier arrival); effective priority = priority + floor(age / aging_s), so every
+  aging_s seconds since its arrival lift a job one level and no job starves. The first-ranked job always
+  runs; the others join in rank order while the pack stays within row_budget rows.
+
+Policies never read the clock: schedule() takes `now`, so the simulator (h3_core.simulate) drives
+the same code with simulated time.
 """
+import math
 import time
 from dataclasses import dataclass, field
 
-from .engine import RequestState
+POLICIES = ("request", "fifo", "srpt")
+DEFAULT_POLICY = "srpt"
+DEFAULT_AGING_S = 60.0
 
 
 class Overloaded(Exception):
     """The waiting queue is full; the request is refused (Triton: UNAVAILABLE)."""
 
 
-@dataclass
+@dataclass(eq=False)  # a job is itself: compared by identity
 class Job:
-    """One client request in the DiT. Times are time.monotonic() seconds."""
+    """One client request in the DiT. Times are seconds on one clock (time.monotonic() in the
+    server, simulated seconds in h3_core.simulate). The scheduler reads only rows, step_index,
+    total_steps, len(states), arrival_s and priority."""
 
     key: object  # Triton correlation id
     request_id: str
-    states: list[RequestState]
+    states: list  # one per output: engine.RequestState, or simulate.SimState (rows, step_index, total_steps, finished)
     progress_every: int = 0
     encode_s: float = 0.0
+    priority: int = 0  # request parameter request_priority; higher runs first (srpt)
     arrival_s: float = field(default_factory=time.monotonic)
     first_step_s: float | None = None
     last_step_s: float | None = None
@@ -49,20 +69,45 @@ class Job:
     def finished(self) -> bool:
         return all(state.finished for state in self.states)
 
+    @property
+    def remaining_work(self) -> int:
+        """Row-steps still to run: (total_steps - step_index) x rows."""
+        return (self.total_steps - self.step_index) * self.rows
+
 
 class Scheduler:
-    """FIFO admission with capacity limits.
+    """Capacity limits plus a step-boundary policy.
 
     Args:
         max_num_seqs: documents (request outputs) per packed forward.
-        max_batch_rows: packed rows per forward.
-        max_waiting: jobs that may wait for admission; one more is refused.
+        max_batch_rows: packed rows per forward; a job with more rows is refused.
+        max_waiting: live jobs outside the current pack that may wait; a newcomer finding that
+            many is refused with Overloaded.
+        policy: one of POLICIES (Triton model parameter `scheduling_policy`).
+        row_budget: `srpt` only: rows a pack may reach when jobs join the first-ranked one;
+            None means max_batch_rows. Set it where the measured step cost stops being flat
+            (docs/scheduling.md).
+        aging_s: `srpt` only: seconds of age that raise a job's effective priority by one;
+            math.inf turns aging off.
+    Raises ValueError for an unknown policy, a row_budget outside 1..max_batch_rows or an
+    aging_s <= 0.
     """
 
-    def __init__(self, max_num_seqs: int, max_batch_rows: int, max_waiting: int):
+    def __init__(self, max_num_seqs: int, max_batch_rows: int, max_waiting: int,
+                 policy: str = DEFAULT_POLICY, row_budget: int | None = None,
+                 aging_s: float = DEFAULT_AGING_S):
+        if policy not in POLICIES:
+            raise ValueError(f"scheduling_policy={policy!r} is not one of {', '.join(POLICIES)}")
+        row_budget = max_batch_rows if row_budget is None else row_budget
+        if not 1 <= row_budget <= max_batch_rows:
+            raise ValueError(f"row_budget={row_budget} is out of range: allowed 1..{max_batch_rows} (max_batch_rows)")
+        if not aging_s > 0:
+            raise ValueError(f"aging_s={aging_s} is out of range: allowed > 0")
         self.max_num_seqs, self.max_batch_rows, self.max_waiting = max_num_seqs, max_batch_rows, max_waiting
-        self.waiting: list[Job] = []
-        self.active: list[Job] = []
+        self.policy, self.row_budget, self.aging_s = policy, row_budget, aging_s
+        self.jobs: list[Job] = []  # live jobs in arrival order
+        self.pack: list[Job] = []  # the jobs the last schedule() returned
+        self.line: list[Job] = []  # the other live jobs, next in line first
 
     def add(self, job: Job) -> None:
         """Queue a new job. Raises ValueError if it can never fit one forward, Overloaded if
@@ -71,29 +116,54 @@ class Scheduler:
             raise ValueError(f"num_outputs={len(job.states)} is out of range: allowed 1..{self.max_num_seqs} (max_num_seqs)")
         if job.rows > self.max_batch_rows:
             raise ValueError(f"rows={job.rows} is out of range: allowed 1..{self.max_batch_rows} (max_batch_rows)")
-        if len(self.waiting) >= self.max_waiting:
-            raise Overloaded(f"{len(self.waiting)} requests are waiting (max_waiting={self.max_waiting}); retry later")
-        self.waiting.append(job)
+        if len(self.line) >= self.max_waiting:
+            raise Overloaded(f"{len(self.line)} requests are waiting (max_waiting={self.max_waiting}); retry later")
+        self.jobs.append(job)
+        self.line.append(job)
 
-    def schedule(self) -> list[Job]:
-        """Admit waiting jobs in arrival order while the pack fits, then return the jobs this
-        step advances (all active jobs). Head-of-line: a job that does not fit stops admission."""
-        seqs = sum(len(job.states) for job in self.active)
-        rows = sum(job.rows for job in self.active)
-        while self.waiting:
-            job = self.waiting[0]
-            if seqs + len(job.states) > self.max_num_seqs or rows + job.rows > self.max_batch_rows:
-                break
-            self.active.append(self.waiting.pop(0))
+    def schedule(self, now: float | None = None) -> list[Job]:
+        """The jobs this step advances (at most max_num_seqs documents and max_batch_rows rows),
+        chosen by the policy at time `now` (seconds, the jobs' arrival_s clock; None reads
+        time.monotonic()). Jobs left out keep their state and wait."""
+        now = time.monotonic() if now is None else now
+        if self.policy == "request":
+            ranked, self.pack = self.jobs, self.jobs[:1]
+        elif self.policy == "fifo":
+            ranked = self.jobs
+            self.pack = self._fill(ranked, self.max_batch_rows, stop_at_misfit=True)
+        else:
+            ranked = sorted(self.jobs, key=lambda job: self._rank(job, now))
+            self.pack = self._fill(ranked, self.row_budget, stop_at_misfit=False)
+        self.line = [job for job in ranked if job not in self.pack]
+        return list(self.pack)
+
+    def _rank(self, job: Job, now: float) -> tuple:
+        """srpt sort key: smaller runs first."""
+        effective_priority = job.priority + math.floor((now - job.arrival_s) / self.aging_s)
+        return (-effective_priority, job.step_index > 0, job.remaining_work, job.arrival_s)
+
+    def _fill(self, ranked: list[Job], row_limit: int, stop_at_misfit: bool) -> list[Job]:
+        """The first job, then later ones in order while the pack stays within max_num_seqs
+        documents and row_limit rows; a job that does not fit stops the fill (stop_at_misfit,
+        head-of-line blocking) or is skipped."""
+        pack = ranked[:1]
+        seqs, rows = sum(len(job.states) for job in pack), sum(job.rows for job in pack)
+        for job in ranked[1:]:
+            if seqs + len(job.states) > self.max_num_seqs or rows + job.rows > row_limit:
+                if stop_at_misfit:
+                    break
+                continue
+            pack.append(job)
             seqs, rows = seqs + len(job.states), rows + job.rows
-        return list(self.active)
+        return pack
 
     def remove(self, job: Job) -> None:
         """Forget a finished, failed or cancelled job."""
-        for queue in (self.waiting, self.active):
+        for queue in (self.jobs, self.pack, self.line):
             if job in queue:
                 queue.remove(job)
 
     def queue_position(self, job: Job) -> int:
-        """0 for an active job, else 1 + the number of jobs ahead of it in the waiting queue."""
-        return 0 if job in self.active else self.waiting.index(job) + 1
+        """0 for a job in the current pack, else k for the k-th job in line (policy order as of
+        the last schedule(); jobs added since then follow in arrival order)."""
+        return 0 if job in self.pack else self.line.index(job) + 1
