@@ -6,17 +6,20 @@ All per-request state lives in RequestState; the Engine holds only the models.
 """
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from . import layout as L
 from .checkpoint import load_weights
 from .config import AUDIO_LATENT_CHANNELS, VIDEO_LATENT_CHANNELS, get_config
-from .encoder import TextEncoder
 from .model import H3DiT
 from .request import GenerationRequest, RequestLimits, random_seed, validate_request
 from .sampling import euler_step, sigma_schedule
 from .vae import AudioVAE, VideoVAE
+
+if TYPE_CHECKING:
+    from .encoder import TextEncoder
 
 
 @dataclass
@@ -79,7 +82,7 @@ class Engine:
     """
 
     def __init__(self, dit: H3DiT, video_vae: VideoVAE | None, audio_vae: AudioVAE | None,
-                 encoder: TextEncoder | None = None, limits: RequestLimits = RequestLimits()):
+                 encoder: "TextEncoder | None" = None, limits: RequestLimits = RequestLimits()):
         self.dit, self.video_vae, self.audio_vae, self.encoder, self.limits = dit, video_vae, audio_vae, encoder, limits
         flush_denormals()
         self.device = dit.video_patch_proj.weight.device
@@ -219,5 +222,7 @@ def load_engine(config_name: str, checkpoint_dir: str | Path, device: str = "cpu
     dit = H3DiT(get_config(config_name), attention_backend=attention_backend, device=device)
     load_weights(dit, Path(checkpoint_dir) / "dit.safetensors")
     video_vae, audio_vae = load_vaes(checkpoint_dir, device) if with_vaes else (None, None)
+    if with_encoder:
+        from .encoder import TextEncoder  # imported here: a GPU host without MiniLM can run the DiT
     encoder = TextEncoder() if with_encoder else None
     return Engine(dit.eval(), video_vae, audio_vae, encoder, limits)
