@@ -143,7 +143,7 @@ def main() -> None:
     device = torch.device("cuda" if cuda else "cpu")
     cfg = get_config("bench" if cuda else "tiny")
     large, curve = (GPU_LARGE, GPU_CURVE) if cuda else (CPU_LARGE, CPU_CURVE)
-    repeats = 3
+    repeats = 3 if cuda else 1
     dit = H3DiT(cfg, device=device)
     init_weights(dit, 0)
     engine = Engine(dit.eval(), None, None, None, RequestLimits(max_height=1024, max_width=1024, max_num_frames=257,
