@@ -1,0 +1,235 @@
+"""client.bench: pure functions on hand-made records (golden strings and numbers) and a CPU
+smoke run against the session tritonserver (reports well formed; no timing assertions)."""
+import json
+import math
+import os
+import random
+import re
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+from client.bench import (BANNER_WIDTH, PROMPT_TEMPLATE, TIMELINE_WIDTH, RequestRecord, arrival_offsets,
+                          format_report, main, parse_gpu_memory_mb, peak_outstanding, percentile,
+                          render_timeline, summarize)
+
+from .serving import ROOT
+
+STAGES = {"queue", "encode", "denoise", "decode"}
+
+
+def records():
+    """r0 waits 2 s then computes 8; r1 waits 9 then computes 10; r2 is refused after 1 s; r3
+    succeeded without a progress response (no first step)."""
+    return [
+        RequestRecord(0, submit_s=0.0, first_step_s=2.0, complete_s=10.0, success=True, largest_pack=1,
+                      stage_seconds=dict(queue=0.5, encode=0.25, denoise=7.0, decode=1.0)),
+        RequestRecord(1, submit_s=1.0, first_step_s=10.0, complete_s=20.0, success=True, largest_pack=3,
+                      stage_seconds=dict(queue=8.5, encode=0.25, denoise=9.0, decode=1.0)),
+        RequestRecord(2, submit_s=5.0, complete_s=6.0, error_code="UNAVAILABLE", error="queue full"),
+        RequestRecord(3, submit_s=12.0, complete_s=24.0, success=True, largest_pack=2,
+                      stage_seconds=dict(queue=0.0, encode=0.25, denoise=10.0, decode=1.0)),
+    ]
+
+
+# ---- pure functions -----------------------------------------------------------------------------
+
+def test_percentile_interpolates_linearly_like_numpy():
+    assert percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5
+    assert percentile(list(range(21)), 95) == 19
+    assert percentile([10.0, 12.0, 19.0], 95) == pytest.approx(18.3, abs=1e-12)
+    assert percentile([10.0, 12.0, 19.0], 100) == 19.0
+    assert percentile([10.0, 12.0, 19.0], 0) == 10.0
+    assert percentile([7.0], 95) == 7.0
+    assert percentile([], 50) is None
+
+
+def test_peak_outstanding_counts_half_open_intervals():
+    def rec(i, s, c):
+        return RequestRecord(i, submit_s=s, complete_s=c, success=True)
+
+    assert peak_outstanding(records()) == 3  # at t=5: r0, r1, r2
+    assert peak_outstanding([rec(0, 0.0, 2.0), rec(1, 2.0, 4.0), rec(2, 4.0, 6.0)]) == 1  # back to back
+    assert peak_outstanding([rec(0, 0.0, 5.0), rec(1, 1.0, 2.0), rec(2, 1.5, 3.0), rec(3, 2.0, 4.0)]) == 3
+    assert peak_outstanding([rec(0, 0.0, None), rec(1, 9.0, 10.0)]) == 2  # never completed: still out
+    assert peak_outstanding([]) == 0
+
+
+def test_timeline_golden_one_column_per_second():
+    assert render_timeline(records(), 24.0, width=24) == [
+        "    0s        10s       20s",
+        "r0 |--========              |",
+        "r1 | ---------==========    |",
+        "r2 |     -                  | FAILED UNAVAILABLE",
+        "r3 |            ============|",
+    ]
+
+
+def test_timeline_golden_default_width():
+    lines = render_timeline(records(), 24.0)
+    assert lines == [
+        "    0s             5s             10s            15s            20s",
+        "r0 |------========================                                          |",
+        "r1 |   ---------------------------==============================            |",
+        "r2 |               ---                                                      | FAILED UNAVAILABLE",
+        "r3 |                                    ====================================|",
+    ]
+    assert all(len(line.split("|")[1]) == TIMELINE_WIDTH for line in lines[1:])
+
+
+def test_timeline_short_request_gets_a_column_and_sub_second_ticks():
+    short = [RequestRecord(0, submit_s=0.0, first_step_s=0.01, complete_s=0.02, success=True),
+             RequestRecord(10, submit_s=0.0, first_step_s=0.32, complete_s=0.4, success=True)]
+    assert render_timeline(short, 0.4, width=8) == [
+        "     0s",
+        "r0  |=       |",  # computing wins a column it shares with waiting
+        "r10 |------==|",
+    ]
+    assert render_timeline(short, 0.4, width=16)[0] == "     0s      0.2s"
+
+
+def test_summarize_golden():
+    summary = summarize(records())
+    assert summary == {
+        "num_requests": 4, "completed": 3, "failed": 1, "error_codes": {"UNAVAILABLE": 1},
+        "wall_s": 24.0, "throughput_req_per_min": 7.5,
+        "latency_s": {"mean": 41.0 / 3, "p50": 12.0, "p95": summary["latency_s"]["p95"], "max": 19.0},
+        "time_to_first_step_s": {"mean": 5.5, "p50": 5.5, "max": 9.0},
+        "queue_delay_s": {"mean": 5.5, "max": 9.0},
+        "peak_outstanding": 3, "peak_pack_size": 3,
+        "peak_gpu_memory_mb": None, "peak_gpu_memory_source": None,
+        "stage_seconds_mean": {"queue": 3.0, "encode": 0.25, "denoise": 26.0 / 3, "decode": 1.0},
+    }
+    assert summary["latency_s"]["p95"] == pytest.approx(18.3, abs=1e-12)
+    # GPU memory: the server's INFO wins over the metrics endpoint; neither -> None ("n/a").
+    assert summarize(records(), 1234.5)["peak_gpu_memory_mb"] == 1234.5
+    with_info = records()
+    with_info[0].peak_memory_mb = 900.0
+    assert summarize(with_info, 1234.5)["peak_gpu_memory_source"] == "INFO peak_memory_mb"
+
+
+def test_report_golden_lines():
+    summary = summarize(records())
+    config = dict(label="golden", url="h:1", height=64, width=96, num_frames=9, steps=2, max_concurrency=2,
+                  request_rate=math.inf, arrival_interval=None, warmup_requests=0, seed=0)
+    text = format_report(summary, config, render_timeline(records(), summary["wall_s"]))
+    lines = text.splitlines()
+    assert lines[0] == "================= Serving Benchmark Result ================="
+    assert len(lines[0]) == BANNER_WIDTH
+    for line in [
+        "Request shape (HxW, frames, steps):     64x96, 9, 2",
+        "Arrivals:                               all at t=0 (rate inf)",
+        "Benchmark duration (s):                 24.000",
+        "Completed requests:                     3/4",
+        "Failed requests:                        1 (UNAVAILABLE x1)",
+        "Request throughput (req/min):           7.50",
+        "Mean latency (s):                       13.667",
+        "P50 latency (s):                        12.000",
+        "P95 latency (s):                        18.300",
+        "Max latency (s):                        19.000",
+        "Mean time to first step (s):            5.500",
+        "P50 time to first step (s):             5.500",
+        "Max time to first step (s):             9.000",
+        "Mean queue delay (s):                   5.500",
+        "Max queue delay (s):                    9.000",
+        "Peak outstanding requests (client):     3",
+        "Peak pack size (largest_pack):          3",
+        "Peak GPU memory (MB):                   n/a",
+        "denoise:                                8.667",
+        "=" * BANNER_WIDTH,
+        "r2 |               ---                                                      | FAILED UNAVAILABLE",
+    ]:
+        assert line in lines
+    assert all(len(line) == BANNER_WIDTH for line in lines if line.startswith("---"))
+    interval = dict(config, arrival_interval=5.0, max_concurrency=0)
+    text = format_report(summary, interval, [])
+    assert "Arrivals:                               every 5 s" in text
+    assert "Max concurrency:                        unlimited" in text
+
+
+def test_arrivals_fixed_poisson_and_all_at_once():
+    assert arrival_offsets(3, arrival_interval=2.5) == [0.0, 2.5, 5.0]
+    assert arrival_offsets(3) == [0.0, 0.0, 0.0]
+    rng, expected, t = random.Random(7), [], 0.0
+    for _ in range(5):
+        expected.append(t)
+        t += rng.expovariate(0.5)
+    assert arrival_offsets(5, request_rate=0.5, seed=7) == expected
+    assert arrival_offsets(5, request_rate=0.5, seed=8) != expected
+
+
+def test_gpu_memory_from_triton_metrics_text():
+    text = ('# HELP nv_gpu_memory_used_bytes GPU used memory, in bytes\n'
+            '# TYPE nv_gpu_memory_used_bytes gauge\n'
+            'nv_gpu_memory_used_bytes{gpu_uuid="GPU-a"} 81234567890\n'
+            'nv_gpu_memory_used_bytes{gpu_uuid="GPU-b"} 1.5e+09\n'
+            'nv_gpu_memory_total_bytes{gpu_uuid="GPU-a"} 150000000000\n')
+    assert parse_gpu_memory_mb(text) == [81234.56789, 1500.0]
+    assert parse_gpu_memory_mb("h3_active_requests{model=\"h3_dit\"} 0\n") == []
+
+
+# ---- CPU smoke runs against the session server ------------------------------------------------
+
+TIMELINE_LINE = re.compile(rf"^r(\d+) +\|[-= ]{{{TIMELINE_WIDTH}}}\|")
+
+
+def test_cli_smoke_run_writes_json_png_and_report(server, tmp_path):
+    out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
+    argv = ["--num-prompts", "4", "--max-concurrency", "2", "--steps", "2", "--num-frames", "9",
+            "--height", "64", "--width", "96", "--warmup-requests", "1", "--seed", "5", "--label", "smoke",
+            "--output-json", str(out_json), "--output-png", str(out_png)]
+    env = dict(os.environ, H3_GRPC_URL=server.grpc_url, H3_METRICS_URL=server.metrics_url)  # --url's default
+    done = subprocess.run([sys.executable, "-m", "client.bench", *argv], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = done.stdout
+
+    document = json.loads(out_json.read_text())
+    assert set(document) == {"label", "date", "command", "config", "summary", "timeline", "requests"}
+    assert document["label"] == "smoke"
+    assert document["command"].endswith(" ".join(argv)) and "client.bench" in document["command"]
+    assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", document["date"])
+    assert document["config"]["url"] == server.grpc_url and document["config"]["request_rate"] is None
+    summary = document["summary"]
+    assert (summary["num_requests"], summary["completed"], summary["failed"]) == (4, 4, 0)
+    assert set(summary) >= {"wall_s", "throughput_req_per_min", "latency_s", "time_to_first_step_s",
+                            "queue_delay_s", "peak_outstanding", "peak_pack_size", "peak_gpu_memory_mb",
+                            "stage_seconds_mean"}
+    assert set(summary["latency_s"]) == {"mean", "p50", "p95", "max"}
+    assert set(summary["stage_seconds_mean"]) == STAGES
+    assert all(v is not None for v in summary["stage_seconds_mean"].values())
+    assert 1 <= summary["peak_outstanding"] <= 2 and 1 <= summary["peak_pack_size"] <= 2
+    requests = document["requests"]
+    assert [r["index"] for r in requests] == [0, 1, 2, 3]
+    assert [r["prompt"] for r in requests] == [PROMPT_TEMPLATE.format(i=i) for i in range(4)]
+    for r in requests:
+        assert r["success"] and r["error_code"] is None
+        assert r["submit_s"] <= r["first_step_s"] <= r["complete_s"]
+        assert set(r["stage_seconds"]) == STAGES and r["largest_pack"] in (1, 2)
+        assert r["server_info"]["seed"] == 5 + r["index"] and r["server_info"]["num_inference_steps"] == 2
+    assert document["timeline"][1:] == [line for line in report.splitlines() if TIMELINE_LINE.match(line)]
+
+    with Image.open(out_png) as image:
+        assert image.format == "PNG" and image.size[0] > 0 and image.size[1] > 0
+        image.load()
+
+    assert "================= Serving Benchmark Result =================" in report
+    assert "Completed requests:                     4/4" in report
+    assert re.search(r"^Peak GPU memory \(MB\): +(n/a|\d+\.\d)", report, re.M)
+    timeline = [line for line in report.splitlines() if TIMELINE_LINE.match(line)]
+    assert [int(TIMELINE_LINE.match(line).group(1)) for line in timeline] == [0, 1, 2, 3]
+    assert all("=" in line for line in timeline)
+
+
+def test_failed_requests_are_recorded_with_their_code(server, capsys):
+    # HEIGHT 33 is not a multiple of 32: every request is refused at once with INVALID_ARG.
+    code = main(["--url", server.grpc_url, "--num-prompts", "2", "--max-concurrency", "0", "--height", "33",
+                 "--steps", "2", "--warmup-requests", "0", "--arrival-interval", "0"])
+    report = capsys.readouterr().out
+    assert code == 1
+    assert "Completed requests:                     0/2" in report
+    assert "Failed requests:                        2 (INVALID_ARG x2)" in report
+    assert "Mean latency (s):                       n/a" in report
+    assert len([line for line in report.splitlines() if line.endswith("| FAILED INVALID_ARG")]) == 2
