@@ -1,7 +1,8 @@
 """Model configurations and media constants (h3_spec §1.1, §4, §8).
 
-One dataclass describes every DiT size, from `tiny` (CI) to the full 50-layer `h3`. The media
-constants are fixed by the H3 design and shared by the layout, the VAEs and the writer.
+One dataclass describes every DiT size, from `tiny` (CI) and `demo` (the trained demo model)
+to the full 50-layer `h3`. The media constants are fixed by the H3 design and shared by the
+layout, the VAEs and the writer.
 """
 from dataclasses import dataclass
 
@@ -79,6 +80,13 @@ CONFIGS = {
         name="small", num_layers=6, hidden_size=384, num_heads=8, head_dim=64, ffn_size=1024,
         text_dim=384, rope_freqs_per_axis=8, time_embed_hidden_size=384, time_embed_dim=192,
         default_steps=8, default_height=128, default_width=224, default_num_frames=39,
+    ),
+    # The trained demo model (h3_core/train, docs/demo_model.md): the H3 ratios (A = 4/3 H,
+    # F = 8/3 H, rotary 0.75 of head_dim) at 6.1 M parameters, weights in weights/demo/.
+    "demo": DiTConfig(
+        name="demo", num_layers=6, hidden_size=192, num_heads=4, head_dim=64, ffn_size=512,
+        text_dim=384, rope_freqs_per_axis=8, time_embed_hidden_size=192, time_embed_dim=96,
+        default_steps=8, default_height=64, default_width=96, default_num_frames=22,
     ),
     "bench": DiTConfig(
         name="bench", num_layers=8, hidden_size=5376, num_heads=56, head_dim=128,
