@@ -8,6 +8,7 @@ final response before closing the stream.
 """
 import argparse
 import os
+import signal
 import sys
 import threading
 import time
@@ -54,12 +55,13 @@ def main(argv: list[str] | None = None) -> int:
         except H3Error as error:
             outcome["error"] = error
 
+    interrupted = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: interrupted.set())  # no KeyboardInterrupt inside gRPC
     worker = threading.Thread(target=run, daemon=True)
     worker.start()
-    try:
-        while worker.is_alive():
-            worker.join(0.2)
-    except KeyboardInterrupt:
+    while worker.is_alive() and not interrupted.is_set():
+        worker.join(0.1)
+    if interrupted.is_set():
         bar.close()
         print(f"cancelling {request_id} ...", file=sys.stderr)
         client.cancel(request_id)

@@ -59,6 +59,7 @@ class Metrics:
 class TritonPythonModel:
     def initialize(self, args):
         params = model_parameters(args)
+        torch.set_num_threads(int(params["cpu_threads"]))
         self.limits = RequestLimits(
             max_height=int(params["max_height"]), max_width=int(params["max_width"]),
             max_num_frames=int(params["max_num_frames"]), max_steps=int(params["max_steps"]),
@@ -72,7 +73,8 @@ class TritonPythonModel:
         if self.mode not in ("step", "request"):
             raise ValueError(f"execution_mode {self.mode!r} must be 'step' or 'request'")
         self.scheduler = Scheduler(int(params["max_num_seqs"]), int(params["max_batch_rows"]),
-                                   int(params["max_waiting"]), params["scheduling_policy"])
+                                   int(params["max_waiting"]), params["scheduling_policy"],
+                                   int(params["row_budget"]), float(params["aging_s"]))
         self.jobs: dict[object, Job] = {}
         self.early_cancels: dict[str, float] = {}  # request id -> monotonic time of the cancel
         self.ids = itertools.count(1)
@@ -193,7 +195,7 @@ class TritonPythonModel:
             if job.key not in self.jobs:
                 continue
             reason = job.extra.get("cancelled")
-            if reason is None and job.extra["request"].is_cancelled():
+            if reason is None and (job.extra["request"].is_cancelled() or job.extra["sender"].is_cancelled()):
                 reason = "cancelled by the client"
             deadline = job.extra["deadline_s"]
             if reason is None and deadline is not None and now - job.arrival_s > deadline:

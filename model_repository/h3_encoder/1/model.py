@@ -2,6 +2,7 @@
 over h3_core.encoder)."""
 import time
 
+import torch
 from h3_core.encoder import TextEncoder
 from server.adapter import error_response, json_tensor, model_parameters
 
@@ -14,6 +15,7 @@ FIELDS = {"HEIGHT": "height", "WIDTH": "width", "NUM_FRAMES": "num_frames",
 class TritonPythonModel:
     def initialize(self, args):
         params = model_parameters(args)
+        torch.set_num_threads(int(params["cpu_threads"]))
         self.encoder = TextEncoder(params["encoder_path"] or None, int(params["hidden_layer"]),
                                    int(params["max_tokens"]))
         self.max_prompt_bytes = int(params["max_prompt_bytes"])

@@ -21,6 +21,7 @@ EMPTY_AUDIO = np.zeros((1, 2, 0), dtype=np.float32)
 class TritonPythonModel:
     def initialize(self, args):
         params = model_parameters(args)
+        torch.set_num_threads(int(params["cpu_threads"]))
         self.video_vae, self.audio_vae = load_vaes(resolve_path(args, params["checkpoint_dir"]), params["device"])
         layout = L.make_layout(1, 32, 32, 1)  # warm up: first-call set-up is not paid by the first client
         decode_latents(self.video_vae, self.audio_vae, layout, 1, torch.zeros(layout.video_rows, VIDEO_ROW_WIDTH),

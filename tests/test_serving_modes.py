@@ -1,0 +1,67 @@
+"""End-to-end: request execution mode, native cancellation on h3_dit, the CLI's Ctrl-C."""
+import json
+import queue
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from client.api import H3Client
+from server.launch import TritonServer
+
+from .serving import ROOT, model_repository_copy
+from .test_serving_control import metric
+
+REQUEST = dict(prompt="a red ball rolls to the left", height=64, width=96, num_frames=22, num_inference_steps=5,
+               seed=12, return_frames=True, return_audio=True)
+
+
+def test_request_mode_outputs_equal_step_mode(client, tmp_path):
+    step_mode = client.generate(**REQUEST)[0]
+    repo = model_repository_copy(tmp_path / "repo", execution_mode="request", scheduling_policy="request")
+    with TritonServer(repo, free_ports=True, log_file=tmp_path / "server.log") as server:
+        request_mode = H3Client(server.grpc_url, timeout_s=120).generate(**REQUEST, progress_every=1)[0]
+    assert request_mode.frames.tobytes() == step_mode.frames.tobytes()
+    assert request_mode.audio.tobytes() == step_mode.audio.tobytes()
+    assert [step for step, _, _ in request_mode.progress] == [1, 2, 3, 4, 5]
+
+
+def test_native_grpc_cancel_on_h3_dit(server):
+    before = metric(server, "h3_cancellations_total") or 0
+    responses = queue.Queue()
+    dit = grpcclient.InferenceServerClient(server.grpc_url)
+    dit.start_stream(callback=lambda result, error: responses.put((result, error)))
+    text = grpcclient.InferInput("TEXT_EMBEDS", [1, 3, 384], "FP32")
+    text.set_data_from_numpy(np.zeros((1, 3, 384), dtype=np.float32))
+    fields = grpcclient.InferInput("REQUEST", [1, 1], "BYTES")
+    fields.set_data_from_numpy(np.array([[json.dumps({"num_inference_steps": 400, "seed": 1}).encode()]], dtype=object))
+    dit.async_stream_infer("h3_dit", [text, fields], parameters={"progress_every": 1}, enable_empty_final_response=True)
+    responses.get(timeout=60)  # the first progress response: the request is running
+    dit.stop_stream(cancel_requests=True)
+    dit.close()
+    deadline = time.monotonic() + 30
+    while (metric(server, "h3_cancellations_total") or 0) < before + 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert metric(server, "h3_cancellations_total") == before + 1
+    assert metric(server, "h3_active_requests") == 0
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="SIGINT delivery as on Linux")
+def test_cli_ctrl_c_cancels_on_the_server(server, tmp_path):
+    before = metric(server, "h3_cancellations_total") or 0
+    cli = subprocess.Popen([sys.executable, "-m", "client.generate", "--prompt", "long", "--steps", "400",
+                            "--out", str(tmp_path / "x.mp4"), "--url", server.grpc_url],
+                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while (metric(server, "h3_active_requests") or 0) < 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    cli.send_signal(signal.SIGINT)
+    _, stderr = cli.communicate(timeout=60)
+    assert cli.returncode == 130, stderr
+    assert "cancelled: CANCELLED: request cli-" in stderr
+    assert metric(server, "h3_cancellations_total") == before + 1
+    assert not (tmp_path / "x.mp4").exists()
