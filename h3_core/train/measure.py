@@ -1,0 +1,74 @@
+"""Simple measurements of a generated clip, compared with the attributes its prompt names.
+
+- colour: the mean RGB of the pixels that differ from the background by more than
+  FOREGROUND_DISTANCE (over all frames), matched to the nearest of data.COLOURS;
+- direction: the shape's centre (mean position of those pixels) in each frame; the slope of a
+  least-squares line through the centres over time, along x and y; the larger axis and its
+  sign give left / right / up / down;
+- pitch: the peak of the magnitude spectrum of the summed channels (Hann window), matched to
+  the nearest of data.PITCHES in log frequency;
+- side: the louder channel by RMS.
+
+The background is the per-channel median over the clip (the shape covers under a quarter of
+the frame), so a slightly off background colour does not matter.
+"""
+import math
+
+import numpy as np
+
+from ..config import AUDIO_SAMPLE_RATE
+from . import data
+
+FOREGROUND_DISTANCE = 60.0  # RGB distance from the background that counts as the shape
+
+
+def measure_video(frames: np.ndarray) -> dict:
+    """frames uint8 [T, H, W, 3] -> {"colour", "direction", "foreground_fraction",
+    "slope_px_per_frame": (x, y)}; colour / direction are None when no shape pixels are found."""
+    f = np.asarray(frames, dtype=np.float32)
+    background = np.median(f.reshape(-1, 3), axis=0)
+    mask = np.linalg.norm(f - background, axis=-1) > FOREGROUND_DISTANCE  # [T, H, W]
+    result = {"foreground_fraction": float(mask.mean()), "colour": None, "direction": None,
+              "slope_px_per_frame": None}
+    if mask.sum() == 0:
+        return result
+    mean_rgb = f[mask].mean(axis=0)
+    result["colour"] = min(data.COLOURS, key=lambda c: np.linalg.norm(mean_rgb - np.array(data.COLOURS[c])))
+    ys, xs = np.mgrid[: f.shape[1], : f.shape[2]]
+    times, cx, cy = [], [], []
+    for t in range(f.shape[0]):
+        if mask[t].sum() >= 4:
+            times.append(t)
+            cx.append(xs[mask[t]].mean())
+            cy.append(ys[mask[t]].mean())
+    if len(times) >= 2:
+        sx, sy = np.polyfit(times, cx, 1)[0], np.polyfit(times, cy, 1)[0]
+        result["slope_px_per_frame"] = (float(sx), float(sy))
+        if abs(sx) >= abs(sy):
+            result["direction"] = "right" if sx > 0 else "left"
+        else:
+            result["direction"] = "down" if sy > 0 else "up"
+    return result
+
+
+def measure_audio(audio: np.ndarray, sample_rate: int = AUDIO_SAMPLE_RATE) -> dict:
+    """audio float32 [2, N] (left, right) -> {"pitch", "peak_hz", "side", "rms": (left, right)}."""
+    a = np.asarray(audio, dtype=np.float64)
+    mono = a.sum(axis=0)
+    spectrum = np.abs(np.fft.rfft(mono * np.hanning(mono.shape[0])))
+    spectrum[0] = 0.0
+    peak_hz = float(np.argmax(spectrum) * sample_rate / mono.shape[0])
+    pitch = min(data.PITCHES, key=lambda p: abs(math.log(max(peak_hz, 1.0) / data.PITCHES[p])))
+    rms = np.sqrt((a ** 2).mean(axis=1))
+    return {"pitch": pitch, "peak_hz": peak_hz, "side": "left" if rms[0] >= rms[1] else "right",
+            "rms": (float(rms[0]), float(rms[1]))}
+
+
+SCORED = ("colour", "direction", "pitch", "side")
+
+
+def score(clip: "data.Clip", frames: np.ndarray, audio: np.ndarray) -> dict:
+    """Measurements of one clip and, per scored attribute, whether it matches the clip's."""
+    measured = {**measure_video(frames), **measure_audio(audio)}
+    correct = {name: measured[name] == getattr(clip, name) for name in SCORED}
+    return {"caption": clip.caption, "measured": measured, "correct": correct}

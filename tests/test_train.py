@@ -1,0 +1,149 @@
+"""The demo model's training code: data set, measurements, dense training forward, resumable
+state, and a smoke run of every training stage on the CPU (tiny sizes, seconds)."""
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from h3_core import layout as L
+from h3_core.checkpoint import init_weights
+from h3_core.config import get_config
+from h3_core.model import H3DiT
+from h3_core.train import data, dit_train, measure, state, text_states, vae_train
+from h3_core.train.loop import lr_at, read_loss_csv
+from h3_core.train.repository import demo_repository
+
+
+def test_captions_state_the_attributes_and_held_out_combinations_are_never_trained():
+    clip = data.Clip("red", "ball", "left", "low", "left")
+    assert clip.caption == "a red ball rolls to the left while a low tone plays on the left"
+    assert len(data.ALL_COMBOS) == 288 and len(data.HELD_OUT) == 36
+    assert not set(data.HELD_OUT) & set(data.TRAIN_COMBOS)
+    trained = set(data.train_captions())
+    assert all(c.caption not in trained for c in data.held_out_clips())
+    for i, values in enumerate((data.COLOURS, data.SHAPES, data.DIRECTIONS, data.PITCHES, data.SIDES)):
+        assert {combo[i] for combo in data.TRAIN_COMBOS} == set(values)  # every value is trained
+
+
+def test_generator_is_seeded_and_measurements_recover_every_attribute():
+    clips = data.train_clips(1)[::9] + data.held_out_clips()[:6]
+    frames, audio = data.render_video(clips), data.render_audio(clips)
+    assert frames.shape == (len(clips), 22, 64, 96, 3) and frames.dtype == torch.uint8
+    assert audio.shape == (len(clips), 2, 29600)
+    assert torch.equal(frames, data.render_video(clips))
+    for clip, f, a in zip(clips, frames.numpy(), audio[:, :, :L.audio_num_samples(22)].numpy()):
+        assert all(measure.score(clip, f, a)["correct"].values()), clip
+
+
+def test_measurements_of_a_blank_clip_find_no_shape():
+    result = measure.measure_video(np.full((22, 64, 96, 3), 32, np.uint8))
+    assert result["colour"] is None and result["direction"] is None
+
+
+@pytest.mark.parametrize("config", ["tiny", "demo"])
+def test_train_forward_matches_the_inference_forward(config):
+    cfg = get_config(config)
+    model = H3DiT(cfg, row_tile=0)
+    init_weights(model, 3)  # nothing zero, so every path matters
+    lengths = [15, 18, 16]
+    templates = dit_train.Templates.build(cfg, lengths, "cpu")
+    gen = torch.Generator().manual_seed(0)
+    video = torch.randn(3, templates.video_rows, 96, generator=gen)
+    audio = torch.randn(3, templates.audio_rows, 32, generator=gen)
+    text = torch.zeros(3, 18, cfg.text_dim)
+    for i, n in enumerate(lengths):
+        text[i, :n] = torch.randn(n, cfg.text_dim, generator=gen)
+    t_video, t_audio = torch.tensor([0.1, 0.5, 0.9]), torch.tensor([0.3, 0.5, 0.05])
+    with torch.no_grad():
+        got_v, got_a = dit_train.train_forward(model, templates, video, audio, text, torch.tensor(lengths), t_video, t_audio)
+    batch = L.pack_requests([L.make_layout(n, 64, 96, 22) for n in lengths], t_video.tolist(), t_audio.tolist())
+    want_v, want_a = model(video.reshape(-1, 96), audio.reshape(-1, 32),
+                           torch.cat([text[i, :n] for i, n in enumerate(lengths)]), batch)
+    torch.testing.assert_close(got_v.reshape(-1, 96), want_v, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(got_a.reshape(-1, 32), want_a, atol=2e-5, rtol=1e-4)
+
+
+def test_train_forward_has_gradients_for_every_parameter():
+    cfg = get_config("tiny")
+    model = H3DiT(cfg, row_tile=0)
+    init_weights(model, 1)
+    templates = dit_train.Templates.build(cfg, [16], "cpu")
+    v, a = dit_train.train_forward(model, templates, torch.randn(2, 42, 96), torch.randn(2, 74, 32),
+                                   torch.randn(2, 16, 384), torch.tensor([16, 16]), torch.rand(2), torch.rand(2))
+    (v.square().mean() + a.square().mean()).backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+def test_state_round_trip_with_shards_and_bf16_moments(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 8))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(4, 64)).sum().backward()
+    opt.step()
+    paths = state.save_state(tmp_path / "s", model, opt, {"step": 7}, torch.bfloat16, max_shard_bytes=20_000)
+    assert len(paths) > 1
+    model2 = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 8))
+    opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-3)
+    assert state.load_state(tmp_path / "s", model2, opt2) == {"step": 7}
+    for p, q in zip(model.parameters(), model2.parameters()):
+        assert torch.equal(p, q)
+        m, m2 = opt.state[p]["exp_avg"], opt2.state[q]["exp_avg"]
+        assert m2.dtype == torch.float32 and torch.allclose(m, m2, rtol=1e-2, atol=1e-6)
+    assert state.load_state(tmp_path / "missing", model2, opt2) is None
+
+
+def test_lr_schedule_warms_up_then_decays():
+    assert lr_at(0.0, 1.0) < lr_at(0.03, 1.0) == pytest.approx(1.0)
+    assert lr_at(1.0, 1.0) == pytest.approx(0.05)
+    assert lr_at(0.5, 1.0) > lr_at(0.9, 1.0)
+
+
+def fake_caption_states(path):
+    """A caption-states file like text_states.compute's, with random states (no MiniLM)."""
+    captions = data.train_captions() + [c.caption for c in data.held_out_clips()]
+    gen = torch.Generator().manual_seed(0)
+    states = [torch.randn(15 + i % 4, 384, generator=gen) for i in range(len(captions))]
+    offsets = torch.tensor([0] + [len(s) for s in states]).cumsum(0)
+    save_file({"states": torch.cat(states).half(), "offsets": offsets}, str(path),
+              metadata={"captions": json.dumps(captions), "num_train": str(len(data.train_captions()))})
+
+
+def test_every_stage_runs_and_resumes_on_the_cpu(tmp_path):
+    torch.set_flush_denormal(True)
+    for which in ("video", "audio"):
+        vae_train.train(which, tmp_path, seconds=0.5, total_seconds=1000.0, device="cpu", batch=2, stats_clips=4)
+        first = read_loss_csv(tmp_path / f"{which}_vae_loss.csv")
+        vae_train.train(which, tmp_path, seconds=0.5, total_seconds=1000.0, device="cpu", batch=2, stats_clips=4)  # resumes
+        rows = read_loss_csv(tmp_path / f"{which}_vae_loss.csv")
+        assert int(rows[-1]["step"]) > int(first[-1]["step"]) >= 1
+        assert (tmp_path / f"{which}_vae.safetensors").is_file()
+    fake_caption_states(tmp_path / "captions.safetensors")
+    captions, num_train, states = text_states.load(tmp_path / "captions.safetensors")
+    assert num_train == 756 and len(captions) == len(states) == 792
+    args = ["--work", str(tmp_path), "--vaes", str(tmp_path), "--captions", str(tmp_path / "captions.safetensors"),
+            "--config", "tiny", "--batch", "2", "--max-clips", "4", "--log-every", "1", "--device", "cpu"]
+    dit_train.main(args + ["--seconds", "0.5", "--total-seconds", "1000", "--eval-clips", "0"])
+    first = read_loss_csv(tmp_path / "dit_loss.csv")
+    dit_train.main(args + ["--seconds", "0.5", "--total-seconds", "1000", "--eval-clips", "1", "--eval-steps", "1"])
+    rows = read_loss_csv(tmp_path / "dit_loss.csv")
+    assert int(rows[-1]["step"]) > int(first[-1]["step"]) >= 1
+    assert all(np.isfinite(float(r["loss"])) for r in rows)
+    report = json.loads((tmp_path / "dit_eval.json").read_text())
+    assert report["held_out"]["n_clips"] == 1 and 0.0 <= report["held_out"]["attribute_accuracy"] <= 1.0
+
+
+def test_demo_repository_points_h3_dit_and_h3_vae_at_the_weights(tmp_path):
+    weights = tmp_path / "w"
+    weights.mkdir()
+    for name in ("dit", "video_vae", "audio_vae"):
+        (weights / f"{name}.safetensors").write_bytes(b"")
+    repo = demo_repository(tmp_path / "repo", "demo", weights, max_steps="7")
+    dit = (repo / "h3_dit" / "config.pbtxt").read_text()
+    assert 'key: "config_name" value: { string_value: "demo" }' in dit
+    assert f'key: "checkpoint_dir" value: {{ string_value: "{weights.resolve()}" }}' in dit
+    assert 'key: "max_steps" value: { string_value: "7" }' in dit
+    vae = (repo / "h3_vae" / "config.pbtxt").read_text()
+    assert f'key: "checkpoint_dir" value: {{ string_value: "{weights.resolve()}" }}' in vae
+    with pytest.raises(FileNotFoundError):
+        demo_repository(tmp_path / "repo2", "demo", tmp_path / "nowhere")
