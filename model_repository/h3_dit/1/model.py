@@ -26,7 +26,8 @@ FIELDS = ("height", "width", "num_frames", "num_inference_steps", "seed", "num_o
 EMPTY_LATENT = np.zeros((1, 0), dtype=np.float32)
 EMPTY_PREVIEW = np.zeros((1, 0, 0, 3), dtype=np.uint8)
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-EARLY_CANCEL_SECONDS = 600.0  # how long an id cancelled before its request arrived is remembered
+EARLY_CANCEL_SECONDS = 600.0
+VANISHED_EXECUTES = 3  # a job missing from this many execute() calls in a row was dropped by Triton  # how long an id cancelled before its request arrived is remembered
 
 
 class Metrics:
@@ -96,6 +97,7 @@ class TritonPythonModel:
                 job.extra["request"] = request
                 job.extra["sender"] = request.get_response_sender()
                 present.append(job)
+        self.drop_vanished(present)
         self.end_cancelled(present)
         pack = [job for job in self.scheduler.schedule() if job in present]
         if pack:
@@ -187,6 +189,17 @@ class TritonPythonModel:
         request.get_response_sender().send(pb_utils.InferenceResponse([
             pb_utils.Tensor("LATENT", EMPTY_LATENT), pb_utils.Tensor("PROGRESS", np.zeros((1, 3), dtype=np.int32)),
             pb_utils.Tensor("PREVIEW", EMPTY_PREVIEW), json_tensor("INFO", info)]), flags=FINAL)
+
+    def drop_vanished(self, present: list[Job]) -> None:
+        """Forget jobs Triton stopped delivering: every live sequence comes back in each
+        execute(), but Triton 2.51 drops a natively cancelled iterative request when it is
+        rescheduled instead of delivering it again. After VANISHED_EXECUTES absences the job
+        is dropped (counted as a cancellation) so it holds no state or packing place."""
+        for job in list(self.jobs.values()):
+            job.extra["absent"] = 0 if job in present else job.extra.get("absent", 0) + 1
+            if job.extra["absent"] >= VANISHED_EXECUTES:
+                self.metrics.cancellations.increment(1)
+                self.forget(job)
 
     def end_cancelled(self, present: list[Job]) -> None:
         """Step boundary: end jobs cancelled by id, natively cancelled, or past their deadline."""
