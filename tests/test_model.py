@@ -7,7 +7,6 @@ from h3_core import layout as L
 from h3_core.checkpoint import init_weights, load_weights, save_weights
 from h3_core.config import get_config
 from h3_core.model import H3DiT
-from h3_core.model.attention import sdpa_per_document
 from h3_core.model.rope import apply_rope, rope_table
 
 
@@ -102,32 +101,6 @@ def test_output_depends_on_timestep_and_padding_rows_enter_as_zero(dit):
     assert seen["x"][: lay.used].abs().amax(dim=1).gt(0).all()  # every real row is embedded
     b = forward(dit, [lay], [0.6], [0.4], inputs)[0]
     assert not torch.equal(a[0], b[0])
-
-
-def reference_attention(q, k, v, bounds):
-    out = torch.empty(q.shape, dtype=torch.float64)
-    for s, e in zip(bounds, bounds[1:]):
-        qd, kd, vd = (t[s:e].double().transpose(0, 1) for t in (q, k, v))
-        w = torch.softmax(qd @ kd.transpose(1, 2) / math.sqrt(q.shape[-1]), dim=-1)
-        out[s:e] = (w @ vd).transpose(0, 1)
-    return out
-
-
-def test_sdpa_backend_matches_float64_reference_per_document():
-    # one-row document, a document filling its 64-row block exactly, ordinary documents;
-    # q/k/v are strided views of a fused projection (field case C13 on the CPU).
-    bounds = [0, 1, 64, 128, 192, 250]
-    g = torch.Generator().manual_seed(0)
-    fused = torch.randn(250, 3, 4, 16, generator=g)
-    q, k, v = fused.unbind(1)
-    assert not q.is_contiguous()
-    cu = torch.tensor(bounds, dtype=torch.int32)
-    out = sdpa_per_document(q, k, v, cu, 64)
-    ref = reference_attention(q, k, v, bounds)
-    assert (out.double() - ref).abs().max().item() < 1e-5
-    assert torch.allclose(out[0], v[0])  # a one-row document attends only to itself
-    contiguous = sdpa_per_document(q.contiguous(), k.contiguous(), v.contiguous(), cu, 64)
-    assert (contiguous - out).abs().max().item() < 1e-6
 
 
 def test_rope_table_golden_values():
