@@ -5,11 +5,14 @@
     open("clip.mp4", "wb").write(results[0].video_mp4)
 
 Every stream has a timeout: a response that does not arrive within `timeout_s` seconds raises
-H3Error("TIMEOUT", ...), and the stream is closed.
+H3Error("TIMEOUT", ...) after the request was cancelled on the server (by its id) and the
+stream closed.
 """
 import json
 import queue
 import re
+import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -22,12 +25,23 @@ DIT_MODEL = "h3_dit"  # control requests (cancel) go to the DiT itself
 INT_INPUTS = {"height": "HEIGHT", "width": "WIDTH", "num_frames": "NUM_FRAMES",
               "num_inference_steps": "NUM_INFERENCE_STEPS", "seed": "SEED", "num_outputs": "NUM_OUTPUTS"}
 ENSEMBLE_PREFIX = re.compile(r"^in ensemble '[^']*', ")
+REQUEST_ID_PREFIX = re.compile(r"^\[request id: [^\]]*\] ")
 CODE = re.compile(r"^(INVALID_ARG|UNAVAILABLE|CANCELLED|INTERNAL): ")
+# Triton's own errors, raised before or around the models, carry no code word: a malformed
+# request (wrong data type, shape, batch size, input or output name; a sequence id without
+# START) is INVALID_ARG; a dead model process (python backend stub) is UNAVAILABLE.
+TRITON_ERRORS = (
+    (re.compile(r"^(inference input '[^']*' data-type is |unexpected shape for input |inference request batch-size must be "
+                r"|unexpected inference (input|output) |inference request for sequence .* must specify the START flag)"), "INVALID_ARG"),
+    (re.compile(r"^Stub process '[^']*' is not healthy"), "UNAVAILABLE"),
+)
+CANCEL_WAIT_S = 10.0  # after a timeout: how long to wait for the cancelled request's final response
 
 
 class H3Error(Exception):
     """A failed generation. `code` is the message's code word (INVALID_ARG, UNAVAILABLE,
-    CANCELLED, INTERNAL; TIMEOUT when the client gave up; UNKNOWN otherwise)."""
+    CANCELLED, INTERNAL; TIMEOUT when the client gave up; UNKNOWN otherwise); `message` is the
+    rest, without Triton's ensemble and request-id prefixes."""
 
     def __init__(self, code: str, message: str):
         super().__init__(f"{code}: {message}")
@@ -35,9 +49,11 @@ class H3Error(Exception):
 
     @classmethod
     def from_server(cls, error: InferenceServerException) -> "H3Error":
-        text = ENSEMBLE_PREFIX.sub("", error.message() or str(error))
+        text = REQUEST_ID_PREFIX.sub("", ENSEMBLE_PREFIX.sub("", error.message() or str(error)))
         match = CODE.match(text)
-        return cls(match.group(1), text[match.end():]) if match else cls("UNKNOWN", text)
+        if match:
+            return cls(match.group(1), text[match.end():])
+        return cls(next((code for pattern, code in TRITON_ERRORS if pattern.match(text)), "UNKNOWN"), text)
 
 
 @dataclass
@@ -70,15 +86,18 @@ class H3Client:
                  num_frames: int | None = None, num_inference_steps: int | None = None,
                  seed: int | None = None, num_outputs: int | None = None, progress_every: int = 0,
                  preview_every: int = 0, deadline_s: float | None = None, return_frames: bool = False,
-                 return_audio: bool = False, request_id: str = "",
+                 return_audio: bool = False, request_id: str = "", inject_fault: str | None = None,
                  on_progress: Callable[[int, int, int], None] | None = None) -> list[GenerationResult]:
         """Generate num_outputs clips (None fields take the server's defaults).
 
         on_progress(step, total_steps, queue_position) is called for each progress response
         (progress_every > 0). preview_every k > 0 adds a PREVIEW image after steps k, 2k, ...
         deadline_s: seconds from arrival at the DiT after which the server cancels the request.
-        request_id: lets `cancel(request_id)` reach this request. Returns the results in
-        output-index order. Raises H3Error with the server's code word, or TIMEOUT.
+        request_id: lets `cancel(request_id)` reach this request; "" sends a random one
+        ("h3c-<hex>") so that a timeout can cancel the request on the server. inject_fault:
+        tests only, refused unless the server's h3_dit has allow_fault_injection "true" (see
+        its model.py). Returns the results in output-index order. Raises H3Error with the
+        server's code word, or TIMEOUT.
         """
         values = dict(height=height, width=width, num_frames=num_frames,
                       num_inference_steps=num_inference_steps, seed=seed, num_outputs=num_outputs)
@@ -96,8 +115,10 @@ class H3Client:
             parameters["return_frames"] = True
         if return_audio:
             parameters["return_audio"] = True
+        if inject_fault is not None:
+            parameters["inject_fault"] = inject_fault
         results, progress, previews = [], [], []
-        for result in self._stream(MODEL, inputs, outputs, parameters, request_id):
+        for result in self._stream(MODEL, inputs, outputs, parameters, request_id or f"h3c-{uuid.uuid4().hex}"):
             results += self._read(result, progress, previews, on_progress)
         return sorted(results, key=lambda r: r.info["output_index"])
 
@@ -113,26 +134,47 @@ class H3Client:
         return json.loads(final[0].as_numpy("INFO").reshape(-1)[0])["found"]
 
     def _stream(self, model, inputs, outputs, parameters, request_id):
-        """Yield the responses of one streaming request until the final one."""
+        """Yield the responses of one streaming request until the final one (an error ends
+        the request too). On a timeout the request is cancelled by id when it has one (an
+        h3_pipeline request) and its final response awaited for CANCEL_WAIT_S; a stream whose
+        request never ended is closed with cancel_requests=True, which frees the client
+        (Triton 2.51 then counts the ensemble request as in flight until it exits)."""
         responses: queue.Queue = queue.Queue()
         client = grpcclient.InferenceServerClient(self.url)
+        ended = False
         try:
             client.start_stream(callback=lambda result, error: responses.put((result, error)))
             client.async_stream_infer(model, inputs, outputs=outputs, request_id=request_id,
                                       parameters=parameters, enable_empty_final_response=True)
-            while True:
+            while not ended:
                 try:
                     result, error = responses.get(timeout=self.timeout_s)
                 except queue.Empty:
+                    if model == MODEL and request_id:
+                        ended = self._cancel_after_timeout(request_id, responses)
                     raise H3Error("TIMEOUT", f"no response from {self.url} within {self.timeout_s} s") from None
+                ended = error is not None or result.get_response().parameters["triton_final_response"].bool_param
                 if error is not None:
                     raise H3Error.from_server(error)
                 yield result
-                if result.get_response().parameters["triton_final_response"].bool_param:
-                    break
         finally:
-            client.stop_stream()
+            client.stop_stream(cancel_requests=not ended)
             client.close()
+
+    def _cancel_after_timeout(self, request_id: str, responses: queue.Queue) -> bool:
+        """Cancel a timed-out request by id; True once its stream has ended (error or final)."""
+        try:
+            self.cancel(request_id)
+        except H3Error:
+            return False
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        try:
+            while True:
+                result, error = responses.get(timeout=max(0.0, deadline - time.monotonic()))
+                if error is not None or result.get_response().parameters["triton_final_response"].bool_param:
+                    return True
+        except queue.Empty:
+            return False
 
     @staticmethod
     def _read(result, progress, previews, on_progress) -> list[GenerationResult]:

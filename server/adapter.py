@@ -39,13 +39,23 @@ def json_tensor(name: str, value: dict) -> "pb_utils.Tensor":
 
 
 def read_json(request, name: str) -> dict:
-    """Decode a BYTES JSON input tensor."""
-    return json.loads(pb_utils.get_input_tensor_by_name(request, name).as_numpy().reshape(-1)[0])
+    """Decode a BYTES input tensor holding one JSON object. Raises ValueError naming the input
+    if it holds more or less than one element, or anything but a JSON object."""
+    values = pb_utils.get_input_tensor_by_name(request, name).as_numpy().reshape(-1)
+    if values.size != 1:
+        raise ValueError(f"{name} must hold one JSON object, got {values.size} elements")
+    try:
+        value = json.loads(values[0])
+    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
+        raise ValueError(f"{name} is not valid JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must hold one JSON object, got {type(value).__name__}")
+    return value
 
 
 # Request parameters a client may set (never Triton's reserved priority / timeout / sequence_*).
 REQUEST_PARAMETERS = {"progress_every": (int,), "preview_every": (int,), "deadline_s": (int, float), "request_priority": (int,),
-                      "return_frames": (bool,), "return_audio": (bool,)}
+                      "return_frames": (bool,), "return_audio": (bool,), "inject_fault": (str,)}
 RESERVED_PARAMETERS = ("priority", "timeout")
 
 

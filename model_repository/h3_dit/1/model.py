@@ -7,8 +7,13 @@ final response; the scheduler picks the jobs this step advances; ONE packed forw
 them; progress, previews and finished latents are sent; every unfinished request is
 rescheduled before returning. In `request` execution mode the chosen job instead runs to
 completion inside one execute().
+
+SIGUSR1 (sent by server.launch before it stops the server) starts draining: at the next step
+boundary every job ends with a CANCELLED: final response and newcomers are refused with
+UNAVAILABLE:, so no ensemble request is left in flight when Triton shuts down.
 """
 import itertools
+import signal
 import time
 
 import numpy as np
@@ -28,6 +33,21 @@ EMPTY_PREVIEW = np.zeros((1, 0, 0, 3), dtype=np.uint8)
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 EARLY_CANCEL_SECONDS = 600.0
 VANISHED_EXECUTES = 3  # a job missing from this many execute() calls in a row was dropped by Triton  # how long an id cancelled before its request arrived is remembered
+
+
+def check_fault(fault: str) -> None:
+    """Validate a request parameter inject_fault (tests only; needs allow_fault_injection
+    "true"), acting at the request's first step: "raise" makes the forward raise, "nan" makes
+    it return NaN video velocities for the request, "slow:S" makes the step S seconds slower
+    (0 < S <= 600). Raises ValueError naming inject_fault."""
+    if fault in ("raise", "nan"):
+        return
+    try:
+        seconds = float(fault[5:]) if fault.startswith("slow:") else None
+    except ValueError:
+        seconds = None
+    if seconds is None or not 0 < seconds <= 600:
+        raise ValueError(f"inject_fault={fault!r} is not one of 'raise', 'nan', 'slow:S' (0 < S <= 600 seconds)")
 
 
 class Metrics:
@@ -80,6 +100,15 @@ class TritonPythonModel:
         self.early_cancels: dict[str, float] = {}  # request id -> monotonic time of the cancel
         self.ids = itertools.count(1)
         self.metrics = Metrics()
+        if params["allow_fault_injection"] not in ("true", "false"):
+            raise ValueError(f"allow_fault_injection {params['allow_fault_injection']!r} must be 'true' or 'false'")
+        self.allow_fault_injection = params["allow_fault_injection"] == "true"
+        self.draining = False
+        signal.signal(signal.SIGUSR1, self.start_draining)
+
+    def start_draining(self, signum, frame) -> None:
+        """SIGUSR1 handler (runs between two Python instructions of the stub's main thread)."""
+        self.draining = True
 
     def execute(self, requests):
         self.metrics.heartbeat.set(time.time())
@@ -88,11 +117,20 @@ class TritonPythonModel:
             key = request.correlation_id()
             if key in (0, ""):
                 continue  # filler request inserted by the `direct` strategy
-            fields = read_json(request, "REQUEST")
+            try:
+                fields = read_json(request, "REQUEST")
+            except ValueError as error:
+                self.metrics.refusals.increment(1)
+                request.get_response_sender().send(error_response("INVALID_ARG", str(error)), flags=FINAL)
+                continue
             if "cancel_request_id" in fields:
                 self.control(request, str(fields["cancel_request_id"]))
                 continue
-            job = self.jobs.get(key) or self.admit(request, key, fields)
+            job = self.jobs.get(key)
+            if job is not None and request.flags() & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
+                self.refuse_reused_id(request, job)
+                continue
+            job = job or self.admit(request, key, fields)
             if job is not None:
                 job.extra["request"] = request
                 job.extra["sender"] = request.get_response_sender()
@@ -125,6 +163,8 @@ class TritonPythonModel:
         """Validate a new request and queue it; on failure answer with an error at once."""
         sender = request.get_response_sender()
         try:
+            if self.draining:
+                raise Overloaded("the server is shutting down")
             job = self.parse(request, key, fields)
             if self.early_cancels.pop(job.request_id, None) is not None:
                 self.metrics.cancellations.increment(1)
@@ -142,10 +182,31 @@ class TritonPythonModel:
         self.jobs[key] = job
         return job
 
+    def refuse_reused_id(self, request, job: Job) -> None:
+        """A new request (START) came with the sequence id of a live job: a client sent a
+        sequence_id in use. Triton 2.51 has already ended the job's sequence ("conflict ...
+        terminated early") and freed its request, so the job is dropped without a response
+        (sending on its sender crashes the server; its client waits for its own timeout) and
+        the newcomer is refused (admitting it would route its responses to the job's client)."""
+        self.metrics.cancellations.increment(1)
+        self.forget(job)
+        self.metrics.refusals.increment(1)
+        request.get_response_sender().send(error_response(
+            "INVALID_ARG", f"sequence id {job.key} belongs to request {job.request_id}, which Triton has now ended; "
+                           "do not send sequence_id"), flags=FINAL)
+
     def parse(self, request, key, fields: dict) -> Job:
         """Inputs, REQUEST fields and control parameters -> Job. Raises ValueError naming the
         bad field."""
+        if request.flags() & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END:
+            raise ValueError("sequence_end must not be set: a request runs over many iterations and Triton 2.51 "
+                             "would drop it after the first (perf_analyzer: --request-parameter sequence_end:false:bool)")
         parameters = request_parameters(request)
+        fault = parameters.get("inject_fault")
+        if fault is not None:
+            if not self.allow_fault_injection:
+                raise ValueError("request parameter 'inject_fault' is refused: h3_dit parameter allow_fault_injection is not 'true'")
+            check_fault(fault)
         progress_every = parameters.get("progress_every", 0)
         preview_every = parameters.get("preview_every", 0)
         deadline_s = parameters.get("deadline_s")
@@ -163,7 +224,13 @@ class TritonPythonModel:
                     raise ValueError(f"{name} must be an integer, got {fields[name]!r}")
                 values[name] = fields[name]
         text = torch.from_numpy(pb_utils.get_input_tensor_by_name(request, "TEXT_EMBEDS").as_numpy().copy())
-        encode_s = float(fields.get("encode_seconds", 0.0))
+        if text.shape[0] != 1:
+            raise ValueError(f"TEXT_EMBEDS has batch size {text.shape[0]}; h3_dit takes one request per call (batch 1)")
+        if not torch.isfinite(text).all():
+            raise ValueError("TEXT_EMBEDS holds non-finite values")
+        encode_s = fields.get("encode_seconds", 0.0)
+        if type(encode_s) not in (int, float):
+            raise ValueError(f"encode_seconds must be a number, got {encode_s!r}")
         request_id = request.request_id() or f"h3-{next(self.ids)}"
         if any(job.request_id == request_id for job in self.jobs.values()):
             raise ValueError(f"request id {request_id!r} is already running; ids must be unique")
@@ -172,6 +239,8 @@ class TritonPythonModel:
         job = Job(key=key, request_id=request_id, states=states, progress_every=progress_every, encode_s=encode_s,
                   priority=parameters.get("request_priority", 0))
         job.extra.update(preview_every=preview_every, deadline_s=deadline_s)
+        for state in states:
+            state.extra["fault"] = fault
         return job
 
     def control(self, request, target: str) -> None:
@@ -202,12 +271,13 @@ class TritonPythonModel:
                 self.forget(job)
 
     def end_cancelled(self, present: list[Job]) -> None:
-        """Step boundary: end jobs cancelled by id, natively cancelled, or past their deadline."""
+        """Step boundary: end jobs cancelled by id, natively cancelled, past their deadline, or
+        all of them once the server drains."""
         now = time.monotonic()
         for job in present:
             if job.key not in self.jobs:
                 continue
-            reason = job.extra.get("cancelled")
+            reason = "cancelled because the server is shutting down" if self.draining else job.extra.get("cancelled")
             if reason is None and (job.extra["request"].is_cancelled() or job.extra["sender"].is_cancelled()):
                 reason = "cancelled by the client"
             deadline = job.extra["deadline_s"]
@@ -266,8 +336,18 @@ class TritonPythonModel:
         return [job for job in pack if job.key in self.jobs]
 
     def forward(self, states):
-        """engine.denoise_step, raising ValueError on non-finite velocities."""
+        """engine.denoise_step, raising ValueError on non-finite velocities. Injected faults
+        (request parameter inject_fault, see check_fault) act here, at a state's first step."""
+        for state in states:
+            fault = state.extra["fault"] if state.step_index == 0 else None
+            if fault == "raise":
+                raise RuntimeError(f"injected fault in the forward of request {state.request_id}")
+            if fault is not None and fault.startswith("slow:") and not state.extra.get("slowed"):
+                state.extra["slowed"] = True
+                time.sleep(float(fault[5:]))
         velocities = self.engine.denoise_step(states)
+        velocities = [(torch.full_like(video, float("nan")), audio) if state.extra["fault"] == "nan" and state.step_index == 0
+                      else (video, audio) for state, (video, audio) in zip(states, velocities)]
         for state, (video, audio) in zip(states, velocities):
             if not (torch.isfinite(video).all() and torch.isfinite(audio).all()):
                 raise ValueError(f"non-finite velocity for request {state.request_id}")

@@ -26,7 +26,10 @@ class TritonPythonModel:
 
     def encode(self, request):
         start = time.perf_counter()
-        raw = pb_utils.get_input_tensor_by_name(request, "PROMPT").as_numpy().reshape(-1)
+        tensor = pb_utils.get_input_tensor_by_name(request, "PROMPT")
+        if tensor is None:
+            return error_response("INVALID_ARG", "PROMPT is required")
+        raw = tensor.as_numpy().reshape(-1)
         if raw.size != 1:
             return error_response("INVALID_ARG", f"PROMPT must hold exactly one string, got {raw.size}")
         value = raw[0]
