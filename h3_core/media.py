@@ -73,6 +73,7 @@ def encode_mp4(
         video_stream = container.add_stream("libx264", rate=fps)
         video_stream.width, video_stream.height = video.shape[2], video.shape[1]
         video_stream.pix_fmt = "yuv420p"
+        video_stream.thread_count = 1  # libx264's threads make the bytes differ between runs
         video_stream.time_base = Fraction(1, fps)
         if stereo is not None:
             audio_stream = container.add_stream("aac", rate=sample_rate, layout="stereo")

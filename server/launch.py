@@ -5,12 +5,18 @@ CLI::
     python -m server.launch [--model-repository DIR] [--host ADDR]
                             [--http-port P] [--grpc-port P] [--metrics-port P] [--free-ports]
                             [--timeout SECONDS] [--log-file PATH] [--model-control {none,explicit}]
-                            [--server-arg ARG]... [--quiet] [--then CMD ARGS...]
+                            [--server-arg ARG]... [--quiet] [--supervise [--stale-after SECONDS]]
+                            [--then CMD ARGS...]
 
-Without ``--then`` the server runs in the foreground until SIGINT/SIGTERM (or until it dies).
+Without ``--then`` the server runs in the foreground until SIGINT/SIGTERM (or until it dies;
+with ``--supervise`` it is restarted instead, see ``TritonServer.failure``).
 With ``--then`` the command runs once the server is ready, with ``H3_GRPC_URL``,
 ``H3_HTTP_URL`` and ``H3_METRICS_URL`` in its environment; the server is then stopped and the
 launcher exits with the command's exit code.
+
+Stopping drains first: the h3_dit stub gets SIGUSR1 and ends every request with a CANCELLED:
+final response at its next step boundary, so tritonserver finds nothing in flight and exits at
+once (otherwise it waits ``--exit-timeout-secs`` for the leaked ensemble requests and may crash).
 
 Python API (used by the end-to-end tests)::
 
@@ -58,6 +64,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL_REPOSITORY = REPO_ROOT / "model_repository"
 DEFAULT_HTTP_PORT, DEFAULT_GRPC_PORT, DEFAULT_METRICS_PORT = 8000, 8001, 8002
 STUB_NAME = "triton_python_backend_stub"
+DIT_MODEL = "h3_dit"  # the decoupled DiT: drained before a stop, watched by --supervise
+DRAIN_TIMEOUT_S = 5.0  # longest wait for the DiT to end its requests before SIGTERM
+SUPERVISE_INTERVAL_S = 1.0
 
 __all__ = [
     "LaunchError",
@@ -174,6 +183,35 @@ def pick_free_ports(n: int = 3, host: str = "127.0.0.1") -> list[int]:
             s.close()
 
 
+def check_ports_free(ports, host: str) -> None:
+    """Raise LaunchError naming the first of `ports` that is already in use on host."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for port in ports:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                raise LaunchError(f"port {port} on {host} is already in use (choose other ports or --free-ports)") from None
+
+
+def stub_pids(server_pid: int) -> dict[str, int]:
+    """Model name -> pid of each python backend stub that is a child of ``server_pid`` (read
+    from /proc; the stub's first argument is ``<repository>/<model>/<version>/model.py``)."""
+    pids = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == server_pid and argv[0].endswith(STUB_NAME.encode()) and len(argv) > 1:
+            pids[Path(argv[1].decode()).parents[1].name] = int(entry.name)
+    return pids
+
+
 def _connect_host(bind_host: str) -> str:
     if bind_host in ("", "0.0.0.0"):
         return "127.0.0.1"
@@ -268,6 +306,8 @@ class TritonServer:
         self._lock = threading.Lock()
         self._reader: Optional[threading.Thread] = None
         self._log_fh = None
+        self.ready = False  # became ready since the last start
+        self.dit_stub: Optional[int] = None  # pid of the h3_dit stub when the server became ready
 
     # ---- addresses ---------------------------------------------------------------------------
     @property
@@ -333,6 +373,8 @@ class TritonServer:
         for attempt in range(attempts):
             if self.free_ports:
                 self.http_port, self.grpc_port, self.metrics_port = pick_free_ports(3, self.host)
+            else:  # a busy port would let the readiness check reach another server
+                check_ports_free((self.http_port, self.grpc_port, self.metrics_port), self.host)
             try:
                 self._spawn()
                 self.wait_ready(self.timeout if timeout is None else timeout)
@@ -402,6 +444,8 @@ class TritonServer:
                                                 "before it became ready"))
             status, _ = self._http("GET", "/v2/health/ready")
             if status == 200:
+                self.ready = True
+                self.dit_stub = stub_pids(self.process.pid).get(DIT_MODEL)
                 return
             now = time.monotonic()
             if status is not None:
@@ -441,13 +485,66 @@ class TritonServer:
         """Block until the server process exits; return its exit code."""
         return self.process.wait(timeout)
 
+    def h3_metrics(self) -> dict[str, float]:
+        """The h3_* gauges and counters on /metrics (histograms left out) plus ``pending``:
+        Triton's nv_inference_pending_request_count of h3_dit. {} if /metrics does not answer."""
+        try:
+            with urllib.request.urlopen(self.metrics_url, timeout=2.0) as r:
+                text = r.read().decode()
+        except (urllib.error.URLError, OSError):
+            return {}
+        values = {}
+        for line in text.splitlines():
+            name = line.split("{", 1)[0]
+            if name.startswith("h3_") and not name.endswith(("_bucket", "_count", "_sum")):
+                values[name] = float(line.rsplit(" ", 1)[1])
+            elif name == "nv_inference_pending_request_count" and f'model="{DIT_MODEL}"' in line:
+                values["pending"] = float(line.rsplit(" ", 1)[1])
+        return values
+
+    def drain(self, timeout: float = DRAIN_TIMEOUT_S) -> None:
+        """Send SIGUSR1 to the h3_dit stub, which then ends every request with a CANCELLED:
+        final response at its next step boundary and refuses newcomers with UNAVAILABLE:; wait
+        up to ``timeout`` s until it reports no request and no step running. No-op when the
+        repository has no h3_dit or its stub is gone."""
+        if self.dit_stub is None or self.dit_stub != stub_pids(self.process.pid).get(DIT_MODEL):
+            return
+        os.kill(self.dit_stub, signal.SIGUSR1)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = self.h3_metrics()
+            if m and not (m.get("h3_active_requests") or m.get("h3_waiting_requests") or m.get("h3_execute_in_progress")):
+                return
+            time.sleep(0.05)
+
+    def failure(self, stale_after: float) -> Optional[str]:
+        """Why the server can no longer serve, or None. Measured on Triton 2.51: when the
+        h3_dit stub dies, live and ready stay 200 and the stub is not restarted (the model is
+        decoupled); every request then fails with "Stub process 'h3_dit_0_0' is not
+        healthy.". A step stuck in Python is not noticed by Triton at all; it shows as a
+        heartbeat (h3_heartbeat_timestamp_seconds) older than ``stale_after`` s while a step
+        runs (h3_execute_in_progress) or requests wait in Triton's queue for h3_dit."""
+        code = self.process.poll()
+        if code is not None:
+            return f"tritonserver exited with code {code}"
+        if self.dit_stub is not None and stub_pids(self.process.pid).get(DIT_MODEL) != self.dit_stub:
+            return f"the {DIT_MODEL} process (pid {self.dit_stub}) is gone"
+        m = self.h3_metrics()
+        age = time.time() - m.get("h3_heartbeat_timestamp_seconds", 0.0)
+        if m.get("h3_heartbeat_timestamp_seconds") and age > stale_after and (m.get("h3_execute_in_progress") or m.get("pending")):
+            return f"the {DIT_MODEL} heartbeat is {age:.0f} s old with work pending"
+        return None
+
     def stop(self, grace: Optional[float] = None) -> Optional[int]:
-        """SIGTERM the server, wait up to ``grace`` s, then SIGKILL its process group."""
+        """Drain the DiT (see drain) if the server became ready, SIGTERM the server, wait up to
+        ``grace`` s, then SIGKILL its process group."""
         proc = self.process
         if proc is None:
             return None
         grace = self.stop_grace if grace is None else grace
         if proc.poll() is None:
+            if self.ready:
+                self.drain()
             try:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(grace)
@@ -456,6 +553,7 @@ class TritonServer:
                 proc.wait()
             except ProcessLookupError:
                 pass
+        self.ready = False
         self._reap_group(proc.pid)
         self._join_reader()
         with self._lock:
@@ -540,6 +638,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="extra tritonserver argument (repeatable), e.g. --server-arg=--log-verbose=1")
     p.add_argument("--quiet", action="store_true",
                    help="do not echo the server log to stderr in foreground mode")
+    p.add_argument("--supervise", action="store_true",
+                   help="foreground mode: restart tritonserver (same ports) when it exits, when the "
+                        "h3_dit process dies, or when the DiT's heartbeat is stale with work pending")
+    p.add_argument("--stale-after", type=float, default=120.0, metavar="SECONDS",
+                   help="--supervise: heartbeat age that counts as a stalled DiT; must exceed the "
+                        "longest execute() (default: %(default)s)")
     p.add_argument("--then", nargs=argparse.REMAINDER, metavar="CMD",
                    help="once ready, run CMD with H3_GRPC_URL/H3_HTTP_URL/H3_METRICS_URL set, stop "
                         "the server and exit with CMD's exit code (must be the last option)")
@@ -550,6 +654,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
     if args.then is not None and not args.then:
         _parser().error("--then needs a command")
+    if args.supervise and args.then is not None:
+        _parser().error("--supervise runs the server in the foreground; it cannot be combined with --then")
     server = TritonServer(
         args.model_repository, host=args.host, http_port=args.http_port,
         grpc_port=args.grpc_port, metrics_port=args.metrics_port, free_ports=args.free_ports,
@@ -573,6 +679,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             rc = 128 - rc if rc < 0 else rc
         else:
             _say("serving; Ctrl-C or SIGTERM stops it")
+            while args.supervise:
+                reason = server.failure(args.stale_after)
+                if reason is None:
+                    time.sleep(SUPERVISE_INTERVAL_S)
+                    continue
+                _say(f"{reason}: restarting tritonserver")
+                server.stop()
+                server.free_ports = False  # clients reconnect to the same ports
+                t0 = time.monotonic()
+                server.start()
+                _say(f"tritonserver ready again in {time.monotonic() - t0:.1f} s (pid {server.pid})")
             code = server.wait()
             if code != 0:
                 _say("tritonserver died with exit code {}:\n{}".format(

@@ -127,3 +127,17 @@ def test_cli_then_runs_command_with_urls_and_returns_its_exit_code(add_one_repo:
     assert "H3_GRPC_URL 127.0.0.1:" in proc.stdout
     assert "H3_METRICS_URL http://127.0.0.1:" in proc.stdout
     assert "ready" in proc.stderr
+
+
+def test_busy_port_is_refused_before_starting(add_one_repo: Path, tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        server = TritonServer(add_one_repo, grpc_port=port, http_port=port + 1 if port < 65535 else port - 1,
+                              metrics_port=port - 2, log_file=tmp_path / "log.txt")
+        with pytest.raises(LaunchError, match=rf"port {port} on 127.0.0.1 is already in use"):
+            server.start(timeout=30)
+        assert not server.is_running()

@@ -93,3 +93,9 @@ def test_wav_errors():
         encode_wav(np.zeros((2, 0), np.float32))
     with pytest.raises(ValueError, match=r"^sample_rate must be a positive int, got -1$"):
         encode_wav(np.zeros((2, 4), np.float32), -1)
+
+
+def test_mp4_bytes_are_reproducible():
+    frames = (np.random.default_rng(0).random((22, 64, 96, 3)) * 255).astype(np.uint8)
+    audio = np.random.default_rng(1).standard_normal((2, 29333)).astype(np.float32) * 0.1
+    assert len({encode_mp4(frames, audio) for _ in range(5)}) == 1
