@@ -33,9 +33,12 @@ CODE = re.compile(r"^(INVALID_ARG|UNAVAILABLE|CANCELLED|INTERNAL): ")
 TRITON_ERRORS = (
     (re.compile(r"^(inference input '[^']*' data-type is |unexpected shape for input |inference request batch-size must be "
                 r"|unexpected inference (input|output) |inference request for sequence .* must specify the START flag)"), "INVALID_ARG"),
-    (re.compile(r"^Stub process '[^']*' is not healthy"), "UNAVAILABLE"),
+    (re.compile(r"^(Stub process '[^']*' is not healthy|failed to connect to all addresses|Stream removed"
+                r"|Socket closed|The stream is no longer in valid state)"), "UNAVAILABLE"),
 )
 CANCEL_WAIT_S = 10.0  # after a timeout: how long to wait for the cancelled request's final response
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 class H3Error(Exception):
@@ -71,6 +74,8 @@ class GenerationResult:
 
 
 def _input(name: str, value, datatype: str) -> grpcclient.InferInput:
+    if datatype == "INT64" and not INT64_MIN <= value <= INT64_MAX:
+        raise H3Error("INVALID_ARG", f"{name}={value} does not fit INT64 ({INT64_MIN}..{INT64_MAX})")
     tensor = grpcclient.InferInput(name, [1, 1], datatype)
     tensor.set_data_from_numpy(np.array([[value]], dtype=object if datatype == "BYTES" else np.int64))
     return tensor
@@ -143,9 +148,13 @@ class H3Client:
         client = grpcclient.InferenceServerClient(self.url)
         ended = False
         try:
-            client.start_stream(callback=lambda result, error: responses.put((result, error)))
-            client.async_stream_infer(model, inputs, outputs=outputs, request_id=request_id,
-                                      parameters=parameters, enable_empty_final_response=True)
+            try:
+                client.start_stream(callback=lambda result, error: responses.put((result, error)))
+                client.async_stream_infer(model, inputs, outputs=outputs, request_id=request_id,
+                                          parameters=parameters, enable_empty_final_response=True)
+            except InferenceServerException as error:  # e.g. nothing listens at the url
+                ended = True
+                raise H3Error("UNAVAILABLE", f"cannot stream to {self.url}: {error.message() or error}") from None
             while not ended:
                 try:
                     result, error = responses.get(timeout=self.timeout_s)
