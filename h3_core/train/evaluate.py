@@ -62,7 +62,7 @@ def evaluate(clips: list[data.Clip], steps: int | None = None, concurrency: int 
     report = {
         "attribute_accuracy": round(right / total, 4), "n_clips": len(scored),
         "per_attribute": {k: round(sum(s["correct"][k] for s in scored) / len(scored), 4) for k in measure.SCORED},
-        "steps": steps, "largest_pack": largest_pack, "seconds": round(time.monotonic() - start, 1),
+        "steps": results[0][1].info["num_inference_steps"], "seed": seed, "largest_pack": largest_pack, "seconds": round(time.monotonic() - start, 1),
     }
     if out is not None:
         (out / "report.json").write_text(json.dumps({**report, "clips": scored}, indent=1))

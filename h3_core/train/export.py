@@ -45,7 +45,7 @@ def plot_losses(work: Path, png: Path, csv_dir: Path | None = None) -> None:
     import matplotlib.pyplot as plt
 
     panels = [("video_vae", ["loss"], "video VAE (weighted L1 + MSE)"),
-              ("audio_vae", ["wave_l1", "stft"], "audio VAE (waveform L1, STFT loss)"),
+              ("audio_vae", ["loss", "wave_l1"], "audio VAE (100 x MSE + L1 on the waveform)"),
               ("dit", ["loss", "video", "audio"], "DiT flow matching (velocity MSE)")]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for ax, (name, columns, title) in zip(axes, panels):
