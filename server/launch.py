@@ -188,6 +188,8 @@ def check_ports_free(ports, host: str) -> None:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     for port in ports:
         with socket.socket(family, socket.SOCK_STREAM) as s:
+            # as servers do: connections in TIME_WAIT (e.g. of a server just stopped) do not count
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((host, port))
             except OSError:
@@ -535,6 +537,12 @@ class TritonServer:
             return f"the {DIT_MODEL} heartbeat is {age:.0f} s old with work pending"
         return None
 
+    def kill(self) -> Optional[int]:
+        """Stop a broken server at once (no drain): SIGKILL its process group. Open streams
+        end with gRPC UNAVAILABLE ("Stream removed")."""
+        self.ready = False
+        return self.stop(grace=0)
+
     def stop(self, grace: Optional[float] = None) -> Optional[int]:
         """Drain the DiT (see drain) if the server became ready, SIGTERM the server, wait up to
         ``grace`` s, then SIGKILL its process group."""
@@ -685,7 +693,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     time.sleep(SUPERVISE_INTERVAL_S)
                     continue
                 _say(f"{reason}: restarting tritonserver")
-                server.stop()
+                server.kill()
                 server.free_ports = False  # clients reconnect to the same ports
                 t0 = time.monotonic()
                 server.start()

@@ -75,6 +75,7 @@ class Metrics:
         self.completions = family("h3_completions_total", counter, "request outputs completed")
         self.failures = family("h3_failures_total", counter, "requests failed with INTERNAL")
         self.heartbeat = family("h3_heartbeat_timestamp_seconds", gauge, "unix time of the step loop's last iteration")
+        self.busy = family("h3_execute_in_progress", gauge, "1 while execute() runs (with an old heartbeat: a stalled step)")
 
 
 class TritonPythonModel:
@@ -112,6 +113,15 @@ class TritonPythonModel:
 
     def execute(self, requests):
         self.metrics.heartbeat.set(time.time())
+        self.metrics.busy.set(1)
+        try:
+            self.iterate(requests)
+        finally:
+            self.metrics.busy.set(0)
+        return None
+
+    def iterate(self, requests) -> None:
+        """One step-loop iteration over all live requests (see the module docstring)."""
         present = []
         for request in requests:
             key = request.correlation_id()
@@ -155,7 +165,6 @@ class TritonPythonModel:
             job.extra["request"].set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
         self.metrics.waiting.set(len(self.scheduler.line))
         self.metrics.active.set(len(self.scheduler.pack))
-        return None
 
     # -- new requests and control requests ---------------------------------------------------
 
