@@ -32,7 +32,9 @@ CODE = re.compile(r"^(INVALID_ARG|UNAVAILABLE|CANCELLED|INTERNAL): ")
 # START) is INVALID_ARG; a dead model process (python backend stub) is UNAVAILABLE.
 TRITON_ERRORS = (
     (re.compile(r"^(inference input '[^']*' data-type is |unexpected shape for input |inference request batch-size must be "
-                r"|unexpected inference (input|output) |inference request for sequence .* must specify the START flag)"), "INVALID_ARG"),
+                r"|unexpected inference (input|output) |inference request for sequence .* must specify the START flag"
+                r"|input '[^']*' batch size does not match other inputs |inference request to model '[^']*' must specify batch-size 1 )"),
+     "INVALID_ARG"),
     (re.compile(r"^(Stub process '[^']*' is not healthy|failed to connect to all addresses|Stream removed"
                 r"|Socket closed|The stream is no longer in valid state)"), "UNAVAILABLE"),
 )

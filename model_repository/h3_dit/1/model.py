@@ -233,8 +233,6 @@ class TritonPythonModel:
                     raise ValueError(f"{name} must be an integer, got {fields[name]!r}")
                 values[name] = fields[name]
         text = torch.from_numpy(pb_utils.get_input_tensor_by_name(request, "TEXT_EMBEDS").as_numpy().copy())
-        if text.shape[0] != 1:
-            raise ValueError(f"TEXT_EMBEDS has batch size {text.shape[0]}; h3_dit takes one request per call (batch 1)")
         if not torch.isfinite(text).all():
             raise ValueError("TEXT_EMBEDS holds non-finite values")
         encode_s = fields.get("encode_seconds", 0.0)
