@@ -29,14 +29,17 @@ REQUEST_ID_PREFIX = re.compile(r"^\[request id: [^\]]*\] ")
 CODE = re.compile(r"^(INVALID_ARG|UNAVAILABLE|CANCELLED|INTERNAL): ")
 # Triton's own errors, raised before or around the models, carry no code word: a malformed
 # request (wrong data type, shape, batch size, input or output name; a sequence id without
-# START) is INVALID_ARG; a dead model process (python backend stub) is UNAVAILABLE.
+# START) is INVALID_ARG; a dead model process (python backend stub), a lost connection and a
+# full /dev/shm (the python backend could not grow its shared memory) are UNAVAILABLE.
 TRITON_ERRORS = (
     (re.compile(r"^(inference input '[^']*' data-type is |unexpected shape for input |inference request batch-size must be "
                 r"|unexpected inference (input|output) |inference request for sequence .* must specify the START flag"
                 r"|input '[^']*' batch size does not match other inputs |inference request to model '[^']*' must specify batch-size 1 )"),
      "INVALID_ARG"),
     (re.compile(r"^(Stub process '[^']*' is not healthy|failed to connect to all addresses|Stream removed"
-                r"|Socket closed|The stream is no longer in valid state)"), "UNAVAILABLE"),
+                r"|Socket closed|The stream is no longer in valid state"
+                r"|Failed to process the request\(s\) for model '[^']*', message: Failed to increase the shared memory pool size)"),
+     "UNAVAILABLE"),
 )
 CANCEL_WAIT_S = 10.0  # after a timeout: how long to wait for the cancelled request's final response
 
