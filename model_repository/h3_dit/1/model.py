@@ -1,7 +1,8 @@
 """h3_dit: the decoupled iterative DiT model (thin adapter over h3_core.engine / scheduler).
 
 Every execute() receives all live sequences. New ones (START flag) are validated and queued;
-control requests (REQUEST {"cancel_request_id": ID}) cancel a job by request id and are answered at once.
+control requests (REQUEST {"cancel_request_id": ID}) cancel a job by request id and are
+answered at once.
 At the step boundary cancelled, natively cancelled and expired jobs leave with a CANCELLED:
 final response; the scheduler picks the jobs this step advances; ONE packed forward runs for
 them; progress, previews and finished latents are sent; every unfinished request is
@@ -31,8 +32,8 @@ FIELDS = ("height", "width", "num_frames", "num_inference_steps", "seed", "num_o
 EMPTY_LATENT = np.zeros((1, 0), dtype=np.float32)
 EMPTY_PREVIEW = np.zeros((1, 0, 0, 3), dtype=np.uint8)
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-EARLY_CANCEL_SECONDS = 600.0
-VANISHED_EXECUTES = 3  # a job missing from this many execute() calls in a row was dropped by Triton  # how long an id cancelled before its request arrived is remembered
+EARLY_CANCEL_SECONDS = 600.0  # how long an id cancelled before its request arrived is remembered
+VANISHED_EXECUTES = 3  # a job missing from this many execute() calls in a row was dropped by Triton
 
 
 def check_fault(fault: str) -> None:
