@@ -138,8 +138,15 @@ class TritonPythonModel:
                 self.control(request, str(fields["cancel_request_id"]))
                 continue
             job = self.jobs.get(key)
-            if job is not None and request.flags() & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
+            new = request.flags() & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+            if job is not None and new:
                 self.refuse_reused_id(request, job)
+                continue
+            if job is None and not new:  # a rescheduled request whose job was dropped: end it
+                self.metrics.cancellations.increment(1)
+                request.get_response_sender().send(error_response(
+                    "CANCELLED", f"request {request.request_id() or key} was dropped: its sequence id was reused or "
+                                 f"Triton withheld it for {VANISHED_EXECUTES} steps"), flags=FINAL)
                 continue
             job = job or self.admit(request, key, fields)
             if job is not None:
@@ -194,10 +201,11 @@ class TritonPythonModel:
 
     def refuse_reused_id(self, request, job: Job) -> None:
         """A new request (START) came with the sequence id of a live job: a client sent a
-        sequence_id in use. Triton 2.51 has already ended the job's sequence ("conflict ...
-        terminated early") and freed its request, so the job is dropped without a response
-        (sending on its sender crashes the server; its client waits for its own timeout) and
-        the newcomer is refused (admitting it would route its responses to the job's client)."""
+        sequence_id in use. Triton 2.51 ends the job's sequence ("conflict ... terminated
+        early") and may free its request, so the job is dropped without a response (sending on
+        its stored sender crashed the server); if Triton delivers the request once more it is
+        ended there (iterate), else its client waits for its own timeout. The newcomer is
+        refused: admitting it routed its responses to the job's client."""
         self.metrics.cancellations.increment(1)
         self.forget(job)
         self.metrics.refusals.increment(1)
