@@ -18,3 +18,48 @@ def model_repository_copy(target: Path, **dit_parameters) -> Path:
                 assert count == 1, key
         config.write_text(text)
     return target
+
+
+def tensor(name: str, value, datatype: str):
+    """A tritonclient InferInput holding the numpy array `value` as `datatype`."""
+    import tritonclient.grpc as grpcclient
+
+    result = grpcclient.InferInput(name, list(value.shape), datatype)
+    result.set_data_from_numpy(value)
+    return result
+
+
+def raw_stream(url: str, inputs, *, model: str = "h3_pipeline", outputs=None, parameters=None,
+               timeout_s: float = 60.0, **stream_kwargs):
+    """Stream one request with plain tritonclient (stream_kwargs: request_id, sequence_id,
+    sequence_start, sequence_end, ...). Returns (responses, error): error is the
+    client.api.H3Error the stream ended with, or None after a final response. Raises
+    TimeoutError when no response comes within timeout_s; the stream is then closed with
+    cancel_requests=True, so a hung request never hangs the test."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    from client.api import H3Error
+
+    responses, results, ended = queue.Queue(), [], False
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        client.async_stream_infer(model, inputs, outputs=outputs, parameters=parameters,
+                                  enable_empty_final_response=True, **stream_kwargs)
+        while True:
+            try:
+                result, error = responses.get(timeout=timeout_s)
+            except queue.Empty:
+                raise TimeoutError(f"no response within {timeout_s} s") from None
+            if error is not None:
+                ended = True
+                return results, H3Error.from_server(error)
+            results.append(result)
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                ended = True
+                return results, None
+    finally:
+        client.stop_stream(cancel_requests=not ended)
+        client.close()

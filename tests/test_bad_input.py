@@ -1,0 +1,193 @@
+"""Bad input, end to end through tritonclient (session server: tiny config, max_steps 400).
+
+Every kind gets one final response whose message (client.api.H3Error: Triton's "in ensemble
+'h3_pipeline', " and "[request id: ...] " prefixes removed) starts with INVALID_ARG: and names
+the field; afterwards the same normal request returns FRAMES and AUDIO byte-identical to the
+first one of this module, and no model process was replaced. Every stream has a timeout.
+"""
+import json
+import threading
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from client.api import H3Client, H3Error
+from server.launch import stub_pids
+
+from .serving import raw_stream, tensor
+
+NORMAL = dict(prompt="a red ball rolls to the left", height=64, width=64, num_frames=9, num_inference_steps=2, seed=5,
+              return_frames=True, return_audio=True)
+SEQUENCE_END = ("sequence_end must not be set: a request runs over many iterations and Triton 2.51 would drop it "
+                "after the first (perf_analyzer: --request-parameter sequence_end:false:bool)")
+
+
+@pytest.fixture(scope="module")
+def reference(server):
+    """The first normal request of this module and the model processes at that time."""
+    return H3Client(server.grpc_url, timeout_s=120).generate(**NORMAL)[0], stub_pids(server.pid)
+
+
+def prompt(value=b"a red ball"):
+    return tensor("PROMPT", np.array([[value]], dtype=object), "BYTES")
+
+
+def int64(name, value):
+    return tensor(name, np.array([[value]], dtype=np.int64), "INT64")
+
+
+def dit_inputs(text=np.zeros((1, 3, 384), dtype=np.float32), fields=b'{"num_inference_steps": 2}'):
+    """TEXT_EMBEDS and REQUEST (JSON bytes, or an object array of them) for h3_dit called directly."""
+    fields = fields if isinstance(fields, np.ndarray) else np.array([[fields]], dtype=object)
+    return [tensor("TEXT_EMBEDS", text, "FP32"), tensor("REQUEST", fields, "BYTES")]
+
+
+def raw_error(server, inputs, **kwargs) -> H3Error:
+    responses, error = raw_stream(server.grpc_url, inputs, **kwargs)
+    assert error is not None, f"no error, {len(responses)} responses"
+    return error
+
+
+def client_error(client, **kwargs) -> H3Error:
+    with pytest.raises(H3Error) as info:
+        client.generate(**{"prompt": "a red ball", "num_inference_steps": 2, **kwargs})
+    return info.value
+
+
+CASES = {
+    # prompt
+    "empty_prompt": (lambda s, c: client_error(c, prompt=""), "prompt must be a non-empty string, got ''"),
+    "whitespace_prompt": (lambda s, c: client_error(c, prompt=" \t\n "), "prompt must be a non-empty string, got ' \\t\\n '"),
+    "prompt_over_256_tokens": (lambda s, c: client_error(c, prompt="word " * 300),
+                               "prompt has 302 tokens; the text encoder accepts at most 256"),
+    "prompt_over_4096_bytes": (lambda s, c: client_error(c, prompt="a" * 5000), "prompt is 5000 bytes: allowed 1..4096"),
+    "prompt_not_utf8": (lambda s, c: client_error(c, prompt=b"\xff\xfe a ball"),
+                        "prompt is not valid UTF-8 (invalid start byte at byte 0)"),
+    "missing_prompt": (lambda s, c: raw_error(s, [int64("HEIGHT", 64)]), "PROMPT is required"),
+    # data type and shape (Triton refuses these before any model runs)
+    "prompt_wrong_dtype": (lambda s, c: raw_error(s, [tensor("PROMPT", np.array([[1]], dtype=np.int64), "INT64")]),
+                           "inference input 'PROMPT' data-type is 'INT64', but model 'h3_pipeline' expects 'BYTES'"),
+    "height_wrong_dtype": (lambda s, c: raw_error(s, [prompt(), tensor("HEIGHT", np.array([[64]], dtype=np.int32), "INT32")]),
+                           "inference input 'HEIGHT' data-type is 'INT32', but model 'h3_pipeline' expects 'INT64'"),
+    "seed_beyond_int64_as_uint64": (
+        lambda s, c: raw_error(s, [prompt(), tensor("SEED", np.array([[2**64 - 1]], dtype=np.uint64), "UINT64")]),
+        "inference input 'SEED' data-type is 'UINT64', but model 'h3_pipeline' expects 'INT64'"),
+    "height_two_values": (lambda s, c: raw_error(s, [prompt(), tensor("HEIGHT", np.array([[64, 64]], dtype=np.int64), "INT64")]),
+                          "unexpected shape for input 'HEIGHT' for model 'h3_pipeline'. Expected [-1,1], got [1,2]."),
+    "prompt_without_batch_dimension": (lambda s, c: raw_error(s, [tensor("PROMPT", np.array([b"x"], dtype=object), "BYTES")]),
+                                       "unexpected shape for input 'PROMPT' for model 'h3_pipeline'. Expected [-1,1], got [1]."),
+    "prompt_batch_of_two": (lambda s, c: raw_error(s, [tensor("PROMPT", np.array([[b"x"], [b"y"]], dtype=object), "BYTES")]),
+                            "inference request batch-size must be <= 1 for 'h3_pipeline'"),
+    "unknown_input": (lambda s, c: raw_error(s, [prompt(), int64("COLOUR", 3)]),
+                      "unexpected inference input 'COLOUR' for model 'h3_pipeline'"),
+    "output_that_does_not_exist": (
+        lambda s, c: raw_error(s, [prompt()], outputs=[grpcclient.InferRequestedOutput("NOPE")]),
+        "unexpected inference output 'NOPE' for model 'h3_pipeline'"),
+    # request fields
+    "width_not_multiple_of_32": (lambda s, c: client_error(c, width=100), "width=100 is out of range: allowed multiples of 32 in 32..256"),
+    "height_zero": (lambda s, c: client_error(c, height=0), "height=0 is out of range: allowed multiples of 32 in 32..256"),
+    "width_negative": (lambda s, c: client_error(c, width=-32), "width=-32 is out of range: allowed multiples of 32 in 32..256"),
+    "height_beyond_maximum": (lambda s, c: client_error(c, height=288), "height=288 is out of range: allowed multiples of 32 in 32..256"),
+    "num_frames_zero": (lambda s, c: client_error(c, num_frames=0), "num_frames=0 is out of range: allowed 1..121"),
+    "num_frames_beyond_maximum": (lambda s, c: client_error(c, num_frames=122), "num_frames=122 is out of range: allowed 1..121"),
+    "steps_zero": (lambda s, c: client_error(c, num_inference_steps=0), "num_inference_steps=0 is out of range: allowed 1..400"),
+    "steps_beyond_maximum": (lambda s, c: client_error(c, num_inference_steps=401), "num_inference_steps=401 is out of range: allowed 1..400"),
+    "seed_negative": (lambda s, c: client_error(c, seed=-1), "seed=-1 is out of range: allowed 0..9223372036854775807"),
+    "seed_plus_outputs_beyond_int64": (lambda s, c: client_error(c, seed=2**63 - 1, num_outputs=2),
+                                       "seed=9223372036854775807 is out of range: allowed 0..9223372036854775806"),
+    "num_outputs_zero": (lambda s, c: client_error(c, num_outputs=0), "num_outputs=0 is out of range: allowed 1..4"),
+    "num_outputs_beyond_maximum": (lambda s, c: client_error(c, num_outputs=5), "num_outputs=5 is out of range: allowed 1..4"),
+    "rows_over_budget": (lambda s, c: client_error(c, height=256, width=256, num_frames=121, num_outputs=2),
+                         "rows=5632 is out of range: allowed 1..4096 (max_batch_rows)"),
+    # request parameters
+    "unknown_parameter": (lambda s, c: raw_error(s, [prompt()], parameters={"colour": "red"}),
+                          "request parameter 'colour' is unknown; allowed: ['deadline_s', 'inject_fault', 'preview_every', "
+                          "'progress_every', 'request_priority', 'return_audio', 'return_frames']"),
+    "progress_every_wrong_type": (lambda s, c: raw_error(s, [prompt()], parameters={"progress_every": "x"}),
+                                  "request parameter 'progress_every' must be int, got 'x'"),
+    "return_frames_wrong_type": (lambda s, c: raw_error(s, [prompt()], parameters={"return_frames": 1}),
+                                 "request parameter 'return_frames' must be bool, got 1"),
+    "progress_every_negative": (lambda s, c: client_error(c, progress_every=-1), "progress_every=-1 is out of range: allowed >= 0"),
+    "deadline_zero": (lambda s, c: client_error(c, deadline_s=0), "deadline_s=0 is out of range: allowed > 0 seconds"),
+    "inject_fault_when_off": (lambda s, c: client_error(c, inject_fault="raise"),
+                              "request parameter 'inject_fault' is refused: h3_dit parameter allow_fault_injection is not 'true'"),
+    # sequence flags (never needed: the DiT's iterative sequencer assigns an id)
+    "sequence_end_with_id": (lambda s, c: raw_error(s, [prompt()], sequence_id=9_100_001, sequence_start=True, sequence_end=True),
+                             SEQUENCE_END),
+    "sequence_id_without_start": (lambda s, c: raw_error(s, [prompt()], sequence_id=9_100_002),
+                                  "inference request for sequence 9100002 to model 'h3_dit' must specify the START flag on "
+                                  "the first request of the sequence"),
+    # h3_dit called directly
+    "dit_request_not_json": (lambda s, c: raw_error(s, dit_inputs(fields=b"{height: 64"), model="h3_dit"),
+                             "REQUEST is not valid JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+    "dit_request_not_an_object": (lambda s, c: raw_error(s, dit_inputs(fields=b"[64]"), model="h3_dit"),
+                                  "REQUEST must hold one JSON object, got list"),
+    "dit_field_wrong_type": (lambda s, c: raw_error(s, dit_inputs(fields=b'{"height": "64"}'), model="h3_dit"),
+                             "height must be an integer, got '64'"),
+    "dit_text_embeds_not_finite": (lambda s, c: raw_error(s, dit_inputs(text=np.full((1, 3, 384), np.nan, dtype=np.float32)), model="h3_dit"),
+                                   "TEXT_EMBEDS holds non-finite values"),
+    "dit_text_embeds_wrong_width": (lambda s, c: raw_error(s, dit_inputs(text=np.zeros((1, 3, 100), dtype=np.float32)), model="h3_dit"),
+                                    "text_embeds has shape (3, 100); expected [L >= 1, 384]"),
+    "dit_batch_of_two": (lambda s, c: raw_error(s, dit_inputs(text=np.zeros((2, 3, 384), dtype=np.float32),
+                                                        fields=np.array([[b"{}"], [b"{}"]], dtype=object)), model="h3_dit"),
+                         "inference request to model 'h3_dit' must specify batch-size 1 due to requirements of sequence batcher"),
+    "dit_inputs_of_different_batch_sizes": (lambda s, c: raw_error(s, dit_inputs(text=np.zeros((2, 3, 384), dtype=np.float32)), model="h3_dit"),
+                                            "input 'TEXT_EMBEDS' batch size does not match other inputs for 'h3_dit'"),
+    "dit_encode_seconds_wrong_type": (lambda s, c: raw_error(s, dit_inputs(fields=b'{"encode_seconds": [1]}'), model="h3_dit"),
+                                      "encode_seconds must be a number, got [1]"),
+}
+
+
+@pytest.mark.parametrize("kind", CASES)
+def test_bad_input_is_refused_and_harms_nothing(server, client, reference, kind):
+    send, message = CASES[kind]
+    error = send(server, client)
+    assert error.code == "INVALID_ARG"
+    assert error.message.startswith(message), error.message
+    after = client.generate(**NORMAL)[0]
+    assert after.frames.tobytes() == reference[0].frames.tobytes()
+    assert after.audio.tobytes() == reference[0].audio.tobytes()
+
+
+def test_bad_input_duplicate_request_id_while_running(server, client, reference):
+    outcome, running = {}, threading.Event()
+
+    def first():
+        try:
+            client.generate("the first", num_inference_steps=400, request_id="dup-1", progress_every=1,
+                            on_progress=lambda *_: running.set())
+        except H3Error as error:
+            outcome["first"] = error
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert running.wait(60)
+    error = client_error(client, request_id="dup-1")
+    assert client.cancel("dup-1") is True
+    thread.join(60)
+    assert error.code == "INVALID_ARG" and error.message == "request id 'dup-1' is already running; ids must be unique"
+    assert outcome["first"].code == "CANCELLED"
+    after = client.generate(**NORMAL)[0]
+    assert after.frames.tobytes() == reference[0].frames.tobytes()
+
+
+def test_bad_input_sequence_end_without_sequence_id_still_completes(server, reference):
+    # Without a sequence_id the ensemble does not pass the flags to h3_dit, so the request runs.
+    inputs = [prompt(NORMAL["prompt"].encode())] + [int64(name, NORMAL[key]) for name, key in (
+        ("HEIGHT", "height"), ("WIDTH", "width"), ("NUM_FRAMES", "num_frames"),
+        ("NUM_INFERENCE_STEPS", "num_inference_steps"), ("SEED", "seed"))]
+    outputs = [grpcclient.InferRequestedOutput(name) for name in ("FRAMES", "AUDIO", "INFO")]
+    responses, error = raw_stream(server.grpc_url, inputs, outputs=outputs, sequence_end=True,
+                                  parameters={"return_frames": True, "return_audio": True})
+    assert error is None
+    result = next(r for r in responses if r.as_numpy("INFO").size and json.loads(r.as_numpy("INFO")[0, 0])["kind"] == "result")
+    assert result.as_numpy("FRAMES")[0].tobytes() == reference[0].frames.tobytes()
+    assert result.as_numpy("AUDIO")[0].tobytes() == reference[0].audio.tobytes()
+
+
+def test_bad_input_left_every_model_process_in_place(server, reference):
+    assert stub_pids(server.pid) == reference[1]
+    assert set(reference[1]) == {"h3_encoder", "h3_dit", "h3_vae"}
+    metrics = server.h3_metrics()
+    assert metrics["h3_active_requests"] == 0 and metrics["h3_waiting_requests"] == 0

@@ -1,0 +1,135 @@
+"""Fault isolation, overload, a slow step and the graceful stop, end to end (tiny config, CPU).
+
+The faults server is a repository copy with allow_fault_injection "true" (the test-only
+request parameter inject_fault, see model_repository/h3_dit/1/model.py) and max_waiting 1.
+"""
+import threading
+import time
+
+import pytest
+
+from client.api import H3Client, H3Error
+from server.launch import TritonServer
+
+from .serving import model_repository_copy
+
+NEIGHBOURS = [dict(prompt="a red ball rolls to the left", height=64, width=96, num_frames=22, seed=1),
+              dict(prompt="a blue square slides up", height=96, width=64, num_frames=9, seed=2)]
+
+
+@pytest.fixture(scope="module")
+def faults(tmp_path_factory):
+    """(server, client) on a copy with allow_fault_injection "true", max_waiting 1, max_steps 400."""
+    tmp = tmp_path_factory.mktemp("faults")
+    repo = model_repository_copy(tmp / "repo", allow_fault_injection="true", max_waiting="1", max_steps="400")
+    with TritonServer(repo, free_ports=True, log_file=tmp / "server.log") as server:
+        yield server, H3Client(server.grpc_url, timeout_s=120)
+
+
+def start(client, outcome, key, **kwargs) -> threading.Thread:
+    """Run client.generate(**kwargs) in a thread; outcome[key] = its results or its H3Error."""
+    def run():
+        try:
+            outcome[key] = client.generate(**kwargs)
+        except H3Error as error:
+            outcome[key] = error
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def run_neighbours_around(client, offender: dict, steps: int) -> dict:
+    """Start both NEIGHBOURS (steps steps each), send `offender` once both are denoising, and
+    return every outcome (keys 0, 1 and "offender")."""
+    outcome, running = {}, [threading.Event(), threading.Event()]
+    threads = [start(client, outcome, i, **NEIGHBOURS[i], num_inference_steps=steps, return_frames=True,
+                     return_audio=True, progress_every=1, on_progress=lambda *_, i=i: running[i].set())
+               for i in range(2)]
+    assert all(event.wait(60) for event in running)
+    threads.append(start(client, outcome, "offender", **offender))
+    for thread in threads:
+        thread.join(120)
+    return outcome
+
+
+@pytest.mark.parametrize("fault,cause", [
+    ("raise", "injected fault in the forward of request offender-raise"),
+    ("nan", "non-finite velocity for request offender-nan"),
+])
+def test_a_failing_forward_fails_only_its_request(faults, fault, cause):
+    _, client = faults
+    offender = dict(prompt="the offender", num_inference_steps=5, request_id=f"offender-{fault}", inject_fault=fault)
+    outcome = run_neighbours_around(client, offender, steps=150)
+    error = outcome["offender"]
+    assert isinstance(error, H3Error) and error.code == "INTERNAL"
+    assert error.message == f"denoise step 1 failed: {cause}"
+    for i, request in enumerate(NEIGHBOURS):
+        packed = outcome[i][0]
+        assert packed.info["largest_pack"] == 3  # the offender's failed step was packed with both
+        alone = client.generate(**request, num_inference_steps=150, return_frames=True, return_audio=True)[0]
+        assert alone.info["largest_pack"] == 1
+        assert packed.frames.tobytes() == alone.frames.tobytes()
+        assert packed.audio.tobytes() == alone.audio.tobytes()
+
+
+def test_field_case_c8_a_step_slower_than_tritons_default_idle_timeout_loses_no_request(faults):
+    # Triton's default max_sequence_idle_microseconds is 1 s; the configured 60 s keeps every
+    # live sequence (the slow one and its neighbours) through a 1.5 s step.
+    _, client = faults
+    slow = dict(prompt="a slow one", height=64, width=64, num_frames=9, num_inference_steps=4, seed=7,
+                return_frames=True, return_audio=True)
+    outcome = run_neighbours_around(client, dict(slow, inject_fault="slow:1.5"), steps=60)
+    assert outcome["offender"][0].info["largest_pack"] == 3
+    assert outcome["offender"][0].info["stage_seconds"]["denoise"] > 1.5
+    assert outcome["offender"][0].frames.tobytes() == client.generate(**slow)[0].frames.tobytes()
+    for i, request in enumerate(NEIGHBOURS):
+        alone = client.generate(**request, num_inference_steps=60, return_frames=True, return_audio=True)[0]
+        assert outcome[i][0].frames.tobytes() == alone.frames.tobytes()
+
+
+def test_a_newcomer_finding_max_waiting_requests_waiting_is_refused_at_once(faults):
+    server, client = faults
+    outcome, running = {}, threading.Event()
+    # four outputs fill the pack (max_num_seqs 4); the next request leaves one of them waiting
+    threads = [start(client, outcome, "four", prompt="four outputs", num_inference_steps=400, num_outputs=4,
+                     request_id="full-4", progress_every=1, on_progress=lambda *_: running.set())]
+    assert running.wait(60)
+    threads.append(start(client, outcome, "one", prompt="one more", num_inference_steps=400, request_id="full-1"))
+    deadline = time.monotonic() + 60
+    while server.h3_metrics().get("h3_waiting_requests") != 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sent = time.monotonic()
+    with pytest.raises(H3Error) as info:
+        client.generate("the newcomer", num_inference_steps=2)
+    refused_after = time.monotonic() - sent
+    assert client.cancel("full-4") and client.cancel("full-1")
+    for thread in threads:
+        thread.join(60)
+    assert info.value.code == "UNAVAILABLE"
+    assert info.value.message == "1 requests are waiting (max_waiting=1); retry later"
+    assert refused_after < 5  # at once: the two others still had hundreds of steps to go
+    assert outcome["four"].code == "CANCELLED" and outcome["one"].code == "CANCELLED"
+
+
+def test_stopping_the_launcher_cancels_in_flight_requests_and_exits_promptly(tmp_path):
+    repo = model_repository_copy(tmp_path / "repo", max_steps="400")
+    with TritonServer(repo, free_ports=True, log_file=tmp_path / "server.log") as server:
+        client, outcome = H3Client(server.grpc_url, timeout_s=120), {}
+        running = [threading.Event() for _ in range(3)]
+        threads = [start(client, outcome, i, prompt=f"in flight {i}", height=128, width=128, num_frames=39,
+                         num_inference_steps=400, request_id=f"stop-{i}", progress_every=1,
+                         on_progress=lambda *_, i=i: running[i].set()) for i in range(3)]
+        assert all(event.wait(60) for event in running)
+        began = time.monotonic()
+        code = server.stop()
+        stopped_after = time.monotonic() - began
+    for thread in threads:
+        thread.join(30)
+    for i in range(3):
+        error = outcome[i]
+        assert isinstance(error, H3Error) and error.code == "CANCELLED"
+        assert error.message.startswith(f"request stop-{i} cancelled because the server is shutting down at step ")
+    assert "Found 0 model versions that have in-flight inferences" in server.log_text(), server.log_text()
+    assert code == 0
+    assert stopped_after < 15  # drained at once; the rest is Triton unloading the models (~5 s)
