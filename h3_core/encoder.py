@@ -26,7 +26,8 @@ class TextEncoder:
     Attributes: `width` (hidden size, 384 for MiniLM), `max_tokens`, `hidden_layer`, and the
     loaded `tokenizer` and `model`.
 
-    Raises FileNotFoundError if `path` is not a folder; OSError if it holds no loadable model;
+    Raises FileNotFoundError if `path` is not a folder; OSError if it holds no loadable model
+    (weights load only from model.safetensors, never from a pickled pytorch_model.bin);
     ValueError if hidden_layer is out of range or max_tokens is not in
     [1, max_position_embeddings].
     """
@@ -38,7 +39,7 @@ class TextEncoder:
         if not folder.is_dir():
             raise FileNotFoundError(f"text encoder folder {folder} not found")
         self.tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-        self.model = AutoModel.from_pretrained(str(folder), local_files_only=True).to(device).eval()
+        self.model = AutoModel.from_pretrained(str(folder), local_files_only=True, use_safetensors=True).to(device).eval()
         model_config = self.model.config
         num_states = model_config.num_hidden_layers + 1
         if not -num_states <= hidden_layer < num_states:

@@ -14,7 +14,7 @@ from . import layout as L
 from .checkpoint import load_weights
 from .config import AUDIO_LATENT_CHANNELS, VIDEO_LATENT_CHANNELS, get_config
 from .model import H3DiT
-from .request import GenerationRequest, RequestLimits, random_seed, validate_request
+from .request import GenerationRequest, RequestLimits, random_seed, request_memory_mb, validate_request
 from .sampling import euler_step, sigma_schedule
 from .vae import AudioVAE, VideoVAE
 
@@ -104,7 +104,8 @@ class Engine:
 
         text_embeds: float32 [L, text_dim]; None encodes request.prompt with the engine's encoder.
         Raises ValueError naming the field (see validate_request; `rows` when the padded row
-        count exceeds limits.max_rows; `text_embeds` for a wrong width).
+        count exceeds limits.max_rows; `memory` when request_memory_mb exceeds
+        limits.max_request_mb; `text_embeds` for a wrong width).
         """
         validate_request(request, self.limits)
         if text_embeds is None:
@@ -114,6 +115,11 @@ class Engine:
         layout = L.make_layout(text_embeds.shape[0], request.height, request.width, request.num_frames)
         if layout.seq_len > self.limits.max_rows:
             raise ValueError(f"rows={layout.seq_len} is out of range: allowed 1..{self.limits.max_rows}")
+        memory = request_memory_mb(request.height, request.width, request.num_frames,
+                                   layout.seq_len * request.num_outputs, self.dit.cfg.hidden_size)
+        if memory > self.limits.max_request_mb:
+            raise ValueError(f"memory={memory} MiB is out of range: allowed up to {self.limits.max_request_mb} MiB "
+                             "(max_request_mb)")
         seed = random_seed() if request.seed is None else request.seed
         sigmas_video = sigma_schedule(request.num_inference_steps, request.video_shift)
         sigmas_audio = sigma_schedule(request.num_inference_steps, request.audio_shift)

@@ -3,9 +3,16 @@ import secrets
 from dataclasses import dataclass
 
 from .config import CANVAS_MULTIPLE, FPS
+from .layout import align_num_frames
 from .sampling import DEFAULT_AUDIO_SHIFT, DEFAULT_VIDEO_SHIFT
 
 INT64_MAX = 2**63 - 1
+# Peak memory one request adds, measured on the 2-core CPU in float32 with /proc VmHWM
+# (docs/reliability.md): a DiT step needs about 75-88 bytes per packed row and unit of
+# hidden_size (tiny 8.5 KB/row, small 29 KB/row); the video VAE decode about 144 bytes per
+# decoded voxel (height x width x frames aligned to 17n+5). Rounded up:
+DIT_BYTES_PER_ROW_AND_WIDTH = 96
+DECODE_BYTES_PER_VOXEL = 160
 
 
 @dataclass(frozen=True)
@@ -19,6 +26,7 @@ class RequestLimits:
     max_outputs: int = 4
     max_rows: int = 65536  # padded packed rows of one request
     max_prompt_bytes: int = 4096
+    max_request_mb: int = 2048  # request_memory_mb of one request
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,16 @@ def validate_request(request: GenerationRequest, limits: RequestLimits) -> None:
             raise ValueError(f"{field}={getattr(request, field)} is out of range: allowed > 0")
     if request.fps != FPS:
         raise ValueError(f"fps={request.fps} is not supported: the model generates {FPS} fps")
+
+
+def request_memory_mb(height: int, width: int, num_frames: int, rows: int, hidden_size: int) -> int:
+    """Estimated peak memory (MiB, rounded up) one request adds to the server: the DiT step
+    activations for its packed rows (all outputs) plus the video VAE decoding one output
+    (outputs are decoded one at a time). The largest tiny request the default limits allow
+    (256 x 256 x 121 frames, one output, 2816 rows; 3072 with a 256-token prompt) needs
+    25 + 1240 = 1265 MiB (1267)."""
+    total = DIT_BYTES_PER_ROW_AND_WIDTH * rows * hidden_size + DECODE_BYTES_PER_VOXEL * height * width * align_num_frames(num_frames)
+    return -(-total // 2**20)
 
 
 def random_seed() -> int:

@@ -87,6 +87,7 @@ class TritonPythonModel:
             max_height=int(params["max_height"]), max_width=int(params["max_width"]),
             max_num_frames=int(params["max_num_frames"]), max_steps=int(params["max_steps"]),
             max_outputs=int(params["max_outputs"]), max_rows=int(params["max_batch_rows"]),
+            max_request_mb=int(params["max_request_mb"]),
         )
         self.engine = load_engine(params["config_name"], resolve_path(args, params["checkpoint_dir"]),
                                   params["device"], params["attention_backend"], with_encoder=False,
