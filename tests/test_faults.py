@@ -1,7 +1,9 @@
-"""Fault isolation, overload, a slow step and the graceful stop, end to end (tiny config, CPU).
+"""Fault isolation, overload, a slow step, the memory budget and the graceful stop, end to end
+(tiny config, CPU).
 
 The faults server is a repository copy with allow_fault_injection "true" (the test-only
-request parameter inject_fault, see model_repository/h3_dit/1/model.py) and max_waiting 1.
+request parameter inject_fault, see model_repository/h3_dit/1/model.py), max_waiting 1 and
+max_request_mb 512.
 """
 import threading
 import time
@@ -19,9 +21,11 @@ NEIGHBOURS = [dict(prompt="a red ball rolls to the left", height=64, width=96, n
 
 @pytest.fixture(scope="module")
 def faults(tmp_path_factory):
-    """(server, client) on a copy with allow_fault_injection "true", max_waiting 1, max_steps 400."""
+    """(server, client) on a copy with allow_fault_injection "true", max_waiting 1, max_steps 400
+    and max_request_mb 512."""
     tmp = tmp_path_factory.mktemp("faults")
-    repo = model_repository_copy(tmp / "repo", allow_fault_injection="true", max_waiting="1", max_steps="400")
+    repo = model_repository_copy(tmp / "repo", allow_fault_injection="true", max_waiting="1", max_steps="400",
+                                 max_request_mb="512")
     with TritonServer(repo, free_ports=True, log_file=tmp / "server.log") as server:
         yield server, H3Client(server.grpc_url, timeout_s=120)
 
@@ -110,6 +114,15 @@ def test_a_newcomer_finding_max_waiting_requests_waiting_is_refused_at_once(faul
     assert info.value.message == "1 requests are waiting (max_waiting=1); retry later"
     assert refused_after < 5  # at once: the two others still had hundreds of steps to go
     assert outcome["four"].code == "CANCELLED" and outcome["one"].code == "CANCELLED"
+
+
+def test_bad_input_request_over_the_memory_budget(faults):
+    _, client = faults
+    with pytest.raises(H3Error) as info:
+        client.generate("too big", height=256, width=256, num_frames=121, num_inference_steps=2)
+    assert info.value.code == "INVALID_ARG"
+    assert info.value.message == "memory=1265 MiB is out of range: allowed up to 512 MiB (max_request_mb)"
+    assert client.generate("fits", height=128, width=128, num_frames=39, num_inference_steps=2)[0].info["height"] == 128
 
 
 def test_stopping_the_launcher_cancels_in_flight_requests_and_exits_promptly(tmp_path):
