@@ -1,6 +1,7 @@
 """Helpers for the end-to-end tests: a model repository copy with overridden DiT settings."""
 import re
 import shutil
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,3 +64,19 @@ def raw_stream(url: str, inputs, *, model: str = "h3_pipeline", outputs=None, pa
     finally:
         client.stop_stream(cancel_requests=not ended)
         client.close()
+
+
+def generate_in_thread(client, outcome: dict, key, **kwargs) -> threading.Thread:
+    """Run client.generate(**kwargs) in a started thread; outcome[key] = its results or its
+    H3Error."""
+    from client.api import H3Error
+
+    def run():
+        try:
+            outcome[key] = client.generate(**kwargs)
+        except H3Error as error:
+            outcome[key] = error
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread

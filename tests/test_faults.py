@@ -13,6 +13,7 @@ import pytest
 from client.api import H3Client, H3Error
 from server.launch import TritonServer
 
+from .serving import generate_in_thread as start
 from .serving import model_repository_copy
 
 NEIGHBOURS = [dict(prompt="a red ball rolls to the left", height=64, width=96, num_frames=22, seed=1),
@@ -28,19 +29,6 @@ def faults(tmp_path_factory):
                                  max_request_mb="512")
     with TritonServer(repo, free_ports=True, log_file=tmp / "server.log") as server:
         yield server, H3Client(server.grpc_url, timeout_s=120)
-
-
-def start(client, outcome, key, **kwargs) -> threading.Thread:
-    """Run client.generate(**kwargs) in a thread; outcome[key] = its results or its H3Error."""
-    def run():
-        try:
-            outcome[key] = client.generate(**kwargs)
-        except H3Error as error:
-            outcome[key] = error
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread
 
 
 def run_neighbours_around(client, offender: dict, steps: int) -> dict:

@@ -6,19 +6,9 @@ import pytest
 
 from client.api import H3Error
 
+from .serving import generate_in_thread as run_in_thread
+
 LONG = dict(prompt="a long clip", height=64, width=96, num_frames=22, num_inference_steps=400, seed=9)
-
-
-def run_in_thread(client, outcome, key, **kwargs):
-    def run():
-        try:
-            outcome[key] = client.generate(**kwargs)
-        except H3Error as error:
-            outcome[key] = error
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread
 
 
 def metric(server, name):
