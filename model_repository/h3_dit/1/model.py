@@ -6,8 +6,8 @@ answered at once.
 At the step boundary cancelled, natively cancelled and expired jobs leave with a final
 response whose INFO says CANCELLED (see `ending`); the scheduler picks the jobs this step
 advances; ONE packed forward runs for them; progress, previews and finished latents are sent;
-every unfinished request is rescheduled before returning. In `request` execution mode the
-chosen job instead runs to completion inside one execute().
+every unfinished request is rescheduled before returning. In `request` execution mode the chosen job instead runs to
+completion inside one execute().
 
 SIGUSR1 (sent by server.launch before it stops the server) starts draining: at the next step
 boundary every job ends with CANCELLED and newcomers are refused with UNAVAILABLE:, so no
