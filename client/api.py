@@ -47,9 +47,11 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 class H3Error(Exception):
-    """A failed generation. `code` is the message's code word (INVALID_ARG, UNAVAILABLE,
-    CANCELLED, INTERNAL; TIMEOUT when the client gave up; UNKNOWN otherwise); `message` is the
-    rest, without Triton's ensemble and request-id prefixes."""
+    """A failed generation: an error response (refusals: INVALID_ARG, UNAVAILABLE; Triton's own
+    errors), or a final response whose INFO is {"kind": "error", "code", "message"} (a started
+    request that ended early: CANCELLED, INTERNAL). `code` is the code word (TIMEOUT when the
+    client gave up; UNKNOWN for an unrecognised error); `message` is the rest, without
+    Triton's ensemble and request-id prefixes."""
 
     def __init__(self, code: str, message: str):
         super().__init__(f"{code}: {message}")
@@ -127,9 +129,14 @@ class H3Client:
             parameters["return_audio"] = True
         if inject_fault is not None:
             parameters["inject_fault"] = inject_fault
-        results, progress, previews = [], [], []
+        results, progress, previews, ended = [], [], [], None
         for result in self._stream(MODEL, inputs, outputs, parameters, request_id or f"h3c-{uuid.uuid4().hex}"):
-            results += self._read(result, progress, previews, on_progress)
+            try:
+                results += self._read(result, progress, previews, on_progress)
+            except H3Error as error:  # ended early; read on to the stream's final response
+                ended = error
+        if ended is not None:
+            raise ended
         return sorted(results, key=lambda r: r.info["output_index"])
 
     def cancel(self, request_id: str) -> bool:
@@ -196,6 +203,8 @@ class H3Client:
         if info_tensor is None or info_tensor.size == 0:
             return []  # the empty final response that closes the stream
         info = json.loads(info_tensor.reshape(-1)[0])
+        if info["kind"] == "error":  # a started request that ended early (CANCELLED, INTERNAL)
+            raise H3Error(info["code"], info["message"])
         step, total, position = (int(v) for v in result.as_numpy("PROGRESS").reshape(-1))
         if info["kind"] == "progress":
             preview = result.as_numpy("PREVIEW")

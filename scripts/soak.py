@@ -15,7 +15,10 @@ Checks (exit status 1 when one fails; all are printed and, with --json, saved):
   * every completed output's FRAMES and AUDIO are byte-identical to its spec's reference;
   * a cancelled or expired request (CANCELLED:) delivered no result; no other error occurs;
   * the DiT process's RSS at the end is less than 5 % above the baseline (sampled every 50);
-  * at the end no request is active or waiting in h3_dit and Triton has none pending.
+  * at the end no request is active or waiting in h3_dit and Triton has none pending;
+  * when the server stops, tritonserver counts no request in flight (Triton 2.51 keeps counting
+    an ensemble request that ended with an error response while h3_vae still held one of its
+    progress responses: h3_dit's `ending` avoids that).
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import hashlib
 import json
 import queue
 import random
+import re
 import shlex
 import sys
 import threading
@@ -104,17 +108,27 @@ def run_request(url: str, spec: dict, outcome: Outcome, parameters: dict) -> Out
 
 
 def record(outcome: Outcome, result, error) -> bool:
-    """Count one response; True if it ended the request."""
+    """Count one response (final ones in outcome.finals, an error response counts as final);
+    True if it ended the request."""
     if error is not None:
         outcome.finals += 1
         outcome.error = H3Error.from_server(error).code
         return True
-    info = result.as_numpy("INFO")
-    if info.size and json.loads(info.reshape(-1)[0])["kind"] == "result":
-        outcome.results[json.loads(info.reshape(-1)[0])["output_index"]] = digest(result)
+    info = json.loads(result.as_numpy("INFO").reshape(-1)[0]) if result.as_numpy("INFO").size else {}
+    if info.get("kind") == "result":
+        outcome.results[info["output_index"]] = digest(result)
+    if info.get("kind") == "error":  # a started request that ended early (h3_dit's `ending`)
+        outcome.error = info["code"]
     final = result.get_response().parameters["triton_final_response"].bool_param
     outcome.finals += final
     return final
+
+
+def in_flight_at_stop(log: str) -> int:
+    """Requests tritonserver still counted in flight when it was told to stop (its first
+    "Found N model versions that have in-flight inferences" report and the lines after it)."""
+    models = int(re.search(r"Found (\d+) model versions that have in-flight inferences", log).group(1))
+    return sum(int(n) for n in re.findall(r"\) has (\d+) in-flight inferences", log)[:models])
 
 
 def dit_rss_kb(server: TritonServer) -> int:
@@ -178,6 +192,8 @@ def run(args: argparse.Namespace) -> dict:
                 break
             time.sleep(0.1)
         final_rss = dit_rss_kb(server)
+        server.stop()
+        leaked = in_flight_at_stop(server.log_text())
     wrong = [o.request_id for o in outcomes if o.results and o.results != {k: references[o.spec][k] for k in o.results}]
     incomplete = [o.request_id for o in outcomes if not o.error and len(o.results) != specs[o.spec]["num_outputs"]]
     mixed = [o.request_id for o in outcomes if o.error == "CANCELLED" and o.results]
@@ -192,11 +208,12 @@ def run(args: argparse.Namespace) -> dict:
         "outputs_not_identical": wrong, "completed_without_all_outputs": incomplete, "cancelled_with_results": mixed,
         "dit_rss_kb": {"baseline": baseline, "samples": rss, "final": final_rss,
                        "growth": round(final_rss / baseline - 1, 4)},
-        "left_at_end": left,
+        "left_at_end": left, "in_flight_at_stop": leaked,
     }
     summary["passed"] = (summary["final_responses_per_request"] == {1: len(outcomes)} and not wrong and not incomplete
                          and not mixed and set(summary["errors"]) <= {"CANCELLED"}
-                         and summary["dit_rss_kb"]["growth"] < RSS_GROWTH_LIMIT and not any(left.values()))
+                         and summary["dit_rss_kb"]["growth"] < RSS_GROWTH_LIMIT and not any(left.values())
+                         and leaked == 0)
     return summary
 
 

@@ -34,16 +34,17 @@ def raw_stream(url: str, inputs, *, model: str = "h3_pipeline", outputs=None, pa
                timeout_s: float = 60.0, **stream_kwargs):
     """Stream one request with plain tritonclient (stream_kwargs: request_id, sequence_id,
     sequence_start, sequence_end, ...). Returns (responses, error): error is the
-    client.api.H3Error the stream ended with, or None after a final response. Raises
-    TimeoutError when no response comes within timeout_s; the stream is then closed with
-    cancel_requests=True, so a hung request never hangs the test."""
+    client.api.H3Error the stream ended with (an error response, or an INFO of kind "error"),
+    or None. Raises TimeoutError when no response comes within timeout_s; the stream is then
+    closed with cancel_requests=True, so a hung request never hangs the test."""
+    import json
     import queue
 
     import tritonclient.grpc as grpcclient
 
     from client.api import H3Error
 
-    responses, results, ended = queue.Queue(), [], False
+    responses, results, ended, ended_early = queue.Queue(), [], False, None
     client = grpcclient.InferenceServerClient(url)
     try:
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
@@ -58,9 +59,13 @@ def raw_stream(url: str, inputs, *, model: str = "h3_pipeline", outputs=None, pa
                 ended = True
                 return results, H3Error.from_server(error)
             results.append(result)
+            info = result.as_numpy("INFO")
+            if info is not None and info.size and json.loads(info.reshape(-1)[0])["kind"] == "error":
+                fields = json.loads(info.reshape(-1)[0])
+                ended_early = H3Error(fields["code"], fields["message"])
             if result.get_response().parameters["triton_final_response"].bool_param:
                 ended = True
-                return results, None
+                return results, ended_early
     finally:
         client.stop_stream(cancel_requests=not ended)
         client.close()
@@ -80,3 +85,17 @@ def generate_in_thread(client, outcome: dict, key, **kwargs) -> threading.Thread
     thread = threading.Thread(target=run)
     thread.start()
     return thread
+
+
+def idle_metrics(server, timeout_s: float = 10.0) -> dict:
+    """server.h3_metrics() once h3_dit reports no active and no waiting request, or after
+    timeout_s. h3_dit sets those gauges at the end of an execute(), after the final responses
+    it sent there, so a client can see its stream end just before they change."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        metrics = server.h3_metrics()
+        if (metrics["h3_active_requests"] == 0 and metrics["h3_waiting_requests"] == 0) or time.monotonic() > deadline:
+            return metrics
+        time.sleep(0.05)

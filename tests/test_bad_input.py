@@ -15,7 +15,7 @@ import tritonclient.grpc as grpcclient
 from client.api import H3Client, H3Error
 from server.launch import stub_pids
 
-from .serving import raw_stream, tensor
+from .serving import idle_metrics, raw_stream, tensor
 
 NORMAL = dict(prompt="a red ball rolls to the left", height=64, width=64, num_frames=9, num_inference_steps=2, seed=5,
               return_frames=True, return_audio=True)
@@ -189,5 +189,5 @@ def test_bad_input_sequence_end_without_sequence_id_still_completes(server, refe
 def test_bad_input_left_every_model_process_in_place(server, reference):
     assert stub_pids(server.pid) == reference[1]
     assert set(reference[1]) == {"h3_encoder", "h3_dit", "h3_vae"}
-    metrics = server.h3_metrics()
+    metrics = idle_metrics(server)
     assert metrics["h3_active_requests"] == 0 and metrics["h3_waiting_requests"] == 0

@@ -1,8 +1,8 @@
 """The field bug cases of ../shared/docs/field_bug_cases.md against our system, end to end.
 
 Elsewhere: C8's "a step slower than Triton's 1 s default is not aborted" in test_faults.py;
-C9/C18 parity in test_engine.py, test_model.py and test_serving.py; C12 in test_layout.py;
-C13 in test_attention_backends.py.
+C18 (packed = solo, bitwise) in test_engine.py, test_model.py and test_serving.py; C12 in
+test_layout.py; C13 on small packs for every CPU backend in test_attention_backends.py.
 """
 import importlib.util
 import json
@@ -18,14 +18,16 @@ import urllib.request
 
 import numpy as np
 import pytest
+import torch
 import tritonclient.grpc as grpcclient
 
 from client.api import H3Client, H3Error
+from h3_core.model.attention import get_attention_backend
 from server.launch import TritonServer, stub_pids
 
-from .serving import ROOT, model_repository_copy, raw_stream, tensor
+from .serving import ROOT, idle_metrics, model_repository_copy, raw_stream, tensor
+from .serving import generate_in_thread as start
 from .test_bad_input import SEQUENCE_END, dit_inputs, int64, prompt
-from .test_faults import start
 
 LARGEST = dict(height=256, width=256, num_frames=121, num_inference_steps=2, return_frames=True, return_audio=True)
 
@@ -65,8 +67,19 @@ def test_field_case_c1_start_and_end_on_one_request_is_refused_at_once(server):
     assert "Failed to release request" not in server.log_text()[log_before:]
 
 
+def test_field_case_c1_perf_analyzer_without_the_end_override_stops_at_once(server, tmp_path):
+    data = tmp_path / "input.json"
+    data.write_text(json.dumps({"data": [{"PROMPT": ["a red ball"], "NUM_INFERENCE_STEPS": [2]}]}))
+    run = subprocess.run([str(ROOT / "scripts" / "perf_analyzer.sh"), "-m", "h3_pipeline", "-i", "grpc", "-u", server.grpc_url,
+                          "--streaming", "--input-data", str(data), "--sequence-id-range", "100000:200000",
+                          "--concurrency-range", "2", "--request-count", "4"],
+                         capture_output=True, text=True, errors="replace", timeout=120)
+    assert run.returncode == 99, run.stdout + run.stderr
+    assert f"Thread [0] had error: in ensemble 'h3_pipeline', INVALID_ARG: {SEQUENCE_END}" in run.stderr
+
+
 def test_field_case_c3_cancel_stops_the_request_wherever_it_is(server, client):
-    vae_runs = sample(metrics_text(server.metrics_url), "nv_inference_request_success", model="h3_vae")
+    decodes = sample(metrics_text(server.metrics_url), "h3_vae_decodes_total")
     # (a) cancelled before it reaches the DiT (while in the encoder or on its way)
     assert client.cancel("c3-early") is False
     with pytest.raises(H3Error) as info:
@@ -86,9 +99,9 @@ def test_field_case_c3_cancel_stops_the_request_wherever_it_is(server, client):
     assert "neighbour" not in outcome  # still running
     assert client.cancel("c3-neighbour") is True
     threads[1].join(60)
-    metrics = server.h3_metrics()
+    metrics = idle_metrics(server)
     assert metrics["h3_active_requests"] == 0 and metrics["h3_waiting_requests"] == 0  # no state left
-    assert sample(metrics_text(server.metrics_url), "nv_inference_request_success", model="h3_vae") == vae_runs
+    assert sample(metrics_text(server.metrics_url), "h3_vae_decodes_total") == decodes  # h3_vae only passed the endings on
 
 
 def test_field_case_c4_soak_one_minute():
@@ -102,6 +115,7 @@ def test_field_case_c4_soak_one_minute():
     assert summary["outputs_compared"] > 60 and summary["errors"]["CANCELLED"] > 10
     assert summary["dit_rss_kb"]["growth"] < 0.05
     assert summary["left_at_end"] == {"h3_active_requests": 0, "h3_waiting_requests": 0, "pending": 0}
+    assert summary["in_flight_at_stop"] == 0
     assert summary["passed"]
 
 
@@ -175,9 +189,22 @@ def test_field_case_c6_a_dead_or_stalled_dit_is_visible_and_the_launcher_restart
         urls = launcher_urls(log, count=3)
         assert re.search(r"the h3_dit heartbeat is \d+ s old with work pending: restarting tritonserver", log.read_text())
         assert client.generate("after the second restart", num_inference_steps=2)[0].info["num_frames"] == 22
-    finally:
+        # 3. SIGTERM with a request in flight: drained, then a prompt exit
+        pending = start(client, outcome, "stopped", prompt="in flight at the stop", num_inference_steps=400)
+        assert wait_until(lambda: sample(metrics_text(urls["metrics"]), "h3_active_requests") == 1, 60)
+        began = time.monotonic()
         launcher.send_signal(signal.SIGTERM)
         assert launcher.wait(60) == 128 + signal.SIGTERM
+        assert time.monotonic() - began < 15
+        pending.join(60)
+        assert outcome["stopped"].code == "CANCELLED"
+        assert outcome["stopped"].message.endswith(" of 400")
+        assert "cancelled because the server is shutting down at step " in outcome["stopped"].message
+        assert "tritonserver stopped (exit code 0)" in log.read_text()
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
 
 
 def test_field_case_c7_perf_analyzer_latency_is_the_final_responses(server, tmp_path):
@@ -231,7 +258,7 @@ def test_field_case_c8_a_reaped_sequence_never_blocks_closing_the_stream(reaping
     client = H3Client(reaping.grpc_url, timeout_s=60)
     for _ in range(2):  # the DiT forgets the vanished job within a few steps of other work
         client.generate("after the reap", num_inference_steps=3)
-    assert reaping.h3_metrics()["h3_active_requests"] == 0
+    assert idle_metrics(reaping)["h3_active_requests"] == 0
     assert "must specify the START flag" in reaping.log_text()
 
 
@@ -252,13 +279,16 @@ def test_bad_input_reused_live_sequence_id_is_refused(reaping):
                              "do not send sequence_id")
     assert wait_until(lambda: reaping.h3_metrics()["h3_active_requests"] == 0, 10)
     time.sleep(1)
-    ends = []  # the first client gets progress, then nothing or (if Triton delivers it again) CANCELLED
+    kinds = []  # the first client gets progress, then nothing or (if Triton delivers it again) CANCELLED
     while not responses.empty():
         result, error = responses.get()
-        if error is not None or result.get_response().parameters["triton_final_response"].bool_param:
-            ends.append(H3Error.from_server(error) if error is not None else "a final response")
-    assert ends == [] or [(e.code, e.message) for e in ends] == [(
-        "CANCELLED", "request first-9400001 was dropped: its sequence id was reused or Triton withheld it for 3 steps")]
+        assert error is None
+        info = result.as_numpy("INFO")
+        kinds.append(json.loads(info.reshape(-1)[0]) if info.size else "empty final")
+    ended = [kind for kind in kinds if kind != "empty final" and kind["kind"] != "progress"]
+    assert ended == [] or ended == [{"kind": "error", "request_id": "first-9400001", "code": "CANCELLED", "message":
+                                     "request first-9400001 was dropped: its sequence id was reused or Triton withheld "
+                                     "it for 3 steps"}]
     first.stop_stream(cancel_requests=True)
     first.close()
     assert H3Client(reaping.grpc_url, timeout_s=60).generate("after", num_inference_steps=2)[0].info["num_frames"] == 22
@@ -277,6 +307,16 @@ def test_field_case_c9_each_request_owns_its_step_counter(client):
         packed = outcome[i][0]
         assert [step for step, _, position in packed.progress if position == 0] == list(range(1, request["num_inference_steps"] + 1))
         assert packed.frames.tobytes() == client.generate(**request, return_frames=True)[0].frames.tobytes()
+
+
+def test_field_case_c13_strided_qkv_views_equal_contiguous_copies_on_a_3_x_16384_row_pack():
+    # the field case's size on the CPU (tiny's 8 heads x 16), the default sdpa backend; smaller
+    # packs and every CPU backend: test_attention_backends.py
+    q, k, v = torch.randn(3 * 16384, 3, 8, 16, generator=torch.Generator().manual_seed(0)).unbind(1)
+    cu_seqlens = torch.tensor([0, 16384, 32768, 49152], dtype=torch.int32)
+    sdpa = get_attention_backend("sdpa", torch.device("cpu"), torch.float32)
+    assert not q.is_contiguous()
+    assert torch.equal(sdpa(q, k, v, cu_seqlens, 16384), sdpa(q.contiguous(), k.contiguous(), v.contiguous(), cu_seqlens, 16384))
 
 
 def pack_sizes(server) -> dict[str, float]:
@@ -326,7 +366,7 @@ def test_field_case_c16_a_deadline_ends_cancelled_with_nothing_delivered_or_comp
         thread.join(60)
     assert info.value.code == "CANCELLED"
     assert re.fullmatch(r"request h3c-[0-9a-f]{32} deadline of 0.5 s expired at step 0 of 30", info.value.message)
-    metrics = server.h3_metrics()
+    metrics = idle_metrics(server)
     assert metrics["h3_deadline_expiries_total"] == expiries + 1
     assert metrics["h3_active_requests"] == 0 and metrics["h3_waiting_requests"] == 0
     result, = client.generate("nothing in the way", num_inference_steps=30, deadline_s=60)

@@ -14,7 +14,7 @@ import tritonclient.grpc as grpcclient
 from client.api import H3Client
 from server.launch import TritonServer
 
-from .serving import ROOT, model_repository_copy
+from .serving import ROOT, idle_metrics, model_repository_copy
 from .test_serving_control import metric
 
 REQUEST = dict(prompt="a red ball rolls to the left", height=64, width=96, num_frames=22, num_inference_steps=5,
@@ -51,7 +51,7 @@ def test_native_grpc_cancel_on_h3_dit(server, client):
     time.sleep(0.5)
     client.generate("after the cancel", num_inference_steps=5, seed=1)
     assert metric(server, "h3_cancellations_total") == before + 1
-    assert metric(server, "h3_active_requests") == 0
+    assert idle_metrics(server)["h3_active_requests"] == 0
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="SIGINT delivery as on Linux")
@@ -102,4 +102,5 @@ def test_cancel_works_when_every_place_is_taken(tmp_path):
         waiting.join(60)
         assert outcome["waiting"].code == "CANCELLED" and outcome["waiting"].message.startswith("request wait-1 cancelled")
         assert outcome["running"].code == "CANCELLED"
-        assert metric(server, "h3_active_requests") == 0 and metric(server, "h3_waiting_requests") == 0
+        metrics = idle_metrics(server)
+        assert metrics["h3_active_requests"] == 0 and metrics["h3_waiting_requests"] == 0

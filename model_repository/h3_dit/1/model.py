@@ -3,15 +3,15 @@
 Every execute() receives all live sequences. New ones (START flag) are validated and queued;
 control requests (REQUEST {"cancel_request_id": ID}) cancel a job by request id and are
 answered at once.
-At the step boundary cancelled, natively cancelled and expired jobs leave with a CANCELLED:
-final response; the scheduler picks the jobs this step advances; ONE packed forward runs for
-them; progress, previews and finished latents are sent; every unfinished request is
-rescheduled before returning. In `request` execution mode the chosen job instead runs to
-completion inside one execute().
+At the step boundary cancelled, natively cancelled and expired jobs leave with a final
+response whose INFO says CANCELLED (see `ending`); the scheduler picks the jobs this step
+advances; ONE packed forward runs for them; progress, previews and finished latents are sent;
+every unfinished request is rescheduled before returning. In `request` execution mode the
+chosen job instead runs to completion inside one execute().
 
 SIGUSR1 (sent by server.launch before it stops the server) starts draining: at the next step
-boundary every job ends with a CANCELLED: final response and newcomers are refused with
-UNAVAILABLE:, so no ensemble request is left in flight when Triton shuts down.
+boundary every job ends with CANCELLED and newcomers are refused with UNAVAILABLE:, so no
+ensemble request is left in flight when Triton shuts down.
 """
 import itertools
 import signal
@@ -49,6 +49,20 @@ def check_fault(fault: str) -> None:
         seconds = None
     if seconds is None or not 0 < seconds <= 600:
         raise ValueError(f"inject_fault={fault!r} is not one of 'raise', 'nan', 'slow:S' (0 < S <= 600 seconds)")
+
+
+def ending(request_id: str, code: str, message: str, step: int = 0, total: int = 0) -> "pb_utils.InferenceResponse":
+    """The final response of a request that ends early with CANCELLED or INTERNAL: a normal
+    response (empty LATENT, PROGRESS (step, total, 0), INFO {"kind": "error", "request_id",
+    "code", "message"}), not an error response. Through the ensemble, an error response that
+    arrives while h3_vae still handles one of the request's progress responses leaves Triton
+    2.51 counting the ensemble request in flight for good (measured: 11 of 100 soak requests;
+    shutdown then waits its exit timeout); this one passes h3_vae like a progress response.
+    Refusals before any response (INVALID_ARG, UNAVAILABLE) stay error responses."""
+    info = {"kind": "error", "request_id": request_id, "code": code, "message": message}
+    return pb_utils.InferenceResponse([pb_utils.Tensor("LATENT", EMPTY_LATENT),
+                                       pb_utils.Tensor("PROGRESS", np.array([[step, total, 0]], dtype=np.int32)),
+                                       pb_utils.Tensor("PREVIEW", EMPTY_PREVIEW), json_tensor("INFO", info)])
 
 
 class Metrics:
@@ -145,9 +159,9 @@ class TritonPythonModel:
                 continue
             if job is None and not new:  # a rescheduled request whose job was dropped: end it
                 self.metrics.cancellations.increment(1)
-                request.get_response_sender().send(error_response(
-                    "CANCELLED", f"request {request.request_id() or key} was dropped: its sequence id was reused or "
-                                 f"Triton withheld it for {VANISHED_EXECUTES} steps"), flags=FINAL)
+                request.get_response_sender().send(ending(
+                    request.request_id() or str(key), "CANCELLED", f"request {request.request_id() or key} was dropped: "
+                    f"its sequence id was reused or Triton withheld it for {VANISHED_EXECUTES} steps"), flags=FINAL)
                 continue
             job = job or self.admit(request, key, fields)
             if job is not None:
@@ -186,7 +200,8 @@ class TritonPythonModel:
             job = self.parse(request, key, fields)
             if self.early_cancels.pop(job.request_id, None) is not None:
                 self.metrics.cancellations.increment(1)
-                sender.send(error_response("CANCELLED", f"request {job.request_id} was cancelled before it started (step 0 of {job.total_steps})"), flags=FINAL)
+                sender.send(ending(job.request_id, "CANCELLED", f"request {job.request_id} was cancelled before it started "
+                                                                f"(step 0 of {job.total_steps})", 0, job.total_steps), flags=FINAL)
                 return None
             self.scheduler.add(job)
         except ValueError as error:
@@ -306,7 +321,8 @@ class TritonPythonModel:
 
     def cancel(self, job: Job, reason: str) -> None:
         self.metrics.cancellations.increment(1)
-        self.finish(job, error_response("CANCELLED", f"request {job.request_id} {reason} at step {job.step_index} of {job.total_steps}"))
+        self.finish(job, ending(job.request_id, "CANCELLED", f"request {job.request_id} {reason} at step {job.step_index} of "
+                                                             f"{job.total_steps}", job.step_index, job.total_steps))
 
     # -- the step -------------------------------------------------------------------------------
 
@@ -328,7 +344,8 @@ class TritonPythonModel:
                     velocities += self.forward(job.states)
                 except Exception as error:
                     self.metrics.failures.increment(1)
-                    self.finish(job, error_response("INTERNAL", f"denoise step {job.step_index + 1} failed: {error}"))
+                    self.finish(job, ending(job.request_id, "INTERNAL", f"denoise step {job.step_index + 1} failed: {error}",
+                                            job.step_index, job.total_steps))
                     pack.remove(job)
             states = [state for job in pack for state in job.states]
         end = time.monotonic()

@@ -26,6 +26,9 @@ class TritonPythonModel:
         layout = L.make_layout(1, 32, 32, 1)  # warm up: first-call set-up is not paid by the first client
         decode_latents(self.video_vae, self.audio_vae, layout, 1, torch.zeros(layout.video_rows, VIDEO_ROW_WIDTH),
                        torch.zeros(layout.audio_rows, AUDIO_ROW_WIDTH))
+        self.decodes_family = pb_utils.MetricFamily(name="h3_vae_decodes_total", description="latents decoded to a clip",
+                                                    kind=pb_utils.MetricFamily.COUNTER)  # Triton needs it referenced
+        self.decodes = self.decodes_family.Metric(labels={"model": "h3_vae"})
 
     def execute(self, requests):
         return [self.decode(request) for request in requests]
@@ -45,6 +48,7 @@ class TritonPythonModel:
         video_rows = latent[:video_size].reshape(-1, VIDEO_ROW_WIDTH)
         audio_rows = latent[video_size:].reshape(-1, AUDIO_ROW_WIDTH)
         frames, audio = decode_latents(self.video_vae, self.audio_vae, layout, info["num_frames"], video_rows, audio_rows)
+        self.decodes.increment(1)
         frames, audio = frames.cpu(), audio.cpu()
         mp4 = np.array([[encode_mp4(frames, audio)]], dtype=object)
         info["stage_seconds"]["decode"] = time.perf_counter() - start
