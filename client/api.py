@@ -68,9 +68,10 @@ class H3Error(Exception):
 
 @dataclass
 class GenerationResult:
-    """One generated clip. frames: uint8 [T, H, W, 3] and audio: float32 [2, samples] only when
-    asked for; info: the server's report (seed, num_frames, height, width,
-    num_inference_steps, request_id, output_index, largest_pack, stage_seconds)."""
+    """One generated clip. video_mp4: the MP4 file (b"" with return_mp4=False); frames: uint8
+    [T, H, W, 3] and audio: float32 [2, samples] only when asked for; info: the server's report
+    (seed, num_frames, height, width, num_inference_steps, request_id, output_index,
+    largest_pack, stage_seconds)."""
 
     video_mp4: bytes
     info: dict
@@ -97,14 +98,17 @@ class H3Client:
     def generate(self, prompt: str | bytes, *, height: int | None = None, width: int | None = None,
                  num_frames: int | None = None, num_inference_steps: int | None = None,
                  seed: int | None = None, num_outputs: int | None = None, progress_every: int = 0,
-                 preview_every: int = 0, deadline_s: float | None = None, return_frames: bool = False,
-                 return_audio: bool = False, request_id: str = "", inject_fault: str | None = None,
+                 preview_every: int = 0, deadline_s: float | None = None, return_mp4: bool = True,
+                 return_frames: bool = False, return_audio: bool = False, request_id: str = "",
+                 inject_fault: str | None = None,
                  on_progress: Callable[[int, int, int], None] | None = None) -> list[GenerationResult]:
         """Generate num_outputs clips (None fields take the server's defaults).
 
         on_progress(step, total_steps, queue_position) is called for each progress response
         (progress_every > 0). preview_every k > 0 adds a PREVIEW image after steps k, 2k, ...
         deadline_s: seconds from arrival at the DiT after which the server cancels the request.
+        return_mp4=False: the server encodes no MP4 (video_mp4 is b""; required by a server
+        without PyAV); return_frames / return_audio fill frames / audio.
         request_id: lets `cancel(request_id)` reach this request; "" sends a random one
         ("h3c-<hex>") so that a timeout can cancel the request on the server. inject_fault:
         tests only, refused unless the server's h3_dit has allow_fault_injection "true" (see
@@ -123,6 +127,8 @@ class H3Client:
             parameters["preview_every"] = preview_every
         if deadline_s is not None:
             parameters["deadline_s"] = deadline_s
+        if not return_mp4:
+            parameters["return_mp4"] = False
         if return_frames:
             parameters["return_frames"] = True
         if return_audio:
@@ -214,9 +220,10 @@ class H3Client:
             if on_progress:
                 on_progress(step, total, position)
             return []
+        mp4 = result.as_numpy("VIDEO_MP4").reshape(-1)  # empty with return_mp4=False
         frames, audio = result.as_numpy("FRAMES"), result.as_numpy("AUDIO")
         return [GenerationResult(
-            video_mp4=bytes(result.as_numpy("VIDEO_MP4").reshape(-1)[0]), info=info,
+            video_mp4=bytes(mp4[0]) if mp4.size else b"", info=info,
             frames=frames[0] if frames is not None else None, audio=audio[0] if audio is not None else None,
             progress=list(progress), previews=list(previews),
         )]

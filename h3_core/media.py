@@ -1,5 +1,8 @@
 """The project's one MP4 writer (H.264 + AAC via PyAV) and one WAV writer (stdlib `wave`).
 
+PyAV is optional: without it this module still imports, MP4_AVAILABLE is False and encode_mp4 /
+write_mp4 raise RuntimeError (a server then serves only return_mp4=false requests).
+
 Frames are uint8 RGB [T, H, W, 3]; audio is float32 stereo [2, N] in [-1, 1]. Both may be numpy
 arrays or torch tensors (on any device). Files are built in memory and returned as bytes; the
 `write_*` helpers put those bytes on disk.
@@ -9,12 +12,17 @@ import wave
 from fractions import Fraction
 from pathlib import Path
 
-import av
 import numpy as np
 import torch
 
 from h3_core import config
 
+try:
+    import av
+except ImportError:
+    av = None
+
+MP4_AVAILABLE = av is not None  # whether encode_mp4 can run (PyAV is installed)
 AAC_FRAME = 1024  # samples per AAC frame (FFmpeg's native encoder)
 
 
@@ -62,8 +70,12 @@ def encode_mp4(
         fps: video frames per second.
         sample_rate: audio samples per second (must be an AAC rate, e.g. 32000).
 
-    Returns the MP4 file as bytes. Raises ValueError naming the offending argument.
+    Returns the MP4 file as bytes. Raises RuntimeError when PyAV is not installed
+    (MP4_AVAILABLE False), ValueError naming the offending argument.
     """
+    if av is None:
+        raise RuntimeError("encode_mp4 needs PyAV, which is not installed: `pip install av`, or on the server send "
+                           "return_mp4=false")
     video = _check_frames(frames)
     stereo = None if audio is None else _check_audio(audio)
     _check_rate("fps", fps)
@@ -100,7 +112,8 @@ def write_mp4(
     fps: int = config.FPS,
     sample_rate: int = config.AUDIO_SAMPLE_RATE,
 ) -> None:
-    """Write `encode_mp4(frames, audio, fps, sample_rate)` to `path` (parent folders are created)."""
+    """Write `encode_mp4(frames, audio, fps, sample_rate)` to `path` (parent folders are created).
+    Raises what encode_mp4 raises, before anything is written."""
     data = encode_mp4(frames, audio, fps, sample_rate)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_bytes(data)

@@ -55,7 +55,7 @@ def read_json(request, name: str) -> dict:
 
 # Request parameters a client may set (never Triton's reserved priority / timeout / sequence_*).
 REQUEST_PARAMETERS = {"progress_every": (int,), "preview_every": (int,), "deadline_s": (int, float), "request_priority": (int,),
-                      "return_frames": (bool,), "return_audio": (bool,), "inject_fault": (str,)}
+                      "return_mp4": (bool,), "return_frames": (bool,), "return_audio": (bool,), "inject_fault": (str,)}
 RESERVED_PARAMETERS = ("priority", "timeout")
 
 

@@ -103,11 +103,13 @@ CASES = {
     # request parameters
     "unknown_parameter": (lambda s, c: raw_error(s, [prompt()], parameters={"colour": "red"}),
                           "request parameter 'colour' is unknown; allowed: ['deadline_s', 'inject_fault', 'preview_every', "
-                          "'progress_every', 'request_priority', 'return_audio', 'return_frames']"),
+                          "'progress_every', 'request_priority', 'return_audio', 'return_frames', 'return_mp4']"),
     "progress_every_wrong_type": (lambda s, c: raw_error(s, [prompt()], parameters={"progress_every": "x"}),
                                   "request parameter 'progress_every' must be int, got 'x'"),
     "return_frames_wrong_type": (lambda s, c: raw_error(s, [prompt()], parameters={"return_frames": 1}),
                                  "request parameter 'return_frames' must be bool, got 1"),
+    "return_mp4_wrong_type": (lambda s, c: raw_error(s, [prompt()], parameters={"return_mp4": 1}),
+                              "request parameter 'return_mp4' must be bool, got 1"),
     "progress_every_negative": (lambda s, c: client_error(c, progress_every=-1), "progress_every=-1 is out of range: allowed >= 0"),
     "deadline_zero": (lambda s, c: client_error(c, deadline_s=0), "deadline_s=0 is out of range: allowed > 0 seconds"),
     "inject_fault_when_off": (lambda s, c: client_error(c, inject_fault="raise"),

@@ -10,7 +10,7 @@ import pytest
 
 from client.api import H3Error
 
-from .serving import ROOT
+from .serving import ROOT, raw_stream, tensor
 
 
 def test_one_prompt_returns_a_playable_mp4(client):
@@ -65,6 +65,29 @@ def test_three_concurrent_requests_are_cobatched_and_equal_their_solo_runs(clien
         assert alone.frames.tobytes() == packed.frames.tobytes()
         assert alone.audio.tobytes() == packed.audio.tobytes()
         assert alone.frames.shape == (request["num_frames"], request["height"], request["width"], 3)
+
+
+def test_return_mp4_false_sends_no_mp4_and_the_same_frames_and_audio(client, server):
+    request = dict(prompt="a red ball rolls to the left", height=64, width=96, num_frames=22, num_inference_steps=3,
+                   seed=8, return_frames=True, return_audio=True)
+    with_mp4, = client.generate(**request)
+    without, = client.generate(**request, return_mp4=False)
+    assert len(with_mp4.video_mp4) > 1000 and without.video_mp4 == b""
+    assert without.frames.shape == (22, 64, 96, 3) and without.audio.shape == with_mp4.audio.shape
+    assert np.array_equal(without.frames, with_mp4.frames) and np.array_equal(without.audio, with_mp4.audio)
+    assert without.info["seed"] == 8 and without.info["stage_seconds"]["decode"] > 0
+    # the raw response: VIDEO_MP4 is an empty BYTES tensor of shape [1, 0], like on progress responses
+    inputs = [tensor("PROMPT", np.array([[request["prompt"].encode()]], dtype=object), "BYTES")]
+    inputs += [tensor(name, np.array([[request[key]]], dtype=np.int64), "INT64") for name, key in (
+        ("HEIGHT", "height"), ("WIDTH", "width"), ("NUM_FRAMES", "num_frames"),
+        ("NUM_INFERENCE_STEPS", "num_inference_steps"), ("SEED", "seed"))]
+    responses, error = raw_stream(server.grpc_url, inputs, parameters={"return_mp4": False, "return_frames": True})
+    assert error is None
+    result, = [r for r in responses if r.as_numpy("INFO").size
+               and json.loads(r.as_numpy("INFO")[0, 0])["kind"] == "result"]
+    assert result.as_numpy("VIDEO_MP4").shape == (1, 0)
+    assert np.array_equal(result.as_numpy("FRAMES")[0], with_mp4.frames)
+    assert result.as_numpy("AUDIO").shape == (1, 2, 0)
 
 
 def test_progress_every_step_on_an_idle_server(client):

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from h3_core.engine import load_engine, preview_frame
+from h3_core.media import MP4_AVAILABLE
 from h3_core.request import GenerationRequest, RequestLimits
 from h3_core.scheduler import Job, Overloaded, Scheduler
 from server.adapter import (error_response, json_tensor, model_parameters, read_json, request_parameters,
@@ -236,6 +237,9 @@ class TritonPythonModel:
             raise ValueError("sequence_end must not be set: a request runs over many iterations and Triton 2.51 "
                              "would drop it after the first (perf_analyzer: --request-parameter sequence_end:false:bool)")
         parameters = request_parameters(request)
+        if parameters.get("return_mp4", True) and not MP4_AVAILABLE:
+            raise ValueError("return_mp4=true needs PyAV, which this server does not have: send return_mp4=false (with "
+                             "return_frames / return_audio for raw outputs) or install av")
         fault = parameters.get("inject_fault")
         if fault is not None:
             if not self.allow_fault_injection:

@@ -1,5 +1,9 @@
 """h3_vae: LATENT rows + INFO -> VIDEO_MP4 (+ FRAMES, AUDIO on request) and INFO with the
-decode time (thin adapter over h3_core.engine.decode_latents and h3_core.media)."""
+decode time (thin adapter over h3_core.engine.decode_latents and h3_core.media).
+
+With request parameter return_mp4 false the latent is still decoded but no MP4 is encoded:
+VIDEO_MP4 is empty (BYTES [1, 0]), so a server without PyAV can serve FRAMES / AUDIO (h3_dit
+refuses return_mp4 true there)."""
 import time
 
 import numpy as np
@@ -14,6 +18,7 @@ from server.adapter import (error_response, json_tensor, model_parameters, read_
 
 import triton_python_backend_utils as pb_utils
 
+EMPTY_MP4 = np.empty((1, 0), dtype=object)
 EMPTY_FRAMES = np.zeros((1, 0, 0, 0, 3), dtype=np.uint8)
 EMPTY_AUDIO = np.zeros((1, 2, 0), dtype=np.float32)
 
@@ -38,7 +43,7 @@ class TritonPythonModel:
         info = read_json(request, "INFO")
         latent = torch.from_numpy(pb_utils.get_input_tensor_by_name(request, "LATENT").as_numpy().reshape(-1).copy())
         if latent.numel() == 0:
-            return self.response(np.empty((1, 0), dtype=object), EMPTY_FRAMES, EMPTY_AUDIO, info)
+            return self.response(EMPTY_MP4, EMPTY_FRAMES, EMPTY_AUDIO, info)
         parameters = request_parameters(request)
         layout = L.make_layout(1, info["height"], info["width"], info["num_frames"])
         video_size = layout.video_rows * VIDEO_ROW_WIDTH
@@ -50,7 +55,9 @@ class TritonPythonModel:
         frames, audio = decode_latents(self.video_vae, self.audio_vae, layout, info["num_frames"], video_rows, audio_rows)
         self.decodes.increment(1)
         frames, audio = frames.cpu(), audio.cpu()
-        mp4 = np.array([[encode_mp4(frames, audio)]], dtype=object)
+        mp4 = EMPTY_MP4
+        if parameters.get("return_mp4", True):
+            mp4 = np.array([[encode_mp4(frames, audio)]], dtype=object)
         info["stage_seconds"]["decode"] = time.perf_counter() - start
         return self.response(mp4, frames[None].numpy() if parameters.get("return_frames") else EMPTY_FRAMES,
                              audio[None].numpy() if parameters.get("return_audio") else EMPTY_AUDIO, info)

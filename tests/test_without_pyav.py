@@ -1,0 +1,79 @@
+"""A host without PyAV (no server): h3_core.media and everything importing it still import,
+encode_mp4 refuses with RuntimeError, and h3_dit's parse refuses return_mp4=true at arrival.
+
+Each test runs a fresh interpreter with sys.modules["av"] = None, which makes `import av`
+raise ImportError as on such a host.
+"""
+import subprocess
+import sys
+
+from server.launch import find_tritonserver
+
+from .serving import ROOT
+
+HIDE_AV = 'import sys\nsys.modules["av"] = None\n'
+MP4_REFUSAL = "encode_mp4 needs PyAV, which is not installed: `pip install av`, or on the server send return_mp4=false"
+DIT_REFUSAL = ("return_mp4=true needs PyAV, which this server does not have: send return_mp4=false (with "
+               "return_frames / return_audio for raw outputs) or install av")
+
+
+def run_without_av(script: str) -> list[str]:
+    """Run HIDE_AV + script with this interpreter in the repository root; returns its stdout lines."""
+    run = subprocess.run([sys.executable, "-c", HIDE_AV + script], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    return run.stdout.splitlines()
+
+
+def test_media_imports_and_encode_mp4_refuses_without_pyav(tmp_path):
+    lines = run_without_av(f"""
+import numpy as np
+import client.generate, h3_core.demo  # modules that import h3_core.media
+from h3_core import media
+print(media.MP4_AVAILABLE)
+print(len(media.encode_wav(np.zeros((2, 4), np.float32))))  # WAV needs no PyAV: 44-byte header + 16 bytes
+for encode in (media.encode_mp4, lambda *args: media.write_mp4({str(tmp_path / "clip.mp4")!r}, *args)):
+    try:
+        encode(np.zeros((1, 32, 32, 3), np.uint8), None)
+    except RuntimeError as error:
+        print(error)
+""")
+    assert lines == ["False", "60", MP4_REFUSAL, MP4_REFUSAL]
+    assert not (tmp_path / "clip.mp4").exists()
+
+
+def test_h3_dit_refuses_return_mp4_true_before_any_dit_work_without_pyav():
+    # triton_python_backend_utils from the wheel holds the flag constants the models read at
+    # import and in parse; the stub adds the rest (TritonError, InferenceResponse) at run time.
+    lines = run_without_av(f"""
+import importlib.util, json
+sys.path.insert(0, {str(find_tritonserver()[1] / "python")!r})
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, f"model_repository/{{name}}/1/model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+load("h3_vae")
+dit = load("h3_dit")
+print(dit.MP4_AVAILABLE)
+model = dit.TritonPythonModel.__new__(dit.TritonPythonModel)  # no engine: parse must refuse before using it
+model.allow_fault_injection = False
+
+class Request:
+    def __init__(self, parameters):
+        self._parameters = json.dumps(parameters)
+    def flags(self):
+        return dit.pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+    def parameters(self):
+        return self._parameters
+
+for parameters in ({{}}, {{"return_mp4": True}}, {{"return_mp4": False, "progress_every": -1}}):
+    try:
+        model.parse(Request(parameters), 1, {{}})
+    except ValueError as error:
+        print(error)
+""")
+    # return_mp4=false passes the check and reaches the next one (progress_every's range)
+    assert lines == ["False", DIT_REFUSAL, DIT_REFUSAL, "progress_every=-1 is out of range: allowed >= 0"]
