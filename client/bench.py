@@ -64,7 +64,9 @@ GPU_MEMORY_METRIC = "nv_gpu_memory_used_bytes"
 @dataclass
 class RequestRecord:
     """One measured request. Times are seconds from the first measured submit (None: did not
-    happen). first_step_s: first progress response with step >= 1 (end of the first forward)."""
+    happen). first_step_s: first progress response with step >= 1 (end of the first forward);
+    last_step_s: the progress response of the last step (end of the last forward), so
+    (last_step_s - first_step_s) / (steps - 1) is the served time per step."""
 
     index: int
     request_id: str = ""
@@ -72,6 +74,7 @@ class RequestRecord:
     arrival_s: float = 0.0  # when it was due (before waiting for a concurrency slot)
     submit_s: float | None = None
     first_step_s: float | None = None
+    last_step_s: float | None = None  # progress response of the request's last step
     complete_s: float | None = None  # stream end: result or error
     success: bool = False
     error_code: str | None = None
@@ -142,6 +145,16 @@ def wall_seconds(records: Sequence[RequestRecord]) -> float:
     return max(ends) - min(starts) if starts and ends else 0.0
 
 
+def step_interval(record: RequestRecord) -> float | None:
+    """Seconds between the request's consecutive steps as the client sees them:
+    (last_step_s - first_step_s) / (steps - 1), steps from the server's INFO
+    num_inference_steps; None without both progress times or with fewer than 2 steps."""
+    steps = (record.server_info or {}).get("num_inference_steps")
+    if record.first_step_s is None or record.last_step_s is None or not steps or steps < 2:
+        return None
+    return (record.last_step_s - record.first_step_s) / (steps - 1)
+
+
 def summarize(records: Sequence[RequestRecord], gpu_memory_metrics_mb: float | None = None) -> dict:
     """The benchmark's summary numbers (seconds; throughput per minute). Latency, time to first
     step, queue delay and stage means are over the successful requests."""
@@ -150,6 +163,7 @@ def summarize(records: Sequence[RequestRecord], gpu_memory_metrics_mb: float | N
     wall = wall_seconds(records)
     latency = [r.complete_s - r.submit_s for r in ok]
     ttfs = [r.first_step_s - r.submit_s for r in ok if r.first_step_s is not None]
+    step_intervals = [step_interval(r) for r in ok if step_interval(r) is not None]
     codes: dict[str, int] = {}
     for r in failed:
         codes[r.error_code or "UNKNOWN"] = codes.get(r.error_code or "UNKNOWN", 0) + 1
@@ -173,6 +187,7 @@ def summarize(records: Sequence[RequestRecord], gpu_memory_metrics_mb: float | N
         "latency_s": {"mean": mean(latency), "p50": percentile(latency, 50), "p95": percentile(latency, 95),
                       "max": max(latency, default=None)},
         "time_to_first_step_s": {"mean": mean(ttfs), "p50": percentile(ttfs, 50), "max": max(ttfs, default=None)},
+        "step_interval_s": {"mean": mean(step_intervals), "p50": percentile(step_intervals, 50)},
         "queue_delay_s": {"mean": mean(ttfs), "max": max(ttfs, default=None)},
         "peak_outstanding": peak_outstanding(records),
         "peak_pack_size": max(packs, default=None),
@@ -282,6 +297,7 @@ def format_report(summary: dict, config: dict, timeline: Sequence[str]) -> str:
         _row("Max time to first step (s):", _fmt(ttfs["max"])),
         _row("Mean queue delay (s):", _fmt(queue["mean"])),
         _row("Max queue delay (s):", _fmt(queue["max"])),
+        _row("Mean step interval (s):", _fmt(summary["step_interval_s"]["mean"])),
         _section("Load"),
         _row("Peak outstanding requests (client):", summary["peak_outstanding"]),
         _row("Peak pack size (largest_pack):", _fmt(summary["peak_pack_size"], "d")),
@@ -348,23 +364,26 @@ def parse_gpu_memory_mb(metrics_text: str) -> list[float]:
     return values
 
 
-def _generate_kwargs(args, index: int) -> dict:
+def _generate_kwargs(args, index: int, steps: int | None) -> dict:
     return dict(height=args.height, width=args.width, num_frames=args.num_frames,
-                num_inference_steps=args.steps, seed=args.seed + index)
+                num_inference_steps=steps, seed=args.seed + index, return_mp4=not args.no_mp4)
 
 
-def run_request(client: H3Client, args, record: RequestRecord, origin: float) -> None:
-    """Submit one request and fill `record` (times relative to `origin`)."""
+def run_request(client: H3Client, args, record: RequestRecord, origin: float, steps: int | None) -> None:
+    """Submit one request of `steps` steps and fill `record` (times relative to `origin`)."""
     first_step: list[float] = []
+    last_step: list[float] = []
 
     def on_progress(step: int, total: int, position: int) -> None:
         if step >= 1 and not first_step:
             first_step.append(time.perf_counter())
+        if step >= 1 and step == total:
+            last_step.append(time.perf_counter())
 
     record.submit_s = time.perf_counter() - origin
     try:
         result = client.generate(record.prompt, progress_every=1, request_id=record.request_id,
-                                 on_progress=on_progress, **_generate_kwargs(args, record.index))[0]
+                                 on_progress=on_progress, **_generate_kwargs(args, record.index, steps))[0]
     except H3Error as error:
         record.error_code, record.error = error.code, error.message
     except Exception as error:  # a transport error must not lose the record
@@ -378,6 +397,8 @@ def run_request(client: H3Client, args, record: RequestRecord, origin: float) ->
     record.complete_s = time.perf_counter() - origin
     if first_step:
         record.first_step_s = first_step[0] - origin
+    if last_step:
+        record.last_step_s = last_step[0] - origin
 
 
 def run_benchmark(args) -> tuple[list[RequestRecord], float | None]:
@@ -388,7 +409,8 @@ def run_benchmark(args) -> tuple[list[RequestRecord], float | None]:
     for i in range(args.warmup_requests):
         warm = RequestRecord(index=i, request_id=f"bench-{run_id}-warmup-{i}",
                              prompt=f"Warm-up prompt {i} for benchmarking diffusion models")
-        run_request(client, args, warm, time.perf_counter())
+        run_request(client, args, warm, time.perf_counter(),
+                    args.steps if args.warmup_steps is None else args.warmup_steps)
         if not warm.success:
             print(f"warm-up request {i} failed: {warm.error_code}: {warm.error}", file=sys.stderr)
     offsets = arrival_offsets(args.num_prompts, args.request_rate, args.arrival_interval, args.seed)
@@ -399,7 +421,7 @@ def run_benchmark(args) -> tuple[list[RequestRecord], float | None]:
 
     def worker(record: RequestRecord) -> None:
         try:
-            run_request(client, args, record, origin)
+            run_request(client, args, record, origin, args.steps)
         finally:
             if slots is not None:
                 slots.release()
@@ -431,7 +453,7 @@ def run_benchmark(args) -> tuple[list[RequestRecord], float | None]:
     # Relative to the first measured submit (normally ~0 already; arrival_s stays the schedule).
     first = min((r.submit_s for r in records if r.submit_s is not None), default=0.0)
     for record in records:
-        for name in ("submit_s", "first_step_s", "complete_s"):
+        for name in ("submit_s", "first_step_s", "last_step_s", "complete_s"):
             value = getattr(record, name)
             if value is not None:
                 setattr(record, name, value - first)
@@ -488,6 +510,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="denoise steps per request (server default when omitted)")
     p.add_argument("--seed", type=int, default=0, help="request i uses seed + i; also seeds the arrivals")
     p.add_argument("--warmup-requests", type=int, default=1, help="sequential requests before the measured phase")
+    p.add_argument("--warmup-steps", type=int, help="steps of each warm-up request (default: --steps)")
+    p.add_argument("--no-mp4", action="store_true",
+                   help="send return_mp4=false: the VAE decodes, no MP4 is encoded (servers without PyAV)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each response")
     p.add_argument("--output-json", type=Path, help="save records, summary, command line, date, label")
     p.add_argument("--output-png", type=Path, help="save the timeline as a PNG")

