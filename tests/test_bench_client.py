@@ -13,7 +13,7 @@ from PIL import Image
 
 from client.bench import (BANNER_WIDTH, PROMPT_TEMPLATE, TIMELINE_WIDTH, RequestRecord, arrival_offsets,
                           format_report, main, parse_gpu_memory_mb, peak_outstanding, percentile,
-                          render_timeline, summarize)
+                          render_timeline, step_interval, summarize)
 
 from .serving import ROOT
 
@@ -21,16 +21,20 @@ STAGES = {"queue", "encode", "denoise", "decode"}
 
 
 def records():
-    """r0 waits 2 s then computes 8; r1 waits 9 then computes 10; r2 is refused after 1 s; r3
-    succeeded without a progress response (no first step)."""
+    """r0 waits 2 s then computes 8 (16 steps, last at 9.5: 0.5 s apart); r1 waits 9 then
+    computes 10 (10 steps, last at 19: 1 s apart); r2 is refused after 1 s; r3 succeeded without
+    a progress response (no first step, so no step interval)."""
     return [
-        RequestRecord(0, submit_s=0.0, first_step_s=2.0, complete_s=10.0, success=True, largest_pack=1,
-                      stage_seconds=dict(queue=0.5, encode=0.25, denoise=7.0, decode=1.0)),
-        RequestRecord(1, submit_s=1.0, first_step_s=10.0, complete_s=20.0, success=True, largest_pack=3,
-                      stage_seconds=dict(queue=8.5, encode=0.25, denoise=9.0, decode=1.0)),
+        RequestRecord(0, submit_s=0.0, first_step_s=2.0, last_step_s=9.5, complete_s=10.0, success=True,
+                      largest_pack=1, stage_seconds=dict(queue=0.5, encode=0.25, denoise=7.0, decode=1.0),
+                      server_info={"num_inference_steps": 16}),
+        RequestRecord(1, submit_s=1.0, first_step_s=10.0, last_step_s=19.0, complete_s=20.0, success=True,
+                      largest_pack=3, stage_seconds=dict(queue=8.5, encode=0.25, denoise=9.0, decode=1.0),
+                      server_info={"num_inference_steps": 10}),
         RequestRecord(2, submit_s=5.0, complete_s=6.0, error_code="UNAVAILABLE", error="queue full"),
         RequestRecord(3, submit_s=12.0, complete_s=24.0, success=True, largest_pack=2,
-                      stage_seconds=dict(queue=0.0, encode=0.25, denoise=10.0, decode=1.0)),
+                      stage_seconds=dict(queue=0.0, encode=0.25, denoise=10.0, decode=1.0),
+                      server_info={"num_inference_steps": 12}),
     ]
 
 
@@ -97,6 +101,7 @@ def test_summarize_golden():
         "wall_s": 24.0, "throughput_req_per_min": 7.5,
         "latency_s": {"mean": 41.0 / 3, "p50": 12.0, "p95": summary["latency_s"]["p95"], "max": 19.0},
         "time_to_first_step_s": {"mean": 5.5, "p50": 5.5, "max": 9.0},
+        "step_interval_s": {"mean": 0.75, "p50": 0.75},  # r0 (9.5 - 2) / 15, r1 (19 - 10) / 9; r3 none
         "queue_delay_s": {"mean": 5.5, "max": 9.0},
         "peak_outstanding": 3, "peak_pack_size": 3,
         "peak_gpu_memory_mb": None, "peak_gpu_memory_source": None,
@@ -108,6 +113,27 @@ def test_summarize_golden():
     with_info = records()
     with_info[0].peak_memory_mb = 900.0
     assert summarize(with_info, 1234.5)["peak_gpu_memory_source"] == "INFO peak_memory_mb"
+    # A failed request's step interval does not count; no interval at all -> None.
+    failed_r1 = records()
+    failed_r1[1].success = False
+    assert summarize(failed_r1)["step_interval_s"] == {"mean": 0.5, "p50": 0.5}
+    assert summarize(records()[2:])["step_interval_s"] == {"mean": None, "p50": None}
+
+
+def test_step_interval_golden():
+    def rec(first, last, info):
+        return RequestRecord(0, submit_s=0.0, first_step_s=first, last_step_s=last, complete_s=9.0, success=True,
+                             server_info=info)
+
+    assert step_interval(rec(1.0, 4.0, {"num_inference_steps": 4})) == 1.0
+    assert step_interval(rec(0.5, 2.0, {"num_inference_steps": 7})) == 0.25
+    assert step_interval(rec(1.0, 1.75, {"num_inference_steps": 2})) == 0.75
+    assert step_interval(rec(None, 4.0, {"num_inference_steps": 4})) is None  # no first step
+    assert step_interval(rec(1.0, None, {"num_inference_steps": 4})) is None  # no last step
+    assert step_interval(rec(1.0, 1.0, {"num_inference_steps": 1})) is None  # one step: no interval
+    assert step_interval(rec(1.0, 4.0, {"num_inference_steps": 0})) is None
+    assert step_interval(rec(1.0, 4.0, {})) is None  # INFO without num_inference_steps
+    assert step_interval(rec(1.0, 4.0, None)) is None  # no server INFO (failed request)
 
 
 def test_report_golden_lines():
@@ -134,6 +160,7 @@ def test_report_golden_lines():
         "Max time to first step (s):             9.000",
         "Mean queue delay (s):                   5.500",
         "Max queue delay (s):                    9.000",
+        "Mean step interval (s):                 0.750",
         "Peak outstanding requests (client):     3",
         "Peak pack size (largest_pack):          3",
         "Peak GPU memory (MB):                   n/a",
@@ -178,8 +205,8 @@ TIMELINE_LINE = re.compile(rf"^r(\d+) +\|[-= ]{{{TIMELINE_WIDTH}}}\|")
 def test_cli_smoke_run_writes_json_png_and_report(server, tmp_path):
     out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
     argv = ["--num-prompts", "4", "--max-concurrency", "2", "--steps", "2", "--num-frames", "9",
-            "--height", "64", "--width", "96", "--warmup-requests", "1", "--seed", "5", "--label", "smoke",
-            "--output-json", str(out_json), "--output-png", str(out_png)]
+            "--height", "64", "--width", "96", "--warmup-requests", "1", "--warmup-steps", "1", "--no-mp4",
+            "--seed", "5", "--label", "smoke", "--output-json", str(out_json), "--output-png", str(out_png)]
     env = dict(os.environ, H3_GRPC_URL=server.grpc_url, H3_METRICS_URL=server.metrics_url)  # --url's default
     done = subprocess.run([sys.executable, "-m", "client.bench", *argv], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
@@ -192,12 +219,14 @@ def test_cli_smoke_run_writes_json_png_and_report(server, tmp_path):
     assert document["command"].endswith(" ".join(argv)) and "client.bench" in document["command"]
     assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", document["date"])
     assert document["config"]["url"] == server.grpc_url and document["config"]["request_rate"] is None
+    assert document["config"]["no_mp4"] is True and document["config"]["warmup_steps"] == 1
     summary = document["summary"]
     assert (summary["num_requests"], summary["completed"], summary["failed"]) == (4, 4, 0)
     assert set(summary) >= {"wall_s", "throughput_req_per_min", "latency_s", "time_to_first_step_s",
-                            "queue_delay_s", "peak_outstanding", "peak_pack_size", "peak_gpu_memory_mb",
-                            "stage_seconds_mean"}
+                            "step_interval_s", "queue_delay_s", "peak_outstanding", "peak_pack_size",
+                            "peak_gpu_memory_mb", "stage_seconds_mean"}
     assert set(summary["latency_s"]) == {"mean", "p50", "p95", "max"}
+    assert set(summary["step_interval_s"]) == {"mean", "p50"}
     assert set(summary["stage_seconds_mean"]) == STAGES
     assert all(v is not None for v in summary["stage_seconds_mean"].values())
     assert 1 <= summary["peak_outstanding"] <= 2 and 1 <= summary["peak_pack_size"] <= 2
@@ -206,9 +235,12 @@ def test_cli_smoke_run_writes_json_png_and_report(server, tmp_path):
     assert [r["prompt"] for r in requests] == [PROMPT_TEMPLATE.format(i=i) for i in range(4)]
     for r in requests:
         assert r["success"] and r["error_code"] is None
-        assert r["submit_s"] <= r["first_step_s"] <= r["complete_s"]
+        assert r["submit_s"] <= r["first_step_s"] <= r["last_step_s"] <= r["complete_s"]
         assert set(r["stage_seconds"]) == STAGES and r["largest_pack"] in (1, 2)
         assert r["server_info"]["seed"] == 5 + r["index"] and r["server_info"]["num_inference_steps"] == 2
+    # 2 steps: a request's step interval is its last step - its first step.
+    intervals = [r["last_step_s"] - r["first_step_s"] for r in requests]
+    assert summary["step_interval_s"]["mean"] == pytest.approx(sum(intervals) / 4, abs=1e-12)
     assert document["timeline"][1:] == [line for line in report.splitlines() if TIMELINE_LINE.match(line)]
 
     with Image.open(out_png) as image:
@@ -217,6 +249,7 @@ def test_cli_smoke_run_writes_json_png_and_report(server, tmp_path):
 
     assert "================= Serving Benchmark Result =================" in report
     assert "Completed requests:                     4/4" in report
+    assert re.search(r"^Mean step interval \(s\): +\d+\.\d{3}$", report, re.M)
     assert re.search(r"^Peak GPU memory \(MB\): +(n/a|\d+\.\d)", report, re.M)
     timeline = [line for line in report.splitlines() if TIMELINE_LINE.match(line)]
     assert [int(TIMELINE_LINE.match(line).group(1)) for line in timeline] == [0, 1, 2, 3]
@@ -232,4 +265,5 @@ def test_failed_requests_are_recorded_with_their_code(server, capsys):
     assert "Completed requests:                     0/2" in report
     assert "Failed requests:                        2 (INVALID_ARG x2)" in report
     assert "Mean latency (s):                       n/a" in report
+    assert "Mean step interval (s):                 n/a" in report
     assert len([line for line in report.splitlines() if line.endswith("| FAILED INVALID_ARG")]) == 2
