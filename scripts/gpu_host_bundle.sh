@@ -9,7 +9,8 @@
 #
 # On the host:  tar -xJf gpu_host_bundle.tar.xz -C /tmp && export PYTHONPATH=/tmp/site
 # The stub embeds the host's libpython (libpython3.12.so.1.0 must be on the loader path) and
-# runs the models with the python3 first on PATH, whose site-packages must hold torch, numpy,
+# runs the models with the python3 first on PATH, whose site-packages must hold torch, numpy 1
+# (numpy<2: the 2.51 stub cannot read BYTES tensors with numpy 2; server.launch refuses it),
 # safetensors and transformers, and a .pth with this repository's root (see docs/benchmarks.md).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -30,7 +30,9 @@ Environment rules (see docs/triton_2.51_notes.md, section 0 and Q6):
     interpreter's bin folder (the venv's) goes first on PATH (PYTHONPATH is ignored by the stub);
   * the stub links a libpython by soname; LD_LIBRARY_PATH gets this interpreter's LIBDIR when that
     folder holds the shared libpython, so the stub does not mix a distro libpython with the
-    venv's stdlib (which breaks ``import ssl`` inside models).
+    venv's stdlib (which breaks ``import ssl`` inside models);
+  * the stub therefore imports this environment's numpy, which must be numpy 1: with numpy 2 the
+    2.51 stub aborts on the first BYTES input, so ``start()`` refuses (check_numpy_for_stub).
 
 Pure stdlib: importing this module never imports torch or tritonclient.
 """
@@ -41,6 +43,7 @@ import argparse
 import atexit
 import collections
 import filecmp
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -71,6 +74,7 @@ SUPERVISE_INTERVAL_S = 1.0
 __all__ = [
     "LaunchError",
     "TritonServer",
+    "check_numpy_for_stub",
     "ensure_python_stub",
     "find_tritonserver",
     "main",
@@ -134,6 +138,33 @@ def python_bin_dir() -> str:
     if (prefix_bin / "python3").exists():
         return str(prefix_bin)
     return os.path.dirname(os.path.abspath(sys.executable))
+
+
+def stub_numpy() -> Optional[tuple[str, str]]:
+    """(version, package folder) of the numpy installed for this interpreter, whose environment
+    the python backend stub runs in (``python_bin_dir()`` is its bin); None without numpy.
+    Read from the distribution's metadata: numpy is not imported."""
+    try:
+        dist = importlib.metadata.distribution("numpy")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return dist.version, str(dist.locate_file("numpy"))
+
+
+def check_numpy_for_stub(version: str, location: str) -> None:
+    """Raise LaunchError if numpy `version` (installed at `location`) is 2 or newer: Triton 2.51's
+    python backend stub then aborts (``pybind11::error_already_set`` in deserialize_bytes_tensor)
+    on the first BYTES input, and every request to that model fails with "Stub process '<model>'
+    is not healthy"."""
+    major = re.match(r"\d+", version)
+    if major is None or int(major.group()) < 2:
+        return
+    raise LaunchError(
+        f"numpy {version} is installed at {location}, and Triton 2.51's python backend stub cannot read "
+        "BYTES tensors with numpy 2 (the stub aborts on the first string input; requests then fail with "
+        "\"Stub process '<model>' is not healthy\"); install numpy 1 in this environment: "
+        "pip install \"numpy<2\" (requirements.txt pins numpy==1.26.4)"
+    )
 
 
 def interpreter_libdir() -> Optional[str]:
@@ -364,11 +395,15 @@ class TritonServer:
         self.stop()
 
     def start(self, timeout: Optional[float] = None) -> "TritonServer":
-        """Start the server and block until /v2/health/ready answers 200; LaunchError otherwise."""
+        """Start the server and block until /v2/health/ready answers 200; LaunchError otherwise
+        (at once when the stub's environment has numpy 2: see check_numpy_for_stub)."""
         if self.is_running():
             return self
         if not self.model_repository.is_dir():
             raise LaunchError(f"model repository {self.model_repository} is not a directory")
+        numpy = stub_numpy()
+        if numpy is not None:
+            check_numpy_for_stub(*numpy)
         ensure_python_stub()
         attempts = 3 if self.free_ports else 1
         for attempt in range(attempts):

@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from server.launch import LaunchError, TritonServer  # noqa: E402
+from server import launch  # noqa: E402
+from server.launch import LaunchError, TritonServer, check_numpy_for_stub  # noqa: E402
 
 ADD_ONE_CONFIG = """\
 name: "add_one"
@@ -141,3 +142,34 @@ def test_busy_port_is_refused_before_starting(add_one_repo: Path, tmp_path: Path
         with pytest.raises(LaunchError, match=rf"port {port} on 127.0.0.1 is already in use"):
             server.start(timeout=30)
         assert not server.is_running()
+
+
+NUMPY2_MESSAGE = (
+    "numpy 2.2.6 is installed at /venv/lib/python3.11/site-packages/numpy, and Triton 2.51's python backend "
+    "stub cannot read BYTES tensors with numpy 2 (the stub aborts on the first string input; requests then "
+    "fail with \"Stub process '<model>' is not healthy\"); install numpy 1 in this environment: "
+    "pip install \"numpy<2\" (requirements.txt pins numpy==1.26.4)"
+)
+
+
+def test_numpy_2_is_refused_for_the_stub() -> None:
+    with pytest.raises(LaunchError) as info:
+        check_numpy_for_stub("2.2.6", "/venv/lib/python3.11/site-packages/numpy")
+    assert str(info.value) == NUMPY2_MESSAGE
+    with pytest.raises(LaunchError, match=r"^numpy 2\.0\.0rc1 is installed at /n, "):
+        check_numpy_for_stub("2.0.0rc1", "/n")
+    for version in ("1.26.4", "1.24.0", "1.26.5.dev0+git"):
+        assert check_numpy_for_stub(version, "/n") is None
+    # This environment (requirements.txt) passes; its version is read without importing numpy.
+    assert launch.stub_numpy() == ("1.26.4", str(Path(np.__file__).parent))
+
+
+def test_start_and_cli_refuse_numpy_2_before_spawning(add_one_repo: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(launch, "stub_numpy", lambda: ("2.2.6", "/venv/lib/python3.11/site-packages/numpy"))
+    server = TritonServer(add_one_repo, free_ports=True)
+    with pytest.raises(LaunchError) as info:
+        server.start()
+    assert str(info.value) == NUMPY2_MESSAGE
+    assert server.process is None  # refused before tritonserver was started
+    assert launch.main(["--model-repository", str(add_one_repo), "--free-ports", "--then", "true"]) == 1
+    assert capsys.readouterr().err == f"[server.launch] {NUMPY2_MESSAGE}\n"
