@@ -1,16 +1,16 @@
 """Served benchmarks through tritonserver (issue 7 (c), (d), (f)), with the in-process loop beside.
 
-    PYTHONUNBUFFERED=1 python benchmarks/served_bench.py --out DIR [--scenarios f c d] [--work DIR]
+    PYTHONUNBUFFERED=1 python benchmarks/served_bench.py --out DIR [--scenarios c d f] [--work DIR]
 
 Each served run makes a copy of model_repository/ with its h3_dit settings (h3_core.train.
 repository.repository_copy), starts tritonserver on free ports (server.launch.TritonServer),
 runs `python -m client.bench` against it (one warm-up request of 2 steps first, progress every
 step) and stops the server. Scenarios:
   f: the step loop of one request in-process (Engine.denoise_step + Engine.update, what h3_dit
-     runs per step; no Triton) against the same loop served: the client's step interval
-     (progress response of the last step - that of the first) / (steps - 1) in run c's
-     `step, 1 slot` (one request runs at a time). server_overhead_fraction_f = served /
-     in-process - 1. Scenario f must run with c.
+     runs per step; no Triton), with torch's default CPU threads and with 1 (h3_dit's
+     cpu_threads), against the same request served alone in step mode with the default policy:
+     the client's step interval (progress response of the last step - that of the first) /
+     (steps - 1). server_overhead_fraction_f = served / in-process (default threads) - 1.
   c: 4 requests at concurrency 4, 30 steps: execution_mode request, then step mode with the
      reference's fifo packing and 1 and 4 slots (max_num_seqs), the 4-slot pack holding all
      four requests (max_batch_rows 65,536); throughput ratios against request mode.
@@ -27,7 +27,6 @@ DIR/timeline_<run>.png per run; server logs and repository copies go under --wor
 import argparse
 import datetime
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -42,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 from h3_core.checkpoint_setup import create_checkpoint  # noqa: E402
 from h3_core.engine import load_engine  # noqa: E402
 from h3_core.request import GenerationRequest, RequestLimits  # noqa: E402
+from h3_core.scheduler import DEFAULT_POLICY  # noqa: E402
 from h3_core.train.repository import repository_copy  # noqa: E402
 from server.launch import TritonServer  # noqa: E402
 
@@ -94,21 +94,30 @@ def prepare_weights(setting: Setting, work: Path, cuda: bool) -> tuple[Path, str
 def in_process_step_loop(setting: Setting, checkpoint: Path, steps: int, device: str) -> dict:
     """Seconds per step of one request's loop in-process: the mean over `steps` steps of
     Engine.update(state, Engine.denoise_step([state])) after 2 warm-up steps (denoise_step
-    copies the velocity to the CPU, so every step ends synchronised)."""
+    copies the velocity to the CPU, so every step ends synchronised); measured with torch's
+    default CPU threads (seconds_per_step), then with 1 (seconds_per_step_1_thread)."""
     engine = load_engine(setting.config, checkpoint, device, with_encoder=False, with_vaes=False,
                          limits=RequestLimits(max_height=setting.height, max_width=setting.width,
-                                              max_num_frames=setting.num_frames, max_rows=2 ** 20))
+                                              max_num_frames=setting.num_frames, max_rows=2 ** 20,
+                                              max_request_mb=1 << 20))
     text = torch.randn(TEXT_LEN, engine.dit.cfg.text_dim, generator=torch.Generator().manual_seed(0))
     request = GenerationRequest("in-process", setting.height, setting.width, setting.num_frames, steps + 2, seed=0)
-    state = engine.prepare(request, text)[0]
-    for _ in range(2):
-        engine.update(state, engine.denoise_step([state])[0])
-    start = time.perf_counter()
-    while not state.finished:
-        engine.update(state, engine.denoise_step([state])[0])
-    seconds = (time.perf_counter() - start) / steps
-    result = {"seconds_per_step": seconds, "steps": steps, "rows": state.rows}
-    del engine, state
+
+    def loop() -> float:
+        state = engine.prepare(request, text)[0]
+        for _ in range(2):
+            engine.update(state, engine.denoise_step([state])[0])
+        start = time.perf_counter()
+        while not state.finished:
+            engine.update(state, engine.denoise_step([state])[0])
+        return (time.perf_counter() - start) / steps
+
+    threads = torch.get_num_threads()
+    result = {"seconds_per_step": loop(), "cpu_threads": threads, "steps": steps}
+    torch.set_num_threads(1)
+    result["seconds_per_step_1_thread"] = loop()
+    torch.set_num_threads(threads)
+    del engine
     if device == "cuda":
         torch.cuda.empty_cache()
     return result
@@ -153,12 +162,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="served_bench.json and the timeline PNGs")
     parser.add_argument("--work", type=Path, default=Path("/tmp/h3_served_bench"),
                         help="checkpoints, encoder, repository copies, server logs")
-    parser.add_argument("--scenarios", nargs="+", choices=("f", "c", "d"), default=["f", "c", "d"])
+    parser.add_argument("--scenarios", nargs="+", choices=("c", "d", "f"), default=["c", "d", "f"],
+                        help="run in the order c, d, f whatever the order given")
     parser.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                         help="extra tritonserver argument (repeatable), e.g. --server-arg=--log-verbose=1")
     args = parser.parse_args()
-    if "f" in args.scenarios and "c" not in args.scenarios:
-        parser.error("scenario f reads run c's `step, 1 slot`: give c too")
     args.out.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available()
     setting = GPU if cuda else CPU
@@ -170,9 +178,14 @@ def main() -> None:
                "setting": setting.__dict__, "runs": {}}
     runs, summary = results["runs"], {}
 
+    def save() -> None:  # after every run, so that a run cut short keeps what was measured
+        results["summary"] = summary
+        (args.out / "served_bench.json").write_text(json.dumps(results, indent=2) + "\n")
+
     def run(name: str, dit: dict, bench_args: list[str]) -> dict:
         runs[name] = served_run(name, setting, checkpoint, encoder_path, dit, bench_args, args.work, args.out, cuda,
                                 args.server_arg)
+        save()
         return runs[name]["summary"]
 
     if "c" in args.scenarios:
@@ -185,13 +198,6 @@ def main() -> None:
                      c_args)
         summary["step1_over_request_throughput_c"] = one["throughput_req_per_min"] / request["throughput_req_per_min"]
         summary["step4_over_request_throughput_c"] = packed["throughput_req_per_min"] / request["throughput_req_per_min"]
-    if "f" in args.scenarios:  # after the servers, so that nothing else holds the GPU
-        results["in_process"] = in_process_step_loop(setting, checkpoint, setting.c_steps, "cuda" if cuda else "cpu")
-        served = statistics.median(
-            r["last_step_s"] - r["first_step_s"] for r in runs["c_step_1_slot"]["requests"] if r["success"]
-        ) / (setting.c_steps - 1)
-        results["in_process"]["served_seconds_per_step"] = served
-        summary["server_overhead_fraction_f"] = served / results["in_process"]["seconds_per_step"] - 1
     if "d" in args.scenarios:
         d_args = ["--num-prompts", str(setting.d_requests), "--max-concurrency", "0",
                   "--arrival-interval", str(setting.d_interval_s), "--steps", str(setting.d_steps)]
@@ -205,8 +211,16 @@ def main() -> None:
                 d["request"]["time_to_first_step_s"]["mean"] / d[policy]["time_to_first_step_s"]["mean"])
             summary[f"{name}_over_request_throughput_d"] = (
                 d[policy]["throughput_req_per_min"] / d["request"]["throughput_req_per_min"])
-    results["summary"] = summary
-    (args.out / "served_bench.json").write_text(json.dumps(results, indent=2) + "\n")
+    if "f" in args.scenarios:
+        served = run("f_served", {"execution_mode": "step", "scheduling_policy": DEFAULT_POLICY, "max_num_seqs": 4,
+                                  "row_budget": setting.row_budget_d},
+                     ["--num-prompts", "1", "--steps", str(setting.c_steps)])
+        # in-process after the servers have stopped, so that nothing else holds the GPU
+        results["in_process"] = in_process_step_loop(setting, checkpoint, setting.c_steps, "cuda" if cuda else "cpu")
+        results["in_process"]["served_seconds_per_step"] = served["step_interval_s"]["mean"]
+        summary["server_overhead_fraction_f"] = (served["step_interval_s"]["mean"]
+                                                 / results["in_process"]["seconds_per_step"] - 1)
+    save()
 
     print(f"\n{results['hardware']}, {setting.config} DiT, {setting.height}x{setting.width}, {setting.num_frames} frames")
     print(f"{'run':<18}{'wall s':>9}{'req/min':>9}{'mean lat s':>11}{'p95 lat s':>10}{'mean TTFS s':>12}"
@@ -218,8 +232,9 @@ def main() -> None:
               f"{s['step_interval_s']['mean'] or 0:11.4f}{s['peak_pack_size'] or 0:5d}")
     if "in_process" in results:
         ip = results["in_process"]
-        print(f"in-process step {ip['seconds_per_step'] * 1e3:.1f} ms, served step "
-              f"{ip.get('served_seconds_per_step', 0) * 1e3:.1f} ms")
+        print(f"in-process step {ip['seconds_per_step'] * 1e3:.1f} ms ({ip['cpu_threads']} CPU threads), "
+              f"{ip['seconds_per_step_1_thread'] * 1e3:.1f} ms (1 thread); served step "
+              f"{ip['served_seconds_per_step'] * 1e3:.1f} ms")
     for key, value in summary.items():
         print(f"{key:<44}{value:.4f}")
 

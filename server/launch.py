@@ -28,9 +28,10 @@ Python API (used by the end-to-end tests)::
 Environment rules (see docs/triton_2.51_notes.md, section 0 and Q6):
   * the python backend stub finds its interpreter through ``python3`` on PATH, so this
     interpreter's bin folder (the venv's) goes first on PATH (PYTHONPATH is ignored by the stub);
-  * the stub links a libpython by soname; LD_LIBRARY_PATH gets this interpreter's LIBDIR when that
-    folder holds the shared libpython, so the stub does not mix a distro libpython with the
-    venv's stdlib (which breaks ``import ssl`` inside models);
+  * the stub links a libpython by soname; LD_LIBRARY_PATH gets a folder holding only a link to
+    this interpreter's shared libpython (libpython_dir), so the stub does not mix a distro
+    libpython with the venv's stdlib (which breaks ``import ssl`` inside models) and no other
+    library of the interpreter's LIBDIR shadows those of the models' packages;
   * the stub therefore imports this environment's numpy, which must be numpy 1: with numpy 2 the
     2.51 stub aborts on the first BYTES input, so ``start()`` refuses (check_numpy_for_stub).
 
@@ -167,19 +168,39 @@ def check_numpy_for_stub(version: str, location: str) -> None:
     )
 
 
-def interpreter_libdir() -> Optional[str]:
-    """The folder holding this interpreter's shared libpython: sysconfig LIBDIR, else
+def libpython_path() -> Optional[str]:
+    """This interpreter's shared libpython: a file in sysconfig LIBDIR, else in
     ``<sys.base_prefix>/lib`` (relocated builds such as python-build-standalone keep a LIBDIR
-    from their build machine); None when neither holds it."""
-    names = {
-        sysconfig.get_config_var("INSTSONAME"),
-        sysconfig.get_config_var("LDLIBRARY"),
-        f"libpython{python_version_tag()}.so.1.0",
-    }
+    from their build machine); None when neither holds one."""
+    names = [f"libpython{python_version_tag()}.so.1.0", sysconfig.get_config_var("INSTSONAME"),
+             sysconfig.get_config_var("LDLIBRARY")]
     for libdir in (sysconfig.get_config_var("LIBDIR"), os.path.join(sys.base_prefix, "lib")):
-        if libdir and any(name and ".so" in name and os.path.isfile(os.path.join(libdir, name)) for name in names):
-            return libdir
+        for name in names:
+            if libdir and name and ".so" in name and os.path.isfile(os.path.join(libdir, name)):
+                return os.path.join(libdir, name)
     return None
+
+
+def libpython_dir(tritonserver_dir: Optional[Path] = None) -> Optional[Path]:
+    """A folder holding one link, ``libpython<X.Y>.so.1.0`` (the soname the stub asks for) ->
+    libpython_path(), for the stub's LD_LIBRARY_PATH; None without a shared libpython.
+
+    Not LIBDIR itself: every library there would then outrank the RUNPATH of the libraries the
+    stub loads later. Where LIBDIR is /usr/lib/x86_64-linux-gnu (Debian and Ubuntu Pythons), the
+    PyTorch in the stub would load that folder's CUDA libraries instead of its own.
+    """
+    target = libpython_path()
+    if target is None:
+        return None
+    folder = (tritonserver_dir or pytriton_tritonserver_dir()) / "python_lib" / python_version_tag()
+    link = folder / f"libpython{python_version_tag()}.so.1.0"
+    if not (link.is_symlink() and os.readlink(link) == target):
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".link.{os.getpid()}.tmp"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(target)
+        os.replace(tmp, link)  # atomic: concurrent launchers never see a missing link
+    return folder
 
 
 def _prepend(path_list: Iterable[str], value: Optional[str]) -> str:
@@ -189,12 +210,13 @@ def _prepend(path_list: Iterable[str], value: Optional[str]) -> str:
 
 
 def server_env(base: Optional[dict] = None) -> dict:
-    """Environment for tritonserver: venv bin first on PATH, interpreter LIBDIR on LD_LIBRARY_PATH."""
+    """Environment for tritonserver: venv bin first on PATH, libpython_dir() first on
+    LD_LIBRARY_PATH."""
     env = dict(os.environ if base is None else base)
     env["PATH"] = _prepend([python_bin_dir()], env.get("PATH", "/usr/local/bin:/usr/bin:/bin"))
-    libdir = interpreter_libdir()
-    if libdir:
-        env["LD_LIBRARY_PATH"] = _prepend([libdir], env.get("LD_LIBRARY_PATH"))
+    folder = libpython_dir()
+    if folder is not None:
+        env["LD_LIBRARY_PATH"] = _prepend([str(folder)], env.get("LD_LIBRARY_PATH"))
     return env
 
 

@@ -28,6 +28,7 @@ SERVED_RUNS = {  # run -> (h3_dit execution_mode, scheduling_policy, max_num_seq
     "d_request": ("step", "request", "4"),
     "d_fifo": ("step", "fifo", "4"),
     "d_srpt": ("step", "srpt", "4"),
+    "f_served": ("step", "srpt", "4"),
 }
 
 
@@ -41,11 +42,11 @@ def test_served_bench_cpu_smoke(tmp_path):
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     report = json.loads((out / "served_bench.json").read_text())
     assert report["hardware"] == "CPU" and report["setting"]["config"] == "tiny"
-    assert report["command"].endswith("--scenarios f c d")
+    assert report["command"].endswith("--scenarios c d f")
     assert list(report["runs"]) == list(SERVED_RUNS)
     for name, (mode, policy, slots) in SERVED_RUNS.items():
         document = report["runs"][name]
-        requests = report["setting"]["c_requests" if name.startswith("c_") else "d_requests"]
+        requests = {"c": report["setting"]["c_requests"], "d": report["setting"]["d_requests"], "f": 1}[name[0]]
         summary = document["summary"]
         assert (summary["num_requests"], summary["completed"], summary["failed"]) == (requests, requests, 0), name
         dit = document["h3_dit"]
@@ -54,20 +55,13 @@ def test_served_bench_cpu_smoke(tmp_path):
         assert document["label"] == name and document["config"]["no_mp4"] is True
         assert all(r["success"] for r in document["requests"])
         assert (out / f"timeline_{name}.png").stat().st_size > 0
-    assert [report["runs"][name]["h3_dit"]["row_budget"] for name in ("d_request", "d_fifo", "d_srpt")] == ["4096"] * 3
+    assert [report["runs"][name]["h3_dit"]["row_budget"] for name in ("d_request", "d_fifo", "d_srpt", "f_served")] == [
+        "4096"] * 4
     for key in ("step4_over_request_throughput_c", "step1_over_request_throughput_c", "server_overhead_fraction_f",
                 "default_over_request_mean_latency_d", "request_over_default_time_to_first_step_d"):
         assert isinstance(report["summary"][key], float) and math.isfinite(report["summary"][key]), key
     in_process = report["in_process"]
-    assert in_process["seconds_per_step"] > 0 and in_process["served_seconds_per_step"] > 0
+    assert in_process["seconds_per_step"] > 0 and in_process["seconds_per_step_1_thread"] > 0
+    assert in_process["served_seconds_per_step"] == report["runs"]["f_served"]["summary"]["step_interval_s"]["mean"]
     assert in_process["steps"] == report["setting"]["c_steps"]
     assert "in-process step" in run.stdout
-
-
-def test_served_bench_scenario_f_needs_c(tmp_path):
-    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "served_bench.py"), "--out", str(tmp_path / "out"),
-                          "--work", str(tmp_path / "work"), "--scenarios", "f"],
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 2
-    assert run.stderr.splitlines()[-1] == "served_bench.py: error: scenario f reads run c's `step, 1 slot`: give c too"
-    assert not (tmp_path / "out").exists() and not (tmp_path / "work").exists()

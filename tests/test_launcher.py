@@ -173,3 +173,24 @@ def test_start_and_cli_refuse_numpy_2_before_spawning(add_one_repo: Path, monkey
     assert server.process is None  # refused before tritonserver was started
     assert launch.main(["--model-repository", str(add_one_repo), "--free-ports", "--then", "true"]) == 1
     assert capsys.readouterr().err == f"[server.launch] {NUMPY2_MESSAGE}\n"
+
+
+def test_stub_library_path_holds_only_libpython(tmp_path: Path, monkeypatch) -> None:
+    """LD_LIBRARY_PATH gets a folder with one link to this interpreter's libpython, never the
+    interpreter's LIBDIR: on an Ubuntu host LIBDIR is /usr/lib/x86_64-linux-gnu, whose cuDNN 9.14
+    then outranked PyTorch's own 9.19 inside the stub (H200, 2026-11-30: DiT step 440 ms vs 366)."""
+    target = launch.libpython_path()
+    assert target is not None and Path(target).name == f"libpython{launch.python_version_tag()}.so.1.0"
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/opt/other")
+    env = launch.server_env()
+    folder = Path(env["LD_LIBRARY_PATH"].split(os.pathsep)[0])
+    assert env["LD_LIBRARY_PATH"].split(os.pathsep)[1:] == ["/opt/other"]
+    assert folder == launch.pytriton_tritonserver_dir() / "python_lib" / launch.python_version_tag()
+    assert [p.name for p in folder.iterdir()] == [Path(target).name]
+    assert os.readlink(folder / Path(target).name) == target
+    assert str(Path(target).parent) not in env["LD_LIBRARY_PATH"].split(os.pathsep)
+    # a stale link (another interpreter) is replaced
+    other = launch.libpython_dir(tmp_path)
+    (other / Path(target).name).unlink()
+    (other / Path(target).name).symlink_to("/nonexistent/libpython.so")
+    assert os.readlink(launch.libpython_dir(tmp_path) / Path(target).name) == target
