@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     def run() -> None:
         try:
             outcome["result"] = client.generate(
-                os.fsencode(args.prompt),  # the bytes as given; the server refuses bad UTF-8 height=args.height, width=args.width, num_frames=args.num_frames,
+                os.fsencode(args.prompt),  # the bytes as given; the server refuses bad UTF-8
+                height=args.height, width=args.width, num_frames=args.num_frames,
                 num_inference_steps=args.steps, seed=args.seed, progress_every=1, request_id=request_id,
                 return_audio=args.wav is not None, on_progress=on_progress)[0]
         except H3Error as error:

@@ -2,6 +2,7 @@
 import io
 import json
 import subprocess
+import sys
 import threading
 
 import av
@@ -28,6 +29,21 @@ def test_one_prompt_returns_a_playable_mp4(client):
     assert abs(samples - 20 * 32000 // 24) <= 1024  # AAC pads by at most one frame
     assert result.info["seed"] == 3 and result.info["num_frames"] == 20
     assert set(result.info["stage_seconds"]) == {"queue", "encode", "denoise", "decode"}
+
+
+def test_generate_cli_passes_the_shape_and_seed(server, client, tmp_path):
+    """python -m client.generate: --height/--width/--num-frames/--steps/--seed reach the server
+    (the MP4 has that shape) and the file equals the API's MP4 for the same request."""
+    out = tmp_path / "cli.mp4"
+    done = subprocess.run([sys.executable, "-m", "client.generate", "--prompt", "a red ball", "--height", "96",
+                           "--width", "64", "--num-frames", "9", "--steps", "2", "--seed", "4", "--out", str(out),
+                           "--url", server.grpc_url], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    container = av.open(str(out))
+    video = container.streams.video[0]
+    assert (video.width, video.height) == (64, 96) and len(list(container.decode(video=0))) == 9
+    api, = client.generate("a red ball", height=96, width=64, num_frames=9, num_inference_steps=2, seed=4)
+    assert out.read_bytes() == api.video_mp4
 
 
 REQUESTS = [
