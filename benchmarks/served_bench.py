@@ -23,11 +23,14 @@ On CUDA: the `bench` DiT (bf16, seed-0 weights drawn on the GPU by h3_core.check
 On the CPU the same code runs the `tiny` model with small counts as a smoke test. Writes
 DIR/served_bench.json (settings, commands, every client.bench document, summary) and
 DIR/timeline_<run>.png per run; server logs and repository copies go under --work.
+
+CPU smoke run (about a minute): .venv/bin/python benchmarks/served_bench.py --out out/served_bench
 """
 import argparse
 import datetime
 import json
 import subprocess
+import tempfile
 import sys
 import time
 from dataclasses import dataclass
@@ -160,14 +163,17 @@ def served_run(name: str, setting: Setting, checkpoint: Path, encoder_path: str,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="served_bench.json and the timeline PNGs")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/h3_served_bench"),
-                        help="checkpoints, encoder, repository copies, server logs")
+    parser.add_argument("--work", type=Path,
+                        help="checkpoints, encoder, repository copies, server logs (default: a new temporary folder; "
+                             "give one to reuse the 12 GB bench checkpoint between calls)")
     parser.add_argument("--scenarios", nargs="+", choices=("c", "d", "f"), default=["c", "d", "f"],
                         help="run in the order c, d, f whatever the order given")
     parser.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                         help="extra tritonserver argument (repeatable), e.g. --server-arg=--log-verbose=1")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    args.work = args.work or Path(tempfile.mkdtemp(prefix="h3_served_bench."))
+    print(f"work folder {args.work}", flush=True)
     cuda = torch.cuda.is_available()
     setting = GPU if cuda else CPU
     checkpoint, encoder_path = prepare_weights(setting, args.work, cuda)

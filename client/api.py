@@ -9,6 +9,7 @@ H3Error("TIMEOUT", ...) after the request was cancelled on the server (by its id
 stream closed.
 """
 import json
+import numbers
 import queue
 import re
 import time
@@ -89,10 +90,29 @@ def _input(name: str, value, datatype: str) -> grpcclient.InferInput:
     return tensor
 
 
+ARGUMENT_KINDS = {"int": numbers.Integral, "number": numbers.Real, "bool": bool, "str": str, "str or bytes": (str, bytes)}
+
+
+def _check_type(name: str, value, kind: str, optional: bool = False) -> None:
+    """Raise TypeError naming the argument unless `value` is of `kind` (a key of ARGUMENT_KINDS;
+    numpy integers count as int, bool never counts as a number) or, when optional, None.
+    Catches what tritonclient would silently convert (2.9 -> 2 steps, "false" -> true)."""
+    if value is None and optional:
+        return
+    if isinstance(value, bool) and kind != "bool" or not isinstance(value, ARGUMENT_KINDS[kind]):
+        raise TypeError(f"{name} must be {kind}{' or None' if optional else ''}, got {type(value).__name__} {value!r}")
+
+
 class H3Client:
-    """Streaming client for h3_pipeline at `url` (host:port of Triton's gRPC endpoint)."""
+    """Streaming client for h3_pipeline at `url` (host:port of Triton's gRPC endpoint, no
+    scheme). timeout_s: seconds to wait for each response, > 0 (ValueError otherwise)."""
 
     def __init__(self, url: str = "127.0.0.1:8001", timeout_s: float = 600.0):
+        if "://" in url:
+            raise ValueError(f"url must be host:port without a scheme, got {url!r}")
+        _check_type("timeout_s", timeout_s, "number")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s}")
         self.url, self.timeout_s = url, timeout_s
 
     def generate(self, prompt: str | bytes, *, height: int | None = None, width: int | None = None,
@@ -112,9 +132,23 @@ class H3Client:
         request_id: lets `cancel(request_id)` reach this request; "" sends a random one
         ("h3c-<hex>") so that a timeout can cancel the request on the server. inject_fault:
         tests only, refused unless the server's h3_dit has allow_fault_injection "true" (see
-        its model.py). Returns the results in output-index order. Raises H3Error with the
-        server's code word, or TIMEOUT.
+        its model.py). Returns the results in output-index order. Raises TypeError naming the
+        argument for a wrong Python type (nothing is sent), H3Error with the server's code word,
+        or TIMEOUT.
         """
+        _check_type("prompt", prompt, "str or bytes")
+        for name, value in (("height", height), ("width", width), ("num_frames", num_frames),
+                            ("num_inference_steps", num_inference_steps), ("seed", seed),
+                            ("num_outputs", num_outputs)):
+            _check_type(name, value, "int", optional=True)
+        _check_type("progress_every", progress_every, "int")
+        _check_type("preview_every", preview_every, "int")
+        _check_type("deadline_s", deadline_s, "number", optional=True)
+        for name, value in (("return_mp4", return_mp4), ("return_frames", return_frames),
+                            ("return_audio", return_audio)):
+            _check_type(name, value, "bool")
+        _check_type("request_id", request_id, "str")
+        _check_type("inject_fault", inject_fault, "str", optional=True)
         values = dict(height=height, width=width, num_frames=num_frames,
                       num_inference_steps=num_inference_steps, seed=seed, num_outputs=num_outputs)
         inputs = [_input("PROMPT", prompt.encode() if isinstance(prompt, str) else prompt, "BYTES")]
@@ -122,11 +156,11 @@ class H3Client:
         outputs = [grpcclient.InferRequestedOutput(name) for name in ("VIDEO_MP4", "PROGRESS", "PREVIEW", "INFO")]
         outputs += [grpcclient.InferRequestedOutput(name) for name, wanted in
                     (("FRAMES", return_frames), ("AUDIO", return_audio)) if wanted]
-        parameters = {"progress_every": progress_every}
+        parameters = {"progress_every": int(progress_every)}  # int(): numpy integers are not JSON
         if preview_every:
-            parameters["preview_every"] = preview_every
+            parameters["preview_every"] = int(preview_every)
         if deadline_s is not None:
-            parameters["deadline_s"] = deadline_s
+            parameters["deadline_s"] = deadline_s if isinstance(deadline_s, int) else float(deadline_s)
         if not return_mp4:
             parameters["return_mp4"] = False
         if return_frames:

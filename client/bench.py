@@ -29,7 +29,8 @@ The report (60-wide banner, labels in 40 columns) ends with an ASCII timeline: o
 request over [0, wall] in 72 columns, '-' from submit to first step, '=' from first step to
 completion, ' ' outside. --output-json saves every per-request record, the summary, the exact
 command line, the date and --label; --output-png draws the same timeline with matplotlib.
-Exit status: 0 when every measured request succeeded, 1 otherwise, 130 on Ctrl-C (in-flight
+Exit status: 0 when every measured request succeeded, 1 otherwise (also when a warm-up request
+fails: nothing is measured then), 2 for bad flags, 130 on Ctrl-C (in-flight
 requests are cancelled on the server by id).
 """
 from __future__ import annotations
@@ -258,9 +259,11 @@ def _section(title: str) -> str:
 
 def format_report(summary: dict, config: dict, timeline: Sequence[str]) -> str:
     """The printed report: banner, configuration, traffic, latency blocks, stage means, timeline."""
-    shape = f"{config['height']}x{config['width']}" if config.get("height") and config.get("width") else "default"
-    frames = config.get("num_frames") or "default"
-    steps = config.get("steps") or "default"
+    def given(key: str) -> str:
+        return "default" if config.get(key) is None else str(config[key])
+
+    shape = f"{given('height')}x{given('width')}"
+    frames, steps = given("num_frames"), given("steps")
     if config.get("arrival_interval") is not None:
         arrivals = f"every {config['arrival_interval']:g} s"
     elif math.isinf(config.get("request_rate", math.inf)):
@@ -401,6 +404,10 @@ def run_request(client: H3Client, args, record: RequestRecord, origin: float, st
         record.last_step_s = last_step[0] - origin
 
 
+class WarmupFailed(Exception):
+    """A warm-up request failed: the measured phase would not start warm, so none is run."""
+
+
 def run_benchmark(args) -> tuple[list[RequestRecord], float | None]:
     """Warm-up, then the measured phase. Returns the records (times from the first measured
     submit) and the metrics endpoint's peak GPU memory (MB) or None."""
@@ -412,7 +419,7 @@ def run_benchmark(args) -> tuple[list[RequestRecord], float | None]:
         run_request(client, args, warm, time.perf_counter(),
                     args.steps if args.warmup_steps is None else args.warmup_steps)
         if not warm.success:
-            print(f"warm-up request {i} failed: {warm.error_code}: {warm.error}", file=sys.stderr)
+            raise WarmupFailed(f"warm-up request {i} failed: {warm.error_code}: {warm.error}")
     offsets = arrival_offsets(args.num_prompts, args.request_rate, args.arrival_interval, args.seed)
     records = [RequestRecord(index=i, request_id=f"bench-{run_id}-{i}", prompt=PROMPT_TEMPLATE.format(i=i),
                              arrival_s=offsets[i]) for i in range(args.num_prompts)]
@@ -526,12 +533,17 @@ def main(argv: list[str] | None = None) -> int:
         _parser().error("--num-prompts must be >= 1; --max-concurrency and --warmup-requests >= 0")
     if not args.request_rate > 0 or (args.arrival_interval is not None and args.arrival_interval < 0):
         _parser().error("--request-rate must be > 0 and --arrival-interval >= 0")
+    if args.warmup_steps is not None and args.warmup_steps < 1 or not args.timeout > 0:
+        _parser().error("--warmup-steps must be >= 1 and --timeout > 0")
     command = shlex.join(sys.orig_argv if argv is None else [sys.executable, "-m", "client.bench", *argv])
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     try:
         records, gpu_memory_mb = run_benchmark(args)
     except KeyboardInterrupt:
         return 130
+    except WarmupFailed as error:
+        print(f"{error}; no measured requests were sent", file=sys.stderr)
+        return 1
     summary = summarize(records, gpu_memory_mb)
     timeline = render_timeline(records, summary["wall_s"])
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}

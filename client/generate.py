@@ -23,7 +23,7 @@ from .api import H3Client, H3Error
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m client.generate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompt", required=True)
     parser.add_argument("--out", type=Path, required=True, help="output .mp4 path")
     parser.add_argument("--wav", type=Path, help="also write the audio as a .wav file")
@@ -35,6 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", default=os.environ.get("H3_GRPC_URL", "127.0.0.1:8001"))
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each response")
     args = parser.parse_args(argv)
+    if not args.timeout > 0:
+        parser.error(f"--timeout must be > 0 seconds, got {args.timeout:g}")
+    for flag, path in (("--out", args.out), ("--wav", args.wav)):
+        if path is not None and path.is_dir():
+            parser.error(f"{flag} {path} is a folder; give a file path")
 
     bar = tqdm(unit="step", desc="denoising")
 
@@ -79,8 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.wav is not None:
         write_wav(args.wav, result.audio)
     info = result.info
-    print(f"wrote {args.out} ({info['num_frames']} frames {info['width']}x{info['height']}, "
-          f"{info['num_inference_steps']} steps) in {time.perf_counter() - start:.2f} s, seed {info['seed']}")
+    print(f"wrote {args.out}{f' and {args.wav}' if args.wav is not None else ''} ({info['num_frames']} frames "
+          f"{info['width']}x{info['height']}, {info['num_inference_steps']} steps) in "
+          f"{time.perf_counter() - start:.2f} s, seed {info['seed']}")
     return 0
 
 

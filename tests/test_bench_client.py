@@ -267,3 +267,21 @@ def test_failed_requests_are_recorded_with_their_code(server, capsys):
     assert "Mean latency (s):                       n/a" in report
     assert "Mean step interval (s):                 n/a" in report
     assert len([line for line in report.splitlines() if line.endswith("| FAILED INVALID_ARG")]) == 2
+    assert "Request shape (HxW, frames, steps):     33xdefault, default, 2" in report  # what was sent
+
+
+def test_failed_warmup_stops_before_the_measured_phase(server, capsys):
+    code = main(["--url", server.grpc_url, "--num-prompts", "2", "--height", "33", "--warmup-requests", "1"])
+    captured = capsys.readouterr()
+    assert code == 1 and captured.out == ""
+    assert captured.err == ("warm-up request 0 failed: INVALID_ARG: height=33 is out of range: allowed multiples of "
+                            "32 in 32..256; no measured requests were sent\n")
+
+
+@pytest.mark.parametrize("flags", [["--warmup-steps", "0"], ["--timeout", "-5"]])
+def test_bad_warmup_steps_and_timeout_are_flag_errors(flags, capsys):
+    with pytest.raises(SystemExit) as raised:
+        main(["--num-prompts", "1", *flags])
+    assert raised.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "python -m client.bench: error: --warmup-steps must be >= 1 and --timeout > 0")
