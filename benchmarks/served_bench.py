@@ -5,18 +5,18 @@
 Each served run makes a copy of model_repository/ with its h3_dit settings (h3_core.train.
 repository.repository_copy), starts tritonserver on free ports (server.launch.TritonServer),
 runs `python -m client.bench` against it (one warm-up request of 2 steps first, progress every
-step) and stops the server. Scenarios:
-  f: the step loop of one request in-process (Engine.denoise_step + Engine.update, what h3_dit
-     runs per step; no Triton), with torch's default CPU threads and with 1 (h3_dit's
-     cpu_threads), against the same request served alone in step mode with the default policy:
-     the client's step interval (progress response of the last step - that of the first) /
-     (steps - 1). server_overhead_fraction_f = served / in-process (default threads) - 1.
+step) and stops the server. Scenarios, run in this order:
   c: 4 requests at concurrency 4, 30 steps: execution_mode request, then step mode with the
      reference's fifo packing and 1 and 4 slots (max_num_seqs), the 4-slot pack holding all
      four requests (max_batch_rows 65,536); throughput ratios against request mode.
   d: 10 requests arriving every 5 s (unlimited concurrency), 20 steps: step mode with the
      policies request, fifo and srpt (the default; row_budget 4,096, where the H200 packing
      curve (e) turns compute-bound); mean latency and time to first step against `request`.
+  f: the step loop of one request in-process (Engine.denoise_step + Engine.update, what h3_dit
+     runs per step; no Triton), with torch's default CPU threads and with 1 (h3_dit's
+     cpu_threads), against the same request served alone in step mode with the default policy:
+     the client's step interval (progress response of the last step - that of the first) /
+     (steps - 1). server_overhead_fraction_f = served / in-process (default threads) - 1.
 On CUDA: the `bench` DiT (bf16, seed-0 weights drawn on the GPU by h3_core.checkpoint_setup),
 672x384, 209 frames (16,384 rows), DiT and VAEs on the GPU, the benchmark text encoder of width
 5120 (benchmarks/bench_text_encoder.py, on the CPU), return_mp4=false (no PyAV needed).
@@ -29,9 +29,10 @@ CPU smoke run (about a minute): .venv/bin/python benchmarks/served_bench.py --ou
 import argparse
 import datetime
 import json
+import shutil
 import subprocess
-import tempfile
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,7 +133,7 @@ def served_run(name: str, setting: Setting, checkpoint: Path, encoder_path: str,
     run_dir = work / name
     repository = run_dir / "model_repository"
     if repository.exists():
-        subprocess.run(["rm", "-rf", str(repository)], check=True)
+        shutil.rmtree(repository)
     device = "cuda" if cuda else "cpu"
     dit_params = {"config_name": setting.config, "checkpoint_dir": str(checkpoint), "device": device,
                   "max_height": setting.height, "max_width": setting.width, "max_num_frames": setting.num_frames,
