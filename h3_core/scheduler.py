@@ -2,9 +2,9 @@
 
 A Job is one client request inside the DiT: its states (one per output) plus serving
 bookkeeping. The Scheduler holds the live jobs, refuses a job that can never fit one forward or
-that finds the waiting queue full, and at every step boundary lets its policy pick the jobs this
-step advances (the pack). A job left out of the pack is preempted: its state stays in the job and
-it resumes at the same step later. The policies (docs/scheduling.md compares them):
+that finds it at capacity (Admission, below), and at every step boundary lets its policy pick the
+jobs this step advances (the pack). A job left out of the pack is preempted: its state stays in
+the job and it resumes at the same step later. The policies (docs/scheduling.md compares them):
 
 - `request`: the oldest job alone until it finishes (run to completion, equal to request mode).
 - `fifo`: the reference (h3_spec §5.7): admit in arrival order while the pack fits max_num_seqs
@@ -16,6 +16,21 @@ it resumes at the same step later. The policies (docs/scheduling.md compares the
   steps x rows, earlier arrival); effective priority = priority + floor(age / aging_s), so every
   aging_s seconds since its arrival lift a job one level and no job starves. The first-ranked job always
   runs; the others join in rank order while the pack stays within row_budget rows.
+
+Admission (every policy): the scheduler holds at most max_num_seqs + max_waiting live jobs (one
+full pack of single-output jobs plus max_waiting waiting); a newcomer finding that many is refused
+with Overloaded, whose message counts the jobs held. The bound counts every live job wherever the
+policy puts it: packed, not started yet, or started and preempted. Only add() raises that count
+(schedule() moves jobs between the pack and the line but adds none), so it never passes the bound.
+Counting only the jobs outside the current pack could: srpt's pack shrinks when a newcomer
+outranks started jobs or a multi-output job ranks first, and the jobs it leaves out join the
+line. Counting only the jobs not started yet would leave the total unbounded under srpt, which
+starts every newcomer at the next boundary and preempts started jobs. The bound is h3_dit's
+max_batch_size (max_num_seqs + max_waiting + 2 sequence slots) less its 2 control slots, so
+cancel requests always find a slot and a newcomer gets one and its UNAVAILABLE answer instead of
+waiting in Triton's backlog. The line (jobs outside the pack, h3_dit's h3_waiting_requests gauge)
+is longer than max_waiting when the pack holds fewer than max_num_seqs jobs (multi-output jobs,
+max_batch_rows, row_budget).
 
 Policies never read the clock: schedule() takes `now`, so the simulator (h3_core.simulate) drives
 the same code with simulated time.
@@ -30,7 +45,8 @@ DEFAULT_AGING_S = 60.0
 
 
 class Overloaded(Exception):
-    """The waiting queue is full; the request is refused (Triton: UNAVAILABLE)."""
+    """The scheduler is at capacity (max_num_seqs + max_waiting jobs); the request is refused
+    (Triton: UNAVAILABLE)."""
 
 
 @dataclass(eq=False)  # a job is itself: compared by identity
@@ -81,8 +97,8 @@ class Scheduler:
     Args:
         max_num_seqs: documents (request outputs) per packed forward.
         max_batch_rows: packed rows per forward; a job with more rows is refused.
-        max_waiting: live jobs outside the current pack that may wait; a newcomer finding that
-            many is refused with Overloaded.
+        max_waiting: live jobs beyond max_num_seqs: a newcomer finding max_num_seqs +
+            max_waiting live jobs is refused with Overloaded (Admission in the module docstring).
         policy: one of POLICIES (Triton model parameter `scheduling_policy`).
         row_budget: `srpt` only: rows a pack may reach when jobs join the first-ranked one;
             None means max_batch_rows. Set it where the measured step cost stops being flat
@@ -111,13 +127,14 @@ class Scheduler:
 
     def add(self, job: Job) -> None:
         """Queue a new job. Raises ValueError if it can never fit one forward, Overloaded if
-        max_waiting jobs are already waiting."""
+        max_num_seqs + max_waiting jobs are live."""
         if len(job.states) > self.max_num_seqs:
             raise ValueError(f"num_outputs={len(job.states)} is out of range: allowed 1..{self.max_num_seqs} (max_num_seqs)")
         if job.rows > self.max_batch_rows:
             raise ValueError(f"rows={job.rows} is out of range: allowed 1..{self.max_batch_rows} (max_batch_rows)")
-        if len(self.line) >= self.max_waiting:
-            raise Overloaded(f"{len(self.line)} requests are waiting (max_waiting={self.max_waiting}); retry later")
+        if len(self.jobs) >= self.max_num_seqs + self.max_waiting:
+            raise Overloaded(f"the DiT holds {len(self.jobs)} requests, its capacity max_num_seqs + max_waiting = "
+                             f"{self.max_num_seqs} + {self.max_waiting}; retry later")
         self.jobs.append(job)
         self.line.append(job)
 

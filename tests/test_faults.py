@@ -80,28 +80,31 @@ def test_field_case_c8_a_step_slower_than_tritons_default_idle_timeout_loses_no_
         assert outcome[i][0].frames.tobytes() == alone.frames.tobytes()
 
 
-def test_a_newcomer_finding_max_waiting_requests_waiting_is_refused_at_once(faults):
+def test_a_newcomer_finding_the_dit_at_capacity_is_refused_at_once(faults):
     server, client = faults
     outcome, running = {}, threading.Event()
-    # four outputs fill the pack (max_num_seqs 4); the next request leaves one of them waiting
+    # the DiT holds max_num_seqs + max_waiting = 4 + 1 requests, wherever the policy puts them:
+    # with these five (eight outputs, four per pack) the newcomer is the sixth
     threads = [start(client, outcome, "four", prompt="four outputs", num_inference_steps=400, num_outputs=4,
                      request_id="full-4", progress_every=1, on_progress=lambda *_: running.set())]
     assert running.wait(60)
-    threads.append(start(client, outcome, "one", prompt="one more", num_inference_steps=400, request_id="full-1"))
+    threads += [start(client, outcome, k, prompt=f"one more {k}", num_inference_steps=400, request_id=f"full-{k}")
+                for k in range(4)]
     deadline = time.monotonic() + 60
-    while server.h3_metrics().get("h3_waiting_requests") != 1 and time.monotonic() < deadline:
+    while sum(server.h3_metrics().get(name, 0) for name in ("h3_active_requests", "h3_waiting_requests")) != 5 \
+            and time.monotonic() < deadline:
         time.sleep(0.05)
     sent = time.monotonic()
     with pytest.raises(H3Error) as info:
         client.generate("the newcomer", num_inference_steps=2)
     refused_after = time.monotonic() - sent
-    assert client.cancel("full-4") and client.cancel("full-1")
+    assert all(client.cancel(f"full-{k}") for k in (4, 0, 1, 2, 3))
     for thread in threads:
         thread.join(60)
     assert info.value.code == "UNAVAILABLE"
-    assert info.value.message == "1 requests are waiting (max_waiting=1); retry later"
-    assert refused_after < 5  # at once: the two others still had hundreds of steps to go
-    assert outcome["four"].code == "CANCELLED" and outcome["one"].code == "CANCELLED"
+    assert info.value.message == "the DiT holds 5 requests, its capacity max_num_seqs + max_waiting = 4 + 1; retry later"
+    assert refused_after < 5  # at once: the five others still had hundreds of steps to go
+    assert [outcome[k].code for k in ("four", 0, 1, 2, 3)] == ["CANCELLED"] * 5
 
 
 def test_bad_input_request_over_the_memory_budget(faults):

@@ -146,7 +146,7 @@ def test_refuses_a_job_that_never_fits_one_forward():
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_refuses_a_newcomer_that_finds_max_waiting_jobs_waiting(policy):
+def test_refuses_a_newcomer_finding_max_num_seqs_plus_max_waiting_jobs(policy):
     scheduler = Scheduler(max_num_seqs=1, max_batch_rows=100, max_waiting=2, policy=policy)
     running = job("running", 10, 2)
     scheduler.add(running)
@@ -155,11 +155,56 @@ def test_refuses_a_newcomer_that_finds_max_waiting_jobs_waiting(policy):
     scheduler.add(job("w2", 10, 5, arrival_s=1.0))
     with pytest.raises(Overloaded) as error:
         scheduler.add(job("w3", 10, 5, arrival_s=1.0))
-    assert str(error.value) == "2 requests are waiting (max_waiting=2); retry later"
+    assert str(error.value) == "the DiT holds 3 requests, its capacity max_num_seqs + max_waiting = 1 + 2; retry later"
     scheduler.remove(running)
     assert names(scheduler.schedule(1.0)) == ["w1"]
     scheduler.add(job("w3", 10, 5, arrival_s=1.0))
     assert names(scheduler.jobs) == ["w1", "w2", "w3"]
+
+
+def test_srpt_preemption_never_takes_the_count_past_the_capacity():
+    # Four started one-output jobs fill the pack and two wait. A 3-output newcomer with the least
+    # work ranks first and shrinks the pack to 2 jobs, leaving 5 outside it: counted that way the
+    # next newcomer met "5 requests are waiting (max_waiting=3)". The live jobs number 7 =
+    # max_num_seqs + max_waiting, as they did before the pack shrank.
+    scheduler = Scheduler(max_num_seqs=4, max_batch_rows=100, max_waiting=3, policy="srpt")
+    for name in "abcdef":
+        scheduler.add(job(name, 10, 10))
+    assert step(scheduler, 0.0) == ["a", "b", "c", "d"]
+    scheduler.add(job("three", 10, 2, arrival_s=1.0, outputs=3))
+    assert step(scheduler, 1.0) == ["three", "e"]
+    assert names(scheduler.line) == ["f", "a", "b", "c", "d"] and len(scheduler.jobs) == 7
+    with pytest.raises(Overloaded) as error:
+        scheduler.add(job("one", 10, 5, arrival_s=2.0))
+    assert str(error.value) == "the DiT holds 7 requests, its capacity max_num_seqs + max_waiting = 4 + 3; retry later"
+    # the row budget shrinks the pack too: the line outgrows max_waiting, the capacity holds
+    scheduler = Scheduler(max_num_seqs=4, max_batch_rows=100, max_waiting=2, policy="srpt", row_budget=30)
+    for name in "abcdef":
+        scheduler.add(job(name, 20, 10))
+    assert step(scheduler, 0.0) == ["a"]
+    assert names(scheduler.line) == ["b", "c", "d", "e", "f"]
+    with pytest.raises(Overloaded) as error:
+        scheduler.add(job("g", 20, 10))
+    assert str(error.value) == "the DiT holds 6 requests, its capacity max_num_seqs + max_waiting = 4 + 2; retry later"
+
+
+@pytest.mark.parametrize("policy,admitted,refused", [("request", 17, 23), ("fifo", 18, 22), ("srpt", 20, 20)])
+def test_live_jobs_never_pass_the_capacity_under_a_burst(policy, admitted, refused):
+    # 40 arrivals of 1..3 outputs over 20 steps: the live jobs reach, never pass, max_num_seqs +
+    # max_waiting = 12 (h3_dit's 14 sequence slots less 2 for cancel requests); the line reaches 11.
+    scheduler = Scheduler(max_num_seqs=4, max_batch_rows=100, max_waiting=8, policy=policy, row_budget=60)
+    outcomes, most_live, longest_line = [], 0, 0
+    for now in range(20):
+        for k in range(2):
+            try:
+                scheduler.add(job(f"{now}-{k}", 10 + 10 * k, 3 + now % 5, arrival_s=now, outputs=1 + (now + k) % 3))
+                outcomes.append("admitted")
+            except Overloaded:
+                outcomes.append("refused")
+            most_live = max(most_live, len(scheduler.jobs))
+        step(scheduler, float(now))
+        longest_line = max(longest_line, len(scheduler.line))
+    assert (outcomes.count("admitted"), outcomes.count("refused"), most_live, longest_line) == (admitted, refused, 12, 11)
 
 
 def test_bad_constructor_arguments():
