@@ -6,7 +6,9 @@ the field; afterwards the same normal request returns FRAMES and AUDIO byte-iden
 first one of this module, and no model process was replaced. Every stream has a timeout.
 """
 import json
+import queue
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -150,6 +152,98 @@ def test_bad_input_is_refused_and_harms_nothing(server, client, reference, kind)
     after = client.generate(**NORMAL)[0]
     assert after.frames.tobytes() == reference[0].frames.tobytes()
     assert after.audio.tobytes() == reference[0].audio.tobytes()
+
+
+FIELD_NAMES = ("['encode_seconds', 'height', 'num_frames', 'num_inference_steps', 'num_outputs', 'seed', 'width'], "
+               "or 'cancel_request_id' alone (a cancel request)")
+NO_TEXT = np.zeros((1, 0, 0), dtype=np.float32)  # the TEXT_EMBEDS of a cancel request (client.api.H3Client.cancel)
+DIT_CASES = {  # h3_dit called directly: (TEXT_EMBEDS, REQUEST, the whole message after "INVALID_ARG: ")
+    "text_embeds_empty": (NO_TEXT, b'{"num_inference_steps": 2}', "text_embeds has shape (0, 0); expected [L >= 1, 384]"),
+    "text_embeds_zero_width": (np.zeros((1, 3, 0), dtype=np.float32), b"{}", "text_embeds has shape (3, 0); expected [L >= 1, 384]"),
+    "text_embeds_no_tokens": (np.zeros((1, 0, 384), dtype=np.float32), b"{}", "text_embeds has shape (0, 384); expected [L >= 1, 384]"),
+    "text_embeds_narrow": (np.zeros((1, 3, 7), dtype=np.float32), b"{}", "text_embeds has shape (3, 7); expected [L >= 1, 384]"),
+    "unknown_field": (np.zeros((1, 3, 384), dtype=np.float32), b'{"colour": 1}', f"REQUEST field 'colour' is unknown; allowed: {FIELD_NAMES}"),
+    "field_name_typo": (np.zeros((1, 3, 384), dtype=np.float32), b'{"num_inference_step": 2}',
+                        f"REQUEST field 'num_inference_step' is unknown; allowed: {FIELD_NAMES}"),
+    "cancel_with_another_field": (NO_TEXT, b'{"cancel_request_id": "x-1", "height": 64}',
+                                  "REQUEST field 'height' is not allowed beside 'cancel_request_id': a cancel request holds that "
+                                  "field alone"),
+    "cancel_id_number": (NO_TEXT, b'{"cancel_request_id": 5}', "cancel_request_id must be a non-empty string, got number 5"),
+    "cancel_id_null": (NO_TEXT, b'{"cancel_request_id": null}', "cancel_request_id must be a non-empty string, got null"),
+    "cancel_id_empty": (NO_TEXT, b'{"cancel_request_id": ""}', "cancel_request_id must be a non-empty string, got an empty string"),
+    "cancel_id_boolean": (NO_TEXT, b'{"cancel_request_id": true}', "cancel_request_id must be a non-empty string, got boolean true"),
+    "cancel_id_array": (NO_TEXT, b'{"cancel_request_id": ["x-1"]}',
+                        'cancel_request_id must be a non-empty string, got array ["x-1"]'),
+}
+
+
+@pytest.mark.parametrize("kind", DIT_CASES)
+def test_bad_direct_dit_request_is_refused_and_harms_nothing(server, client, reference, kind):
+    text, fields, message = DIT_CASES[kind]
+    responses, error = raw_stream(server.grpc_url, dit_inputs(text=text, fields=fields), model="h3_dit")
+    assert responses == [] and error is not None
+    assert (error.code, error.message) == ("INVALID_ARG", message)
+    after = client.generate(**NORMAL)[0]
+    assert after.frames.tobytes() == reference[0].frames.tobytes()
+    assert after.audio.tobytes() == reference[0].audio.tobytes()
+
+
+def test_bad_direct_dit_requests_leave_a_running_neighbour_bit_identical(server, client):
+    # Before TEXT_EMBEDS's shape was checked, [1, 3, 0] raised in parse, the exception left
+    # execute() and Triton failed every request of that execute(), the running one included,
+    # with a Python traceback naming server paths.
+    neighbour = dict(prompt="a neighbour", height=64, width=64, num_frames=9, num_inference_steps=400, seed=6,
+                     return_frames=True, return_audio=True)
+    outcome, steps = {}, []
+    thread = threading.Thread(target=lambda: outcome.update(result=client.generate(
+        **neighbour, progress_every=1, on_progress=lambda step, *_: steps.append(step))))
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not steps and time.monotonic() < deadline:
+        time.sleep(0.01)
+    codes = [raw_error(server, dit_inputs(text=np.zeros(shape, dtype=np.float32), fields=fields), model="h3_dit").code
+             for shape, fields in (((1, 3, 0), b"{}"), ((1, 0, 0), b"{}"), ((1, 3, 384), b'{"colour": 1}'))]
+    refused_at = steps[-1]
+    thread.join(120)
+    assert codes == ["INVALID_ARG"] * 3
+    assert 1 <= refused_at < 400  # the neighbour was denoising while the three were refused
+    alone = client.generate(**neighbour)[0]
+    assert outcome["result"][0].frames.tobytes() == alone.frames.tobytes()
+    assert outcome["result"][0].audio.tobytes() == alone.audio.tobytes()
+
+
+def test_reused_sequence_id_ends_the_first_request_naming_its_request_id(server, client, reference):
+    # Called directly with a sequence_id in use: h3_dit refuses the newcomer and drops the
+    # running request, which Triton 2.51 delivers once more; its CANCELLED: final response names
+    # its request id (server-assigned h3-<n> here), not the sequence id.
+    sequence_id, before = 9_600_001, server.h3_metrics()["h3_cancellations_total"]
+    responses, first = queue.Queue(), grpcclient.InferenceServerClient(server.grpc_url)
+    first.start_stream(callback=lambda result, error: responses.put((result, error)))
+    try:
+        first.async_stream_infer("h3_dit", dit_inputs(fields=b'{"num_inference_steps": 400}'), parameters={"progress_every": 1},
+                                 sequence_id=sequence_id, sequence_start=True, enable_empty_final_response=True)
+        result, error = responses.get(timeout=60)
+        assert error is None
+        request_id = json.loads(result.as_numpy("INFO").reshape(-1)[0])["request_id"]
+        assert request_id.startswith("h3-") and request_id != f"h3-{sequence_id}"
+        error = raw_error(server, dit_inputs(), model="h3_dit", sequence_id=sequence_id, sequence_start=True)
+        assert (error.code, error.message) == ("INVALID_ARG", f"sequence id {sequence_id} belongs to request {request_id}, "
+                                                              "which Triton has now ended; do not send sequence_id")
+        while True:
+            result, error = responses.get(timeout=30)
+            assert error is None
+            info = json.loads(result.as_numpy("INFO").reshape(-1)[0])
+            if info["kind"] != "progress":
+                break
+        assert info == {"kind": "error", "request_id": request_id, "code": "CANCELLED",
+                        "message": f"request {request_id} was dropped: another request reused its sequence id {sequence_id}"}
+        assert result.get_response().parameters["triton_final_response"].bool_param
+    finally:
+        first.stop_stream(cancel_requests=True)
+        first.close()
+    assert idle_metrics(server)["h3_cancellations_total"] == before + 1
+    after = client.generate(**NORMAL)[0]
+    assert after.frames.tobytes() == reference[0].frames.tobytes()
 
 
 def test_bad_input_duplicate_request_id_while_running(server, client, reference):

@@ -14,8 +14,10 @@ boundary every job ends with CANCELLED and newcomers are refused with UNAVAILABL
 ensemble request is left in flight when Triton shuts down.
 """
 import itertools
+import json
 import signal
 import time
+import traceback
 
 import numpy as np
 import torch
@@ -30,6 +32,8 @@ from server.adapter import (error_response, json_tensor, model_parameters, read_
 import triton_python_backend_utils as pb_utils
 
 FIELDS = ("height", "width", "num_frames", "num_inference_steps", "seed", "num_outputs")
+REQUEST_FIELDS = FIELDS + ("encode_seconds",)  # exactly the keys h3_encoder writes into REQUEST
+JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
 EMPTY_LATENT = np.zeros((1, 0), dtype=np.float32)
 EMPTY_PREVIEW = np.zeros((1, 0, 0, 3), dtype=np.uint8)
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -50,6 +54,33 @@ def check_fault(fault: str) -> None:
         seconds = None
     if seconds is None or not 0 < seconds <= 600:
         raise ValueError(f"inject_fault={fault!r} is not one of 'raise', 'nan', 'slow:S' (0 < S <= 600 seconds)")
+
+
+def check_fields(fields: dict) -> None:
+    """REQUEST's keys: a generation request holds only REQUEST_FIELDS, a cancel request
+    "cancel_request_id" alone, a non-empty string. Raises ValueError naming the key."""
+    if "cancel_request_id" in fields:
+        extra = sorted(key for key in fields if key != "cancel_request_id")
+        if extra:
+            raise ValueError(f"REQUEST field {extra[0]!r} is not allowed beside 'cancel_request_id': a cancel request "
+                             "holds that field alone")
+        target = fields["cancel_request_id"]
+        if type(target) is not str or not target:
+            got = ("null" if target is None else "an empty string" if target == ""
+                   else f"{JSON_TYPES.get(type(target), type(target).__name__)} {json.dumps(target)}")
+            raise ValueError(f"cancel_request_id must be a non-empty string, got {got}")
+        return
+    unknown = sorted(key for key in fields if key not in REQUEST_FIELDS)
+    if unknown:
+        raise ValueError(f"REQUEST field {unknown[0]!r} is unknown; allowed: {sorted(REQUEST_FIELDS)}, or "
+                         "'cancel_request_id' alone (a cancel request)")
+
+
+def admission_failure(error: Exception) -> str:
+    """The client's message for an unexpected exception while a request is admitted: the
+    exception's type and the first line of its text, no traceback."""
+    text = str(error).strip().splitlines()
+    return f"the request could not be admitted ({type(error).__name__}: {text[0] if text else 'no detail'}); see the server log"
 
 
 def ending(request_id: str, code: str, message: str, step: int = 0, total: int = 0) -> "pb_utils.InferenceResponse":
@@ -116,6 +147,7 @@ class TritonPythonModel:
                                    int(params["row_budget"]), float(params["aging_s"]))
         self.jobs: dict[object, Job] = {}
         self.early_cancels: dict[str, float] = {}  # request id -> monotonic time of the cancel
+        self.dropped: dict[object, tuple] = {}  # key -> (request id, cause, monotonic time) of a dropped job
         self.ids = itertools.count(1)
         self.metrics = Metrics()
         if params["allow_fault_injection"] not in ("true", "false"):
@@ -146,12 +178,13 @@ class TritonPythonModel:
                 continue  # filler request inserted by the `direct` strategy
             try:
                 fields = read_json(request, "REQUEST")
+                check_fields(fields)
             except ValueError as error:
                 self.metrics.refusals.increment(1)
                 request.get_response_sender().send(error_response("INVALID_ARG", str(error)), flags=FINAL)
                 continue
             if "cancel_request_id" in fields:
-                self.control(request, str(fields["cancel_request_id"]))
+                self.control(request, fields["cancel_request_id"])
                 continue
             job = self.jobs.get(key)
             new = request.flags() & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
@@ -159,11 +192,16 @@ class TritonPythonModel:
                 self.refuse_reused_id(request, job)
                 continue
             if job is None and not new:  # a rescheduled request whose job was dropped: end it
-                self.metrics.cancellations.increment(1)
-                request.get_response_sender().send(ending(
-                    request.request_id() or str(key), "CANCELLED", f"request {request.request_id() or key} was dropped: "
-                    f"its sequence id was reused or Triton withheld it for {VANISHED_EXECUTES} steps"), flags=FINAL)
+                if key not in self.dropped:
+                    self.metrics.cancellations.increment(1)  # else counted when it was dropped
+                request_id, cause, _ = self.dropped.pop(key, (request.request_id(), None, None))
+                named = request_id or f"with sequence id {key}"
+                cause = cause or f"its sequence id was reused or Triton withheld it for {VANISHED_EXECUTES} steps"
+                request.get_response_sender().send(ending(request_id or str(key), "CANCELLED",
+                                                          f"request {named} was dropped: {cause}"), flags=FINAL)
                 continue
+            if new:
+                self.dropped.pop(key, None)  # a new sequence with the id of a dropped one
             job = job or self.admit(request, key, fields)
             if job is not None:
                 job.extra["request"] = request
@@ -213,6 +251,17 @@ class TritonPythonModel:
             self.metrics.refusals.increment(1)
             sender.send(error_response("UNAVAILABLE", str(error)), flags=FINAL)
             return None
+        except Exception as error:  # noqa: BLE001 - a validation gap must not escape execute()
+            # Escaping, it would fail every request of this execute() with a traceback naming
+            # server paths. The client gets a code word and one line; the log the traceback.
+            self.metrics.failures.increment(1)
+            try:
+                pb_utils.Logger.log_error(f"h3_dit: request {request.request_id() or key} could not be admitted:\n"
+                                          f"{traceback.format_exc()}")
+            except Exception:  # noqa: BLE001 - logging must not undo the catch
+                pass
+            sender.send(error_response("INTERNAL", admission_failure(error)), flags=FINAL)
+            return None
         self.jobs[key] = job
         return job
 
@@ -220,11 +269,12 @@ class TritonPythonModel:
         """A new request (START) came with the sequence id of a live job: a client sent a
         sequence_id in use. Triton 2.51 ends the job's sequence ("conflict ... terminated
         early") and may free its request, so the job is dropped without a response (sending on
-        its stored sender crashed the server); if Triton delivers the request once more it is
-        ended there (iterate), else its client waits for its own timeout. The newcomer is
+        its stored sender crashed the server); if Triton delivers the request once more (it did
+        in every direct-call test) it is ended there (iterate) with CANCELLED naming its request
+        id and the sequence id, else its client waits for its own timeout. The newcomer is
         refused: admitting it routed its responses to the job's client."""
         self.metrics.cancellations.increment(1)
-        self.forget(job)
+        self.forget(job, f"another request reused its sequence id {job.key}")
         self.metrics.refusals.increment(1)
         request.get_response_sender().send(error_response(
             "INVALID_ARG", f"sequence id {job.key} belongs to request {job.request_id}, which Triton has now ended; "
@@ -261,7 +311,12 @@ class TritonPythonModel:
                 if type(fields[name]) is not int:
                     raise ValueError(f"{name} must be an integer, got {fields[name]!r}")
                 values[name] = fields[name]
-        text = torch.from_numpy(pb_utils.get_input_tensor_by_name(request, "TEXT_EMBEDS").as_numpy().copy())
+        embeds = pb_utils.get_input_tensor_by_name(request, "TEXT_EMBEDS").as_numpy()
+        text_dim = self.engine.dit.cfg.text_dim
+        if embeds.ndim != 3 or embeds.shape[0] != 1 or embeds.shape[1] < 1 or embeds.shape[2] != text_dim:
+            shape = embeds.shape[1:] if embeds.ndim == 3 and embeds.shape[0] == 1 else embeds.shape
+            raise ValueError(f"text_embeds has shape {tuple(shape)}; expected [L >= 1, {text_dim}]")
+        text = torch.from_numpy(embeds[0].copy())  # [L, text_dim]
         if not torch.isfinite(text).all():
             raise ValueError("TEXT_EMBEDS holds non-finite values")
         encode_s = fields.get("encode_seconds", 0.0)
@@ -271,7 +326,7 @@ class TritonPythonModel:
         if any(job.request_id == request_id for job in self.jobs.values()):
             raise ValueError(f"request id {request_id!r} is already running; ids must be unique")
         generation = GenerationRequest(prompt="(encoded)", request_id=request_id, **values)
-        states = self.engine.prepare(generation, text.reshape(-1, text.shape[-1]))
+        states = self.engine.prepare(generation, text)
         job = Job(key=key, request_id=request_id, states=states, progress_every=progress_every, encode_s=encode_s,
                   priority=parameters.get("request_priority", 0))
         job.extra.update(preview_every=preview_every, deadline_s=deadline_s)
@@ -304,7 +359,7 @@ class TritonPythonModel:
             job.extra["absent"] = 0 if job in present else job.extra.get("absent", 0) + 1
             if job.extra["absent"] >= VANISHED_EXECUTES:
                 self.metrics.cancellations.increment(1)
-                self.forget(job)
+                self.forget(job, f"Triton withheld it for {VANISHED_EXECUTES} steps (sequence id {job.key})")
 
     def end_cancelled(self, present: list[Job]) -> None:
         """Step boundary: end jobs cancelled by id, natively cancelled, past their deadline, or
@@ -425,6 +480,13 @@ class TritonPythonModel:
         job.extra["sender"].send(response, flags=FINAL)
         self.forget(job)
 
-    def forget(self, job: Job) -> None:
+    def forget(self, job: Job, dropped: str | None = None) -> None:
+        """Remove the job. `dropped`: why it was dropped without a final response; if Triton
+        delivers its request again, iterate() ends it with CANCELLED naming its request id and
+        this cause (remembered for EARLY_CANCEL_SECONDS)."""
         self.scheduler.remove(job)
         del self.jobs[job.key]
+        if dropped is not None:
+            now = time.monotonic()
+            self.dropped = {k: v for k, v in self.dropped.items() if now - v[2] < EARLY_CANCEL_SECONDS}
+            self.dropped[job.key] = (job.request_id, dropped, now)
