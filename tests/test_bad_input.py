@@ -140,6 +140,10 @@ CASES = {
                                             "input 'TEXT_EMBEDS' batch size does not match other inputs for 'h3_dit'"),
     "dit_encode_seconds_wrong_type": (lambda s, c: raw_error(s, dit_inputs(fields=b'{"encode_seconds": [1]}'), model="h3_dit"),
                                       "encode_seconds must be a number, got [1]"),
+    "dit_encode_seconds_negative": (lambda s, c: raw_error(s, dit_inputs(fields=b'{"encode_seconds": -1}'), model="h3_dit"),
+                                    "encode_seconds=-1 is out of range: allowed finite >= 0 seconds"),
+    "dit_encode_seconds_nan": (lambda s, c: raw_error(s, dit_inputs(fields=b'{"encode_seconds": NaN}'), model="h3_dit"),
+                               "encode_seconds=nan is out of range: allowed finite >= 0 seconds"),
 }
 
 

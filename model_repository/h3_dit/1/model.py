@@ -15,6 +15,7 @@ ensemble request is left in flight when Triton shuts down.
 """
 import itertools
 import json
+import math
 import signal
 import time
 import traceback
@@ -322,6 +323,8 @@ class TritonPythonModel:
         encode_s = fields.get("encode_seconds", 0.0)
         if type(encode_s) not in (int, float):
             raise ValueError(f"encode_seconds must be a number, got {encode_s!r}")
+        if not (math.isfinite(encode_s) and encode_s >= 0):
+            raise ValueError(f"encode_seconds={encode_s} is out of range: allowed finite >= 0 seconds")
         request_id = request.request_id() or f"h3-{next(self.ids)}"
         if any(job.request_id == request_id for job in self.jobs.values()):
             raise ValueError(f"request id {request_id!r} is already running; ids must be unique")
