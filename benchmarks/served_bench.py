@@ -127,6 +127,15 @@ def in_process_step_loop(setting: Setting, checkpoint: Path, steps: int, device:
     return result
 
 
+def without_machine_paths(document: dict, work: Path, out: Path, executable: str = sys.executable) -> dict:
+    """`document` with this machine's folders written as $WORK and $OUT and the interpreter as
+    python3, so that a result filed in the repository names no path of the machine it ran on."""
+    text = json.dumps(document)
+    for path, name in ((str(work), "$WORK"), (str(out), "$OUT"), (executable, "python3")):
+        text = text.replace(json.dumps(path)[1:-1], name)
+    return json.loads(text)
+
+
 def served_run(name: str, setting: Setting, checkpoint: Path, encoder_path: str, dit: dict, bench_args: list[str],
                work: Path, out: Path, cuda: bool, server_args: list[str]) -> dict:
     """One server start + client.bench run; returns the client.bench document plus the settings."""
@@ -158,7 +167,7 @@ def served_run(name: str, setting: Setting, checkpoint: Path, encoder_path: str,
     document = json.loads(bench_json.read_text())
     document["h3_dit"] = {k: str(v) for k, v in dit_params.items()}
     document["server_ready_s"] = ready_s
-    return document
+    return without_machine_paths(document, work, out)
 
 
 def main() -> None:

@@ -164,7 +164,7 @@ def summarize(records: Sequence[RequestRecord], gpu_memory_metrics_mb: float | N
     wall = wall_seconds(records)
     latency = [r.complete_s - r.submit_s for r in ok]
     ttfs = [r.first_step_s - r.submit_s for r in ok if r.first_step_s is not None]
-    step_intervals = [step_interval(r) for r in ok if step_interval(r) is not None]
+    step_intervals = [s for s in map(step_interval, ok) if s is not None]
     codes: dict[str, int] = {}
     for r in failed:
         codes[r.error_code or "UNKNOWN"] = codes.get(r.error_code or "UNKNOWN", 0) + 1
