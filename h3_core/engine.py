@@ -4,7 +4,7 @@ Request mode (`Engine.generate`) is the same four functions driven to completion
 request, so request mode, solo step mode and co-batched step mode run identical arithmetic.
 All per-request state lives in RequestState; the Engine holds only the models.
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,7 +12,7 @@ import torch
 
 from . import layout as L
 from .checkpoint import load_weights
-from .config import AUDIO_LATENT_CHANNELS, VIDEO_LATENT_CHANNELS, get_config
+from .config import AUDIO_CHANNELS, AUDIO_LATENT_CHANNELS, VIDEO_LATENT_CHANNELS, get_config
 from .model import H3DiT
 from .request import GenerationRequest, RequestLimits, random_seed, request_memory_mb, validate_request
 from .sampling import euler_step, sigma_schedule
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from .encoder import TextEncoder
 
 
-@dataclass
+@dataclass(eq=False)  # a state is itself: compared by identity (its fields hold tensors)
 class RequestState:
     """Everything request-specific between steps (h3_spec §5.6).
 
@@ -44,7 +44,6 @@ class RequestState:
     sigmas_video: list[float]
     sigmas_audio: list[float]
     step_index: int = 0
-    extra: dict = field(default_factory=dict)  # serving bookkeeping (times, sender); no math
 
     @property
     def total_steps(self) -> int:
@@ -163,8 +162,9 @@ class Engine:
         """Decode a finished state: (frames uint8 [num_frames, H, W, 3], audio float32
         [2, num_frames / 24 s x 32 kHz]). The aligned latent is decoded and the first
         num_frames frames kept; audio is cut (or zero-padded by < 1 latent) to the clip length."""
-        return decode_latents(self.video_vae, self.audio_vae, state.layout, state.num_frames,
-                              state.video_latents, state.audio_latents)
+        return decode_clip(self.video_vae, self.audio_vae, state.num_frames,
+                           L.unpatchify_video(state.video_latents, state.layout),
+                           L.audio_rows_to_latent(state.audio_latents, state.layout))
 
     def generate(self, request: GenerationRequest, text_embeds: torch.Tensor | None = None) -> list[tuple[RequestState, torch.Tensor, torch.Tensor]]:
         """Request mode: prepare, then step each output to completion, then decode.
@@ -191,12 +191,21 @@ def preview_frame(state: RequestState, video_velocity: torch.Tensor) -> torch.Te
     return ((rgb * 0.5 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8)
 
 
-def decode_latents(video_vae: VideoVAE, audio_vae: AudioVAE, layout: L.RequestLayout, num_frames: int,
-                   video_rows: torch.Tensor, audio_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Final rows -> (frames uint8 [num_frames, H, W, 3], audio float32 [2, samples]); see
-    Engine.decode. Shared by the engine and the Triton VAE model."""
-    frames = video_vae.decode(L.unpatchify_video(video_rows, layout))[:num_frames]
-    audio = audio_vae.decode(L.audio_rows_to_latent(audio_rows, layout))
+def decode_clip(video_vae: VideoVAE, audio_vae: AudioVAE, num_frames: int, video_latent: torch.Tensor,
+                audio_latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Final latents -> (frames uint8 [num_frames, H, W, 3], audio float32 [2, samples]); see
+    Engine.decode. video_latent: float32 [24, T_lat, Hl, Wl] with T_lat = latent_frames(num_frames);
+    audio_latent: float32 [2, 32, T_a] with T_a = audio_latent_frames(num_frames). Shared by the
+    engine and the Triton VAE model. Raises ValueError for latents that do not fit num_frames."""
+    if video_latent.dim() != 4 or video_latent.shape[1] != L.latent_frames(num_frames):
+        raise ValueError(f"video latent has shape {tuple(video_latent.shape)}; num_frames={num_frames} needs "
+                         f"[{VIDEO_LATENT_CHANNELS}, {L.latent_frames(num_frames)}, Hl, Wl]")
+    audio_shape = (AUDIO_CHANNELS, AUDIO_LATENT_CHANNELS, L.audio_latent_frames(num_frames))
+    if tuple(audio_latent.shape) != audio_shape:
+        raise ValueError(f"audio latent has shape {tuple(audio_latent.shape)}; num_frames={num_frames} needs "
+                         f"{list(audio_shape)}")
+    frames = video_vae.decode(video_latent)[:num_frames]
+    audio = audio_vae.decode(audio_latent)
     samples = L.audio_num_samples(num_frames)
     audio = torch.nn.functional.pad(audio[:, :samples], (0, max(0, samples - audio.shape[1])))
     return frames, audio

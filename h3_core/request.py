@@ -1,5 +1,6 @@
 """A generation request, its limits and its validation (checked before anything runs)."""
 import secrets
+import unicodedata
 from dataclasses import dataclass
 
 from .config import CANVAS_MULTIPLE, FPS
@@ -17,14 +18,15 @@ DECODE_BYTES_PER_VOXEL = 160
 
 @dataclass(frozen=True)
 class RequestLimits:
-    """Serving limits; each request field must lie within them (units: pixels, frames, rows)."""
+    """Serving limits; each request field must lie within them (units: pixels, frames, rows, MiB).
+    The defaults are the shipped CPU repository's (h3_core.settings.DitSettings takes them)."""
 
-    max_height: int = 512
-    max_width: int = 512
-    max_num_frames: int = 257
-    max_steps: int = 100
+    max_height: int = 256
+    max_width: int = 256
+    max_num_frames: int = 121
+    max_steps: int = 50
     max_outputs: int = 4
-    max_rows: int = 65536  # padded packed rows of one request
+    max_rows: int = 4096  # padded packed rows of one request
     max_prompt_bytes: int = 4096
     max_request_mb: int = 2048  # request_memory_mb of one request
 
@@ -46,6 +48,36 @@ class GenerationRequest:
     request_id: str = ""
 
 
+BYTE_ORDER_MARK = "\ufeff"  # dropped once from the start of a prompt (a decoder may leave it there)
+# Unicode general categories of characters that show nothing: separators (Zs space, Zl line,
+# Zp paragraph), controls (Cc: tab, newline, ...) and format characters (Cf: U+200B zero-width
+# space, U+200D zero-width joiner, U+FEFF, bidi marks, ...).
+INVISIBLE_CATEGORIES = frozenset({"Zs", "Zl", "Zp", "Cc", "Cf"})
+SHOWN_PROMPT_CHARS = 32  # an error message quotes at most this many characters of a prompt
+
+
+def _shown(prompt: str) -> str:
+    if len(prompt) <= SHOWN_PROMPT_CHARS:
+        return repr(prompt)
+    return f"{prompt[:SHOWN_PROMPT_CHARS]!r}... ({len(prompt)} characters)"
+
+
+def check_prompt(prompt: str) -> str:
+    """The one prompt rule, applied by validate_request and by the text encoder.
+
+    Returns the prompt the text encoder reads: `prompt` without one leading byte-order mark
+    (U+FEFF); nothing else is changed. Raises ValueError "prompt must be a non-empty string, got
+    ..." if `prompt` is not a str or is empty, and "prompt must contain visible characters, got
+    ..." (the prompt's repr, cut after SHOWN_PROMPT_CHARS characters) if every character is in
+    INVISIBLE_CATEGORIES, e.g. only spaces, newlines, zero-width spaces or byte-order marks.
+    """
+    if not isinstance(prompt, str) or not prompt:
+        raise ValueError(f"prompt must be a non-empty string, got {prompt!r}")
+    if all(unicodedata.category(char) in INVISIBLE_CATEGORIES for char in prompt):
+        raise ValueError(f"prompt must contain visible characters, got {_shown(prompt)}")
+    return prompt.removeprefix(BYTE_ORDER_MARK)
+
+
 def _check_range(field: str, value, low, high) -> None:
     if not (low <= value <= high):
         raise ValueError(f"{field}={value} is out of range: allowed {low}..{high}")
@@ -54,14 +86,14 @@ def _check_range(field: str, value, low, high) -> None:
 def validate_request(request: GenerationRequest, limits: RequestLimits) -> None:
     """Check every field; raise ValueError naming the field, the value and the allowed range.
 
-    Rules: prompt non-empty (not only whitespace), at most limits.max_prompt_bytes of UTF-8;
+    Rules: prompt as check_prompt says (a non-empty str with a visible character), at most
+    limits.max_prompt_bytes of UTF-8 (a leading byte-order mark counted);
     height/width positive multiples of 32 up to the maxima; 1 <= num_frames <= max;
     1 <= num_inference_steps <= max; 1 <= num_outputs <= max; seed in 0..2^63-1 with
     seed + num_outputs - 1 also in range; shifts > 0; fps must be the model's 24.
     The padded row count is checked in Engine.prepare, once the prompt's token count is known.
     """
-    if not isinstance(request.prompt, str) or not request.prompt.strip():
-        raise ValueError("prompt must be a non-empty string")
+    check_prompt(request.prompt)
     size = len(request.prompt.encode("utf-8"))
     if size > limits.max_prompt_bytes:
         raise ValueError(f"prompt is {size} bytes: allowed 1..{limits.max_prompt_bytes}")

@@ -51,22 +51,17 @@ class Overloaded(Exception):
 
 @dataclass(eq=False)  # a job is itself: compared by identity
 class Job:
-    """One client request in the DiT. Times are seconds on one clock (time.monotonic() in the
-    server, simulated seconds in h3_core.simulate). The scheduler reads only rows, step_index,
-    total_steps, len(states), arrival_s and priority."""
+    """One client request as the scheduler sees it. Times are seconds on one clock
+    (time.monotonic() in the server, simulated seconds in h3_core.simulate). The scheduler reads
+    only rows, step_index, total_steps, len(states), arrival_s and priority; the step loop's Job
+    (h3_core.step_loop) adds the serving lifecycle."""
 
     key: object  # Triton correlation id
     request_id: str
     states: list  # one per output: engine.RequestState, or simulate.SimState (rows, step_index, total_steps, finished)
-    progress_every: int = 0
-    encode_s: float = 0.0
     priority: int = 0  # request parameter request_priority; higher runs first (srpt)
     arrival_s: float = field(default_factory=time.monotonic)
     first_step_s: float | None = None
-    last_step_s: float | None = None
-    largest_pack: int = 0
-    queue_position: int | None = None  # last reported position (progress responses)
-    extra: dict = field(default_factory=dict)  # adapter bookkeeping (Triton request object)
 
     @property
     def rows(self) -> int:

@@ -1,56 +1,60 @@
-"""h3_encoder: PROMPT -> TEXT_EMBEDS, optional request fields -> REQUEST JSON (thin adapter
-over h3_core.encoder)."""
+"""h3_encoder: PROMPT -> TEXT_EMBEDS, the optional INT64 inputs -> REQUEST JSON (an adapter over
+h3_core.encoder). The request parameters and the inputs' shapes are checked before the prompt
+is encoded, so a malformed request costs no encoder time."""
 import time
-
-import torch
-from h3_core.encoder import TextEncoder
-from server.adapter import error_response, json_tensor, model_parameters
 
 import triton_python_backend_utils as pb_utils
 
-FIELDS = {"HEIGHT": "height", "WIDTH": "width", "NUM_FRAMES": "num_frames",
-          "NUM_INFERENCE_STEPS": "num_inference_steps", "SEED": "seed", "NUM_OUTPUTS": "num_outputs"}
+from h3_core.encoder import TextEncoder
+from h3_core.protocol import INT_INPUTS, PROMPT, REQUEST, TEXT_EMBEDS, check_request_parameters
+from h3_core.settings import EncoderSettings
+from server.adapter import error_response, json_tensor, model_parameters, set_threads
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        params = model_parameters(args)
-        torch.set_num_threads(int(params["cpu_threads"]))
-        self.encoder = TextEncoder(params["encoder_path"] or None, int(params["hidden_layer"]),
-                                   int(params["max_tokens"]))
-        self.max_prompt_bytes = int(params["max_prompt_bytes"])
+        self.settings = EncoderSettings.from_parameters(model_parameters(args))
+        set_threads(self.settings.cpu_threads)
+        self.encoder = TextEncoder(self.settings.encoder_path or None, self.settings.hidden_layer,
+                                   self.settings.max_tokens)
         self.encoder.encode("warm up")  # first-call set-up is not paid by the first client
 
     def execute(self, requests):
-        return [self.encode(request) for request in requests]
+        responses = []
+        for request in requests:
+            try:
+                responses.append(self.encode(request))
+            except ValueError as error:
+                responses.append(error_response("INVALID_ARG", str(error)))
+        return responses
 
     def encode(self, request):
+        """One request -> TEXT_EMBEDS float32 [1, L, text_dim] + REQUEST. Raises ValueError
+        naming the input or parameter for a malformed request."""
         start = time.perf_counter()
-        tensor = pb_utils.get_input_tensor_by_name(request, "PROMPT")
+        check_request_parameters(request.parameters())
+        tensor = pb_utils.get_input_tensor_by_name(request, PROMPT)
         if tensor is None:
-            return error_response("INVALID_ARG", "PROMPT is required")
+            raise ValueError(f"{PROMPT} is required")
         raw = tensor.as_numpy().reshape(-1)
         if raw.size != 1:
-            return error_response("INVALID_ARG", f"PROMPT must hold exactly one string, got {raw.size}")
+            raise ValueError(f"{PROMPT} must hold exactly one string, got {raw.size}")
         value = raw[0]
-        if len(value) > self.max_prompt_bytes:
-            return error_response("INVALID_ARG", f"prompt is {len(value)} bytes: allowed 1..{self.max_prompt_bytes}")
+        if len(value) > self.settings.max_prompt_bytes:
+            raise ValueError(f"prompt is {len(value)} bytes: allowed 1..{self.settings.max_prompt_bytes}")
         try:
             prompt = value.decode("utf-8") if isinstance(value, bytes) else str(value)
         except UnicodeDecodeError as error:
-            return error_response("INVALID_ARG", f"prompt is not valid UTF-8 ({error.reason} at byte {error.start})")
+            raise ValueError(f"prompt is not valid UTF-8 ({error.reason} at byte {error.start})") from None
         fields = {}
-        for name, field in FIELDS.items():
+        for name, field in INT_INPUTS.items():
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             if tensor is not None:
                 values = tensor.as_numpy().reshape(-1)
                 if values.size != 1:
-                    return error_response("INVALID_ARG", f"{name} must hold exactly one INT64 value, got {values.size}")
+                    raise ValueError(f"{name} must hold exactly one INT64 value, got {values.size}")
                 fields[field] = int(values[0])
-        try:
-            embeds = self.encoder.encode(prompt)
-        except ValueError as error:
-            return error_response("INVALID_ARG", str(error))
+        embeds = self.encoder.encode(prompt)
         fields["encode_seconds"] = time.perf_counter() - start
-        return pb_utils.InferenceResponse([pb_utils.Tensor("TEXT_EMBEDS", embeds[None].numpy()),
-                                           json_tensor("REQUEST", fields)])
+        return pb_utils.InferenceResponse([pb_utils.Tensor(TEXT_EMBEDS, embeds[None].numpy()),
+                                           json_tensor(REQUEST, fields)])

@@ -1,64 +1,90 @@
-"""h3_vae: LATENT rows + INFO -> VIDEO_MP4 (+ FRAMES, AUDIO on request) and INFO with the
-decode time (thin adapter over h3_core.engine.decode_latents and h3_core.media).
+"""h3_vae: VIDEO_LATENT + AUDIO_LATENT + INFO -> VIDEO_MP4 (+ FRAMES, AUDIO on request) and INFO
+with the decode time (an adapter over h3_core.engine.decode_clip and h3_core.media).
 
-With request parameter return_mp4 false the latent is still decoded but no MP4 is encoded:
-VIDEO_MP4 is empty (BYTES [1, 0]), so a server without PyAV can serve FRAMES / AUDIO (h3_dit
-refuses return_mp4 true there)."""
+Every h3_dit response reaches this model through the ensemble; one without latents (progress,
+an early end, a cancel answer) is passed on at once with empty outputs. With request parameter
+return_mp4 false the latents are still decoded but no MP4 is encoded: VIDEO_MP4 is empty
+(BYTES [1, 0]), so a server without PyAV can serve FRAMES / AUDIO (h3_dit refuses return_mp4
+true there). A malformed direct request is refused with INVALID_ARG."""
+import json
 import time
 
 import numpy as np
 import torch
-
-from h3_core import layout as L
-from h3_core.config import AUDIO_ROW_WIDTH, VIDEO_ROW_WIDTH
-from h3_core.engine import decode_latents, load_vaes
-from h3_core.media import encode_mp4
-from server.adapter import (error_response, json_tensor, model_parameters, read_json, request_parameters,
-                            resolve_path)
-
 import triton_python_backend_utils as pb_utils
+
+from h3_core.engine import decode_clip, load_vaes
+from h3_core.layout import audio_latent_frames, latent_frames
+from h3_core.media import encode_mp4
+from h3_core.protocol import AUDIO_LATENT, VIDEO_LATENT, check_request_parameters
+from h3_core.settings import VaeSettings
+from server.adapter import error_response, json_tensor, model_parameters, resolve_path, set_threads
 
 EMPTY_MP4 = np.empty((1, 0), dtype=object)
 EMPTY_FRAMES = np.zeros((1, 0, 0, 0, 3), dtype=np.uint8)
 EMPTY_AUDIO = np.zeros((1, 2, 0), dtype=np.float32)
+RESULT_FIELDS = ("height", "width", "num_frames")
+
+
+def read_inputs(request) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """(INFO, video latent [1, 24, T_lat, Hl, Wl], audio latent [1, 2, 32, T_a]) of a request.
+    Raises ValueError naming the input for a malformed one."""
+    tensors = {name: pb_utils.get_input_tensor_by_name(request, name) for name in ("INFO", VIDEO_LATENT, AUDIO_LATENT)}
+    missing = [name for name, tensor in tensors.items() if tensor is None]
+    if missing:
+        raise ValueError(f"{missing[0]} is required")
+    values = tensors["INFO"].as_numpy().reshape(-1)
+    try:
+        info = json.loads(values[0]) if values.size == 1 else None
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError
+        info = None
+    if not isinstance(info, dict) or not isinstance(info.get("kind"), str):
+        raise ValueError("INFO must hold one JSON object with a string 'kind'")
+    video = torch.from_numpy(tensors[VIDEO_LATENT].as_numpy().copy())
+    audio = torch.from_numpy(tensors[AUDIO_LATENT].as_numpy().copy())
+    return info, video, audio
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        params = model_parameters(args)
-        torch.set_num_threads(int(params["cpu_threads"]))
-        self.video_vae, self.audio_vae = load_vaes(resolve_path(args, params["checkpoint_dir"]), params["device"])
-        layout = L.make_layout(1, 32, 32, 1)  # warm up: first-call set-up is not paid by the first client
-        decode_latents(self.video_vae, self.audio_vae, layout, 1, torch.zeros(layout.video_rows, VIDEO_ROW_WIDTH),
-                       torch.zeros(layout.audio_rows, AUDIO_ROW_WIDTH))
+        settings = VaeSettings.from_parameters(model_parameters(args))
+        set_threads(settings.cpu_threads)
+        self.video_vae, self.audio_vae = load_vaes(resolve_path(args, settings.checkpoint_dir), settings.device)
+        # warm up: first-call set-up is not paid by the first client
+        decode_clip(self.video_vae, self.audio_vae, 1, torch.zeros(24, latent_frames(1), 2, 2),
+                    torch.zeros(2, 32, audio_latent_frames(1)))
         self.decodes_family = pb_utils.MetricFamily(name="h3_vae_decodes_total", description="latents decoded to a clip",
                                                     kind=pb_utils.MetricFamily.COUNTER)  # Triton needs it referenced
         self.decodes = self.decodes_family.Metric(labels={"model": "h3_vae"})
 
     def execute(self, requests):
-        return [self.decode(request) for request in requests]
+        responses = []
+        for request in requests:
+            try:
+                responses.append(self.decode(request))
+            except ValueError as error:
+                responses.append(error_response("INVALID_ARG", str(error)))
+        return responses
 
     def decode(self, request):
+        """One h3_dit response -> the client's response. Raises ValueError for malformed inputs."""
         start = time.perf_counter()
-        info = read_json(request, "INFO")
-        latent = torch.from_numpy(pb_utils.get_input_tensor_by_name(request, "LATENT").as_numpy().reshape(-1).copy())
-        if latent.numel() == 0:
+        info, video, audio = read_inputs(request)
+        if video.numel() == 0:
             return self.response(EMPTY_MP4, EMPTY_FRAMES, EMPTY_AUDIO, info)
-        parameters = request_parameters(request)
-        layout = L.make_layout(1, info["height"], info["width"], info["num_frames"])
-        video_size = layout.video_rows * VIDEO_ROW_WIDTH
-        if latent.numel() != video_size + layout.audio_rows * AUDIO_ROW_WIDTH:
-            return error_response("INVALID_ARG", f"LATENT has {latent.numel()} values; the shape in INFO needs "
-                                                 f"{video_size + layout.audio_rows * AUDIO_ROW_WIDTH}")
-        video_rows = latent[:video_size].reshape(-1, VIDEO_ROW_WIDTH)
-        audio_rows = latent[video_size:].reshape(-1, AUDIO_ROW_WIDTH)
-        frames, audio = decode_latents(self.video_vae, self.audio_vae, layout, info["num_frames"], video_rows, audio_rows)
+        parameters = check_request_parameters(request.parameters())
+        if info["kind"] != "result" or any(type(info.get(name)) is not int for name in RESULT_FIELDS):
+            raise ValueError(f"INFO of a response with latents must be a result holding integers {list(RESULT_FIELDS)}")
+        if video.dim() != 5 or video.shape[0] != 1 or audio.dim() != 4 or audio.shape[0] != 1:
+            raise ValueError(f"{VIDEO_LATENT} must be [1, 24, T_lat, Hl, Wl] and {AUDIO_LATENT} [1, 2, 32, T_a], got "
+                             f"{list(video.shape)} and {list(audio.shape)}")
+        frames, audio = decode_clip(self.video_vae, self.audio_vae, info["num_frames"], video[0], audio[0])
         self.decodes.increment(1)
         frames, audio = frames.cpu(), audio.cpu()
         mp4 = EMPTY_MP4
         if parameters.get("return_mp4", True):
             mp4 = np.array([[encode_mp4(frames, audio)]], dtype=object)
-        info["stage_seconds"]["decode"] = time.perf_counter() - start
+        info.setdefault("stage_seconds", {})["decode"] = time.perf_counter() - start
         return self.response(mp4, frames[None].numpy() if parameters.get("return_frames") else EMPTY_FRAMES,
                              audio[None].numpy() if parameters.get("return_audio") else EMPTY_AUDIO, info)
 

@@ -1,0 +1,84 @@
+"""The wire contract of h3-triton: model and tensor names, request fields and parameters, error
+codes and the INFO kinds. Plain Python (no torch, no numpy, no Triton): the client, the Triton
+models and the tests import it, and the client installs without torch.
+
+Request flow (the ensemble `h3_pipeline`): PROMPT + the optional INT64 inputs -> h3_encoder ->
+TEXT_EMBEDS + REQUEST (JSON) -> h3_dit (iterative, decoupled: progress, previews, then one result
+per output) -> VIDEO_LATENT + AUDIO_LATENT + INFO -> h3_vae -> VIDEO_MP4, FRAMES, AUDIO, INFO.
+"""
+import json
+import re
+
+PIPELINE_MODEL = "h3_pipeline"  # the entry point clients call
+ENCODER_MODEL = "h3_encoder"
+DIT_MODEL = "h3_dit"  # cancel-by-id control requests go here directly
+VAE_MODEL = "h3_vae"
+
+PROMPT = "PROMPT"  # BYTES [1, 1], required
+# The optional INT64 [1, 1] inputs of h3_pipeline and the REQUEST field each becomes.
+INT_INPUTS = {"HEIGHT": "height", "WIDTH": "width", "NUM_FRAMES": "num_frames",
+              "NUM_INFERENCE_STEPS": "num_inference_steps", "SEED": "seed", "NUM_OUTPUTS": "num_outputs"}
+# Outputs of h3_pipeline: VIDEO_MP4 BYTES [1, 0 or 1]; FRAMES uint8 [1, T, H, W, 3] and AUDIO float32
+# [1, 2, samples] (empty unless asked for); PROGRESS int32 [1, 3] = (step, total steps, queue position);
+# PREVIEW uint8 [1, Hl, Wl, 3] (empty unless a preview is due); INFO BYTES [1, 1] JSON (INFO_KINDS).
+OUTPUTS = ("VIDEO_MP4", "FRAMES", "AUDIO", "PROGRESS", "PREVIEW", "INFO")
+VIDEO_MP4, FRAMES, AUDIO, PROGRESS, PREVIEW, INFO = OUTPUTS
+# AUDIO holds AUDIO_CHANNELS channels (left, right) of AUDIO_SAMPLE_RATE samples per second, in [-1, 1].
+AUDIO_SAMPLE_RATE = 32000
+AUDIO_CHANNELS = 2
+
+# Between the models.
+TEXT_EMBEDS = "TEXT_EMBEDS"  # float32 [1, L, text_dim]; [1, 0, 0] in a control request
+REQUEST = "REQUEST"  # BYTES [1, 1] JSON: REQUEST_FIELDS present, or {CANCEL_FIELD: id} alone
+VIDEO_LATENT = "VIDEO_LATENT"  # float32 [1, 24, T_lat, Hl, Wl] final video latent; [1, 0, 0, 0, 0] when none
+AUDIO_LATENT = "AUDIO_LATENT"  # float32 [1, 2, 32, T_a] final stereo audio latent; [1, 0, 0, 0] when none
+REQUEST_FIELDS = tuple(INT_INPUTS.values()) + ("encode_seconds",)  # exactly what h3_encoder writes
+CANCEL_FIELD = "cancel_request_id"
+
+# Error codes: every error message starts with one of these and ": ". Streaming clients receive
+# only the message text; through the ensemble Triton 2.51 prefixes "in ensemble 'h3_pipeline', ".
+ERROR_CODES = ("INVALID_ARG", "UNAVAILABLE", "CANCELLED", "INTERNAL")
+CODE_PATTERN = re.compile(r"^(INVALID_ARG|UNAVAILABLE|CANCELLED|INTERNAL): ")
+
+# INFO["kind"]: "progress" (PROGRESS, maybe PREVIEW), "result" (one output), "error" (a started request
+# that ended early: INFO holds "code" and "message"; its final response), "cancel" (the answer to a
+# control request: INFO holds "request_id" and "state", one of CANCEL_STATES).
+INFO_KINDS = ("progress", "result", "error", "cancel")
+# The answer to a cancel by id: the request was running or waiting and now ends with CANCELLED
+# ("cancelled"); it already left the DiT (finished, decoding or delivered; nothing was done:
+# "finished"); or no request with that id is known ("unknown": the id is remembered for
+# EARLY_CANCEL_SECONDS, so a request with it that arrives in that time ends with CANCELLED).
+CANCEL_STATES = ("cancelled", "finished", "unknown")
+EARLY_CANCEL_SECONDS = 600.0
+
+# Request parameters a client may set, with their JSON types. Triton's reserved `priority`,
+# `timeout` and `sequence_*` are ignored (never used by h3-triton).
+REQUEST_PARAMETERS = {"progress_every": (int,), "preview_every": (int,), "deadline_s": (int, float),
+                      "request_priority": (int,), "return_mp4": (bool,), "return_frames": (bool,),
+                      "return_audio": (bool,), "inject_fault": (str,)}
+RESERVED_PARAMETERS = ("priority", "timeout")
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def check_request_parameters(raw: str) -> dict:
+    """The request parameters (Triton's JSON text of them) as a dict, Triton's own keys
+    (sequence_*, priority, timeout) left out. Raises ValueError naming the parameter for an
+    unknown name, a value of the wrong type or out of range (progress_every and preview_every
+    >= 0, deadline_s > 0 seconds)."""
+    parameters = {}
+    for name, value in json.loads(raw or "{}").items():
+        if name.startswith("sequence_") or name in RESERVED_PARAMETERS:
+            continue
+        if name not in REQUEST_PARAMETERS:
+            raise ValueError(f"request parameter {name!r} is unknown; allowed: {sorted(REQUEST_PARAMETERS)}")
+        if type(value) not in REQUEST_PARAMETERS[name]:
+            kinds = " or ".join(kind.__name__ for kind in REQUEST_PARAMETERS[name])
+            raise ValueError(f"request parameter {name!r} must be {kinds}, got {value!r}")
+        parameters[name] = value
+    for name in ("progress_every", "preview_every"):
+        if parameters.get(name, 0) < 0:
+            raise ValueError(f"{name}={parameters[name]} is out of range: allowed >= 0")
+    deadline_s = parameters.get("deadline_s")
+    if deadline_s is not None and not deadline_s > 0:
+        raise ValueError(f"deadline_s={deadline_s} is out of range: allowed > 0 seconds")
+    return parameters

@@ -1,0 +1,170 @@
+"""The settings of each served model: one frozen dataclass per Triton model, built from its
+config.pbtxt `parameters` (string values) by `from_parameters`, which refuses unknown and missing
+keys and values of the wrong type, and checks the rules that tie fields together. The defaults
+here are the shipped CPU repository's values (model_repository/*/config.pbtxt holds the same).
+Triton-free: the step loop and the tests build them from plain dicts.
+"""
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from .request import RequestLimits
+from .scheduler import DEFAULT_AGING_S, DEFAULT_POLICY, POLICIES
+
+CONTROL_SLOTS = 2  # h3_dit sequence slots kept for cancel requests (max_batch_size = seqs + waiting + 2)
+EXECUTION_MODES = ("step", "request")
+
+
+def _parse(cls, parameters: dict[str, str]):
+    """An instance of the settings dataclass `cls` from string parameters. Every field must be
+    given, nothing else; ints, floats and booleans ("true" / "false") are parsed. Raises
+    ValueError naming the model, the key and what was expected."""
+    fields = {field.name: field for field in dataclasses.fields(cls)}
+    unknown = sorted(set(parameters) - set(fields))
+    missing = sorted(set(fields) - set(parameters))
+    if unknown or missing:
+        raise ValueError(f"{cls.MODEL} parameters: unknown {unknown}, missing {missing}; expected exactly {sorted(fields)}")
+    values = {}
+    for name, text in parameters.items():
+        kind = fields[name].type
+        try:
+            if kind is bool:
+                if text not in ("true", "false"):
+                    raise ValueError
+                values[name] = text == "true"
+            else:
+                values[name] = kind(text)
+        except ValueError:
+            expected = "'true' or 'false'" if kind is bool else f"a valid {kind.__name__}"
+            raise ValueError(f"{cls.MODEL} parameter {name}={text!r} is not {expected}") from None
+    return cls(**values)
+
+
+def _to_parameters(settings) -> dict[str, str]:
+    """The inverse of _parse: every field as a config.pbtxt string value."""
+    def text(value) -> str:
+        return ("true" if value else "false") if isinstance(value, bool) else str(value)
+    return {field.name: text(getattr(settings, field.name)) for field in dataclasses.fields(settings)}
+
+
+@dataclass(frozen=True)
+class EncoderSettings:
+    """h3_encoder: cpu_threads (torch threads of the model's process); encoder_path ("" = the
+    MiniLM-L6 package folder); hidden_layer (index into hidden_states, -1 = last); max_tokens
+    (prompt tokens, special tokens included); max_prompt_bytes (UTF-8 bytes)."""
+
+    MODEL = "h3_encoder"
+    cpu_threads: int = 1
+    encoder_path: str = ""
+    hidden_layer: int = -1
+    max_tokens: int = 256
+    max_prompt_bytes: int = RequestLimits.max_prompt_bytes
+
+    @classmethod
+    def from_parameters(cls, parameters: dict[str, str]) -> "EncoderSettings":
+        return _parse(cls, parameters)
+
+    def to_parameters(self) -> dict[str, str]:
+        return _to_parameters(self)
+
+
+@dataclass(frozen=True)
+class VaeSettings:
+    """h3_vae: cpu_threads; checkpoint_dir (holding video_vae / audio_vae .safetensors, relative
+    to the folder above the model repository); device ("cpu", "cuda", "cuda:N")."""
+
+    MODEL = "h3_vae"
+    cpu_threads: int = 1
+    checkpoint_dir: str = "checkpoints/tiny"
+    device: str = "cpu"
+
+    @classmethod
+    def from_parameters(cls, parameters: dict[str, str]) -> "VaeSettings":
+        return _parse(cls, parameters)
+
+    def to_parameters(self) -> dict[str, str]:
+        return _to_parameters(self)
+
+
+@dataclass(frozen=True)
+class DitSettings:
+    """h3_dit. Model: config_name, checkpoint_dir, device, attention_backend, cpu_threads.
+    Step loop: execution_mode ("step": one packed step per execute; "request": run to
+    completion), scheduling_policy / row_budget (rows) / aging_s (seconds) (h3_core.scheduler),
+    max_num_seqs (documents per forward), max_waiting (live requests beyond a full pack),
+    max_batch_rows (rows per forward and per request). Request limits: max_height, max_width
+    (pixels), max_num_frames, max_steps, max_outputs, max_request_mb (MiB,
+    h3_core.request.request_memory_mb). allow_fault_injection: lets the test-only request
+    parameter inject_fault act.
+
+    Rules checked by check(): execution_mode in EXECUTION_MODES, scheduling_policy in POLICIES,
+    1 <= row_budget <= max_batch_rows, aging_s > 0, positive sizes, and (with Triton's
+    max_batch_size) max_batch_size == max_num_seqs + max_waiting + CONTROL_SLOTS."""
+
+    MODEL = "h3_dit"
+    cpu_threads: int = 1
+    config_name: str = "tiny"
+    checkpoint_dir: str = "checkpoints/tiny"
+    device: str = "cpu"
+    attention_backend: str = "sdpa"
+    execution_mode: str = "step"
+    scheduling_policy: str = DEFAULT_POLICY
+    row_budget: int = RequestLimits.max_rows
+    aging_s: float = DEFAULT_AGING_S
+    max_num_seqs: int = 4
+    max_waiting: int = 8
+    max_batch_rows: int = RequestLimits.max_rows
+    max_height: int = RequestLimits.max_height
+    max_width: int = RequestLimits.max_width
+    max_num_frames: int = RequestLimits.max_num_frames
+    max_steps: int = RequestLimits.max_steps
+    max_outputs: int = RequestLimits.max_outputs
+    max_request_mb: int = RequestLimits.max_request_mb
+    allow_fault_injection: bool = False
+
+    def __post_init__(self):
+        self.check()
+
+    def check(self, max_batch_size: int | None = None) -> None:
+        """Raise ValueError naming the first broken rule (see the class docstring)."""
+        if self.execution_mode not in EXECUTION_MODES:
+            raise ValueError(f"h3_dit parameter execution_mode={self.execution_mode!r} is not one of {EXECUTION_MODES}")
+        if self.scheduling_policy not in POLICIES:
+            raise ValueError(f"h3_dit parameter scheduling_policy={self.scheduling_policy!r} is not one of {POLICIES}")
+        for name in ("cpu_threads", "max_num_seqs", "max_batch_rows", "max_height", "max_width", "max_num_frames",
+                     "max_steps", "max_outputs", "max_request_mb"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"h3_dit parameter {name}={getattr(self, name)} is out of range: allowed >= 1")
+        if self.max_waiting < 0:
+            raise ValueError(f"h3_dit parameter max_waiting={self.max_waiting} is out of range: allowed >= 0")
+        if not 1 <= self.row_budget <= self.max_batch_rows:
+            raise ValueError(f"h3_dit parameter row_budget={self.row_budget} is out of range: allowed "
+                             f"1..{self.max_batch_rows} (max_batch_rows)")
+        if not (self.aging_s > 0 and not math.isnan(self.aging_s)):
+            raise ValueError(f"h3_dit parameter aging_s={self.aging_s} is out of range: allowed > 0")
+        slots = self.max_num_seqs + self.max_waiting + CONTROL_SLOTS
+        if max_batch_size is not None and max_batch_size != slots:
+            raise ValueError(f"h3_dit max_batch_size={max_batch_size} must equal max_num_seqs + max_waiting + "
+                             f"{CONTROL_SLOTS} = {slots} (its sequence slots)")
+
+    @classmethod
+    def from_parameters(cls, parameters: dict[str, str], max_batch_size: int | None = None) -> "DitSettings":
+        """Settings from config.pbtxt parameters; max_batch_size (the config's) is checked too."""
+        settings = _parse(cls, parameters)
+        settings.check(max_batch_size)
+        return settings
+
+    def to_parameters(self) -> dict[str, str]:
+        return _to_parameters(self)
+
+    @property
+    def sequence_slots(self) -> int:
+        """Triton's max_batch_size for h3_dit."""
+        return self.max_num_seqs + self.max_waiting + CONTROL_SLOTS
+
+    def limits(self) -> RequestLimits:
+        """The request limits these settings impose (max_rows = max_batch_rows)."""
+        return RequestLimits(max_height=self.max_height, max_width=self.max_width, max_num_frames=self.max_num_frames,
+                             max_steps=self.max_steps, max_outputs=self.max_outputs, max_rows=self.max_batch_rows,
+                             max_request_mb=self.max_request_mb)
+

@@ -1,0 +1,628 @@
+"""The DiT's step loop: diffusion continuous batching over live requests, Triton-free.
+
+The Triton model h3_dit (model_repository/h3_dit/1/model.py) is an adapter: at every execute() it
+turns each live Triton request into an `Arrival` (plain data) and calls `StepLoop.iterate`, which
+hands it the `Event`s to send, in order, as they happen, and returns the requests to reschedule. Everything else lives
+here, and tests drive it without a server:
+
+1. Arrivals. A new request (Triton's START flag) is validated (`parse`) and handed to the
+   scheduler (admission; refused with INVALID_ARG or UNAVAILABLE at once); a control request
+   {"cancel_request_id": ID} is answered at once (`cancel_by_id`, CANCEL_STATES in
+   h3_core.protocol); a known request refreshes its job's handle.
+2. Step boundary (`end_cancelled`): jobs cancelled by id, natively cancelled by their client, past
+   their deadline, or all of them while the server drains, end with a final `Ended` (CANCELLED).
+   Jobs Triton stopped delivering (`drop_vanished`) are forgotten.
+3. The pack: `Scheduler.schedule()` (h3_core/scheduler.py) picks the jobs this step advances.
+4. ONE packed forward for them (`step`); if it raises or returns non-finite values it is retried
+   one job at a time so only the offending job fails (INTERNAL). Progress, previews and each
+   output's final latents (`Result`) follow. In execution mode "request" the first job of the
+   pack instead runs to completion within the iteration.
+5. Every job still live is rescheduled; a waiting job whose queue position changed gets a
+   progress event (when it asked for progress).
+
+A job's lifecycle is `Status`: WAITING (admitted, no step yet or preempted) -> RUNNING -> FINISHED,
+CANCELLED or FAILED. All per-request state lives in the Job and its RequestStates; the loop keeps
+only the map of live jobs and two bounded memories of ids (ids cancelled before their request
+arrived; ids that finished recently).
+"""
+import json
+import logging
+import math
+import secrets
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from . import layout as L
+from .engine import Engine, RequestState, preview_frame
+from .media import MP4_AVAILABLE
+from .protocol import CANCEL_FIELD, EARLY_CANCEL_SECONDS, REQUEST_FIELDS, check_request_parameters
+from .request import GenerationRequest
+from . import scheduler
+from .scheduler import Overloaded, Scheduler
+from .settings import DitSettings
+
+log = logging.getLogger("h3_dit")
+
+VANISHED_EXECUTES = 3  # a job missing from this many iterations in a row was dropped by Triton
+IDS_REMEMBERED = 4096  # bound on each memory of ids (early cancels, finished ids, dropped jobs)
+JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
+INT_FIELDS = REQUEST_FIELDS[:-1]  # height ... num_outputs; the last field is encode_seconds
+
+
+class Status(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+# -- inputs and events (plain data) ------------------------------------------------------------
+
+@dataclass
+class Arrival:
+    """One live Triton request as h3_dit's execute() sees it.
+
+    handle: the adapter's object for the request (opaque here; events carry it back).
+    key: Triton's correlation (sequence) id; 0 or "" marks a filler request (skipped).
+    request_id: Triton's request id ("" when the client sent none).
+    new: the START flag (first delivery); sequence_end: the END flag (refused).
+    request_json: REQUEST's elements (bytes); text_embeds: TEXT_EMBEDS float32 [1, L, text_dim];
+    parameters_json: Triton's JSON text of the request parameters.
+    cancelled: the client cancelled the request natively (gRPC cancellation of a direct call)."""
+
+    handle: Any
+    key: object
+    request_id: str = ""
+    new: bool = False
+    sequence_end: bool = False
+    request_json: list = field(default_factory=list)
+    text_embeds: np.ndarray | None = None
+    parameters_json: str = "{}"
+    cancelled: bool = False
+
+
+@dataclass
+class Progress:
+    """A progress response: step of total after this iteration, queue_position (0 = in the
+    pack), preview uint8 [Hl, Wl, 3] when one is due."""
+
+    handle: Any
+    request_id: str
+    step: int
+    total: int
+    queue_position: int
+    preview: torch.Tensor | None = None
+
+
+@dataclass
+class Result:
+    """One output's final latents: video float32 [24, T_lat, Hl, Wl], audio float32 [2, 32, T_a];
+    info is the INFO JSON; final marks the request's last response."""
+
+    handle: Any
+    request_id: str
+    video_latent: torch.Tensor
+    audio_latent: torch.Tensor
+    info: dict
+    final: bool
+
+
+@dataclass
+class Ended:
+    """The final response of a started request that ends early (code CANCELLED or INTERNAL) at
+    step of total: sent as a normal response with INFO {"kind": "error"} (see h3_dit)."""
+
+    handle: Any
+    request_id: str
+    code: str
+    message: str
+    step: int = 0
+    total: int = 0
+
+
+@dataclass
+class Refused:
+    """An error response (code INVALID_ARG, UNAVAILABLE or INTERNAL) to a request that never
+    started; final."""
+
+    handle: Any
+    code: str
+    message: str
+
+
+@dataclass
+class CancelAnswer:
+    """The final answer to a cancel-by-id control request: state is one of CANCEL_STATES."""
+
+    handle: Any
+    request_id: str
+    state: str
+
+
+Event = Progress | Result | Ended | Refused | CancelAnswer
+Send = Callable[[Event], None]  # what iterate() hands each event to
+
+
+# -- the job ------------------------------------------------------------------------------------
+
+@dataclass(eq=False)
+class Job(scheduler.Job):
+    """A request in the step loop: the scheduler's Job (key, request_id, states, priority,
+    arrival_s, first_step_s) plus its lifecycle. Times are seconds on the loop's clock."""
+
+    handle: Any = None  # the adapter's request object, refreshed every iteration
+    status: Status = Status.WAITING
+    progress_every: int = 0
+    preview_every: int = 0
+    deadline_s: float | None = None
+    deadline_at: float | None = None  # clock time after which the job is cancelled
+    encode_s: float = 0.0
+    fault: str | None = None  # inject_fault (tests only)
+    last_step_s: float | None = None
+    largest_pack: int = 0  # most request outputs in one of its forwards
+    queue_position: int | None = None  # last reported position (progress events)
+    absent: int = 0  # iterations in a row without delivery
+    cancel_reason: str | None = None
+    preview: torch.Tensor | None = None  # due with the next progress event
+
+
+# -- metrics ------------------------------------------------------------------------------------
+
+# name -> (kind, description, histogram buckets); the adapter publishes these on Triton's /metrics.
+METRICS = {
+    "h3_waiting_requests": ("gauge", "requests waiting for admission", None),
+    "h3_active_requests": ("gauge", "requests admitted to the pack", None),
+    "h3_pack_requests": ("histogram", "request outputs per packed forward", [1, 2, 3, 4, 6, 8, 16]),
+    "h3_pack_rows": ("histogram", "packed rows per forward", [128, 512, 2048, 8192, 16384, 32768, 65536]),
+    "h3_step_seconds": ("histogram", "seconds per packed step", [0.005, 0.01, 0.05, 0.1, 0.5, 1, 5]),
+    "h3_time_to_first_step_seconds": ("histogram", "arrival at the DiT to first step end", [0.01, 0.1, 0.5, 1, 5, 30]),
+    "h3_cancellations_total": ("counter", "requests cancelled", None),
+    "h3_deadline_expiries_total": ("counter", "requests whose deadline_s expired", None),
+    "h3_refusals_total": ("counter", "requests refused (INVALID_ARG or UNAVAILABLE)", None),
+    "h3_completions_total": ("counter", "request outputs completed", None),
+    "h3_failures_total": ("counter", "requests failed with INTERNAL", None),
+    "h3_heartbeat_timestamp_seconds": ("gauge", "unix time of the step loop's last iteration", None),
+    "h3_execute_in_progress": ("gauge", "1 while an iteration runs (with an old heartbeat: a stalled step)", None),
+}
+
+
+class MetricsRecord:
+    """In-memory metrics (the in-process loop and the tests): counters and gauges by name, and
+    every observed value of each histogram. h3_dit passes an object with the same three methods
+    that publishes to Triton."""
+
+    def __init__(self):
+        self.values: dict[str, float] = {}
+        self.observed: dict[str, list[float]] = {}
+
+    def increment(self, name: str, amount: float = 1) -> None:
+        self.values[name] = self.values.get(name, 0) + amount
+
+    def set(self, name: str, value: float) -> None:
+        self.values[name] = value
+
+    def observe(self, name: str, value: float) -> None:
+        self.observed.setdefault(name, []).append(value)
+
+
+# -- validation helpers -------------------------------------------------------------------------
+
+def check_fault(fault: str) -> None:
+    """Validate request parameter inject_fault (tests only), acting at the request's first step:
+    "raise" makes the forward raise, "nan" makes it return NaN video velocities for the request,
+    "slow:S" makes the step S seconds slower (0 < S <= 600). Raises ValueError naming it."""
+    if fault in ("raise", "nan"):
+        return
+    try:
+        seconds = float(fault[5:]) if fault.startswith("slow:") else None
+    except ValueError:
+        seconds = None
+    if seconds is None or not 0 < seconds <= 600:
+        raise ValueError(f"inject_fault={fault!r} is not one of 'raise', 'nan', 'slow:S' (0 < S <= 600 seconds)")
+
+
+def read_request_json(elements: list) -> dict:
+    """REQUEST's elements -> one JSON object with the allowed keys: a generation request holds
+    only REQUEST_FIELDS, a cancel request CANCEL_FIELD alone, a non-empty string. Raises
+    ValueError naming the input or the key."""
+    if len(elements) != 1:
+        raise ValueError(f"REQUEST must hold one JSON object, got {len(elements)} elements")
+    try:
+        fields = json.loads(elements[0])
+    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
+        raise ValueError(f"REQUEST is not valid JSON: {error}") from None
+    if not isinstance(fields, dict):
+        raise ValueError(f"REQUEST must hold one JSON object, got {type(fields).__name__}")
+    if CANCEL_FIELD in fields:
+        extra = sorted(key for key in fields if key != CANCEL_FIELD)
+        if extra:
+            raise ValueError(f"REQUEST field {extra[0]!r} is not allowed beside {CANCEL_FIELD!r}: a cancel request "
+                             "holds that field alone")
+        target = fields[CANCEL_FIELD]
+        if type(target) is not str or not target:
+            got = ("null" if target is None else "an empty string" if target == ""
+                   else f"{JSON_TYPES.get(type(target), type(target).__name__)} {json.dumps(target)}")
+            raise ValueError(f"{CANCEL_FIELD} must be a non-empty string, got {got}")
+        return fields
+    unknown = sorted(key for key in fields if key not in REQUEST_FIELDS)
+    if unknown:
+        raise ValueError(f"REQUEST field {unknown[0]!r} is unknown; allowed: {sorted(REQUEST_FIELDS)}, or "
+                         f"{CANCEL_FIELD!r} alone (a cancel request)")
+    return fields
+
+
+def admission_failure(error: Exception) -> str:
+    """The client's message for an unexpected exception while a request is admitted: the
+    exception's type and the first line of its text, no traceback."""
+    text = str(error).strip().splitlines()
+    return f"the request could not be admitted ({type(error).__name__}: {text[0] if text else 'no detail'}); see the server log"
+
+
+class BoundedMemory(OrderedDict):
+    """id -> (monotonic time, value), forgetting entries older than EARLY_CANCEL_SECONDS and
+    the oldest beyond IDS_REMEMBERED."""
+
+    def remember(self, key, value, now: float) -> None:
+        self.pop(key, None)
+        self[key] = (now, value)
+        while self and (len(self) > IDS_REMEMBERED or now - next(iter(self.values()))[0] >= EARLY_CANCEL_SECONDS):
+            self.popitem(last=False)
+
+    def recall(self, key, now: float, pop: bool = False):
+        """The value remembered for key (None if none or expired)."""
+        entry = self.pop(key, None) if pop else self.get(key)
+        return entry[1] if entry is not None and now - entry[0] < EARLY_CANCEL_SECONDS else None
+
+
+# -- the loop -----------------------------------------------------------------------------------
+
+class StepLoop:
+    """The DiT's step loop over an Engine (see the module docstring).
+
+    Args:
+        engine: the Engine (DiT only; decoding happens in h3_vae).
+        settings: h3_dit's DitSettings (policy, capacity, execution mode, fault injection).
+        metrics: MetricsRecord or an object with its three methods.
+        clock: monotonic seconds (tests pass a fake one).
+    """
+
+    def __init__(self, engine: Engine, settings: DitSettings, metrics=None, clock: Callable[[], float] = time.monotonic):
+        self.engine, self.settings = engine, settings
+        self.metrics = metrics if metrics is not None else MetricsRecord()
+        self.clock = clock
+        self.scheduler = Scheduler(settings.max_num_seqs, settings.max_batch_rows, settings.max_waiting,
+                                   settings.scheduling_policy, settings.row_budget, settings.aging_s)
+        self.jobs: dict[object, Job] = {}  # live jobs by correlation id
+        self.early_cancels = BoundedMemory()  # request id -> True: cancelled before it arrived
+        self.finished_ids = BoundedMemory()  # request id -> Status: left the DiT recently
+        self.dropped = BoundedMemory()  # correlation id -> (request id, cause): forgotten without an answer
+        self.draining = False
+
+    def start_draining(self) -> None:
+        """From the next step boundary every job ends with CANCELLED and newcomers are refused
+        with UNAVAILABLE (a graceful stop leaves nothing in flight)."""
+        self.draining = True
+
+    # -- one iteration -----------------------------------------------------------------------
+
+    def iterate(self, arrivals: list[Arrival], send: Send) -> list:
+        """One step-loop iteration over every live request (steps 1-5 of the module docstring).
+        Events are passed to `send` as they happen (progress streams during a request-mode
+        run). Returns the handles of the requests to reschedule (still live)."""
+        self.metrics.set("h3_heartbeat_timestamp_seconds", time.time())
+        self.metrics.set("h3_execute_in_progress", 1)
+        reschedule = []
+        try:
+            present = [job for arrival in arrivals if (job := self.arrive(arrival, send)) is not None]
+            self.drop_vanished(present)
+            self.end_cancelled(present, send)
+            pack = [job for job in self.scheduler.schedule(self.clock()) if job in present]
+            if pack and self.settings.execution_mode == "request":
+                pack = pack[:1]
+                while pack:
+                    pack = self.step(pack, send)
+            elif pack:
+                self.step(pack, send)
+            for job in present:
+                if job.key not in self.jobs:
+                    continue  # answered with its final event
+                position = self.scheduler.queue_position(job)
+                if job.progress_every and position > 0 and position != job.queue_position:
+                    send(Progress(job.handle, job.request_id, job.step_index, job.total_steps, position))
+                job.queue_position = position
+                reschedule.append(job.handle)
+            self.metrics.set("h3_waiting_requests", len(self.scheduler.line))
+            self.metrics.set("h3_active_requests", len(self.scheduler.pack))
+        finally:
+            self.metrics.set("h3_execute_in_progress", 0)
+        return reschedule
+
+    def arrive(self, arrival: Arrival, send: Send) -> Job | None:
+        """The live job this arrival belongs to (admitting a new one), or None when the arrival
+        was answered (refused, control request, dropped job) or is a filler."""
+        if arrival.key in (0, ""):
+            return None  # filler request inserted by Triton's `direct` strategy
+        try:
+            fields = read_request_json(arrival.request_json)
+        except ValueError as error:
+            self.refuse(send, arrival.handle, "INVALID_ARG", str(error))
+            return None
+        if CANCEL_FIELD in fields:
+            send(self.cancel_by_id(arrival.handle, fields[CANCEL_FIELD]))
+            return None
+        now = self.clock()
+        job = self.jobs.get(arrival.key)
+        if job is not None and arrival.new:
+            self.refuse_reused_key(arrival, job, send)
+            return None
+        if job is None and not arrival.new:  # a rescheduled request whose job was dropped: end it
+            dropped = self.dropped.recall(arrival.key, now, pop=True)
+            if dropped is None:
+                self.metrics.increment("h3_cancellations_total")  # else counted when it was dropped
+            request_id, cause = dropped or (arrival.request_id, None)
+            named = request_id or f"with sequence id {arrival.key}"
+            cause = cause or f"its sequence id was reused or Triton withheld it for {VANISHED_EXECUTES} steps"
+            send(Ended(arrival.handle, request_id or str(arrival.key), "CANCELLED",
+                                    f"request {named} was dropped: {cause}"))
+            return None
+        if job is None:
+            self.dropped.pop(arrival.key, None)  # a new sequence with the id of a dropped one
+            job = self.admit(arrival, fields, now, send)
+        if job is not None:
+            job.handle = arrival.handle
+            job.absent = 0
+            if arrival.cancelled and job.cancel_reason is None:
+                job.cancel_reason = "cancelled by the client"
+        return job
+
+    def refuse(self, send: Send, handle, code: str, message: str) -> None:
+        self.metrics.increment("h3_failures_total" if code == "INTERNAL" else "h3_refusals_total")
+        send(Refused(handle, code, message))
+
+    # -- admission ---------------------------------------------------------------------------
+
+    def admit(self, arrival: Arrival, fields: dict, now: float, send: Send) -> Job | None:
+        """Validate a new request and queue it; on failure refuse it at once."""
+        try:
+            if self.draining:
+                raise Overloaded("the server is shutting down")
+            job = self.parse(arrival, fields, now)
+            if self.early_cancels.recall(job.request_id, now, pop=True):
+                self.metrics.increment("h3_cancellations_total")
+                send(Ended(arrival.handle, job.request_id, "CANCELLED",
+                                        f"request {job.request_id} was cancelled before it started "
+                                        f"(step 0 of {job.total_steps})", 0, job.total_steps))
+                return None
+            self.scheduler.add(job)
+        except ValueError as error:
+            self.refuse(send, arrival.handle, "INVALID_ARG", str(error))
+            return None
+        except Overloaded as error:
+            self.refuse(send, arrival.handle, "UNAVAILABLE", str(error))
+            return None
+        except Exception as error:  # noqa: BLE001 - a validation gap must not fail the other requests
+            log.exception("request %s could not be admitted", arrival.request_id or arrival.key)
+            self.refuse(send, arrival.handle, "INTERNAL", admission_failure(error))
+            return None
+        self.jobs[job.key] = job
+        return job
+
+    def parse(self, arrival: Arrival, fields: dict, now: float) -> Job:
+        """Inputs, REQUEST fields and request parameters -> Job (its states prepared). Raises
+        ValueError naming the bad field."""
+        if arrival.sequence_end:
+            raise ValueError("sequence_end must not be set: a request runs over many iterations and Triton 2.51 "
+                             "would drop it after the first (perf_analyzer: --request-parameter sequence_end:false:bool)")
+        parameters = check_request_parameters(arrival.parameters_json)
+        if parameters.get("return_mp4", True) and not MP4_AVAILABLE:
+            raise ValueError("return_mp4=true needs PyAV, which this server does not have: send return_mp4=false (with "
+                             "return_frames / return_audio for raw outputs) or install av")
+        fault = parameters.get("inject_fault")
+        if fault is not None:
+            if not self.settings.allow_fault_injection:
+                raise ValueError("request parameter 'inject_fault' is refused: h3_dit parameter allow_fault_injection is not 'true'")
+            check_fault(fault)
+        for name in ("progress_every", "preview_every"):
+            if parameters.get(name, 0) < 0:
+                raise ValueError(f"{name}={parameters[name]} is send of range: allowed >= 0")
+        deadline_s = parameters.get("deadline_s")
+        if deadline_s is not None and not deadline_s > 0:
+            raise ValueError(f"deadline_s={deadline_s} is send of range: allowed > 0 seconds")
+        cfg = self.engine.dit.cfg
+        values = dict(height=cfg.default_height, width=cfg.default_width, num_frames=cfg.default_num_frames,
+                      num_inference_steps=cfg.default_steps, seed=None, num_outputs=1)
+        for name in INT_FIELDS:
+            if name in fields:
+                if type(fields[name]) is not int:
+                    raise ValueError(f"{name} must be an integer, got {fields[name]!r}")
+                values[name] = fields[name]
+        embeds = arrival.text_embeds
+        if embeds is None or embeds.ndim != 3 or embeds.shape[0] != 1 or embeds.shape[1] < 1 or embeds.shape[2] != cfg.text_dim:
+            shape = None if embeds is None else embeds.shape[1:] if embeds.ndim == 3 and embeds.shape[0] == 1 else embeds.shape
+            raise ValueError(f"text_embeds has shape {None if shape is None else tuple(shape)}; expected [L >= 1, {cfg.text_dim}]")
+        text = torch.from_numpy(np.array(embeds[0], dtype=np.float32))  # [L, text_dim], a copy
+        if not torch.isfinite(text).all():
+            raise ValueError("TEXT_EMBEDS holds non-finite values")
+        encode_s = fields.get("encode_seconds", 0.0)
+        if type(encode_s) not in (int, float):
+            raise ValueError(f"encode_seconds must be a number, got {encode_s!r}")
+        if not (math.isfinite(encode_s) and encode_s >= 0):
+            raise ValueError(f"encode_seconds={encode_s} is send of range: allowed finite >= 0 seconds")
+        request_id = arrival.request_id or f"h3-{secrets.token_hex(8)}"
+        if any(job.request_id == request_id for job in self.jobs.values()):
+            raise ValueError(f"request id {request_id!r} is already running; ids must be unique")
+        generation = GenerationRequest(prompt="(encoded)", request_id=request_id, **values)
+        states = self.engine.prepare(generation, text)
+        return Job(key=arrival.key, request_id=request_id, states=states, arrival_s=now,
+                   progress_every=parameters.get("progress_every", 0), preview_every=parameters.get("preview_every", 0),
+                   deadline_s=deadline_s, deadline_at=None if deadline_s is None else now + deadline_s,
+                   encode_s=encode_s, priority=parameters.get("request_priority", 0), fault=fault)
+
+    def refuse_reused_key(self, arrival: Arrival, job: Job, send: Send) -> None:
+        """A new request (START) came with the sequence id of a live job: a client sent a
+        sequence_id in use. Triton 2.51 ends the job's sequence ("conflict ... terminated
+        early") and may free its request, so the job is dropped without an event (answering its
+        old handle crashed the server); if Triton delivers its request once more, arrive() ends
+        it with CANCELLED naming its request id. The newcomer is refused: admitting it routed its
+        responses to the job's client."""
+        self.metrics.increment("h3_cancellations_total")
+        self.forget(job, Status.CANCELLED, dropped=f"another request reused its sequence id {job.key}")
+        self.refuse(send, arrival.handle, "INVALID_ARG", f"sequence id {job.key} belongs to request {job.request_id}, "
+                                                        "which Triton has now ended; do not send sequence_id")
+
+    # -- cancellation ------------------------------------------------------------------------
+
+    def cancel_by_id(self, handle, target: str) -> CancelAnswer:
+        """A cancel-by-id control request. A live job with that id leaves at the next step
+        boundary (this iteration's: before the step) -> "cancelled"; an id that left the DiT
+        recently -> "finished" (nothing is done; its result may still be decoding); any other
+        id -> "unknown", remembered for EARLY_CANCEL_SECONDS in case its request is still in the
+        encoder."""
+        now = self.clock()
+        matches = [job for job in self.jobs.values() if job.request_id == target]
+        for job in matches:
+            job.cancel_reason = job.cancel_reason or "cancelled by request"
+        if matches:
+            state = "cancelled"
+        elif self.finished_ids.recall(target, now) is not None:
+            state = "finished"
+        else:
+            state = "unknown"
+            self.early_cancels.remember(target, True, now)
+        return CancelAnswer(handle, target, state)
+
+    def drop_vanished(self, present: list[Job]) -> None:
+        """Forget jobs Triton stopped delivering: every live sequence comes back in each
+        execute(), but Triton 2.51 drops a natively cancelled iterative request when it is
+        rescheduled instead of delivering it again. After VANISHED_EXECUTES absences the job is
+        dropped (counted as a cancellation) so it holds no state or packing place."""
+        for job in list(self.jobs.values()):
+            job.absent = 0 if job in present else job.absent + 1
+            if job.absent >= VANISHED_EXECUTES:
+                self.metrics.increment("h3_cancellations_total")
+                self.forget(job, Status.CANCELLED,
+                            dropped=f"Triton withheld it for {VANISHED_EXECUTES} steps (sequence id {job.key})")
+
+    def end_cancelled(self, present: list[Job], send: Send) -> None:
+        """Step boundary: end jobs cancelled by id or by their client, past their deadline, or
+        all of them once the server drains."""
+        now = self.clock()
+        for job in present:
+            if job.key not in self.jobs:
+                continue
+            reason = "cancelled because the server is shutting down" if self.draining else job.cancel_reason
+            if reason is None and job.deadline_at is not None and now > job.deadline_at:
+                reason = f"deadline of {job.deadline_s} s expired"
+                self.metrics.increment("h3_deadline_expiries_total")
+            if reason is not None:
+                self.metrics.increment("h3_cancellations_total")
+                self.end(job, send, Status.CANCELLED, "CANCELLED",
+                         f"request {job.request_id} {reason} at step {job.step_index} of {job.total_steps}")
+
+    # -- the step ----------------------------------------------------------------------------
+
+    def step(self, pack: list[Job], send: Send) -> list[Job]:
+        """One packed forward for `pack`, then progress, previews and results. A forward that
+        raises or returns non-finite values is retried one job at a time, so only the offending
+        job fails (INTERNAL). Returns the jobs of the pack still running."""
+        start = self.clock()
+        states = [state for job in pack for state in job.states]
+        for job in pack:
+            job.status = Status.RUNNING
+            job.first_step_s = job.first_step_s or start
+            job.largest_pack = max(job.largest_pack, len(states))
+        try:
+            velocities = self.forward(pack)
+        except Exception:  # noqa: BLE001 - retried one job at a time below
+            velocities = []
+            for job in list(pack):
+                try:
+                    velocities += self.forward([job])
+                except Exception as error:  # noqa: BLE001 - the offender fails alone
+                    self.metrics.increment("h3_failures_total")
+                    self.end(job, send, Status.FAILED, "INTERNAL", f"denoise step {job.step_index + 1} failed: {error}")
+                    pack.remove(job)
+        end = self.clock()
+        states = [state for job in pack for state in job.states]
+        self.metrics.observe("h3_step_seconds", end - start)
+        self.metrics.observe("h3_pack_requests", len(states))
+        self.metrics.observe("h3_pack_rows", sum(state.rows for state in states))
+        velocity_of = iter(velocities)
+        for job in pack:
+            for state in job.states:
+                velocity = next(velocity_of)
+                if job.preview_every and state.output_index == 0 and (state.step_index + 1) % job.preview_every == 0:
+                    job.preview = preview_frame(state, velocity[0])
+                self.engine.update(state, velocity)
+            if job.step_index == 1:
+                self.metrics.observe("h3_time_to_first_step_seconds", end - job.arrival_s)
+            job.last_step_s = end
+            step = job.step_index
+            if (job.progress_every and (step % job.progress_every == 0 or step == job.total_steps)) or job.preview is not None:
+                send(Progress(job.handle, job.request_id, step, job.total_steps, 0, job.preview))
+                job.preview = None
+            if job.finished:
+                self.results(job, send)
+        return [job for job in pack if job.key in self.jobs]
+
+    def forward(self, jobs: list[Job]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """engine.denoise_step for the jobs' states, raising ValueError on non-finite velocities.
+        Injected faults (see check_fault) act here, at a job's first step."""
+        for job in jobs:
+            fault = job.fault if job.step_index == 0 else None
+            if fault == "raise":
+                raise RuntimeError(f"injected fault in the forward of request {job.request_id}")
+            if fault is not None and fault.startswith("slow:"):
+                job.fault = None  # slowed once
+                time.sleep(float(fault[5:]))
+        states = [state for job in jobs for state in job.states]
+        velocities = self.engine.denoise_step(states)
+        nan = {id(state) for job in jobs if job.fault == "nan" and job.step_index == 0 for state in job.states}
+        velocities = [(torch.full_like(video, float("nan")), audio) if id(state) in nan else (video, audio)
+                      for state, (video, audio) in zip(states, velocities)]
+        for state, (video, audio) in zip(states, velocities):
+            if not (torch.isfinite(video).all() and torch.isfinite(audio).all()):
+                raise ValueError(f"non-finite velocity for request {state.request_id}")
+        return velocities
+
+    # -- endings -----------------------------------------------------------------------------
+
+    def results(self, job: Job, send: Send) -> None:
+        """One Result per output, with its final latents; the last one is final."""
+        for state in job.states:
+            info = {
+                "kind": "result", "request_id": job.request_id, "output_index": state.output_index,
+                "num_outputs": len(job.states), "seed": state.seed, "height": state.height,
+                "width": state.width, "num_frames": state.num_frames,
+                "num_inference_steps": state.total_steps, "largest_pack": job.largest_pack,
+                "stage_seconds": {"queue": job.first_step_s - job.arrival_s, "encode": job.encode_s,
+                                  "denoise": job.last_step_s - job.first_step_s},
+            }
+            send(Result(job.handle, job.request_id, L.unpatchify_video(state.video_latents, state.layout),
+                                     L.audio_rows_to_latent(state.audio_latents, state.layout), info,
+                                     final=state is job.states[-1]))
+            self.metrics.increment("h3_completions_total")
+        self.forget(job, Status.FINISHED)
+
+    def end(self, job: Job, send: Send, status: Status, code: str, message: str) -> None:
+        send(Ended(job.handle, job.request_id, code, message, job.step_index, job.total_steps))
+        self.forget(job, status)
+
+    def forget(self, job: Job, status: Status, dropped: str | None = None) -> None:
+        """Remove the job with its final status. `dropped`: why it was dropped without a final
+        event; if Triton delivers its request again, arrive() ends it with CANCELLED naming its
+        request id and this cause."""
+        now = self.clock()
+        job.status = status
+        self.scheduler.remove(job)
+        del self.jobs[job.key]
+        self.finished_ids.remember(job.request_id, status, now)
+        if dropped is not None:
+            self.dropped.remember(job.key, (job.request_id, dropped), now)
