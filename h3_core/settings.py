@@ -71,12 +71,18 @@ class EncoderSettings:
 @dataclass(frozen=True)
 class VaeSettings:
     """h3_vae: cpu_threads; checkpoint_dir (holding video_vae / audio_vae .safetensors, relative
-    to the folder above the model repository); device ("cpu", "cuda", "cuda:N")."""
+    to the folder above the model repository); device ("cpu", "cuda", "cuda:N"); decode_workers
+    (threads decoding different requests at once, >= 1; docs/reliability.md measures them)."""
 
     MODEL = "h3_vae"
     cpu_threads: int = 1
     checkpoint_dir: str = "checkpoints/tiny"
     device: str = "cpu"
+    decode_workers: int = 2
+
+    def __post_init__(self):
+        if self.decode_workers < 1:
+            raise ValueError(f"h3_vae parameter decode_workers={self.decode_workers} is out of range: allowed >= 1")
 
     @classmethod
     def from_parameters(cls, parameters: dict[str, str]) -> "VaeSettings":

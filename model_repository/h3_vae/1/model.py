@@ -1,13 +1,18 @@
 """h3_vae: VIDEO_LATENT + AUDIO_LATENT + INFO -> VIDEO_MP4 (+ FRAMES, AUDIO on request) and INFO
 with the decode time (an adapter over h3_core.engine.decode_clip and h3_core.media).
 
-Every h3_dit response reaches this model through the ensemble; one without latents (progress,
-an early end, a cancel answer) is passed on at once with empty outputs. With request parameter
+Decoupled: every h3_dit response reaches this model through the ensemble; one without latents
+(progress, an early end, a cancel answer) is answered at once with empty outputs, and one with
+latents is decoded on a pool of `decode_workers` threads (h3_core.ordered_pool: one request's
+outputs in order, different requests in parallel), so no response waits behind another
+request's decode. Each request gets exactly one (final) response. With request parameter
 return_mp4 false the latents are still decoded but no MP4 is encoded: VIDEO_MP4 is empty
 (BYTES [1, 0]), so a server without PyAV can serve FRAMES / AUDIO (h3_dit refuses return_mp4
 true there). A malformed direct request is refused with INVALID_ARG."""
+import functools
 import json
 import time
+import traceback
 
 import numpy as np
 import torch
@@ -16,9 +21,12 @@ import triton_python_backend_utils as pb_utils
 from h3_core.engine import decode_clip, load_vaes
 from h3_core.layout import audio_latent_frames, latent_frames
 from h3_core.media import encode_mp4
+from h3_core.ordered_pool import OrderedPool
 from h3_core.protocol import AUDIO_LATENT, VIDEO_LATENT, check_request_parameters
 from h3_core.settings import VaeSettings
 from server.adapter import error_response, json_tensor, model_parameters, resolve_path, set_threads
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 EMPTY_MP4 = np.empty((1, 0), dtype=object)
 EMPTY_FRAMES = np.zeros((1, 0, 0, 0, 3), dtype=np.uint8)
@@ -26,10 +34,12 @@ EMPTY_AUDIO = np.zeros((1, 2, 0), dtype=np.float32)
 RESULT_FIELDS = ("height", "width", "num_frames")
 
 
-def read_inputs(request) -> tuple[dict, torch.Tensor, torch.Tensor]:
-    """(INFO, video latent [1, 24, T_lat, Hl, Wl], audio latent [1, 2, 32, T_a]) of a request.
-    Raises ValueError naming the input for a malformed one."""
-    tensors = {name: pb_utils.get_input_tensor_by_name(request, name) for name in ("INFO", VIDEO_LATENT, AUDIO_LATENT)}
+def read_inputs(request) -> tuple[dict, torch.Tensor, torch.Tensor, list]:
+    """(INFO, video latent [1, 24, T_lat, Hl, Wl], audio latent [1, 2, 32, T_a], [PROGRESS,
+    PREVIEW] tensors to pass through) of a request. Raises ValueError naming the input for a
+    malformed one."""
+    names = ("INFO", VIDEO_LATENT, AUDIO_LATENT, "PROGRESS", "PREVIEW")
+    tensors = {name: pb_utils.get_input_tensor_by_name(request, name) for name in names}
     missing = [name for name, tensor in tensors.items() if tensor is None]
     if missing:
         raise ValueError(f"{missing[0]} is required")
@@ -42,7 +52,23 @@ def read_inputs(request) -> tuple[dict, torch.Tensor, torch.Tensor]:
         raise ValueError("INFO must hold one JSON object with a string 'kind'")
     video = torch.from_numpy(tensors[VIDEO_LATENT].as_numpy().copy())
     audio = torch.from_numpy(tensors[AUDIO_LATENT].as_numpy().copy())
-    return info, video, audio
+    passed = [pb_utils.Tensor(name, tensors[name].as_numpy()) for name in ("PROGRESS", "PREVIEW")]
+    return info, video, audio, passed
+
+
+def check_result(info: dict, video: torch.Tensor, audio: torch.Tensor) -> None:
+    """A response with latents must be a result of integer height, width, num_frames with one
+    output's latents. Raises ValueError naming what is wrong."""
+    if info["kind"] != "result" or any(type(info.get(name)) is not int for name in RESULT_FIELDS):
+        raise ValueError(f"INFO of a response with latents must be a result holding integers {list(RESULT_FIELDS)}")
+    if video.dim() != 5 or video.shape[0] != 1 or audio.dim() != 4 or audio.shape[0] != 1:
+        raise ValueError(f"{VIDEO_LATENT} must be [1, 24, T_lat, Hl, Wl] and {AUDIO_LATENT} [1, 2, 32, T_a], got "
+                         f"{list(video.shape)} and {list(audio.shape)}")
+
+
+def response(mp4, frames, audio, passed: list, info: dict) -> "pb_utils.InferenceResponse":
+    return pb_utils.InferenceResponse([pb_utils.Tensor("VIDEO_MP4", mp4), pb_utils.Tensor("FRAMES", frames),
+                                       pb_utils.Tensor("AUDIO", audio), *passed, json_tensor("INFO", info)])
 
 
 class TritonPythonModel:
@@ -56,39 +82,45 @@ class TritonPythonModel:
         self.decodes_family = pb_utils.MetricFamily(name="h3_vae_decodes_total", description="latents decoded to a clip",
                                                     kind=pb_utils.MetricFamily.COUNTER)  # Triton needs it referenced
         self.decodes = self.decodes_family.Metric(labels={"model": "h3_vae"})
+        self.pool = OrderedPool(settings.decode_workers, name="h3_vae-decode")
 
     def execute(self, requests):
-        responses = []
         for request in requests:
+            sender = request.get_response_sender()
             try:
-                responses.append(self.decode(request))
+                info, video, audio, passed = read_inputs(request)
+                if video.numel() == 0:
+                    sender.send(response(EMPTY_MP4, EMPTY_FRAMES, EMPTY_AUDIO, passed, info), flags=FINAL)
+                    continue
+                parameters = check_request_parameters(request.parameters())
+                check_result(info, video, audio)
             except ValueError as error:
-                responses.append(error_response("INVALID_ARG", str(error)))
-        return responses
+                sender.send(error_response("INVALID_ARG", str(error)), flags=FINAL)
+                continue
+            self.pool.submit(str(info.get("request_id", "")),
+                             functools.partial(self.decode, sender, info, video[0], audio[0], passed, parameters))
+        return None
 
-    def decode(self, request):
-        """One h3_dit response -> the client's response. Raises ValueError for malformed inputs."""
+    def decode(self, sender, info: dict, video: torch.Tensor, audio: torch.Tensor, passed: list,
+               parameters: dict) -> None:
+        """Decode one output's latents and send its final response (on a pool thread): the clip,
+        or INVALID_ARG for latents that do not fit INFO, or INTERNAL for any other failure."""
         start = time.perf_counter()
-        info, video, audio = read_inputs(request)
-        if video.numel() == 0:
-            return self.response(EMPTY_MP4, EMPTY_FRAMES, EMPTY_AUDIO, info)
-        parameters = check_request_parameters(request.parameters())
-        if info["kind"] != "result" or any(type(info.get(name)) is not int for name in RESULT_FIELDS):
-            raise ValueError(f"INFO of a response with latents must be a result holding integers {list(RESULT_FIELDS)}")
-        if video.dim() != 5 or video.shape[0] != 1 or audio.dim() != 4 or audio.shape[0] != 1:
-            raise ValueError(f"{VIDEO_LATENT} must be [1, 24, T_lat, Hl, Wl] and {AUDIO_LATENT} [1, 2, 32, T_a], got "
-                             f"{list(video.shape)} and {list(audio.shape)}")
-        frames, audio = decode_clip(self.video_vae, self.audio_vae, info["num_frames"], video[0], audio[0])
-        self.decodes.increment(1)
-        frames, audio = frames.cpu(), audio.cpu()
-        mp4 = EMPTY_MP4
-        if parameters.get("return_mp4", True):
-            mp4 = np.array([[encode_mp4(frames, audio)]], dtype=object)
-        info.setdefault("stage_seconds", {})["decode"] = time.perf_counter() - start
-        return self.response(mp4, frames[None].numpy() if parameters.get("return_frames") else EMPTY_FRAMES,
-                             audio[None].numpy() if parameters.get("return_audio") else EMPTY_AUDIO, info)
+        try:
+            frames, audio = decode_clip(self.video_vae, self.audio_vae, info["num_frames"], video, audio)
+            self.decodes.increment(1)
+            frames, audio = frames.cpu(), audio.cpu()
+            mp4 = np.array([[encode_mp4(frames, audio)]], dtype=object) if parameters.get("return_mp4", True) else EMPTY_MP4
+            info.setdefault("stage_seconds", {})["decode"] = time.perf_counter() - start
+            message = response(mp4, frames[None].numpy() if parameters.get("return_frames") else EMPTY_FRAMES,
+                               audio[None].numpy() if parameters.get("return_audio") else EMPTY_AUDIO, passed, info)
+        except ValueError as error:
+            message = error_response("INVALID_ARG", str(error))
+        except Exception as error:  # noqa: BLE001 - the request fails alone, with one line
+            pb_utils.Logger.log_error(f"h3_vae: decode of request {info.get('request_id')} failed:\n"
+                                      f"{traceback.format_exc()}")
+            message = error_response("INTERNAL", f"decode failed ({type(error).__name__}); see the server log")
+        sender.send(message, flags=FINAL)
 
-    @staticmethod
-    def response(mp4, frames, audio, info):
-        return pb_utils.InferenceResponse([pb_utils.Tensor("VIDEO_MP4", mp4), pb_utils.Tensor("FRAMES", frames),
-                                           pb_utils.Tensor("AUDIO", audio), json_tensor("INFO", info)])
+    def finalize(self):
+        self.pool.close()
