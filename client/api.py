@@ -4,9 +4,11 @@
     results = client.generate("a red ball rolls to the left", num_inference_steps=4, seed=7)
     open("clip.mp4", "wb").write(results[0].video_mp4)
 
-Every stream has a timeout: a response that does not arrive within `timeout_s` seconds raises
-H3Error("TIMEOUT", ...) after the request was cancelled on the server (by its id) and the
-stream closed.
+Every call has two client-side limits (H3Client's docstring): an idle timeout (the longest gap
+between responses) and an optional total timeout (the whole call). When one expires the client
+cancels the request on the server by its id, closes the stream and raises H3Error("TIMEOUT", ...).
+Names shared with the server (models, tensors, parameters, error codes) come from h3_core.protocol,
+which needs no torch.
 """
 import json
 import numbers
@@ -14,37 +16,41 @@ import queue
 import re
 import time
 import uuid
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-MODEL = "h3_pipeline"
-DIT_MODEL = "h3_dit"  # control requests (cancel) go to the DiT itself
-INT_INPUTS = {"height": "HEIGHT", "width": "WIDTH", "num_frames": "NUM_FRAMES",
-              "num_inference_steps": "NUM_INFERENCE_STEPS", "seed": "SEED", "num_outputs": "NUM_OUTPUTS"}
+from h3_core import protocol
+
 ENSEMBLE_PREFIX = re.compile(r"^in ensemble '[^']*', ")
 REQUEST_ID_PREFIX = re.compile(r"^\[request id: [^\]]*\] ")
-CODE = re.compile(r"^(INVALID_ARG|UNAVAILABLE|CANCELLED|INTERNAL): ")
 # Triton's own errors, raised before or around the models, carry no code word: a malformed
 # request (wrong data type, shape, batch size, input or output name; a sequence id without
 # START) is INVALID_ARG; a dead model process (python backend stub), a lost connection and a
 # full /dev/shm (the python backend could not grow its shared memory) are UNAVAILABLE.
 TRITON_ERRORS = (
-    (re.compile(r"^(inference input '[^']*' data-type is |unexpected shape for input |inference request batch-size must be "
-                r"|unexpected inference (input|output) |inference request for sequence .* must specify the START flag"
-                r"|input '[^']*' batch size does not match other inputs |inference request to model '[^']*' must specify batch-size 1 )"),
+    (re.compile(r"^(inference input '[^']*' data-type is |unexpected shape for input "
+                r"|inference request batch-size must be |unexpected inference (input|output) "
+                r"|inference request for sequence .* must specify the START flag"
+                r"|input '[^']*' batch size does not match other inputs "
+                r"|inference request to model '[^']*' must specify batch-size 1 )"),
      "INVALID_ARG"),
     (re.compile(r"^(Stub process '[^']*' is not healthy|failed to connect to all addresses|Stream removed"
                 r"|Socket closed|The stream is no longer in valid state"
-                r"|Failed to process the request\(s\) for model '[^']*', message: Failed to increase the shared memory pool size)"),
+                r"|Failed to process the request\(s\) for model '[^']*', "
+                r"message: Failed to increase the shared memory pool size)"),
      "UNAVAILABLE"),
 )
 CANCEL_WAIT_S = 10.0  # after a timeout: how long to wait for the cancelled request's final response
-
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# With deadline_s and no total_timeout_s, a call may last deadline_s + this many seconds: the server
+# counts deadline_s from the request's arrival and cancels at the next step boundary after it, and a
+# request that finished its steps in time is still decoded (about 7 s for the largest request the
+# shipped CPU repository allows), so this covers the transfer, one step and a decode or a few.
+DEADLINE_MARGIN_S = 30.0
 
 
 class H3Error(Exception):
@@ -61,7 +67,7 @@ class H3Error(Exception):
     @classmethod
     def from_server(cls, error: InferenceServerException) -> "H3Error":
         text = REQUEST_ID_PREFIX.sub("", ENSEMBLE_PREFIX.sub("", error.message() or str(error)))
-        match = CODE.match(text)
+        match = protocol.CODE_PATTERN.match(text)
         if match:
             return cls(match.group(1), text[match.end():])
         return cls(next((code for pattern, code in TRITON_ERRORS if pattern.match(text)), "UNKNOWN"), text)
@@ -70,9 +76,9 @@ class H3Error(Exception):
 @dataclass
 class GenerationResult:
     """One generated clip. video_mp4: the MP4 file (b"" with return_mp4=False); frames: uint8
-    [T, H, W, 3] and audio: float32 [2, samples] only when asked for; info: the server's report
-    (seed, num_frames, height, width, num_inference_steps, request_id, output_index,
-    largest_pack, stage_seconds)."""
+    [T, H, W, 3] and audio: float32 [2, samples] at protocol.AUDIO_SAMPLE_RATE Hz, only when asked
+    for; info: the server's report (seed, num_frames, height, width, num_inference_steps,
+    request_id, output_index, largest_pack, stage_seconds)."""
 
     video_mp4: bytes
     info: dict
@@ -83,14 +89,15 @@ class GenerationResult:
 
 
 def _input(name: str, value, datatype: str) -> grpcclient.InferInput:
-    if datatype == "INT64" and not INT64_MIN <= value <= INT64_MAX:
-        raise H3Error("INVALID_ARG", f"{name}={value} does not fit INT64 ({INT64_MIN}..{INT64_MAX})")
+    if datatype == "INT64" and not protocol.INT64_MIN <= value <= protocol.INT64_MAX:
+        raise H3Error("INVALID_ARG", f"{name}={value} does not fit INT64 ({protocol.INT64_MIN}..{protocol.INT64_MAX})")
     tensor = grpcclient.InferInput(name, [1, 1], datatype)
     tensor.set_data_from_numpy(np.array([[value]], dtype=object if datatype == "BYTES" else np.int64))
     return tensor
 
 
-ARGUMENT_KINDS = {"int": numbers.Integral, "number": numbers.Real, "bool": bool, "str": str, "str or bytes": (str, bytes)}
+ARGUMENT_KINDS = {"int": numbers.Integral, "number": numbers.Real, "bool": bool, "str": str,
+                  "str or bytes": (str, bytes)}
 
 
 def _check_type(name: str, value, kind: str, optional: bool = False) -> None:
@@ -103,38 +110,79 @@ def _check_type(name: str, value, kind: str, optional: bool = False) -> None:
         raise TypeError(f"{name} must be {kind}{' or None' if optional else ''}, got {type(value).__name__} {value!r}")
 
 
-class H3Client:
-    """Streaming client for h3_pipeline at `url` (host:port of Triton's gRPC endpoint, no
-    scheme). timeout_s: seconds to wait for each response, > 0 (ValueError otherwise)."""
+def _check_seconds(name: str, value, optional: bool = False) -> None:
+    """Raise TypeError (not a number) or ValueError (not > 0) naming the argument; None passes
+    when optional."""
+    _check_type(name, value, "number", optional)
+    if value is not None and not value > 0:
+        raise ValueError(f"{name} must be > 0 seconds, got {value}")
 
-    def __init__(self, url: str = "127.0.0.1:8001", timeout_s: float = 600.0):
-        if "://" in url:
-            raise ValueError(f"url must be host:port without a scheme, got {url!r}")
-        _check_type("timeout_s", timeout_s, "number")
-        if not timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s}")
-        self.url, self.timeout_s = url, timeout_s
+
+def check_url(url: str) -> str:
+    """Return `url` when it is host:port (Triton's gRPC endpoint, no scheme); raise ValueError
+    naming it otherwise."""
+    if "://" in url:
+        raise ValueError(f"url must be host:port without a scheme, got {url!r}")
+    return url
+
+
+class H3Client:
+    """Streaming client for h3_pipeline at `url` (host:port of Triton's gRPC endpoint, no scheme).
+
+    Two client-side limits, in seconds, for every call (generate and cancel):
+      idle_timeout_s: the longest wait for the next response, counted from sending the request
+        and then from each response. The wait before a result includes the DiT steps left
+        (unless progress responses come: progress_every) and the decode of the clip.
+      total_timeout_s: the longest a whole call may take, counted from sending the request; None:
+        no limit, except that generate(deadline_s=D) then allows D + DEADLINE_MARGIN_S seconds,
+        so that the client does not give up before the server's own deadline has ended the
+        request (the server counts deadline_s from the request's arrival, a moment after sending).
+    When one expires the client cancels the request on the server by its id, waits up to
+    CANCEL_WAIT_S seconds for its final response, closes the stream and raises
+    H3Error("TIMEOUT", ...) naming the limit.
+
+    timeout_s is the former name of idle_timeout_s (DeprecationWarning); it goes once the callers
+    in tests/, scripts/, training/ and benchmarks/ use idle_timeout_s.
+
+    Raises ValueError for a url with a scheme or a limit <= 0, TypeError for a limit that is not
+    a number.
+    """
+
+    def __init__(self, url: str = "127.0.0.1:8001", *, idle_timeout_s: float = 600.0,
+                 total_timeout_s: float | None = None, timeout_s: float | None = None):
+        self.url = check_url(url)
+        if timeout_s is not None:
+            warnings.warn("H3Client(timeout_s=...) is H3Client(idle_timeout_s=...) now", DeprecationWarning,
+                          stacklevel=2)
+            idle_timeout_s = timeout_s
+        _check_seconds("idle_timeout_s", idle_timeout_s)
+        _check_seconds("total_timeout_s", total_timeout_s, optional=True)
+        self.idle_timeout_s, self.total_timeout_s = idle_timeout_s, total_timeout_s
 
     def generate(self, prompt: str | bytes, *, height: int | None = None, width: int | None = None,
                  num_frames: int | None = None, num_inference_steps: int | None = None,
                  seed: int | None = None, num_outputs: int | None = None, progress_every: int = 0,
-                 preview_every: int = 0, deadline_s: float | None = None, return_mp4: bool = True,
-                 return_frames: bool = False, return_audio: bool = False, request_id: str = "",
-                 inject_fault: str | None = None,
+                 preview_every: int = 0, deadline_s: float | None = None, request_priority: int = 0,
+                 return_mp4: bool = True, return_frames: bool = False, return_audio: bool = False,
+                 request_id: str = "", inject_fault: str | None = None,
                  on_progress: Callable[[int, int, int], None] | None = None) -> list[GenerationResult]:
-        """Generate num_outputs clips (None fields take the server's defaults).
+        """Generate num_outputs clips (None fields take the server's defaults; docs/request_contract.md
+        has every field's range).
 
         on_progress(step, total_steps, queue_position) is called for each progress response
         (progress_every > 0). preview_every k > 0 adds a PREVIEW image after steps k, 2k, ...
-        deadline_s: seconds from arrival at the DiT after which the server cancels the request.
+        deadline_s: seconds, counted by the server from the request's arrival, after which the
+        server cancels the request at the next step boundary (it then ends with CANCELLED); also
+        sets this call's total timeout when the client has none (class docstring).
+        request_priority: higher runs first under the server's srpt policy (default 0).
         return_mp4=False: the server encodes no MP4 (video_mp4 is b""; required by a server
         without PyAV); return_frames / return_audio fill frames / audio.
         request_id: lets `cancel(request_id)` reach this request; "" sends a random one
         ("h3c-<hex>") so that a timeout can cancel the request on the server. inject_fault:
-        tests only, refused unless the server's h3_dit has allow_fault_injection "true" (see
-        its model.py). Returns the results in output-index order. Raises TypeError naming the
-        argument for a wrong Python type (nothing is sent), H3Error with the server's code word,
-        or TIMEOUT.
+        tests only, refused unless the server's h3_dit has allow_fault_injection "true".
+        Returns the results in output-index order. Raises TypeError naming the argument for a
+        wrong Python type (nothing is sent), ValueError for deadline_s <= 0, H3Error with the
+        server's code word, or with TIMEOUT.
         """
         _check_type("prompt", prompt, "str or bytes")
         for name, value in (("height", height), ("width", width), ("num_frames", num_frames),
@@ -143,24 +191,27 @@ class H3Client:
             _check_type(name, value, "int", optional=True)
         _check_type("progress_every", progress_every, "int")
         _check_type("preview_every", preview_every, "int")
-        _check_type("deadline_s", deadline_s, "number", optional=True)
+        _check_seconds("deadline_s", deadline_s, optional=True)
+        _check_type("request_priority", request_priority, "int")
         for name, value in (("return_mp4", return_mp4), ("return_frames", return_frames),
                             ("return_audio", return_audio)):
             _check_type(name, value, "bool")
         _check_type("request_id", request_id, "str")
         _check_type("inject_fault", inject_fault, "str", optional=True)
-        values = dict(height=height, width=width, num_frames=num_frames,
+        fields = dict(height=height, width=width, num_frames=num_frames,
                       num_inference_steps=num_inference_steps, seed=seed, num_outputs=num_outputs)
-        inputs = [_input("PROMPT", prompt.encode() if isinstance(prompt, str) else prompt, "BYTES")]
-        inputs += [_input(INT_INPUTS[k], v, "INT64") for k, v in values.items() if v is not None]
-        outputs = [grpcclient.InferRequestedOutput(name) for name in ("VIDEO_MP4", "PROGRESS", "PREVIEW", "INFO")]
-        outputs += [grpcclient.InferRequestedOutput(name) for name, wanted in
-                    (("FRAMES", return_frames), ("AUDIO", return_audio)) if wanted]
+        inputs = [_input(protocol.PROMPT, prompt.encode() if isinstance(prompt, str) else prompt, "BYTES")]
+        inputs += [_input(name, fields[key], "INT64") for name, key in protocol.INT_INPUTS.items()
+                   if fields[key] is not None]
+        wanted = {protocol.FRAMES: return_frames, protocol.AUDIO: return_audio}
+        outputs = [grpcclient.InferRequestedOutput(name) for name in protocol.OUTPUTS if wanted.get(name, True)]
         parameters = {"progress_every": int(progress_every)}  # int(): numpy integers are not JSON
         if preview_every:
             parameters["preview_every"] = int(preview_every)
         if deadline_s is not None:
             parameters["deadline_s"] = deadline_s if isinstance(deadline_s, int) else float(deadline_s)
+        if request_priority:
+            parameters["request_priority"] = int(request_priority)
         if not return_mp4:
             parameters["return_mp4"] = False
         if return_frames:
@@ -169,8 +220,15 @@ class H3Client:
             parameters["return_audio"] = True
         if inject_fault is not None:
             parameters["inject_fault"] = inject_fault
+        if self.total_timeout_s is not None:
+            total = (self.total_timeout_s, "total_timeout_s")
+        elif deadline_s is not None:
+            total = (deadline_s + DEADLINE_MARGIN_S, f"deadline_s {deadline_s:g} + {DEADLINE_MARGIN_S:g} s margin")
+        else:
+            total = None
         results, progress, previews, ended = [], [], [], None
-        for result in self._stream(MODEL, inputs, outputs, parameters, request_id or f"h3c-{uuid.uuid4().hex}"):
+        request_id = request_id or f"h3c-{uuid.uuid4().hex}"
+        for result in self._stream(protocol.PIPELINE_MODEL, inputs, outputs, parameters, request_id, total):
             try:
                 results += self._read(result, progress, previews, on_progress)
             except H3Error as error:  # ended early; read on to the stream's final response
@@ -179,41 +237,67 @@ class H3Client:
             raise ended
         return sorted(results, key=lambda r: r.info["output_index"])
 
-    def cancel(self, request_id: str) -> bool:
-        """Cancel the request with this id (running, queued, or still in the encoder) through a
-        control request to h3_dit. It leaves at the next step boundary and its stream ends with
-        a CANCELLED: error. Returns whether the server knew the id (an id it did not know is
-        remembered for a while in case its request is still on its way)."""
-        control = _input("REQUEST", json.dumps({"cancel_request_id": request_id}).encode(), "BYTES")
-        text = grpcclient.InferInput("TEXT_EMBEDS", [1, 0, 0], "FP32")
-        text.set_data_from_numpy(np.zeros((1, 0, 0), dtype=np.float32))
-        final = list(self._stream(DIT_MODEL, [text, control], [grpcclient.InferRequestedOutput("INFO")], {}, ""))
-        return json.loads(final[0].as_numpy("INFO").reshape(-1)[0])["found"]
+    def cancel(self, request_id: str) -> str:
+        """Cancel the request with this id through a control request to h3_dit; returns the
+        server's answer, one of protocol.CANCEL_STATES:
 
-    def _stream(self, model, inputs, outputs, parameters, request_id):
-        """Yield the responses of one streaming request until the final one (an error ends
-        the request too). On a timeout the request is cancelled by id when it has one (an
-        h3_pipeline request) and its final response awaited for CANCEL_WAIT_S; a stream whose
-        request never ended is closed with cancel_requests=True, which frees the client
-        (Triton 2.51 then counts the ensemble request as in flight until it exits)."""
+          "cancelled": the request was running or waiting in the DiT; it leaves the pack at the
+            next step boundary and its stream ends with H3Error CANCELLED.
+          "finished": the request already left the DiT (its result is being decoded or was
+            delivered): nothing was done, and its stream ends normally.
+          "unknown": no request with this id is known (never sent, or still in the encoder).
+            The server remembers the id for protocol.EARLY_CANCEL_SECONDS, and a request with it
+            that arrives in that time ends with CANCELLED.
+
+        Raises TypeError for a non-str id, H3Error with the server's code word (INVALID_ARG for
+        an empty id; UNAVAILABLE when the server cannot be reached), TIMEOUT, or UNKNOWN for an
+        answer without one of those states (a server older than this client).
+        """
+        _check_type("request_id", request_id, "str")
+        control = _input(protocol.REQUEST, json.dumps({protocol.CANCEL_FIELD: request_id}).encode(), "BYTES")
+        text = grpcclient.InferInput(protocol.TEXT_EMBEDS, [1, 0, 0], "FP32")
+        text.set_data_from_numpy(np.zeros((1, 0, 0), dtype=np.float32))
+        requested = [grpcclient.InferRequestedOutput(protocol.INFO)]
+        final = list(self._stream(protocol.DIT_MODEL, [text, control], requested, {}, "", None))
+        answer = json.loads(final[0].as_numpy(protocol.INFO).reshape(-1)[0])
+        if answer.get("state") not in protocol.CANCEL_STATES:
+            raise H3Error("UNKNOWN", f"the cancel answer has no state in {protocol.CANCEL_STATES}: {answer}")
+        return answer["state"]
+
+    def _stream(self, model, inputs, outputs, parameters, request_id, total):
+        """Yield the responses of one streaming request until the final one (an error ends the
+        request too). total: None or (seconds from sending, the name of that limit for the
+        message). On a timeout the request is cancelled by id when it has one (an h3_pipeline
+        request) and its final response awaited for CANCEL_WAIT_S; a stream whose request never
+        ended is closed with cancel_requests=True, which frees the client (Triton 2.51 then
+        counts the ensemble request as in flight until it exits)."""
         responses: queue.Queue = queue.Queue()
         client = grpcclient.InferenceServerClient(self.url)
         ended = False
         try:
             try:
                 client.start_stream(callback=lambda result, error: responses.put((result, error)))
+                sent = time.monotonic()
                 client.async_stream_infer(model, inputs, outputs=outputs, request_id=request_id,
                                           parameters=parameters, enable_empty_final_response=True)
             except InferenceServerException as error:  # e.g. nothing listens at the url
                 ended = True
                 raise H3Error("UNAVAILABLE", f"cannot stream to {self.url}: {error.message() or error}") from None
             while not ended:
+                left = None if total is None else sent + total[0] - time.monotonic()
                 try:
-                    result, error = responses.get(timeout=self.timeout_s)
+                    if left is not None and left <= 0:
+                        raise queue.Empty
+                    result, error = responses.get(timeout=self.idle_timeout_s if left is None
+                                                  else min(self.idle_timeout_s, left))
                 except queue.Empty:
-                    if model == MODEL and request_id:
+                    if total is not None and time.monotonic() >= sent + total[0]:
+                        message = f"no final response from {self.url} within {total[0]:g} s of sending ({total[1]})"
+                    else:
+                        message = f"no response from {self.url} for {self.idle_timeout_s:g} s (idle_timeout_s)"
+                    if model == protocol.PIPELINE_MODEL and request_id:
                         ended = self._cancel_after_timeout(request_id, responses)
-                    raise H3Error("TIMEOUT", f"no response from {self.url} within {self.timeout_s} s") from None
+                    raise H3Error("TIMEOUT", message) from None
                 ended = error is not None or result.get_response().parameters["triton_final_response"].bool_param
                 if error is not None:
                     raise H3Error.from_server(error)
@@ -239,23 +323,23 @@ class H3Client:
 
     @staticmethod
     def _read(result, progress, previews, on_progress) -> list[GenerationResult]:
-        info_tensor = result.as_numpy("INFO")
+        info_tensor = result.as_numpy(protocol.INFO)
         if info_tensor is None or info_tensor.size == 0:
             return []  # the empty final response that closes the stream
         info = json.loads(info_tensor.reshape(-1)[0])
         if info["kind"] == "error":  # a started request that ended early (CANCELLED, INTERNAL)
             raise H3Error(info["code"], info["message"])
-        step, total, position = (int(v) for v in result.as_numpy("PROGRESS").reshape(-1))
+        step, total, position = (int(v) for v in result.as_numpy(protocol.PROGRESS).reshape(-1))
         if info["kind"] == "progress":
-            preview = result.as_numpy("PREVIEW")
+            preview = result.as_numpy(protocol.PREVIEW)
             if preview is not None and preview.size:
                 previews.append((step, preview[0]))
             progress.append((step, total, position))
             if on_progress:
                 on_progress(step, total, position)
             return []
-        mp4 = result.as_numpy("VIDEO_MP4").reshape(-1)  # empty with return_mp4=False
-        frames, audio = result.as_numpy("FRAMES"), result.as_numpy("AUDIO")
+        mp4 = result.as_numpy(protocol.VIDEO_MP4).reshape(-1)  # empty with return_mp4=False
+        frames, audio = result.as_numpy(protocol.FRAMES), result.as_numpy(protocol.AUDIO)
         return [GenerationResult(
             video_mp4=bytes(mp4[0]) if mp4.size else b"", info=info,
             frames=frames[0] if frames is not None else None, audio=audio[0] if audio is not None else None,

@@ -2,91 +2,214 @@
 
     python -m client.generate --prompt "a red ball rolls to the left" --out out/clip.mp4
 
-The server's gRPC endpoint comes from --url, else $H3_GRPC_URL, else 127.0.0.1:8001.
-Ctrl-C cancels the request on the server (by its id) and waits briefly for the cancelled
-final response before closing the stream.
+The server's gRPC endpoint comes from --url, else $H3_GRPC_URL, else 127.0.0.1:8001. A progress
+bar follows the denoise steps. Ctrl-C cancels the request on the server (by its id) and waits
+briefly for the cancelled final response before closing the stream. Exit status: 0 written,
+1 the server refused or failed the request or a timeout expired, 2 bad flags (the usage and one
+error line on stderr, no traceback, nothing sent), 130 cancelled with Ctrl-C.
 """
 import argparse
+import io
+import math
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 import uuid
+import wave
 from pathlib import Path
 
+import numpy as np
 from tqdm import tqdm
 
-from h3_core.media import write_wav
+from h3_core import protocol
 
-from .api import H3Client, H3Error
+from .api import CANCEL_WAIT_S, DEADLINE_MARGIN_S, H3Client, H3Error, check_url
+
+
+def wav_bytes(audio: np.ndarray) -> bytes:
+    """A 16-bit PCM WAV file of the server's AUDIO output: float32 [AUDIO_CHANNELS, samples] at
+    protocol.AUDIO_SAMPLE_RATE Hz; each sample becomes round(clip(x, -1, 1) * 32767), the same
+    bytes as h3_core.media.encode_wav (which needs torch)."""
+    pcm = np.round(np.clip(audio, -1.0, 1.0) * 32767.0).astype("<i2").T  # [samples, channels] interleaved
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as wav:
+        wav.setnchannels(protocol.AUDIO_CHANNELS)
+        wav.setsampwidth(2)
+        wav.setframerate(protocol.AUDIO_SAMPLE_RATE)
+        wav.writeframes(np.ascontiguousarray(pcm).tobytes())
+    return buffer.getvalue()
+
+
+def numbered(path: Path, count: int) -> list[Path]:
+    """The file of each output: `path` for one output; <stem>-<k><suffix> for output k of several."""
+    return [path] if count == 1 else [path.with_name(f"{path.stem}-{k}{path.suffix}") for k in range(count)]
+
+
+def check_writable(flag: str, path: Path, folder: bool = False) -> None:
+    """Raise ValueError naming the flag unless `path` (a file, or a folder when `folder`) can be
+    written: it is of the right kind if it exists, and a file can be made in it or in its nearest
+    existing parent (tried with a temporary file, removed at once; missing folders are made when
+    writing)."""
+    if path.exists() and path.is_dir() != folder:
+        kind, wanted = ("file", "folder") if folder else ("folder", "file")
+        raise ValueError(f"{flag} {path} is a {kind}; give a {wanted} path")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ValueError(f"{flag} {path}: cannot write it (Permission denied)")
+    parent = path if folder else path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {path}: {parent} is not a folder")
+    try:
+        with tempfile.NamedTemporaryFile(dir=parent):
+            pass
+    except OSError as error:
+        raise ValueError(f"{flag} {path}: cannot write in {parent} ({error.strerror})") from None
+
+
+def flag_type(convert, allowed: str, accept):
+    """An argparse type: convert(text), refused with 'must be <allowed>, got <text>' when convert
+    raises ValueError or accept(value) is false."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not accept(value):
+            raise argparse.ArgumentTypeError(f"must be {allowed}, got {text!r}")
+        return value
+
+    return parse
+
+
+POSITIVE = flag_type(int, "an integer >= 1", lambda v: v >= 1)
+NON_NEGATIVE = flag_type(int, "an integer >= 0", lambda v: v >= 0)
+SECONDS = flag_type(float, "a number of seconds > 0", lambda v: math.isfinite(v) and v > 0)
+REQUEST_ID = flag_type(str, "a non-empty string", bool)
+
+
+def url_type(text: str) -> str:
+    """argparse type of --url: host:port (api.check_url)."""
+    try:
+        return check_url(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The flags, checked before anything is sent; bad ones end with exit status 2."""
+    parser = argparse.ArgumentParser(prog="python -m client.generate", description=__doc__.split("\n\n")[0])
+    add = parser.add_argument
+    add("--prompt", required=True)
+    add("--out", type=Path, required=True,
+        help="output .mp4 path (with --num-outputs N > 1: <stem>-<k>.mp4 for k = 0..N-1)")
+    add("--wav", type=Path, help="also write the audio as a .wav file (numbered like --out)")
+    add("--height", type=POSITIVE, metavar="PIXELS", help="a multiple of 32 (the server's default when left out)")
+    add("--width", type=POSITIVE, metavar="PIXELS", help="a multiple of 32")
+    add("--num-frames", type=POSITIVE, metavar="N", help="frames at 24 fps")
+    add("--steps", type=POSITIVE, metavar="N", help="number of denoise steps (DiT forwards)")
+    add("--seed", type=NON_NEGATIVE, metavar="N", help="output k uses seed + k (random when left out)")
+    add("--num-outputs", type=POSITIVE, default=1, metavar="N", help="clips from one request (default 1)")
+    add("--preview-dir", type=Path, metavar="DIR",
+        help="write the previews as DIR/step-<k>.npy (uint8 [h, w, 3], latent resolution)")
+    add("--preview-every", type=POSITIVE, metavar="N", help="a preview after every N steps (default 1)")
+    add("--deadline", type=SECONDS, metavar="SECONDS",
+        help="the server cancels the request this long after its arrival (request parameter deadline_s)")
+    add("--priority", type=int, default=0, metavar="N", help="request_priority: higher runs first (default 0)")
+    add("--request-id", type=REQUEST_ID, metavar="ID", help="the request's id (default cli-<uuid>)")
+    add("--url", type=url_type, default=os.environ.get("H3_GRPC_URL", "127.0.0.1:8001"),
+        help="host:port of Triton's gRPC endpoint")
+    add("--idle-timeout", type=SECONDS, default=600.0, metavar="SECONDS",
+        help="the longest wait for a response, from sending and then from each response (default 600)")
+    add("--total-timeout", type=SECONDS, metavar="SECONDS",
+        help=f"the longest the whole request may take from sending (default none; with --deadline D: D + "
+             f"{DEADLINE_MARGIN_S:g})")
+    args = parser.parse_args(argv)
+    if args.preview_every is not None and args.preview_dir is None:
+        parser.error("--preview-every needs --preview-dir")
+    try:
+        for flag, path in (("--out", args.out), ("--wav", args.wav)):
+            for numbered_path in numbered(path, args.num_outputs) if path is not None else ():
+                check_writable(flag, numbered_path)
+        if args.preview_dir is not None:
+            check_writable("--preview-dir", args.preview_dir, folder=True)
+    except ValueError as error:
+        parser.error(str(error))
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m client.generate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompt", required=True)
-    parser.add_argument("--out", type=Path, required=True, help="output .mp4 path")
-    parser.add_argument("--wav", type=Path, help="also write the audio as a .wav file")
-    parser.add_argument("--height", type=int)
-    parser.add_argument("--width", type=int)
-    parser.add_argument("--num-frames", type=int)
-    parser.add_argument("--steps", type=int, help="number of denoise steps (DiT forwards)")
-    parser.add_argument("--seed", type=int)
-    parser.add_argument("--url", default=os.environ.get("H3_GRPC_URL", "127.0.0.1:8001"))
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each response")
-    args = parser.parse_args(argv)
-    if not args.timeout > 0:
-        parser.error(f"--timeout must be > 0 seconds, got {args.timeout:g}")
-    for flag, path in (("--out", args.out), ("--wav", args.wav)):
-        if path is not None and path.is_dir():
-            parser.error(f"{flag} {path} is a folder; give a file path")
-
-    bar = tqdm(unit="step", desc="denoising")
+    """Run the command line `argv` (sys.argv[1:] when None); returns the exit status."""
+    args = parse_args(argv)
+    client = H3Client(args.url, idle_timeout_s=args.idle_timeout, total_timeout_s=args.total_timeout)
+    request_id, outcome, bar = args.request_id or f"cli-{uuid.uuid4()}", {}, {}
 
     def on_progress(step: int, total: int, position: int) -> None:
-        bar.total = total
-        bar.set_postfix(queue=position) if position else bar.set_postfix()
-        bar.update(step - bar.n)
-
-    start = time.perf_counter()
-    client, request_id, outcome = H3Client(args.url, args.timeout), f"cli-{uuid.uuid4()}", {}
+        if "bar" not in bar:  # made at the first progress response: none when the connection fails
+            bar["bar"] = tqdm(total=total, unit="step", desc="denoising")
+        progress = bar["bar"]
+        progress.set_postfix(queue=position) if position else progress.set_postfix()
+        progress.update(step - progress.n)
+        if step == total:
+            progress.set_description("denoised, decoding")
 
     def run() -> None:
         try:
-            outcome["result"] = client.generate(
+            outcome["results"] = client.generate(
                 os.fsencode(args.prompt),  # the bytes as given; the server refuses bad UTF-8
                 height=args.height, width=args.width, num_frames=args.num_frames,
-                num_inference_steps=args.steps, seed=args.seed, progress_every=1, request_id=request_id,
-                return_audio=args.wav is not None, on_progress=on_progress)[0]
+                num_inference_steps=args.steps, seed=args.seed, num_outputs=args.num_outputs, progress_every=1,
+                preview_every=args.preview_every or (1 if args.preview_dir is not None else 0),
+                deadline_s=args.deadline, request_priority=args.priority, request_id=request_id,
+                return_audio=args.wav is not None, on_progress=on_progress)
         except H3Error as error:
             outcome["error"] = error
 
+    start = time.perf_counter()
     interrupted = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: interrupted.set())  # no KeyboardInterrupt inside gRPC
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    while worker.is_alive() and not interrupted.is_set():
-        worker.join(0.1)
+    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())  # no KeyboardInterrupt inside gRPC
+    try:
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        while worker.is_alive() and not interrupted.is_set():
+            worker.join(0.1)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if "bar" in bar:
+        bar["bar"].close()
     if interrupted.is_set():
-        bar.close()
-        print(f"cancelling {request_id} ...", file=sys.stderr)
-        client.cancel(request_id)
-        worker.join(10.0)
-        print(f"cancelled: {outcome.get('error', 'no final response within 10 s')}", file=sys.stderr)
+        try:
+            print(f"cancelling {request_id}: {client.cancel(request_id)}", file=sys.stderr)
+        except H3Error as error:
+            print(f"cancelling {request_id} failed: {error}", file=sys.stderr)
+        worker.join(CANCEL_WAIT_S)
+        print(f"cancelled: {outcome.get('error', f'no final response within {CANCEL_WAIT_S:g} s')}", file=sys.stderr)
         return 130
-    bar.close()
     if "error" in outcome:
         print(f"error: {outcome['error']}", file=sys.stderr)
         return 1
-    result = outcome["result"]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_bytes(result.video_mp4)
+    results = outcome["results"]
+    files = [(path, result.video_mp4) for result, path in zip(results, numbered(args.out, len(results)), strict=True)]
     if args.wav is not None:
-        write_wav(args.wav, result.audio)
-    info = result.info
-    print(f"wrote {args.out}{f' and {args.wav}' if args.wav is not None else ''} ({info['num_frames']} frames "
-          f"{info['width']}x{info['height']}, {info['num_inference_steps']} steps) in "
-          f"{time.perf_counter() - start:.2f} s, seed {info['seed']}")
+        files += [(path, wav_bytes(result.audio))
+                  for result, path in zip(results, numbered(args.wav, len(results)), strict=True)]
+    for path, data in files:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    written = [str(path) for path, _ in files]
+    if args.preview_dir is not None:
+        args.preview_dir.mkdir(parents=True, exist_ok=True)
+        for step, image in results[0].previews:
+            np.save(args.preview_dir / f"step-{step:03d}.npy", image)
+        written.append(f"{len(results[0].previews)} previews in {args.preview_dir}")
+    info = results[0].info
+    seeds = ", ".join(str(result.info["seed"]) for result in results)
+    print(f"wrote {', '.join(written)} ({info['num_frames']} frames {info['width']}x{info['height']}, "
+          f"{info['num_inference_steps']} steps) in {time.perf_counter() - start:.2f} s, "
+          f"seed{'s' if len(results) > 1 else ''} {seeds}")
     return 0
 
 

@@ -19,13 +19,23 @@ STAMP="$VENV/.requirements.sha256"
 TORCH_PIN="torch==2.13.0"
 START=$SECONDS
 
-log() { printf '[setup] %s\n' "$*"; }
-warn() { printf '[setup] WARNING: %s\n' "$*" >&2; }
+# every line says how many seconds set-up has run
+log() { printf '[setup %3d s] %s\n' "$((SECONDS - START))" "$*"; }
+warn() { printf '[setup %3d s] WARNING: %s\n' "$((SECONDS - START))" "$*" >&2; }
 pyver() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])'; }
-# pip, minus the machine config's "file:///opt/pypi.../x is ignored" noise (exit status kept)
+# pip, logging each package as it is collected and the install step, minus the machine config's
+# "file:///opt/pypi.../x is ignored" noise (pip's exit status kept: pipefail)
 pip_install() {
-    "$VPY" -m pip install --quiet --progress-bar off "$@" \
-        2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+    "$VPY" -m pip install --progress-bar off "$@" \
+        2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2) |
+        while IFS= read -r line; do
+            case "$line" in
+                Collecting*) log "  pip: ${line#Collecting }" ;;
+                "Installing collected packages: "*)
+                    log "  pip: installing $(($(tr -cd , <<< "$line" | wc -c) + 1)) packages" ;;
+                "Successfully installed "*) log "  pip: installed" ;;
+            esac
+        done
 }
 
 # ---- 1. virtual environment ------------------------------------------------------------------

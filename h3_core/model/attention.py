@@ -122,7 +122,8 @@ def varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def flash_attn2(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
-    """`flash_attn.flash_attn_varlen_func` of the flash_attn 2.x package (the Dockerfile's).
+    """`flash_attn.flash_attn_varlen_func` of the flash_attn 2.x package, which neither
+    scripts/setup.sh nor the Dockerfile installs (`pip install flash-attn` on a CUDA host).
     CUDA, bf16/fp16 only.
 
     Parity rule: not measured (the package is not installed on the H200 machine).
