@@ -26,7 +26,7 @@ def test_cancel_by_id_mid_denoise_leaves_the_neighbour_bit_identical(client, ser
                      return_frames=True, return_audio=True)
     assert started.wait(60)
     other = run_in_thread(client, outcome, "other", **neighbour)
-    assert client.cancel("victim-1") is True
+    assert client.cancel("victim-1") == "cancelled"
     long.join(60)
     other.join(60)
     error = outcome["long"]
@@ -39,13 +39,13 @@ def test_cancel_by_id_mid_denoise_leaves_the_neighbour_bit_identical(client, ser
 
 
 def test_cancel_unknown_id_touches_nothing(client):
-    assert client.cancel("never-seen-7") is False
+    assert client.cancel("never-seen-7") == "unknown"
     result, = client.generate("fine", num_inference_steps=2, seed=1)
     assert result.info["num_inference_steps"] == 2
 
 
 def test_cancel_before_arrival_is_honoured(client):
-    assert client.cancel("early-1") is False  # remembered: the request has not reached the DiT yet
+    assert client.cancel("early-1") == "unknown"  # remembered: the request has not reached the DiT yet
     with pytest.raises(H3Error) as info:
         client.generate("too late", num_inference_steps=3, request_id="early-1")
     assert info.value.code == "CANCELLED"

@@ -96,8 +96,8 @@ def test_cancel_works_when_every_place_is_taken(tmp_path):
         with pytest.raises(Exception) as refused:
             client.generate("one too many", num_inference_steps=2)
         assert refused.value.code == "UNAVAILABLE"
-        assert client.cancel("wait-1") is True
-        assert client.cancel("run-1") is True
+        assert client.cancel("wait-1") == "cancelled"
+        assert client.cancel("run-1") == "cancelled"
         running.join(60)
         waiting.join(60)
         assert outcome["waiting"].code == "CANCELLED" and outcome["waiting"].message.startswith("request wait-1 cancelled")
