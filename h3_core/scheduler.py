@@ -39,6 +39,8 @@ import math
 import time
 from dataclasses import dataclass, field
 
+from .load_report import DitLoad
+
 POLICIES = ("request", "fifo", "srpt")
 DEFAULT_POLICY = "srpt"
 DEFAULT_AGING_S = 60.0
@@ -128,8 +130,7 @@ class Scheduler:
         if job.rows > self.max_batch_rows:
             raise ValueError(f"rows={job.rows} is out of range: allowed 1..{self.max_batch_rows} (max_batch_rows)")
         if len(self.jobs) >= self.max_num_seqs + self.max_waiting:
-            raise Overloaded(f"the DiT holds {len(self.jobs)} requests, its capacity max_num_seqs + max_waiting = "
-                             f"{self.max_num_seqs} + {self.max_waiting}; retry later")
+            raise Overloaded(DitLoad(len(self.jobs), self.max_num_seqs, self.max_waiting).message())
         self.jobs.append(job)
         self.line.append(job)
 

@@ -40,6 +40,7 @@ import torch
 
 from . import layout as L
 from .engine import Engine, RequestState, preview_frame
+from .load_report import DitLoad
 from .media import MP4_AVAILABLE
 from .protocol import CANCEL_FIELD, EARLY_CANCEL_SECONDS, REQUEST_FIELDS, check_request_parameters
 from .request import GenerationRequest
@@ -258,6 +259,15 @@ def read_request_json(elements: list) -> dict:
     return fields
 
 
+def end_line(request_id: str, outcome: str, height: int, width: int, num_frames: int, steps: int, total_steps: int,
+             seconds: dict[str, float]) -> str:
+    """The one log line of a request at its end (h3_dit for requests that end in the DiT,
+    h3_vae for completed ones): id, outcome, shape, steps, and each stage's seconds."""
+    stages = ", ".join(f"{stage} {value:.3f} s" for stage, value in seconds.items())
+    return (f"request {request_id} {outcome}: {width}x{height}x{num_frames} frames, step {steps} of {total_steps}, "
+            f"{stages}")
+
+
 def admission_failure(error: Exception) -> str:
     """The client's message for an unexpected exception while a request is admitted: the
     exception's type and the first line of its text, no traceback."""
@@ -304,6 +314,10 @@ class StepLoop:
         self.finished_ids = BoundedMemory()  # request id -> Status: left the DiT recently
         self.dropped = BoundedMemory()  # correlation id -> (request id, cause): forgotten without an answer
         self.draining = False
+
+    def load(self) -> DitLoad:
+        """The requests held now against the capacity (h3_core.load_report)."""
+        return DitLoad(len(self.jobs), self.settings.max_num_seqs, self.settings.max_waiting)
 
     def start_draining(self) -> None:
         """From the next step boundary every job ends with CANCELLED and newcomers are refused
@@ -352,7 +366,7 @@ class StepLoop:
         try:
             fields = read_request_json(arrival.request_json)
         except ValueError as error:
-            self.refuse(send, arrival.handle, "INVALID_ARG", str(error))
+            self.refuse(send, arrival, "INVALID_ARG", str(error))
             return None
         if CANCEL_FIELD in fields:
             send(self.cancel_by_id(arrival.handle, fields[CANCEL_FIELD]))
@@ -382,9 +396,11 @@ class StepLoop:
                 job.cancel_reason = "cancelled by the client"
         return job
 
-    def refuse(self, send: Send, handle, code: str, message: str) -> None:
+    def refuse(self, send: Send, arrival: Arrival, code: str, message: str) -> None:
+        """Answer a request that never started with an error (counted and logged)."""
         self.metrics.increment("h3_failures_total" if code == "INTERNAL" else "h3_refusals_total")
-        send(Refused(handle, code, message))
+        log.info("request %s refused: %s: %s", arrival.request_id or "(no id)", code, message)
+        send(Refused(arrival.handle, code, message))
 
     # -- admission ---------------------------------------------------------------------------
 
@@ -402,14 +418,14 @@ class StepLoop:
                 return None
             self.scheduler.add(job)
         except ValueError as error:
-            self.refuse(send, arrival.handle, "INVALID_ARG", str(error))
+            self.refuse(send, arrival, "INVALID_ARG", str(error))
             return None
         except Overloaded as error:
-            self.refuse(send, arrival.handle, "UNAVAILABLE", str(error))
+            self.refuse(send, arrival, "UNAVAILABLE", str(error))
             return None
         except Exception as error:  # noqa: BLE001 - a validation gap must not fail the other requests
             log.exception("request %s could not be admitted", arrival.request_id or arrival.key)
-            self.refuse(send, arrival.handle, "INTERNAL", admission_failure(error))
+            self.refuse(send, arrival, "INTERNAL", admission_failure(error))
             return None
         self.jobs[job.key] = job
         return job
@@ -474,7 +490,7 @@ class StepLoop:
         responses to the job's client."""
         self.metrics.increment("h3_cancellations_total")
         self.forget(job, Status.CANCELLED, dropped=f"another request reused its sequence id {job.key}")
-        self.refuse(send, arrival.handle, "INVALID_ARG", f"sequence id {job.key} belongs to request {job.request_id}, "
+        self.refuse(send, arrival, "INVALID_ARG", f"sequence id {job.key} belongs to request {job.request_id}, "
                                                         "which Triton has now ended; do not send sequence_id")
 
     # -- cancellation ------------------------------------------------------------------------
@@ -613,6 +629,11 @@ class StepLoop:
 
     def end(self, job: Job, send: Send, status: Status, code: str, message: str) -> None:
         send(Ended(job.handle, job.request_id, code, message, job.step_index, job.total_steps))
+        now, state = self.clock(), job.states[0]
+        seconds = {"queue": (job.first_step_s or now) - job.arrival_s, "encode": job.encode_s,
+                   "denoise": job.last_step_s - job.first_step_s if job.last_step_s is not None else 0.0}
+        log.info(end_line(job.request_id, f"ended {code}: {message}", state.height, state.width, state.num_frames,
+                          job.step_index, job.total_steps, seconds))
         self.forget(job, status)
 
     def forget(self, job: Job, status: Status, dropped: str | None = None) -> None:

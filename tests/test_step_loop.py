@@ -175,18 +175,21 @@ def test_a_failing_forward_fails_only_its_request(engine, fault, message):
     assert client.loop.metrics.values["h3_failures_total"] == 1
 
 
-def test_a_deadline_ends_the_request_at_the_next_step_boundary(engine):
+def test_a_deadline_ends_the_request_at_the_next_step_boundary_with_one_log_line(engine, caplog):
     clock = Clock()
     client = Client(make_loop(engine, clock))
     client.send("late", steps=10, seed=1, parameters={"deadline_s": 1.5})
-    client.iterate()
-    clock.now += 1.0
-    client.iterate()
-    clock.now += 1.0
-    client.iterate()
+    with caplog.at_level(logging.INFO, logger="h3_dit"):
+        client.iterate()
+        clock.now += 1.0
+        client.iterate()
+        clock.now += 1.0
+        client.iterate()
     ended, = client.of("late", Ended)
     assert ended.message == "request late deadline of 1.5 s expired at step 2 of 10"
     assert client.loop.metrics.values["h3_deadline_expiries_total"] == 1 and not client.live
+    assert caplog.messages == ["request late ended CANCELLED: request late deadline of 1.5 s expired at step 2 of 10: "
+                               "64x32x5 frames, step 2 of 10, queue 0.000 s, encode 0.000 s, denoise 1.000 s"]
 
 
 def test_a_request_triton_withholds_is_dropped_and_ended_if_it_comes_back(engine):

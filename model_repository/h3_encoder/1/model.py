@@ -1,12 +1,15 @@
 """h3_encoder: PROMPT -> TEXT_EMBEDS, the optional INT64 inputs -> REQUEST JSON (an adapter over
 h3_core.encoder). The request parameters and the inputs' shapes are checked before the prompt
-is encoded, so a malformed request costs no encoder time."""
+is encoded, so a malformed request costs no encoder time; when every h3_dit instance is full
+(h3_core.load_report) the request is refused with UNAVAILABLE before encoding."""
 import time
 
 import triton_python_backend_utils as pb_utils
 
 from h3_core.encoder import TextEncoder
+from h3_core.load_report import load_folder, refusal
 from h3_core.protocol import INT_INPUTS, PROMPT, REQUEST, TEXT_EMBEDS, check_request_parameters
+from h3_core.scheduler import Overloaded
 from h3_core.settings import EncoderSettings
 from server.adapter import error_response, json_tensor, model_parameters, set_threads
 
@@ -18,6 +21,7 @@ class TritonPythonModel:
         self.encoder = TextEncoder(self.settings.encoder_path or None, self.settings.hidden_layer,
                                    self.settings.max_tokens)
         self.encoder.encode("warm up")  # first-call set-up is not paid by the first client
+        self.load_folder = load_folder()
 
     def execute(self, requests):
         responses = []
@@ -26,11 +30,14 @@ class TritonPythonModel:
                 responses.append(self.encode(request))
             except ValueError as error:
                 responses.append(error_response("INVALID_ARG", str(error)))
+            except Overloaded as error:
+                responses.append(error_response("UNAVAILABLE", str(error)))
         return responses
 
     def encode(self, request):
         """One request -> TEXT_EMBEDS float32 [1, L, text_dim] + REQUEST. Raises ValueError
-        naming the input or parameter for a malformed request."""
+        naming the input or parameter for a malformed request, Overloaded when every h3_dit
+        instance is full (h3_core.load_report)."""
         start = time.perf_counter()
         check_request_parameters(request.parameters())
         tensor = pb_utils.get_input_tensor_by_name(request, PROMPT)
@@ -54,6 +61,9 @@ class TritonPythonModel:
                 if values.size != 1:
                     raise ValueError(f"{name} must hold exactly one INT64 value, got {values.size}")
                 fields[field] = int(values[0])
+        full = refusal(self.load_folder)
+        if full is not None:
+            raise Overloaded(full)
         embeds = self.encoder.encode(prompt)
         fields["encode_seconds"] = time.perf_counter() - start
         return pb_utils.InferenceResponse([pb_utils.Tensor(TEXT_EMBEDS, embeds[None].numpy()),

@@ -24,6 +24,7 @@ from h3_core.media import encode_mp4
 from h3_core.ordered_pool import OrderedPool
 from h3_core.protocol import AUDIO_LATENT, VIDEO_LATENT, check_request_parameters
 from h3_core.settings import VaeSettings
+from h3_core.step_loop import end_line
 from server.adapter import error_response, json_tensor, model_parameters, resolve_path, set_threads
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -112,6 +113,10 @@ class TritonPythonModel:
             frames, audio = frames.cpu(), audio.cpu()
             mp4 = np.array([[encode_mp4(frames, audio)]], dtype=object) if parameters.get("return_mp4", True) else EMPTY_MP4
             info.setdefault("stage_seconds", {})["decode"] = time.perf_counter() - start
+            if info.get("output_index") == info.get("num_outputs", 1) - 1:
+                pb_utils.Logger.log_info("h3_vae: " + end_line(
+                    str(info.get("request_id")), "completed", info["height"], info["width"], info["num_frames"],
+                    info.get("num_inference_steps", 0), info.get("num_inference_steps", 0), info["stage_seconds"]))
             message = response(mp4, frames[None].numpy() if parameters.get("return_frames") else EMPTY_FRAMES,
                                audio[None].numpy() if parameters.get("return_audio") else EMPTY_AUDIO, passed, info)
         except ValueError as error:
