@@ -13,7 +13,7 @@ test: setup
 # model_repository/, which itself keeps the tiny config on seeded random weights (tests, serve)
 demo: setup
 	mkdir -p out
-	$(PY) -m h3_core.train.repository out/demo_model_repository
+	$(PY) -m server.repository out/demo_model_repository
 	$(PY) -m server.launch --free-ports --model-repository out/demo_model_repository \
 		--then $(PY) -m client.generate --prompt "$(PROMPT)" --out out/demo.mp4 --wav out/demo.wav
 

@@ -46,8 +46,8 @@ from h3_core.checkpoint_setup import create_checkpoint  # noqa: E402
 from h3_core.engine import load_engine  # noqa: E402
 from h3_core.request import GenerationRequest, RequestLimits  # noqa: E402
 from h3_core.scheduler import DEFAULT_POLICY  # noqa: E402
-from h3_core.train.repository import repository_copy  # noqa: E402
 from server.launch import TritonServer  # noqa: E402
+from server.repository import repository_copy  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_text_encoder import write_bench_text_encoder  # noqa: E402

@@ -1,24 +1,16 @@
 """Helpers for the end-to-end tests: a model repository copy with overridden DiT settings."""
-import re
-import shutil
 import threading
 from pathlib import Path
+
+from server.repository import repository_copy
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def model_repository_copy(target: Path, **dit_parameters) -> Path:
-    """Copy model_repository/ to `target` with absolute checkpoint paths and the given h3_dit
-    parameters overridden (values as strings); returns the new repository path."""
-    shutil.copytree(ROOT / "model_repository", target)
-    for config in target.glob("*/config.pbtxt"):
-        text = config.read_text().replace('"checkpoints/', f'"{ROOT}/checkpoints/')
-        if config.parent.name == "h3_dit":
-            for key, value in dit_parameters.items():
-                text, count = re.subn(rf'(key: "{key}" value: {{ string_value: )"[^"]*"', rf'\1"{value}"', text)
-                assert count == 1, key
-        config.write_text(text)
-    return target
+    """server.repository.repository_copy of model_repository/ to `target` with the given h3_dit
+    parameters (values as strings); returns the new repository path."""
+    return repository_copy(target, {"h3_dit": dit_parameters})
 
 
 def tensor(name: str, value, datatype: str):

@@ -11,9 +11,9 @@ from h3_core import layout as L
 from h3_core.checkpoint import init_weights
 from h3_core.config import get_config
 from h3_core.model import H3DiT
-from h3_core.train import data, dit_train, measure, state, text_states, vae_train
-from h3_core.train.loop import lr_at, read_loss_csv
-from h3_core.train.repository import demo_repository
+from server.repository import ROOT, demo_repository, repository_copy
+from training import data, dit_train, measure, state, text_states, vae_train
+from training.loop import lr_at, read_loss_csv
 
 
 def test_captions_state_the_attributes_and_held_out_combinations_are_never_trained():
@@ -147,3 +147,16 @@ def test_demo_repository_points_h3_dit_and_h3_vae_at_the_weights(tmp_path):
     assert f'key: "checkpoint_dir" value: {{ string_value: "{weights.resolve()}" }}' in vae
     with pytest.raises(FileNotFoundError):
         demo_repository(tmp_path / "repo2", "demo", tmp_path / "nowhere")
+
+
+def test_repository_copy_makes_checkpoint_paths_absolute_and_refuses_unknown_names(tmp_path):
+    repo = repository_copy(tmp_path / "repo", {"h3_dit": {"max_steps": "7"}})
+    for model in ("h3_dit", "h3_vae"):
+        text = (repo / model / "config.pbtxt").read_text()
+        assert f'key: "checkpoint_dir" value: {{ string_value: "{ROOT}/checkpoints/tiny" }}' in text
+    assert 'key: "max_steps" value: { string_value: "7" }' in (repo / "h3_dit" / "config.pbtxt").read_text()
+    assert not list(repo.rglob("__pycache__"))
+    with pytest.raises(ValueError, match="no model"):
+        repository_copy(tmp_path / "repo2", {"h3_nowhere": {"max_steps": "7"}})
+    with pytest.raises(ValueError, match="'colour' occurs 0 times"):
+        repository_copy(tmp_path / "repo3", {"h3_dit": {"colour": "red"}})

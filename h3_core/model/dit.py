@@ -153,15 +153,19 @@ class TimeEmbedder(nn.Module):
 
 
 class AdaLNProj(nn.Module):
-    """Linear(time_embed_dim -> n x hidden) over SiLU(t_emb), one call per unique timestep so
-    the result is independent of how many timesteps share the forward."""
+    """Linear(time_embed_dim -> n x hidden) over SiLU(t_emb): t_emb float32 [M, time_embed_dim]
+    -> [M, n x hidden] in the model dtype. per_timestep=True (serving) makes one call per
+    timestep, so the result is independent of how many timesteps share the forward; False
+    (training) one call for all M."""
 
     def __init__(self, cfg: DiTConfig, n: int, dtype: torch.dtype):
         super().__init__()
         self.linear = Linear(cfg.time_embed_dim, n * cfg.hidden_size, dtype=dtype)
 
-    def forward(self, t_emb: torch.Tensor) -> torch.Tensor:
+    def forward(self, t_emb: torch.Tensor, per_timestep: bool = True) -> torch.Tensor:
         dtype = self.linear.weight.dtype
+        if not per_timestep:
+            return self.linear(F.silu(t_emb).to(dtype))
         return torch.cat([self.linear(F.silu(e).to(dtype)) for e in t_emb.split(1)])
 
 
@@ -181,9 +185,9 @@ class DiTBlock(nn.Module):
         self.mlp = MLP(cfg, dtype)
         self.adaln_proj = AdaLNProj(cfg, 18, dtype)
 
-    def forward(self, x, t_emb, mod_index, attention, cu_seqlens, max_seqlen, rope):
+    def forward(self, x, t_emb, mod_index, attention, cu_seqlens, max_seqlen, rope, per_timestep=True):
         # [M, 18H] -> [M*3, 6H]: rows m*3 + modality, chunks shift/scale/gate for msa then mlp.
-        table = self.adaln_proj(t_emb).view(-1, 6 * self.hidden)
+        table = self.adaln_proj(t_emb, per_timestep).view(-1, 6 * self.hidden)
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = table.chunk(6, dim=-1)
         h = self.norm1(x) * (1 + scale_msa[mod_index]) + shift_msa[mod_index]
         x = residual(x, gate_msa[mod_index] * self.attn(h, attention, cu_seqlens, max_seqlen, rope))
@@ -202,8 +206,8 @@ class FinalLayer(nn.Module):
         self.video_out = Linear(cfg.hidden_size, VIDEO_ROW_WIDTH, dtype=torch.float32)
         self.audio_out = Linear(cfg.hidden_size, AUDIO_ROW_WIDTH, dtype=torch.float32)
 
-    def forward(self, x, t_emb, timestep_index):
-        shift, scale = self.adaln_proj(t_emb).chunk(2, dim=-1)
+    def forward(self, x, t_emb, timestep_index, per_timestep=True):
+        shift, scale = self.adaln_proj(t_emb, per_timestep).chunk(2, dim=-1)
         h = (self.norm(x) * (1 + scale[timestep_index]) + shift[timestep_index]).float()
         return self.video_out(h), self.audio_out(h)
 
@@ -290,7 +294,30 @@ class H3DiT(nn.Module):
         rope = rope_table(batch.position_ids.to(device), cfg.rope_freqs_per_axis, cfg.rope_theta, dtype)
         cu_seqlens = batch.cu_seqlens.to(device)
 
-        for block in self.blocks:
-            x = block(x, t_emb, mod_index, self.attention, cu_seqlens, batch.max_seqlen, rope)
-        video_out, audio_out = self.final_layer(x, t_emb, timestep_index)
+        video_out, audio_out = self.transformer(x, t_emb, mod_index, timestep_index, self.attention, cu_seqlens,
+                                                batch.max_seqlen, rope)
         return video_out[video_rows], audio_out[audio_rows]
+
+    def transformer(self, x: torch.Tensor, t_emb: torch.Tensor, mod_index: torch.Tensor,
+                    timestep_index: torch.Tensor, attention: AttentionFn, cu_seqlens: torch.Tensor | None,
+                    max_seqlen: int | None, rope: torch.Tensor, per_timestep: bool = True
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The AdaLN blocks and the final layer over embedded rows: the part of `forward` after
+        the embedding, shared by serving (forward) and training (training/dit_train.py, which
+        calls it with gradients, its own attention function and per_timestep=False).
+
+        Args:
+            x: [S, hidden] embedded rows in the model dtype.
+            t_emb: float32 [M, time_embed_dim], one row per timestep.
+            mod_index: int64 [S], a row's AdaLN modulation row: timestep_index * 3 + modality tag.
+            timestep_index: int64 [S], a row's row of t_emb.
+            attention: an AttentionFn; cu_seqlens / max_seqlen are passed to it unchanged.
+            rope: [S, 6 * rope_freqs_per_axis] rope_table of the rows, model dtype.
+            per_timestep: one AdaLN projection call per timestep (serving's batch invariance)
+                or one for all of t_emb (see AdaLNProj).
+        Returns:
+            (video head float32 [S, 96], audio head float32 [S, 32]) for every row.
+        """
+        for block in self.blocks:
+            x = block(x, t_emb, mod_index, attention, cu_seqlens, max_seqlen, rope, per_timestep)
+        return self.final_layer(x, t_emb, timestep_index, per_timestep)

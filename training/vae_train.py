@@ -1,6 +1,6 @@
 """Train the video and audio VAEs (h3_core.vae) on the procedural clips; resumable.
 
-    python -m h3_core.train.vae_train --work build/demo/train --which video audio \
+    python -m training.vae_train --work build/demo/train --which video audio \
         --seconds 600 --total-seconds 600 [--device cpu]
 
 Video: batches of latent frame groups (frames_to_groups of freshly rendered training clips,
@@ -23,8 +23,9 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import init_weights, save_weights
-from ..vae import AudioVAE, VideoVAE, frames_to_groups
+from h3_core.checkpoint import init_weights, save_weights
+from h3_core.vae import AudioVAE, VideoVAE, frames_to_groups
+
 from . import data, measure
 from .loop import Run
 
@@ -151,8 +152,8 @@ def train(which: str, work: Path, seconds: float, total_seconds: float, device: 
 def roundtrip_report(work: Path, device, clips: list[data.Clip]) -> dict:
     """Encode and decode `clips` with the trained VAEs of `work`; measure.score the results and
     report the attribute accuracy and the PSNR of the video (dB over the frame)."""
-    from ..checkpoint import load_weights
-    from ..layout import audio_num_samples
+    from h3_core.checkpoint import load_weights
+    from h3_core.layout import audio_num_samples
 
     video_vae, audio_vae = VideoVAE().to(device), AudioVAE().to(device)
     load_weights(video_vae, work / "video_vae.safetensors")

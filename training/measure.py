@@ -16,7 +16,8 @@ import math
 
 import numpy as np
 
-from ..config import AUDIO_SAMPLE_RATE
+from h3_core.config import AUDIO_SAMPLE_RATE
+
 from . import data
 
 FOREGROUND_DISTANCE = 60.0  # RGB distance from the background that counts as the shape

@@ -1,35 +1,36 @@
 """Train the DiT by flow matching on VAE latents of the procedural clips; resumable.
 
-    python -m h3_core.train.dit_train --work build/demo/train --vaes build/demo/train \
+    python -m training.dit_train --work build/demo/train --vaes build/demo/train \
         --captions build/demo/caption_states.safetensors --config demo \
         --seconds 240 --total-seconds 240 [--batch 256] [--device cuda]
 
 Objective (the sampler's convention, h3_core/sampling.py): for clean latent rows x0 and noise n,
 x_t = (1 - sigma) x0 + sigma n, the model gets t = 1 - sigma and is trained to output the
 velocity v = x0 - n (MSE, video and audio rows averaged separately and summed). sigma is drawn
-like the sampler's shifted schedule: u ~ U(0, 1) once per clip, sigma_video = 12u / (1 + 11u),
-sigma_audio = 3u / (1 + 2u) (shift 12 / 3 over the same base value, as sigma_schedule pairs them
-at every step). Conditioning: the MiniLM token states of the clip's caption (carried in the
-caption-states file, text_states.py).
+like the sampler's shifted schedule (sampling.shift_sigma): u ~ U(0, 1) once per clip,
+sigma_video = 12u / (1 + 11u), sigma_audio = 3u / (1 + 2u) (shift 12 / 3 over the same base
+value, as sigma_schedule pairs them at every step). Conditioning: the MiniLM token states of
+the clip's caption (carried in the caption-states file, text_states.py).
 
 The latents: `--variants` clips of every training combination (data.train_clips) rendered and
 encoded once with the trained VAEs, normalised by their latents_mean / latents_std, as the
 sampler's rows (patchify_video, channel-major audio rows).
 
 The forward (`train_forward`) is H3DiT.forward for a batch of clips that all pad to the same
-row count (192 rows on the 64 x 96 x 22 canvas), written densely: one masked SDPA call per
-layer for all clips instead of one per document, and one AdaLN projection for all timesteps
-instead of one per unique timestep (the inference code does those for bitwise batch
-invariance, which training does not need). tests/test_train.py checks it against
-H3DiT.forward. Initialisation: init_weights, then biases, every AdaLN projection and both
+row count (192 rows on the 64 x 96 x 22 canvas), with the embedding written densely and the
+blocks and final layer run by H3DiT.transformer, the serving forward's own code: one masked
+SDPA call per layer for all clips instead of one per document, and one AdaLN projection for all
+timesteps (per_timestep=False) instead of one per unique timestep (the inference forward does
+those for bitwise batch invariance, which training does not need). tests/test_train.py checks
+it against H3DiT.forward. Initialisation: init_weights, then biases, every AdaLN projection and both
 output heads zeroed (adaLN-zero: each block starts as the identity, the output at 0). AdamW
 (lr 5e-4, warm-up + cosine over --total-seconds, weight decay 0.01, clip 1.0), bf16 autocast on
 CUDA. State every --save-every seconds; the optimizer moments are stored in bfloat16.
 
-At the end it samples the held-out captions with the Euler sampler (8 steps, seed 0, the
-inference forward), decodes and scores them with measure.py, and writes <work>/dit_eval.json:
-a quick check on the training machine; the real evaluation goes through the server
-(evaluate.py).
+At the end it samples the held-out captions with the engine (h3_core.engine.Engine: Euler, 8
+steps, seed 0, the inference forward), decodes and scores them (evaluate.generate and
+evaluate.report), and writes <work>/dit_eval.json: a quick check on the training machine; the
+evaluation of the shipped weights is evaluate.py's, with the real text encoder.
 """
 import argparse
 import json
@@ -40,15 +41,16 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .. import layout as L
-from ..checkpoint import init_weights, load_weights
-from ..config import AUDIO_LATENT_CHANNELS, AUDIO_ROW_WIDTH, VIDEO_LATENT_CHANNELS, VIDEO_ROW_WIDTH, get_config
-from ..model import H3DiT
-from ..model.dit import residual
-from ..model.rope import rope_table
-from ..sampling import DEFAULT_AUDIO_SHIFT, DEFAULT_VIDEO_SHIFT, euler_step, sigma_schedule
-from ..vae import AudioVAE, VideoVAE
-from . import data, measure, text_states
+from h3_core import layout as L
+from h3_core.checkpoint import init_weights
+from h3_core.config import AUDIO_LATENT_CHANNELS, AUDIO_ROW_WIDTH, VIDEO_ROW_WIDTH, get_config
+from h3_core.engine import Engine, load_vaes
+from h3_core.model import H3DiT
+from h3_core.model.rope import rope_table
+from h3_core.sampling import DEFAULT_AUDIO_SHIFT, DEFAULT_VIDEO_SHIFT, shift_sigma
+from h3_core.vae import AudioVAE, VideoVAE
+
+from . import data, evaluate, text_states
 from .loop import Run
 
 
@@ -149,19 +151,9 @@ def train_forward(model: H3DiT, templates: Templates, video: torch.Tensor, audio
     mod_index = step_index * 3 + tags.clamp(min=0).reshape(-1)
     used = templates.tags[text_len].ne(L.TAG_PAD).sum(1)  # [B]
     doc = (torch.arange(seq, device=video.device)[None, :] >= used[:, None]).long()
-    attention = document_attention(doc, cfg.num_heads)
-    silu_t = F.silu(t_emb)
-    for block in model.blocks:
-        table = block.adaln_proj.linear(silu_t.to(dtype)).view(-1, 6 * hidden)
-        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = table.chunk(6, dim=-1)
-        h = block.norm1(x) * (1 + scale_msa[mod_index]) + shift_msa[mod_index]
-        x = residual(x, gate_msa[mod_index] * block.attn(h, attention, None, None, rope))
-        h = block.norm2(x) * (1 + scale_mlp[mod_index]) + shift_mlp[mod_index]
-        x = residual(x, gate_mlp[mod_index] * block.mlp(h))
-    final = model.final_layer
-    shift, scale = final.adaln_proj.linear(silu_t.to(dtype)).chunk(2, dim=-1)
-    h = (final.norm(x) * (1 + scale[step_index]) + shift[step_index]).float()
-    video_out, audio_out = final.video_out(h).view(batch, seq, -1), final.audio_out(h).view(batch, seq, -1)
+    video_out, audio_out = model.transformer(x, t_emb, mod_index, step_index, document_attention(doc, cfg.num_heads),
+                                             None, None, rope, per_timestep=False)
+    video_out, audio_out = video_out.view(batch, seq, -1), audio_out.view(batch, seq, -1)
     first_audio = text_len[:, None]
     audio_index = first_audio + torch.arange(audio.shape[1], device=video.device)[None, :]
     video_index = first_audio + audio.shape[1] + torch.arange(video.shape[1], device=video.device)[None, :]
@@ -181,13 +173,6 @@ def init_dit(cfg, seed: int, device) -> H3DiT:
     return model
 
 
-def load_vaes(folder: Path, device) -> tuple[VideoVAE, AudioVAE]:
-    video, audio = VideoVAE().to(device), AudioVAE().to(device)
-    load_weights(video, folder / "video_vae.safetensors")
-    load_weights(audio, folder / "audio_vae.safetensors")
-    return video.eval(), audio.eval()
-
-
 @torch.no_grad()
 def encode_clips(clips: list[data.Clip], video_vae: VideoVAE, audio_vae: AudioVAE, device,
                  chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
@@ -203,45 +188,13 @@ def encode_clips(clips: list[data.Clip], video_vae: VideoVAE, audio_vae: AudioVA
     return torch.stack(videos), torch.stack(audios)
 
 
-def initial_noise(layout: L.RequestLayout, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The engine's initial noise (engine.initial_noise; repeated here so this module does not
-    import the engine, whose text encoder the GPU machine lacks)."""
-    video_gen = torch.Generator("cpu").manual_seed(seed)
-    latent = torch.randn(1, VIDEO_LATENT_CHANNELS, layout.latent_t, layout.latent_h, layout.latent_w, generator=video_gen)
-    audio_gen = torch.Generator("cpu").manual_seed(seed)
-    return L.patchify_video(latent[0]), torch.randn(layout.audio_rows, AUDIO_LATENT_CHANNELS, generator=audio_gen)
-
-
-@torch.no_grad()
-def sample(model: H3DiT, text: torch.Tensor, steps: int, seed: int) -> tuple[L.RequestLayout, torch.Tensor, torch.Tensor]:
-    """The engine's request-mode sampling (solo, Euler, default shifts) with the inference
-    forward; returns (layout, video rows, audio rows) on the CPU."""
-    device = model.video_patch_proj.weight.device
-    layout = L.make_layout(text.shape[0], data.HEIGHT, data.WIDTH, data.NUM_FRAMES)
-    video, audio = initial_noise(layout, seed)
-    sv, sa = sigma_schedule(steps, DEFAULT_VIDEO_SHIFT), sigma_schedule(steps, DEFAULT_AUDIO_SHIFT)
-    for k in range(steps):
-        batch = L.pack_requests([layout], [1.0 - sv[k]], [1.0 - sa[k]])
-        vv, va = model(video.to(device), audio.to(device), text.to(device), batch)
-        video, audio = euler_step(video, vv.cpu(), sv[k], sv[k + 1]), euler_step(audio, va.cpu(), sa[k], sa[k + 1])
-    return layout, video, audio
-
-
 def quick_eval(model: H3DiT, video_vae: VideoVAE, audio_vae: AudioVAE, captions: dict[str, torch.Tensor],
                clips: list[data.Clip], steps: int = 8) -> dict:
-    """Sample, decode and score clips whose caption states are in `captions`."""
+    """Sample (seed 0, one clip per forward), decode and score clips whose caption states are in
+    `captions` (caption -> [L, 384]); returns evaluate.report's dict."""
     model.eval()
-    results = []
-    for clip in clips:
-        layout, video, audio = sample(model, captions[clip.caption], steps, seed=0)
-        frames = video_vae.decode(L.unpatchify_video(video.to(video_vae.latents_mean.device), layout))
-        wave = audio_vae.decode(L.audio_rows_to_latent(audio.to(audio_vae.latents_mean.device), layout))
-        results.append(measure.score(clip, frames.cpu().numpy(), wave[:, :L.audio_num_samples(data.NUM_FRAMES)].cpu().numpy()))
-    total = sum(len(r["correct"]) for r in results)
-    right = sum(sum(r["correct"].values()) for r in results)
-    per_attribute = {name: sum(r["correct"][name] for r in results) / len(results) for name in measure.SCORED}
-    return {"attribute_accuracy": right / max(total, 1), "n_clips": len(results),
-            "per_attribute": per_attribute, "clips": results}
+    engine = Engine(model, video_vae, audio_vae)
+    return evaluate.report(clips, evaluate.generate(engine, clips, steps, seed=0, pack=1, text_states=captions))
 
 
 def train(args) -> None:
@@ -287,8 +240,7 @@ def train(args) -> None:
         x0_v, x0_a = video_x0[pick], audio_x0[pick]
         cap = caption_index[pick]
         u = torch.rand(args.batch, device=device, generator=generator)
-        sigma_v = DEFAULT_VIDEO_SHIFT * u / (1 + (DEFAULT_VIDEO_SHIFT - 1) * u)
-        sigma_a = DEFAULT_AUDIO_SHIFT * u / (1 + (DEFAULT_AUDIO_SHIFT - 1) * u)
+        sigma_v, sigma_a = shift_sigma(u, DEFAULT_VIDEO_SHIFT), shift_sigma(u, DEFAULT_AUDIO_SHIFT)
         noise_v = torch.randn(x0_v.shape, device=device, generator=generator)
         noise_a = torch.randn(x0_a.shape, device=device, generator=generator)
         x_v = (1 - sigma_v)[:, None, None] * x0_v + sigma_v[:, None, None] * noise_v

@@ -1,6 +1,6 @@
 """Write the shipped weights from a training work folder, and plot the loss curves.
 
-    python -m h3_core.train.export --work build/demo/train --out weights/demo \
+    python -m training.export --work build/demo/train --out weights/demo \
         --plot docs/demo_model_loss.png --csv-dir docs/demo_model
 
 weights: dit.safetensors (the DiT state's parameters in float16, native layout, loaded by
@@ -12,11 +12,10 @@ import argparse
 import shutil
 from pathlib import Path
 
-import torch
+from h3_core.checkpoint import save_weights
+from h3_core.config import get_config
+from h3_core.model import H3DiT
 
-from ..checkpoint import save_weights
-from ..config import get_config
-from ..model import H3DiT
 from .loop import read_loss_csv
 from .state import load_state
 

@@ -1,6 +1,6 @@
 """Caption states: the real text encoder's token states of every caption the training uses.
 
-    python -m h3_core.train.text_states --out build/demo/caption_states.safetensors
+    python -m training.text_states --out build/demo/caption_states.safetensors
 
 The GPU machine has no MiniLM weights, so the states are computed here (CPU) with the same
 TextEncoder the server uses and carried there. The file holds `states` float16 [sum L, 384]
@@ -19,7 +19,7 @@ from . import data
 
 
 def compute(out: Path) -> None:
-    from ..encoder import TextEncoder
+    from h3_core.encoder import TextEncoder
 
     train = data.train_captions()
     held = [clip.caption for clip in data.held_out_clips()]
