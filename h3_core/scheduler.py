@@ -39,7 +39,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from .load_report import DitLoad
+from .registry import DitLoad
 
 POLICIES = ("request", "fifo", "srpt")
 DEFAULT_POLICY = "srpt"

@@ -40,9 +40,9 @@ import torch
 
 from . import layout as L
 from .engine import Engine, RequestState, preview_frame
-from .load_report import DitLoad
 from .media import MP4_AVAILABLE
 from .protocol import CANCEL_FIELD, EARLY_CANCEL_SECONDS, REQUEST_FIELDS, check_request_parameters
+from .registry import IDS_REMEMBERED, DitLoad, Registry
 from .request import GenerationRequest
 from . import scheduler
 from .scheduler import Overloaded, Scheduler
@@ -51,7 +51,6 @@ from .settings import DitSettings
 log = logging.getLogger("h3_dit")
 
 VANISHED_EXECUTES = 3  # a job missing from this many iterations in a row was dropped by Triton
-IDS_REMEMBERED = 4096  # bound on each memory of ids (early cancels, finished ids, dropped jobs)
 JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
 INT_FIELDS = REQUEST_FIELDS[:-1]  # height ... num_outputs; the last field is encode_seconds
 
@@ -276,8 +275,8 @@ def admission_failure(error: Exception) -> str:
 
 
 class BoundedMemory(OrderedDict):
-    """id -> (monotonic time, value), forgetting entries older than EARLY_CANCEL_SECONDS and
-    the oldest beyond IDS_REMEMBERED."""
+    """key -> (clock time, value), forgetting entries older than EARLY_CANCEL_SECONDS and the
+    oldest beyond IDS_REMEMBERED."""
 
     def remember(self, key, value, now: float) -> None:
         self.pop(key, None)
@@ -299,24 +298,24 @@ class StepLoop:
     Args:
         engine: the Engine (DiT only; decoding happens in h3_vae).
         settings: h3_dit's DitSettings (policy, capacity, execution mode, fault injection).
+        registry: the Registry shared by the server's DiT instances (request ids, cancels, loads).
         metrics: MetricsRecord or an object with its three methods.
         clock: monotonic seconds (tests pass a fake one).
     """
 
-    def __init__(self, engine: Engine, settings: DitSettings, metrics=None, clock: Callable[[], float] = time.monotonic):
-        self.engine, self.settings = engine, settings
+    def __init__(self, engine: Engine, settings: DitSettings, registry: Registry, metrics=None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.engine, self.settings, self.registry = engine, settings, registry
         self.metrics = metrics if metrics is not None else MetricsRecord()
         self.clock = clock
         self.scheduler = Scheduler(settings.max_num_seqs, settings.max_batch_rows, settings.max_waiting,
                                    settings.scheduling_policy, settings.row_budget, settings.aging_s)
         self.jobs: dict[object, Job] = {}  # live jobs by correlation id
-        self.early_cancels = BoundedMemory()  # request id -> True: cancelled before it arrived
-        self.finished_ids = BoundedMemory()  # request id -> Status: left the DiT recently
         self.dropped = BoundedMemory()  # correlation id -> (request id, cause): forgotten without an answer
         self.draining = False
 
     def load(self) -> DitLoad:
-        """The requests held now against the capacity (h3_core.load_report)."""
+        """The requests held now against the capacity (published in the registry)."""
         return DitLoad(len(self.jobs), self.settings.max_num_seqs, self.settings.max_waiting)
 
     def start_draining(self) -> None:
@@ -335,6 +334,9 @@ class StepLoop:
         reschedule = []
         try:
             present = [job for arrival in arrivals if (job := self.arrive(arrival, send)) is not None]
+            for request_id in self.registry.boundary([job.request_id for job in self.jobs.values()], self.load()):
+                job = next(job for job in self.jobs.values() if job.request_id == request_id)
+                job.cancel_reason = job.cancel_reason or "cancelled by request"
             self.drop_vanished(present)
             self.end_cancelled(present, send)
             pack = [job for job in self.scheduler.schedule(self.clock()) if job in present]
@@ -410,7 +412,7 @@ class StepLoop:
             if self.draining:
                 raise Overloaded("the server is shutting down")
             job = self.parse(arrival, fields, now)
-            if self.early_cancels.recall(job.request_id, now, pop=True):
+            if self.registry.admit(job.request_id):
                 self.metrics.increment("h3_cancellations_total")
                 send(Ended(arrival.handle, job.request_id, "CANCELLED",
                                         f"request {job.request_id} was cancelled before it started "
@@ -472,8 +474,6 @@ class StepLoop:
         if not (math.isfinite(encode_s) and encode_s >= 0):
             raise ValueError(f"encode_seconds={encode_s} is send of range: allowed finite >= 0 seconds")
         request_id = arrival.request_id or f"h3-{secrets.token_hex(8)}"
-        if any(job.request_id == request_id for job in self.jobs.values()):
-            raise ValueError(f"request id {request_id!r} is already running; ids must be unique")
         generation = GenerationRequest(prompt="(encoded)", request_id=request_id, **values)
         states = self.engine.prepare(generation, text)
         return Job(key=arrival.key, request_id=request_id, states=states, arrival_s=now,
@@ -496,22 +496,13 @@ class StepLoop:
     # -- cancellation ------------------------------------------------------------------------
 
     def cancel_by_id(self, handle, target: str) -> CancelAnswer:
-        """A cancel-by-id control request. A live job with that id leaves at the next step
-        boundary (this iteration's: before the step) -> "cancelled"; an id that left the DiT
-        recently -> "finished" (nothing is done; its result may still be decoding); any other
-        id -> "unknown", remembered for EARLY_CANCEL_SECONDS in case its request is still in the
-        encoder."""
-        now = self.clock()
-        matches = [job for job in self.jobs.values() if job.request_id == target]
-        for job in matches:
-            job.cancel_reason = job.cancel_reason or "cancelled by request"
-        if matches:
-            state = "cancelled"
-        elif self.finished_ids.recall(target, now) is not None:
-            state = "finished"
-        else:
-            state = "unknown"
-            self.early_cancels.remember(target, True, now)
+        """A cancel-by-id control request, answered through the registry (whichever instance
+        holds the target): "cancelled", "finished" or "unknown" (h3_core.registry). A target on
+        this instance leaves at this iteration's step boundary."""
+        state = self.registry.cancel(target)
+        for job in self.jobs.values():
+            if job.request_id == target:
+                job.cancel_reason = job.cancel_reason or "cancelled by request"
         return CancelAnswer(handle, target, state)
 
     def drop_vanished(self, present: list[Job]) -> None:
@@ -611,7 +602,14 @@ class StepLoop:
     # -- endings -----------------------------------------------------------------------------
 
     def results(self, job: Job, send: Send) -> None:
-        """One Result per output, with its final latents; the last one is final."""
+        """One Result per output, with its final latents; the last one is final. A cancel that
+        reached the registry during the last step wins: the request ends with CANCELLED (its
+        canceller was told "cancelled")."""
+        if self.registry.finish(job.request_id):
+            self.metrics.increment("h3_cancellations_total")
+            self.end(job, send, Status.CANCELLED, "CANCELLED",
+                     f"request {job.request_id} cancelled by request at step {job.step_index} of {job.total_steps}")
+            return
         for state in job.states:
             info = {
                 "kind": "result", "request_id": job.request_id, "output_index": state.output_index,
@@ -625,7 +623,7 @@ class StepLoop:
                                      L.audio_rows_to_latent(state.audio_latents, state.layout), info,
                                      final=state is job.states[-1]))
             self.metrics.increment("h3_completions_total")
-        self.forget(job, Status.FINISHED)
+        self.drop(job, Status.FINISHED)
 
     def end(self, job: Job, send: Send, status: Status, code: str, message: str) -> None:
         send(Ended(job.handle, job.request_id, code, message, job.step_index, job.total_steps))
@@ -637,13 +635,16 @@ class StepLoop:
         self.forget(job, status)
 
     def forget(self, job: Job, status: Status, dropped: str | None = None) -> None:
-        """Remove the job with its final status. `dropped`: why it was dropped without a final
-        event; if Triton delivers its request again, arrive() ends it with CANCELLED naming its
-        request id and this cause."""
-        now = self.clock()
+        """Remove the job and tell the registry it left. `dropped`: why it was dropped without a
+        final event; if Triton delivers its request again, arrive() ends it with CANCELLED
+        naming its request id and this cause."""
+        self.registry.finish(job.request_id)
+        self.drop(job, status)
+        if dropped is not None:
+            self.dropped.remember(job.key, (job.request_id, dropped), self.clock())
+
+    def drop(self, job: Job, status: Status) -> None:
+        """Remove the job from this loop (the registry already knows it left)."""
         job.status = status
         self.scheduler.remove(job)
         del self.jobs[job.key]
-        self.finished_ids.remember(job.request_id, status, now)
-        if dropped is not None:
-            self.dropped.remember(job.key, (job.request_id, dropped), now)

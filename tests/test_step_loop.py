@@ -6,6 +6,8 @@ are shown to cost a neighbour nothing."""
 import json
 import logging
 import re
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from h3_core.checkpoint import init_weights
 from h3_core.config import get_config
 from h3_core.engine import Engine
 from h3_core.model import H3DiT
+from h3_core.registry import Registry
 from h3_core.request import GenerationRequest
 from h3_core.settings import DitSettings
 from h3_core.step_loop import (VANISHED_EXECUTES, Arrival, CancelAnswer, Ended, MetricsRecord, Progress, Refused,
@@ -93,8 +96,10 @@ class Client:
         return [event for event in self.events if isinstance(event, kind) and getattr(event, "request_id", None) == request_id]
 
 
-def make_loop(engine, clock=None, **settings) -> StepLoop:
-    return StepLoop(engine, DitSettings(**{"max_steps": 20, **settings}), MetricsRecord(), clock or Clock())
+def make_loop(engine, clock=None, registry=None, **settings) -> StepLoop:
+    """A loop with its own registry folder unless one is given (instances of one server share one)."""
+    registry = registry or Registry(Path(tempfile.mkdtemp()), "i0")
+    return StepLoop(engine, DitSettings(**{"max_steps": 20, **settings}), registry, MetricsRecord(), clock or Clock())
 
 
 def solo_latents(engine, steps: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -274,3 +279,62 @@ def test_malformed_request_json_is_refused(engine, request_json, message):
     sent = []
     assert loop.iterate([Arrival(handle=1, key=1, new=True, request_json=request_json, text_embeds=text(1))], sent.append) == []
     assert [(event.code, event.message) for event in sent] == [("INVALID_ARG", message)]
+
+
+def test_a_cancel_reaches_the_request_on_whichever_instance_holds_it(engine, tmp_path):
+    """Two DiT instances share one registry: a cancel landing on either instance finds the
+    request on the other; finished and unknown ids are told apart as with one instance."""
+    first = Client(make_loop(engine, registry=Registry(tmp_path, "h3_dit_0")))
+    second = Client(make_loop(engine, registry=Registry(tmp_path, "h3_dit_1")))
+    first.send("on-first", steps=6, seed=1)
+    first.send("done-first", steps=1, seed=2)
+    second.send("on-second", steps=6, seed=3)
+    first.iterate()
+    second.iterate()
+    second.cancel("on-first")
+    second.cancel("done-first")
+    first.cancel("on-second")
+    first.cancel("nowhere")
+    second.iterate()  # on-second takes its step 2 before first answers the cancel for it
+    first.iterate()
+    second.iterate()
+    answers = [(e.request_id, e.state) for e in first.events + second.events if isinstance(e, CancelAnswer)]
+    assert sorted(answers) == [("done-first", "finished"), ("nowhere", "unknown"), ("on-first", "cancelled"),
+                               ("on-second", "cancelled")]
+    assert first.of("on-first", Ended)[0].message == "request on-first cancelled by request at step 1 of 6"
+    assert second.of("on-second", Ended)[0].message == "request on-second cancelled by request at step 2 of 6"
+    second.send("nowhere", steps=1, seed=4)  # remembered by the registry, honoured on the other instance
+    second.iterate()
+    assert second.of("nowhere", Ended)[0].message == "request nowhere was cancelled before it started (step 0 of 1)"
+
+
+def test_an_id_running_on_one_instance_is_refused_on_the_other(engine, tmp_path):
+    first = Client(make_loop(engine, registry=Registry(tmp_path, "h3_dit_0")))
+    second = Client(make_loop(engine, registry=Registry(tmp_path, "h3_dit_1")))
+    first.send("twice", steps=3, seed=1)
+    first.iterate()
+    second.send("twice", steps=3, seed=1)
+    refused, = second.iterate()
+    assert (refused.code, refused.message) == ("INVALID_ARG", "request id 'twice' is already running; ids must be unique")
+
+
+def test_a_cancel_landing_during_the_last_step_wins_over_the_result(engine, tmp_path, monkeypatch):
+    """The canceller is told "cancelled", so the request ends CANCELLED, not with its result;
+    its co-batched neighbour still gets its solo output."""
+    first = Client(make_loop(engine, registry=Registry(tmp_path, "h3_dit_0")))
+    second = Registry(tmp_path, "h3_dit_1")
+    first.send("racer", steps=2, seed=5)
+    first.send("neighbour", steps=2, seed=6)
+    first.iterate()
+    forward, answers = first.loop.forward, []
+
+    def forward_with_a_cancel(jobs):
+        answers.append(second.cancel("racer"))  # lands after the step boundary, during the step
+        return forward(jobs)
+
+    monkeypatch.setattr(first.loop, "forward", forward_with_a_cancel)
+    first.iterate()
+    assert answers == ["cancelled"] and not first.of("racer", Result)
+    assert first.of("racer", Ended)[0].message == "request racer cancelled by request at step 2 of 2"
+    assert_solo(engine, first.of("neighbour", Result)[0], 2, 6)
+    assert second.cancel("racer") == "finished"

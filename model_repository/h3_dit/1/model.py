@@ -17,8 +17,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from h3_core.engine import load_engine
-from h3_core.load_report import load_folder, write_load
 from h3_core.protocol import AUDIO_LATENT, REQUEST, TEXT_EMBEDS, VIDEO_LATENT
+from h3_core.registry import Registry, server_folder
 from h3_core.settings import DitSettings
 from h3_core.step_loop import METRICS, Arrival, CancelAnswer, Ended, Progress, Refused, Result, StepLoop
 from server.adapter import error_response, json_tensor, model_parameters, resolve_path, set_threads
@@ -100,9 +100,7 @@ class TritonPythonModel:
         engine = load_engine(settings.config_name, resolve_path(args, settings.checkpoint_dir), settings.device,
                              settings.attention_backend, with_encoder=False, with_vaes=False, limits=settings.limits())
         engine.warm_up()
-        self.loop = StepLoop(engine, settings, TritonMetrics())
-        self.load_folder, self.instance = load_folder(), args["model_instance_name"]
-        write_load(self.load_folder, self.instance, self.loop.load())
+        self.loop = StepLoop(engine, settings, Registry(server_folder(), args["model_instance_name"]), TritonMetrics())
         signal.signal(signal.SIGUSR1, lambda signum, frame: self.loop.start_draining())
 
     def execute(self, requests):
@@ -129,8 +127,7 @@ class TritonPythonModel:
 
         for request in self.loop.iterate(arrivals, send):
             request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
-        write_load(self.load_folder, self.instance, self.loop.load())
         return None
 
     def finalize(self):
-        (self.load_folder / f"dit-{self.instance}.json").unlink(missing_ok=True)
+        self.loop.registry.leave()

@@ -1,14 +1,14 @@
 """h3_encoder: PROMPT -> TEXT_EMBEDS, the optional INT64 inputs -> REQUEST JSON (an adapter over
 h3_core.encoder). The request parameters and the inputs' shapes are checked before the prompt
 is encoded, so a malformed request costs no encoder time; when every h3_dit instance is full
-(h3_core.load_report) the request is refused with UNAVAILABLE before encoding."""
+(h3_core.registry) the request is refused with UNAVAILABLE before encoding."""
 import time
 
 import triton_python_backend_utils as pb_utils
 
 from h3_core.encoder import TextEncoder
-from h3_core.load_report import load_folder, refusal
 from h3_core.protocol import INT_INPUTS, PROMPT, REQUEST, TEXT_EMBEDS, check_request_parameters
+from h3_core.registry import Registry, server_folder
 from h3_core.scheduler import Overloaded
 from h3_core.settings import EncoderSettings
 from server.adapter import error_response, json_tensor, model_parameters, set_threads
@@ -21,7 +21,7 @@ class TritonPythonModel:
         self.encoder = TextEncoder(self.settings.encoder_path or None, self.settings.hidden_layer,
                                    self.settings.max_tokens)
         self.encoder.encode("warm up")  # first-call set-up is not paid by the first client
-        self.load_folder = load_folder()
+        self.registry = Registry(server_folder())
 
     def execute(self, requests):
         responses = []
@@ -37,7 +37,7 @@ class TritonPythonModel:
     def encode(self, request):
         """One request -> TEXT_EMBEDS float32 [1, L, text_dim] + REQUEST. Raises ValueError
         naming the input or parameter for a malformed request, Overloaded when every h3_dit
-        instance is full (h3_core.load_report)."""
+        instance is full (h3_core.registry)."""
         start = time.perf_counter()
         check_request_parameters(request.parameters())
         tensor = pb_utils.get_input_tensor_by_name(request, PROMPT)
@@ -61,7 +61,7 @@ class TritonPythonModel:
                 if values.size != 1:
                     raise ValueError(f"{name} must hold exactly one INT64 value, got {values.size}")
                 fields[field] = int(values[0])
-        full = refusal(self.load_folder)
+        full = self.registry.refusal()
         if full is not None:
             raise Overloaded(full)
         embeds = self.encoder.encode(prompt)

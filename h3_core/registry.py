@@ -1,0 +1,146 @@
+"""The requests of every h3_dit instance of one server, shared through one JSON file under a
+file lock: which request ids are live and on which instance, cancels by id, ids that finished
+recently, and each instance's load. Triton-free.
+
+Why: with several DiT instances (one per GPU) a cancel-by-id control request lands on any one
+of them, so the answer and the effect must not depend on where it lands; and h3_encoder refuses
+newcomers early when every instance is full (Triton's backlog in front of the DiT is unbounded
+and invisible). Every operation reads, changes and writes the file under an exclusive fcntl
+lock, so an answer is always consistent with what the holder of the request does:
+
+- cancel(id): live on any instance -> "cancelled" (flag set; the holder ends it with CANCELLED
+  at its next step boundary, or instead of its result if the flag lands during its last step);
+  finished within EARLY_CANCEL_SECONDS -> "finished" (nothing changes); otherwise "unknown",
+  remembered for EARLY_CANCEL_SECONDS so a request with that id that arrives then is cancelled
+  before it starts. A finished id is never planted.
+- admit(id): refused when the id is live anywhere; True when an early cancel was waiting for it.
+- boundary(ids): the live ids of this instance whose cancel flag is set.
+- finish(id): forget a live id, remember it as finished; True when its cancel flag was set.
+
+The folder is one per tritonserver process (the model stubs are its children and share
+os.getppid()): `<tmp>/h3-triton-<server pid>/registry.json`; its memories are bounded by
+IDS_REMEMBERED and EARLY_CANCEL_SECONDS.
+"""
+import fcntl
+import json
+import os
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+from .protocol import EARLY_CANCEL_SECONDS
+
+IDS_REMEMBERED = 1024  # bound on each memory of ids (early cancels, finished ids)
+
+
+@dataclass(frozen=True)
+class DitLoad:
+    """One h3_dit instance: `held` live requests, capacity max_num_seqs + max_waiting."""
+
+    held: int
+    max_num_seqs: int
+    max_waiting: int
+
+    @property
+    def full(self) -> bool:
+        return self.held >= self.max_num_seqs + self.max_waiting
+
+    def message(self) -> str:
+        """The UNAVAILABLE text for a newcomer (the scheduler's Overloaded says the same)."""
+        return (f"the DiT holds {self.held} requests, its capacity max_num_seqs + max_waiting = {self.max_num_seqs} + "
+                f"{self.max_waiting}; retry later")
+
+
+def server_folder(server_pid: int | None = None) -> Path:
+    """The shared folder of the tritonserver with pid `server_pid` (None: the calling model
+    stub's parent, the server)."""
+    return Path(tempfile.gettempdir()) / f"h3-triton-{os.getppid() if server_pid is None else server_pid}"
+
+
+class Registry:
+    """The shared registry in `folder` as seen by DiT instance `instance` ("" for a reader
+    such as the encoder). clock: wall seconds (time.time; instances share it)."""
+
+    def __init__(self, folder: Path, instance: str = "", clock: Callable[[], float] = time.time):
+        self.folder, self.instance, self.clock = Path(folder), instance, clock
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.path = self.folder / "registry.json"
+
+    @contextmanager
+    def _state(self, write: bool = True):
+        """The registry's content under the lock, expired memories dropped; written back when
+        `write`."""
+        with open(self.folder / "registry.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                state = json.loads(self.path.read_text()) if self.path.exists() else {}
+            except ValueError:
+                state = {}
+            for name in ("live", "cancels", "finished", "loads"):
+                state.setdefault(name, {})
+            now = self.clock()
+            for name in ("cancels", "finished"):
+                kept = sorted((t, k) for k, t in state[name].items() if now - t < EARLY_CANCEL_SECONDS)[-IDS_REMEMBERED:]
+                state[name] = {k: t for t, k in kept}
+            yield state, now
+            if write:
+                temporary = self.path.with_suffix(".tmp")
+                temporary.write_text(json.dumps(state))
+                os.replace(temporary, self.path)
+
+    def cancel(self, request_id: str) -> str:
+        """Cancel by id; returns one of protocol.CANCEL_STATES (see the module docstring)."""
+        with self._state() as (state, now):
+            if request_id in state["live"]:
+                state["cancels"][request_id] = now
+                return "cancelled"
+            if request_id in state["finished"]:
+                return "finished"
+            state["cancels"][request_id] = now
+            return "unknown"
+
+    def admit(self, request_id: str) -> bool:
+        """Register a newcomer's id on this instance. Returns True when a cancel was waiting for
+        it (the id is then not registered: the request ends before it starts). Raises ValueError
+        when the id is live on some instance."""
+        with self._state() as (state, now):
+            if request_id in state["live"]:
+                raise ValueError(f"request id {request_id!r} is already running; ids must be unique")
+            if state["cancels"].pop(request_id, None) is not None:
+                state["finished"][request_id] = now
+                return True
+            state["live"][request_id] = self.instance
+            return False
+
+    def boundary(self, request_ids: list[str], load: DitLoad) -> set[str]:
+        """At a step boundary: publish this instance's load; return which of its live ids have
+        been cancelled."""
+        with self._state() as (state, _):
+            state["loads"][self.instance] = asdict(load)
+            return {request_id for request_id in request_ids if request_id in state["cancels"]}
+
+    def finish(self, request_id: str) -> bool:
+        """Forget a live id of this instance and remember it as finished. Returns whether its
+        cancel flag was set."""
+        with self._state() as (state, now):
+            state["live"].pop(request_id, None)
+            state["finished"][request_id] = now
+            return state["cancels"].pop(request_id, None) is not None
+
+    def leave(self) -> None:
+        """This instance stops (model unload): its load and live ids are removed."""
+        with self._state() as (state, _):
+            state["loads"].pop(self.instance, None)
+            state["live"] = {k: v for k, v in state["live"].items() if v != self.instance}
+
+    def refusal(self) -> str | None:
+        """The UNAVAILABLE message when every DiT instance that reported is full (the emptiest
+        one's), else None (also when none has reported yet)."""
+        with self._state(write=False) as (state, _):
+            loads = [DitLoad(**load) for load in state["loads"].values()]
+        if not loads or not all(load.full for load in loads):
+            return None
+        return min(loads, key=lambda load: load.held).message()

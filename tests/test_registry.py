@@ -1,0 +1,63 @@
+"""h3_core.registry: the request ids, cancels and loads shared by a server's DiT instances."""
+import pytest
+
+from h3_core.protocol import EARLY_CANCEL_SECONDS
+from h3_core import registry as registry_module
+from h3_core.registry import DitLoad, Registry
+from h3_core.scheduler import Job, Overloaded, Scheduler
+from h3_core.simulate import SimState
+
+
+class Clock:
+    now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_cancel_states_and_their_memory(tmp_path):
+    clock = Clock()
+    dit, other = Registry(tmp_path, "h3_dit_0", clock), Registry(tmp_path, "h3_dit_1", clock)
+    assert dit.admit("live") is False
+    assert dit.admit("done") is False and dit.finish("done") is False
+    assert [other.cancel(i) for i in ("live", "done", "early")] == ["cancelled", "finished", "unknown"]
+    assert dit.boundary(["live"], DitLoad(1, 4, 8)) == {"live"}
+    assert dit.finish("live") is True  # its cancel flag was set
+    assert other.admit("done") is False  # a finished id planted nothing
+    assert other.admit("early") is True  # the early cancel was waiting for it
+    with pytest.raises(ValueError, match="^request id 'done' is already running; ids must be unique$"):
+        dit.admit("done")
+    assert dit.cancel("later") == "unknown"
+    clock.now += EARLY_CANCEL_SECONDS
+    assert dit.admit("later") is False  # forgotten after EARLY_CANCEL_SECONDS
+
+
+def test_memories_are_bounded(tmp_path, monkeypatch):
+    monkeypatch.setattr(registry_module, "IDS_REMEMBERED", 8)
+    clock = Clock()
+    registry = Registry(tmp_path, "h3_dit_0", clock)
+    for k in range(13):
+        clock.now += 0.001
+        registry.cancel(f"id-{k}")
+    with registry._state(write=False) as (state, _):
+        assert sorted(state["cancels"]) == sorted(f"id-{k}" for k in range(5, 13))
+
+
+def test_the_encoder_is_refused_only_when_every_instance_is_full(tmp_path):
+    first, second, encoder = Registry(tmp_path, "h3_dit_0"), Registry(tmp_path, "h3_dit_1"), Registry(tmp_path)
+    assert encoder.refusal() is None  # nothing reported yet
+    first.boundary([], DitLoad(held=5, max_num_seqs=4, max_waiting=1))
+    assert encoder.refusal() == "the DiT holds 5 requests, its capacity max_num_seqs + max_waiting = 4 + 1; retry later"
+    second.boundary([], DitLoad(held=4, max_num_seqs=4, max_waiting=1))
+    assert encoder.refusal() is None
+    second.leave()
+    first.boundary([], DitLoad(held=4, max_num_seqs=4, max_waiting=1))
+    assert encoder.refusal() is None
+
+
+def test_the_scheduler_refuses_with_the_same_words():
+    scheduler = Scheduler(max_num_seqs=1, max_batch_rows=100, max_waiting=0)
+    scheduler.add(Job(key=1, request_id="a", states=[SimState(10, 3)]))
+    with pytest.raises(Overloaded) as error:
+        scheduler.add(Job(key=2, request_id="b", states=[SimState(10, 3)]))
+    assert str(error.value) == DitLoad(1, 1, 0).message()
