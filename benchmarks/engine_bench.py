@@ -35,7 +35,8 @@ from h3_core.engine import Engine  # noqa: E402
 from h3_core.model import H3DiT  # noqa: E402
 from h3_core.request import GenerationRequest, RequestLimits  # noqa: E402
 
-# (height, width, num_frames, pinned padded rows) per request size of the packing curve.
+# Packing curve: padded rows per request -> (height, width, num_frames) of a request whose padded
+# length make_states(seq_len=rows) pins to that many rows (its used rows stay those of the shape).
 GPU_CURVE = {128: (64, 96, 22), 256: (128, 192, 22), 1024: (288, 448, 22), 4096: (416, 768, 39),
              16384: (384, 672, 209)}
 CPU_CURVE = {128: (64, 96, 22), 256: (128, 192, 22)}

@@ -3,8 +3,8 @@
     PYTHONUNBUFFERED=1 python benchmarks/served_bench.py --out DIR [--scenarios c d f] [--work DIR]
 
 Each served run makes a copy of model_repository/ with its h3_dit settings (h3_core.train.
-repository.repository_copy), starts tritonserver on free ports (server.launch.TritonServer),
-runs `python -m client.bench` against it (one warm-up request of 2 steps first, progress every
+repository.repository_copy), starts tritonserver on free ports (server.process.TritonServer),
+runs benchmarks/bench_client.py against it (one warm-up request of 2 steps first, progress every
 step) and stops the server. Scenarios, run in this order:
   c: 4 requests at concurrency 4, 30 steps: execution_mode request, then step mode with the
      reference's fifo packing and 1 and 4 slots (max_num_seqs), the 4-slot pack holding all
@@ -21,7 +21,7 @@ On CUDA: the `bench` DiT (bf16, seed-0 weights drawn on the GPU by h3_core.check
 672x384, 209 frames (16,384 rows), DiT and VAEs on the GPU, the benchmark text encoder of width
 5120 (benchmarks/bench_text_encoder.py, on the CPU), return_mp4=false (no PyAV needed).
 On the CPU the same code runs the `tiny` model with small counts as a smoke test. Writes
-DIR/served_bench.json (settings, commands, every client.bench document, summary) and
+DIR/served_bench.json (settings, commands, every bench_client.py document, summary) and
 DIR/timeline_<run>.png per run; server logs and repository copies go under --work.
 
 CPU smoke run (about a minute): .venv/bin/python benchmarks/served_bench.py --out out/served_bench
@@ -46,7 +46,7 @@ from h3_core.checkpoint_setup import create_checkpoint  # noqa: E402
 from h3_core.engine import load_engine  # noqa: E402
 from h3_core.request import GenerationRequest, RequestLimits  # noqa: E402
 from h3_core.scheduler import DEFAULT_POLICY  # noqa: E402
-from server.launch import TritonServer  # noqa: E402
+from server.process import TritonServer  # noqa: E402
 from server.repository import repository_copy  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -138,7 +138,7 @@ def without_machine_paths(document: dict, work: Path, out: Path, executable: str
 
 def served_run(name: str, setting: Setting, checkpoint: Path, encoder_path: str, dit: dict, bench_args: list[str],
                work: Path, out: Path, cuda: bool, server_args: list[str]) -> dict:
-    """One server start + client.bench run; returns the client.bench document plus the settings."""
+    """One server start + bench_client.py run; returns its JSON document plus the settings."""
     run_dir = work / name
     repository = run_dir / "model_repository"
     if repository.exists():
@@ -155,7 +155,8 @@ def served_run(name: str, setting: Setting, checkpoint: Path, encoder_path: str,
     with TritonServer(repository, free_ports=True, timeout=900, log_file=run_dir / "server.log",
                       extra_args=server_args) as server:
         ready_s = time.perf_counter() - start
-        command = [sys.executable, "-m", "client.bench", "--url", server.grpc_url, "--metrics-url", server.metrics_url,
+        command = [sys.executable, "benchmarks/bench_client.py", "--url", server.grpc_url,
+                   "--metrics-url", server.metrics_url,
                    "--height", str(setting.height), "--width", str(setting.width),
                    "--num-frames", str(setting.num_frames), "--warmup-requests", "1", "--warmup-steps", "2",
                    "--no-mp4", "--label", name, "--output-json", str(bench_json),
@@ -163,7 +164,8 @@ def served_run(name: str, setting: Setting, checkpoint: Path, encoder_path: str,
         print(f"--- {name}: server ready in {ready_s:.1f} s; {' '.join(command[1:])}", flush=True)
         done = subprocess.run(command, cwd=ROOT)
     if done.returncode != 0:
-        raise RuntimeError(f"client.bench for {name} exited with {done.returncode}; server log {run_dir / 'server.log'}")
+        raise RuntimeError(f"bench_client.py for {name} exited with {done.returncode}; "
+                           f"server log {run_dir / 'server.log'}")
     document = json.loads(bench_json.read_text())
     document["h3_dit"] = {k: str(v) for k, v in dit_params.items()}
     document["server_ready_s"] = ready_s

@@ -8,7 +8,7 @@ instance, in the order the DiT finishes, decode_s). Encoder and VAE run beside t
 slowing it (separate Triton model instances; sharing one GPU is not modelled).
 
 Metrics per policy (seconds):
-- latency: VAE done - submission; p95 is the nearest rank (the ceil(0.95 n)-th smallest);
+- latency: VAE done - submission; p95 by nearest rank (percentile: the ceil(0.95 n)-th smallest);
 - time to first step: start of the first DiT step - arrival at the DiT (the server's `queue`
   stage; encoding takes the same time under every policy and is not counted);
 - throughput_per_min: completed x 60 / (last completion - first submission).
@@ -22,12 +22,26 @@ import math
 import random
 import sys
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from .scheduler import DEFAULT_POLICY, POLICIES, Job, Scheduler
 
 LARGE_ROWS = 16_384  # 672x384, 4 s at 24 fps (h3_spec §4.4)
 SMALL_ROWS = 1_280
+
+
+def percentile(values: Sequence[float], p: float) -> float | None:
+    """The p-th percentile (0 <= p <= 100) by nearest rank: the ceil(p n / 100)-th smallest of the
+    n values (the smallest for p = 0), always one of the values; None for no values. The one
+    definition of the simulator and the serving benchmark (benchmarks/bench_report.py).
+    Raises ValueError for p outside 0..100."""
+    if not 0 <= p <= 100:
+        raise ValueError(f"percentile p={p} is out of range: allowed 0..100")
+    if not values:
+        return None
+    rank = math.ceil(p * len(values) / 100)  # not 0.95 * n: 0.07 * 100 = 7.000000000000001 would lift 7 to 8
+    return sorted(values)[max(rank, 1) - 1]
 
 
 @dataclass(frozen=True)
@@ -156,12 +170,13 @@ def simulate(workload: Workload, policy: str, row_budget: int = LARGE_ROWS) -> l
 
 def summarize(workload: Workload, completions: list[Completion]) -> dict:
     """The metrics of one policy's run (see the module docstring), rounded to 0.1 ms."""
-    latencies = sorted(c.done_s - c.submit_s for c in completions)
+    latencies = [c.done_s - c.submit_s for c in completions]
+    waits = [c.first_step_s - c.dit_arrival_s for c in completions]
     span = max(c.done_s for c in completions) - workload.requests[0].submit_s
     return {
         "mean_latency_s": round(sum(latencies) / len(latencies), 4),
-        "p95_latency_s": round(latencies[math.ceil(0.95 * len(latencies)) - 1], 4),
-        "mean_time_to_first_step_s": round(sum(c.first_step_s - c.dit_arrival_s for c in completions) / len(completions), 4),
+        "p95_latency_s": round(percentile(latencies, 95), 4),
+        "mean_time_to_first_step_s": round(sum(waits) / len(waits), 4),
         "throughput_per_min": round(len(completions) * 60 / span, 4),
         "completed": len(completions),
         "submitted": len(workload.requests),
@@ -180,7 +195,8 @@ def table(workload: Workload, row_budget: int, results: dict) -> str:
     lines = [f"workload {workload.name}: {len(workload.requests)} requests; simulated, step cost "
              f"{cost.c0:g} s + {cost.c1:.4g} s/row, encode {cost.encode_s:g} s, decode {cost.decode_s:g} s, "
              f"srpt row budget {row_budget}",
-             f"{'policy':<16}{'mean latency s':>16}{'p95 latency s':>15}{'mean TTFS s':>13}{'req/min':>9}{'completed':>11}"]
+             f"{'policy':<16}{'mean latency s':>16}{'p95 latency s':>15}{'mean TTFS s':>13}{'req/min':>9}"
+             f"{'completed':>11}"]
     for policy in POLICIES:
         r = results[policy]
         name = f"{policy} (default)" if policy == results["default"] else policy

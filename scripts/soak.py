@@ -3,12 +3,13 @@
     .venv/bin/python scripts/soak.py --requests 500 --concurrency 8 --json out/soak.json
 
 Starts tritonserver on model_repository/ (tiny config, CPU) on free ports and stops it at the
-end. Request i uses one of --specs request specs (prompt, height, width, num_frames, steps,
-num_outputs, seed: drawn once from --seed) and asks for FRAMES and AUDIO; a random
---cancel-fraction of the requests is cancelled by id after 0..--max-cancel-delay s, another
---deadline-fraction gets deadline_s drawn from 0.05..0.5 s; progress_every is 0, 1 or 3. Every
-spec first runs alone (its reference, which also warms the server up), then --warmup requests
-run at full concurrency before the DiT's resident memory is taken as the baseline.
+end; once it is ready, progress bars on stderr count the requests. Request i uses one of
+--specs request specs (prompt, height, width, num_frames, steps, num_outputs, seed: drawn once
+from --seed) and asks for FRAMES and AUDIO; a random --cancel-fraction of the requests is
+cancelled by id after 0..--max-cancel-delay s, another --deadline-fraction gets deadline_s
+drawn from 0.05..0.5 s; progress_every is 0, 1 or 3. Every spec first runs alone (its
+reference, which also warms the server up), then --warmup requests run at full concurrency
+before the DiT's resident memory is taken as the baseline.
 
 Checks (exit status 1 when one fails; all are printed and, with --json, saved):
   * every request ends with exactly one final response: its results, or one error;
@@ -38,12 +39,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import tritonclient.grpc as grpcclient
+from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from client.api import H3Client, H3Error, _input  # noqa: E402
-from server.launch import DIT_MODEL, TritonServer, stub_pids  # noqa: E402
+from server.process import DIT_MODEL, TritonServer, stub_pids  # noqa: E402
 
 RSS_GROWTH_LIMIT = 0.05
 RSS_EVERY = 50  # requests between RSS samples
@@ -151,14 +153,16 @@ def run(args: argparse.Namespace) -> dict:
         plan.append((Outcome(f"soak-{args.seed}-{i}", rng.randrange(len(specs)), action), parameters,
                      rng.uniform(0, args.max_cancel_delay)))
     started = time.monotonic()
+    print(f"starting tritonserver on {ROOT / 'model_repository'}", file=sys.stderr, flush=True)
     with TritonServer(ROOT / "model_repository", free_ports=True) as server:
         references = []
-        for k, spec in enumerate(specs):
+        for k, spec in enumerate(tqdm(specs, desc="references", unit="req", file=sys.stderr)):
             reference = run_request(server.grpc_url, spec, Outcome(f"soak-{args.seed}-reference-{k}", k, "plain"), {})
             assert reference.finals == 1 and not reference.error and len(reference.results) == spec["num_outputs"], reference
             references.append(reference.results)
-        canceller = H3Client(server.grpc_url, timeout_s=STREAM_TIMEOUT_S)
+        canceller = H3Client(server.grpc_url, idle_timeout_s=STREAM_TIMEOUT_S)
         rss, done, lock = [], [0], threading.Lock()
+        progress = tqdm(total=len(plan), desc=f"soak ({args.warmup} warm-up first)", unit="req", file=sys.stderr)
 
         def cancel(request_id: str) -> None:
             try:
@@ -175,12 +179,13 @@ def run(args: argparse.Namespace) -> dict:
             if outcome.action == "cancel":
                 timer.join()
             with lock:
+                progress.update(1)
                 done[0] += 1
                 if done[0] > args.warmup and (done[0] - args.warmup) % RSS_EVERY == 0:
                     rss.append(dit_rss_kb(server))
             return outcome
 
-        with ThreadPoolExecutor(args.concurrency) as pool:
+        with progress, ThreadPoolExecutor(args.concurrency) as pool:
             list(pool.map(one, plan[:args.warmup]))
             baseline = dit_rss_kb(server)
             outcomes = list(pool.map(one, plan[args.warmup:]))

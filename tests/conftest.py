@@ -10,7 +10,7 @@ import pytest  # noqa: E402
 def server(tmp_path_factory):
     """One tritonserver (tiny config, CPU, max_steps 400) shared by the end-to-end tests."""
     from h3_core.checkpoint_setup import DEFAULT_ROOT, create_checkpoint
-    from server.launch import TritonServer
+    from server.process import TritonServer
     from tests.serving import model_repository_copy
 
     create_checkpoint("tiny", DEFAULT_ROOT / "tiny")

@@ -1,5 +1,6 @@
-"""client.bench: pure functions on hand-made records (golden strings and numbers) and a CPU
-smoke run against the session tritonserver (reports well formed; no timing assertions)."""
+"""benchmarks/bench_client.py and bench_report.py: pure functions on hand-made records (golden
+strings and numbers) and a CPU smoke run against the session tritonserver (reports well formed;
+no timing assertions)."""
 import json
 import math
 import os
@@ -11,11 +12,23 @@ import sys
 import pytest
 from PIL import Image
 
-from client.bench import (BANNER_WIDTH, PROMPT_TEMPLATE, TIMELINE_WIDTH, RequestRecord, arrival_offsets,
-                          format_report, main, parse_gpu_memory_mb, peak_outstanding, percentile,
-                          render_timeline, step_interval, summarize)
+from server.environment import pick_free_ports
 
 from .serving import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import bench_client  # noqa: E402
+from bench_client import PROMPT_TEMPLATE, GpuMemorySampler, arrival_offsets, main  # noqa: E402
+from bench_report import (  # noqa: E402
+    BANNER_WIDTH,
+    TIMELINE_WIDTH,
+    RequestRecord,
+    format_report,
+    peak_outstanding,
+    render_timeline,
+    step_interval,
+    summarize,
+)
 
 STAGES = {"queue", "encode", "denoise", "decode"}
 
@@ -39,16 +52,6 @@ def records():
 
 
 # ---- pure functions -----------------------------------------------------------------------------
-
-def test_percentile_interpolates_linearly_like_numpy():
-    assert percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5
-    assert percentile(list(range(21)), 95) == 19
-    assert percentile([10.0, 12.0, 19.0], 95) == pytest.approx(18.3, abs=1e-12)
-    assert percentile([10.0, 12.0, 19.0], 100) == 19.0
-    assert percentile([10.0, 12.0, 19.0], 0) == 10.0
-    assert percentile([7.0], 95) == 7.0
-    assert percentile([], 50) is None
-
 
 def test_peak_outstanding_counts_half_open_intervals():
     def rec(i, s, c):
@@ -95,19 +98,18 @@ def test_timeline_short_request_gets_a_column_and_sub_second_ticks():
 
 
 def test_summarize_golden():
-    summary = summarize(records())
-    assert summary == {
+    # successful latencies 10 (r0), 19 (r1), 12 (r3); times to first step 2 (r0), 9 (r1); the
+    # percentiles are nearest ranks: p50 the 2nd smallest of 3 (of 2: the 1st), p95 the 3rd.
+    assert summarize(records()) == {
         "num_requests": 4, "completed": 3, "failed": 1, "error_codes": {"UNAVAILABLE": 1},
         "wall_s": 24.0, "throughput_req_per_min": 7.5,
-        "latency_s": {"mean": 41.0 / 3, "p50": 12.0, "p95": summary["latency_s"]["p95"], "max": 19.0},
-        "time_to_first_step_s": {"mean": 5.5, "p50": 5.5, "max": 9.0},
-        "step_interval_s": {"mean": 0.75, "p50": 0.75},  # r0 (9.5 - 2) / 15, r1 (19 - 10) / 9; r3 none
-        "queue_delay_s": {"mean": 5.5, "max": 9.0},
+        "latency_s": {"mean": 41.0 / 3, "p50": 12.0, "p95": 19.0, "max": 19.0},
+        "time_to_first_step_s": {"mean": 5.5, "p50": 2.0, "max": 9.0},
+        "step_interval_s": {"mean": 0.75, "p50": 0.5},  # r0 (9.5 - 2) / 15, r1 (19 - 10) / 9; r3 none
         "peak_outstanding": 3, "peak_pack_size": 3,
         "peak_gpu_memory_mb": None, "peak_gpu_memory_source": None,
         "stage_seconds_mean": {"queue": 3.0, "encode": 0.25, "denoise": 26.0 / 3, "decode": 1.0},
     }
-    assert summary["latency_s"]["p95"] == pytest.approx(18.3, abs=1e-12)
     # GPU memory: the server's INFO wins over the metrics endpoint; neither -> None ("n/a").
     assert summarize(records(), 1234.5)["peak_gpu_memory_mb"] == 1234.5
     with_info = records()
@@ -153,13 +155,11 @@ def test_report_golden_lines():
         "Request throughput (req/min):           7.50",
         "Mean latency (s):                       13.667",
         "P50 latency (s):                        12.000",
-        "P95 latency (s):                        18.300",
+        "P95 latency (s):                        19.000",
         "Max latency (s):                        19.000",
         "Mean time to first step (s):            5.500",
-        "P50 time to first step (s):             5.500",
+        "P50 time to first step (s):             2.000",
         "Max time to first step (s):             9.000",
-        "Mean queue delay (s):                   5.500",
-        "Max queue delay (s):                    9.000",
         "Mean step interval (s):                 0.750",
         "Peak outstanding requests (client):     3",
         "Peak pack size (largest_pack):          3",
@@ -170,6 +170,7 @@ def test_report_golden_lines():
     ]:
         assert line in lines
     assert all(len(line) == BANNER_WIDTH for line in lines if line.startswith("---"))
+    assert not any("queue delay" in line for line in lines)  # time to first step, under one name
     interval = dict(config, arrival_interval=5.0, max_concurrency=0)
     text = format_report(summary, interval, [])
     assert "Arrivals:                               every 5 s" in text
@@ -187,14 +188,29 @@ def test_arrivals_fixed_poisson_and_all_at_once():
     assert arrival_offsets(5, request_rate=0.5, seed=8) != expected
 
 
-def test_gpu_memory_from_triton_metrics_text():
-    text = ('# HELP nv_gpu_memory_used_bytes GPU used memory, in bytes\n'
-            '# TYPE nv_gpu_memory_used_bytes gauge\n'
-            'nv_gpu_memory_used_bytes{gpu_uuid="GPU-a"} 81234567890\n'
-            'nv_gpu_memory_used_bytes{gpu_uuid="GPU-b"} 1.5e+09\n'
-            'nv_gpu_memory_total_bytes{gpu_uuid="GPU-a"} 150000000000\n')
-    assert parse_gpu_memory_mb(text) == [81234.56789, 1500.0]
-    assert parse_gpu_memory_mb("h3_active_requests{model=\"h3_dit\"} 0\n") == []
+def test_gpu_memory_sampler_keeps_the_largest_gpu_in_mb(monkeypatch):
+    pages = iter([
+        '# HELP nv_gpu_memory_used_bytes GPU used memory, in bytes\n'
+        '# TYPE nv_gpu_memory_used_bytes gauge\n'
+        'nv_gpu_memory_used_bytes{gpu_uuid="GPU-a"} 1234567890\n'
+        'nv_gpu_memory_used_bytes{gpu_uuid="GPU-b"} 1.5e+09\n'
+        'nv_gpu_memory_total_bytes{gpu_uuid="GPU-a"} 150000000000\n',
+        None,  # the endpoint did not answer
+        'h3_active_requests{model="h3_dit"} 0\n',  # a server without GPU metrics
+        'nv_gpu_memory_used_bytes{gpu_uuid="GPU-a"} 1000000\n',
+    ])
+    monkeypatch.setattr(bench_client, "read_metrics", lambda url: next(pages))
+    sampler = GpuMemorySampler("http://h:1/metrics")
+    assert sampler.peak_mb is None
+    peaks = []
+    for _ in range(4):
+        sampler.sample()
+        peaks.append(sampler.peak_mb)
+    assert peaks == [1500.0, 1500.0, 1500.0, 1500.0]
+    monkeypatch.setattr(bench_client, "read_metrics", lambda url: 'h3_active_requests{model="h3_dit"} 0\n')
+    without_gpu = GpuMemorySampler("http://h:1/metrics")
+    without_gpu.sample()
+    assert without_gpu.peak_mb is None
 
 
 # ---- CPU smoke runs against the session server ------------------------------------------------
@@ -208,22 +224,24 @@ def test_cli_smoke_run_writes_json_png_and_report(server, tmp_path):
             "--height", "64", "--width", "96", "--warmup-requests", "1", "--warmup-steps", "1", "--no-mp4",
             "--seed", "5", "--label", "smoke", "--output-json", str(out_json), "--output-png", str(out_png)]
     env = dict(os.environ, H3_GRPC_URL=server.grpc_url, H3_METRICS_URL=server.metrics_url)  # --url's default
-    done = subprocess.run([sys.executable, "-m", "client.bench", *argv], cwd=ROOT, env=env,
+    done = subprocess.run([sys.executable, "benchmarks/bench_client.py", *argv], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     report = done.stdout
+    assert done.stderr.startswith("warm-up: 1 request(s), not measured\n")
+    assert re.search(r"requests: 100%\|[^|]+\| 4/4 ", done.stderr)  # the progress bar, at its end
 
     document = json.loads(out_json.read_text())
     assert set(document) == {"label", "date", "command", "config", "summary", "timeline", "requests"}
     assert document["label"] == "smoke"
-    assert document["command"].endswith(" ".join(argv)) and "client.bench" in document["command"]
+    assert document["command"] == " ".join([sys.executable, "benchmarks/bench_client.py", *argv])
     assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", document["date"])
     assert document["config"]["url"] == server.grpc_url and document["config"]["request_rate"] is None
     assert document["config"]["no_mp4"] is True and document["config"]["warmup_steps"] == 1
     summary = document["summary"]
     assert (summary["num_requests"], summary["completed"], summary["failed"]) == (4, 4, 0)
     assert set(summary) >= {"wall_s", "throughput_req_per_min", "latency_s", "time_to_first_step_s",
-                            "step_interval_s", "queue_delay_s", "peak_outstanding", "peak_pack_size",
+                            "step_interval_s", "peak_outstanding", "peak_pack_size",
                             "peak_gpu_memory_mb", "stage_seconds_mean"}
     assert set(summary["latency_s"]) == {"mean", "p50", "p95", "max"}
     assert set(summary["step_interval_s"]) == {"mean", "p50"}
@@ -260,8 +278,10 @@ def test_failed_requests_are_recorded_with_their_code(server, capsys):
     # HEIGHT 33 is not a multiple of 32: every request is refused at once with INVALID_ARG.
     code = main(["--url", server.grpc_url, "--num-prompts", "2", "--max-concurrency", "0", "--height", "33",
                  "--steps", "2", "--warmup-requests", "0", "--arrival-interval", "0"])
-    report = capsys.readouterr().out
+    captured = capsys.readouterr()
+    report = captured.out
     assert code == 1
+    assert re.search(r"requests: 100%\|[^|]+\| 2/2 .*failed=2\]", captured.err)
     assert "Completed requests:                     0/2" in report
     assert "Failed requests:                        2 (INVALID_ARG x2)" in report
     assert "Mean latency (s):                       n/a" in report
@@ -274,8 +294,20 @@ def test_failed_warmup_stops_before_the_measured_phase(server, capsys):
     code = main(["--url", server.grpc_url, "--num-prompts", "2", "--height", "33", "--warmup-requests", "1"])
     captured = capsys.readouterr()
     assert code == 1 and captured.out == ""
-    assert captured.err == ("warm-up request 0 failed: INVALID_ARG: height=33 is out of range: allowed multiples of "
+    assert captured.err == ("warm-up: 1 request(s), not measured\n"
+                            "warm-up request 0 failed: INVALID_ARG: height=33 is out of range: allowed multiples of "
                             "32 in 32..256; no measured requests were sent\n")
+
+
+def test_no_server_sends_nothing_and_shows_no_progress_bar(capsys):
+    port, = pick_free_ports(1)
+    assert main(["--url", f"127.0.0.1:{port}", "--num-prompts", "2", "--warmup-requests", "0"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        f"cannot reach Triton at 127.0.0.1:{port}: failed to connect to all addresses; last error: UNKNOWN: "
+        f"ipv4:127.0.0.1:{port}: Failed to connect to remote host: Connection refused; start the server first "
+        "(python -m server.launch) or give its gRPC address with --url\n")
 
 
 @pytest.mark.parametrize("flags", [["--warmup-steps", "0"], ["--timeout", "-5"]])
@@ -284,4 +316,4 @@ def test_bad_warmup_steps_and_timeout_are_flag_errors(flags, capsys):
         main(["--num-prompts", "1", *flags])
     assert raised.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
-        "python -m client.bench: error: --warmup-steps must be >= 1 and --timeout > 0")
+        "python benchmarks/bench_client.py: error: --warmup-steps must be >= 1 and --timeout > 0")

@@ -1,10 +1,26 @@
-"""CPU smoke runs of the benchmark tools: reports produced and well formed (no timing checks)."""
+"""CPU smoke runs of the benchmark tools. No timing checks; every number the scripts report is
+checked against a value derived here: analytic counts (rows, FLOPs) from the request shapes
+and the tiny config, and summaries recomputed from the raw timings and per-request records."""
 import json
 import math
 import subprocess
 import sys
 
+import pytest
+
 from .serving import ROOT
+
+# The CPU setting's requests, 64x96, 22 frames, 9 text tokens: 9 text rows, 2 x 37 audio rows
+# (round(22 / 24 fps x 40 Hz) per channel), 7 latent frames x (64/16/2) x (96/16/2) = 42 video rows:
+# 125 used, padded to 128. At 128x192: 7 x 4 x 6 = 168 video rows, 251 used, padded to 256.
+USED_ROWS = {128: 125, 256: 251}
+
+
+def tiny_step_flops(rows: int, used: int) -> int:
+    """h3_spec §8 for the tiny DiT (hidden H 96, attention width A 128, MLP F 256, 2 layers):
+    per layer 2 S (4 A H + 3 F H) + 4 U^2 A, plus 2 S 256 H for the patch projections."""
+    hidden, attn, ffn, layers = 96, 128, 256, 2
+    return layers * (2 * rows * (4 * attn * hidden + 3 * ffn * hidden) + 4 * used ** 2 * attn) + 2 * rows * 256 * hidden
 
 
 def test_engine_bench_cpu_smoke(tmp_path):
@@ -13,11 +29,28 @@ def test_engine_bench_cpu_smoke(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     report = json.loads((tmp_path / "engine_bench.json").read_text())
     assert report["config"] == "tiny" and report["hardware"] == "CPU"
+    assert tiny_step_flops(128, 125) == 85_206_016
+    rate = report["matmul_flops_per_s"]
+    for n, step in report["a_step"].items():  # 1..4 requests of 128 rows
+        assert (step["rows"], step["flops"]) == (128 * int(n), int(n) * 85_206_016), n
+        assert step["mfu"] == pytest.approx(step["flops"] / step["seconds"] / rate, rel=1e-12)
     assert sorted(report["a_step"]) == ["1", "2", "3", "4"]
-    assert len(report["b_fused_vs_separate"]) == 2
-    assert sorted(report["e_packing_curve"], key=int) == ["128", "256"]
-    assert set(report["summary"]) == {"step_mfu", "fused_over_separate_3x16384", "pack8_speedup_256_rows_e",
-                                      "pack8_min_speedup_e"}
+    runs = report["b_fused_vs_separate"]
+    assert len(runs) == 2
+    for r in runs:
+        assert r["separate_ms"] == pytest.approx(sum(v["ms"] for v in r["separate"].values()), rel=1e-12)
+        assert r["fused_ms"] == pytest.approx(sum(v["ms"] for v in r["fused"].values()), rel=1e-12)
+        assert r["fused_over_separate"] == pytest.approx(r["fused_ms"] / r["separate_ms"], rel=1e-12)
+    curve = report["e_packing_curve"]
+    assert {int(rows): v["used_rows"] for rows, v in curve.items()} == USED_ROWS
+    for v in curve.values():
+        assert v["speedup"] == pytest.approx(8 * v["one_s"] / v["eight_packed_s"], rel=1e-12)
+    assert report["summary"] == {
+        "step_mfu": report["a_step"]["1"]["mfu"],
+        "fused_over_separate_3x16384": max(r["fused_over_separate"] for r in runs),
+        "pack8_speedup_256_rows_e": curve["256"]["speedup"],
+        "pack8_min_speedup_e": min(v["speedup"] for v in curve.values()),
+    }
     assert "(e) rows/request" in run.stdout
 
 
@@ -30,6 +63,25 @@ SERVED_RUNS = {  # run -> (h3_dit execution_mode, scheduling_policy, max_num_seq
     "d_srpt": ("step", "srpt", "4"),
     "f_served": ("step", "srpt", "4"),
 }
+ONE_AT_A_TIME = {"c_request_mode", "c_step_1_slot", "d_request", "f_served"}  # never 2 requests in a step
+
+
+def check_summary(name: str, document: dict, steps: int) -> None:
+    """The run's summary against the numbers recomputed from its per-request records."""
+    requests, summary = document["requests"], document["summary"]
+    latency = sorted(r["complete_s"] - r["submit_s"] for r in requests)
+    first_steps = [r["first_step_s"] - r["submit_s"] for r in requests]
+    intervals = [(r["last_step_s"] - r["first_step_s"]) / (steps - 1) for r in requests]
+    wall = max(r["complete_s"] for r in requests) - min(r["submit_s"] for r in requests)
+    assert summary["wall_s"] == pytest.approx(wall, abs=1e-9), name
+    assert summary["throughput_req_per_min"] == pytest.approx(len(requests) * 60 / wall, rel=1e-9), name
+    assert summary["latency_s"]["mean"] == pytest.approx(sum(latency) / len(latency), rel=1e-9), name
+    # nearest rank: for n <= 19 requests p95 is the largest; p50 the ceil(n/2)-th smallest
+    assert summary["latency_s"]["p95"] == pytest.approx(latency[-1], abs=1e-9), name
+    assert summary["latency_s"]["p50"] == pytest.approx(latency[math.ceil(len(latency) / 2) - 1], abs=1e-9), name
+    assert summary["time_to_first_step_s"]["mean"] == pytest.approx(sum(first_steps) / len(first_steps), rel=1e-9)
+    assert summary["step_interval_s"]["mean"] == pytest.approx(sum(intervals) / len(intervals), rel=1e-9), name
+    assert summary["peak_pack_size"] == max(r["largest_pack"] for r in requests), name
 
 
 def test_served_bench_cpu_smoke(tmp_path):
@@ -41,27 +93,54 @@ def test_served_bench_cpu_smoke(tmp_path):
                           "--work", str(work)], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     report = json.loads((out / "served_bench.json").read_text())
-    assert report["hardware"] == "CPU" and report["setting"]["config"] == "tiny"
+    setting = report["setting"]
+    assert report["hardware"] == "CPU" and setting["config"] == "tiny"
+    assert (setting["height"], setting["width"], setting["num_frames"]) == (64, 96, 22)
     assert report["command"].endswith("--scenarios c d f")
     assert list(report["runs"]) == list(SERVED_RUNS)
+    runs = {name: document["summary"] for name, document in report["runs"].items()}
     for name, (mode, policy, slots) in SERVED_RUNS.items():
         document = report["runs"][name]
-        requests = {"c": report["setting"]["c_requests"], "d": report["setting"]["d_requests"], "f": 1}[name[0]]
-        summary = document["summary"]
-        assert (summary["num_requests"], summary["completed"], summary["failed"]) == (requests, requests, 0), name
+        count, steps = {"c": (setting["c_requests"], setting["c_steps"]),
+                        "d": (setting["d_requests"], setting["d_steps"]), "f": (1, setting["c_steps"])}[name[0]]
+        summary = runs[name]
+        assert (summary["num_requests"], summary["completed"], summary["failed"]) == (count, count, 0), name
         dit = document["h3_dit"]
         assert (dit["config_name"], dit["device"]) == ("tiny", "cpu")
         assert (dit["execution_mode"], dit["scheduling_policy"], dit["max_num_seqs"]) == (mode, policy, slots), name
         assert document["label"] == name and document["config"]["no_mp4"] is True
-        assert all(r["success"] for r in document["requests"])
+        requests = document["requests"]
+        assert [r["index"] for r in requests] == list(range(count))
+        for r in requests:  # what the server generated is what bench_client asked for
+            assert r["success"], (name, r)
+            info = r["server_info"]
+            assert (info["height"], info["width"], info["num_frames"]) == (64, 96, 22), name
+            assert (info["num_inference_steps"], info["seed"]) == (steps, r["index"]), name
+            assert 1 <= r["largest_pack"] <= int(slots), name
+        if name in ONE_AT_A_TIME:
+            assert summary["peak_pack_size"] == 1, name
+        check_summary(name, document, steps)
         assert (out / f"timeline_{name}.png").stat().st_size > 0
     assert [report["runs"][name]["h3_dit"]["row_budget"] for name in ("d_request", "d_fifo", "d_srpt", "f_served")] == [
         "4096"] * 4
-    for key in ("step4_over_request_throughput_c", "step1_over_request_throughput_c", "server_overhead_fraction_f",
-                "default_over_request_mean_latency_d", "request_over_default_time_to_first_step_d"):
-        assert isinstance(report["summary"][key], float) and math.isfinite(report["summary"][key]), key
+    throughput = {name: summary["throughput_req_per_min"] for name, summary in runs.items()}
+    mean_latency = {name: summary["latency_s"]["mean"] for name, summary in runs.items()}
+    first_step = {name: summary["time_to_first_step_s"]["mean"] for name, summary in runs.items()}
     in_process = report["in_process"]
+    f_request, = report["runs"]["f_served"]["requests"]
+    served_step = (f_request["last_step_s"] - f_request["first_step_s"]) / (setting["c_steps"] - 1)
+    assert in_process["served_seconds_per_step"] == pytest.approx(served_step, rel=1e-9)
     assert in_process["seconds_per_step"] > 0 and in_process["seconds_per_step_1_thread"] > 0
-    assert in_process["served_seconds_per_step"] == report["runs"]["f_served"]["summary"]["step_interval_s"]["mean"]
-    assert in_process["steps"] == report["setting"]["c_steps"]
+    assert in_process["steps"] == setting["c_steps"]
+    assert report["summary"] == pytest.approx({
+        "step1_over_request_throughput_c": throughput["c_step_1_slot"] / throughput["c_request_mode"],
+        "step4_over_request_throughput_c": throughput["c_step_2_slots"] / throughput["c_request_mode"],
+        "fifo_over_request_mean_latency_d": mean_latency["d_fifo"] / mean_latency["d_request"],
+        "request_over_fifo_time_to_first_step_d": first_step["d_request"] / first_step["d_fifo"],
+        "fifo_over_request_throughput_d": throughput["d_fifo"] / throughput["d_request"],
+        "default_over_request_mean_latency_d": mean_latency["d_srpt"] / mean_latency["d_request"],
+        "request_over_default_time_to_first_step_d": first_step["d_request"] / first_step["d_srpt"],
+        "default_over_request_throughput_d": throughput["d_srpt"] / throughput["d_request"],
+        "server_overhead_fraction_f": served_step / in_process["seconds_per_step"] - 1,
+    }, rel=1e-9)
     assert "in-process step" in run.stdout

@@ -13,7 +13,7 @@ from h3_core.encoder import TextEncoder
 from h3_core.engine import Engine, load_vaes
 from h3_core.model import H3DiT
 from h3_core.request import RequestLimits
-from server.launch import TritonServer
+from server.process import TritonServer
 from server.repository import DEMO_WEIGHTS, demo_repository
 
 # The engine parity tests of test_engine.py, collected here again so they run with this

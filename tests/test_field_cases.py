@@ -23,7 +23,7 @@ import tritonclient.grpc as grpcclient
 
 from client.api import H3Client, H3Error
 from h3_core.model.attention import get_attention_backend
-from server.launch import TritonServer, stub_pids
+from server.process import TritonServer, stub_pids
 
 from .serving import ROOT, idle_metrics, model_repository_copy, raw_stream, tensor
 from .serving import generate_in_thread as start

@@ -1,11 +1,14 @@
-"""End-to-end tests of server.launch against a real tritonserver (trivial throwaway models)."""
+"""server.environment, server.process and the server.launch CLI: end-to-end against a real
+tritonserver (trivial throwaway models), the metrics parsing against fixed pages."""
 
 from __future__ import annotations
 
+import http.server
 import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -16,8 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from server import launch  # noqa: E402
-from server.launch import LaunchError, TritonServer, check_numpy_for_stub  # noqa: E402
+from server import environment, launch, process  # noqa: E402
+from server.environment import LaunchError, check_numpy_for_stub, nvidia_gpu_present, pick_free_ports  # noqa: E402
+from server.process import GPU_NOISE_LINE, GPU_NOISE_NOTE, TritonServer, metric_samples  # noqa: E402
 
 ADD_ONE_CONFIG = """\
 name: "add_one"
@@ -161,11 +165,11 @@ def test_numpy_2_is_refused_for_the_stub() -> None:
     for version in ("1.26.4", "1.24.0", "1.26.5.dev0+git"):
         assert check_numpy_for_stub(version, "/n") is None
     # This environment (requirements.txt) passes; its version is read without importing numpy.
-    assert launch.stub_numpy() == ("1.26.4", str(Path(np.__file__).parent))
+    assert environment.stub_numpy() == ("1.26.4", str(Path(np.__file__).parent))
 
 
 def test_start_and_cli_refuse_numpy_2_before_spawning(add_one_repo: Path, monkeypatch, capsys) -> None:
-    monkeypatch.setattr(launch, "stub_numpy", lambda: ("2.2.6", "/venv/lib/python3.11/site-packages/numpy"))
+    monkeypatch.setattr(process, "stub_numpy", lambda: ("2.2.6", "/venv/lib/python3.11/site-packages/numpy"))
     server = TritonServer(add_one_repo, free_ports=True)
     with pytest.raises(LaunchError) as info:
         server.start()
@@ -179,18 +183,106 @@ def test_stub_library_path_holds_only_libpython(tmp_path: Path, monkeypatch) -> 
     """LD_LIBRARY_PATH gets a folder with one link to this interpreter's libpython, never the
     interpreter's LIBDIR: on an Ubuntu host LIBDIR is /usr/lib/x86_64-linux-gnu, whose cuDNN 9.14
     then outranked PyTorch's own 9.19 inside the stub (H200, 2026-11-30: DiT step 440 ms vs 366)."""
-    target = launch.libpython_path()
-    assert target is not None and Path(target).name == f"libpython{launch.python_version_tag()}.so.1.0"
+    target = environment.libpython_path()
+    assert target is not None and Path(target).name == f"libpython{environment.python_version_tag()}.so.1.0"
     monkeypatch.setenv("LD_LIBRARY_PATH", "/opt/other")
-    env = launch.server_env()
+    env = environment.server_env()
     folder = Path(env["LD_LIBRARY_PATH"].split(os.pathsep)[0])
     assert env["LD_LIBRARY_PATH"].split(os.pathsep)[1:] == ["/opt/other"]
-    assert folder == launch.pytriton_tritonserver_dir() / "python_lib" / launch.python_version_tag()
+    assert folder == environment.pytriton_tritonserver_dir() / "python_lib" / environment.python_version_tag()
     assert [p.name for p in folder.iterdir()] == [Path(target).name]
     assert os.readlink(folder / Path(target).name) == target
     assert str(Path(target).parent) not in env["LD_LIBRARY_PATH"].split(os.pathsep)
     # a stale link (another interpreter) is replaced
-    other = launch.libpython_dir(tmp_path)
+    other = environment.libpython_dir(tmp_path)
     (other / Path(target).name).unlink()
     (other / Path(target).name).symlink_to("/nonexistent/libpython.so")
-    assert os.readlink(launch.libpython_dir(tmp_path) / Path(target).name) == target
+    assert os.readlink(environment.libpython_dir(tmp_path) / Path(target).name) == target
+
+
+def test_nvidia_gpu_present_reads_the_device_nodes(tmp_path: Path) -> None:
+    assert nvidia_gpu_present(str(tmp_path)) is False
+    for name in ("nvidiactl", "nvidia-uvm", "nvidia-caps", "nvidia0x"):  # a driver without a GPU
+        (tmp_path / name).touch()
+    assert nvidia_gpu_present(str(tmp_path)) is False
+    (tmp_path / "nvidia3").touch()
+    assert nvidia_gpu_present(str(tmp_path)) is True
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_echo_leaves_out_the_gpu_messages_only_without_a_gpu(add_one_repo: Path, monkeypatch, capsys,
+                                                             gpu: bool) -> None:
+    # This machine has no GPU, so tritonserver logs NVML, DCGM and CUDA driver failures; the
+    # echo hides them (and says why, once) only where nvidia_gpu_present() finds no GPU.
+    monkeypatch.setattr(process, "nvidia_gpu_present", lambda: gpu)
+    with TritonServer(add_one_repo, free_ports=True, echo=True, timeout=60) as server:
+        pass
+    log = server.log_text()
+    noise = [line + "\n" for line in log.splitlines() if GPU_NOISE_LINE.search(line)]
+    assert "Error: Failed to initialize NVML\n" in noise
+    assert any("DCGM unable to start" in line for line in noise)
+    err = capsys.readouterr().err
+    assert "successfully loaded 'add_one'" in err
+    if gpu:
+        assert GPU_NOISE_NOTE not in err and all(line in err for line in noise)
+    else:
+        assert err.count(GPU_NOISE_NOTE) == 1  # and every other line of the log as it came
+        assert err.replace(GPU_NOISE_NOTE, "") == "".join(line for line in log.splitlines(keepends=True)
+                                                           if not GPU_NOISE_LINE.search(line))
+
+
+TRITON_METRICS_PAGE = """\
+# HELP nv_inference_pending_request_count Instantaneous number of pending requests
+# TYPE nv_inference_pending_request_count gauge
+nv_inference_pending_request_count{model="h3_vae",version="1"} 2
+nv_inference_pending_request_count{model="h3_dit",version="1"} 3
+# HELP h3_active_requests Requests in the pack
+# TYPE h3_active_requests gauge
+h3_active_requests{model="h3_dit",version="1"} 1
+# HELP h3_cancellations_total Requests cancelled
+# TYPE h3_cancellations_total counter
+h3_cancellations_total{model="h3_dit",version="1"} 4
+# HELP h3_step_seconds Step time
+# TYPE h3_step_seconds histogram
+h3_step_seconds_count{model="h3_dit",version="1"} 2
+h3_step_seconds_sum{model="h3_dit",version="1"} 0.75
+h3_step_seconds_bucket{model="h3_dit",version="1",le="0.5"} 1
+h3_step_seconds_bucket{model="h3_dit",version="1",le="+Inf"} 2
+# HELP nv_gpu_memory_used_bytes GPU used memory, in bytes
+# TYPE nv_gpu_memory_used_bytes gauge
+nv_gpu_memory_used_bytes{gpu_uuid="GPU-a"} 81234567890
+nv_gpu_memory_used_bytes{gpu_uuid="GPU-b"} 1.5e+09
+"""
+
+
+def test_metric_samples_filter_by_name_and_labels() -> None:
+    pending = metric_samples(TRITON_METRICS_PAGE, "nv_inference_pending_request_count")
+    assert [(s.labels["model"], s.value) for s in pending] == [("h3_vae", 2.0), ("h3_dit", 3.0)]
+    assert [s.value for s in metric_samples(TRITON_METRICS_PAGE, "nv_gpu_memory_used_bytes")] == [81234567890.0, 1.5e9]
+    assert [s.value for s in metric_samples(TRITON_METRICS_PAGE, "h3_step_seconds_bucket", le="+Inf")] == [2.0]
+    assert metric_samples(TRITON_METRICS_PAGE, "h3_active_requests", model="h3_vae") == []
+    assert len(metric_samples(TRITON_METRICS_PAGE)) == 10
+    assert metric_samples("") == []
+    with pytest.raises(ValueError):
+        metric_samples("h3_active_requests{model=\"h3_dit\"} not-a-number\n")
+
+
+def test_h3_metrics_reads_gauges_counters_and_the_dits_pending_requests() -> None:
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the http.server API
+            body = TRITON_METRICS_PAGE.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page) as page:
+        threading.Thread(target=page.serve_forever, daemon=True).start()
+        server = TritonServer(metrics_port=page.server_address[1])
+        assert server.h3_metrics() == {"h3_active_requests": 1.0, "h3_cancellations_total": 4.0, "pending": 3.0}
+        page.shutdown()
+    nobody, = pick_free_ports(1)
+    assert TritonServer(metrics_port=nobody).h3_metrics() == {}

@@ -14,7 +14,8 @@ from h3_core.checkpoint_setup import DEFAULT_ROOT
 from h3_core.encoder import TextEncoder
 from h3_core.engine import load_engine
 from h3_core.request import GenerationRequest, RequestLimits, request_memory_mb
-from server.launch import TritonServer, _parser
+from server.launch import _parser
+from server.process import TritonServer
 
 from .serving import ROOT
 

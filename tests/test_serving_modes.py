@@ -12,7 +12,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from client.api import H3Client
-from server.launch import TritonServer
+from server.process import TritonServer
 
 from .serving import ROOT, idle_metrics, model_repository_copy
 from .test_serving_control import metric

@@ -5,10 +5,39 @@ import sys
 import pytest
 
 from h3_core.scheduler import DEFAULT_POLICY, POLICIES
-from h3_core.simulate import (LOADED_COST, REFERENCE_COST, SMALL_ROWS, WORKLOADS, compare, main, make_workload,
-                              simulate, summarize)
+from h3_core.simulate import (
+    LOADED_COST,
+    REFERENCE_COST,
+    SMALL_ROWS,
+    WORKLOADS,
+    compare,
+    main,
+    make_workload,
+    percentile,
+    simulate,
+    summarize,
+)
 
-METRICS = {"mean_latency_s", "p95_latency_s", "mean_time_to_first_step_s", "throughput_per_min", "completed", "submitted"}
+METRICS = {"mean_latency_s", "p95_latency_s", "mean_time_to_first_step_s", "throughput_per_min", "completed",
+           "submitted"}
+
+
+def test_percentile_is_the_nearest_rank():
+    # the ceil(p n / 100)-th smallest: always one of the values, never interpolated
+    assert percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.0  # 2nd of 4
+    assert percentile([4.0, 1.0, 3.0, 2.0], 51) == 3.0  # ceil(2.04) = 3rd
+    assert percentile([10.0, 12.0, 19.0], 95) == 19.0  # ceil(2.85) = 3rd
+    assert percentile([10.0, 12.0, 19.0], 66) == 12.0  # ceil(1.98) = 2nd
+    assert percentile(list(range(21)), 95) == 19  # ceil(19.95) = 20th of 0..20
+    assert percentile(list(range(100)), 7) == 6  # the 7th exactly, though 0.07 * 100 > 7 in floats
+    assert percentile(list(range(20)), 95) == 18  # the 19th exactly
+    assert percentile([10.0, 12.0, 19.0], 100) == 19.0
+    assert percentile([10.0, 12.0, 19.0], 0) == 10.0
+    assert percentile([7.0], 95) == 7.0
+    assert percentile([], 50) is None
+    with pytest.raises(ValueError) as error:
+        percentile([1.0], 101)
+    assert str(error.value) == "percentile p=101 is out of range: allowed 0..100"
 
 
 def test_burst_golden_per_policy():

@@ -7,7 +7,7 @@ raise ImportError as on such a host.
 import subprocess
 import sys
 
-from server.launch import find_tritonserver
+from server.environment import find_tritonserver
 
 from .serving import ROOT
 
