@@ -15,7 +15,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from client.api import H3Client, H3Error
-from server.launch import stub_pids
+from server.process import stub_pids
 
 from .serving import idle_metrics, raw_stream, tensor
 
