@@ -2,8 +2,8 @@
 
     PYTHONUNBUFFERED=1 python benchmarks/served_bench.py --out DIR [--scenarios c d f] [--work DIR]
 
-Each served run makes a copy of model_repository/ with its h3_dit settings (h3_core.train.
-repository.repository_copy), starts tritonserver on free ports (server.process.TritonServer),
+Each served run makes a copy of model_repository/ with its h3_dit settings
+(server.repository.repository_copy), starts tritonserver on free ports (server.process.TritonServer),
 runs benchmarks/bench_client.py against it (one warm-up request of 2 steps first, progress every
 step) and stops the server. Scenarios, run in this order:
   c: 4 requests at concurrency 4, 30 steps: execution_mode request, then step mode with the
