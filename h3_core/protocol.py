@@ -32,7 +32,9 @@ TEXT_EMBEDS = "TEXT_EMBEDS"  # float32 [1, L, text_dim]; [1, 0, 0] in a control 
 REQUEST = "REQUEST"  # BYTES [1, 1] JSON: REQUEST_FIELDS present, or {CANCEL_FIELD: id} alone
 VIDEO_LATENT = "VIDEO_LATENT"  # float32 [1, 24, T_lat, Hl, Wl] final video latent; [1, 0, 0, 0, 0] when none
 AUDIO_LATENT = "AUDIO_LATENT"  # float32 [1, 2, 32, T_a] final stereo audio latent; [1, 0, 0, 0] when none
-REQUEST_FIELDS = tuple(INT_INPUTS.values()) + ("encode_seconds",)  # exactly what h3_encoder writes
+# exactly what h3_encoder writes: the INT_INPUTS present, the seconds it spent and the unix time
+# it received the request (deadline_s counts from there)
+REQUEST_FIELDS = tuple(INT_INPUTS.values()) + ("encode_seconds", "received_unix_s")
 CANCEL_FIELD = "cancel_request_id"
 
 # Error codes: every error message starts with one of these and ": ". Streaming clients receive
@@ -43,7 +45,8 @@ CODE_PATTERN = re.compile(r"^(INVALID_ARG|UNAVAILABLE|CANCELLED|INTERNAL): ")
 # INFO["kind"]: "progress" (PROGRESS, maybe PREVIEW), "result" (one output), "error" (a started request
 # that ended early: INFO holds "code" and "message"; its final response), "cancel" (the answer to a
 # control request: INFO holds "request_id" and "state", one of CANCEL_STATES).
-INFO_KINDS = ("progress", "result", "error", "cancel")
+# "heartbeat" is internal (h3_dit -> h3_vae, swallowed there; a direct h3_dit caller ignores it).
+INFO_KINDS = ("progress", "result", "error", "cancel", "heartbeat")
 # The answer to a cancel by id: the request was running or waiting and now ends with CANCELLED
 # ("cancelled"); it already left the DiT (finished, decoding or delivered; nothing was done:
 # "finished"); or no request with that id is known ("unknown": the id is remembered for

@@ -18,7 +18,8 @@ here, and tests drive it without a server:
    output's final latents (`Result`) follow. In execution mode "request" the first job of the
    pack instead runs to completion within the iteration.
 5. Every job still live is rescheduled; a waiting job whose queue position changed gets a
-   progress event (when it asked for progress).
+   progress event (when it asked for progress); a job that got no event gets a `Heartbeat`
+   (h3_vae uses it to notice a client that is gone and cancel its request).
 
 A job's lifecycle is `Status`: WAITING (admitted, no step yet or preempted) -> RUNNING -> FINISHED,
 CANCELLED or FAILED. All per-request state lives in the Job and its RequestStates; the loop keeps
@@ -41,7 +42,7 @@ import torch
 from . import layout as L
 from .engine import Engine, RequestState, preview_frame
 from .media import MP4_AVAILABLE
-from .protocol import CANCEL_FIELD, EARLY_CANCEL_SECONDS, REQUEST_FIELDS, check_request_parameters
+from .protocol import CANCEL_FIELD, EARLY_CANCEL_SECONDS, INT_INPUTS, REQUEST_FIELDS, check_request_parameters
 from .registry import IDS_REMEMBERED, DitLoad, Registry
 from .request import GenerationRequest
 from . import scheduler
@@ -52,7 +53,6 @@ log = logging.getLogger("h3_dit")
 
 VANISHED_EXECUTES = 3  # a job missing from this many iterations in a row was dropped by Triton
 JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
-INT_FIELDS = REQUEST_FIELDS[:-1]  # height ... num_outputs; the last field is encode_seconds
 
 
 class Status(Enum):
@@ -146,7 +146,19 @@ class CancelAnswer:
     state: str
 
 
-Event = Progress | Result | Ended | Refused | CancelAnswer
+@dataclass
+class Heartbeat:
+    """Sent in every iteration to each live request that got no other event: through the
+    ensemble it reaches h3_vae, which swallows it (the client sees nothing) and, when Triton
+    marks that request cancelled (its client is gone), cancels the request by id. Without it a
+    request that asked for no progress sends nothing until its result, and a gone client would
+    be noticed only then (Triton 2.51 tells h3_dit nothing; docs/reliability.md)."""
+
+    handle: Any
+    request_id: str
+
+
+Event = Progress | Result | Ended | Refused | CancelAnswer | Heartbeat
 Send = Callable[[Event], None]  # what iterate() hands each event to
 
 
@@ -331,27 +343,34 @@ class StepLoop:
         run). Returns the handles of the requests to reschedule (still live)."""
         self.metrics.set("h3_heartbeat_timestamp_seconds", time.time())
         self.metrics.set("h3_execute_in_progress", 1)
-        reschedule = []
+        reschedule, answered = [], set()
+
+        def send_and_note(event: Event) -> None:
+            answered.add(id(event.handle))
+            send(event)
+
         try:
-            present = [job for arrival in arrivals if (job := self.arrive(arrival, send)) is not None]
+            present = [job for arrival in arrivals if (job := self.arrive(arrival, send_and_note)) is not None]
             for request_id in self.registry.boundary([job.request_id for job in self.jobs.values()], self.load()):
                 job = next(job for job in self.jobs.values() if job.request_id == request_id)
                 job.cancel_reason = job.cancel_reason or "cancelled by request"
             self.drop_vanished(present)
-            self.end_cancelled(present, send)
+            self.end_cancelled(present, send_and_note)
             pack = [job for job in self.scheduler.schedule(self.clock()) if job in present]
             if pack and self.settings.execution_mode == "request":
                 pack = pack[:1]
                 while pack:
-                    pack = self.step(pack, send)
+                    pack = self.step(pack, send_and_note)
             elif pack:
-                self.step(pack, send)
+                self.step(pack, send_and_note)
             for job in present:
                 if job.key not in self.jobs:
                     continue  # answered with its final event
                 position = self.scheduler.queue_position(job)
                 if job.progress_every and position > 0 and position != job.queue_position:
-                    send(Progress(job.handle, job.request_id, job.step_index, job.total_steps, position))
+                    send_and_note(Progress(job.handle, job.request_id, job.step_index, job.total_steps, position))
+                if id(job.handle) not in answered:
+                    send(Heartbeat(job.handle, job.request_id))
                 job.queue_position = position
                 reschedule.append(job.handle)
             self.metrics.set("h3_waiting_requests", len(self.scheduler.line))
@@ -456,7 +475,7 @@ class StepLoop:
         cfg = self.engine.dit.cfg
         values = dict(height=cfg.default_height, width=cfg.default_width, num_frames=cfg.default_num_frames,
                       num_inference_steps=cfg.default_steps, seed=None, num_outputs=1)
-        for name in INT_FIELDS:
+        for name in INT_INPUTS.values():
             if name in fields:
                 if type(fields[name]) is not int:
                     raise ValueError(f"{name} must be an integer, got {fields[name]!r}")
@@ -468,17 +487,20 @@ class StepLoop:
         text = torch.from_numpy(np.array(embeds[0], dtype=np.float32))  # [L, text_dim], a copy
         if not torch.isfinite(text).all():
             raise ValueError("TEXT_EMBEDS holds non-finite values")
-        encode_s = fields.get("encode_seconds", 0.0)
-        if type(encode_s) not in (int, float):
-            raise ValueError(f"encode_seconds must be a number, got {encode_s!r}")
-        if not (math.isfinite(encode_s) and encode_s >= 0):
-            raise ValueError(f"encode_seconds={encode_s} is send of range: allowed finite >= 0 seconds")
+        encode_s, received = fields.get("encode_seconds", 0.0), fields.get("received_unix_s")
+        for name, value in (("encode_seconds", encode_s), ("received_unix_s", received)):
+            if value is not None and type(value) not in (int, float):
+                raise ValueError(f"{name} must be a number, got {value!r}")
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name}={value} is out of range: allowed finite >= 0 seconds")
+        # deadline_s counts from the request's arrival at the server (h3_encoder), else at the DiT
+        since_received = 0.0 if received is None else max(0.0, time.time() - received)
         request_id = arrival.request_id or f"h3-{secrets.token_hex(8)}"
         generation = GenerationRequest(prompt="(encoded)", request_id=request_id, **values)
         states = self.engine.prepare(generation, text)
         return Job(key=arrival.key, request_id=request_id, states=states, arrival_s=now,
                    progress_every=parameters.get("progress_every", 0), preview_every=parameters.get("preview_every", 0),
-                   deadline_s=deadline_s, deadline_at=None if deadline_s is None else now + deadline_s,
+                   deadline_s=deadline_s, deadline_at=None if deadline_s is None else now + deadline_s - since_received,
                    encode_s=encode_s, priority=parameters.get("request_priority", 0), fault=fault)
 
     def refuse_reused_key(self, arrival: Arrival, job: Job, send: Send) -> None:

@@ -60,7 +60,10 @@ def client_error(client, **kwargs) -> H3Error:
 CASES = {
     # prompt
     "empty_prompt": (lambda s, c: client_error(c, prompt=""), "prompt must be a non-empty string, got ''"),
-    "whitespace_prompt": (lambda s, c: client_error(c, prompt=" \t\n "), "prompt must be a non-empty string, got ' \\t\\n '"),
+    "whitespace_prompt": (lambda s, c: client_error(c, prompt=" \t\n "),
+                          "prompt must contain visible characters, got ' \\t\\n '"),
+    "zero_width_prompt": (lambda s, c: client_error(c, prompt="\u200b\u200b"),
+                          "prompt must contain visible characters, got '\\u200b\\u200b'"),
     "prompt_over_256_tokens": (lambda s, c: client_error(c, prompt="word " * 300),
                                "prompt has 302 tokens; the text encoder accepts at most 256"),
     "prompt_over_4096_bytes": (lambda s, c: client_error(c, prompt="a" * 5000), "prompt is 5000 bytes: allowed 1..4096"),
@@ -158,7 +161,8 @@ def test_bad_input_is_refused_and_harms_nothing(server, client, reference, kind)
     assert after.audio.tobytes() == reference[0].audio.tobytes()
 
 
-FIELD_NAMES = ("['encode_seconds', 'height', 'num_frames', 'num_inference_steps', 'num_outputs', 'seed', 'width'], "
+FIELD_NAMES = ("['encode_seconds', 'height', 'num_frames', 'num_inference_steps', 'num_outputs', 'received_unix_s', "
+               "'seed', 'width'], "
                "or 'cancel_request_id' alone (a cancel request)")
 NO_TEXT = np.zeros((1, 0, 0), dtype=np.float32)  # the TEXT_EMBEDS of a cancel request (client.api.H3Client.cancel)
 DIT_CASES = {  # h3_dit called directly: (TEXT_EMBEDS, REQUEST, the whole message after "INVALID_ARG: ")

@@ -109,7 +109,7 @@ def test_missing_seed_is_drawn_and_recorded(engine):
 
 
 @pytest.mark.parametrize("field,value,message", [
-    ("prompt", "   ", "prompt must be a non-empty string"),
+    ("prompt", "   ", "prompt must contain visible characters, got '   '"),
     ("height", 48, "height=48 is out of range: allowed multiples of 32 in 32..128"),
     ("width", 0, "width=0 is out of range: allowed multiples of 32 in 32..128"),
     ("width", 160, "width=160 is out of range: allowed multiples of 32 in 32..128"),

@@ -145,8 +145,8 @@ def test_field_case_c5_shared_memory_sizing(tmp_path):
         with pytest.raises(H3Error) as info:
             client.generate("largest", **LARGEST)
         assert info.value.code == "UNAVAILABLE"
-        assert re.match(r"Failed to process the request\(s\) for model 'h3_vae_0_0', message: Failed to increase the "
-                        r"shared memory pool size for key '[^']+' to \d+ bytes", info.value.message)
+        assert re.match(r"the result of request h3c-[0-9a-f]{32} could not be sent: Failed to increase the shared memory "
+                        r"pool size for key '[^']+' to \d+ bytes", info.value.message)
         assert client.generate("a normal one", num_inference_steps=2)[0].info["num_frames"] == 22
 
 

@@ -2,12 +2,13 @@
 import threading
 import urllib.request
 
+import numpy as np
 import pytest
 
 from client.api import H3Error
 
 from .serving import generate_in_thread as run_in_thread
-from .serving import idle_metrics
+from .serving import idle_metrics, raw_stream, tensor
 
 LONG = dict(prompt="a long clip", height=64, width=96, num_frames=22, num_inference_steps=400, seed=9)
 
@@ -76,10 +77,8 @@ def test_metrics_are_published(client, server):
     assert metric(server, "h3_waiting_requests") == 0
 
 
-def test_unknown_request_parameter_is_refused(client):
-    with pytest.raises(H3Error) as info:
-        client._stream_parameters = None
-        list(client._stream("h3_pipeline", [__import__("client.api", fromlist=["_input"])._input("PROMPT", b"x", "BYTES")],
-                            [], {"colour": "red"}, ""))
-    assert info.value.code == "INVALID_ARG"
-    assert info.value.message.startswith("request parameter 'colour' is unknown; allowed: ")
+def test_unknown_request_parameter_is_refused_before_encoding(server):
+    prompt = tensor("PROMPT", np.array([[b"x"]], dtype=object), "BYTES")
+    responses, error = raw_stream(server.grpc_url, [prompt], parameters={"colour": "red"})
+    assert responses == [] and error.code == "INVALID_ARG"
+    assert error.message.startswith("request parameter 'colour' is unknown; allowed: ")

@@ -7,6 +7,7 @@ import json
 import logging
 import re
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -197,6 +198,17 @@ def test_a_deadline_ends_the_request_at_the_next_step_boundary_with_one_log_line
                                "64x32x5 frames, step 2 of 10, queue 0.000 s, encode 0.000 s, denoise 1.000 s"]
 
 
+def test_a_deadline_counts_from_the_arrival_at_the_encoder(engine):
+    """received_unix_s (written by h3_encoder) 1 s ago: a 1.5 s deadline leaves 0.5 s at the DiT."""
+    clock = Clock()
+    client = Client(make_loop(engine, clock))
+    client.send("queued", steps=10, seed=1, parameters={"deadline_s": 1.5}, received_unix_s=time.time() - 1.0)
+    client.iterate()
+    clock.now += 0.6
+    client.iterate()
+    assert client.of("queued", Ended)[0].message == "request queued deadline of 1.5 s expired at step 1 of 10"
+
+
 def test_a_request_triton_withholds_is_dropped_and_ended_if_it_comes_back(engine):
     client = Client(make_loop(engine))
     client.send("gone", steps=10, seed=1)
@@ -269,8 +281,9 @@ def test_an_unexpected_admission_error_refuses_only_that_request(engine, caplog,
 @pytest.mark.parametrize("request_json, message", [
     ([b"{"], "REQUEST is not valid JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
     ([b'{"colour": 1}'], "REQUEST field 'colour' is unknown; allowed: ['encode_seconds', 'height', 'num_frames', "
-                         "'num_inference_steps', 'num_outputs', 'seed', 'width'], or 'cancel_request_id' alone "
-                         "(a cancel request)"),
+                         "'num_inference_steps', 'num_outputs', 'received_unix_s', 'seed', 'width'], or "
+                         "'cancel_request_id' alone (a cancel request)"),
+    ([b'{"received_unix_s": -1}'], "received_unix_s=-1 is out of range: allowed finite >= 0 seconds"),
     ([b'{"cancel_request_id": 7}'], "cancel_request_id must be a non-empty string, got number 7"),
     ([b"{}", b"{}"], "REQUEST must hold one JSON object, got 2 elements"),
 ])

@@ -20,7 +20,7 @@ from h3_core.engine import load_engine
 from h3_core.protocol import AUDIO_LATENT, REQUEST, TEXT_EMBEDS, VIDEO_LATENT
 from h3_core.registry import Registry, server_folder
 from h3_core.settings import DitSettings
-from h3_core.step_loop import METRICS, Arrival, CancelAnswer, Ended, Progress, Refused, Result, StepLoop
+from h3_core.step_loop import METRICS, Arrival, CancelAnswer, Ended, Heartbeat, Progress, Refused, Result, StepLoop
 from server.adapter import error_response, json_tensor, model_parameters, resolve_path, set_threads
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -85,6 +85,9 @@ def to_response(event) -> tuple["pb_utils.InferenceResponse", int]:
     if isinstance(event, Ended):
         info = {"kind": "error", "request_id": event.request_id, "code": event.code, "message": event.message}
         return response(EMPTY_VIDEO, EMPTY_AUDIO, [event.step, event.total, 0], EMPTY_PREVIEW, info), FINAL
+    if isinstance(event, Heartbeat):
+        info = {"kind": "heartbeat", "request_id": event.request_id}
+        return response(EMPTY_VIDEO, EMPTY_AUDIO, [0, 0, 0], EMPTY_PREVIEW, info), 0
     assert isinstance(event, CancelAnswer)
     info = {"kind": "cancel", "request_id": event.request_id, "state": event.state}
     return response(EMPTY_VIDEO, EMPTY_AUDIO, [0, 0, 0], EMPTY_PREVIEW, info), FINAL

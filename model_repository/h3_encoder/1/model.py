@@ -38,7 +38,7 @@ class TritonPythonModel:
         """One request -> TEXT_EMBEDS float32 [1, L, text_dim] + REQUEST. Raises ValueError
         naming the input or parameter for a malformed request, Overloaded when every h3_dit
         instance is full (h3_core.registry)."""
-        start = time.perf_counter()
+        start, received = time.perf_counter(), time.time()
         check_request_parameters(request.parameters())
         tensor = pb_utils.get_input_tensor_by_name(request, PROMPT)
         if tensor is None:
@@ -65,6 +65,6 @@ class TritonPythonModel:
         if full is not None:
             raise Overloaded(full)
         embeds = self.encoder.encode(prompt)
-        fields["encode_seconds"] = time.perf_counter() - start
+        fields.update(encode_seconds=time.perf_counter() - start, received_unix_s=received)
         return pb_utils.InferenceResponse([pb_utils.Tensor(TEXT_EMBEDS, embeds[None].numpy()),
                                            json_tensor(REQUEST, fields)])

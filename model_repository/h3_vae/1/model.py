@@ -11,8 +11,11 @@ return_mp4 false the latents are still decoded but no MP4 is encoded: VIDEO_MP4 
 true there). A malformed direct request is refused with INVALID_ARG."""
 import functools
 import json
+import queue
+import threading
 import time
 import traceback
+from collections import OrderedDict
 
 import numpy as np
 import torch
@@ -22,7 +25,9 @@ from h3_core.engine import decode_clip, load_vaes
 from h3_core.layout import audio_latent_frames, latent_frames
 from h3_core.media import encode_mp4
 from h3_core.ordered_pool import OrderedPool
-from h3_core.protocol import AUDIO_LATENT, VIDEO_LATENT, check_request_parameters
+from h3_core.protocol import (AUDIO_LATENT, CANCEL_FIELD, DIT_MODEL, REQUEST, TEXT_EMBEDS, VIDEO_LATENT,
+                              check_request_parameters)
+from h3_core.registry import IDS_REMEMBERED
 from h3_core.settings import VaeSettings
 from h3_core.step_loop import end_line
 from server.adapter import error_response, json_tensor, model_parameters, resolve_path, set_threads
@@ -72,6 +77,45 @@ def response(mp4, frames, audio, passed: list, info: dict) -> "pb_utils.Inferenc
                                        pb_utils.Tensor("AUDIO", audio), *passed, json_tensor("INFO", info)])
 
 
+class GoneClients:
+    """Cancels by id, on h3_dit, the requests whose client is gone. Triton 2.51 never tells
+    h3_dit that an ensemble request's client left, but every h3_vae request the ensemble makes
+    after that is marked cancelled; h3_dit sends each live request a response every iteration
+    (progress, result or heartbeat), so the request leaves the pack within two steps
+    (docs/reliability.md). The cancels go out on one thread (execute() never waits for them);
+    each id once (a bounded memory)."""
+
+    def __init__(self):
+        self.cancelled: OrderedDict[str, None] = OrderedDict()
+        self.queue: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._run, name="h3_vae-gone-clients", daemon=True)
+        self.thread.start()
+
+    def cancel(self, request_id: str) -> None:
+        if request_id and request_id not in self.cancelled:
+            self.cancelled[request_id] = None
+            while len(self.cancelled) > IDS_REMEMBERED:
+                self.cancelled.popitem(last=False)
+            self.queue.put(request_id)
+
+    def _run(self) -> None:
+        while (request_id := self.queue.get()) is not None:
+            control = pb_utils.InferenceRequest(
+                model_name=DIT_MODEL, requested_output_names=["INFO"],
+                inputs=[pb_utils.Tensor(TEXT_EMBEDS, np.zeros((1, 0, 0), dtype=np.float32)),
+                        pb_utils.Tensor(REQUEST, np.array([[json.dumps({CANCEL_FIELD: request_id}).encode()]],
+                                                          dtype=object))])
+            for answer in control.exec(decoupled=True):
+                if answer.has_error():
+                    pb_utils.Logger.log_error(f"h3_vae: cancel of request {request_id} (client gone) failed: "
+                                              f"{answer.error().message()}")
+            pb_utils.Logger.log_info(f"h3_vae: request {request_id}: its client is gone; cancelled")
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join(timeout=10)
+
+
 class TritonPythonModel:
     def initialize(self, args):
         settings = VaeSettings.from_parameters(model_parameters(args))
@@ -84,12 +128,20 @@ class TritonPythonModel:
                                                     kind=pb_utils.MetricFamily.COUNTER)  # Triton needs it referenced
         self.decodes = self.decodes_family.Metric(labels={"model": "h3_vae"})
         self.pool = OrderedPool(settings.decode_workers, name="h3_vae-decode")
+        self.gone = GoneClients()
 
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
             try:
                 info, video, audio, passed = read_inputs(request)
+                if request.is_cancelled() and info["kind"] in ("progress", "heartbeat", "result"):
+                    self.gone.cancel(str(info.get("request_id", "")))  # the client is gone: no decode
+                    sender.send(flags=FINAL)
+                    continue
+                if info["kind"] == "heartbeat":
+                    sender.send(flags=FINAL)  # nothing reaches the client
+                    continue
                 if video.numel() == 0:
                     sender.send(response(EMPTY_MP4, EMPTY_FRAMES, EMPTY_AUDIO, passed, info), flags=FINAL)
                     continue
@@ -125,7 +177,14 @@ class TritonPythonModel:
             pb_utils.Logger.log_error(f"h3_vae: decode of request {info.get('request_id')} failed:\n"
                                       f"{traceback.format_exc()}")
             message = error_response("INTERNAL", f"decode failed ({type(error).__name__}); see the server log")
-        sender.send(message, flags=FINAL)
+        try:
+            sender.send(message)  # not final yet: a failed send (e.g. /dev/shm full) closes a final sender
+        except pb_utils.TritonModelException as error:
+            message = error_response("UNAVAILABLE", f"the result of request {info.get('request_id')} could not be "
+                                                    f"sent: {error}")
+            sender.send(message)
+        sender.send(flags=FINAL)
 
     def finalize(self):
         self.pool.close()
+        self.gone.close()

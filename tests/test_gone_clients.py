@@ -1,0 +1,56 @@
+"""End-to-end (issue 13, part 3): work for a client that is gone stops within a bounded number of
+steps. Triton 2.51 never tells h3_dit that an ensemble request's client left; h3_vae sees every
+later response of that request marked cancelled (h3_dit sends each live request a response every
+iteration: progress, result or heartbeat) and cancels it by id (docs/reliability.md).
+
+Three client processes stream a long request each (raw tritonclient, progress every step, the
+step printed as it arrives) and are killed; each request's one log line at its end names the
+step it reached. Bound: GONE_BOUND_STEPS steps after the last step its client saw."""
+import os
+import re
+import signal
+import subprocess
+import sys
+
+from .serving import ROOT, idle_metrics
+
+GONE_BOUND_STEPS = 3  # the step in flight to the client, the one running at detection, one more before the cancel lands
+CLIENT = """
+import sys, numpy as np, tritonclient.grpc as g
+c = g.InferenceServerClient(sys.argv[1])
+def callback(result, error):
+    if result is not None:
+        print(int(result.as_numpy("PROGRESS").reshape(-1)[0]), flush=True)
+c.start_stream(callback=callback)
+inputs = []
+for name, value, kind in (("PROMPT", np.array([[b"gone"]], dtype=object), "BYTES"),
+                          ("NUM_INFERENCE_STEPS", np.array([[400]], dtype=np.int64), "INT64")):
+    tensor = g.InferInput(name, [1, 1], kind)
+    tensor.set_data_from_numpy(value)
+    inputs.append(tensor)
+c.async_stream_infer("h3_pipeline", inputs, request_id=sys.argv[2], parameters={"progress_every": 1},
+                     enable_empty_final_response=True)
+time.sleep(600)
+"""
+ENDED = re.compile(r"request (gone-\d) ended CANCELLED: request \1 cancelled by request at step (\d+) of 400")
+
+
+def test_killed_clients_requests_leave_the_pack_within_the_bound(server, client):
+    procs = [subprocess.Popen([sys.executable, "-c", CLIENT, server.grpc_url, f"gone-{i}"], cwd=ROOT,
+                              stdout=subprocess.PIPE, text=True) for i in range(3)]
+    seen = {}
+    for i, proc in enumerate(procs):
+        while int(proc.stdout.readline() or -1) < 3:  # wait for its third step
+            assert proc.poll() is None
+    for i, proc in enumerate(procs):
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        seen[f"gone-{i}"] = max(int(line) for line in proc.stdout.read().split() or ["0"])
+    metrics = idle_metrics(server, timeout_s=60)
+    assert (metrics["h3_active_requests"], metrics["h3_waiting_requests"]) == (0, 0)
+    ended = {request_id: int(step) for request_id, step in ENDED.findall(server.log_text())}
+    assert sorted(ended) == sorted(seen)
+    for request_id, step in ended.items():
+        assert step <= seen[request_id] + GONE_BOUND_STEPS, (request_id, step, seen[request_id])
+    result, = client.generate("after the gone ones", num_inference_steps=2, seed=1)  # the server is fine
+    assert result.info["num_inference_steps"] == 2
