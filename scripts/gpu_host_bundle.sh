@@ -31,7 +31,7 @@ cp -r "$T/bin" "$T/backends" "$T/caches" "$S/pytriton/tritonserver/"
 cp -r "$T/python_backend_stubs/$PYV" "$S/pytriton/tritonserver/python_backend_stubs/"
 cp "$SP"/nvidia_pytriton.libs/* "$S/nvidia_pytriton.libs/"
 rm -f "$S"/nvidia_pytriton.libs/libpython3*  # the 3.13 stub's; the host's own libpython is used
-cp -r "$SP/tritonclient" "$S/"
+cp -r "$SP/tritonclient" "$SP/prometheus_client" "$S/"
 rm -rf "$S/tritonclient/bin"
 RAPIDJSON="$("$VPY" -c 'import importlib.metadata as m; print(m.version("python-rapidjson"))')"
 "$VPY" -m pip download --quiet --no-deps --only-binary=:all: --python-version "$PYV" --implementation cp \

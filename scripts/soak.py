@@ -134,7 +134,7 @@ def in_flight_at_stop(log: str) -> int:
 
 
 def dit_rss_kb(server: TritonServer) -> int:
-    status = Path(f"/proc/{stub_pids(server.pid)[DIT_MODEL]}/status").read_text()
+    status = Path(f"/proc/{stub_pids(server.pid)[f'{DIT_MODEL}_0_0']}/status").read_text()
     return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
 
 

@@ -90,8 +90,9 @@ def read_metrics(url: str, timeout_s: float = 2.0) -> str | None:
 
 
 def stub_pids(server_pid: int) -> dict[str, int]:
-    """Model name -> pid of each python backend stub that is a child of ``server_pid`` (read
-    from /proc; the stub's first argument is ``<repository>/<model>/<version>/model.py``)."""
+    """Model instance name (e.g. ``h3_dit_0_0``, ``h3_dit_1_0``) -> pid of each python backend
+    stub that is a child of ``server_pid`` (read from /proc; the stub's first argument is
+    ``<repository>/<model>/<version>/model.py``, a later one the instance name)."""
     pids = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -103,8 +104,15 @@ def stub_pids(server_pid: int) -> dict[str, int]:
             continue
         parent = int(stat.rsplit(")", 1)[1].split()[1])
         if parent == server_pid and argv[0].endswith(STUB_NAME.encode()) and len(argv) > 1:
-            pids[Path(argv[1].decode()).parents[1].name] = int(entry.name)
+            model = Path(argv[1].decode()).parents[1].name
+            instance = next(arg.decode() for arg in argv[2:] if re.fullmatch(rf"{model}_\d+_\d+".encode(), arg))
+            pids[instance] = int(entry.name)
     return pids
+
+
+def dit_stubs(pids: dict[str, int]) -> list[int]:
+    """The pids of the h3_dit instances among stub_pids()'s."""
+    return sorted(pid for instance, pid in pids.items() if instance.startswith(f"{DIT_MODEL}_"))
 
 
 def _connect_host(bind_host: str) -> str:
@@ -197,7 +205,7 @@ class TritonServer:
         self._reader: threading.Thread | None = None
         self._log_fh = None
         self.ready = False  # became ready since the last start
-        self.dit_stub: int | None = None  # pid of the h3_dit stub when the server became ready
+        self.dit_stubs: list[int] = []  # pids of the h3_dit stubs when the server became ready
         self._gpu_noise_explained = False  # GPU_NOISE_NOTE was echoed
 
     # ---- addresses ---------------------------------------------------------------------------
@@ -353,7 +361,7 @@ class TritonServer:
             status, _ = self._http("GET", "/v2/health/ready")
             if status == 200:
                 self.ready = True
-                self.dit_stub = stub_pids(self.process.pid).get(DIT_MODEL)
+                self.dit_stubs = dit_stubs(stub_pids(self.process.pid))
                 return
             now = time.monotonic()
             if status is not None:
@@ -394,25 +402,32 @@ class TritonServer:
         return self.process.wait(timeout)
 
     def h3_metrics(self) -> dict[str, float]:
-        """The h3_* gauges and counters on /metrics (histograms left out) plus ``pending``:
-        Triton's nv_inference_pending_request_count of h3_dit. {} if /metrics does not answer."""
+        """The h3_* gauges and counters on /metrics (histograms left out), each summed over its
+        series (one per DiT instance; the heartbeat: the oldest), plus ``pending``: Triton's
+        nv_inference_pending_request_count of h3_dit. {} if /metrics does not answer."""
         text = read_metrics(self.metrics_url)
         if text is None:
             return {}
-        values = {sample.name: sample.value for sample in metric_samples(text)
-                  if sample.name.startswith("h3_") and not sample.name.endswith(HISTOGRAM_SUFFIXES)}
+        values = {}
+        for sample in metric_samples(text):
+            if sample.name.startswith("h3_") and not sample.name.endswith(HISTOGRAM_SUFFIXES):
+                if sample.name == "h3_heartbeat_timestamp_seconds":
+                    values[sample.name] = min(values.get(sample.name, sample.value), sample.value)
+                else:
+                    values[sample.name] = values.get(sample.name, 0.0) + sample.value
         for sample in metric_samples(text, "nv_inference_pending_request_count", model=DIT_MODEL):
             values["pending"] = sample.value
         return values
 
     def drain(self, timeout: float = DRAIN_TIMEOUT_S) -> None:
-        """Send SIGUSR1 to the h3_dit stub, which then ends every request with a CANCELLED:
+        """Send SIGUSR1 to every h3_dit stub, which then ends every request with a CANCELLED:
         final response at its next step boundary and refuses newcomers with UNAVAILABLE:; wait
-        up to ``timeout`` s until it reports no request and no step running. No-op when the
-        repository has no h3_dit or its stub is gone."""
-        if self.dit_stub is None or self.dit_stub != stub_pids(self.process.pid).get(DIT_MODEL):
+        up to ``timeout`` s until they report no request and no step running. No-op when the
+        repository has no h3_dit or one of its stubs is gone."""
+        if not self.dit_stubs or self.dit_stubs != dit_stubs(stub_pids(self.process.pid)):
             return
-        os.kill(self.dit_stub, signal.SIGUSR1)
+        for pid in self.dit_stubs:
+            os.kill(pid, signal.SIGUSR1)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             m = self.h3_metrics()
@@ -425,19 +440,28 @@ class TritonServer:
         """Why the server can no longer serve, or None. Measured on Triton 2.51: when the
         h3_dit stub dies, live and ready stay 200 and the stub is not restarted (the model is
         decoupled); every request then fails with "Stub process 'h3_dit_0_0' is not
-        healthy.". A step stuck in Python is not noticed by Triton at all; it shows as a
-        heartbeat (h3_heartbeat_timestamp_seconds) older than ``stale_after`` s while a step
-        runs (h3_execute_in_progress) or requests wait in Triton's queue for h3_dit."""
+        healthy.". A step stuck in Python is not noticed by Triton at all; it shows as an
+        instance's heartbeat (h3_heartbeat_timestamp_seconds) older than ``stale_after`` s while
+        its step runs (h3_execute_in_progress), or every instance's while requests wait in
+        Triton's queue for h3_dit (an idle instance does not iterate)."""
         code = self.process.poll()
         if code is not None:
             return f"tritonserver exited with code {code}"
-        if self.dit_stub is not None and stub_pids(self.process.pid).get(DIT_MODEL) != self.dit_stub:
-            return f"the {DIT_MODEL} process (pid {self.dit_stub}) is gone"
-        m = self.h3_metrics()
-        age = time.time() - m.get("h3_heartbeat_timestamp_seconds", 0.0)
-        working = m.get("h3_execute_in_progress") or m.get("pending")
-        if m.get("h3_heartbeat_timestamp_seconds") and age > stale_after and working:
-            return f"the {DIT_MODEL} heartbeat is {age:.0f} s old with work pending"
+        gone = sorted(set(self.dit_stubs) - set(dit_stubs(stub_pids(self.process.pid))))
+        if gone:
+            return f"the {DIT_MODEL} process (pid {gone[0]}) is gone"
+        text = read_metrics(self.metrics_url)
+        if text is None:
+            return None
+        beats = {s.labels.get("instance"): s.value for s in metric_samples(text, "h3_heartbeat_timestamp_seconds")}
+        busy = {s.labels.get("instance"): s.value for s in metric_samples(text, "h3_execute_in_progress")}
+        pending = sum(s.value for s in metric_samples(text, "nv_inference_pending_request_count", model=DIT_MODEL))
+        ages = {instance: time.time() - beat for instance, beat in beats.items() if beat}
+        stalled = [instance for instance, age in ages.items() if age > stale_after and busy.get(instance)]
+        if not stalled and pending and ages and all(age > stale_after for age in ages.values()):
+            stalled = sorted(ages)  # requests wait for h3_dit, and no instance iterates
+        if stalled:
+            return f"the {DIT_MODEL} heartbeat of {stalled[0]} is {ages[stalled[0]]:.0f} s old with work pending"
         return None
 
     def kill(self) -> int | None:

@@ -116,7 +116,8 @@ CASES = {
     "return_mp4_wrong_type": (lambda s, c: raw_error(s, [prompt()], parameters={"return_mp4": 1}),
                               "request parameter 'return_mp4' must be bool, got 1"),
     "progress_every_negative": (lambda s, c: client_error(c, progress_every=-1), "progress_every=-1 is out of range: allowed >= 0"),
-    "deadline_zero": (lambda s, c: client_error(c, deadline_s=0), "deadline_s=0 is out of range: allowed > 0 seconds"),
+    "deadline_zero": (lambda s, c: raw_error(s, [prompt()], parameters={"deadline_s": 0}),
+                      "deadline_s=0 is out of range: allowed > 0 seconds"),
     "inject_fault_when_off": (lambda s, c: client_error(c, inject_fault="raise"),
                               "request parameter 'inject_fault' is refused: h3_dit parameter allow_fault_injection is not 'true'"),
     # sequence flags (never needed: the DiT's iterative sequencer assigns an id)

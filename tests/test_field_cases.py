@@ -170,7 +170,7 @@ def test_field_case_c6_a_dead_or_stalled_dit_is_visible_and_the_launcher_restart
         # 1. the DiT process dies (SIGKILL) with a request in flight
         pending = start(client, outcome, "killed", prompt="in flight", num_inference_steps=400)
         assert wait_until(lambda: sample(metrics_text(urls["metrics"]), "h3_active_requests") == 1, 60)
-        dit = stub_pids(urls["pid"])["h3_dit"]
+        dit = stub_pids(urls["pid"])["h3_dit_0_0"]
         os.kill(dit, signal.SIGKILL)
         pending.join(60)
         assert outcome["killed"].code == "UNAVAILABLE"  # from Triton (~3 s) or, if first, the restart

@@ -43,37 +43,24 @@ for encode in (media.encode_mp4, lambda *args: media.write_mp4({str(tmp_path / "
 
 
 def test_h3_dit_refuses_return_mp4_true_before_any_dit_work_without_pyav():
-    # triton_python_backend_utils from the wheel holds the flag constants the models read at
-    # import and in parse; the stub adds the rest (TritonError, InferenceResponse) at run time.
+    # the model modules import without av (h3_vae's from the wheel's triton_python_backend_utils);
+    # the step loop's parse refuses return_mp4 before it touches the engine (there is none here)
     lines = run_without_av(f"""
 import importlib.util, json
 sys.path.insert(0, {str(find_tritonserver()[1] / "python")!r})
-
-def load(name):
+for name in ("h3_vae", "h3_dit"):
     spec = importlib.util.spec_from_file_location(name, f"model_repository/{{name}}/1/model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-load("h3_vae")
-dit = load("h3_dit")
-print(dit.MP4_AVAILABLE)
-model = dit.TritonPythonModel.__new__(dit.TritonPythonModel)  # no engine: parse must refuse before using it
-model.allow_fault_injection = False
-
-class Request:
-    def __init__(self, parameters):
-        self._parameters = json.dumps(parameters)
-    def flags(self):
-        return dit.pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
-    def parameters(self):
-        return self._parameters
-
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+from h3_core.settings import DitSettings
+from h3_core.step_loop import Arrival, StepLoop
+print(StepLoop.parse.__globals__["MP4_AVAILABLE"])
+loop = StepLoop.__new__(StepLoop)  # no engine: parse must refuse before using it
+loop.settings = DitSettings()
 for parameters in ({{}}, {{"return_mp4": True}}, {{"return_mp4": False, "progress_every": -1}}):
     try:
-        model.parse(Request(parameters), 1, {{}})
+        loop.parse(Arrival(handle=1, key=1, new=True, parameters_json=json.dumps(parameters)), {{}}, 0.0)
     except ValueError as error:
         print(error)
 """)
-    # return_mp4=false passes the check and reaches the next one (progress_every's range)
+    # return_mp4=false passes the check; progress_every's range is checked with the other parameters
     assert lines == ["False", DIT_REFUSAL, DIT_REFUSAL, "progress_every=-1 is out of range: allowed >= 0"]

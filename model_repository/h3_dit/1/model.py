@@ -30,16 +30,17 @@ EMPTY_PREVIEW = np.zeros((1, 0, 0, 3), dtype=np.uint8)
 
 
 class TritonMetrics:
-    """The step loop's metrics (step_loop.METRICS) published on Triton's /metrics endpoint."""
+    """The step loop's metrics (step_loop.METRICS) published on Triton's /metrics endpoint, one
+    series per DiT instance (`labels`: model, instance, and gpu on a GPU instance): sum over
+    the series for the server's totals."""
 
-    def __init__(self):
+    def __init__(self, labels: dict[str, str]):
         kinds = {"gauge": pb_utils.MetricFamily.GAUGE, "counter": pb_utils.MetricFamily.COUNTER,
                  "histogram": pb_utils.MetricFamily.HISTOGRAM}
         self.families, self.metrics = [], {}  # Triton requires the families to stay referenced
         for name, (kind, description, buckets) in METRICS.items():
             family = pb_utils.MetricFamily(name=name, description=description, kind=kinds[kind])
             self.families.append(family)
-            labels = {"model": "h3_dit"}
             self.metrics[name] = family.Metric(labels=labels, buckets=buckets) if buckets else family.Metric(labels=labels)
 
     def increment(self, name: str, amount: float = 1) -> None:
@@ -100,10 +101,15 @@ class TritonPythonModel:
         set_threads(settings.cpu_threads)
         logging.getLogger("h3_dit").addHandler(TritonLogHandler())
         logging.getLogger("h3_dit").setLevel(logging.INFO)
-        engine = load_engine(settings.config_name, resolve_path(args, settings.checkpoint_dir), settings.device,
+        instance, device = args["model_instance_name"], settings.device
+        labels = {"model": "h3_dit", "instance": instance}
+        if args["model_instance_kind"] == "GPU":  # one instance per GPU of instance_group's gpus
+            device = f"cuda:{args['model_instance_device_id']}"
+            labels["gpu"] = args["model_instance_device_id"]
+        engine = load_engine(settings.config_name, resolve_path(args, settings.checkpoint_dir), device,
                              settings.attention_backend, with_encoder=False, with_vaes=False, limits=settings.limits())
         engine.warm_up()
-        self.loop = StepLoop(engine, settings, Registry(server_folder(), args["model_instance_name"]), TritonMetrics())
+        self.loop = StepLoop(engine, settings, Registry(server_folder(), instance), TritonMetrics(labels))
         signal.signal(signal.SIGUSR1, lambda signum, frame: self.loop.start_draining())
 
     def execute(self, requests):
