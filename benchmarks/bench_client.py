@@ -4,7 +4,7 @@
         --arrival-interval 5 --output-json out/bench.json --output-png out/bench.png
 
 Every request is "Random prompt {i} for benchmarking diffusion models" with the same shape and
-step count (seed: --seed + i). Request i is due at its arrival time: all at t = 0 by default
+step count (seed: --seed + i), or, with --mix, a shape and step count drawn per request. Request i is due at its arrival time: all at t = 0 by default
 (--request-rate inf), Poisson arrivals with --request-rate R (exponential gaps, seeded by
 --seed), or one every --arrival-interval seconds. A due request waits for a --max-concurrency
 slot (0 = no limit; default 1 like the upstream client), is then submitted from its own thread
@@ -138,9 +138,32 @@ def check_ready(url: str, timeout_s: float = READY_TIMEOUT_S) -> None:
         raise ServerNotReady(f"the Triton server at {url} is not ready (its models are still loading or failed)")
 
 
+def parse_mix(text: str) -> list[tuple[float, int, int, int, int]]:
+    """--mix "WEIGHT:HxWxF:STEPS,..." -> [(weight, height, width, num_frames, steps)]. Raises
+    ValueError naming the bad entry."""
+    mix = []
+    for entry in text.split(","):
+        try:
+            weight, shape, steps = entry.split(":")
+            height, width, frames = (int(v) for v in shape.split("x"))
+            mix.append((float(weight), height, width, frames, int(steps)))
+        except ValueError:
+            raise ValueError(f"--mix entry {entry!r} is not WEIGHT:HxWxF:STEPS (e.g. 0.3:384x672x209:20)") from None
+        if not mix[-1][0] > 0:
+            raise ValueError(f"--mix entry {entry!r}: the weight must be > 0")
+    return mix
+
+
 def _generate_kwargs(args, index: int, steps: int | None) -> dict:
-    return dict(height=args.height, width=args.width, num_frames=args.num_frames,
-                num_inference_steps=steps, seed=args.seed + index, return_mp4=not args.no_mp4)
+    """The shape, steps and seed of measured request `index` (warm-up requests pass their steps
+    and use the command line's shape): with --mix, drawn from the mix by random.Random(seed,
+    index), so every run of the same command sends the same sequence."""
+    height, width, frames = args.height, args.width, args.num_frames
+    if args.mix and steps is None:
+        rng = random.Random(f"{args.seed}-{index}")
+        _, height, width, frames, steps = rng.choices(args.mix, weights=[m[0] for m in args.mix])[0]
+    return dict(height=height, width=width, num_frames=frames, num_inference_steps=steps,
+                seed=args.seed + index, return_mp4=not args.no_mp4)
 
 
 def run_request(client: H3Client, args, record: RequestRecord, origin: float, steps: int | None) -> None:
@@ -267,6 +290,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--width", type=int, help="server default when omitted")
     p.add_argument("--num-frames", type=int, help="server default when omitted")
     p.add_argument("--steps", type=int, help="denoise steps per request (server default when omitted)")
+    p.add_argument("--mix", type=parse_mix, help="a mixed workload instead of one shape: WEIGHT:HxWxF:STEPS,... "
+                                                 "(each measured request draws one, seeded by --seed and its index)")
     p.add_argument("--seed", type=int, default=0, help="request i uses seed + i; also seeds the arrivals")
     p.add_argument("--warmup-requests", type=int, default=1, help="sequential requests before the measured phase")
     p.add_argument("--warmup-steps", type=int, help="steps of each warm-up request (default: --steps)")
@@ -289,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
         _parser().error("--request-rate must be > 0 and --arrival-interval >= 0")
     if args.warmup_steps is not None and args.warmup_steps < 1 or not args.timeout > 0:
         _parser().error("--warmup-steps must be >= 1 and --timeout > 0")
+    if args.mix and args.steps is not None:
+        _parser().error("--mix gives each request its steps: leave out --steps")
     command = shlex.join(sys.orig_argv if argv is None else [sys.executable, "benchmarks/bench_client.py", *argv])
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     try:

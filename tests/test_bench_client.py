@@ -317,3 +317,15 @@ def test_bad_warmup_steps_and_timeout_are_flag_errors(flags, capsys):
     assert raised.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
         "python benchmarks/bench_client.py: error: --warmup-steps must be >= 1 and --timeout > 0")
+
+
+def test_a_mixed_workload_draws_the_same_shapes_for_the_same_seed():
+    mix = bench_client.parse_mix("0.4:64x96x22:20,0.3:384x672x22:20,0.3:384x672x209:30")
+    assert mix == [(0.4, 64, 96, 22, 20), (0.3, 384, 672, 22, 20), (0.3, 384, 672, 209, 30)]
+    args = type("Args", (), dict(height=None, width=None, num_frames=None, steps=None, mix=mix, seed=0, no_mp4=True))
+    drawn = [bench_client._generate_kwargs(args, i, None) for i in range(6)]
+    assert [(d["height"], d["num_frames"], d["num_inference_steps"], d["seed"]) for d in drawn] == [
+        (64, 22, 20, 0), (64, 22, 20, 1), (384, 22, 20, 2), (64, 22, 20, 3), (64, 22, 20, 4), (64, 22, 20, 5)]
+    assert bench_client._generate_kwargs(args, 0, 2)["num_inference_steps"] == 2  # a warm-up keeps its steps
+    with pytest.raises(ValueError, match=r"^--mix entry '1:64x96:3' is not WEIGHT:HxWxF:STEPS"):
+        bench_client.parse_mix("1:64x96:3")
