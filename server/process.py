@@ -115,6 +115,24 @@ def dit_stubs(pids: dict[str, int]) -> list[int]:
     return sorted(pid for instance, pid in pids.items() if instance.startswith(f"{DIT_MODEL}_"))
 
 
+def dit_stall(text: str, stale_after: float, now: float) -> str | None:
+    """Why the DiT looks stuck according to the /metrics `text` at unix time `now`, or None: an
+    instance's heartbeat (h3_heartbeat_timestamp_seconds) older than ``stale_after`` s while its
+    step runs (h3_execute_in_progress), or every instance's while requests wait in Triton's queue
+    for h3_dit (nv_inference_pending_request_count; an idle instance does not iterate, so an old
+    heartbeat alone is no stall). Used by TritonServer.failure and the container's health check."""
+    beats = {s.labels.get("instance"): s.value for s in metric_samples(text, "h3_heartbeat_timestamp_seconds")}
+    busy = {s.labels.get("instance"): s.value for s in metric_samples(text, "h3_execute_in_progress")}
+    pending = sum(s.value for s in metric_samples(text, "nv_inference_pending_request_count", model=DIT_MODEL))
+    ages = {instance: now - beat for instance, beat in beats.items() if beat}
+    stalled = [instance for instance, age in ages.items() if age > stale_after and busy.get(instance)]
+    if not stalled and pending and ages and all(age > stale_after for age in ages.values()):
+        stalled = sorted(ages)  # requests wait for h3_dit, and no instance iterates
+    if stalled:
+        return f"the {DIT_MODEL} heartbeat of {stalled[0]} is {ages[stalled[0]]:.0f} s old with work pending"
+    return None
+
+
 def _connect_host(bind_host: str) -> str:
     if bind_host in ("", "0.0.0.0"):
         return "127.0.0.1"
@@ -451,18 +469,7 @@ class TritonServer:
         if gone:
             return f"the {DIT_MODEL} process (pid {gone[0]}) is gone"
         text = read_metrics(self.metrics_url)
-        if text is None:
-            return None
-        beats = {s.labels.get("instance"): s.value for s in metric_samples(text, "h3_heartbeat_timestamp_seconds")}
-        busy = {s.labels.get("instance"): s.value for s in metric_samples(text, "h3_execute_in_progress")}
-        pending = sum(s.value for s in metric_samples(text, "nv_inference_pending_request_count", model=DIT_MODEL))
-        ages = {instance: time.time() - beat for instance, beat in beats.items() if beat}
-        stalled = [instance for instance, age in ages.items() if age > stale_after and busy.get(instance)]
-        if not stalled and pending and ages and all(age > stale_after for age in ages.values()):
-            stalled = sorted(ages)  # requests wait for h3_dit, and no instance iterates
-        if stalled:
-            return f"the {DIT_MODEL} heartbeat of {stalled[0]} is {ages[stalled[0]]:.0f} s old with work pending"
-        return None
+        return None if text is None else dit_stall(text, stale_after, time.time())
 
     def kill(self) -> int | None:
         """Stop a broken server at once (no drain): SIGKILL its process group. Open streams
