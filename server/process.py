@@ -57,6 +57,7 @@ from .environment import (
 
 DIT_MODEL = "h3_dit"  # the decoupled DiT: drained before a stop, watched by --supervise
 DRAIN_TIMEOUT_S = 5.0  # longest wait for the DiT to end its requests before SIGTERM
+DEFAULT_STALE_AFTER_S = 120.0  # heartbeat age that counts as a stalled DiT (launcher --supervise, health check)
 # tritonserver's start-up messages about a GPU it cannot use: expected on a machine without one
 GPU_NOISE_LINE = re.compile(r"CudaDriverHelper|NVML|DCGM|unable to create stream|pinned memory pool will not"
                             r"|CUDA memory pool disabled")
