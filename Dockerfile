@@ -1,43 +1,58 @@
-# h3-triton on Triton 2.51 (NGC 24.10). Not built in CI (no docker there); it mirrors
-# scripts/setup.sh, which is what the tests run. Build: docker build -t h3-triton .
-# Run:   docker run --gpus all --shm-size 1g -p 8000-8002:8000-8002 h3-triton
-FROM nvcr.io/nvidia/tritonserver:24.10-py3
+# h3-triton in a container: the same Python packages, tritonserver 2.51 (the nvidia-pytriton
+# wheel's), python backend stub and launcher as `make test` uses (scripts/setup.sh), so the image
+# runs what the tests run. Docker is not run in CI; tests/test_dockerfile.py checks this file
+# (hadolint, the pins against requirements.txt, the command).
+#   Build: docker build -t h3-triton .
+#   GPUs:  docker run --gpus all --shm-size 1g -p 8000-8002:8000-8002 h3-triton
+#   CPU:   docker run --shm-size 1g -p 8000-8002:8000-8002 h3-triton
+# Without GPUs it serves the trained demo model on the CPU; with them, the same model with one
+# h3_dit instance per GPU (server.repository sizes the repository at start). Other weights:
+#   docker run --gpus all -v /data/h3:/weights ... h3-triton python -m server.launch --host 0.0.0.0 \
+#       --exit-timeout 3 --device cuda --config h3 --checkpoint /weights
+#
+# Python 3.11, as on the development machines (glibc 2.36 >= the 2.35 tritonserver needs). No
+# CUDA base image: PyTorch's wheels bring their CUDA libraries, the pytriton wheel its libcudart,
+# and the NVIDIA container toolkit the host's driver (compute and utility: NVML for GPU metrics).
+FROM python:3.11-slim-bookworm
 
-# The image's Python is 3.10 (Ubuntu 22.04) and so is its python backend stub, but the pins in
-# requirements.txt (transformers 5.24, av 18.1, matplotlib 3.11) need Python >= 3.11. So: a
-# Python 3.11 venv, and the 3.11 stub from the nvidia-pytriton 0.7.0 wheel (the same 2.51 python
-# backend), kept in the wheel's layout so its RPATH ($ORIGIN/../../../../nvidia_pytriton.libs)
-# finds its libcudart.
-RUN apt-get update \
- && apt-get install -y --no-install-recommends python3.11 python3.11-venv libpython3.11 \
- && rm -rf /var/lib/apt/lists/*
-
+ENV NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONUNBUFFERED=1
 WORKDIR /opt/h3-triton
-# The stub runs the first python3 on PATH: the venv's.
+# The python backend stub runs the first python3 on PATH: the venv's (server.environment).
 ENV PATH=/opt/h3-triton/.venv/bin:$PATH
 COPY requirements.txt ./
-RUN python3.11 -m venv .venv \
+RUN python3 -m venv .venv \
  && pip install --no-cache-dir torch==2.13.0 \
- && grep -v '^nvidia-pytriton' requirements.txt > /tmp/requirements.txt \
- && pip install --no-cache-dir -r /tmp/requirements.txt \
- && pip download --no-cache-dir --no-deps -d /tmp/pytriton nvidia-pytriton==0.7.0 \
- && python -c "import glob, zipfile; z = zipfile.ZipFile(glob.glob('/tmp/pytriton/*.whl')[0]); \
-[z.extract(n, '/opt/pytriton-stub') for n in z.namelist() if n.startswith(('nvidia_pytriton.libs/libcudart', \
-'pytriton/tritonserver/python_backend_stubs/3.11/'))]" \
- && STUB=/opt/pytriton-stub/pytriton/tritonserver/python_backend_stubs/3.11/triton_python_backend_stub \
- && chmod 755 "$STUB" \
- && mv /opt/tritonserver/backends/python/triton_python_backend_stub /opt/tritonserver/backends/python/triton_python_backend_stub.py310 \
- && ln -s "$STUB" /opt/tritonserver/backends/python/triton_python_backend_stub \
- && rm -rf /tmp/pytriton /tmp/requirements.txt
+ && pip install --no-cache-dir -r requirements.txt
 
 COPY pyproject.toml ./
 COPY h3_core h3_core
 COPY server server
 COPY client client
 COPY model_repository model_repository
-# the project importable inside the stub, then the seeded weights under checkpoints/
+COPY weights weights
+# The project importable inside the stub (a .pth: the stub ignores PYTHONPATH), the stub for this
+# Python and the libpython link put in place now (the launcher would write them into
+# site-packages, which the unprivileged user cannot), the seeded tiny checkpoint of
+# model_repository/, and that user.
 RUN pip install --no-cache-dir --no-deps -e . --config-settings editable_mode=compat \
- && python -m h3_core.checkpoint_setup
+ && python -c "from server.environment import ensure_python_stub as stub, libpython_dir; stub(); libpython_dir()" \
+ && python -m h3_core.checkpoint_setup --configs tiny \
+ && groupadd --gid 1000 h3 \
+ && useradd --create-home --uid 1000 --gid 1000 h3
+USER 1000:1000
 
 EXPOSE 8000 8001 8002
-CMD ["tritonserver", "--model-repository", "/opt/h3-triton/model_repository", "--disable-auto-complete-config"]
+# Ready (/v2/health/ready) and the DiT's heartbeat not stalled (h3_heartbeat_timestamp_seconds):
+# server.health. The start period covers the repository's sizing and the models' loading.
+HEALTHCHECK --interval=30s --timeout=10s --start-period=300s --retries=3 CMD ["python", "-m", "server.health"]
+# The launcher, not tritonserver itself: it writes the repository for what the container finds
+# (--device auto: every GPU when torch sees one, else the CPU) and drains the DiT on SIGTERM.
+# --host 0.0.0.0 on purpose: inside the container the endpoints must be reachable through the
+# published ports (the launcher's default, 127.0.0.1, would be unreachable from outside).
+# --exit-timeout 3: `docker stop` sends SIGTERM and kills after 10 s (its default grace); the
+# DiT's drain takes at most 5 s (server.process.DRAIN_TIMEOUT_S) and tritonserver then exits
+# within 3 s, so a stop ends in 8 s, before the kill.
+CMD ["python", "-m", "server.launch", "--host", "0.0.0.0", "--exit-timeout", "3", \
+     "--device", "auto", "--config", "demo", "--checkpoint", "weights/demo"]

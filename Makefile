@@ -1,7 +1,10 @@
 PY := .venv/bin/python
 PROMPT ?= a red ball rolls to the left while a low tone plays on the left
+# make serve-gpu: the DiT config and its checkpoint folder (without CHECKPOINT, seeded random
+# weights of CONFIG are drawn into checkpoints/CONFIG on the GPU once: bench 12 GB in seconds)
+CONFIG ?= bench
 
-.PHONY: setup test demo serve
+.PHONY: setup test demo serve serve-demo serve-gpu
 
 setup:
 	bash scripts/setup.sh
@@ -9,14 +12,29 @@ setup:
 test: setup
 	$(PY) -m pytest -q tests
 
-# the trained demo model (config demo, weights/demo; docs/demo_model.md) from a copy of
-# model_repository/, which itself keeps the tiny config on seeded random weights (tests, serve)
+# the trained demo model (config demo, weights/demo; docs/demo_model.md) from a repository the
+# writer makes; model_repository/ itself keeps the tiny config on seeded random weights (tests, serve)
 demo: setup
 	mkdir -p out
-	$(PY) -m server.repository out/demo_model_repository
+	$(PY) -m server.repository out/demo_model_repository --config demo --checkpoint weights/demo
 	$(PY) -m server.launch --free-ports --model-repository out/demo_model_repository \
 		--then $(PY) -m client.generate --prompt "$(PROMPT)" --out out/demo.mp4 --wav out/demo.wav
 
-# foreground on 127.0.0.1:8000 (HTTP) / 8001 (gRPC) / 8002 (metrics); Ctrl-C stops it
+# foreground on 127.0.0.1:8000 (HTTP) / 8001 (gRPC) / 8002 (metrics); Ctrl-C stops it.
+# serve: model_repository/ as shipped (tiny, seeded random weights, CPU)
 serve: setup
 	$(PY) -m server.launch
+
+# the trained demo model on the CPU, from a repository written into a temporary folder
+serve-demo: setup
+	$(PY) -m server.launch --config demo --checkpoint weights/demo
+
+# every GPU: one DiT instance per GPU, sized from free GPU memory (server.sizing);
+# make serve-gpu CONFIG=h3 CHECKPOINT=/path/to/weights for real weights
+serve-gpu: setup
+ifeq ($(origin CHECKPOINT), undefined)
+	$(PY) -m h3_core.checkpoint_setup --configs $(CONFIG) --device cuda
+	$(PY) -m server.launch --device cuda --gpus all --config $(CONFIG) --checkpoint checkpoints/$(CONFIG)
+else
+	$(PY) -m server.launch --device cuda --gpus all --config $(CONFIG) --checkpoint $(CHECKPOINT)
+endif

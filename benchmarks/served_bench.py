@@ -2,10 +2,10 @@
 
     PYTHONUNBUFFERED=1 python benchmarks/served_bench.py --out DIR [--scenarios c d f] [--work DIR]
 
-Each served run makes a copy of model_repository/ with its h3_dit settings
-(server.repository.repository_copy), starts tritonserver on free ports (server.process.TritonServer),
-runs benchmarks/bench_client.py against it (one warm-up request of 2 steps first, progress every
-step) and stops the server. Scenarios, run in this order:
+Each served run writes a model repository with its h3_dit settings (server.repository.plan and
+write_repository; on CUDA every model on GPU 0), starts tritonserver on free ports
+(server.process.TritonServer), runs benchmarks/bench_client.py against it (one warm-up request of
+2 steps first, progress every step) and stops the server. Scenarios, run in this order:
   c: 4 requests at concurrency 4, 30 steps: execution_mode request, then step mode with the
      reference's fifo packing and 1 and 4 slots (max_num_seqs), the 4-slot pack holding all
      four requests (max_batch_rows 65,536); throughput ratios against request mode.
@@ -29,7 +29,6 @@ CPU smoke run (about a minute): .venv/bin/python benchmarks/served_bench.py --ou
 import argparse
 import datetime
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -47,7 +46,7 @@ from h3_core.engine import load_engine  # noqa: E402
 from h3_core.request import GenerationRequest, RequestLimits  # noqa: E402
 from h3_core.scheduler import DEFAULT_POLICY  # noqa: E402
 from server.process import TritonServer  # noqa: E402
-from server.repository import repository_copy  # noqa: E402
+from server.repository import plan, write_repository  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_text_encoder import write_bench_text_encoder  # noqa: E402
@@ -141,15 +140,10 @@ def served_run(name: str, setting: Setting, checkpoint: Path, encoder_path: str,
     """One server start + bench_client.py run; returns its JSON document plus the settings."""
     run_dir = work / name
     repository = run_dir / "model_repository"
-    if repository.exists():
-        shutil.rmtree(repository)
-    device = "cuda" if cuda else "cpu"
-    dit_params = {"config_name": setting.config, "checkpoint_dir": str(checkpoint), "device": device,
-                  "max_height": setting.height, "max_width": setting.width, "max_num_frames": setting.num_frames,
+    dit_params = {"max_height": setting.height, "max_width": setting.width, "max_num_frames": setting.num_frames,
                   "max_batch_rows": setting.max_batch_rows, "max_request_mb": 1 << 20, **dit}
-    repository_copy(repository, {"h3_dit": dit_params,
-                                 "h3_vae": {"checkpoint_dir": str(checkpoint), "device": device},
-                                 "h3_encoder": {"encoder_path": encoder_path}})
+    write_repository(repository, plan(setting.config, checkpoint, "cuda" if cuda else "cpu", [0] if cuda else [],
+                                      overrides={"h3_dit": dit_params, "h3_encoder": {"encoder_path": encoder_path}}))
     bench_json = run_dir / "bench.json"
     start = time.perf_counter()
     with TritonServer(repository, free_ports=True, timeout=900, log_file=run_dir / "server.log",
@@ -167,7 +161,8 @@ def served_run(name: str, setting: Setting, checkpoint: Path, encoder_path: str,
         raise RuntimeError(f"bench_client.py for {name} exited with {done.returncode}; "
                            f"server log {run_dir / 'server.log'}")
     document = json.loads(bench_json.read_text())
-    document["h3_dit"] = {k: str(v) for k, v in dit_params.items()}
+    document["h3_dit"] = {"config_name": setting.config, "checkpoint_dir": str(checkpoint),
+                          "device": "cuda" if cuda else "cpu", **{k: str(v) for k, v in dit_params.items()}}
     document["server_ready_s"] = ready_s
     return without_machine_paths(document, work, out)
 

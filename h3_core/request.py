@@ -114,13 +114,17 @@ def validate_request(request: GenerationRequest, limits: RequestLimits) -> None:
         raise ValueError(f"fps={request.fps} is not supported: the model generates {FPS} fps")
 
 
-def request_memory_mb(height: int, width: int, num_frames: int, rows: int, hidden_size: int) -> int:
+def request_memory_mb(height: int, width: int, num_frames: int, rows: int, hidden_size: int,
+                      bytes_per_row_and_width: int = DIT_BYTES_PER_ROW_AND_WIDTH) -> int:
     """Estimated peak memory (MiB, rounded up) one request adds to the server: the DiT step
     activations for its packed rows (all outputs) plus the video VAE decoding one output
     (outputs are decoded one at a time). The largest tiny request the default limits allow
     (256 x 256 x 121 frames, one output, 2816 rows; 3072 with a 256-token prompt) needs
-    25 + 1240 = 1265 MiB (1267)."""
-    total = DIT_BYTES_PER_ROW_AND_WIDTH * rows * hidden_size + DECODE_BYTES_PER_VOXEL * height * width * align_num_frames(num_frames)
+    25 + 1240 = 1265 MiB (1267). bytes_per_row_and_width: the DiT's activation bytes per packed
+    row and unit of hidden_size; the default is the CPU float32 measurement, the one
+    Engine.prepare applies (server.sizing plugs in a GPU figure)."""
+    total = (bytes_per_row_and_width * rows * hidden_size
+             + DECODE_BYTES_PER_VOXEL * height * width * align_num_frames(num_frames))
     return -(-total // 2**20)
 
 

@@ -1,11 +1,21 @@
 """The launcher CLI: start tritonserver (the 2.51 binary shipped in the nvidia-pytriton wheel) on a
 model repository.
 
-    python -m server.launch [--model-repository DIR] [--host ADDR]
+    python -m server.launch [--model-repository DIR | REPOSITORY OPTIONS] [--host ADDR]
                             [--http-port P] [--grpc-port P] [--metrics-port P] [--free-ports]
-                            [--timeout SECONDS] [--log-file PATH] [--model-control {none,explicit}]
-                            [--server-arg ARG]... [--quiet] [--supervise [--stale-after SECONDS]]
-                            [--then CMD ARGS...]
+                            [--timeout SECONDS] [--exit-timeout SECONDS] [--log-file PATH]
+                            [--model-control {none,explicit}] [--server-arg ARG]... [--quiet]
+                            [--supervise [--stale-after SECONDS]] [--then CMD ARGS...]
+
+    REPOSITORY OPTIONS: [--config NAME] [--checkpoint DIR] [--device {cpu,cuda,auto}]
+                        [--gpus all|0,1] [--dit-instances N] [--set MODEL.KEY=VALUE]...
+                        [--write-repository DIR]
+
+Without repository options it serves ``--model-repository`` (default: model_repository/, the
+shipped CPU repository). With any of them it first runs the repository writer
+(``python -m server.repository``, in its own process, so that the launcher holds no CUDA context)
+with those options, into a temporary folder removed at exit or into ``--write-repository DIR``,
+and serves that.
 
 Without ``--then`` the server runs in the foreground until SIGINT/SIGTERM (or until it dies;
 with ``--supervise`` it is restarted instead, see ``TritonServer.failure``), its log echoed to
@@ -23,11 +33,14 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from .environment import (
     DEFAULT_GRPC_PORT,
@@ -36,7 +49,8 @@ from .environment import (
     DEFAULT_MODEL_REPOSITORY,
     LaunchError,
 )
-from .process import TritonServer
+from .options import add_arguments, given_options
+from .process import DEFAULT_STALE_AFTER_S, TritonServer
 
 SUPERVISE_INTERVAL_S = 1.0
 
@@ -59,8 +73,12 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m server.launch",
         description="Run tritonserver (from the nvidia-pytriton wheel) on the model repository.")
-    p.add_argument("--model-repository", default=str(DEFAULT_MODEL_REPOSITORY),
-                   help="model repository (default: %(default)s)")
+    p.add_argument("--model-repository",
+                   help=f"model repository to serve (default: {DEFAULT_MODEL_REPOSITORY}); not with the "
+                        "repository options")
+    add_arguments(p)
+    p.add_argument("--write-repository", metavar="DIR",
+                   help="write the repository into DIR (kept) instead of a temporary folder")
     p.add_argument("--host", default="127.0.0.1",
                    help="address the HTTP, gRPC and metrics endpoints bind to (default: %(default)s)")
     p.add_argument("--http-port", type=int, default=DEFAULT_HTTP_PORT)
@@ -69,6 +87,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--free-ports", action="store_true", help="pick three free ports instead")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds to wait for /v2/health/ready (default: %(default)s)")
+    p.add_argument("--exit-timeout", type=int, default=5, metavar="SECONDS",
+                   help="tritonserver's --exit-timeout-secs: how long a stop waits for requests in flight, "
+                        "after the DiT's drain (default: %(default)s)")
     p.add_argument("--log-file", help="also write the server log to this file")
     p.add_argument("--model-control", choices=("none", "explicit"), default="none",
                    help="'explicit' loads every model and opens the load/unload API to all clients")
@@ -79,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--supervise", action="store_true",
                    help="foreground mode: restart tritonserver (same ports) when it exits, when the "
                         "h3_dit process dies, or when the DiT's heartbeat is stale with work pending")
-    p.add_argument("--stale-after", type=float, default=120.0, metavar="SECONDS",
+    p.add_argument("--stale-after", type=float, default=DEFAULT_STALE_AFTER_S, metavar="SECONDS",
                    help="--supervise: heartbeat age that counts as a stalled DiT; must exceed the "
                         "longest execute() (default: %(default)s)")
     p.add_argument("--then", nargs=argparse.REMAINDER, metavar="CMD",
@@ -92,17 +113,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the launcher with ``argv`` (default: sys.argv[1:]) and return its exit status: the
     ``--then`` command's (128 + N when signal N ended it); in the foreground the server's exit code
     (1 for 0: it stopped by itself); 128 + N after signal N; 1 for a LaunchError; 127 when the
-    ``--then`` command does not exist. Bad flags exit with 2 (argparse)."""
+    ``--then`` command does not exist; the repository writer's (2) when it refused the repository
+    options. Bad flags exit with 2 (argparse)."""
     args = _parser().parse_args(argv)
     if args.then is not None and not args.then:
         _parser().error("--then needs a command")
     if args.supervise and args.then is not None:
         _parser().error("--supervise runs the server in the foreground; it cannot be combined with --then")
+    options = given_options(args)
+    if args.model_repository is not None and (options or args.write_repository):
+        _parser().error("--model-repository serves a repository as it is; it cannot be combined with the "
+                        "repository options")
+    if not (options or args.write_repository):
+        return _serve(args, args.model_repository or str(DEFAULT_MODEL_REPOSITORY))
+    folder = None if args.write_repository else tempfile.mkdtemp(prefix="h3-repository.")
+    repository = args.write_repository or str(Path(folder) / "model_repository")
+    try:
+        command = [sys.executable, "-m", "server.repository", repository, *options]
+        _say(f"writing the model repository: {shlex.join(command[1:])}")
+        written = subprocess.run(command)
+        if written.returncode != 0:
+            _say(f"the repository writer refused (exit code {written.returncode}); nothing served")
+            return written.returncode
+        return _serve(args, repository)
+    finally:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _serve(args: argparse.Namespace, repository: str) -> int:
+    """Serve `repository` as the parsed launcher options say; main()'s exit status."""
     server = TritonServer(
-        args.model_repository, host=args.host, http_port=args.http_port,
+        repository, host=args.host, http_port=args.http_port,
         grpc_port=args.grpc_port, metrics_port=args.metrics_port, free_ports=args.free_ports,
         log_file=args.log_file, model_control=args.model_control, timeout=args.timeout,
-        extra_args=args.server_arg, echo=(args.then is None and not args.quiet),
+        exit_timeout_secs=args.exit_timeout, extra_args=args.server_arg, echo=(args.then is None and not args.quiet),
     )
     handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {s: signal.signal(s, _raise_stop) for s in handled}

@@ -1,94 +1,556 @@
-"""Copies of model_repository/ with changed model parameters: the demo model, the tests' and the
-benchmarks' settings.
+"""The one model-repository writer. Every repository is written here: model_repository/ itself (the
+shipped CPU repository, the writer's output for the defaults: tests/test_repository.py checks it
+byte for byte), the demo repository (`make demo`), the tests' copies (tests/serving.py), the
+benchmarks' copies (benchmarks/served_bench.py) and the GPU repositories (`make serve-gpu`).
 
-    python -m server.repository out/demo_model_repository [--config demo] [--weights weights/demo]
+    python -m server.repository TARGET [--config NAME] [--checkpoint DIR] [--device {cpu,cuda,auto}]
+                                [--gpus all|0,1] [--dit-instances N] [--set MODEL.KEY=VALUE ...] [--unsized]
 
-model_repository/ itself keeps the `tiny` config on seeded random weights (the test server's
-default). A copy's relative `checkpoint_dir` values are made absolute (a model resolves a
-relative path against the folder holding its repository, which is another folder for a copy),
-then the given parameters are set. `demo_repository` (used by `make demo`) points h3_dit's
-config_name and checkpoint_dir and h3_vae's checkpoint_dir at a config and a weights folder.
+A repository is a `Repository`: the settings of h3_encoder, h3_dit and h3_vae (h3_core.settings;
+each config.pbtxt gets every key of its model's `parameters`), each model's instance group
+(`instance_groups`, the one function that places the models) and h3_dit's
+max_sequence_idle_microseconds; h3_dit's max_batch_size is its sequence slots. `plan` builds one
+from a config name, a checkpoint folder, a device, the GPUs, the number of CPU DiT instances and
+explicit overrides, and sizes from a `server.sizing.Machine` what was not given (cpu_threads, on
+cuda max_batch_rows and max_request_mb); without a machine (the tests' copies, the shipped
+repository) the settings' defaults stay. On cuda it also raises h3_dit's canvas limits to the
+config's default canvas and derives the idle timeout from the longest step (server.sizing).
+`config_texts` turns a Repository into config.pbtxt texts, with their explanatory comments;
+`write_repository` writes a folder.
+
+Checkpoint paths: the models resolve a relative checkpoint_dir against the folder above their
+repository (server.adapter.resolve_path), so a relative path is relative to the project root
+(ROOT); model_repository/ keeps it relative, every other repository gets it absolute. The CLI
+reads a relative --checkpoint against the current directory.
 """
+from __future__ import annotations
+
 import argparse
-import re
+import dataclasses
 import shutil
+import sys
+import textwrap
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from h3_core.settings import DitSettings
+from h3_core.checkpoint_setup import CHECKPOINT_FILES
+from h3_core.config import get_config
+from h3_core.layout import make_layout
+from h3_core.request import request_memory_mb
+from h3_core.settings import CONTROL_SLOTS, DitSettings, EncoderSettings, VaeSettings
+
+from . import sizing
+from .options import DEVICES, add_arguments
 
 ROOT = Path(__file__).resolve().parents[1]
-DEMO_CONFIG = "demo"
+SHIPPED = ROOT / "model_repository"
 DEMO_WEIGHTS = ROOT / "weights" / "demo"
-CHECKPOINT_DIR = re.compile(r'(key: "checkpoint_dir" value: \{ string_value: )"([^"]*)"')
-PARAMETER = re.compile(r'key: "([^"]+)" value: \{ string_value: "([^"]*)" \}')
-MAX_BATCH_SIZE = re.compile(r"^max_batch_size: \d+$", re.MULTILINE)
+SETTINGS = {cls.MODEL: cls for cls in (EncoderSettings, DitSettings, VaeSettings)}
+PIPELINE = "h3_pipeline"
+CPU_GROUP, GPU_GROUP = "KIND_CPU", "KIND_GPU"
 
 
-def set_parameter(text: str, key: str, value: str) -> str:
-    """Replace the string_value of parameter `key` in a config.pbtxt text. Raises ValueError
-    unless the parameter occurs exactly once."""
-    text, count = re.subn(rf'(key: "{key}" value: {{ string_value: )"[^"]*"', rf'\g<1>"{value}"', text)
-    if count != 1:
-        raise ValueError(f"parameter {key!r} occurs {count} times, expected once")
-    return text
+@dataclass(frozen=True)
+class InstanceGroup:
+    """One Triton instance_group entry: `count` instances of `kind`, on each GPU of `gpus`."""
+
+    kind: str
+    count: int = 1
+    gpus: tuple[int, ...] = ()
+
+    @property
+    def instances(self) -> int:
+        """Model instances (processes) this group starts: count on each listed GPU."""
+        return self.count * max(1, len(self.gpus))
+
+    def text(self) -> str:
+        gpus = f" gpus: [ {', '.join(map(str, self.gpus))} ]" if self.gpus else ""
+        return f"instance_group [ {{ kind: {self.kind} count: {self.count}{gpus} }} ]"
 
 
-def set_sequence_slots(text: str) -> str:
-    """h3_dit's config.pbtxt text with max_batch_size set to its sequence slots (max_num_seqs +
-    max_waiting + 2). Raises ValueError for parameters DitSettings refuses."""
-    settings = DitSettings.from_parameters(dict(PARAMETER.findall(text)))
-    return MAX_BATCH_SIZE.sub(f"max_batch_size: {settings.sequence_slots}", text)
+@dataclass(frozen=True)
+class Repository:
+    """What varies between repositories. `notes`: what plan() sized and why (not written)."""
+
+    encoder: EncoderSettings
+    dit: DitSettings
+    vae: VaeSettings
+    groups: Mapping[str, InstanceGroup]
+    idle_microseconds: int
+    idle_reason: str
+    notes: tuple[str, ...] = field(default=(), compare=False)
 
 
-def repository_copy(target: str | Path, overrides: dict[str, dict[str, str]] | None = None,
-                    source: Path = ROOT / "model_repository") -> Path:
-    """Copy `source` to `target` (without __pycache__), make relative checkpoint_dir values
-    absolute (against source's parent folder, where the models resolve them), then set the
-    parameters in overrides = {model name: {key: value}} (values as given, str() applied) and
-    h3_dit's max_batch_size to its sequence slots.
-    Returns the target path. Raises FileExistsError when `target` exists, ValueError for a
-    model not in `source` or a key that does not occur exactly once in its config.pbtxt."""
-    target, base, overrides = Path(target), Path(source).resolve().parent, overrides or {}
-    unknown = sorted(set(overrides) - {config.parent.name for config in Path(source).glob("*/config.pbtxt")})
+def instance_groups(device: str, gpus: Sequence[int] = (), dit_instances: int = 1) -> dict[str, InstanceGroup]:
+    """Where each python model runs. cpu: KIND_CPU, `dit_instances` of h3_dit, one h3_encoder and
+    one h3_vae. cuda: one h3_dit instance on each of `gpus` (count 1 with the gpus list means
+    one instance per listed GPU), one KIND_GPU h3_encoder and h3_vae on gpus[0] (h3_encoder has
+    no device setting: it computes on the CPU wherever its instance is placed).
+    Raises ValueError for an unknown device, dit_instances < 1, GPUs on the CPU, no GPU or
+    dit_instances != 1 on cuda (there the DiT instances are the GPUs)."""
+    if device == "cpu":
+        if gpus:
+            raise ValueError("GPUs were given for --device cpu; use --device cuda")
+        if dit_instances < 1:
+            raise ValueError(f"dit_instances={dit_instances} is out of range: allowed >= 1")
+        return {EncoderSettings.MODEL: InstanceGroup(CPU_GROUP),
+                DitSettings.MODEL: InstanceGroup(CPU_GROUP, dit_instances),
+                VaeSettings.MODEL: InstanceGroup(CPU_GROUP)}
+    if device != "cuda":
+        raise ValueError(f"device {device!r} is not one of {DEVICES}")
+    if not gpus:
+        raise ValueError("--device cuda needs at least one GPU")
+    if dit_instances != 1:
+        raise ValueError(f"dit_instances={dit_instances}: on cuda h3_dit has one instance per GPU; "
+                         "choose them with --gpus")
+    first = (gpus[0],)
+    return {EncoderSettings.MODEL: InstanceGroup(GPU_GROUP, 1, first),
+            DitSettings.MODEL: InstanceGroup(GPU_GROUP, 1, tuple(gpus)),
+            VaeSettings.MODEL: InstanceGroup(GPU_GROUP, 1, first)}
+
+
+def _text(value) -> str:
+    """An override value as a config.pbtxt string (booleans as "true" / "false")."""
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+def plan(config: str = "tiny", checkpoint: str | Path | None = None, device: str = "cpu", gpus: Sequence[int] = (),
+         dit_instances: int = 1, overrides: Mapping[str, Mapping[str, object]] | None = None,
+         machine: sizing.Machine | None = None, idle_timeout_s: float | None = None) -> Repository:
+    """The Repository serving DiT config `config` (h3_core.config) from `checkpoint` (a folder
+    holding CHECKPOINT_FILES; default checkpoints/<config>, relative to ROOT) on `device` ("cpu"
+    or "cuda" with the CUDA indices `gpus`), with `dit_instances` CPU DiT instances.
+
+    overrides = {model: {key: value}} set any settings key of h3_encoder, h3_dit or h3_vae
+    (str() applied, booleans as "true" / "false") and win over everything sized. With `machine`,
+    cpu_threads = sizing.cpu_threads(cores, model processes) and, on cuda, max_batch_rows from
+    each GPU's free memory (server.sizing). On cuda, also without a machine: h3_dit's
+    max_height, max_width and max_num_frames become at least the config's default canvas
+    (the larger of its default height and width on both axes), row_budget at most
+    max_batch_rows, and max_request_mb = request_memory_mb of a max_batch_rows request at the
+    largest canvas, with the CPU constant that Engine.prepare applies, so that it refuses no
+    request the row and canvas limits admit. idle_timeout_s replaces the sized
+    max_sequence_idle_microseconds (sizing.idle_timeout).
+    Raises ValueError for an unknown config, device, model or key, a value the settings refuse
+    (h3_core.settings messages), bad GPUs or instances, or a GPU where the DiT does not fit."""
+    cfg = get_config(config)
+    groups = instance_groups(device, gpus, dit_instances)
+    unknown = sorted(set(overrides or {}) - set(SETTINGS))
     if unknown:
-        raise ValueError(f"no model {unknown} in {source}")
-    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
-    for config in target.glob("*/config.pbtxt"):
-        text = CHECKPOINT_DIR.sub(lambda m: f'{m[1]}"{base / m[2]}"', config.read_text())
-        for key, value in overrides.get(config.parent.name, {}).items():
-            text = set_parameter(text, key, str(value))
-        if config.parent.name == DitSettings.MODEL:
-            text = set_sequence_slots(text)
-        config.write_text(text)
+        raise ValueError(f"no model {unknown[0]!r} to set: choose one of {sorted(SETTINGS)}")
+    given = {model: {key: _text(value) for key, value in (overrides or {}).get(model, {}).items()}
+             for model in SETTINGS}
+    checkpoint = str(Path("checkpoints") / config if checkpoint is None else checkpoint)
+    vae_device = "cpu" if device == "cpu" else f"cuda:{gpus[0]}"
+    values = {EncoderSettings.MODEL: EncoderSettings().to_parameters(),
+              DitSettings.MODEL: DitSettings(config_name=config, checkpoint_dir=checkpoint,
+                                             device=device).to_parameters(),
+              VaeSettings.MODEL: VaeSettings(checkpoint_dir=checkpoint, device=vae_device).to_parameters()}
+    notes, dit_values = [], values[DitSettings.MODEL]
+
+    def size(model: str, key: str, value, why: str) -> None:
+        if key in given[model]:
+            notes.append(f"{model}.{key} {given[model][key]}: given (sized it would be {value}: {why})")
+        else:
+            values[model][key] = _text(value)
+            notes.append(f"{model}.{key} {value}: {why}")
+
+    if device == "cuda":
+        side = max(int(dit_values["max_height"]), cfg.default_height, cfg.default_width)
+        frames = max(int(dit_values["max_num_frames"]), cfg.default_num_frames)
+        canvas = f"at least the {config} config's default canvas ({cfg.default_width} x {cfg.default_height} px, " \
+                 f"{cfg.default_num_frames} frames) on both axes"
+        size(DitSettings.MODEL, "max_height", side, canvas)
+        size(DitSettings.MODEL, "max_width", max(int(dit_values["max_width"]), side), canvas)
+        size(DitSettings.MODEL, "max_num_frames", frames, canvas)
+    if machine is not None:
+        processes = sum(group.instances for group in groups.values())
+        threads = sizing.cpu_threads(machine.cores, processes)
+        for model in SETTINGS:
+            size(model, "cpu_threads", threads, f"{machine.cores} cores / {processes} model processes")
+    for model in SETTINGS:
+        values[model].update(given[model])
+    encoder = EncoderSettings.from_parameters(values[EncoderSettings.MODEL])
+    vae = VaeSettings.from_parameters(values[VaeSettings.MODEL])
+    typed = DitSettings.from_parameters({**dit_values, "row_budget": "1"})  # every value typed; row_budget below
+    rows = typed.max_batch_rows
+    if device == "cuda" and machine is not None:
+        rows = _gpu_rows(cfg, typed, vae, gpus, machine, notes)
+        size(DitSettings.MODEL, "max_batch_rows", rows, f"the least over GPUs {list(gpus)}, a multiple of 64, "
+                                                        f"at most {sizing.MAX_BATCH_ROWS:,}")
+        rows = int(dit_values["max_batch_rows"])
+    if "row_budget" not in given[DitSettings.MODEL] and int(dit_values["row_budget"]) > rows:
+        size(DitSettings.MODEL, "row_budget", rows, "at most max_batch_rows")
+    if device == "cuda":
+        size(DitSettings.MODEL, "max_request_mb",
+             request_memory_mb(typed.max_height, typed.max_width, typed.max_num_frames, rows, cfg.hidden_size),
+             f"request_memory_mb of a {rows:,}-row request at {typed.max_width} x {typed.max_height} px, "
+             f"{typed.max_num_frames} frames, with the CPU float32 constant Engine.prepare applies")
+    dit = DitSettings.from_parameters(dit_values)
+    idle, reason = sizing.idle_timeout(device, dit.execution_mode, dit.max_batch_rows, cfg.num_layers, dit.max_steps)
+    if idle_timeout_s is not None:
+        idle, reason = round(idle_timeout_s * 1e6), f"{idle_timeout_s:g} s, given."
+    for model in SETTINGS:
+        notes += [f"{model}.{key} {value}: given" for key, value in given[model].items()
+                  if not any(note.startswith(f"{model}.{key} ") for note in notes)]
+    return Repository(encoder, dit, vae, groups, idle, reason, tuple(notes))
+
+
+def _gpu_rows(cfg, dit: DitSettings, vae: VaeSettings, gpus: Sequence[int], machine: sizing.Machine,
+              notes: list[str]) -> int:
+    """sizing.gpu_max_batch_rows least over `gpus`, one note per GPU (the decode reserve on gpus[0],
+    for dit's largest canvas). Raises ValueError for a GPU without a free-memory figure or too small."""
+    weights = sizing.dit_weight_bytes(cfg)
+    per_row = sizing.gpu_bytes_per_row_and_width(cfg)
+    height, width, frames = dit.max_height, dit.max_width, dit.max_num_frames
+    reserve = sizing.decode_reserve_bytes(height, width, frames, vae.decode_workers)
+    least = sizing.MAX_BATCH_ROWS
+    for gpu in gpus:
+        if gpu not in machine.gpu_free_bytes:
+            raise ValueError(f"no free-memory figure for GPU {gpu}")
+        free, kept = machine.gpu_free_bytes[gpu], reserve if gpu == gpus[0] else 0
+        rows = sizing.gpu_max_batch_rows(free, weights, kept, cfg.hidden_size, per_row)
+        decode = (f"{kept // sizing.MIB:,} MiB decode reserve (h3_vae here: {vae.decode_workers} decode workers x a "
+                  f"{width} x {height} px, {frames}-frame decode)" if kept else "no decode reserve (h3_vae is on "
+                  f"GPU {gpus[0]})")
+        notes.append(f"GPU {gpu}: {free // sizing.MIB:,} MiB free - {weights // sizing.MIB:,} MiB DiT weights - "
+                     f"{decode} -> {rows:,} rows at {per_row} bytes per row and unit of hidden_size "
+                     f"{cfg.hidden_size} (the CPU float32 measurement scaled to {cfg.dtype}; not measured on a GPU)")
+        least = min(least, rows)
+    return least
+
+
+# ---- config.pbtxt texts ------------------------------------------------------------------------
+
+CPU_THREADS_COMMENT = """\
+torch CPU threads of this model's process. The model processes share the machine's cores
+(server.sizing.cpu_threads divides them); more OpenMP threads than free cores makes every
+parallel region wait for a descheduled thread (a tiny step went from 4 ms to 700 ms with 2
+threads under load)."""
+COMMENTS = {
+    EncoderSettings.MODEL: {"cpu_threads": CPU_THREADS_COMMENT, "encoder_path": '"" = the MiniLM-L6 package folder'},
+    DitSettings.MODEL: {
+        "cpu_threads": CPU_THREADS_COMMENT,
+        "allow_fault_injection": '"true" lets the test-only request parameter inject_fault act; "false" refuses it '
+                                 "(INVALID_ARG)"},
+    VaeSettings.MODEL: {"cpu_threads": CPU_THREADS_COMMENT,
+                        "decode_workers": "threads decoding different requests at once (one request's outputs stay "
+                                          "in order)"},
+}
+PROMPT_INPUTS = """\
+  # PROMPT is required; it is marked optional so that h3_encoder refuses a missing one with
+  # INVALID_ARG (for a missing required input the 2.51 ensemble sends an empty final response)
+  { name: "PROMPT" data_type: TYPE_STRING dims: [ 1 ] optional: true },
+  { name: "HEIGHT" data_type: TYPE_INT64 dims: [ 1 ] optional: true },
+  { name: "WIDTH" data_type: TYPE_INT64 dims: [ 1 ] optional: true },
+  { name: "NUM_FRAMES" data_type: TYPE_INT64 dims: [ 1 ] optional: true },
+  { name: "NUM_INFERENCE_STEPS" data_type: TYPE_INT64 dims: [ 1 ] optional: true },
+  { name: "SEED" data_type: TYPE_INT64 dims: [ 1 ] optional: true },
+  { name: "NUM_OUTPUTS" data_type: TYPE_INT64 dims: [ 1 ] optional: true }
+"""
+MEDIA_OUTPUTS = """\
+  { name: "VIDEO_MP4" data_type: TYPE_STRING dims: [ -1 ] },
+  { name: "FRAMES" data_type: TYPE_UINT8 dims: [ -1, -1, -1, 3 ] },
+  { name: "AUDIO" data_type: TYPE_FP32 dims: [ -1, -1 ] },
+"""
+DIT_OUTPUTS = """\
+  { name: "VIDEO_LATENT" data_type: TYPE_FP32 dims: [ -1, -1, -1, -1 ] },
+  { name: "AUDIO_LATENT" data_type: TYPE_FP32 dims: [ -1, -1, -1 ] },
+  { name: "PROGRESS" data_type: TYPE_INT32 dims: [ 3 ] },
+  { name: "PREVIEW" data_type: TYPE_UINT8 dims: [ -1, -1, 3 ] },
+  { name: "INFO" data_type: TYPE_STRING dims: [ 1 ] }
+"""
+PASSED_ON = """\
+  { name: "PROGRESS" data_type: TYPE_INT32 dims: [ 3 ] },
+  { name: "PREVIEW" data_type: TYPE_UINT8 dims: [ -1, -1, 3 ] },
+  { name: "INFO" data_type: TYPE_STRING dims: [ 1 ] }
+"""
+ENCODER_HEAD = f"""\
+# Text encoder: PROMPT -> TEXT_EMBEDS [L, width] (MiniLM-L6 token states), and the optional
+# request fields -> REQUEST (JSON: the fields present + encode_seconds). The DiT thus always
+# receives the same two inputs: Triton batches only requests with identical input sets, so
+# optional inputs passed to the DiT directly would split the pack.
+name: "h3_encoder"
+backend: "python"
+max_batch_size: 1
+input [
+{PROMPT_INPUTS}]
+output [
+  {{ name: "TEXT_EMBEDS" data_type: TYPE_FP32 dims: [ -1, -1 ] }},
+  {{ name: "REQUEST" data_type: TYPE_STRING dims: [ 1 ] }}
+]
+"""
+DIT_INTRO = """\
+# The H3 DiT with diffusion continuous batching. Decoupled; Triton's iterative sequence batcher
+# hands every live request to each execute(), which runs ONE packed forward for the requests the
+# scheduling policy advances and reschedules the unfinished ones.
+#
+# REQUEST is JSON: the request fields present (height, width, num_frames, num_inference_steps,
+# seed, num_outputs) and encode_seconds (the keys h3_encoder writes; any other key is refused), or
+# {"cancel_request_id": ID} (ID a non-empty string, no other key) for a control request that
+# cancels the request with that id. Every request has the same two inputs because Triton batches
+# only requests with identical input sets; TEXT_EMBEDS is ragged (prompts differ in token count):
+# [1, L >= 1, text_dim] for a generation request, [1, 0, 0] for a control request.
+#
+"""
+DIT_IDLE = ("max_sequence_idle_microseconds must exceed the longest execute(), or Triton reaps the other live "
+            "sequences during it and their clients hang: in step mode that is one step at max_batch_rows; in request "
+            "mode a whole generation, max_steps x the worst single-request step (waiting requests are only "
+            "rescheduled when it ends). A larger value delays the release of slots whose clients vanished. Here "
+            "(server.sizing.idle_timeout): ")
+DIT_IO = f"""\
+model_transaction_policy {{ decoupled: true }}
+input [
+  {{ name: "TEXT_EMBEDS" data_type: TYPE_FP32 dims: [ -1, -1 ] allow_ragged_batch: true }},
+  {{ name: "REQUEST" data_type: TYPE_STRING dims: [ 1 ] }}
+]
+output [
+{DIT_OUTPUTS}]
+"""
+VAE_HEAD = f"""\
+# VAE: final VIDEO_LATENT + AUDIO_LATENT -> VIDEO_MP4 (H.264 + AAC), plus raw FRAMES / AUDIO when the
+# request parameters return_frames / return_audio are true (through the ensemble, Triton 2.51 asks
+# a composing model for every mapped output, so the client's output list cannot be seen here).
+# Empty latents (a progress response) give empty outputs at once. PROGRESS, PREVIEW and INFO pass
+# through: every output of a 2.51 ensemble must come from one decoupled model (this one).
+name: "h3_vae"
+backend: "python"
+max_batch_size: 1
+model_transaction_policy {{ decoupled: true }}
+input [
+  {{ name: "VIDEO_LATENT" data_type: TYPE_FP32 dims: [ -1, -1, -1, -1 ] }},
+  {{ name: "AUDIO_LATENT" data_type: TYPE_FP32 dims: [ -1, -1, -1 ] }},
+{PASSED_ON}]
+output [
+{MEDIA_OUTPUTS}{PASSED_ON}]
+"""
+PIPELINE_TEXT = f"""\
+# The entry point users call: h3_encoder -> h3_dit -> h3_vae. Stream it over gRPC.
+# Every DiT response (progress or result) reaches h3_vae; progress responses carry empty
+# VIDEO_LATENT / AUDIO_LATENT and come back at once with empty VIDEO_MP4 / FRAMES / AUDIO.
+# h3_vae passes PROGRESS / PREVIEW / INFO through: 2.51 requires all outputs of an ensemble to
+# come from one decoupled model.
+name: "h3_pipeline"
+platform: "ensemble"
+max_batch_size: 1
+input [
+{PROMPT_INPUTS}]
+output [
+{MEDIA_OUTPUTS}{PASSED_ON}]
+ensemble_scheduling {{
+  step [
+    {{
+      model_name: "h3_encoder"
+      model_version: -1
+      input_map {{ key: "PROMPT" value: "PROMPT" }}
+      input_map {{ key: "HEIGHT" value: "HEIGHT" }}
+      input_map {{ key: "WIDTH" value: "WIDTH" }}
+      input_map {{ key: "NUM_FRAMES" value: "NUM_FRAMES" }}
+      input_map {{ key: "NUM_INFERENCE_STEPS" value: "NUM_INFERENCE_STEPS" }}
+      input_map {{ key: "SEED" value: "SEED" }}
+      input_map {{ key: "NUM_OUTPUTS" value: "NUM_OUTPUTS" }}
+      output_map {{ key: "TEXT_EMBEDS" value: "text_embeds" }}
+      output_map {{ key: "REQUEST" value: "request" }}
+    }},
+    {{
+      model_name: "h3_dit"
+      model_version: -1
+      input_map {{ key: "TEXT_EMBEDS" value: "text_embeds" }}
+      input_map {{ key: "REQUEST" value: "request" }}
+      output_map {{ key: "VIDEO_LATENT" value: "video_latent" }}
+      output_map {{ key: "AUDIO_LATENT" value: "audio_latent" }}
+      output_map {{ key: "PROGRESS" value: "dit_progress" }}
+      output_map {{ key: "PREVIEW" value: "dit_preview" }}
+      output_map {{ key: "INFO" value: "dit_info" }}
+    }},
+    {{
+      model_name: "h3_vae"
+      model_version: -1
+      input_map {{ key: "VIDEO_LATENT" value: "video_latent" }}
+      input_map {{ key: "AUDIO_LATENT" value: "audio_latent" }}
+      input_map {{ key: "PROGRESS" value: "dit_progress" }}
+      input_map {{ key: "PREVIEW" value: "dit_preview" }}
+      input_map {{ key: "INFO" value: "dit_info" }}
+      output_map {{ key: "VIDEO_MP4" value: "VIDEO_MP4" }}
+      output_map {{ key: "FRAMES" value: "FRAMES" }}
+      output_map {{ key: "AUDIO" value: "AUDIO" }}
+      output_map {{ key: "PROGRESS" value: "PROGRESS" }}
+      output_map {{ key: "PREVIEW" value: "PREVIEW" }}
+      output_map {{ key: "INFO" value: "INFO" }}
+    }}
+  ]
+}}
+"""
+
+
+def _comment(text: str, indent: str = "") -> str:
+    """`text` as '# ' comment lines of at most 100 characters (its own line breaks kept)."""
+    lines = []
+    for paragraph in text.split("\n"):
+        lines += textwrap.wrap(paragraph, 100 - len(indent) - 2, break_on_hyphens=False) or [""]
+    return "".join(f"{indent}# {line}".rstrip() + "\n" for line in lines)
+
+
+def _quoted(value: str) -> str:
+    """A protobuf text-format string literal."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _parameters(settings, comments: Mapping[str, str]) -> str:
+    """The parameters block: every settings key in field order, each after its comment."""
+    items = list(settings.to_parameters().items())
+    lines = "".join(f"{_comment(comments[key], '  ') if key in comments else ''}"
+                    f"  {{ key: {_quoted(key)} value: {{ string_value: {_quoted(value)} }} }}"
+                    f"{',' if index < len(items) - 1 else ''}\n" for index, (key, value) in enumerate(items))
+    return f"parameters [\n{lines}]\n"
+
+
+def _request_mb_comment(dit: DitSettings, encoder: EncoderSettings) -> str:
+    """The max_request_mb comment: what the largest canvas the limits allow needs."""
+    hidden = get_config(dit.config_name).hidden_size
+    rows = make_layout(encoder.max_tokens, dit.max_height, dit.max_width, dit.max_num_frames).seq_len
+    one = request_memory_mb(dit.max_height, dit.max_width, dit.max_num_frames, rows, hidden)
+    every = request_memory_mb(dit.max_height, dit.max_width, dit.max_num_frames, rows * dit.max_outputs, hidden)
+    return (f"estimated peak MiB one request may add (h3_core.request.request_memory_mb: DiT rows + one output's VAE "
+            f"decode); the largest canvas the limits above allow ({dit.max_width} x {dit.max_height} px, "
+            f"{dit.max_num_frames} frames, a {encoder.max_tokens}-token prompt: {rows:,} rows) needs {one} with one "
+            f"output, {every} with {dit.max_outputs}")
+
+
+def config_texts(repository: Repository) -> dict[str, str]:
+    """Model name -> its config.pbtxt text (h3_encoder, h3_dit, h3_vae, h3_pipeline). Pure."""
+    dit, encoder, groups = repository.dit, repository.encoder, repository.groups
+    slots = (f"max_batch_size = sequence slots = max_num_seqs + max_waiting + {CONTROL_SLOTS} control slots "
+             f"({dit.max_num_seqs} + {dit.max_waiting} + {CONTROL_SLOTS}): the scheduler holds at most max_num_seqs + "
+             "max_waiting requests (h3_core/scheduler.py, Admission). Requests beyond the slots wait in Triton's "
+             "backlog, which the model cannot see.")
+    dit_text = (DIT_INTRO + _comment(slots) + _comment(DIT_IDLE + repository.idle_reason)
+                + f'name: "{DitSettings.MODEL}"\nbackend: "python"\nmax_batch_size: {dit.sequence_slots}\n' + DIT_IO
+                + "sequence_batching {\n  iterative_sequence: true\n"
+                + f"  max_sequence_idle_microseconds: {repository.idle_microseconds}\n  direct {{ }}\n}}\n"
+                + groups[DitSettings.MODEL].text() + "\n"
+                + _parameters(dit, {**COMMENTS[DitSettings.MODEL],
+                                    "max_request_mb": _request_mb_comment(dit, encoder)}))
+    return {
+        EncoderSettings.MODEL: ENCODER_HEAD + groups[EncoderSettings.MODEL].text() + "\n"
+        + _parameters(encoder, COMMENTS[EncoderSettings.MODEL]),
+        DitSettings.MODEL: dit_text,
+        VaeSettings.MODEL: VAE_HEAD + groups[VaeSettings.MODEL].text() + "\n"
+        + _parameters(repository.vae, COMMENTS[VaeSettings.MODEL]),
+        PIPELINE: PIPELINE_TEXT,
+    }
+
+
+# ---- folders -------------------------------------------------------------------------------------
+
+def checkpoint_for(checkpoint: str, target: Path) -> str:
+    """checkpoint_dir as written into the repository at `target`: relative (to ROOT) only in
+    model_repository/ itself, where the models resolve it against ROOT; absolute elsewhere."""
+    path = Path(checkpoint) if Path(checkpoint).is_absolute() else ROOT / checkpoint
+    if target.resolve() == SHIPPED and path.is_relative_to(ROOT):
+        return str(path.relative_to(ROOT))
+    return str(path)
+
+
+def write_repository(target: str | Path, repository: Repository) -> Path:
+    """Write `repository` to the folder `target` and return its path: model_repository/ itself gets
+    its config.pbtxt files rewritten; any other target becomes a copy of model_repository/'s
+    model code (without __pycache__) with the written config.pbtxt files, replacing an earlier
+    repository there. Checkpoint paths as checkpoint_for says.
+    Raises FileExistsError when `target` is a non-empty folder that holds no h3_dit/config.pbtxt
+    (it is not replaced)."""
+    target = Path(target).resolve()
+    checkpoint = checkpoint_for(repository.dit.checkpoint_dir, target)
+    repository = dataclasses.replace(repository, dit=dataclasses.replace(repository.dit, checkpoint_dir=checkpoint),
+                                     vae=dataclasses.replace(repository.vae, checkpoint_dir=checkpoint_for(
+                                         repository.vae.checkpoint_dir, target)))
+    if target != SHIPPED:
+        if target.exists():
+            if any(target.iterdir()) and not (target / DitSettings.MODEL / "config.pbtxt").is_file():
+                raise FileExistsError(f"{target} is not empty and holds no model repository; not replacing it")
+            shutil.rmtree(target)
+        shutil.copytree(SHIPPED, target, ignore=shutil.ignore_patterns("__pycache__", "config.pbtxt"))
+    for model, text in config_texts(repository).items():
+        (target / model / "config.pbtxt").write_text(text)
     return target
 
 
-def demo_repository(target: str | Path, config: str = DEMO_CONFIG, weights: str | Path = DEMO_WEIGHTS,
-                    replace: bool = False, **dit_parameters: str) -> Path:
-    """A repository copy serving `config` with the weights folder `weights`; extra keyword
-    arguments override h3_dit parameters. replace=True removes an existing target first.
-    Raises FileNotFoundError when a weights file is missing."""
-    target, weights = Path(target), Path(weights).resolve()
-    for name in ("dit.safetensors", "video_vae.safetensors", "audio_vae.safetensors"):
-        if not (weights / name).is_file():
-            raise FileNotFoundError(f"{weights / name} not found")
-    if replace and target.exists():
-        shutil.rmtree(target)
-    return repository_copy(target, {
-        "h3_dit": {"config_name": config, "checkpoint_dir": str(weights), **dit_parameters},
-        "h3_vae": {"checkpoint_dir": str(weights)},
-    })
+def check_checkpoint(folder: str | Path, config: str) -> None:
+    """Raise FileNotFoundError naming the first of CHECKPOINT_FILES missing from `folder`
+    (relative to ROOT) and the command that writes seeded random weights of `config` there."""
+    folder = Path(folder) if Path(folder).is_absolute() else ROOT / folder
+    for name in CHECKPOINT_FILES:
+        if not (folder / name).is_file():
+            command = f"python -m h3_core.checkpoint_setup --configs {config} --root"
+            hint = (f"{command} {folder.parent}" if folder.name == config
+                    else f"{command} DIR writes them to DIR/{config}")
+            raise FileNotFoundError(f"{folder / name} not found; seeded random weights: {hint}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("target", type=Path)
-    parser.add_argument("--config", default=DEMO_CONFIG)
-    parser.add_argument("--weights", type=Path, default=DEMO_WEIGHTS)
-    args = parser.parse_args()
-    path = demo_repository(args.target, args.config, args.weights, replace=True)
-    print(f"model repository {path}: h3_dit config {args.config}, weights {args.weights.resolve()}")
+# ---- command line ------------------------------------------------------------------------------
+
+def parse_overrides(items: Sequence[str]) -> dict[str, dict[str, str]]:
+    """{model: {key: value}} from MODEL.KEY=VALUE strings. Raises ValueError for another form."""
+    overrides: dict[str, dict[str, str]] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        model, dot, key = name.partition(".")
+        if not (sep and dot and model and key):
+            raise ValueError(f"--set {item!r} is not MODEL.KEY=VALUE (e.g. h3_dit.max_waiting=2)")
+        overrides.setdefault(model, {})[key] = value
+    return overrides
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The CLI (module docstring): write TARGET, print what was sized and why. Returns 0, or 2
+    after printing the error for a bad option, setting, GPU or checkpoint."""
+    parser = argparse.ArgumentParser(prog="python -m server.repository", description=__doc__.split("\n\n")[0])
+    parser.add_argument("target", type=Path, help="repository folder to write (model_repository: the shipped one)")
+    add_arguments(parser)
+    parser.add_argument("--unsized", action="store_true",
+                        help="size nothing from this machine (how model_repository/ itself is written)")
+    args = parser.parse_args(argv)
+    try:
+        repository = _plan_from_args(args)
+        check_checkpoint(repository.dit.checkpoint_dir, repository.dit.config_name)
+        path = write_repository(args.target, repository)
+    except (ValueError, FileNotFoundError, FileExistsError) as error:
+        print(f"python -m server.repository: {error}", file=sys.stderr)
+        return 2
+    dit, groups = repository.dit, repository.groups
+    print(f"model repository {path}: config {dit.config_name}, checkpoint {Path(ROOT, dit.checkpoint_dir)}, "
+          f"device {dit.device}")
+    for model, group in groups.items():
+        print(f"  {model}: {group.text()}")
+    print(f"  h3_dit.max_batch_size {dit.sequence_slots}: max_num_seqs {dit.max_num_seqs} + max_waiting "
+          f"{dit.max_waiting} + {CONTROL_SLOTS} control slots")
+    for note in repository.notes:
+        print(f"  {note}")
+    print(f"  h3_dit.max_sequence_idle_microseconds {repository.idle_microseconds}: {repository.idle_reason}")
+    return 0
+
+
+def _plan_from_args(args: argparse.Namespace) -> Repository:
+    """plan() for parsed CLI options: device auto resolved, GPUs and the machine probed unless
+    --unsized, a relative --checkpoint read against the current directory."""
+    device, gpus = args.device or "cpu", []
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        print(f"--device auto: {device} ({torch.cuda.device_count()} CUDA GPUs visible)")
+    if device == "cuda":
+        import torch
+
+        gpus = sizing.parse_gpus(args.gpus or "all", torch.cuda.device_count())
+    elif args.gpus is not None and args.device != "auto":
+        raise ValueError("--gpus needs --device cuda")
+    checkpoint = None if args.checkpoint is None else Path(args.checkpoint).resolve()
+    machine = None if args.unsized else sizing.probe(gpus)
+    return plan(args.config or "tiny", checkpoint, device, gpus, args.dit_instances or 1,
+                parse_overrides(args.set or []), machine)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

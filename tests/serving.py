@@ -2,15 +2,17 @@
 import threading
 from pathlib import Path
 
-from server.repository import repository_copy
+from server.repository import plan, write_repository
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def model_repository_copy(target: Path, **dit_parameters) -> Path:
-    """server.repository.repository_copy of model_repository/ to `target` with the given h3_dit
-    parameters (values as strings); returns the new repository path."""
-    return repository_copy(target, {"h3_dit": dit_parameters})
+def model_repository_copy(target: Path, dit_instances: int = 1, **dit_parameters) -> Path:
+    """The CPU repository (tiny, checkpoints/tiny; nothing sized from this machine) written to
+    `target` by server.repository, with `dit_instances` h3_dit instances and the given h3_dit
+    parameters (values as strings); returns the new repository path. Raises ValueError for a
+    parameter the settings refuse."""
+    return write_repository(target, plan(dit_instances=dit_instances, overrides={"h3_dit": dit_parameters}))
 
 
 def tensor(name: str, value, datatype: str):

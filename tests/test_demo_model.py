@@ -14,7 +14,7 @@ from h3_core.engine import Engine, load_vaes
 from h3_core.model import H3DiT
 from h3_core.request import RequestLimits
 from server.process import TritonServer
-from server.repository import DEMO_WEIGHTS, demo_repository
+from server.repository import DEMO_WEIGHTS, plan, write_repository
 
 # The engine parity tests of test_engine.py, collected here again so they run with this
 # module's `engine` fixture: the trained checkpoint instead of seeded random weights.
@@ -78,7 +78,7 @@ def test_short_evaluation_through_the_server(tmp_path):
     they are co-batched), scored like training.evaluate: the measured colour, direction, pitch
     and side match the prompt."""
     clips = data.held_out_clips()[:4]
-    repository = demo_repository(tmp_path / "model_repository")
+    repository = write_repository(tmp_path / "model_repository", plan("demo", DEMO_WEIGHTS))
     with TritonServer(repository, free_ports=True, log_file=tmp_path / "server.log") as server:
         client = H3Client(server.grpc_url, idle_timeout_s=600)
 

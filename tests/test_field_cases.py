@@ -24,6 +24,7 @@ import tritonclient.grpc as grpcclient
 from client.api import H3Client, H3Error
 from h3_core.model.attention import get_attention_backend
 from server.process import TritonServer, stub_pids
+from server.repository import plan, write_repository
 
 from .serving import ROOT, idle_metrics, model_repository_copy, raw_stream, tensor
 from .serving import generate_in_thread as start
@@ -230,10 +231,8 @@ def reaping(tmp_path_factory):
     """A server whose h3_dit has Triton's default 1 s max_sequence_idle_microseconds and fault
     injection on. Its tests leave ensemble requests in flight that Triton 2.51 cannot end."""
     tmp = tmp_path_factory.mktemp("reaping")
-    repo = model_repository_copy(tmp / "repo", allow_fault_injection="true", max_steps="400")
-    config = repo / "h3_dit" / "config.pbtxt"
-    config.write_text(config.read_text().replace("max_sequence_idle_microseconds: 60000000",
-                                                 "max_sequence_idle_microseconds: 1000000"))
+    dit = {"allow_fault_injection": "true", "max_steps": "400"}
+    repo = write_repository(tmp / "repo", plan(overrides={"h3_dit": dit}, idle_timeout_s=1))
     # exit_timeout_secs 1: Triton waits that long for the requests it cannot end, then exits
     with TritonServer(repo, free_ports=True, log_file=tmp / "server.log", exit_timeout_secs=1) as server:
         yield server

@@ -11,7 +11,6 @@ from h3_core import layout as L
 from h3_core.checkpoint import init_weights
 from h3_core.config import get_config
 from h3_core.model import H3DiT
-from server.repository import ROOT, demo_repository, repository_copy
 from training import data, dit_train, measure, state, text_states, vae_train
 from training.loop import lr_at, read_loss_csv
 
@@ -131,32 +130,3 @@ def test_every_stage_runs_and_resumes_on_the_cpu(tmp_path):
     assert all(np.isfinite(float(r["loss"])) for r in rows)
     report = json.loads((tmp_path / "dit_eval.json").read_text())
     assert report["held_out"]["n_clips"] == 1 and 0.0 <= report["held_out"]["attribute_accuracy"] <= 1.0
-
-
-def test_demo_repository_points_h3_dit_and_h3_vae_at_the_weights(tmp_path):
-    weights = tmp_path / "w"
-    weights.mkdir()
-    for name in ("dit", "video_vae", "audio_vae"):
-        (weights / f"{name}.safetensors").write_bytes(b"")
-    repo = demo_repository(tmp_path / "repo", "demo", weights, max_steps="7")
-    dit = (repo / "h3_dit" / "config.pbtxt").read_text()
-    assert 'key: "config_name" value: { string_value: "demo" }' in dit
-    assert f'key: "checkpoint_dir" value: {{ string_value: "{weights.resolve()}" }}' in dit
-    assert 'key: "max_steps" value: { string_value: "7" }' in dit
-    vae = (repo / "h3_vae" / "config.pbtxt").read_text()
-    assert f'key: "checkpoint_dir" value: {{ string_value: "{weights.resolve()}" }}' in vae
-    with pytest.raises(FileNotFoundError):
-        demo_repository(tmp_path / "repo2", "demo", tmp_path / "nowhere")
-
-
-def test_repository_copy_makes_checkpoint_paths_absolute_and_refuses_unknown_names(tmp_path):
-    repo = repository_copy(tmp_path / "repo", {"h3_dit": {"max_steps": "7"}})
-    for model in ("h3_dit", "h3_vae"):
-        text = (repo / model / "config.pbtxt").read_text()
-        assert f'key: "checkpoint_dir" value: {{ string_value: "{ROOT}/checkpoints/tiny" }}' in text
-    assert 'key: "max_steps" value: { string_value: "7" }' in (repo / "h3_dit" / "config.pbtxt").read_text()
-    assert not list(repo.rglob("__pycache__"))
-    with pytest.raises(ValueError, match="no model"):
-        repository_copy(tmp_path / "repo2", {"h3_nowhere": {"max_steps": "7"}})
-    with pytest.raises(ValueError, match="'colour' occurs 0 times"):
-        repository_copy(tmp_path / "repo3", {"h3_dit": {"colour": "red"}})

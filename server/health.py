@@ -1,0 +1,66 @@
+"""The container's health check (the Dockerfile's HEALTHCHECK): healthy when tritonserver answers
+ready (/v2/health/ready) and the DiT's heartbeat is on /metrics and not stalled
+(h3_heartbeat_timestamp_seconds, judged by server.process.dit_stall, the rule --supervise uses).
+
+    python -m server.health [--http URL] [--metrics URL] [--stale-after SECONDS]
+
+Exit status 0 when healthy, else 1 after one line on stderr saying why. Importing this module
+never imports torch.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+
+from .environment import DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT
+from .process import DEFAULT_STALE_AFTER_S, dit_stall, metric_samples, read_metrics
+
+HEARTBEAT = "h3_heartbeat_timestamp_seconds"
+
+
+def problem(http_url: str, metrics_url: str, stale_after: float = DEFAULT_STALE_AFTER_S,
+            now: float | None = None, timeout_s: float = 2.0) -> str | None:
+    """Why the server at `http_url` (http://host:port) / `metrics_url` (http://host:port/metrics)
+    is unhealthy at unix time `now` (default: the clock), or None: not ready (any answer but 200,
+    or none within timeout_s seconds), /metrics unreachable, no h3_dit heartbeat on it, or a stall
+    (server.process.dit_stall with stale_after seconds)."""
+    try:
+        with urllib.request.urlopen(f"{http_url}/v2/health/ready", timeout=timeout_s) as response:
+            status = response.status
+    except urllib.error.HTTPError as error:
+        status = error.code
+    except OSError as error:
+        return f"{http_url}/v2/health/ready unreachable: {error}"
+    if status != 200:
+        return f"{http_url}/v2/health/ready answered {status}: not ready"
+    text = read_metrics(metrics_url, timeout_s)
+    if text is None:
+        return f"{metrics_url} unreachable"
+    if not metric_samples(text, HEARTBEAT):
+        return f"no {HEARTBEAT} on {metrics_url}: the h3_dit step loop publishes none"
+    return dit_stall(text, stale_after, time.time() if now is None else now)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The CLI (module docstring); returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m server.health", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--http", default=f"http://127.0.0.1:{DEFAULT_HTTP_PORT}", help="default: %(default)s")
+    parser.add_argument("--metrics", default=f"http://127.0.0.1:{DEFAULT_METRICS_PORT}/metrics",
+                        help="default: %(default)s")
+    parser.add_argument("--stale-after", type=float, default=DEFAULT_STALE_AFTER_S, metavar="SECONDS",
+                        help="heartbeat age that counts as a stalled DiT; must exceed the longest execute() "
+                             "(default: %(default)s, as server.launch --stale-after)")
+    args = parser.parse_args(argv)
+    reason = problem(args.http, args.metrics, args.stale_after)
+    if reason is not None:
+        print(f"unhealthy: {reason}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

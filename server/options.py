@@ -1,0 +1,35 @@
+"""The repository options shared by `python -m server.repository` and `python -m server.launch`
+(--config, --checkpoint, --device, --gpus, --dit-instances, --set). Standard library only: the
+launcher imports it without torch and hands the options to the writer's own process.
+"""
+from __future__ import annotations
+
+import argparse
+
+DEVICES = ("cpu", "cuda")
+OPTIONS = ("config", "checkpoint", "device", "gpus", "dit_instances", "set")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the repository options to `parser`. Every default is None, so that a caller can tell
+    which were given; server.repository.plan's defaults then apply."""
+    parser.add_argument("--config", help="DiT config: tiny, small, demo, bench or h3 (default: tiny)")
+    parser.add_argument("--checkpoint", help="folder holding dit.safetensors, video_vae.safetensors and "
+                                             "audio_vae.safetensors (default: checkpoints/CONFIG)")
+    parser.add_argument("--device", choices=(*DEVICES, "auto"),
+                        help="cpu (default), cuda, or auto: cuda when torch sees a GPU, else cpu")
+    parser.add_argument("--gpus", help="cuda: 'all' (default) or a comma list such as 0,1; one h3_dit instance "
+                                       "per GPU")
+    parser.add_argument("--dit-instances", type=int, help="cpu: h3_dit instances (default 1)")
+    parser.add_argument("--set", action="append", metavar="MODEL.KEY=VALUE",
+                        help="set a model parameter, e.g. h3_dit.max_waiting=2 (repeatable; wins over sizing)")
+
+
+def given_options(args: argparse.Namespace) -> list[str]:
+    """The repository options of parsed `args` that were given, as command-line arguments again."""
+    argv = []
+    for name in OPTIONS:
+        value = getattr(args, name)
+        items = (value or []) if name == "set" else ([] if value is None else [value])
+        argv += [part for item in items for part in (f"--{name.replace('_', '-')}", str(item))]
+    return argv

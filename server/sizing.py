@@ -1,0 +1,169 @@
+"""What a model repository sizes from the machine: pure functions, applied by server.repository.
+
+Units: bytes, MiB (2**20 bytes) where a name says `_mb`, seconds where it says `_s`, rows of the
+packed DiT sequence.
+
+- cpu_threads: the cores this process may run on (os.sched_getaffinity) divided evenly among the
+  model processes (one per Triton model instance), at least 1. More OpenMP threads than free
+  cores makes every parallel region wait for a descheduled thread.
+- GPU memory (cuda), per GPU that holds a DiT instance:
+      available = free - DiT weights - decode reserve
+      rows      = available // (bytes_per_row_and_width x hidden_size), down to a multiple of 64
+  max_batch_rows = the least over the GPUs, capped at MAX_BATCH_ROWS (65,536). DiT weights: the
+  bytes of every parameter and buffer (h3_core.model.H3DiT on the meta device; about parameters x 2
+  in bf16). Decode reserve, on the GPU that holds h3_vae: decode_workers x the video VAE decode
+  of the largest canvas the limits allow (request_memory_mb's decode term). bytes_per_row_and_width
+  defaults to the CPU float32 measurement (h3_core.request.DIT_BYTES_PER_ROW_AND_WIDTH, 96) scaled
+  by the config's dtype bytes / 4: halved for bf16. That GPU figure is NOT measured; pass a
+  measured one when there is one.
+- max_sequence_idle_microseconds: longer than the longest execute() (see idle_timeout).
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from h3_core.config import ROW_ALIGN, DiTConfig
+from h3_core.request import DIT_BYTES_PER_ROW_AND_WIDTH, request_memory_mb
+
+from .options import DEVICES
+
+MIB = 2**20
+MAX_BATCH_ROWS = 65_536  # rows of one packed forward at most (4 x the 16,384-row benchmark request)
+# The recorded H200 step: the bench DiT (8 layers, hidden 5376, bf16) steps one 16,384-row request
+# in 0.355 s (benchmarks/results/h200.json, engine_bench e_packing_curve["16384"].one_s = 0.3548;
+# a_step["1"] 0.351 s). Scaled linearly by rows and by layers; narrower configs than H3's width
+# are over-estimated, which errs on the safe side.
+H200_STEP_S, H200_STEP_ROWS, H200_STEP_LAYERS = 0.355, 16_384, 8
+MIN_IDLE_S = 60.0  # today's CPU value, and the floor everywhere
+STEP_IDLE_FACTOR = 5.0  # step mode: idle >= 5 steps
+REQUEST_IDLE_FACTOR = 1.5  # request mode: idle >= 1.5 x a whole generation
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What sizing reads from the machine: `cores` this process may run on, and the free memory
+    (bytes) of each GPU to use, by CUDA device index ({} on the CPU)."""
+
+    cores: int
+    gpu_free_bytes: dict[int, int]
+
+
+def available_cores() -> int:
+    """The cores this process may run on (os.sched_getaffinity; os.cpu_count where it is missing)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def parse_gpus(text: str, device_count: int) -> list[int]:
+    """The GPU indices of `--gpus`: "all" (every visible GPU) or a comma list such as "0,1".
+    Raises ValueError for no visible GPU, a malformed list, a repeated index or one >= device_count."""
+    if device_count < 1:
+        raise ValueError("no CUDA GPU is visible (torch.cuda.device_count() == 0); use --device cpu")
+    if text == "all":
+        return list(range(device_count))
+    try:
+        gpus = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--gpus {text!r} is not 'all' or a comma list of GPU indices such as 0,1") from None
+    if len(set(gpus)) != len(gpus) or not all(0 <= gpu < device_count for gpu in gpus):
+        raise ValueError(f"--gpus {text!r}: each index must appear once and lie in 0..{device_count - 1} "
+                         f"({device_count} GPUs visible)")
+    return gpus
+
+
+def probe(gpus: Sequence[int] = (), mem_get_info: Callable[[int], tuple[int, int]] | None = None,
+          cores: int | None = None) -> Machine:
+    """This machine: available_cores() (or `cores`) and the free bytes of each of `gpus` from
+    mem_get_info(index) -> (free, total) (default torch.cuda.mem_get_info, which starts a CUDA
+    context on each GPU: call it in a process that ends before the server starts)."""
+    if gpus and mem_get_info is None:
+        import torch
+
+        mem_get_info = torch.cuda.mem_get_info
+    return Machine(cores=available_cores() if cores is None else cores,
+                   gpu_free_bytes={gpu: int(mem_get_info(gpu)[0]) for gpu in gpus})
+
+
+def cpu_threads(cores: int, processes: int) -> int:
+    """torch CPU threads per model process: cores // processes, at least 1.
+    Raises ValueError unless cores >= 1 and processes >= 1."""
+    if cores < 1 or processes < 1:
+        raise ValueError(f"cpu_threads needs cores >= 1 and processes >= 1, got {cores} and {processes}")
+    return max(1, cores // processes)
+
+
+def dtype_bytes(config: DiTConfig) -> int:
+    """Bytes of one element of the config's runtime dtype (bfloat16: 2, float32: 4)."""
+    return config.torch_dtype.itemsize
+
+
+def dit_weight_bytes(config: DiTConfig) -> int:
+    """Bytes of the DiT's parameters and buffers in their dtypes, counted on the meta device
+    (no memory used): bench 12,052,395,520 (6,008,975,616 parameters, mostly bf16)."""
+    from h3_core.model import H3DiT
+
+    dit = H3DiT(config, device="meta")
+    return sum(t.numel() * t.element_size() for t in (*dit.parameters(), *dit.buffers()))
+
+
+def gpu_bytes_per_row_and_width(config: DiTConfig) -> int:
+    """The default DiT activation bytes per packed row and unit of hidden_size on a GPU: the CPU
+    float32 measurement (96) x dtype bytes / 4 (48 for bf16). Not measured on a GPU."""
+    return DIT_BYTES_PER_ROW_AND_WIDTH * dtype_bytes(config) // 4
+
+
+def decode_reserve_bytes(max_height: int, max_width: int, max_num_frames: int, decode_workers: int) -> int:
+    """GPU bytes kept for h3_vae: decode_workers decodes of the largest canvas at once (pixels,
+    frames), each request_memory_mb's decode term (its rows term is 0 here), rounded up to MiB."""
+    return decode_workers * request_memory_mb(max_height, max_width, max_num_frames, 0, 0) * MIB
+
+
+def gpu_max_batch_rows(free_bytes: int, weight_bytes: int, reserve_bytes: int, hidden_size: int,
+                       bytes_per_row_and_width: int) -> int:
+    """The packed rows one GPU can step: (free - weights - reserve) // (bytes_per_row_and_width x
+    hidden_size), down to a multiple of 64, at most MAX_BATCH_ROWS.
+    Raises ValueError when not even 64 rows fit (the message gives the MiB)."""
+    available = free_bytes - weight_bytes - reserve_bytes
+    rows = max(available, 0) // (bytes_per_row_and_width * hidden_size) // ROW_ALIGN * ROW_ALIGN
+    if rows < ROW_ALIGN:
+        raise ValueError(f"the DiT does not fit: {free_bytes // MIB:,} MiB free - {weight_bytes // MIB:,} MiB of "
+                         f"weights - {reserve_bytes // MIB:,} MiB decode reserve leaves "
+                         f"{int(available / MIB):,} MiB, under {ROW_ALIGN} rows")
+    return min(rows, MAX_BATCH_ROWS)
+
+
+def step_seconds(rows: int, num_layers: int) -> float:
+    """Estimated seconds of one DiT step over `rows` packed rows of a `num_layers` DiT on an
+    H200: H200_STEP_S x rows / 16,384 x num_layers / 8."""
+    return H200_STEP_S * rows / H200_STEP_ROWS * num_layers / H200_STEP_LAYERS
+
+
+def idle_timeout(device: str, execution_mode: str, max_batch_rows: int, num_layers: int,
+                 max_steps: int) -> tuple[int, str]:
+    """(max_sequence_idle_microseconds, why) for h3_dit. It must exceed the longest execute():
+    - cpu: MIN_IDLE_S = 60 s (tiny on the 2-core CPU steps 4,096 rows in under 0.2 s, so request mode
+      needs > 50 x 0.2 s = 10 s; 60 s leaves a 6x margin);
+    - cuda, with step = step_seconds(max_batch_rows, num_layers):
+      step mode:    max(60 s, 5 x step);
+      request mode: max(60 s, max_steps x step x 1.5) (a whole generation in one execute()).
+    Raises ValueError for an unknown device."""
+    if device == "cpu":
+        return int(MIN_IDLE_S * 1e6), ("on the CPU 60 s: tiny on the 2-core CPU steps 4,096 rows in under 0.2 s, so "
+                                       "request mode needs > 50 x 0.2 s = 10 s; 60 s leaves a 6x margin.")
+    if device != "cuda":
+        raise ValueError(f"device {device!r} is not one of {DEVICES}")
+    step = step_seconds(max_batch_rows, num_layers)
+    estimate = (f"a step of {max_batch_rows:,} rows of the {num_layers}-layer DiT estimated as {H200_STEP_S} s x "
+                f"{max_batch_rows:,} / {H200_STEP_ROWS:,} rows x {num_layers} / {H200_STEP_LAYERS} layers = "
+                f"{step:.3f} s (the bench DiT on the H200, benchmarks/results/h200.json)")
+    if execution_mode == "request":
+        seconds = max(MIN_IDLE_S, max_steps * step * REQUEST_IDLE_FACTOR)
+        formula = f"request mode: max(60 s, {max_steps} steps x {step:.3f} s x {REQUEST_IDLE_FACTOR})"
+    else:
+        seconds = max(MIN_IDLE_S, STEP_IDLE_FACTOR * step)
+        formula = f"step mode: max(60 s, {STEP_IDLE_FACTOR:g} x {step:.3f} s)"
+    return round(seconds * 1e6), f"on cuda, {formula} = {seconds:.1f} s, {estimate}."

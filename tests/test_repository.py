@@ -1,0 +1,243 @@
+"""server.repository, the one model-repository writer: the shipped model_repository/ is its output
+for the defaults, the generated config texts (instance groups, max_batch_size, idle timeout, every
+parameter), validated overrides, GPU sizing through plan(), the folders it writes and its CLI."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from h3_core.settings import DitSettings, EncoderSettings, VaeSettings
+from server import launch
+from server import repository as R
+from server.sizing import Machine
+
+from .serving import model_repository_copy
+
+GIB = 2**30
+PARAMETER = re.compile(r'key: "([^"]+)" value: \{ string_value: "([^"]*)" \}')
+
+
+def parameters(text: str) -> dict[str, str]:
+    return dict(PARAMETER.findall(text))
+
+
+def line(text: str, start: str) -> str:
+    """The one line of `text` that starts with `start`."""
+    found = [row for row in text.splitlines() if row.startswith(start)]
+    assert len(found) == 1, (start, found)
+    return found[0]
+
+
+def test_the_shipped_repository_is_the_writers_output_for_the_defaults():
+    texts = R.config_texts(R.plan())
+    assert sorted(texts) == sorted(path.parent.name for path in R.SHIPPED.glob("*/config.pbtxt"))
+    for model, text in texts.items():
+        assert (R.SHIPPED / model / "config.pbtxt").read_text() == text, model
+    # and the CPU sizing of a 2-core machine changes nothing: 2 cores / 3 processes -> 1 thread
+    assert R.config_texts(R.plan(machine=Machine(2, {}))) == texts
+
+
+def test_every_parameter_of_every_model_is_written():
+    repository = R.plan("demo", "/w", overrides={"h3_dit": {"max_steps": 7}})
+    texts = R.config_texts(repository)
+    for settings in (repository.encoder, repository.dit, repository.vae):
+        assert parameters(texts[settings.MODEL]) == settings.to_parameters()
+    assert parameters(texts["h3_dit"])["max_steps"] == "7"
+    assert (parameters(texts["h3_dit"])["config_name"], parameters(texts["h3_dit"])["checkpoint_dir"]) == ("demo", "/w")
+    assert parameters(texts["h3_vae"])["checkpoint_dir"] == "/w"
+    assert DitSettings.from_parameters(parameters(texts["h3_dit"]), 14) == repository.dit
+
+
+def test_instance_groups_for_two_cpu_dit_instances():
+    texts = R.config_texts(R.plan(dit_instances=2))
+    assert line(texts["h3_dit"], "instance_group") == "instance_group [ { kind: KIND_CPU count: 2 } ]"
+    assert line(texts["h3_encoder"], "instance_group") == "instance_group [ { kind: KIND_CPU count: 1 } ]"
+    assert line(texts["h3_vae"], "instance_group") == "instance_group [ { kind: KIND_CPU count: 1 } ]"
+
+
+def test_instance_groups_for_gpus_0_and_1():
+    repository = R.plan("bench", "/w", "cuda", [0, 1])
+    texts = R.config_texts(repository)
+    assert line(texts["h3_dit"], "instance_group") == "instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0, 1 ] } ]"
+    assert line(texts["h3_encoder"], "instance_group") == "instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]"
+    assert line(texts["h3_vae"], "instance_group") == "instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]"
+    assert (repository.dit.device, repository.vae.device) == ("cuda", "cuda:0")
+    assert R.plan("bench", "/w", "cuda", [1, 0]).vae.device == "cuda:1"
+    assert sum(group.instances for group in repository.groups.values()) == 4
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(device="cuda"), "--device cuda needs at least one GPU"),
+    (dict(device="cuda", gpus=[0], dit_instances=2), "dit_instances=2: on cuda h3_dit has one instance per GPU"),
+    (dict(gpus=[0]), "GPUs were given for --device cpu; use --device cuda"),
+    (dict(dit_instances=0), "dit_instances=0 is out of range: allowed >= 1"),
+    (dict(device="tpu"), r"device 'tpu' is not one of \('cpu', 'cuda'\)"),
+    (dict(config="huge"), "config 'huge' is unknown"),
+])
+def test_bad_placements_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        R.plan(**kwargs)
+
+
+def test_max_batch_size_is_the_sequence_slots():
+    text = R.config_texts(R.plan(overrides={"h3_dit": {"max_num_seqs": "6", "max_waiting": "3"}}))["h3_dit"]
+    assert line(text, "max_batch_size") == "max_batch_size: 11"
+    assert "max_num_seqs + max_waiting + 2 control slots (6 + 3 + 2)" in text
+    assert line(R.config_texts(R.plan())["h3_encoder"], "max_batch_size") == "max_batch_size: 1"
+
+
+def test_the_idle_timeout_is_sized_and_can_be_given():
+    def idle(repository):
+        return line(R.config_texts(repository)["h3_dit"], "  max_sequence_idle_microseconds")
+
+    assert idle(R.plan()) == "  max_sequence_idle_microseconds: 60000000"
+    request = {"execution_mode": "request", "scheduling_policy": "request", "max_batch_rows": "65536"}
+    # 50 steps x (0.355 s x 65,536 / 16,384 rows x 50 / 8 layers) x 1.5
+    assert idle(R.plan("h3", "/w", "cuda", [0], overrides={"h3_dit": request})) == (
+        "  max_sequence_idle_microseconds: 665625000")
+    assert idle(R.plan(idle_timeout_s=1)) == "  max_sequence_idle_microseconds: 1000000"
+    assert R.plan(idle_timeout_s=1).idle_reason == "1 s, given."
+
+
+def test_overrides_are_validated_by_the_settings():
+    with pytest.raises(ValueError, match=r"h3_dit parameters: unknown \['colour'\], missing \[\]; expected exactly"):
+        R.plan(overrides={"h3_dit": {"colour": "red"}})
+    with pytest.raises(ValueError, match=r"h3_vae parameters: unknown \['max_waiting'\]"):
+        R.plan(overrides={"h3_vae": {"max_waiting": 2}})
+    with pytest.raises(ValueError, match="h3_dit parameter max_waiting='eight' is not a valid int"):
+        R.plan(overrides={"h3_dit": {"max_waiting": "eight"}})
+    with pytest.raises(ValueError, match=r"no model 'h3_nowhere' to set: choose one of \['h3_dit', 'h3_encoder', "):
+        R.plan(overrides={"h3_nowhere": {"max_steps": 7}})
+    with pytest.raises(ValueError, match="h3_vae parameter decode_workers=0 is out of range"):
+        R.plan(overrides={"h3_vae": {"decode_workers": 0}})
+    smaller = R.plan(overrides={"h3_dit": {"max_batch_rows": 2048}}).dit  # row_budget follows unless given
+    assert (smaller.max_batch_rows, smaller.row_budget) == (2048, 2048)
+    with pytest.raises(ValueError, match=r"row_budget=3000 is out of range: allowed 1..2048 \(max_batch_rows\)"):
+        R.plan(overrides={"h3_dit": {"max_batch_rows": 2048, "row_budget": 3000}})
+    repository = R.plan(overrides={"h3_dit": {"allow_fault_injection": True}, "h3_encoder": {"max_tokens": 64}})
+    assert (repository.dit.allow_fault_injection, repository.encoder.max_tokens) == (True, 64)
+    assert repository.notes == ("h3_encoder.max_tokens 64: given", "h3_dit.allow_fault_injection true: given")
+
+
+def test_gpu_sizing_golden_numbers():
+    machine = Machine(16, {0: 40 * GIB, 1: 40 * GIB})
+    repository = R.plan("bench", "/w", "cuda", [0, 1], machine=machine)
+    dit = repository.dit
+    # GPU 0 holds h3_vae: (40 GiB - 12,052,395,520 B weights - 2 x 14,402 MiB decodes) / (48 x 5376 B) -> 2,688 rows
+    assert (dit.max_batch_rows, dit.row_budget) == (2_688, 2_688)
+    # request_memory_mb(672, 672, 209, 2688, 5376): 96 x 2688 x 5376 + 160 x 672 x 672 x 209 B -> 15,725 MiB
+    assert dit.max_request_mb == 15_725
+    assert (dit.max_height, dit.max_width, dit.max_num_frames) == (672, 672, 209)  # bench's 672 x 384, 209 frames
+    assert (repository.encoder.cpu_threads, dit.cpu_threads, repository.vae.cpu_threads) == (4, 4, 4)  # 16 / 4
+    assert repository.idle_microseconds == 60_000_000
+    assert "GPU 1: 40,960 MiB free - 11,494 MiB DiT weights - no decode reserve (h3_vae is on GPU 0) -> 65,536 rows " \
+           "at 48 bytes per row and unit of hidden_size 5376 (the CPU float32 measurement scaled to bfloat16; not " \
+           "measured on a GPU)" in repository.notes
+    # explicit settings win over sizing
+    given = R.plan("bench", "/w", "cuda", [0, 1], machine=machine,
+                   overrides={"h3_dit": {"max_batch_rows": 1024, "cpu_threads": 2, "max_height": 384}})
+    assert (given.dit.max_batch_rows, given.dit.row_budget, given.dit.cpu_threads, given.dit.max_height) == (
+        1024, 1024, 2, 384)
+    # sized for the given 672 x 384 px canvas: a 2 x 8,230 MiB decode reserve leaves 52,849 rows
+    assert "h3_dit.max_batch_rows 1024: given (sized it would be 52800: the least over GPUs [0, 1], a multiple of " \
+           "64, at most 65,536)" in given.notes
+    with pytest.raises(ValueError, match="the DiT does not fit"):
+        R.plan("h3", "/w", "cuda", [0], machine=Machine(16, {0: 40 * GIB}))
+
+
+def test_cuda_without_a_machine_keeps_the_rows_and_derives_the_rest():
+    dit = R.plan("bench", "/w", "cuda", [0]).dit
+    # request_memory_mb(672, 672, 209, 4096, 5376): 96 x 4096 x 5376 + 15,100,968,960 B -> 16,418 MiB
+    assert (dit.max_batch_rows, dit.row_budget, dit.max_request_mb, dit.cpu_threads) == (4096, 4096, 16_418, 1)
+    tiny = R.plan("tiny", "/w", "cuda", [0]).dit  # its own canvas is under the CPU limits: they stay
+    assert (tiny.max_height, tiny.max_width, tiny.max_num_frames) == (256, 256, 121)
+
+
+def test_checkpoint_paths_are_relative_only_in_the_shipped_repository(tmp_path):
+    assert R.checkpoint_for("checkpoints/tiny", R.SHIPPED) == "checkpoints/tiny"
+    assert R.checkpoint_for(str(R.ROOT / "weights" / "demo"), R.SHIPPED) == "weights/demo"
+    assert R.checkpoint_for("checkpoints/tiny", tmp_path / "repo") == str(R.ROOT / "checkpoints" / "tiny")
+    assert R.checkpoint_for("/data/h3", R.SHIPPED) == "/data/h3"
+
+
+def test_a_written_copy(tmp_path):
+    repo = model_repository_copy(tmp_path / "repo", dit_instances=2, max_steps="7")
+    assert sorted(str(p.relative_to(repo)) for p in repo.rglob("*") if p.is_file()) == [
+        "h3_dit/1/model.py", "h3_dit/config.pbtxt", "h3_encoder/1/model.py", "h3_encoder/config.pbtxt",
+        "h3_pipeline/1/.gitkeep", "h3_pipeline/config.pbtxt", "h3_vae/1/model.py", "h3_vae/config.pbtxt"]
+    dit = (repo / "h3_dit" / "config.pbtxt").read_text()
+    assert parameters(dit)["max_steps"] == "7"
+    assert line(dit, "instance_group") == "instance_group [ { kind: KIND_CPU count: 2 } ]"
+    for model in ("h3_dit", "h3_vae"):
+        text = (repo / model / "config.pbtxt").read_text()
+        assert parameters(text)["checkpoint_dir"] == str(R.ROOT / "checkpoints" / "tiny")
+    assert (repo / "h3_dit" / "1" / "model.py").read_text() == (R.SHIPPED / "h3_dit" / "1" / "model.py").read_text()
+    # an earlier repository is replaced; any other non-empty folder is not
+    model_repository_copy(tmp_path / "repo", max_steps="9")
+    assert parameters((repo / "h3_dit" / "config.pbtxt").read_text())["max_steps"] == "9"
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="is not empty and holds no model repository; not replacing it"):
+        model_repository_copy(tmp_path / "other")
+    assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
+
+
+def test_the_cli_writes_the_demo_repository_and_says_what_it_sized(tmp_path, capsys):
+    target = tmp_path / "demo"
+    assert R.main([str(target), "--config", "demo", "--checkpoint", str(R.DEMO_WEIGHTS), "--dit-instances", "2",
+                   "--set", "h3_dit.max_waiting=2", "--set", "h3_vae.decode_workers=1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    cores = len(os.sched_getaffinity(0))
+    assert out[:6] == [f"model repository {target}: config demo, checkpoint {R.DEMO_WEIGHTS}, device cpu",
+                       "  h3_encoder: instance_group [ { kind: KIND_CPU count: 1 } ]",
+                       "  h3_dit: instance_group [ { kind: KIND_CPU count: 2 } ]",
+                       "  h3_vae: instance_group [ { kind: KIND_CPU count: 1 } ]",
+                       "  h3_dit.max_batch_size 8: max_num_seqs 4 + max_waiting 2 + 2 control slots",
+                       f"  h3_encoder.cpu_threads {max(1, cores // 4)}: {cores} cores / 4 model processes"]
+    assert "  h3_dit.max_waiting 2: given" in out and "  h3_vae.decode_workers 1: given" in out
+    assert out[-1].startswith("  h3_dit.max_sequence_idle_microseconds 60000000: on the CPU 60 s")
+    dit = parameters((target / "h3_dit" / "config.pbtxt").read_text())
+    assert (dit["config_name"], dit["checkpoint_dir"], dit["max_waiting"]) == ("demo", str(R.DEMO_WEIGHTS), "2")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--set", "h3_dit.colour=red"], "h3_dit parameters: unknown ['colour']"),
+    (["--set", "max_waiting=2"], "--set 'max_waiting=2' is not MODEL.KEY=VALUE (e.g. h3_dit.max_waiting=2)"),
+    (["--gpus", "0"], "--gpus needs --device cuda"),
+    (["--config", "demo"], "checkpoints/demo/dit.safetensors not found; seeded random weights: python -m "
+                           "h3_core.checkpoint_setup --configs demo --root "),
+])
+def test_the_cli_refuses_with_one_line(tmp_path, capsys, argv, message):
+    assert R.main([str(tmp_path / "repo"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("python -m server.repository: ") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "repo").exists()
+
+
+def test_the_settings_dataclasses_are_the_models_written():
+    assert R.SETTINGS == {"h3_encoder": EncoderSettings, "h3_dit": DitSettings, "h3_vae": VaeSettings}
+
+
+def test_the_launcher_serves_what_the_writer_writes_from_the_same_options(tmp_path):
+    """make serve-demo's path: server.launch with repository options runs the writer, then serves."""
+    written = tmp_path / "written"
+    check = ("import json, os, urllib.request; config = json.load(urllib.request.urlopen("
+             "'http://' + os.environ['H3_HTTP_URL'] + '/v2/models/h3_dit/config')); "
+             "assert config['parameters']['config_name']['string_value'] == 'demo', config; "
+             "assert config['max_batch_size'] == 7, config; print('served', config['name'])")
+    done = subprocess.run([sys.executable, "-m", "server.launch", "--free-ports", "--config", "demo", "--checkpoint",
+                           str(R.DEMO_WEIGHTS), "--set", "h3_dit.max_waiting=1", "--write-repository", str(written),
+                           "--then", sys.executable, "-c", check], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "served h3_dit" in done.stdout and "  h3_dit.max_waiting 1: given" in done.stdout
+    assert parameters((written / "h3_dit" / "config.pbtxt").read_text())["max_waiting"] == "1"  # kept
+
+
+def test_the_launcher_refuses_bad_repository_options_before_starting_a_server(capsys):
+    assert launch.main(["--set", "h3_dit.colour=red", "--free-ports"]) == 2
+    with pytest.raises(SystemExit) as error:
+        launch.main(["--model-repository", str(R.SHIPPED), "--config", "demo"])
+    assert error.value.code == 2
+    assert "--model-repository serves a repository as it is" in capsys.readouterr().err

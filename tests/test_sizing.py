@@ -1,0 +1,114 @@
+"""server.sizing: what a repository sizes from the machine, with golden numbers worked out by hand in
+the comments (injected core counts and free GPU memory; no GPU needed)."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from h3_core.config import get_config
+from server import sizing
+
+ROOT = Path(__file__).resolve().parents[1]
+GIB = 2**30
+
+
+@pytest.mark.parametrize("cores, processes, threads", [(2, 3, 1), (2, 4, 1), (16, 4, 4), (17, 4, 4), (16, 3, 5),
+                                                       (1, 1, 1), (64, 4, 16)])
+def test_cpu_threads_divide_the_cores_among_the_model_processes(cores, processes, threads):
+    assert sizing.cpu_threads(cores, processes) == threads
+
+
+def test_cpu_threads_refuse_no_cores_or_no_processes():
+    with pytest.raises(ValueError, match="cpu_threads needs cores >= 1 and processes >= 1, got 0 and 3"):
+        sizing.cpu_threads(0, 3)
+    with pytest.raises(ValueError, match="got 2 and 0"):
+        sizing.cpu_threads(2, 0)
+
+
+def test_the_machine_is_read_through_injectable_probes():
+    free = {0: (5 * GIB, 141 * GIB), 1: (7 * GIB, 141 * GIB)}
+    assert sizing.probe([0, 1], mem_get_info=free.__getitem__, cores=3) == sizing.Machine(3, {0: 5 * GIB, 1: 7 * GIB})
+    assert sizing.probe() == sizing.Machine(len(os.sched_getaffinity(0)), {})
+    assert sizing.available_cores() == len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize("text, count, gpus", [("all", 2, [0, 1]), ("all", 1, [0]), ("1,0", 2, [1, 0]), ("3", 4, [3])])
+def test_gpus_are_all_or_a_list(text, count, gpus):
+    assert sizing.parse_gpus(text, count) == gpus
+
+
+@pytest.mark.parametrize("text, count, message", [
+    ("all", 0, r"no CUDA GPU is visible \(torch.cuda.device_count\(\) == 0\); use --device cpu"),
+    ("0,0", 2, r"--gpus '0,0': each index must appear once and lie in 0..1 \(2 GPUs visible\)"),
+    ("2", 2, r"--gpus '2': each index must appear once and lie in 0..1"),
+    ("-1", 2, r"--gpus '-1': each index"),
+    ("0;1", 2, r"--gpus '0;1' is not 'all' or a comma list of GPU indices such as 0,1"),
+])
+def test_bad_gpus_are_refused(text, count, message):
+    with pytest.raises(ValueError, match=message):
+        sizing.parse_gpus(text, count)
+
+
+def test_weights_and_the_gpu_activation_constant():
+    # every parameter and buffer in its dtype: bench has 6,008,975,616 parameters, most in bf16
+    assert sizing.dit_weight_bytes(get_config("bench")) == 12_052_395_520
+    assert sizing.dit_weight_bytes(get_config("h3")) == 66_280_430_080
+    assert sizing.dit_weight_bytes(get_config("tiny")) == 3_050_176
+    # the CPU float32 measurement (96 bytes per row and unit of hidden_size) x dtype bytes / 4
+    assert sizing.gpu_bytes_per_row_and_width(get_config("bench")) == 48
+    assert sizing.gpu_bytes_per_row_and_width(get_config("demo")) == 96
+
+
+def test_the_decode_reserve_is_the_largest_decode_per_worker():
+    # 160 bytes x 672 x 672 px x 209 frames (already 17n + 5) = 15,100,968,960 B -> 14,402 MiB, x 2 workers
+    assert sizing.decode_reserve_bytes(672, 672, 209, 2) == 28_804 * 2**20
+    # 160 x 256 x 256 x 124 (121 aligned up to 17n + 5) = 1,300,234,240 B -> 1,240 MiB
+    assert sizing.decode_reserve_bytes(256, 256, 121, 1) == 1_240 * 2**20
+
+
+def test_gpu_rows_from_free_memory():
+    weights, reserve = 12_052_395_520, 28_804 * 2**20
+    # (42,949,672,960 - 12,052,395,520 - 30,203,183,104) B / (48 x 5376 B a row) = 2,689.8 -> 2,688
+    assert sizing.gpu_max_batch_rows(40 * GIB, weights, reserve, 5376, 48) == 2_688
+    # without the reserve: 119,734 rows, capped
+    assert sizing.gpu_max_batch_rows(40 * GIB, weights, 0, 5376, 48) == 65_536
+    # with the CPU constant: 30,897,277,440 B / (96 x 5376) = 59,867.1 -> 59,840
+    assert sizing.gpu_max_batch_rows(40 * GIB, weights, 0, 5376, 96) == 59_840
+    with pytest.raises(ValueError, match=r"the DiT does not fit: 12,288 MiB free - 11,494 MiB of weights - "
+                                         r"28,804 MiB decode reserve leaves -28,010 MiB, under 64 rows"):
+        sizing.gpu_max_batch_rows(12 * GIB, weights, reserve, 5376, 48)
+
+
+def test_step_seconds_scale_the_recorded_h200_step_by_rows_and_layers():
+    assert sizing.step_seconds(16_384, 8) == 0.355
+    assert sizing.step_seconds(65_536, 50) == pytest.approx(8.875)
+    assert sizing.step_seconds(4_096, 8) == pytest.approx(0.08875)
+
+
+def test_the_step_constant_is_the_recorded_h200_figure():
+    recorded = json.loads((ROOT / "benchmarks" / "results" / "h200.json").read_text())
+    one = recorded["measurements"]["engine_bench"]["e_packing_curve"]["16384"]
+    assert one["used_rows"] == 16_329 and round(one["one_s"], 3) == sizing.H200_STEP_S
+
+
+@pytest.mark.parametrize("device, mode, rows, layers, steps, microseconds", [
+    ("cpu", "step", 4_096, 2, 50, 60_000_000),
+    ("cpu", "request", 65_536, 50, 50, 60_000_000),  # the CPU keeps the 60 s rule
+    ("cuda", "step", 65_536, 50, 50, 60_000_000),  # 5 x 8.875 s = 44.4 s < 60 s
+    ("cuda", "step", 65_536, 80, 50, 71_000_000),  # 5 x 14.2 s
+    ("cuda", "request", 65_536, 50, 50, 665_625_000),  # 50 x 8.875 s x 1.5
+    ("cuda", "request", 65_536, 8, 30, 63_900_000),  # 30 x 1.42 s x 1.5
+    ("cuda", "request", 4_096, 8, 50, 60_000_000),  # 50 x 0.089 s x 1.5 = 6.7 s < 60 s
+])
+def test_idle_timeout(device, mode, rows, layers, steps, microseconds):
+    assert sizing.idle_timeout(device, mode, rows, layers, steps)[0] == microseconds
+
+
+def test_idle_timeout_says_why():
+    assert sizing.idle_timeout("cuda", "request", 65_536, 50, 50)[1] == (
+        "on cuda, request mode: max(60 s, 50 steps x 8.875 s x 1.5) = 665.6 s, a step of 65,536 rows of the "
+        "50-layer DiT estimated as 0.355 s x 65,536 / 16,384 rows x 50 / 8 layers = 8.875 s (the bench DiT on the "
+        "H200, benchmarks/results/h200.json).")
+    with pytest.raises(ValueError, match=r"device 'tpu' is not one of \('cpu', 'cuda'\)"):
+        sizing.idle_timeout("tpu", "step", 64, 8, 50)
