@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import shutil
 import sys
 import textwrap
@@ -48,6 +49,7 @@ SHIPPED = ROOT / "model_repository"
 DEMO_WEIGHTS = ROOT / "weights" / "demo"
 SETTINGS = {cls.MODEL: cls for cls in (EncoderSettings, DitSettings, VaeSettings)}
 PIPELINE = "h3_pipeline"
+MINILM_WIDTH = 384  # width of the token states of h3_core.encoder's default text encoder
 CPU_GROUP, GPU_GROUP = "KIND_CPU", "KIND_GPU"
 
 
@@ -133,7 +135,8 @@ def plan(config: str = "tiny", checkpoint: str | Path | None = None, device: str
     request the row and canvas limits admit. idle_timeout_s replaces the sized
     max_sequence_idle_microseconds (sizing.idle_timeout).
     Raises ValueError for an unknown config, device, model or key, a value the settings refuse
-    (h3_core.settings messages), bad GPUs or instances, or a GPU where the DiT does not fit."""
+    (h3_core.settings messages), bad GPUs or instances, a text encoder of another width than the
+    config's text_dim (check_text_width), or a GPU where the DiT does not fit."""
     cfg = get_config(config)
     groups = instance_groups(device, gpus, dit_instances)
     unknown = sorted(set(overrides or {}) - set(SETTINGS))
@@ -172,6 +175,7 @@ def plan(config: str = "tiny", checkpoint: str | Path | None = None, device: str
     for model in SETTINGS:
         values[model].update(given[model])
     encoder = EncoderSettings.from_parameters(values[EncoderSettings.MODEL])
+    check_text_width(config, encoder.encoder_path)
     vae = VaeSettings.from_parameters(values[VaeSettings.MODEL])
     typed = DitSettings.from_parameters({**dit_values, "row_budget": "1"})  # every value typed; row_budget below
     rows = typed.max_batch_rows
@@ -195,6 +199,24 @@ def plan(config: str = "tiny", checkpoint: str | Path | None = None, device: str
         notes += [f"{model}.{key} {value}: given" for key, value in given[model].items()
                   if not any(note.startswith(f"{model}.{key} ") for note in notes)]
     return Repository(encoder, dit, vae, groups, idle, reason, tuple(notes))
+
+
+def check_text_width(config: str, encoder_path: str) -> None:
+    """Raise ValueError when the text encoder at `encoder_path` ("" = MiniLM-L6, MINILM_WIDTH wide;
+    a folder: its config.json hidden_size, when it has one) gives states of another width than
+    the DiT config's text_dim: every request would fail."""
+    text_dim = get_config(config).text_dim
+    if not encoder_path:
+        width, name = MINILM_WIDTH, "the default text encoder (MiniLM-L6, encoder_path \"\")"
+    else:
+        described = Path(encoder_path) / "config.json"
+        if not described.is_file():
+            return
+        width, name = json.loads(described.read_text()).get("hidden_size"), f"the text encoder {encoder_path}"
+    if width != text_dim:
+        raise ValueError(f"config {config} reads {text_dim}-wide text states but {name} gives {width}: set "
+                         f"h3_encoder.encoder_path to an encoder of width {text_dim} (python "
+                         f"benchmarks/bench_text_encoder.py DIR --width {text_dim} writes a weight-free one)")
 
 
 def _gpu_rows(cfg, dit: DitSettings, vae: VaeSettings, gpus: Sequence[int], machine: sizing.Machine,
@@ -547,9 +569,12 @@ def _plan_from_args(args: argparse.Namespace) -> Repository:
     elif args.gpus is not None and args.device != "auto":
         raise ValueError("--gpus needs --device cuda")
     checkpoint = None if args.checkpoint is None else Path(args.checkpoint).resolve()
+    overrides = parse_overrides(args.set or [])
+    encoder = overrides.get(EncoderSettings.MODEL, {})
+    if encoder.get("encoder_path"):  # the h3_encoder stub reads it against its own working directory
+        encoder["encoder_path"] = str(Path(encoder["encoder_path"]).resolve())
     machine = None if args.unsized else sizing.probe(gpus)
-    return plan(args.config or "tiny", checkpoint, device, gpus, args.dit_instances or 1,
-                parse_overrides(args.set or []), machine)
+    return plan(args.config or "tiny", checkpoint, device, gpus, args.dit_instances or 1, overrides, machine)
 
 
 if __name__ == "__main__":

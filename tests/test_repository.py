@@ -16,6 +16,7 @@ from server.sizing import Machine
 from .serving import model_repository_copy
 
 GIB = 2**30
+WIDE = {"h3_encoder": {"encoder_path": "/encoder-5120"}}  # bench and h3 read 5120-wide text states
 PARAMETER = re.compile(r'key: "([^"]+)" value: \{ string_value: "([^"]*)" \}')
 
 
@@ -58,13 +59,13 @@ def test_instance_groups_for_two_cpu_dit_instances():
 
 
 def test_instance_groups_for_gpus_0_and_1():
-    repository = R.plan("bench", "/w", "cuda", [0, 1])
+    repository = R.plan("bench", "/w", "cuda", [0, 1], overrides=WIDE)
     texts = R.config_texts(repository)
     assert line(texts["h3_dit"], "instance_group") == "instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0, 1 ] } ]"
     assert line(texts["h3_encoder"], "instance_group") == "instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]"
     assert line(texts["h3_vae"], "instance_group") == "instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]"
     assert (repository.dit.device, repository.vae.device) == ("cuda", "cuda:0")
-    assert R.plan("bench", "/w", "cuda", [1, 0]).vae.device == "cuda:1"
+    assert R.plan("bench", "/w", "cuda", [1, 0], overrides=WIDE).vae.device == "cuda:1"
     assert sum(group.instances for group in repository.groups.values()) == 4
 
 
@@ -95,7 +96,7 @@ def test_the_idle_timeout_is_sized_and_can_be_given():
     assert idle(R.plan()) == "  max_sequence_idle_microseconds: 60000000"
     request = {"execution_mode": "request", "scheduling_policy": "request", "max_batch_rows": "65536"}
     # 50 steps x (0.355 s x 65,536 / 16,384 rows x 50 / 8 layers) x 1.5
-    assert idle(R.plan("h3", "/w", "cuda", [0], overrides={"h3_dit": request})) == (
+    assert idle(R.plan("h3", "/w", "cuda", [0], overrides={"h3_dit": request, **WIDE})) == (
         "  max_sequence_idle_microseconds: 665625000")
     assert idle(R.plan(idle_timeout_s=1)) == "  max_sequence_idle_microseconds: 1000000"
     assert R.plan(idle_timeout_s=1).idle_reason == "1 s, given."
@@ -123,7 +124,7 @@ def test_overrides_are_validated_by_the_settings():
 
 def test_gpu_sizing_golden_numbers():
     machine = Machine(16, {0: 40 * GIB, 1: 40 * GIB})
-    repository = R.plan("bench", "/w", "cuda", [0, 1], machine=machine)
+    repository = R.plan("bench", "/w", "cuda", [0, 1], machine=machine, overrides=WIDE)
     dit = repository.dit
     # GPU 0 holds h3_vae: (40 GiB - 12,052,395,520 B weights - 2 x 14,402 MiB decodes) / (48 x 5376 B) -> 2,688 rows
     assert (dit.max_batch_rows, dit.row_budget) == (2_688, 2_688)
@@ -137,22 +138,37 @@ def test_gpu_sizing_golden_numbers():
            "measured on a GPU)" in repository.notes
     # explicit settings win over sizing
     given = R.plan("bench", "/w", "cuda", [0, 1], machine=machine,
-                   overrides={"h3_dit": {"max_batch_rows": 1024, "cpu_threads": 2, "max_height": 384}})
+                   overrides={"h3_dit": {"max_batch_rows": 1024, "cpu_threads": 2, "max_height": 384}, **WIDE})
     assert (given.dit.max_batch_rows, given.dit.row_budget, given.dit.cpu_threads, given.dit.max_height) == (
         1024, 1024, 2, 384)
     # sized for the given 672 x 384 px canvas: a 2 x 8,230 MiB decode reserve leaves 52,849 rows
     assert "h3_dit.max_batch_rows 1024: given (sized it would be 52800: the least over GPUs [0, 1], a multiple of " \
            "64, at most 65,536)" in given.notes
     with pytest.raises(ValueError, match="the DiT does not fit"):
-        R.plan("h3", "/w", "cuda", [0], machine=Machine(16, {0: 40 * GIB}))
+        R.plan("h3", "/w", "cuda", [0], machine=Machine(16, {0: 40 * GIB}), overrides=WIDE)
 
 
 def test_cuda_without_a_machine_keeps_the_rows_and_derives_the_rest():
-    dit = R.plan("bench", "/w", "cuda", [0]).dit
+    dit = R.plan("bench", "/w", "cuda", [0], overrides=WIDE).dit
     # request_memory_mb(672, 672, 209, 4096, 5376): 96 x 4096 x 5376 + 15,100,968,960 B -> 16,418 MiB
     assert (dit.max_batch_rows, dit.row_budget, dit.max_request_mb, dit.cpu_threads) == (4096, 4096, 16_418, 1)
     tiny = R.plan("tiny", "/w", "cuda", [0]).dit  # its own canvas is under the CPU limits: they stay
     assert (tiny.max_height, tiny.max_width, tiny.max_num_frames) == (256, 256, 121)
+
+
+def test_the_text_encoder_must_give_the_configs_text_width(tmp_path):
+    with pytest.raises(ValueError) as error:
+        R.plan("bench", "/w", "cuda", [0])
+    assert str(error.value) == (
+        'config bench reads 5120-wide text states but the default text encoder (MiniLM-L6, encoder_path "") gives '
+        "384: set h3_encoder.encoder_path to an encoder of width 5120 (python benchmarks/bench_text_encoder.py DIR "
+        "--width 5120 writes a weight-free one)")
+    (tmp_path / "config.json").write_text('{"hidden_size": 1024}')
+    with pytest.raises(ValueError, match=f"but the text encoder {tmp_path} gives 1024"):
+        R.plan("h3", "/w", "cuda", [0], overrides={"h3_encoder": {"encoder_path": str(tmp_path)}})
+    (tmp_path / "config.json").write_text('{"hidden_size": 5120}')
+    assert R.plan("h3", "/w", "cuda", [0], overrides={"h3_encoder": {"encoder_path": str(tmp_path)}})
+    assert R.plan("demo", "/w").encoder.encoder_path == ""  # MiniLM's 384 is demo's text_dim
 
 
 def test_checkpoint_paths_are_relative_only_in_the_shipped_repository(tmp_path):
