@@ -5,6 +5,7 @@ benchmarks' copies (benchmarks/served_bench.py) and the GPU repositories (`make 
 
     python -m server.repository TARGET [--config NAME] [--checkpoint DIR] [--device {cpu,cuda,auto}]
                                 [--gpus all|0,1] [--dit-instances N] [--set MODEL.KEY=VALUE ...] [--unsized]
+    python -m server.repository model_repository --unsized     # rewrites the shipped repository
 
 A repository is a `Repository`: the settings of h3_encoder, h3_dit and h3_vae (h3_core.settings;
 each config.pbtxt gets every key of its model's `parameters`), each model's instance group
