@@ -13,8 +13,8 @@ tritonserver (server.process.TritonServer) and runs benchmarks/bench_client.py a
      24 x N requests at N x RATE on N GPUs against 24 requests at RATE on 1 GPU: mean time to first
      step and mean latency ratios; row imbalance = max / mean over the GPUs of the packed rows each
      DiT instance ran (h3_pack_rows_sum per instance on /metrics).
-  placement (in-process, no server): a 16,384-row bench DiT step on cuda:0 alone, while a thread
-     decodes 672x384x209 clips on the same GPU, and while it decodes on cuda:1.
+  placement (no server): a 16,384-row bench DiT step on cuda:0 alone, and while another process
+     (as h3_vae is) decodes 672x384x209 clips without pause on cuda:0, on cuda:1, on the CPU.
 Writes DIR/multi_gpu_bench.json after every run and prints a table last. On a machine without
 two GPUs it refuses to start.
 """
@@ -24,7 +24,6 @@ import json
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -82,37 +81,43 @@ def served(name: str, gpus: list[int], checkpoint: Path, encoder_path: str, benc
     return without_machine_paths(document, work, out)
 
 
-def step_seconds_beside_decodes(checkpoint: Path, decode_device: str | None, steps: int = 10) -> float:
-    """Mean seconds of a 16,384-row bench DiT step on cuda:0 (after 2 warm-up steps) while a
-    thread decodes 672x384x209 clips on `decode_device` without pause (None: no decodes)."""
+def decode_forever(checkpoint: Path, device: str) -> None:
+    """Decode 672x384x209 clips on `device` without pause (a process of its own, as h3_vae is;
+    on the CPU with h3_vae's sized cpu_threads, 5 of 16 cores); prints "ready" once loaded."""
+    torch.set_num_threads(5)
+    video_vae, audio_vae = load_vaes(checkpoint, device)
+    latent = torch.randn(24, latent_frames(209), 384 // 16, 672 // 16, device=device)
+    audio = torch.randn(2, 32, audio_latent_frames(209), device=device)
+    print("ready", flush=True)
+    while True:
+        video_vae.decode(latent)
+        audio_vae.decode(audio)
+        if device != "cpu":
+            torch.cuda.synchronize(device)
+
+
+def step_seconds_beside_decodes(checkpoint: Path, work: Path, decode_device: str | None, steps: int = 10) -> float:
+    """Mean seconds of a 16,384-row bench DiT step on cuda:0 (after 2 warm-up steps) while
+    another process decodes 672x384x209 clips on `decode_device` without pause (None: none)."""
     engine = load_engine("bench", checkpoint, "cuda:0", with_encoder=False, with_vaes=False,
                          limits=RequestLimits(max_height=384, max_width=672, max_num_frames=209, max_rows=1 << 20,
                                               max_request_mb=1 << 20))
     text = torch.randn(TEXT_LEN, engine.dit.cfg.text_dim, generator=torch.Generator().manual_seed(0))
     state = engine.prepare(GenerationRequest("placement", 384, 672, 209, steps + 2, seed=0), text)[0]
-    stop, decoder = threading.Event(), None
+    decoder = None
     if decode_device is not None:
-        video_vae, audio_vae = load_vaes(checkpoint, decode_device)
-        latent = torch.randn(24, latent_frames(209), 384 // 16, 672 // 16, device=decode_device)
-        audio = torch.randn(2, 32, audio_latent_frames(209), device=decode_device)
-
-        def decode_forever():
-            while not stop.is_set():
-                video_vae.decode(latent)
-                audio_vae.decode(audio)
-                torch.cuda.synchronize(decode_device)
-
-        decoder = threading.Thread(target=decode_forever, daemon=True)
-        decoder.start()
+        decoder = subprocess.Popen([sys.executable, __file__, "--out", str(work), "--work", str(work),
+                                    "--decode-forever", decode_device], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        assert decoder.stdout.readline().strip() == "ready"
     for _ in range(2):
         engine.update(state, engine.denoise_step([state])[0])
     start = time.perf_counter()
     while not state.finished:
         engine.update(state, engine.denoise_step([state])[0])  # velocities come back to the CPU: synchronised
     seconds = (time.perf_counter() - start) / steps
-    stop.set()
     if decoder is not None:
-        decoder.join()
+        decoder.kill()
+        decoder.wait()
     del engine
     torch.cuda.empty_cache()
     return seconds
@@ -124,7 +129,10 @@ def main() -> None:
     parser.add_argument("--work", type=Path, help="checkpoint, encoder, repositories, logs (default: a temporary folder)")
     parser.add_argument("--runs", nargs="+", choices=("throughput", "mixed", "placement"),
                         default=["throughput", "mixed", "placement"])
+    parser.add_argument("--decode-forever", metavar="DEVICE", help=argparse.SUPPRESS)  # placement's decoder
     args = parser.parse_args()
+    if args.decode_forever:
+        return decode_forever(args.work / "checkpoints" / GPU.config, args.decode_forever)
     gpus = list(range(torch.cuda.device_count()))
     if len(gpus) < 2:
         parser.error(f"needs at least two GPUs, found {len(gpus)}")
@@ -162,12 +170,12 @@ def main() -> None:
         rows = list(all_["packed_rows_per_instance"].values())
         summary[f"mixed_dp{n}_row_imbalance"] = max(rows) / (sum(rows) / len(rows))
     if "placement" in args.runs:
-        alone = step_seconds_beside_decodes(checkpoint, None)
-        same = step_seconds_beside_decodes(checkpoint, "cuda:0")
-        other = step_seconds_beside_decodes(checkpoint, "cuda:1")
-        results["placement_step_s"] = {"alone": alone, "decodes_same_gpu": same, "decodes_other_gpu": other}
-        summary["step_with_decodes_same_gpu_over_alone"] = same / alone
-        summary["step_with_decodes_other_gpu_over_alone"] = other / alone
+        seconds = {where: step_seconds_beside_decodes(checkpoint, args.work, device) for where, device in
+                   (("alone", None), ("decodes_same_gpu", "cuda:0"), ("decodes_other_gpu", "cuda:1"),
+                    ("decodes_cpu", "cpu"))}
+        results["placement_step_s"] = seconds
+        for where in ("decodes_same_gpu", "decodes_other_gpu", "decodes_cpu"):
+            summary[f"step_with_{where}_over_alone"] = seconds[where] / seconds["alone"]
     save()
     print(f"\n{results['hardware']}, bench DiT bf16")
     print(f"{'run':<18}{'req':>5}{'wall s':>9}{'req/min':>9}{'mean lat s':>11}{'mean TTFS s':>12}")

@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from client.api import H3Client, H3Error, _input  # noqa: E402
-from server.process import DIT_MODEL, TritonServer, stub_pids  # noqa: E402
+from server.process import TritonServer, dit_stubs, stub_pids  # noqa: E402
 
 RSS_GROWTH_LIMIT = 0.05
 RSS_EVERY = 50  # requests between RSS samples
@@ -134,7 +134,7 @@ def in_flight_at_stop(log: str) -> int:
 
 
 def dit_rss_kb(server: TritonServer) -> int:
-    status = Path(f"/proc/{stub_pids(server.pid)[f'{DIT_MODEL}_0_0']}/status").read_text()
+    status = Path(f"/proc/{dit_stubs(stub_pids(server.pid))[0]}/status").read_text()
     return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
 
 

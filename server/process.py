@@ -90,10 +90,11 @@ def read_metrics(url: str, timeout_s: float = 2.0) -> str | None:
         return None
 
 
-def stub_pids(server_pid: int) -> dict[str, int]:
-    """Model instance name (e.g. ``h3_dit_0_0``, ``h3_dit_1_0``) -> pid of each python backend
-    stub that is a child of ``server_pid`` (read from /proc; the stub's first argument is
-    ``<repository>/<model>/<version>/model.py``, a later one the instance name)."""
+def stub_pids(server_pid: int) -> dict[int, str]:
+    """Pid -> model instance name (e.g. ``h3_dit_0_0``) of each python backend stub that is a
+    child of ``server_pid`` (read from /proc; the stub's first argument is
+    ``<repository>/<model>/<version>/model.py``, a later one the instance name). Keyed by pid:
+    Triton gives the instances of a KIND_GPU group on different GPUs the same name."""
     pids = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -107,13 +108,13 @@ def stub_pids(server_pid: int) -> dict[str, int]:
         if parent == server_pid and argv[0].endswith(STUB_NAME.encode()) and len(argv) > 1:
             model = Path(argv[1].decode()).parents[1].name
             instance = next(arg.decode() for arg in argv[2:] if re.fullmatch(rf"{model}_\d+_\d+".encode(), arg))
-            pids[instance] = int(entry.name)
+            pids[int(entry.name)] = instance
     return pids
 
 
-def dit_stubs(pids: dict[str, int]) -> list[int]:
+def dit_stubs(pids: dict[int, str]) -> list[int]:
     """The pids of the h3_dit instances among stub_pids()'s."""
-    return sorted(pid for instance, pid in pids.items() if instance.startswith(f"{DIT_MODEL}_"))
+    return sorted(pid for pid, instance in pids.items() if instance.startswith(f"{DIT_MODEL}_"))
 
 
 def dit_stall(text: str, stale_after: float, now: float) -> str | None:

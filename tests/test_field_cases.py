@@ -23,7 +23,7 @@ import tritonclient.grpc as grpcclient
 
 from client.api import H3Client, H3Error
 from h3_core.model.attention import get_attention_backend
-from server.process import TritonServer, stub_pids
+from server.process import TritonServer, dit_stubs, stub_pids
 from server.repository import plan, write_repository
 
 from .serving import ROOT, idle_metrics, model_repository_copy, raw_stream, tensor
@@ -171,7 +171,7 @@ def test_field_case_c6_a_dead_or_stalled_dit_is_visible_and_the_launcher_restart
         # 1. the DiT process dies (SIGKILL) with a request in flight
         pending = start(client, outcome, "killed", prompt="in flight", num_inference_steps=400)
         assert wait_until(lambda: sample(metrics_text(urls["metrics"]), "h3_active_requests") == 1, 60)
-        dit = stub_pids(urls["pid"])["h3_dit_0_0"]
+        dit, = dit_stubs(stub_pids(urls["pid"]))
         os.kill(dit, signal.SIGKILL)
         pending.join(60)
         assert outcome["killed"].code == "UNAVAILABLE"  # from Triton (~3 s) or, if first, the restart

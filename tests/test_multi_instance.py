@@ -36,7 +36,7 @@ def test_requests_spread_over_both_instances_and_cancels_reach_either(two_instan
                                   on_progress=lambda *_, i=i: running[i].set()) for i in range(4)]
     assert all(event.wait(60) for event in running)
     active = per_instance(server, "h3_active_requests")
-    assert sorted(active) == ["h3_dit_0_0", "h3_dit_1_0"] and sorted(active.values()) == [2.0, 2.0]
+    assert sorted(active) == ["h3_dit_0_0", "h3_dit_0_1"] and sorted(active.values()) == [2.0, 2.0]
     assert [client.cancel(f"multi-{i}") for i in range(4)] == ["cancelled"] * 4
     assert client.cancel("multi-unknown") == "unknown"
     for thread in threads:
@@ -59,4 +59,5 @@ def test_a_request_equals_its_single_instance_output_on_either_instance(two_inst
         assert outcome[i][0].audio.tobytes() == single.audio.tobytes()
     completions = per_instance(server, "h3_completions_total")
     assert sum(completions.values()) == before + 4 and len(completions) == 2
+    assert sorted(per_instance(server, "h3_pack_rows_count")) == ["h3_dit_0_0", "h3_dit_0_1"]  # histograms too
     assert [multi.cancel(f"same-{i}") for i in range(4)] == ["finished"] * 4

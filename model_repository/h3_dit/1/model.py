@@ -102,10 +102,12 @@ class TritonPythonModel:
         logging.getLogger("h3_dit").addHandler(TritonLogHandler())
         logging.getLogger("h3_dit").setLevel(logging.INFO)
         instance, device = args["model_instance_name"], settings.device
-        labels = {"model": "h3_dit", "instance": instance}
+        labels = {"model": "h3_dit"}
         if args["model_instance_kind"] == "GPU":  # one instance per GPU of instance_group's gpus
             device = f"cuda:{args['model_instance_device_id']}"
             labels["gpu"] = args["model_instance_device_id"]
+            instance += f"_gpu{args['model_instance_device_id']}"  # Triton names them alike on every GPU
+        labels["instance"] = instance
         engine = load_engine(settings.config_name, resolve_path(args, settings.checkpoint_dir), device,
                              settings.attention_backend, with_encoder=False, with_vaes=False, limits=settings.limits())
         engine.warm_up()
