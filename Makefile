@@ -14,6 +14,8 @@ setup:
 	bash scripts/setup.sh
 
 test: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q tests
 
 # the trained demo model (config demo, weights/demo; docs/demo_model.md) from a repository the

@@ -4,7 +4,8 @@
         --arrival-interval 5 --output-json out/bench.json --output-png out/bench.png
 
 Every request is "Random prompt {i} for benchmarking diffusion models" with the same shape and
-step count (seed: --seed + i), or, with --mix, a shape and step count drawn per request. Request i is due at its arrival time: all at t = 0 by default
+step count (seed: --seed + i), or, with --mix, a shape and step count drawn per request.
+Request i is due at its arrival time: all at t = 0 by default
 (--request-rate inf), Poisson arrivals with --request-rate R (exponential gaps, seeded by
 --seed), or one every --arrival-interval seconds. A due request waits for a --max-concurrency
 slot (0 = no limit; default 1 like the upstream client), is then submitted from its own thread
@@ -31,6 +32,7 @@ succeeded, 1 otherwise (also when the server does not answer ready or a warm-up 
 nothing is measured then), 2 for bad flags, 130 on Ctrl-C (in-flight requests are cancelled on
 the server by id).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,7 +55,7 @@ from tritonclient.utils import InferenceServerException
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_report import (  # noqa: E402
+from bench_report import (  # noqa: E402 - after the sys.path set-up above
     GPU_MEMORY_METRIC,
     RequestRecord,
     format_report,
@@ -62,16 +64,17 @@ from bench_report import (  # noqa: E402
     summarize,
 )
 
-from client.api import H3Client, H3Error  # noqa: E402
-from server.process import metric_samples, read_metrics  # noqa: E402
+from client.api import H3Client, H3Error  # noqa: E402 - after the sys.path set-up above
+from server.process import metric_samples, read_metrics  # noqa: E402 - after the sys.path set-up above
 
 PROG = "python benchmarks/bench_client.py"
 PROMPT_TEMPLATE = "Random prompt {i} for benchmarking diffusion models"
 READY_TIMEOUT_S = 10.0
 
 
-def arrival_offsets(n: int, request_rate: float = math.inf, arrival_interval: float | None = None,
-                    seed: int = 0) -> list[float]:
+def arrival_offsets(
+    n: int, request_rate: float = math.inf, arrival_interval: float | None = None, seed: int = 0
+) -> list[float]:
     """Due times of n requests in seconds: the first at 0, then fixed gaps of arrival_interval,
     else exponential gaps with mean 1/request_rate (random.Random(seed)), else all at 0."""
     if arrival_interval is not None:
@@ -130,8 +133,10 @@ def check_ready(url: str, timeout_s: float = READY_TIMEOUT_S) -> None:
     try:
         ready = client.is_server_ready(client_timeout=timeout_s)
     except InferenceServerException as error:
-        raise ServerNotReady(f"cannot reach Triton at {url}: {error.message()}; start the server first "
-                             "(python -m server.launch) or give its gRPC address with --url") from None
+        raise ServerNotReady(
+            f"cannot reach Triton at {url}: {error.message()}; start the server first "
+            "(python -m server.launch) or give its gRPC address with --url"
+        ) from None
     finally:
         client.close()
     if not ready:
@@ -162,8 +167,14 @@ def _generate_kwargs(args, index: int, steps: int | None) -> dict:
     if args.mix and steps is None:
         rng = random.Random(f"{args.seed}-{index}")
         _, height, width, frames, steps = rng.choices(args.mix, weights=[m[0] for m in args.mix])[0]
-    return dict(height=height, width=width, num_frames=frames, num_inference_steps=steps,
-                seed=args.seed + index, return_mp4=not args.no_mp4)
+    return dict(
+        height=height,
+        width=width,
+        num_frames=frames,
+        num_inference_steps=steps,
+        seed=args.seed + index,
+        return_mp4=not args.no_mp4,
+    )
 
 
 def run_request(client: H3Client, args, record: RequestRecord, origin: float, steps: int | None) -> None:
@@ -180,8 +191,13 @@ def run_request(client: H3Client, args, record: RequestRecord, origin: float, st
 
     record.submit_s = time.perf_counter() - origin
     try:
-        result = client.generate(record.prompt, progress_every=1, request_id=record.request_id,
-                                 on_progress=on_progress, **_generate_kwargs(args, record.index, steps))[0]
+        result = client.generate(
+            record.prompt,
+            progress_every=1,
+            request_id=record.request_id,
+            on_progress=on_progress,
+            **_generate_kwargs(args, record.index, steps),
+        )[0]
     except H3Error as error:
         record.error_code, record.error = error.code, error.message
     except Exception as error:  # a transport error must not lose the record
@@ -213,15 +229,23 @@ def run_benchmark(args) -> tuple[list[RequestRecord], float | None]:
     if args.warmup_requests:
         print(f"warm-up: {args.warmup_requests} request(s), not measured", file=sys.stderr, flush=True)
     for i in range(args.warmup_requests):
-        warm = RequestRecord(index=i, request_id=f"bench-{run_id}-warmup-{i}",
-                             prompt=f"Warm-up prompt {i} for benchmarking diffusion models")
-        run_request(client, args, warm, time.perf_counter(),
-                    args.steps if args.warmup_steps is None else args.warmup_steps)
+        warm = RequestRecord(
+            index=i,
+            request_id=f"bench-{run_id}-warmup-{i}",
+            prompt=f"Warm-up prompt {i} for benchmarking diffusion models",
+        )
+        run_request(
+            client, args, warm, time.perf_counter(), args.steps if args.warmup_steps is None else args.warmup_steps
+        )
         if not warm.success:
             raise WarmupFailed(f"warm-up request {i} failed: {warm.error_code}: {warm.error}")
     offsets = arrival_offsets(args.num_prompts, args.request_rate, args.arrival_interval, args.seed)
-    records = [RequestRecord(index=i, request_id=f"bench-{run_id}-{i}", prompt=PROMPT_TEMPLATE.format(i=i),
-                             arrival_s=offsets[i]) for i in range(args.num_prompts)]
+    records = [
+        RequestRecord(
+            index=i, request_id=f"bench-{run_id}-{i}", prompt=PROMPT_TEMPLATE.format(i=i), arrival_s=offsets[i]
+        )
+        for i in range(args.num_prompts)
+    ]
     slots = threading.BoundedSemaphore(args.max_concurrency) if args.max_concurrency > 0 else None
     threads: list[threading.Thread] = []
     progress = tqdm(total=len(records), desc="requests", unit="req", file=sys.stderr)
@@ -275,28 +299,43 @@ def run_benchmark(args) -> tuple[list[RequestRecord], float | None]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog=PROG, description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--url", default=os.environ.get("H3_GRPC_URL", "127.0.0.1:8001"), help="Triton gRPC host:port")
-    p.add_argument("--metrics-url", default=os.environ.get("H3_METRICS_URL"),
-                   help="Triton metrics URL, polled for nv_gpu_memory_used_bytes (none: not polled)")
+    p.add_argument(
+        "--metrics-url",
+        default=os.environ.get("H3_METRICS_URL"),
+        help="Triton metrics URL, polled for nv_gpu_memory_used_bytes (none: not polled)",
+    )
     p.add_argument("--num-prompts", type=int, default=10)
     p.add_argument("--max-concurrency", type=int, default=1, help="requests in flight at most (0 = no limit)")
     arrivals = p.add_mutually_exclusive_group()
-    arrivals.add_argument("--request-rate", type=float, default=math.inf,
-                          help="Poisson arrivals at this many req/s (seeded by --seed); inf = all at t=0")
+    arrivals.add_argument(
+        "--request-rate",
+        type=float,
+        default=math.inf,
+        help="Poisson arrivals at this many req/s (seeded by --seed); inf = all at t=0",
+    )
     arrivals.add_argument("--arrival-interval", type=float, help="fixed seconds between arrivals")
     p.add_argument("--height", type=int, help="server default when omitted")
     p.add_argument("--width", type=int, help="server default when omitted")
     p.add_argument("--num-frames", type=int, help="server default when omitted")
     p.add_argument("--steps", type=int, help="denoise steps per request (server default when omitted)")
-    p.add_argument("--mix", type=parse_mix, help="a mixed workload instead of one shape: WEIGHT:HxWxF:STEPS,... "
-                                                 "(each measured request draws one, seeded by --seed and its index)")
+    p.add_argument(
+        "--mix",
+        type=parse_mix,
+        help="a mixed workload instead of one shape: WEIGHT:HxWxF:STEPS,... "
+        "(each measured request draws one, seeded by --seed and its index)",
+    )
     p.add_argument("--seed", type=int, default=0, help="request i uses seed + i; also seeds the arrivals")
     p.add_argument("--warmup-requests", type=int, default=1, help="sequential requests before the measured phase")
     p.add_argument("--warmup-steps", type=int, help="steps of each warm-up request (default: --steps)")
-    p.add_argument("--no-mp4", action="store_true",
-                   help="send return_mp4=false: the VAE decodes, no MP4 is encoded (servers without PyAV)")
+    p.add_argument(
+        "--no-mp4",
+        action="store_true",
+        help="send return_mp4=false: the VAE decodes, no MP4 is encoded (servers without PyAV)",
+    )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each response")
     p.add_argument("--output-json", type=Path, help="save records, summary, command line, date, label")
     p.add_argument("--output-png", type=Path, help="save the timeline as a PNG")
@@ -334,15 +373,25 @@ def main(argv: list[str] | None = None) -> int:
     served = next((r.server_info for r in records if r.server_info), None)
     shown = dict(config)
     if served:  # what the server used where the command line left the server's default
-        for key, info_key in (("height", "height"), ("width", "width"), ("num_frames", "num_frames"),
-                              ("steps", "num_inference_steps")):
+        for key, info_key in (
+            ("height", "height"),
+            ("width", "width"),
+            ("num_frames", "num_frames"),
+            ("steps", "num_inference_steps"),
+        ):
             shown[key] = shown[key] or served.get(info_key)
     print(format_report(summary, shown, timeline), flush=True)
     if args.output_json:
         args.output_json.parent.mkdir(parents=True, exist_ok=True)
-        document = {"label": args.label, "date": date, "command": command,
-                    "config": {**config, "request_rate": None if math.isinf(args.request_rate) else args.request_rate},
-                    "summary": summary, "timeline": timeline, "requests": [asdict(r) for r in records]}
+        document = {
+            "label": args.label,
+            "date": date,
+            "command": command,
+            "config": {**config, "request_rate": None if math.isinf(args.request_rate) else args.request_rate},
+            "summary": summary,
+            "timeline": timeline,
+            "requests": [asdict(r) for r in records],
+        }
         args.output_json.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
         print(f"wrote {args.output_json}")
     if args.output_png:

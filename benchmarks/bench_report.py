@@ -9,6 +9,7 @@ The report (60-wide banner, labels in 40 columns) ends with an ASCII timeline: o
 request over [0, wall] in 72 columns, '-' from submit to first step, '=' from first step to
 completion, ' ' outside.
 """
+
 from __future__ import annotations
 
 import math
@@ -112,8 +113,10 @@ def summarize(records: Sequence[RequestRecord], gpu_memory_metrics_mb: float | N
         memory, memory_source = gpu_memory_metrics_mb, f"metrics {GPU_MEMORY_METRIC} (max per GPU)"
     else:
         memory, memory_source = None, None
-    stages = {stage: mean([r.stage_seconds[stage] for r in ok if r.stage_seconds and stage in r.stage_seconds])
-              for stage in STAGES}
+    stages = {
+        stage: mean([r.stage_seconds[stage] for r in ok if r.stage_seconds and stage in r.stage_seconds])
+        for stage in STAGES
+    }
     return {
         "num_requests": len(records),
         "completed": len(ok),
@@ -121,8 +124,12 @@ def summarize(records: Sequence[RequestRecord], gpu_memory_metrics_mb: float | N
         "error_codes": codes,
         "wall_s": wall,
         "throughput_req_per_min": len(ok) / wall * 60.0 if wall > 0 else None,
-        "latency_s": {"mean": mean(latency), "p50": percentile(latency, 50), "p95": percentile(latency, 95),
-                      "max": max(latency, default=None)},
+        "latency_s": {
+            "mean": mean(latency),
+            "p50": percentile(latency, 50),
+            "p95": percentile(latency, 95),
+            "max": max(latency, default=None),
+        },
         "time_to_first_step_s": {"mean": mean(ttfs), "p50": percentile(ttfs, 50), "max": max(ttfs, default=None)},
         "step_interval_s": {"mean": mean(step_intervals), "p50": percentile(step_intervals, 50)},
         "peak_outstanding": peak_outstanding(records),
@@ -195,6 +202,7 @@ def _section(title: str) -> str:
 def format_report(summary: dict, config: dict, timeline: Sequence[str]) -> str:
     """The printed report: banner, configuration, traffic, latency blocks, stage means, timeline.
     `config` holds the command-line settings (None: the server's default)."""
+
     def given(key: str) -> str:
         return "default" if config.get(key) is None else str(config[key])
 
@@ -238,8 +246,10 @@ def format_report(summary: dict, config: dict, timeline: Sequence[str]) -> str:
         _section("Load"),
         _row("Peak outstanding requests (client):", summary["peak_outstanding"]),
         _row("Peak pack size (largest_pack):", _fmt(summary["peak_pack_size"], "d")),
-        _row("Peak GPU memory (MB):", _fmt(memory, ".1f")
-             + (f"  [{summary['peak_gpu_memory_source']}]" if memory is not None else "")),
+        _row(
+            "Peak GPU memory (MB):",
+            _fmt(memory, ".1f") + (f"  [{summary['peak_gpu_memory_source']}]" if memory is not None else ""),
+        ),
         _section("Stage Durations Mean (s)"),
         *(_row(f"{stage}:", _fmt(summary["stage_seconds_mean"][stage])) for stage in STAGES),
         "=" * BANNER_WIDTH,
@@ -255,6 +265,7 @@ def save_png(path: Path, records: Sequence[RequestRecord], wall: float, label: s
     request, waiting (submit..first step) and computing (first step..completion); failed
     requests in red; x axis in seconds over [0, wall]."""
     import matplotlib  # here: the report's other functions need no matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
@@ -267,17 +278,24 @@ def save_png(path: Path, records: Sequence[RequestRecord], wall: float, label: s
         if split > r.submit_s:
             ax.barh(y, split - r.submit_s, left=r.submit_s, color="#f2b134", edgecolor="none")
         if r.complete_s > split:
-            ax.barh(y, r.complete_s - split, left=split, color="#2f78c4" if r.success else "#d9412b",
-                    edgecolor="none")
+            ax.barh(y, r.complete_s - split, left=split, color="#2f78c4" if r.success else "#d9412b", edgecolor="none")
     ax.set_yticks(range(len(records)), [f"r{r.index}" for r in records])
     ax.invert_yaxis()
     ax.set_xlim(0, max(wall, 1e-6))
     ax.set_xlabel("seconds since the first submit")
     ax.set_title(f"h3_pipeline serving benchmark{f' - {label}' if label else ''}")
-    ax.legend(handles=[Patch(color="#f2b134", label="waiting (submit..first step)"),
-                       Patch(color="#2f78c4", label="computing (first step..completion)"),
-                       Patch(color="#d9412b", label="failed")],
-              loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3, fontsize="small", frameon=False)
+    ax.legend(
+        handles=[
+            Patch(color="#f2b134", label="waiting (submit..first step)"),
+            Patch(color="#2f78c4", label="computing (first step..completion)"),
+            Patch(color="#d9412b", label="failed"),
+        ],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.18),
+        ncol=3,
+        fontsize="small",
+        frameon=False,
+    )
     ax.grid(axis="x", alpha=0.3)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, bbox_inches="tight")

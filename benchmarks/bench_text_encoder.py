@@ -15,6 +15,7 @@ The states carry no meaning; they have the right shape and cost (a 5120-wide lay
 few dozen tokens: about 0.1 s on one CPU thread, under 1% of a 16,384-row request), which is
 all a serving benchmark needs.
 """
+
 import argparse
 import string
 from pathlib import Path
@@ -38,11 +39,17 @@ def write_bench_text_encoder(folder: str | Path, width: int = 5120, seed: int = 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     vocab = SPECIAL_TOKENS + list(CHARACTERS) + [f"##{c}" for c in CHARACTERS]
-    tokenizer = BertTokenizerFast(vocab={token: index for index, token in enumerate(vocab)}, do_lower_case=True,
-                                  model_max_length=MAX_POSITIONS)
-    config = BertConfig(vocab_size=len(vocab), hidden_size=width, num_hidden_layers=1,
-                        num_attention_heads=width // HEAD_DIM, intermediate_size=width,
-                        max_position_embeddings=MAX_POSITIONS)
+    tokenizer = BertTokenizerFast(
+        vocab={token: index for index, token in enumerate(vocab)}, do_lower_case=True, model_max_length=MAX_POSITIONS
+    )
+    config = BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=width,
+        num_hidden_layers=1,
+        num_attention_heads=width // HEAD_DIM,
+        intermediate_size=width,
+        max_position_embeddings=MAX_POSITIONS,
+    )
     torch.manual_seed(seed)
     model = BertModel(config)
     model.save_pretrained(str(folder))

@@ -16,6 +16,7 @@ of 4096) and measures, through `Engine.denoise_step` (what the server runs per s
 On the CPU the same code runs the `tiny` DiT with small shapes as a smoke test. Prints a short
 table last; writes DIR/engine_bench.json.
 """
+
 import argparse
 import dataclasses
 import datetime
@@ -29,16 +30,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from h3_core.checkpoint import init_weights  # noqa: E402
-from h3_core.config import get_config  # noqa: E402
-from h3_core.engine import Engine  # noqa: E402
-from h3_core.model import H3DiT  # noqa: E402
-from h3_core.request import GenerationRequest, RequestLimits  # noqa: E402
+from h3_core.checkpoint import init_weights  # noqa: E402 - after the sys.path set-up above
+from h3_core.config import get_config  # noqa: E402 - after the sys.path set-up above
+from h3_core.engine import Engine  # noqa: E402 - after the sys.path set-up above
+from h3_core.model import H3DiT  # noqa: E402 - after the sys.path set-up above
+from h3_core.request import GenerationRequest, RequestLimits  # noqa: E402 - after the sys.path set-up above
 
 # Packing curve: padded rows per request -> (height, width, num_frames) of a request whose padded
 # length make_states(seq_len=rows) pins to that many rows (its used rows stay those of the shape).
-GPU_CURVE = {128: (64, 96, 22), 256: (128, 192, 22), 1024: (288, 448, 22), 4096: (416, 768, 39),
-             16384: (384, 672, 209)}
+GPU_CURVE = {128: (64, 96, 22), 256: (128, 192, 22), 1024: (288, 448, 22), 4096: (416, 768, 39), 16384: (384, 672, 209)}
 CPU_CURVE = {128: (64, 96, 22), 256: (128, 192, 22)}
 GPU_LARGE, CPU_LARGE = (384, 672, 209), (64, 96, 22)
 TEXT_LEN = 9
@@ -70,7 +70,7 @@ def step_flops(engine: Engine, states) -> float:
     total = 0.0
     for state in states:
         rows, used = state.layout.seq_len, state.layout.used
-        total += cfg.num_layers * (2 * rows * (4 * attn * hidden + 3 * ffn * hidden) + 4 * used ** 2 * attn)
+        total += cfg.num_layers * (2 * rows * (4 * attn * hidden + 3 * ffn * hidden) + 4 * used**2 * attn)
         total += 2 * rows * 256 * hidden
     return total
 
@@ -80,7 +80,7 @@ def matmul_rate(device: torch.device, dtype: torch.dtype) -> float:
     n = 8192 if device.type == "cuda" else 1024
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    return 2 * n ** 3 / timed(lambda: a @ b, device, 10)
+    return 2 * n**3 / timed(lambda: a @ b, device, 10)
 
 
 def make_states(engine: Engine, shape, count: int, seq_len: int | None = None):
@@ -98,9 +98,11 @@ def make_states(engine: Engine, shape, count: int, seq_len: int | None = None):
 
 
 # Kernel name fragments per family; anything else counts as elementwise/copy.
-KERNEL_FAMILIES = (("attention", ("flash", "fmha", "sdpa", "attention")),
-                   ("gemm", ("gemm", "sm90_xmma", "cutlass", "nvjet", "cublas", "addmm", "aten::mm", "linear")),
-                   ("norm", ("norm", "reduce")))
+KERNEL_FAMILIES = (
+    ("attention", ("flash", "fmha", "sdpa", "attention")),
+    ("gemm", ("gemm", "sm90_xmma", "cutlass", "nvjet", "cublas", "addmm", "aten::mm", "linear")),
+    ("norm", ("norm", "reduce")),
+)
 
 
 def family(name: str) -> str:
@@ -147,12 +149,19 @@ def main() -> None:
     repeats = 3 if cuda else 1
     dit = H3DiT(cfg, device=device)
     init_weights(dit, 0)
-    engine = Engine(dit.eval(), None, None, None, RequestLimits(max_height=1024, max_width=1024, max_num_frames=257,
-                                                              max_rows=2 ** 20))
+    engine = Engine(
+        dit.eval(), None, None, None, RequestLimits(max_height=1024, max_width=1024, max_num_frames=257, max_rows=2**20)
+    )
     hardware = torch.cuda.get_device_name() if cuda else "CPU"
-    results = {"date": datetime.date.today().isoformat(), "hardware": hardware, "torch": torch.__version__,
-               "config": cfg.name, "command": "python benchmarks/engine_bench.py --out DIR",
-               "row_tile": dit.video_patch_proj.row_tile, "attention": "sdpa"}
+    results = {
+        "date": datetime.date.today().isoformat(),
+        "hardware": hardware,
+        "torch": torch.__version__,
+        "config": cfg.name,
+        "command": "python benchmarks/engine_bench.py --out DIR",
+        "row_tile": dit.video_patch_proj.row_tile,
+        "attention": "sdpa",
+    }
     rate = matmul_rate(device, cfg.torch_dtype)
     results["matmul_flops_per_s"] = rate
 
@@ -160,9 +169,14 @@ def main() -> None:
     states = make_states(engine, large, 4)
     steps = {}
     for n in (1, 2, 3, 4):
-        seconds = timed(lambda: engine.denoise_step(states[:n]), device, repeats)
+        seconds = timed(lambda n=n: engine.denoise_step(states[:n]), device, repeats)
         flops = step_flops(engine, states[:n])
-        steps[n] = {"seconds": seconds, "flops": flops, "mfu": flops / seconds / rate, "rows": sum(s.rows for s in states[:n])}
+        steps[n] = {
+            "seconds": seconds,
+            "flops": flops,
+            "mfu": flops / seconds / rate,
+            "rows": sum(s.rows for s in states[:n]),
+        }
     results["a_step"] = steps
 
     # (b) fused vs separate, kernel time per family, two runs
@@ -172,18 +186,29 @@ def main() -> None:
         fused = kernel_profile(lambda: engine.denoise_step(states[:3]), device)
         total_sep = sum(v["ms"] for v in separate.values())
         total_fused = sum(v["ms"] for v in fused.values())
-        fused_runs.append({"separate": separate, "fused": fused, "separate_ms": total_sep, "fused_ms": total_fused,
-                           "fused_over_separate": total_fused / total_sep})
+        fused_runs.append(
+            {
+                "separate": separate,
+                "fused": fused,
+                "separate_ms": total_sep,
+                "fused_ms": total_fused,
+                "fused_over_separate": total_fused / total_sep,
+            }
+        )
     results["b_fused_vs_separate"] = fused_runs
 
     # (e) packing curve: 8 packed vs one at a time
     curve_out = {}
     for rows, shape in curve.items():
         pack = make_states(engine, shape, 8, seq_len=rows)
-        one = timed(lambda: engine.denoise_step(pack[:1]), device, repeats)
-        eight = timed(lambda: engine.denoise_step(pack), device, repeats)
-        curve_out[rows] = {"one_s": one, "eight_packed_s": eight, "speedup": 8 * one / eight,
-                           "used_rows": pack[0].layout.used}
+        one = timed(lambda pack=pack: engine.denoise_step(pack[:1]), device, repeats)
+        eight = timed(lambda pack=pack: engine.denoise_step(pack), device, repeats)
+        curve_out[rows] = {
+            "one_s": one,
+            "eight_packed_s": eight,
+            "speedup": 8 * one / eight,
+            "used_rows": pack[0].layout.used,
+        }
     results["e_packing_curve"] = curve_out
     results["summary"] = {
         "step_mfu": steps[1]["mfu"],
@@ -196,13 +221,18 @@ def main() -> None:
     print(f"{hardware}, {cfg.name} DiT, matmul {rate / 1e12:.1f} TFLOP/s")
     print("(a) requests  rows    step ms   model TFLOP/s  MFU")
     for n, v in steps.items():
-        print(f"    {n}         {v['rows']:<7} {v['seconds'] * 1e3:8.1f}  {v['flops'] / v['seconds'] / 1e12:10.1f}  {v['mfu']:.1%}")
+        print(
+            f"    {n}         {v['rows']:<7} {v['seconds'] * 1e3:8.1f}  "
+            f"{v['flops'] / v['seconds'] / 1e12:10.1f}  {v['mfu']:.1%}"
+        )
     print("(b) run  separate ms  fused ms  fused/separate")
     for i, r in enumerate(fused_runs):
         print(f"    {i + 1}    {r['separate_ms']:10.2f}  {r['fused_ms']:8.2f}  {r['fused_over_separate']:.3f}")
     for label in sorted(fused_runs[0]["separate"]):
         sep, fus = fused_runs[0]["separate"][label], fused_runs[0]["fused"].get(label, {"ms": 0.0, "launches": 0})
-        print(f"    {label:18} {sep['ms']:9.2f} -> {fus['ms']:9.2f} ms  launches {sep['launches']} -> {fus['launches']}")
+        print(
+            f"    {label:18} {sep['ms']:9.2f} -> {fus['ms']:9.2f} ms  launches {sep['launches']} -> {fus['launches']}"
+        )
     print("(e) rows/request  one ms   8 packed ms  speedup")
     for rows, v in curve_out.items():
         print(f"    {rows:<13} {v['one_s'] * 1e3:8.2f} {v['eight_packed_s'] * 1e3:10.2f}  {v['speedup']:.2f}x")

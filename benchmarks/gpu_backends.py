@@ -19,6 +19,7 @@ On a CUDA device (bf16, 56 heads x 128) it measures:
 On the CPU the same code runs with tiny sizes (float32, 4 heads x 16, the `tiny` DiT) as a
 smoke test. Prints a short table last; writes DIR/gpu_backends.json.
 """
+
 import argparse
 import datetime
 import json
@@ -32,14 +33,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from h3_core import layout as L  # noqa: E402
-from h3_core.checkpoint import init_weights  # noqa: E402
-from h3_core.config import AUDIO_ROW_WIDTH, VIDEO_ROW_WIDTH, get_config  # noqa: E402
-from h3_core.model import H3DiT  # noqa: E402
-from h3_core.model.attention import (  # noqa: E402
-    BACKENDS, get_attention_backend, sdpa_per_document, unavailable_reason,
+from h3_core import layout as L  # noqa: E402 - after the sys.path set-up above
+from h3_core.checkpoint import init_weights  # noqa: E402 - after the sys.path set-up above
+from h3_core.config import AUDIO_ROW_WIDTH, VIDEO_ROW_WIDTH, get_config  # noqa: E402 - after the sys.path set-up above
+from h3_core.model import H3DiT  # noqa: E402 - after the sys.path set-up above
+from h3_core.model.attention import (  # noqa: E402 - after the sys.path set-up above
+    BACKENDS,
+    get_attention_backend,
+    sdpa_per_document,
+    unavailable_reason,
 )
-from h3_core.model.dit import Linear  # noqa: E402
+from h3_core.model.dit import Linear  # noqa: E402 - after the sys.path set-up above
 
 
 @dataclass(frozen=True)
@@ -57,12 +61,32 @@ class Sizes:
     gemm_tiles: tuple[int, ...]  # row tiles for the GEMM probe
 
 
-GPU_SIZES = Sizes(torch.bfloat16, 56, 128, (128, 512, 2048, 8192, 16384), (1, 3, 12, 96), 49152,
-                  "bench", (9, 384, 672, 209), (9, 64, 96, 22),
-                  (("sdpa", 0), ("sdpa", 2048), ("sdpa", 4096), ("sdpa", 8192), ("auto", 4096)),
-                  (64, 1024, 2048, 4096, 8192, 16384))
-CPU_SIZES = Sizes(torch.float32, 4, 16, (64, 192), (1, 3), 576, "tiny", (9, 128, 128, 39),
-                  (9, 32, 32, 1), (("sdpa", 0), ("sdpa", 64), ("auto", 64)), (64, 128))
+GPU_SIZES = Sizes(
+    torch.bfloat16,
+    56,
+    128,
+    (128, 512, 2048, 8192, 16384),
+    (1, 3, 12, 96),
+    49152,
+    "bench",
+    (9, 384, 672, 209),
+    (9, 64, 96, 22),
+    (("sdpa", 0), ("sdpa", 2048), ("sdpa", 4096), ("sdpa", 8192), ("auto", 4096)),
+    (64, 1024, 2048, 4096, 8192, 16384),
+)
+CPU_SIZES = Sizes(
+    torch.float32,
+    4,
+    16,
+    (64, 192),
+    (1, 3),
+    576,
+    "tiny",
+    (9, 128, 128, 39),
+    (9, 32, 32, 1),
+    (("sdpa", 0), ("sdpa", 64), ("auto", 64)),
+    (64, 128),
+)
 PAD_ROWS = 55  # a padding document, as behind a 16,329-row request
 
 
@@ -114,8 +138,8 @@ def solo_vs_packed(fn, rows: int, s: Sizes, device) -> dict:
     neighbour = max(s.doc_rows)
     bounds = [0, neighbour, neighbour + rows, neighbour + rows + PAD_ROWS]
     fused = fused_qkv(bounds[-1], s.heads, s.head_dim, s, device, seed=rows)
-    packed = fn(*fused.unbind(1), cu(bounds, device), max(neighbour, rows))[neighbour:neighbour + rows]
-    solo = fn(*fused[neighbour:neighbour + rows].clone().unbind(1), cu([0, rows], device), rows)
+    packed = fn(*fused.unbind(1), cu(bounds, device), max(neighbour, rows))[neighbour : neighbour + rows]
+    solo = fn(*fused[neighbour : neighbour + rows].clone().unbind(1), cu([0, rows], device), rows)
     return {"rows": rows, **compare(solo, packed)}
 
 
@@ -132,9 +156,11 @@ def attention_parity(fn, s: Sizes, device) -> dict:
     fused = fused_qkv(bounds[-1], s.heads, s.head_dim, s, device, seed=2)
     out = fn(*fused.unbind(1), cu(bounds, device), 2048).float()
     ref = sdpa_per_document(*fused.float().unbind(1), cu(bounds, device), 2048)
-    return {"solo_vs_packed": [solo_vs_packed(fn, rows, s, device) for rows in s.doc_rows],
-            "strided_vs_contiguous_3_docs": compare(strided, contiguous),
-            "rel_error_vs_float32": ((out - ref).norm() / ref.norm()).item()}
+    return {
+        "solo_vs_packed": [solo_vs_packed(fn, rows, s, device) for rows in s.doc_rows],
+        "strided_vs_contiguous_3_docs": compare(strided, contiguous),
+        "rel_error_vs_float32": ((out - ref).norm() / ref.norm()).item(),
+    }
 
 
 def time_attention(fn, rows: int, n: int, heads: int, s: Sizes, device) -> dict:
@@ -160,8 +186,10 @@ def flex_static_section(s: Sizes, device) -> dict:
     torch._dynamo.reset()
     with torch._dynamo.config.patch(automatic_dynamic_shapes=False, recompile_limit=64):
         fn = BACKENDS["flex"]
-        results = {"solo_vs_packed": [solo_vs_packed(fn, rows, s, device) for rows in (2048, 16384)],
-                   "timing": time_attention(fn, 16384, 3, 24, s, device)}
+        results = {
+            "solo_vs_packed": [solo_vs_packed(fn, rows, s, device) for rows in (2048, 16384)],
+            "timing": time_attention(fn, 16384, 3, 24, s, device),
+        }
     torch._dynamo.reset()
     print(f"  {json.dumps(results)}")
     return results
@@ -191,7 +219,7 @@ def attention_section(s: Sizes, device) -> dict:
             if device.type == "cuda":
                 q, k, v = fused_qkv(3 * 16384, s.heads, s.head_dim, s, device, seed=0).unbind(1)
                 cu_seqlens = cu([0, 16384, 32768, 49152], device)
-                entry["kernels"] = cuda_kernels(lambda: fn(q, k, v, cu_seqlens, 16384))
+                entry["kernels"] = cuda_kernels(lambda fn=fn, q=q, k=k, v=v, cu=cu_seqlens: fn(q, k, v, cu, 16384))
         except Exception as error:  # a backend that fails is recorded with what it measured so far
             entry["error"] = f"{type(error).__name__}: {error}"[:2000]
             print(f"  {entry['error'][:600]}")
@@ -220,19 +248,25 @@ def gemm_section(s: Sizes, device) -> list[dict]:
         for tile in (0, *s.gemm_tiles):
             linear.row_tile = tile
             with torch.inference_mode():
-                request = linear(x[rows:2 * rows])
+                request = linear(x[rows : 2 * rows])
                 text = linear(x[64:128])
                 entry = {
-                    "linear": name, "row_tile": tile,
-                    "second_of_3": compare(request, linear(x)[rows:2 * rows]),
-                    "behind_small": compare(request, linear(x[rows - small:2 * rows])[small:]),
+                    "linear": name,
+                    "row_tile": tile,
+                    "second_of_3": compare(request, linear(x)[rows : 2 * rows]),
+                    "behind_small": compare(request, linear(x[rows - small : 2 * rows])[small:]),
                     "text_block_second_of_3": compare(text, linear(x[:192])[64:128]),
-                    "ms_3_requests": time_ms(lambda: linear(x), device),
+                    "ms_3_requests": time_ms(lambda linear=linear, x=x: linear(x), device),
                 }
             results.append(entry)
-            print(f"  {name:>16} tile {tile:>5}: " + " ".join(
-                f"{key}={entry[key]['bitwise']}" for key in ("second_of_3", "behind_small", "text_block_second_of_3"))
-                + f" {entry['ms_3_requests']:.3f} ms")
+            print(
+                f"  {name:>16} tile {tile:>5}: "
+                + " ".join(
+                    f"{key}={entry[key]['bitwise']}"
+                    for key in ("second_of_3", "behind_small", "text_block_second_of_3")
+                )
+                + f" {entry['ms_3_requests']:.3f} ms"
+            )
         del x, linear
     return results
 
@@ -248,19 +282,26 @@ def dit_section(s: Sizes, device) -> dict:
     inputs = []
     for seed, lay in enumerate(layouts):
         g = torch.Generator(device).manual_seed(seed)
-        inputs.append((torch.randn(lay.video_rows, VIDEO_ROW_WIDTH, generator=g, device=device),
-                       torch.randn(lay.audio_rows, AUDIO_ROW_WIDTH, generator=g, device=device),
-                       torch.randn(lay.text_len, cfg.text_dim, generator=g, device=device)))
+        inputs.append(
+            (
+                torch.randn(lay.video_rows, VIDEO_ROW_WIDTH, generator=g, device=device),
+                torch.randn(lay.audio_rows, AUDIO_ROW_WIDTH, generator=g, device=device),
+                torch.randn(lay.text_len, cfg.text_dim, generator=g, device=device),
+            )
+        )
 
     def packed_call(indices):
-        batch = L.pack_requests([layouts[i] for i in indices], [t_video[i] for i in indices],
-                                [t_audio[i] for i in indices])
+        batch = L.pack_requests(
+            [layouts[i] for i in indices], [t_video[i] for i in indices], [t_audio[i] for i in indices]
+        )
         args = [torch.cat([inputs[i][part] for i in indices]) for part in range(3)]
         return lambda: L.split_rows(batch, *model(*args, batch))
 
     def same(a, b):
-        return {"bitwise": all(torch.equal(x, y) for x, y in zip(a, b)),
-                "max_abs_diff": max((x - y).abs().max().item() for x, y in zip(a, b))}
+        return {
+            "bitwise": all(torch.equal(x, y) for x, y in zip(a, b, strict=True)),
+            "max_abs_diff": max((x - y).abs().max().item() for x, y in zip(a, b, strict=True)),
+        }
 
     results = []
     for backend, tile in s.dit_variants:
@@ -270,7 +311,8 @@ def dit_section(s: Sizes, device) -> dict:
         three = packed_call([0, 1, 2])()
         mixed = packed_call([3, 0, 1])()
         entry = {
-            "attention_backend": backend, "row_tile": tile,
+            "attention_backend": backend,
+            "row_tile": tile,
             "three_requests": [same(three[i], solo[i]) for i in range(3)],
             "behind_small_request": [same(mixed[j], solo[i]) for j, i in enumerate([3, 0, 1])],
             "ms_1_request": time_ms(packed_call([0]), device, budget_ms=0),
@@ -278,11 +320,17 @@ def dit_section(s: Sizes, device) -> dict:
         }
         entry["bitwise"] = all(r["bitwise"] for r in entry["three_requests"] + entry["behind_small_request"])
         results.append(entry)
-        print(f"  {backend}, row tile {tile}: bitwise {entry['bitwise']} "
-              f"({json.dumps(entry['three_requests'] + entry['behind_small_request'])}); "
-              f"1 request {entry['ms_1_request']:.1f} ms, 3 requests {entry['ms_3_requests']:.1f} ms")
-    return {"config": s.dit, "rows_per_request": layouts[0].seq_len,
-            "small_request_rows": layouts[3].seq_len, "per_variant": results}
+        print(
+            f"  {backend}, row tile {tile}: bitwise {entry['bitwise']} "
+            f"({json.dumps(entry['three_requests'] + entry['behind_small_request'])}); "
+            f"1 request {entry['ms_1_request']:.1f} ms, 3 requests {entry['ms_3_requests']:.1f} ms"
+        )
+    return {
+        "config": s.dit,
+        "rows_per_request": layouts[0].seq_len,
+        "small_request_rows": layouts[3].seq_len,
+        "per_variant": results,
+    }
 
 
 def summary(results: dict) -> str:
@@ -293,14 +341,17 @@ def summary(results: dict) -> str:
     lines.append(f"{'doc rows x docs x heads':>24} " + " ".join(f"{n:>10}" for n in names))
     shapes = [(t["doc_rows"], t["docs"], t["heads"]) for t in timed[names[0]]["timing"]] if names else []
     for i, shape in enumerate(shapes):
-        lines.append(f"{'%d x %d x %d' % shape:>24} " + " ".join(f"{timed[n]['timing'][i]['ms']:10.3f}" for n in names))
+        label = "{} x {} x {}".format(*shape)
+        lines.append(f"{label:>24} " + " ".join(f"{timed[n]['timing'][i]['ms']:10.3f}" for n in names))
     for name, r in results["attention"].items():
         if "parity" in r:
             p = r["parity"]
             diffs = max(x["max_abs_diff"] for x in p["solo_vs_packed"])
-            lines.append(f"{name}: solo==packed bitwise {all(x['bitwise'] for x in p['solo_vs_packed'])} "
-                         f"(max diff {diffs:.3g}); strided==contiguous "
-                         f"{p['strided_vs_contiguous_3_docs']['bitwise']}; rel err {p['rel_error_vs_float32']:.3g}")
+            lines.append(
+                f"{name}: solo==packed bitwise {all(x['bitwise'] for x in p['solo_vs_packed'])} "
+                f"(max diff {diffs:.3g}); strided==contiguous "
+                f"{p['strided_vs_contiguous_3_docs']['bitwise']}; rel err {p['rel_error_vs_float32']:.3g}"
+            )
         if "parity" not in r or "error" in r:
             lines.append(f"{name}: {r.get('unavailable') or r.get('error')}"[:200])
     lines.append("")
@@ -308,11 +359,15 @@ def summary(results: dict) -> str:
     lines.append("")
     if "error" in results["dit"]:
         return "\n".join(lines + [f"DiT: {results['dit']['error']}"])
-    lines.append("DiT (%s): backend | row tile | bitwise solo==co-batched | 1 request ms | 3 requests ms"
-                 % results["dit"]["config"])
+    lines.append(
+        f"DiT ({results['dit']['config']}): backend | row tile | bitwise solo==co-batched | 1 request ms | "
+        "3 requests ms"
+    )
     for r in results["dit"]["per_variant"]:
-        lines.append(f"{r['attention_backend']:>8} | {r['row_tile']:>8} | {str(r['bitwise']):>5} | "
-                     f"{r['ms_1_request']:9.1f} | {r['ms_3_requests']:9.1f}")
+        lines.append(
+            f"{r['attention_backend']:>8} | {r['row_tile']:>8} | {str(r['bitwise']):>5} | "
+            f"{r['ms_1_request']:9.1f} | {r['ms_3_requests']:9.1f}"
+        )
     return "\n".join(lines)
 
 
@@ -325,18 +380,26 @@ def main() -> None:
     results = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": sys.version.split()[0],
         "sizes": {k: str(v) if isinstance(v, torch.dtype) else v for k, v in asdict(s).items()},
     }
     if device.type == "cuda":
-        results["sdp_enabled"] = {"flash": torch.backends.cuda.flash_sdp_enabled(),
-                                  "cudnn": torch.backends.cuda.cudnn_sdp_enabled(),
-                                  "mem_efficient": torch.backends.cuda.mem_efficient_sdp_enabled()}
+        results["sdp_enabled"] = {
+            "flash": torch.backends.cuda.flash_sdp_enabled(),
+            "cudnn": torch.backends.cuda.cudnn_sdp_enabled(),
+            "mem_efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
+        }
     print(json.dumps(results))
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    sections = (("attention", attention_section), ("flex_static", flex_static_section),
-                ("gemm", gemm_section), ("dit", dit_section))
+    sections = (
+        ("attention", attention_section),
+        ("flex_static", flex_static_section),
+        ("gemm", gemm_section),
+        ("dit", dit_section),
+    )
     for section, run in sections:
         print(f"== {section} ({time.perf_counter() - start:.0f} s)")
         try:

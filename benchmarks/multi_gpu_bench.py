@@ -18,6 +18,7 @@ tritonserver (server.process.TritonServer) and runs benchmarks/bench_client.py a
 Writes DIR/multi_gpu_bench.json after every run and prints a table last. On a machine without
 two GPUs it refuses to start.
 """
+
 import argparse
 import datetime
 import json
@@ -33,13 +34,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from served_bench import GPU, TEXT_LEN, prepare_weights, without_machine_paths  # noqa: E402
+from served_bench import GPU, TEXT_LEN, prepare_weights, without_machine_paths  # noqa: E402 - after the sys.path set-up above
 
-from h3_core.engine import load_engine, load_vaes  # noqa: E402
-from h3_core.layout import audio_latent_frames, latent_frames  # noqa: E402
-from h3_core.request import GenerationRequest, RequestLimits  # noqa: E402
-from server.process import TritonServer, metric_samples, read_metrics  # noqa: E402
-from server.repository import plan, write_repository  # noqa: E402
+from h3_core.engine import load_engine, load_vaes  # noqa: E402 - after the sys.path set-up above
+from h3_core.layout import audio_latent_frames, latent_frames  # noqa: E402 - after the sys.path set-up above
+from h3_core.request import GenerationRequest, RequestLimits  # noqa: E402 - after the sys.path set-up above
+from server.process import TritonServer, metric_samples, read_metrics  # noqa: E402 - after the sys.path set-up above
+from server.repository import plan, write_repository  # noqa: E402 - after the sys.path set-up above
 
 STEPS = 20
 MIX = "0.4:64x96x22:20,0.3:384x672x22:20,0.3:384x672x209:20"
@@ -47,33 +48,81 @@ MIXED_REQUESTS = 24  # per GPU
 MIXED_RATE = 0.25  # requests per second per GPU: about 70% busy (mean solo DiT work ~2.7 s a request)
 
 
-def served(name: str, gpus: list[int], checkpoint: Path, encoder_path: str, bench_args: list[str], work: Path,
-           out: Path) -> dict:
+def served(
+    name: str, gpus: list[int], checkpoint: Path, encoder_path: str, bench_args: list[str], work: Path, out: Path
+) -> dict:
     """One server on `gpus` + one bench_client.py run; its JSON document, with the per-instance
     packed rows read from /metrics before the server stops. Every instance is warmed up first by
     an unmeasured pass of one 2-step request per GPU sent at once (Triton places simultaneous
     newcomers on different instances; sequential warm-ups would all land on the first)."""
-    repository = write_repository(work / name / "model_repository", plan(
-        "bench", checkpoint, "cuda", gpus, overrides={
-            "h3_dit": {"max_batch_rows": 65536, "max_num_seqs": 4, "row_budget": 65536, "max_height": 384,
-                       "max_width": 672, "max_num_frames": 209, "max_request_mb": 1 << 20},
-            "h3_encoder": {"encoder_path": encoder_path}}))
+    repository = write_repository(
+        work / name / "model_repository",
+        plan(
+            "bench",
+            checkpoint,
+            "cuda",
+            gpus,
+            overrides={
+                "h3_dit": {
+                    "max_batch_rows": 65536,
+                    "max_num_seqs": 4,
+                    "row_budget": 65536,
+                    "max_height": 384,
+                    "max_width": 672,
+                    "max_num_frames": 209,
+                    "max_request_mb": 1 << 20,
+                },
+                "h3_encoder": {"encoder_path": encoder_path},
+            },
+        ),
+    )
     bench_json = work / name / "bench.json"
     with TritonServer(repository, free_ports=True, timeout=900, log_file=work / name / "server.log") as server:
-        client = [sys.executable, "benchmarks/bench_client.py", "--url", server.grpc_url, "--no-mp4",
-                  "--warmup-requests", "0"]
-        warm = [*client, "--num-prompts", str(len(gpus)), "--max-concurrency", str(len(gpus)), "--steps", "2",
-                "--height", "384", "--width", "672", "--num-frames", "209"]
+        client = [
+            sys.executable,
+            "benchmarks/bench_client.py",
+            "--url",
+            server.grpc_url,
+            "--no-mp4",
+            "--warmup-requests",
+            "0",
+        ]
+        warm = [
+            *client,
+            "--num-prompts",
+            str(len(gpus)),
+            "--max-concurrency",
+            str(len(gpus)),
+            "--steps",
+            "2",
+            "--height",
+            "384",
+            "--width",
+            "672",
+            "--num-frames",
+            "209",
+        ]
         if subprocess.run(warm, cwd=ROOT, stdout=subprocess.DEVNULL).returncode != 0:
             raise RuntimeError(f"the warm-up of {name} failed; server log {work / name / 'server.log'}")
-        before = {s.labels["instance"]: s.value for s in metric_samples(read_metrics(server.metrics_url),
-                                                                        "h3_pack_rows_sum")}
-        command = [*client, "--metrics-url", server.metrics_url, "--label", name, "--output-json", str(bench_json),
-                   *bench_args]
+        before = {
+            s.labels["instance"]: s.value for s in metric_samples(read_metrics(server.metrics_url), "h3_pack_rows_sum")
+        }
+        command = [
+            *client,
+            "--metrics-url",
+            server.metrics_url,
+            "--label",
+            name,
+            "--output-json",
+            str(bench_json),
+            *bench_args,
+        ]
         print(f"--- {name}: {' '.join(command[1:])}", flush=True)
         done = subprocess.run(command, cwd=ROOT)
-        rows = {s.labels["instance"]: s.value - before.get(s.labels["instance"], 0.0)
-                for s in metric_samples(read_metrics(server.metrics_url), "h3_pack_rows_sum")}
+        rows = {
+            s.labels["instance"]: s.value - before.get(s.labels["instance"], 0.0)
+            for s in metric_samples(read_metrics(server.metrics_url), "h3_pack_rows_sum")
+        }
     if done.returncode != 0:
         raise RuntimeError(f"bench_client.py for {name} exited with {done.returncode}")
     document = json.loads(bench_json.read_text())
@@ -99,15 +148,26 @@ def decode_forever(checkpoint: Path, device: str) -> None:
 def step_seconds_beside_decodes(checkpoint: Path, work: Path, decode_device: str | None, steps: int = 10) -> float:
     """Mean seconds of a 16,384-row bench DiT step on cuda:0 (after 2 warm-up steps) while
     another process decodes 672x384x209 clips on `decode_device` without pause (None: none)."""
-    engine = load_engine("bench", checkpoint, "cuda:0", with_encoder=False, with_vaes=False,
-                         limits=RequestLimits(max_height=384, max_width=672, max_num_frames=209, max_rows=1 << 20,
-                                              max_request_mb=1 << 20))
+    engine = load_engine(
+        "bench",
+        checkpoint,
+        "cuda:0",
+        with_encoder=False,
+        with_vaes=False,
+        limits=RequestLimits(
+            max_height=384, max_width=672, max_num_frames=209, max_rows=1 << 20, max_request_mb=1 << 20
+        ),
+    )
     text = torch.randn(TEXT_LEN, engine.dit.cfg.text_dim, generator=torch.Generator().manual_seed(0))
     state = engine.prepare(GenerationRequest("placement", 384, 672, 209, steps + 2, seed=0), text)[0]
     decoder = None
     if decode_device is not None:
-        decoder = subprocess.Popen([sys.executable, __file__, "--out", str(work), "--work", str(work),
-                                    "--decode-forever", decode_device], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        decoder = subprocess.Popen(
+            [sys.executable, __file__, "--out", str(work), "--work", str(work), "--decode-forever", decode_device],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert decoder.stdout.readline().strip() == "ready"
     for _ in range(2):
         engine.update(state, engine.denoise_step([state])[0])
@@ -126,9 +186,12 @@ def step_seconds_beside_decodes(checkpoint: Path, work: Path, decode_device: str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--work", type=Path, help="checkpoint, encoder, repositories, logs (default: a temporary folder)")
-    parser.add_argument("--runs", nargs="+", choices=("throughput", "mixed", "placement"),
-                        default=["throughput", "mixed", "placement"])
+    parser.add_argument(
+        "--work", type=Path, help="checkpoint, encoder, repositories, logs (default: a temporary folder)"
+    )
+    parser.add_argument(
+        "--runs", nargs="+", choices=("throughput", "mixed", "placement"), default=["throughput", "mixed", "placement"]
+    )
     parser.add_argument("--decode-forever", metavar="DEVICE", help=argparse.SUPPRESS)  # placement's decoder
     args = parser.parse_args()
     if args.decode_forever:
@@ -140,10 +203,14 @@ def main() -> None:
     args.work = args.work or Path(tempfile.mkdtemp(prefix="h3_multi_gpu."))
     checkpoint, encoder_path = prepare_weights(GPU, args.work, True)
     n = len(gpus)
-    results = {"date": datetime.date.today().isoformat(), "hardware": f"{n} x {torch.cuda.get_device_name()}",
-               "torch": torch.__version__,
-               "command": "PYTHONUNBUFFERED=1 python3 benchmarks/multi_gpu_bench.py --out DIR --runs "
-                          + " ".join(args.runs), "runs": {}, "summary": {}}
+    results = {
+        "date": datetime.date.today().isoformat(),
+        "hardware": f"{n} x {torch.cuda.get_device_name()}",
+        "torch": torch.__version__,
+        "command": "PYTHONUNBUFFERED=1 python3 benchmarks/multi_gpu_bench.py --out DIR --runs " + " ".join(args.runs),
+        "runs": {},
+        "summary": {},
+    }
     runs, summary = results["runs"], results["summary"]
 
     def save():
@@ -158,21 +225,33 @@ def main() -> None:
         shape = ["--height", "384", "--width", "672", "--num-frames", "209", "--steps", str(STEPS)]
         one = run("throughput_dp1", gpus[:1], ["--num-prompts", "4", "--max-concurrency", "4", *shape])
         all_ = run(f"throughput_dp{n}", gpus, ["--num-prompts", str(4 * n), "--max-concurrency", str(4 * n), *shape])
-        summary[f"dp{n}_over_dp1_throughput"] = (all_["summary"]["throughput_req_per_min"]
-                                                 / one["summary"]["throughput_req_per_min"])
+        summary[f"dp{n}_over_dp1_throughput"] = (
+            all_["summary"]["throughput_req_per_min"] / one["summary"]["throughput_req_per_min"]
+        )
     if "mixed" in args.runs:
         mix = ["--mix", MIX, "--max-concurrency", "0"]
-        one = run("mixed_dp1", gpus[:1], ["--num-prompts", str(MIXED_REQUESTS), "--request-rate", str(MIXED_RATE), *mix])
-        all_ = run(f"mixed_dp{n}", gpus, ["--num-prompts", str(MIXED_REQUESTS * n), "--request-rate",
-                                          str(MIXED_RATE * n), *mix])
+        one = run(
+            "mixed_dp1", gpus[:1], ["--num-prompts", str(MIXED_REQUESTS), "--request-rate", str(MIXED_RATE), *mix]
+        )
+        all_ = run(
+            f"mixed_dp{n}",
+            gpus,
+            ["--num-prompts", str(MIXED_REQUESTS * n), "--request-rate", str(MIXED_RATE * n), *mix],
+        )
         for key in ("time_to_first_step_s", "latency_s"):
             summary[f"mixed_dp{n}_over_dp1_mean_{key}"] = all_["summary"][key]["mean"] / one["summary"][key]["mean"]
         rows = list(all_["packed_rows_per_instance"].values())
         summary[f"mixed_dp{n}_row_imbalance"] = max(rows) / (sum(rows) / len(rows))
     if "placement" in args.runs:
-        seconds = {where: step_seconds_beside_decodes(checkpoint, args.work, device) for where, device in
-                   (("alone", None), ("decodes_same_gpu", "cuda:0"), ("decodes_other_gpu", "cuda:1"),
-                    ("decodes_cpu", "cpu"))}
+        seconds = {
+            where: step_seconds_beside_decodes(checkpoint, args.work, device)
+            for where, device in (
+                ("alone", None),
+                ("decodes_same_gpu", "cuda:0"),
+                ("decodes_other_gpu", "cuda:1"),
+                ("decodes_cpu", "cpu"),
+            )
+        }
         results["placement_step_s"] = seconds
         for where in ("decodes_same_gpu", "decodes_other_gpu", "decodes_cpu"):
             summary[f"step_with_{where}_over_alone"] = seconds[where] / seconds["alone"]
@@ -181,8 +260,10 @@ def main() -> None:
     print(f"{'run':<18}{'req':>5}{'wall s':>9}{'req/min':>9}{'mean lat s':>11}{'mean TTFS s':>12}")
     for name, document in runs.items():
         s = document["summary"]
-        print(f"{name:<18}{s['completed']:5d}{s['wall_s']:9.1f}{s['throughput_req_per_min']:9.2f}"
-              f"{s['latency_s']['mean']:11.2f}{s['time_to_first_step_s']['mean']:12.3f}")
+        print(
+            f"{name:<18}{s['completed']:5d}{s['wall_s']:9.1f}{s['throughput_req_per_min']:9.2f}"
+            f"{s['latency_s']['mean']:11.2f}{s['time_to_first_step_s']['mean']:12.3f}"
+        )
     for key, value in summary.items():
         print(f"{key:<44}{value:.4f}")
 

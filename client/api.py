@@ -10,13 +10,13 @@ cancels the request on the server by its id, closes the stream and raises H3Erro
 Names shared with the server (models, tensors, parameters, error codes) come from h3_core.protocol,
 which needs no torch.
 """
+
 import json
 import numbers
 import queue
 import re
 import time
 import uuid
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -33,17 +33,25 @@ REQUEST_ID_PREFIX = re.compile(r"^\[request id: [^\]]*\] ")
 # START) is INVALID_ARG; a dead model process (python backend stub), a lost connection and a
 # full /dev/shm (the python backend could not grow its shared memory) are UNAVAILABLE.
 TRITON_ERRORS = (
-    (re.compile(r"^(inference input '[^']*' data-type is |unexpected shape for input "
-                r"|inference request batch-size must be |unexpected inference (input|output) "
-                r"|inference request for sequence .* must specify the START flag"
-                r"|input '[^']*' batch size does not match other inputs "
-                r"|inference request to model '[^']*' must specify batch-size 1 )"),
-     "INVALID_ARG"),
-    (re.compile(r"^(Stub process '[^']*' is not healthy|failed to connect to all addresses|Stream removed"
-                r"|Socket closed|The stream is no longer in valid state"
-                r"|Failed to process the request\(s\) for model '[^']*', "
-                r"message: Failed to increase the shared memory pool size)"),
-     "UNAVAILABLE"),
+    (
+        re.compile(
+            r"^(inference input '[^']*' data-type is |unexpected shape for input "
+            r"|inference request batch-size must be |unexpected inference (input|output) "
+            r"|inference request for sequence .* must specify the START flag"
+            r"|input '[^']*' batch size does not match other inputs "
+            r"|inference request to model '[^']*' must specify batch-size 1 )"
+        ),
+        "INVALID_ARG",
+    ),
+    (
+        re.compile(
+            r"^(Stub process '[^']*' is not healthy|failed to connect to all addresses|Stream removed"
+            r"|Socket closed|The stream is no longer in valid state"
+            r"|Failed to process the request\(s\) for model '[^']*', "
+            r"message: Failed to increase the shared memory pool size)"
+        ),
+        "UNAVAILABLE",
+    ),
 )
 CANCEL_WAIT_S = 10.0  # after a timeout: how long to wait for the cancelled request's final response
 # With deadline_s and no total_timeout_s, a call may last deadline_s + this many seconds: the server
@@ -69,7 +77,7 @@ class H3Error(Exception):
         text = REQUEST_ID_PREFIX.sub("", ENSEMBLE_PREFIX.sub("", error.message() or str(error)))
         match = protocol.CODE_PATTERN.match(text)
         if match:
-            return cls(match.group(1), text[match.end():])
+            return cls(match.group(1), text[match.end() :])
         return cls(next((code for pattern, code in TRITON_ERRORS if pattern.match(text)), "UNKNOWN"), text)
 
 
@@ -96,8 +104,13 @@ def _input(name: str, value, datatype: str) -> grpcclient.InferInput:
     return tensor
 
 
-ARGUMENT_KINDS = {"int": numbers.Integral, "number": numbers.Real, "bool": bool, "str": str,
-                  "str or bytes": (str, bytes)}
+ARGUMENT_KINDS = {
+    "int": numbers.Integral,
+    "number": numbers.Real,
+    "bool": bool,
+    "str": str,
+    "str or bytes": (str, bytes),
+}
 
 
 def _check_type(name: str, value, kind: str, optional: bool = False) -> None:
@@ -141,31 +154,39 @@ class H3Client:
     CANCEL_WAIT_S seconds for its final response, closes the stream and raises
     H3Error("TIMEOUT", ...) naming the limit.
 
-    timeout_s is the former name of idle_timeout_s (DeprecationWarning); it goes once the callers
-    in tests/, scripts/, training/ and benchmarks/ use idle_timeout_s.
-
     Raises ValueError for a url with a scheme or a limit <= 0, TypeError for a limit that is not
     a number.
     """
 
-    def __init__(self, url: str = "127.0.0.1:8001", *, idle_timeout_s: float = 600.0,
-                 total_timeout_s: float | None = None, timeout_s: float | None = None):
+    def __init__(
+        self, url: str = "127.0.0.1:8001", *, idle_timeout_s: float = 600.0, total_timeout_s: float | None = None
+    ):
         self.url = check_url(url)
-        if timeout_s is not None:
-            warnings.warn("H3Client(timeout_s=...) is H3Client(idle_timeout_s=...) now", DeprecationWarning,
-                          stacklevel=2)
-            idle_timeout_s = timeout_s
         _check_seconds("idle_timeout_s", idle_timeout_s)
         _check_seconds("total_timeout_s", total_timeout_s, optional=True)
         self.idle_timeout_s, self.total_timeout_s = idle_timeout_s, total_timeout_s
 
-    def generate(self, prompt: str | bytes, *, height: int | None = None, width: int | None = None,
-                 num_frames: int | None = None, num_inference_steps: int | None = None,
-                 seed: int | None = None, num_outputs: int | None = None, progress_every: int = 0,
-                 preview_every: int = 0, deadline_s: float | None = None, request_priority: int = 0,
-                 return_mp4: bool = True, return_frames: bool = False, return_audio: bool = False,
-                 request_id: str = "", inject_fault: str | None = None,
-                 on_progress: Callable[[int, int, int], None] | None = None) -> list[GenerationResult]:
+    def generate(
+        self,
+        prompt: str | bytes,
+        *,
+        height: int | None = None,
+        width: int | None = None,
+        num_frames: int | None = None,
+        num_inference_steps: int | None = None,
+        seed: int | None = None,
+        num_outputs: int | None = None,
+        progress_every: int = 0,
+        preview_every: int = 0,
+        deadline_s: float | None = None,
+        request_priority: int = 0,
+        return_mp4: bool = True,
+        return_frames: bool = False,
+        return_audio: bool = False,
+        request_id: str = "",
+        inject_fault: str | None = None,
+        on_progress: Callable[[int, int, int], None] | None = None,
+    ) -> list[GenerationResult]:
         """Generate num_outputs clips (None fields take the server's defaults; docs/request_contract.md
         has every field's range).
 
@@ -185,24 +206,39 @@ class H3Client:
         server's code word, or with TIMEOUT.
         """
         _check_type("prompt", prompt, "str or bytes")
-        for name, value in (("height", height), ("width", width), ("num_frames", num_frames),
-                            ("num_inference_steps", num_inference_steps), ("seed", seed),
-                            ("num_outputs", num_outputs)):
+        for name, value in (
+            ("height", height),
+            ("width", width),
+            ("num_frames", num_frames),
+            ("num_inference_steps", num_inference_steps),
+            ("seed", seed),
+            ("num_outputs", num_outputs),
+        ):
             _check_type(name, value, "int", optional=True)
         _check_type("progress_every", progress_every, "int")
         _check_type("preview_every", preview_every, "int")
         _check_seconds("deadline_s", deadline_s, optional=True)
         _check_type("request_priority", request_priority, "int")
-        for name, value in (("return_mp4", return_mp4), ("return_frames", return_frames),
-                            ("return_audio", return_audio)):
+        for name, value in (
+            ("return_mp4", return_mp4),
+            ("return_frames", return_frames),
+            ("return_audio", return_audio),
+        ):
             _check_type(name, value, "bool")
         _check_type("request_id", request_id, "str")
         _check_type("inject_fault", inject_fault, "str", optional=True)
-        fields = dict(height=height, width=width, num_frames=num_frames,
-                      num_inference_steps=num_inference_steps, seed=seed, num_outputs=num_outputs)
+        fields = dict(
+            height=height,
+            width=width,
+            num_frames=num_frames,
+            num_inference_steps=num_inference_steps,
+            seed=seed,
+            num_outputs=num_outputs,
+        )
         inputs = [_input(protocol.PROMPT, prompt.encode() if isinstance(prompt, str) else prompt, "BYTES")]
-        inputs += [_input(name, fields[key], "INT64") for name, key in protocol.INT_INPUTS.items()
-                   if fields[key] is not None]
+        inputs += [
+            _input(name, fields[key], "INT64") for name, key in protocol.INT_INPUTS.items() if fields[key] is not None
+        ]
         wanted = {protocol.FRAMES: return_frames, protocol.AUDIO: return_audio}
         outputs = [grpcclient.InferRequestedOutput(name) for name in protocol.OUTPUTS if wanted.get(name, True)]
         parameters = {"progress_every": int(progress_every)}  # int(): numpy integers are not JSON
@@ -278,8 +314,14 @@ class H3Client:
             try:
                 client.start_stream(callback=lambda result, error: responses.put((result, error)))
                 sent = time.monotonic()
-                client.async_stream_infer(model, inputs, outputs=outputs, request_id=request_id,
-                                          parameters=parameters, enable_empty_final_response=True)
+                client.async_stream_infer(
+                    model,
+                    inputs,
+                    outputs=outputs,
+                    request_id=request_id,
+                    parameters=parameters,
+                    enable_empty_final_response=True,
+                )
             except InferenceServerException as error:  # e.g. nothing listens at the url
                 ended = True
                 raise H3Error("UNAVAILABLE", f"cannot stream to {self.url}: {error.message() or error}") from None
@@ -288,8 +330,9 @@ class H3Client:
                 try:
                     if left is not None and left <= 0:
                         raise queue.Empty
-                    result, error = responses.get(timeout=self.idle_timeout_s if left is None
-                                                  else min(self.idle_timeout_s, left))
+                    result, error = responses.get(
+                        timeout=self.idle_timeout_s if left is None else min(self.idle_timeout_s, left)
+                    )
                 except queue.Empty:
                     if total is not None and time.monotonic() >= sent + total[0]:
                         message = f"no final response from {self.url} within {total[0]:g} s of sending ({total[1]})"
@@ -340,8 +383,13 @@ class H3Client:
             return []
         mp4 = result.as_numpy(protocol.VIDEO_MP4).reshape(-1)  # empty with return_mp4=False
         frames, audio = result.as_numpy(protocol.FRAMES), result.as_numpy(protocol.AUDIO)
-        return [GenerationResult(
-            video_mp4=bytes(mp4[0]) if mp4.size else b"", info=info,
-            frames=frames[0] if frames is not None else None, audio=audio[0] if audio is not None else None,
-            progress=list(progress), previews=list(previews),
-        )]
+        return [
+            GenerationResult(
+                video_mp4=bytes(mp4[0]) if mp4.size else b"",
+                info=info,
+                frames=frames[0] if frames is not None else None,
+                audio=audio[0] if audio is not None else None,
+                progress=list(progress),
+                previews=list(previews),
+            )
+        ]

@@ -8,6 +8,7 @@ briefly for the cancelled final response before closing the stream. Exit status:
 1 the server refused or failed the request or a timeout expired, 2 bad flags (the usage and one
 error line on stderr, no traceback, nothing sent), 130 cancelled with Ctrl-C.
 """
+
 import argparse
 import io
 import math
@@ -73,6 +74,7 @@ def check_writable(flag: str, path: Path, folder: bool = False) -> None:
 def flag_type(convert, allowed: str, accept):
     """An argparse type: convert(text), refused with 'must be <allowed>, got <text>' when convert
     raises ValueError or accept(value) is false."""
+
     def parse(text: str):
         try:
             value = convert(text)
@@ -104,8 +106,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m client.generate", description=__doc__.split("\n\n")[0])
     add = parser.add_argument
     add("--prompt", required=True)
-    add("--out", type=Path, required=True,
-        help="output .mp4 path (with --num-outputs N > 1: <stem>-<k>.mp4 for k = 0..N-1)")
+    add(
+        "--out",
+        type=Path,
+        required=True,
+        help="output .mp4 path (with --num-outputs N > 1: <stem>-<k>.mp4 for k = 0..N-1)",
+    )
     add("--wav", type=Path, help="also write the audio as a .wav file (numbered like --out)")
     add("--height", type=POSITIVE, metavar="PIXELS", help="a multiple of 32 (the server's default when left out)")
     add("--width", type=POSITIVE, metavar="PIXELS", help="a multiple of 32")
@@ -113,20 +119,41 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--steps", type=POSITIVE, metavar="N", help="number of denoise steps (DiT forwards)")
     add("--seed", type=NON_NEGATIVE, metavar="N", help="output k uses seed + k (random when left out)")
     add("--num-outputs", type=POSITIVE, default=1, metavar="N", help="clips from one request (default 1)")
-    add("--preview-dir", type=Path, metavar="DIR",
-        help="write the previews as DIR/step-<k>.npy (uint8 [h, w, 3], latent resolution)")
+    add(
+        "--preview-dir",
+        type=Path,
+        metavar="DIR",
+        help="write the previews as DIR/step-<k>.npy (uint8 [h, w, 3], latent resolution)",
+    )
     add("--preview-every", type=POSITIVE, metavar="N", help="a preview after every N steps (default 1)")
-    add("--deadline", type=SECONDS, metavar="SECONDS",
-        help="the server cancels the request this long after its arrival (request parameter deadline_s)")
+    add(
+        "--deadline",
+        type=SECONDS,
+        metavar="SECONDS",
+        help="the server cancels the request this long after its arrival (request parameter deadline_s)",
+    )
     add("--priority", type=int, default=0, metavar="N", help="request_priority: higher runs first (default 0)")
     add("--request-id", type=REQUEST_ID, metavar="ID", help="the request's id (default cli-<uuid>)")
-    add("--url", type=url_type, default=os.environ.get("H3_GRPC_URL", "127.0.0.1:8001"),
-        help="host:port of Triton's gRPC endpoint")
-    add("--idle-timeout", type=SECONDS, default=600.0, metavar="SECONDS",
-        help="the longest wait for a response, from sending and then from each response (default 600)")
-    add("--total-timeout", type=SECONDS, metavar="SECONDS",
+    add(
+        "--url",
+        type=url_type,
+        default=os.environ.get("H3_GRPC_URL", "127.0.0.1:8001"),
+        help="host:port of Triton's gRPC endpoint",
+    )
+    add(
+        "--idle-timeout",
+        type=SECONDS,
+        default=600.0,
+        metavar="SECONDS",
+        help="the longest wait for a response, from sending and then from each response (default 600)",
+    )
+    add(
+        "--total-timeout",
+        type=SECONDS,
+        metavar="SECONDS",
         help=f"the longest the whole request may take from sending (default none; with --deadline D: D + "
-             f"{DEADLINE_MARGIN_S:g})")
+        f"{DEADLINE_MARGIN_S:g})",
+    )
     args = parser.parse_args(argv)
     if args.preview_every is not None and args.preview_dir is None:
         parser.error("--preview-every needs --preview-dir")
@@ -160,11 +187,20 @@ def main(argv: list[str] | None = None) -> int:
         try:
             outcome["results"] = client.generate(
                 os.fsencode(args.prompt),  # the bytes as given; the server refuses bad UTF-8
-                height=args.height, width=args.width, num_frames=args.num_frames,
-                num_inference_steps=args.steps, seed=args.seed, num_outputs=args.num_outputs, progress_every=1,
+                height=args.height,
+                width=args.width,
+                num_frames=args.num_frames,
+                num_inference_steps=args.steps,
+                seed=args.seed,
+                num_outputs=args.num_outputs,
+                progress_every=1,
                 preview_every=args.preview_every or (1 if args.preview_dir is not None else 0),
-                deadline_s=args.deadline, request_priority=args.priority, request_id=request_id,
-                return_audio=args.wav is not None, on_progress=on_progress)
+                deadline_s=args.deadline,
+                request_priority=args.priority,
+                request_id=request_id,
+                return_audio=args.wav is not None,
+                on_progress=on_progress,
+            )
         except H3Error as error:
             outcome["error"] = error
 
@@ -194,8 +230,10 @@ def main(argv: list[str] | None = None) -> int:
     results = outcome["results"]
     files = [(path, result.video_mp4) for result, path in zip(results, numbered(args.out, len(results)), strict=True)]
     if args.wav is not None:
-        files += [(path, wav_bytes(result.audio))
-                  for result, path in zip(results, numbered(args.wav, len(results)), strict=True)]
+        files += [
+            (path, wav_bytes(result.audio))
+            for result, path in zip(results, numbered(args.wav, len(results)), strict=True)
+        ]
     for path, data in files:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
@@ -207,9 +245,11 @@ def main(argv: list[str] | None = None) -> int:
         written.append(f"{len(results[0].previews)} previews in {args.preview_dir}")
     info = results[0].info
     seeds = ", ".join(str(result.info["seed"]) for result in results)
-    print(f"wrote {', '.join(written)} ({info['num_frames']} frames {info['width']}x{info['height']}, "
-          f"{info['num_inference_steps']} steps) in {time.perf_counter() - start:.2f} s, "
-          f"seed{'s' if len(results) > 1 else ''} {seeds}")
+    print(
+        f"wrote {', '.join(written)} ({info['num_frames']} frames {info['width']}x{info['height']}, "
+        f"{info['num_inference_steps']} steps) in {time.perf_counter() - start:.2f} s, "
+        f"seed{'s' if len(results) > 1 else ''} {seeds}"
+    )
     return 0
 
 

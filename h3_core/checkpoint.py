@@ -11,6 +11,7 @@ DiT checkpoints come in two layouts (h3_spec §1.3), told apart by their tensor 
   stacked in q, k, v order into qkv_proj, and `ff.net.0.proj.weight` stored [up; gate], whose
   halves the loader swaps to our fc1 [gate; up].
 """
+
 import math
 import re
 from pathlib import Path
@@ -50,8 +51,8 @@ def init_weights(module: nn.Module, seed: int) -> None:
     Matrices and convolution kernels (dim >= 2) get N(0, 1/fan_in) (fan_in = numel / out
     features), so activations stay O(1) at every width; norm weights (names containing "norm")
     get 1; other vectors (biases) get N(0, 0.02^2). Nothing is zero, so outputs depend on the
-    timestep and the modality (h3_spec §1.6, §8); norm biases are treated like other biases. The random numbers come from one
-    torch.Generator on the parameters' device (CPU values differ from CUDA values).
+    timestep and the modality (h3_spec §1.6, §8); norm biases are treated like other biases. The
+    random numbers come from one torch.Generator on the parameters' device (CPU values differ from CUDA values).
     """
     params = dict(module.named_parameters())
     if not params:

@@ -8,6 +8,7 @@ audio_vae.safetensors, initialised from fixed seeds (DiT seed 0, VAEs seed 1). N
 downloaded. --device cuda draws the DiT's numbers on the GPU (seconds instead of minutes for
 the 6 B-parameter `bench` DiT; the values differ from a CPU draw, see checkpoint.init_weights).
 """
+
 import argparse
 from pathlib import Path
 
@@ -30,7 +31,7 @@ def create_checkpoint(config_name: str, folder: str | Path, force: bool = False,
     dit = H3DiT(get_config(config_name), device=device)
     init_weights(dit, DIT_SEED)
     video_vae, audio_vae = create_vaes(VAE_SEED)
-    for module, name in zip((dit, video_vae, audio_vae), CHECKPOINT_FILES):
+    for module, name in zip((dit, video_vae, audio_vae), CHECKPOINT_FILES, strict=True):
         save_weights(module, folder / name)
     return True
 

@@ -8,6 +8,7 @@ grey noise). Bad flags end with the usage, one error line on stderr and exit sta
 traceback: an unknown config, a checkpoint folder that is missing or does not hold that config's
 weights, a request outside the limits (a zero or negative size, steps or seed included).
 """
+
 import argparse
 import re
 import time
@@ -40,8 +41,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", default="tiny", help="DiT config: tiny (default), small, demo, bench, h3")
     parser.add_argument("--prompt", required=True)
     parser.add_argument("--out", type=Path, required=True, help="output folder")
-    parser.add_argument("--checkpoint", type=Path,
-                        help="weights folder (default: weights/<config> if shipped, else checkpoints/<config>)")
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        help="weights folder (default: weights/<config> if shipped, else checkpoints/<config>)",
+    )
     parser.add_argument("--height", type=int, help="pixels, a multiple of 32 (default: the config's)")
     parser.add_argument("--width", type=int, help="pixels, a multiple of 32 (default: the config's)")
     parser.add_argument("--num-frames", type=int, help="frames at 24 fps (default: the config's)")
@@ -61,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     except (FileNotFoundError, ValueError) as error:  # a file missing; tensors of another config
         parser.error(f"cannot load config {args.config!r} from {folder}: {error}")
     request = GenerationRequest(
-        prompt=args.prompt, seed=args.seed,
+        prompt=args.prompt,
+        seed=args.seed,
         height=cfg.default_height if args.height is None else args.height,
         width=cfg.default_width if args.width is None else args.width,
         num_frames=cfg.default_num_frames if args.num_frames is None else args.num_frames,
@@ -75,8 +80,10 @@ def main(argv: list[str] | None = None) -> None:
     name = re.sub(r"[^a-z0-9]+", "-", args.prompt.lower()).strip("-")[:48] or "clip"
     path = args.out / f"{name}-{state.seed}.mp4"
     write_mp4(path, frames, audio)
-    print(f"wrote {path} ({frames.shape[0]} frames {frames.shape[2]}x{frames.shape[1]}, {audio.shape[1]} audio "
-          f"samples, seed {state.seed}, weights {folder}) in {time.perf_counter() - start:.2f} s")
+    print(
+        f"wrote {path} ({frames.shape[0]} frames {frames.shape[2]}x{frames.shape[1]}, {audio.shape[1]} audio "
+        f"samples, seed {state.seed}, weights {folder}) in {time.perf_counter() - start:.2f} s"
+    )
 
 
 if __name__ == "__main__":

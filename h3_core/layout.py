@@ -5,14 +5,22 @@ One request occupies [ text L | audio 2*T_a | video V | padding to a multiple of
 keeping its own padded length, so every request starts at a multiple of 64 rows and attention
 documents never cross requests (h3_spec §2.5). Shape math follows h3_spec §4.
 """
+
 import math
 from dataclasses import dataclass
 
 import torch
 
 from .config import (
-    AUDIO_CHANNELS, AUDIO_HOP, AUDIO_LATENT_RATE, AUDIO_SAMPLE_RATE, FPS, FRAMES_PER_LATENT, PATCH,
-    ROW_ALIGN, VIDEO_LATENT_CHANNELS, VIDEO_SPATIAL_DOWNSAMPLE,
+    AUDIO_CHANNELS,
+    AUDIO_LATENT_RATE,
+    AUDIO_SAMPLE_RATE,
+    FPS,
+    FRAMES_PER_LATENT,
+    PATCH,
+    ROW_ALIGN,
+    VIDEO_LATENT_CHANNELS,
+    VIDEO_SPATIAL_DOWNSAMPLE,
 )
 
 FRAME_TIME = 5.0 / 3.0  # RoPE time units per video frame: one unit = one 40 Hz audio latent
@@ -129,8 +137,7 @@ class RequestLayout:
         return tags
 
 
-def make_layout(text_len: int, height: int, width: int, num_frames: int,
-                seq_len: int | None = None) -> RequestLayout:
+def make_layout(text_len: int, height: int, width: int, num_frames: int, seq_len: int | None = None) -> RequestLayout:
     """Layout of a t2va request. height/width in pixels (multiples of 32), num_frames as asked
     (aligned up to 17n+5 for the latent). seq_len pins the padded length (a multiple of 64,
     >= used); None pads to the next multiple of 64.
@@ -152,8 +159,7 @@ def make_layout(text_len: int, height: int, width: int, num_frames: int,
         seq_len = math.ceil(used / ROW_ALIGN) * ROW_ALIGN
     if seq_len % ROW_ALIGN or seq_len < used:
         raise ValueError(f"seq_len {seq_len} must be a multiple of {ROW_ALIGN} and >= {used} used rows")
-    return RequestLayout(layout.text_len, layout.latent_t, layout.latent_h, layout.latent_w,
-                         layout.audio_t, seq_len)
+    return RequestLayout(layout.text_len, layout.latent_t, layout.latent_h, layout.latent_w, layout.audio_t, seq_len)
 
 
 def patchify_video(latent: torch.Tensor) -> torch.Tensor:
@@ -214,8 +220,7 @@ def _documents(starts_ends: list[tuple[int, int, int]]) -> tuple[torch.Tensor, i
     return cu, int((cu[1:] - cu[:-1]).max())
 
 
-def pack_requests(layouts: list[RequestLayout], t_video: list[float],
-                  t_audio: list[float]) -> PackedBatch:
+def pack_requests(layouts: list[RequestLayout], t_video: list[float], t_audio: list[float]) -> PackedBatch:
     """Pack N requests (batch order kept) for one forward at per-request timesteps.
 
     t_video / t_audio: each request's model timestep t = 1 - sigma for its video and audio
@@ -246,19 +251,28 @@ def pack_requests(layouts: list[RequestLayout], t_video: list[float],
     refiner_cu, refiner_max = _documents(refiner_blocks)
     unique, inverse = torch.unique(torch.cat(timesteps), sorted=True, return_inverse=True)
     return PackedBatch(
-        layouts=list(layouts), offsets=offsets, total_rows=offset, cu_seqlens=cu,
-        max_seqlen=max_seqlen, video_rows=torch.cat(video), audio_rows=torch.cat(audio),
-        text_rows=torch.cat(text), refiner_rows=refiner_offset,
-        refiner_text_rows=torch.cat(refiner_text), refiner_cu_seqlens=refiner_cu,
-        refiner_max_seqlen=refiner_max, position_ids=torch.cat(positions),
-        token_tags=torch.cat(tags), unique_timesteps=unique, inverse_indices=inverse,
+        layouts=list(layouts),
+        offsets=offsets,
+        total_rows=offset,
+        cu_seqlens=cu,
+        max_seqlen=max_seqlen,
+        video_rows=torch.cat(video),
+        audio_rows=torch.cat(audio),
+        text_rows=torch.cat(text),
+        refiner_rows=refiner_offset,
+        refiner_text_rows=torch.cat(refiner_text),
+        refiner_cu_seqlens=refiner_cu,
+        refiner_max_seqlen=refiner_max,
+        position_ids=torch.cat(positions),
+        token_tags=torch.cat(tags),
+        unique_timesteps=unique,
+        inverse_indices=inverse,
     )
 
 
-def split_rows(batch: PackedBatch, video: torch.Tensor,
-               audio: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def split_rows(batch: PackedBatch, video: torch.Tensor, audio: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Inverse of the packing for model outputs: video [sum V, 96] and audio [sum 2*T_a, 32]
     -> one (video, audio) pair per request, in batch order."""
     videos = video.split([layout.video_rows for layout in batch.layouts])
     audios = audio.split([layout.audio_rows for layout in batch.layouts])
-    return list(zip(videos, audios))
+    return list(zip(videos, audios, strict=True))

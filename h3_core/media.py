@@ -7,6 +7,7 @@ Frames are uint8 RGB [T, H, W, 3]; audio is float32 stereo [2, N] in [-1, 1]. Bo
 arrays or torch tensors (on any device). Files are built in memory and returned as bytes; the
 `write_*` helpers put those bytes on disk.
 """
+
 import io
 import wave
 from fractions import Fraction
@@ -86,8 +87,9 @@ def encode_mp4(
     (MP4_AVAILABLE False), ValueError naming the offending argument.
     """
     if av is None:
-        raise RuntimeError("encode_mp4 needs PyAV, which is not installed: `pip install av`, or on the server send "
-                           "return_mp4=false")
+        raise RuntimeError(
+            "encode_mp4 needs PyAV, which is not installed: `pip install av`, or on the server send return_mp4=false"
+        )
     video = _check_frames(frames)
     stereo = None if audio is None else _check_audio(audio)
     _check_rate("fps", fps)

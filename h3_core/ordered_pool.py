@@ -5,10 +5,11 @@ h3_vae decodes on it (key: the request id), so one request's outputs leave in or
 different requests' decodes overlap, and the model's execute() returns at once (progress and
 early ends pass through without waiting for any decode). Triton-free.
 """
+
 import logging
 import threading
 from collections import OrderedDict, deque
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 

@@ -6,6 +6,7 @@ Request flow (the ensemble `h3_pipeline`): PROMPT + the optional INT64 inputs ->
 TEXT_EMBEDS + REQUEST (JSON) -> h3_dit (iterative, decoupled: progress, previews, then one result
 per output) -> VIDEO_LATENT + AUDIO_LATENT + INFO -> h3_vae -> VIDEO_MP4, FRAMES, AUDIO, INFO.
 """
+
 import json
 import re
 
@@ -16,8 +17,14 @@ VAE_MODEL = "h3_vae"
 
 PROMPT = "PROMPT"  # BYTES [1, 1], required
 # The optional INT64 [1, 1] inputs of h3_pipeline and the REQUEST field each becomes.
-INT_INPUTS = {"HEIGHT": "height", "WIDTH": "width", "NUM_FRAMES": "num_frames",
-              "NUM_INFERENCE_STEPS": "num_inference_steps", "SEED": "seed", "NUM_OUTPUTS": "num_outputs"}
+INT_INPUTS = {
+    "HEIGHT": "height",
+    "WIDTH": "width",
+    "NUM_FRAMES": "num_frames",
+    "NUM_INFERENCE_STEPS": "num_inference_steps",
+    "SEED": "seed",
+    "NUM_OUTPUTS": "num_outputs",
+}
 # Outputs of h3_pipeline: VIDEO_MP4 BYTES [1, 0 or 1]; FRAMES uint8 [1, T, H, W, 3] and AUDIO float32
 # [1, 2, samples] (empty unless asked for); PROGRESS int32 [1, 3] = (step, total steps, queue position);
 # PREVIEW uint8 [1, Hl, Wl, 3] (empty unless a preview is due); INFO BYTES [1, 1] JSON (INFO_KINDS).
@@ -56,9 +63,16 @@ EARLY_CANCEL_SECONDS = 600.0
 
 # Request parameters a client may set, with their JSON types. Triton's reserved `priority`,
 # `timeout` and `sequence_*` are ignored (never used by h3-triton).
-REQUEST_PARAMETERS = {"progress_every": (int,), "preview_every": (int,), "deadline_s": (int, float),
-                      "request_priority": (int,), "return_mp4": (bool,), "return_frames": (bool,),
-                      "return_audio": (bool,), "inject_fault": (str,)}
+REQUEST_PARAMETERS = {
+    "progress_every": (int,),
+    "preview_every": (int,),
+    "deadline_s": (int, float),
+    "request_priority": (int,),
+    "return_mp4": (bool,),
+    "return_frames": (bool,),
+    "return_audio": (bool,),
+    "inject_fault": (str,),
+}
 RESERVED_PARAMETERS = ("priority", "timeout")
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 

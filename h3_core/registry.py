@@ -21,15 +21,16 @@ The folder is one per tritonserver process (the model stubs are its children and
 os.getppid()): `<tmp>/h3-triton-<server pid>/registry.json`; its memories are bounded by
 IDS_REMEMBERED and EARLY_CANCEL_SECONDS.
 """
+
 import fcntl
 import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 from .protocol import EARLY_CANCEL_SECONDS
 
@@ -50,8 +51,10 @@ class DitLoad:
 
     def message(self) -> str:
         """The UNAVAILABLE text for a newcomer (the scheduler's Overloaded says the same)."""
-        return (f"the DiT holds {self.held} requests, its capacity max_num_seqs + max_waiting = {self.max_num_seqs} + "
-                f"{self.max_waiting}; retry later")
+        return (
+            f"the DiT holds {self.held} requests, its capacity max_num_seqs + max_waiting = {self.max_num_seqs} + "
+            f"{self.max_waiting}; retry later"
+        )
 
 
 def server_folder(server_pid: int | None = None) -> Path:
@@ -83,7 +86,9 @@ class Registry:
                 state.setdefault(name, {})
             now = self.clock()
             for name in ("cancels", "finished"):
-                kept = sorted((t, k) for k, t in state[name].items() if now - t < EARLY_CANCEL_SECONDS)[-IDS_REMEMBERED:]
+                kept = sorted((t, k) for k, t in state[name].items() if now - t < EARLY_CANCEL_SECONDS)[
+                    -IDS_REMEMBERED:
+                ]
                 state[name] = {k: t for t, k in kept}
             yield state, now
             if write:

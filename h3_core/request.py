@@ -1,4 +1,5 @@
 """A generation request, its limits and its validation (checked before anything runs)."""
+
 import secrets
 import unicodedata
 from dataclasses import dataclass
@@ -100,8 +101,10 @@ def validate_request(request: GenerationRequest, limits: RequestLimits) -> None:
     for field, maximum in (("height", limits.max_height), ("width", limits.max_width)):
         value = getattr(request, field)
         if not (CANVAS_MULTIPLE <= value <= maximum) or value % CANVAS_MULTIPLE:
-            raise ValueError(f"{field}={value} is out of range: allowed multiples of "
-                             f"{CANVAS_MULTIPLE} in {CANVAS_MULTIPLE}..{maximum}")
+            raise ValueError(
+                f"{field}={value} is out of range: allowed multiples of "
+                f"{CANVAS_MULTIPLE} in {CANVAS_MULTIPLE}..{maximum}"
+            )
     _check_range("num_frames", request.num_frames, 1, limits.max_num_frames)
     _check_range("num_inference_steps", request.num_inference_steps, 1, limits.max_steps)
     _check_range("num_outputs", request.num_outputs, 1, limits.max_outputs)
@@ -114,8 +117,14 @@ def validate_request(request: GenerationRequest, limits: RequestLimits) -> None:
         raise ValueError(f"fps={request.fps} is not supported: the model generates {FPS} fps")
 
 
-def request_memory_mb(height: int, width: int, num_frames: int, rows: int, hidden_size: int,
-                      bytes_per_row_and_width: int = DIT_BYTES_PER_ROW_AND_WIDTH) -> int:
+def request_memory_mb(
+    height: int,
+    width: int,
+    num_frames: int,
+    rows: int,
+    hidden_size: int,
+    bytes_per_row_and_width: int = DIT_BYTES_PER_ROW_AND_WIDTH,
+) -> int:
     """Estimated peak memory (MiB, rounded up) one request adds to the server: the DiT step
     activations for its packed rows (all outputs) plus the video VAE decoding one output
     (outputs are decoded one at a time). The largest tiny request the default limits allow
@@ -123,8 +132,9 @@ def request_memory_mb(height: int, width: int, num_frames: int, rows: int, hidde
     25 + 1240 = 1265 MiB (1267). bytes_per_row_and_width: the DiT's activation bytes per packed
     row and unit of hidden_size; the default is the CPU float32 measurement, the one
     Engine.prepare applies (server.sizing plugs in a GPU figure)."""
-    total = (bytes_per_row_and_width * rows * hidden_size
-             + DECODE_BYTES_PER_VOXEL * height * width * align_num_frames(num_frames))
+    total = bytes_per_row_and_width * rows * hidden_size + DECODE_BYTES_PER_VOXEL * height * width * align_num_frames(
+        num_frames
+    )
     return -(-total // 2**20)
 
 

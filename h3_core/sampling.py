@@ -3,6 +3,7 @@
 Convention: num_inference_steps = number of DiT forwards; base = linspace(1, 0, steps + 1).
 The model is fed t = 1 - sigma; its output v satisfies x0_hat = x_t + sigma * v.
 """
+
 import torch
 
 DEFAULT_VIDEO_SHIFT = 12.0

@@ -35,6 +35,7 @@ max_batch_rows, row_budget).
 Policies never read the clock: schedule() takes `now`, so the simulator (h3_core.simulate) drives
 the same code with simulated time.
 """
+
 import math
 import time
 from dataclasses import dataclass, field
@@ -106,9 +107,15 @@ class Scheduler:
     aging_s <= 0.
     """
 
-    def __init__(self, max_num_seqs: int, max_batch_rows: int, max_waiting: int,
-                 policy: str = DEFAULT_POLICY, row_budget: int | None = None,
-                 aging_s: float = DEFAULT_AGING_S):
+    def __init__(
+        self,
+        max_num_seqs: int,
+        max_batch_rows: int,
+        max_waiting: int,
+        policy: str = DEFAULT_POLICY,
+        row_budget: int | None = None,
+        aging_s: float = DEFAULT_AGING_S,
+    ):
         if policy not in POLICIES:
             raise ValueError(f"scheduling_policy={policy!r} is not one of {', '.join(POLICIES)}")
         row_budget = max_batch_rows if row_budget is None else row_budget
@@ -126,7 +133,9 @@ class Scheduler:
         """Queue a new job. Raises ValueError if it can never fit one forward, Overloaded if
         max_num_seqs + max_waiting jobs are live."""
         if len(job.states) > self.max_num_seqs:
-            raise ValueError(f"num_outputs={len(job.states)} is out of range: allowed 1..{self.max_num_seqs} (max_num_seqs)")
+            raise ValueError(
+                f"num_outputs={len(job.states)} is out of range: allowed 1..{self.max_num_seqs} (max_num_seqs)"
+            )
         if job.rows > self.max_batch_rows:
             raise ValueError(f"rows={job.rows} is out of range: allowed 1..{self.max_batch_rows} (max_batch_rows)")
         if len(self.jobs) >= self.max_num_seqs + self.max_waiting:

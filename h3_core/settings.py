@@ -4,6 +4,7 @@ keys and values of the wrong type, and checks the rules that tie fields together
 here are the shipped CPU repository's values (model_repository/*/config.pbtxt holds the same).
 Triton-free: the step loop and the tests build them from plain dicts.
 """
+
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -23,7 +24,9 @@ def _parse(cls, parameters: dict[str, str]):
     unknown = sorted(set(parameters) - set(fields))
     missing = sorted(set(fields) - set(parameters))
     if unknown or missing:
-        raise ValueError(f"{cls.MODEL} parameters: unknown {unknown}, missing {missing}; expected exactly {sorted(fields)}")
+        raise ValueError(
+            f"{cls.MODEL} parameters: unknown {unknown}, missing {missing}; expected exactly {sorted(fields)}"
+        )
     values = {}
     for name, text in parameters.items():
         kind = fields[name].type
@@ -42,8 +45,10 @@ def _parse(cls, parameters: dict[str, str]):
 
 def _to_parameters(settings) -> dict[str, str]:
     """The inverse of _parse: every field as a config.pbtxt string value."""
+
     def text(value) -> str:
         return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
     return {field.name: text(getattr(settings, field.name)) for field in dataclasses.fields(settings)}
 
 
@@ -137,21 +142,34 @@ class DitSettings:
             raise ValueError(f"h3_dit parameter execution_mode={self.execution_mode!r} is not one of {EXECUTION_MODES}")
         if self.scheduling_policy not in POLICIES:
             raise ValueError(f"h3_dit parameter scheduling_policy={self.scheduling_policy!r} is not one of {POLICIES}")
-        for name in ("cpu_threads", "max_num_seqs", "max_batch_rows", "max_height", "max_width", "max_num_frames",
-                     "max_steps", "max_outputs", "max_request_mb"):
+        for name in (
+            "cpu_threads",
+            "max_num_seqs",
+            "max_batch_rows",
+            "max_height",
+            "max_width",
+            "max_num_frames",
+            "max_steps",
+            "max_outputs",
+            "max_request_mb",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"h3_dit parameter {name}={getattr(self, name)} is out of range: allowed >= 1")
         if self.max_waiting < 0:
             raise ValueError(f"h3_dit parameter max_waiting={self.max_waiting} is out of range: allowed >= 0")
         if not 1 <= self.row_budget <= self.max_batch_rows:
-            raise ValueError(f"h3_dit parameter row_budget={self.row_budget} is out of range: allowed "
-                             f"1..{self.max_batch_rows} (max_batch_rows)")
+            raise ValueError(
+                f"h3_dit parameter row_budget={self.row_budget} is out of range: allowed "
+                f"1..{self.max_batch_rows} (max_batch_rows)"
+            )
         if not (self.aging_s > 0 and not math.isnan(self.aging_s)):
             raise ValueError(f"h3_dit parameter aging_s={self.aging_s} is out of range: allowed > 0")
         slots = self.max_num_seqs + self.max_waiting + CONTROL_SLOTS
         if max_batch_size is not None and max_batch_size != slots:
-            raise ValueError(f"h3_dit max_batch_size={max_batch_size} must equal max_num_seqs + max_waiting + "
-                             f"{CONTROL_SLOTS} = {slots} (its sequence slots)")
+            raise ValueError(
+                f"h3_dit max_batch_size={max_batch_size} must equal max_num_seqs + max_waiting + "
+                f"{CONTROL_SLOTS} = {slots} (its sequence slots)"
+            )
 
     @classmethod
     def from_parameters(cls, parameters: dict[str, str], max_batch_size: int | None = None) -> "DitSettings":
@@ -170,7 +188,12 @@ class DitSettings:
 
     def limits(self) -> RequestLimits:
         """The request limits these settings impose (max_rows = max_batch_rows)."""
-        return RequestLimits(max_height=self.max_height, max_width=self.max_width, max_num_frames=self.max_num_frames,
-                             max_steps=self.max_steps, max_outputs=self.max_outputs, max_rows=self.max_batch_rows,
-                             max_request_mb=self.max_request_mb)
-
+        return RequestLimits(
+            max_height=self.max_height,
+            max_width=self.max_width,
+            max_num_frames=self.max_num_frames,
+            max_steps=self.max_steps,
+            max_outputs=self.max_outputs,
+            max_rows=self.max_batch_rows,
+            max_request_mb=self.max_request_mb,
+        )

@@ -16,6 +16,7 @@ Metrics per policy (seconds):
 Run `python -m h3_core.simulate --workload reference|mixed|burst [--json]`; --c0, --c1 set a
 calibrated step cost, --row-budget srpt's row budget.
 """
+
 import argparse
 import json
 import math
@@ -139,13 +140,21 @@ def simulate(workload: Workload, policy: str, row_budget: int = LARGE_ROWS) -> l
     request is already compute-bound, co-batching 4 saves only 2.4% per request, h3_spec §5.11),
     room for every request to wait. Returns the completions in finishing order."""
     cost = workload.cost
-    scheduler = Scheduler(max_num_seqs=4, max_batch_rows=4 * LARGE_ROWS, max_waiting=len(workload.requests),
-                          policy=policy, row_budget=row_budget)
+    scheduler = Scheduler(
+        max_num_seqs=4,
+        max_batch_rows=4 * LARGE_ROWS,
+        max_waiting=len(workload.requests),
+        policy=policy,
+        row_budget=row_budget,
+    )
     pending, encoder_free = deque(), 0.0
     for index, request in enumerate(workload.requests):
         encoder_free = max(request.submit_s, encoder_free) + cost.encode_s
-        pending.append(Job(key=index, request_id=str(index), arrival_s=encoder_free,
-                           states=[SimState(request.rows, request.steps)]))
+        pending.append(
+            Job(
+                key=index, request_id=str(index), arrival_s=encoder_free, states=[SimState(request.rows, request.steps)]
+            )
+        )
     now, vae_free, completions = 0.0, 0.0, []
     while pending or scheduler.jobs:
         while pending and pending[0].arrival_s <= now:
@@ -163,8 +172,9 @@ def simulate(workload: Workload, policy: str, row_budget: int = LARGE_ROWS) -> l
             if job.finished:
                 scheduler.remove(job)
                 vae_free = max(now, vae_free) + cost.decode_s
-                completions.append(Completion(job.key, workload.requests[job.key].submit_s, job.arrival_s,
-                                              job.first_step_s, vae_free))
+                completions.append(
+                    Completion(job.key, workload.requests[job.key].submit_s, job.arrival_s, job.first_step_s, vae_free)
+                )
     return completions
 
 
@@ -185,24 +195,29 @@ def summarize(workload: Workload, completions: list[Completion]) -> dict:
 
 def compare(workload: Workload, row_budget: int = LARGE_ROWS) -> dict:
     """{policy: summary} for every policy, plus "default": the default policy's name."""
-    return {**{policy: summarize(workload, simulate(workload, policy, row_budget)) for policy in POLICIES},
-            "default": DEFAULT_POLICY}
+    return {
+        **{policy: summarize(workload, simulate(workload, policy, row_budget)) for policy in POLICIES},
+        "default": DEFAULT_POLICY,
+    }
 
 
 def table(workload: Workload, row_budget: int, results: dict) -> str:
     """compare()'s results as a readable table, headed by the workload and its cost model."""
     cost = workload.cost
-    lines = [f"workload {workload.name}: {len(workload.requests)} requests; simulated, step cost "
-             f"{cost.c0:g} s + {cost.c1:.4g} s/row, encode {cost.encode_s:g} s, decode {cost.decode_s:g} s, "
-             f"srpt row budget {row_budget}",
-             f"{'policy':<16}{'mean latency s':>16}{'p95 latency s':>15}{'mean TTFS s':>13}{'req/min':>9}"
-             f"{'completed':>11}"]
+    lines = [
+        f"workload {workload.name}: {len(workload.requests)} requests; simulated, step cost "
+        f"{cost.c0:g} s + {cost.c1:.4g} s/row, encode {cost.encode_s:g} s, decode {cost.decode_s:g} s, "
+        f"srpt row budget {row_budget}",
+        f"{'policy':<16}{'mean latency s':>16}{'p95 latency s':>15}{'mean TTFS s':>13}{'req/min':>9}{'completed':>11}",
+    ]
     for policy in POLICIES:
         r = results[policy]
         name = f"{policy} (default)" if policy == results["default"] else policy
-        lines.append(f"{name:<16}{r['mean_latency_s']:>16.2f}{r['p95_latency_s']:>15.2f}"
-                     f"{r['mean_time_to_first_step_s']:>13.2f}{r['throughput_per_min']:>9.2f}"
-                     f"{r['completed']:>6}/{r['submitted']}")
+        lines.append(
+            f"{name:<16}{r['mean_latency_s']:>16.2f}{r['p95_latency_s']:>15.2f}"
+            f"{r['mean_time_to_first_step_s']:>13.2f}{r['throughput_per_min']:>9.2f}"
+            f"{r['completed']:>6}/{r['submitted']}"
+        )
     return "\n".join(lines)
 
 

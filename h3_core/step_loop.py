@@ -26,26 +26,28 @@ CANCELLED or FAILED. All per-request state lives in the Job and its RequestState
 only the map of live jobs and two bounded memories of ids (ids cancelled before their request
 arrived; ids that finished recently).
 """
+
 import json
 import logging
 import math
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 from . import layout as L
-from .engine import Engine, RequestState, preview_frame
+from . import scheduler
+from .engine import Engine, preview_frame
 from .media import MP4_AVAILABLE
 from .protocol import CANCEL_FIELD, EARLY_CANCEL_SECONDS, INT_INPUTS, REQUEST_FIELDS, check_request_parameters
 from .registry import IDS_REMEMBERED, DitLoad, Registry
 from .request import GenerationRequest
-from . import scheduler
 from .scheduler import Overloaded, Scheduler
 from .settings import DitSettings
 
@@ -64,6 +66,7 @@ class Status(Enum):
 
 
 # -- inputs and events (plain data) ------------------------------------------------------------
+
 
 @dataclass
 class Arrival:
@@ -164,6 +167,7 @@ Send = Callable[[Event], None]  # what iterate() hands each event to
 
 # -- the job ------------------------------------------------------------------------------------
 
+
 @dataclass(eq=False)
 class Job(scheduler.Job):
     """A request in the step loop: the scheduler's Job (key, request_id, states, priority,
@@ -226,6 +230,7 @@ class MetricsRecord:
 
 # -- validation helpers -------------------------------------------------------------------------
 
+
 def check_fault(fault: str) -> None:
     """Validate request parameter inject_fault (tests only), acting at the request's first step:
     "raise" makes the forward raise, "nan" makes it return NaN video velocities for the request,
@@ -255,35 +260,54 @@ def read_request_json(elements: list) -> dict:
     if CANCEL_FIELD in fields:
         extra = sorted(key for key in fields if key != CANCEL_FIELD)
         if extra:
-            raise ValueError(f"REQUEST field {extra[0]!r} is not allowed beside {CANCEL_FIELD!r}: a cancel request "
-                             "holds that field alone")
+            raise ValueError(
+                f"REQUEST field {extra[0]!r} is not allowed beside {CANCEL_FIELD!r}: a cancel request "
+                "holds that field alone"
+            )
         target = fields[CANCEL_FIELD]
         if type(target) is not str or not target:
-            got = ("null" if target is None else "an empty string" if target == ""
-                   else f"{JSON_TYPES.get(type(target), type(target).__name__)} {json.dumps(target)}")
+            got = (
+                "null"
+                if target is None
+                else "an empty string"
+                if target == ""
+                else f"{JSON_TYPES.get(type(target), type(target).__name__)} {json.dumps(target)}"
+            )
             raise ValueError(f"{CANCEL_FIELD} must be a non-empty string, got {got}")
         return fields
     unknown = sorted(key for key in fields if key not in REQUEST_FIELDS)
     if unknown:
-        raise ValueError(f"REQUEST field {unknown[0]!r} is unknown; allowed: {sorted(REQUEST_FIELDS)}, or "
-                         f"{CANCEL_FIELD!r} alone (a cancel request)")
+        raise ValueError(
+            f"REQUEST field {unknown[0]!r} is unknown; allowed: {sorted(REQUEST_FIELDS)}, or "
+            f"{CANCEL_FIELD!r} alone (a cancel request)"
+        )
     return fields
 
 
-def end_line(request_id: str, outcome: str, height: int, width: int, num_frames: int, steps: int, total_steps: int,
-             seconds: dict[str, float]) -> str:
+def end_line(
+    request_id: str,
+    outcome: str,
+    height: int,
+    width: int,
+    num_frames: int,
+    steps: int,
+    total_steps: int,
+    seconds: dict[str, float],
+) -> str:
     """The one log line of a request at its end (h3_dit for requests that end in the DiT,
     h3_vae for completed ones): id, outcome, shape, steps, and each stage's seconds."""
     stages = ", ".join(f"{stage} {value:.3f} s" for stage, value in seconds.items())
-    return (f"request {request_id} {outcome}: {width}x{height}x{num_frames} frames, step {steps} of {total_steps}, "
-            f"{stages}")
+    return (
+        f"request {request_id} {outcome}: {width}x{height}x{num_frames} frames, step {steps} of {total_steps}, {stages}"
+    )
 
 
 def admission_failure(error: Exception) -> str:
     """The client's message for an unexpected exception while a request is admitted: the
     exception's type and the first line of its text, no traceback."""
     text = str(error).strip().splitlines()
-    return f"the request could not be admitted ({type(error).__name__}: {text[0] if text else 'no detail'}); see the server log"
+    cause = f"{type(error).__name__}: {text[0] if text else 'no detail'}"
+    return f"the request could not be admitted ({cause}); see the server log"
 
 
 class BoundedMemory(OrderedDict):
@@ -304,6 +328,7 @@ class BoundedMemory(OrderedDict):
 
 # -- the loop -----------------------------------------------------------------------------------
 
+
 class StepLoop:
     """The DiT's step loop over an Engine (see the module docstring).
 
@@ -315,13 +340,25 @@ class StepLoop:
         clock: monotonic seconds (tests pass a fake one).
     """
 
-    def __init__(self, engine: Engine, settings: DitSettings, registry: Registry, metrics=None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        engine: Engine,
+        settings: DitSettings,
+        registry: Registry,
+        metrics=None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.engine, self.settings, self.registry = engine, settings, registry
         self.metrics = metrics if metrics is not None else MetricsRecord()
         self.clock = clock
-        self.scheduler = Scheduler(settings.max_num_seqs, settings.max_batch_rows, settings.max_waiting,
-                                   settings.scheduling_policy, settings.row_budget, settings.aging_s)
+        self.scheduler = Scheduler(
+            settings.max_num_seqs,
+            settings.max_batch_rows,
+            settings.max_waiting,
+            settings.scheduling_policy,
+            settings.row_budget,
+            settings.aging_s,
+        )
         self.jobs: dict[object, Job] = {}  # live jobs by correlation id
         self.dropped = BoundedMemory()  # correlation id -> (request id, cause): forgotten without an answer
         self.draining = False
@@ -404,8 +441,11 @@ class StepLoop:
             request_id, cause = dropped or (arrival.request_id, None)
             named = request_id or f"with sequence id {arrival.key}"
             cause = cause or f"its sequence id was reused or Triton withheld it for {VANISHED_EXECUTES} steps"
-            send(Ended(arrival.handle, request_id or str(arrival.key), "CANCELLED",
-                                    f"request {named} was dropped: {cause}"))
+            send(
+                Ended(
+                    arrival.handle, request_id or str(arrival.key), "CANCELLED", f"request {named} was dropped: {cause}"
+                )
+            )
             return None
         if job is None:
             self.dropped.pop(arrival.key, None)  # a new sequence with the id of a dropped one
@@ -433,9 +473,16 @@ class StepLoop:
             job = self.parse(arrival, fields, now)
             if self.registry.admit(job.request_id):
                 self.metrics.increment("h3_cancellations_total")
-                send(Ended(arrival.handle, job.request_id, "CANCELLED",
-                                        f"request {job.request_id} was cancelled before it started "
-                                        f"(step 0 of {job.total_steps})", 0, job.total_steps))
+                send(
+                    Ended(
+                        arrival.handle,
+                        job.request_id,
+                        "CANCELLED",
+                        f"request {job.request_id} was cancelled before it started (step 0 of {job.total_steps})",
+                        0,
+                        job.total_steps,
+                    )
+                )
                 return None
             self.scheduler.add(job)
         except ValueError as error:
@@ -455,16 +502,22 @@ class StepLoop:
         """Inputs, REQUEST fields and request parameters -> Job (its states prepared). Raises
         ValueError naming the bad field."""
         if arrival.sequence_end:
-            raise ValueError("sequence_end must not be set: a request runs over many iterations and Triton 2.51 "
-                             "would drop it after the first (perf_analyzer: --request-parameter sequence_end:false:bool)")
+            raise ValueError(
+                "sequence_end must not be set: a request runs over many iterations and Triton 2.51 "
+                "would drop it after the first (perf_analyzer: --request-parameter sequence_end:false:bool)"
+            )
         parameters = check_request_parameters(arrival.parameters_json)
         if parameters.get("return_mp4", True) and not MP4_AVAILABLE:
-            raise ValueError("return_mp4=true needs PyAV, which this server does not have: send return_mp4=false (with "
-                             "return_frames / return_audio for raw outputs) or install av")
+            raise ValueError(
+                "return_mp4=true needs PyAV, which this server does not have: send return_mp4=false (with "
+                "return_frames / return_audio for raw outputs) or install av"
+            )
         fault = parameters.get("inject_fault")
         if fault is not None:
             if not self.settings.allow_fault_injection:
-                raise ValueError("request parameter 'inject_fault' is refused: h3_dit parameter allow_fault_injection is not 'true'")
+                raise ValueError(
+                    "request parameter 'inject_fault' is refused: h3_dit parameter allow_fault_injection is not 'true'"
+                )
             check_fault(fault)
         for name in ("progress_every", "preview_every"):
             if parameters.get(name, 0) < 0:
@@ -473,17 +526,37 @@ class StepLoop:
         if deadline_s is not None and not deadline_s > 0:
             raise ValueError(f"deadline_s={deadline_s} is send of range: allowed > 0 seconds")
         cfg = self.engine.dit.cfg
-        values = dict(height=cfg.default_height, width=cfg.default_width, num_frames=cfg.default_num_frames,
-                      num_inference_steps=cfg.default_steps, seed=None, num_outputs=1)
+        values = dict(
+            height=cfg.default_height,
+            width=cfg.default_width,
+            num_frames=cfg.default_num_frames,
+            num_inference_steps=cfg.default_steps,
+            seed=None,
+            num_outputs=1,
+        )
         for name in INT_INPUTS.values():
             if name in fields:
                 if type(fields[name]) is not int:
                     raise ValueError(f"{name} must be an integer, got {fields[name]!r}")
                 values[name] = fields[name]
         embeds = arrival.text_embeds
-        if embeds is None or embeds.ndim != 3 or embeds.shape[0] != 1 or embeds.shape[1] < 1 or embeds.shape[2] != cfg.text_dim:
-            shape = None if embeds is None else embeds.shape[1:] if embeds.ndim == 3 and embeds.shape[0] == 1 else embeds.shape
-            raise ValueError(f"text_embeds has shape {None if shape is None else tuple(shape)}; expected [L >= 1, {cfg.text_dim}]")
+        if (
+            embeds is None
+            or embeds.ndim != 3
+            or embeds.shape[0] != 1
+            or embeds.shape[1] < 1
+            or embeds.shape[2] != cfg.text_dim
+        ):
+            shape = (
+                None
+                if embeds is None
+                else embeds.shape[1:]
+                if embeds.ndim == 3 and embeds.shape[0] == 1
+                else embeds.shape
+            )
+            raise ValueError(
+                f"text_embeds has shape {None if shape is None else tuple(shape)}; expected [L >= 1, {cfg.text_dim}]"
+            )
         text = torch.from_numpy(np.array(embeds[0], dtype=np.float32))  # [L, text_dim], a copy
         if not torch.isfinite(text).all():
             raise ValueError("TEXT_EMBEDS holds non-finite values")
@@ -498,10 +571,19 @@ class StepLoop:
         request_id = arrival.request_id or f"h3-{secrets.token_hex(8)}"
         generation = GenerationRequest(prompt="(encoded)", request_id=request_id, **values)
         states = self.engine.prepare(generation, text)
-        return Job(key=arrival.key, request_id=request_id, states=states, arrival_s=now,
-                   progress_every=parameters.get("progress_every", 0), preview_every=parameters.get("preview_every", 0),
-                   deadline_s=deadline_s, deadline_at=None if deadline_s is None else now + deadline_s - since_received,
-                   encode_s=encode_s, priority=parameters.get("request_priority", 0), fault=fault)
+        return Job(
+            key=arrival.key,
+            request_id=request_id,
+            states=states,
+            arrival_s=now,
+            progress_every=parameters.get("progress_every", 0),
+            preview_every=parameters.get("preview_every", 0),
+            deadline_s=deadline_s,
+            deadline_at=None if deadline_s is None else now + deadline_s - since_received,
+            encode_s=encode_s,
+            priority=parameters.get("request_priority", 0),
+            fault=fault,
+        )
 
     def refuse_reused_key(self, arrival: Arrival, job: Job, send: Send) -> None:
         """A new request (START) came with the sequence id of a live job: a client sent a
@@ -512,8 +594,13 @@ class StepLoop:
         responses to the job's client."""
         self.metrics.increment("h3_cancellations_total")
         self.forget(job, Status.CANCELLED, dropped=f"another request reused its sequence id {job.key}")
-        self.refuse(send, arrival, "INVALID_ARG", f"sequence id {job.key} belongs to request {job.request_id}, "
-                                                        "which Triton has now ended; do not send sequence_id")
+        self.refuse(
+            send,
+            arrival,
+            "INVALID_ARG",
+            f"sequence id {job.key} belongs to request {job.request_id}, "
+            "which Triton has now ended; do not send sequence_id",
+        )
 
     # -- cancellation ------------------------------------------------------------------------
 
@@ -536,8 +623,11 @@ class StepLoop:
             job.absent = 0 if job in present else job.absent + 1
             if job.absent >= VANISHED_EXECUTES:
                 self.metrics.increment("h3_cancellations_total")
-                self.forget(job, Status.CANCELLED,
-                            dropped=f"Triton withheld it for {VANISHED_EXECUTES} steps (sequence id {job.key})")
+                self.forget(
+                    job,
+                    Status.CANCELLED,
+                    dropped=f"Triton withheld it for {VANISHED_EXECUTES} steps (sequence id {job.key})",
+                )
 
     def end_cancelled(self, present: list[Job], send: Send) -> None:
         """Step boundary: end jobs cancelled by id or by their client, past their deadline, or
@@ -552,8 +642,13 @@ class StepLoop:
                 self.metrics.increment("h3_deadline_expiries_total")
             if reason is not None:
                 self.metrics.increment("h3_cancellations_total")
-                self.end(job, send, Status.CANCELLED, "CANCELLED",
-                         f"request {job.request_id} {reason} at step {job.step_index} of {job.total_steps}")
+                self.end(
+                    job,
+                    send,
+                    Status.CANCELLED,
+                    "CANCELLED",
+                    f"request {job.request_id} {reason} at step {job.step_index} of {job.total_steps}",
+                )
 
     # -- the step ----------------------------------------------------------------------------
 
@@ -594,7 +689,9 @@ class StepLoop:
                 self.metrics.observe("h3_time_to_first_step_seconds", end - job.arrival_s)
             job.last_step_s = end
             step = job.step_index
-            if (job.progress_every and (step % job.progress_every == 0 or step == job.total_steps)) or job.preview is not None:
+            if (
+                job.progress_every and (step % job.progress_every == 0 or step == job.total_steps)
+            ) or job.preview is not None:
                 send(Progress(job.handle, job.request_id, step, job.total_steps, 0, job.preview))
                 job.preview = None
             if job.finished:
@@ -614,9 +711,11 @@ class StepLoop:
         states = [state for job in jobs for state in job.states]
         velocities = self.engine.denoise_step(states)
         nan = {id(state) for job in jobs if job.fault == "nan" and job.step_index == 0 for state in job.states}
-        velocities = [(torch.full_like(video, float("nan")), audio) if id(state) in nan else (video, audio)
-                      for state, (video, audio) in zip(states, velocities)]
-        for state, (video, audio) in zip(states, velocities):
+        velocities = [
+            (torch.full_like(video, float("nan")), audio) if id(state) in nan else (video, audio)
+            for state, (video, audio) in zip(states, velocities, strict=True)
+        ]
+        for state, (video, audio) in zip(states, velocities, strict=True):
             if not (torch.isfinite(video).all() and torch.isfinite(audio).all()):
                 raise ValueError(f"non-finite velocity for request {state.request_id}")
         return velocities
@@ -629,31 +728,65 @@ class StepLoop:
         canceller was told "cancelled")."""
         if self.registry.finish(job.request_id):
             self.metrics.increment("h3_cancellations_total")
-            self.end(job, send, Status.CANCELLED, "CANCELLED",
-                     f"request {job.request_id} cancelled by request at step {job.step_index} of {job.total_steps}")
+            self.end(
+                job,
+                send,
+                Status.CANCELLED,
+                "CANCELLED",
+                f"request {job.request_id} cancelled by request at step {job.step_index} of {job.total_steps}",
+            )
             return
         for state in job.states:
             info = {
-                "kind": "result", "request_id": job.request_id, "output_index": state.output_index,
-                "num_outputs": len(job.states), "seed": state.seed, "height": state.height,
-                "width": state.width, "num_frames": state.num_frames,
-                "num_inference_steps": state.total_steps, "largest_pack": job.largest_pack,
-                "stage_seconds": {"queue": job.first_step_s - job.arrival_s, "encode": job.encode_s,
-                                  "denoise": job.last_step_s - job.first_step_s},
+                "kind": "result",
+                "request_id": job.request_id,
+                "output_index": state.output_index,
+                "num_outputs": len(job.states),
+                "seed": state.seed,
+                "height": state.height,
+                "width": state.width,
+                "num_frames": state.num_frames,
+                "num_inference_steps": state.total_steps,
+                "largest_pack": job.largest_pack,
+                "stage_seconds": {
+                    "queue": job.first_step_s - job.arrival_s,
+                    "encode": job.encode_s,
+                    "denoise": job.last_step_s - job.first_step_s,
+                },
             }
-            send(Result(job.handle, job.request_id, L.unpatchify_video(state.video_latents, state.layout),
-                                     L.audio_rows_to_latent(state.audio_latents, state.layout), info,
-                                     final=state is job.states[-1]))
+            send(
+                Result(
+                    job.handle,
+                    job.request_id,
+                    L.unpatchify_video(state.video_latents, state.layout),
+                    L.audio_rows_to_latent(state.audio_latents, state.layout),
+                    info,
+                    final=state is job.states[-1],
+                )
+            )
             self.metrics.increment("h3_completions_total")
         self.drop(job, Status.FINISHED)
 
     def end(self, job: Job, send: Send, status: Status, code: str, message: str) -> None:
         send(Ended(job.handle, job.request_id, code, message, job.step_index, job.total_steps))
         now, state = self.clock(), job.states[0]
-        seconds = {"queue": (job.first_step_s or now) - job.arrival_s, "encode": job.encode_s,
-                   "denoise": job.last_step_s - job.first_step_s if job.last_step_s is not None else 0.0}
-        log.info(end_line(job.request_id, f"ended {code}: {message}", state.height, state.width, state.num_frames,
-                          job.step_index, job.total_steps, seconds))
+        seconds = {
+            "queue": (job.first_step_s or now) - job.arrival_s,
+            "encode": job.encode_s,
+            "denoise": job.last_step_s - job.first_step_s if job.last_step_s is not None else 0.0,
+        }
+        log.info(
+            end_line(
+                job.request_id,
+                f"ended {code}: {message}",
+                state.height,
+                state.width,
+                state.num_frames,
+                job.step_index,
+                job.total_steps,
+                seconds,
+            )
+        )
         self.forget(job, status)
 
     def forget(self, job: Job, status: Status, dropped: str | None = None) -> None:

@@ -17,6 +17,7 @@ z = z_model * std + mean before decode. `encode` / `decode` are the inference en
 clip, no batch dim, run under torch.inference_mode on the module's device); training calls
 `self.encoder` / `self.decoder` directly on `frames_to_groups` / float waveforms.
 """
+
 import torch
 from torch import nn
 
@@ -176,14 +177,14 @@ class AudioVAE(nn.Module):
         channels = config.AUDIO_LATENT_CHANNELS
         width = AUDIO_STEM_WIDTH
         encoder = [nn.Conv1d(1, width, 7, padding=3), nn.SiLU()]
-        for stride, out in zip(AUDIO_ENCODER_RATES, AUDIO_ENCODER_WIDTHS):
+        for stride, out in zip(AUDIO_ENCODER_RATES, AUDIO_ENCODER_WIDTHS, strict=True):
             encoder += [_encoder_conv(width, out, stride), nn.SiLU()]
             width = out
         encoder.append(nn.Conv1d(width, channels, 3, padding=1))
         self.encoder = nn.Sequential(*encoder)
         width = AUDIO_DECODER_WIDTHS[0]
         decoder = [nn.Conv1d(channels, width, 7, padding=3), nn.SiLU()]
-        for stride, out in zip(AUDIO_DECODER_RATES, AUDIO_DECODER_WIDTHS):
+        for stride, out in zip(AUDIO_DECODER_RATES, AUDIO_DECODER_WIDTHS, strict=True):
             decoder += [_decoder_conv(width, out, stride), nn.SiLU()]
             width = out
         decoder += [nn.Conv1d(width, 1, 7, padding=3), nn.Tanh()]

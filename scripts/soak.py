@@ -21,6 +21,7 @@ Checks (exit status 1 when one fails; all are printed and, with --json, saved):
     an ensemble request that ended with an error response while h3_vae still held one of its
     progress responses: h3_dit's `ending` avoids that).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,8 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from client.api import H3Client, H3Error, _input  # noqa: E402
-from server.process import TritonServer, dit_stubs, stub_pids  # noqa: E402
+from client.api import H3Client, H3Error, _input  # noqa: E402 - after the sys.path set-up above
+from server.process import TritonServer, dit_stubs, stub_pids  # noqa: E402 - after the sys.path set-up above
 
 RSS_GROWTH_LIMIT = 0.05
 RSS_EVERY = 50  # requests between RSS samples
@@ -69,33 +70,56 @@ def make_specs(rng: random.Random, count: int) -> list[dict]:
     specs = []
     for k in range(count):
         height, width, frames = rng.choice(SHAPES)
-        specs.append(dict(prompt=f"soak clip {k}: a shape moves while a tone plays", height=height, width=width,
-                          num_frames=frames, num_inference_steps=rng.randint(2, 40),
-                          num_outputs=2 if rng.random() < 0.2 else 1, seed=rng.randrange(2**31)))
+        specs.append(
+            dict(
+                prompt=f"soak clip {k}: a shape moves while a tone plays",
+                height=height,
+                width=width,
+                num_frames=frames,
+                num_inference_steps=rng.randint(2, 40),
+                num_outputs=2 if rng.random() < 0.2 else 1,
+                seed=rng.randrange(2**31),
+            )
+        )
     return specs
 
 
 def digest(result) -> tuple[str, str]:
-    return (hashlib.sha256(result.as_numpy("FRAMES").tobytes()).hexdigest(),
-            hashlib.sha256(result.as_numpy("AUDIO").tobytes()).hexdigest())
+    return (
+        hashlib.sha256(result.as_numpy("FRAMES").tobytes()).hexdigest(),
+        hashlib.sha256(result.as_numpy("AUDIO").tobytes()).hexdigest(),
+    )
 
 
 def run_request(url: str, spec: dict, outcome: Outcome, parameters: dict) -> Outcome:
     """Stream one h3_pipeline request; after its final response the stream is closed without
     cancelling, which waits for anything the server still sends (so a second final would be
     counted)."""
-    names = {"height": "HEIGHT", "width": "WIDTH", "num_frames": "NUM_FRAMES",
-             "num_inference_steps": "NUM_INFERENCE_STEPS", "num_outputs": "NUM_OUTPUTS", "seed": "SEED"}
-    inputs = [_input("PROMPT", spec["prompt"].encode(), "BYTES")] + [_input(n, spec[k], "INT64") for k, n in names.items()]
+    names = {
+        "height": "HEIGHT",
+        "width": "WIDTH",
+        "num_frames": "NUM_FRAMES",
+        "num_inference_steps": "NUM_INFERENCE_STEPS",
+        "num_outputs": "NUM_OUTPUTS",
+        "seed": "SEED",
+    }
+    inputs = [_input("PROMPT", spec["prompt"].encode(), "BYTES")] + [
+        _input(n, spec[k], "INT64") for k, n in names.items()
+    ]
     outputs = [grpcclient.InferRequestedOutput(name) for name in ("FRAMES", "AUDIO", "PROGRESS", "INFO")]
     responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     ended = False
     try:
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
-        client.async_stream_infer("h3_pipeline", inputs, outputs=outputs, request_id=outcome.request_id,
-                                  parameters={**parameters, "return_frames": True, "return_audio": True},
-                                  enable_empty_final_response=True)
+        client.async_stream_infer(
+            "h3_pipeline",
+            inputs,
+            outputs=outputs,
+            request_id=outcome.request_id,
+            parameters={**parameters, "return_frames": True, "return_audio": True},
+            enable_empty_final_response=True,
+        )
         while not ended:
             result, error = responses.get(timeout=STREAM_TIMEOUT_S)
             ended = record(outcome, result, error)
@@ -145,20 +169,30 @@ def run(args: argparse.Namespace) -> dict:
     plan = []
     for i in range(args.warmup + args.requests):
         draw = rng.random()
-        action = "cancel" if draw < args.cancel_fraction else (
-            "deadline" if draw < args.cancel_fraction + args.deadline_fraction else "plain")
+        action = (
+            "cancel"
+            if draw < args.cancel_fraction
+            else ("deadline" if draw < args.cancel_fraction + args.deadline_fraction else "plain")
+        )
         parameters = {"progress_every": rng.choice([0, 1, 3])}
         if action == "deadline":
             parameters["deadline_s"] = round(rng.uniform(0.05, 0.5), 3)
-        plan.append((Outcome(f"soak-{args.seed}-{i}", rng.randrange(len(specs)), action), parameters,
-                     rng.uniform(0, args.max_cancel_delay)))
+        plan.append(
+            (
+                Outcome(f"soak-{args.seed}-{i}", rng.randrange(len(specs)), action),
+                parameters,
+                rng.uniform(0, args.max_cancel_delay),
+            )
+        )
     started = time.monotonic()
     print(f"starting tritonserver on {ROOT / 'model_repository'}", file=sys.stderr, flush=True)
     with TritonServer(ROOT / "model_repository", free_ports=True) as server:
         references = []
         for k, spec in enumerate(tqdm(specs, desc="references", unit="req", file=sys.stderr)):
             reference = run_request(server.grpc_url, spec, Outcome(f"soak-{args.seed}-reference-{k}", k, "plain"), {})
-            assert reference.finals == 1 and not reference.error and len(reference.results) == spec["num_outputs"], reference
+            assert reference.finals == 1 and not reference.error and len(reference.results) == spec["num_outputs"], (
+                reference
+            )
             references.append(reference.results)
         canceller = H3Client(server.grpc_url, idle_timeout_s=STREAM_TIMEOUT_S)
         rss, done, lock = [], [0], threading.Lock()
@@ -186,9 +220,9 @@ def run(args: argparse.Namespace) -> dict:
             return outcome
 
         with progress, ThreadPoolExecutor(args.concurrency) as pool:
-            list(pool.map(one, plan[:args.warmup]))
+            list(pool.map(one, plan[: args.warmup]))
             baseline = dit_rss_kb(server)
-            outcomes = list(pool.map(one, plan[args.warmup:]))
+            outcomes = list(pool.map(one, plan[args.warmup :]))
         deadline = time.monotonic() + 10
         while True:  # the last cancelled requests leave at their next step boundary
             metrics = server.h3_metrics()
@@ -203,22 +237,41 @@ def run(args: argparse.Namespace) -> dict:
     incomplete = [o.request_id for o in outcomes if not o.error and len(o.results) != specs[o.spec]["num_outputs"]]
     mixed = [o.request_id for o in outcomes if o.error == "CANCELLED" and o.results]
     summary = {
-        "requests": len(outcomes), "concurrency": args.concurrency, "warmup": args.warmup,
+        "requests": len(outcomes),
+        "concurrency": args.concurrency,
+        "warmup": args.warmup,
         "seconds": round(time.monotonic() - started, 1),
         "actions": {a: sum(o.action == a for o in outcomes) for a in ("plain", "cancel", "deadline")},
         "completed": sum(not o.error for o in outcomes),
-        "errors": {code: sum(o.error == code for o in outcomes) for code in sorted({o.error for o in outcomes if o.error})},
-        "final_responses_per_request": {n: sum(o.finals == n for o in outcomes) for n in sorted({o.finals for o in outcomes})},
+        "errors": {
+            code: sum(o.error == code for o in outcomes) for code in sorted({o.error for o in outcomes if o.error})
+        },
+        "final_responses_per_request": {
+            n: sum(o.finals == n for o in outcomes) for n in sorted({o.finals for o in outcomes})
+        },
         "outputs_compared": sum(len(o.results) for o in outcomes),
-        "outputs_not_identical": wrong, "completed_without_all_outputs": incomplete, "cancelled_with_results": mixed,
-        "dit_rss_kb": {"baseline": baseline, "samples": rss, "final": final_rss,
-                       "growth": round(final_rss / baseline - 1, 4)},
-        "left_at_end": left, "in_flight_at_stop": leaked,
+        "outputs_not_identical": wrong,
+        "completed_without_all_outputs": incomplete,
+        "cancelled_with_results": mixed,
+        "dit_rss_kb": {
+            "baseline": baseline,
+            "samples": rss,
+            "final": final_rss,
+            "growth": round(final_rss / baseline - 1, 4),
+        },
+        "left_at_end": left,
+        "in_flight_at_stop": leaked,
     }
-    summary["passed"] = (summary["final_responses_per_request"] == {1: len(outcomes)} and not wrong and not incomplete
-                         and not mixed and set(summary["errors"]) <= {"CANCELLED"}
-                         and summary["dit_rss_kb"]["growth"] < RSS_GROWTH_LIMIT and not any(left.values())
-                         and leaked == 0)
+    summary["passed"] = (
+        summary["final_responses_per_request"] == {1: len(outcomes)}
+        and not wrong
+        and not incomplete
+        and not mixed
+        and set(summary["errors"]) <= {"CANCELLED"}
+        and summary["dit_rss_kb"]["growth"] < RSS_GROWTH_LIMIT
+        and not any(left.values())
+        and leaked == 0
+    )
     return summary
 
 
@@ -243,8 +296,9 @@ def main(argv=None) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         command = shlex.join([".venv/bin/python", "scripts/soak.py", *(sys.argv[1:] if argv is None else argv)])
-        args.json.write_text(json.dumps({"command": command, "date": datetime.date.today().isoformat(),
-                                         "summary": summary}, indent=1))
+        args.json.write_text(
+            json.dumps({"command": command, "date": datetime.date.today().isoformat(), "summary": summary}, indent=1)
+        )
     return 0 if summary["passed"] else 1
 
 

@@ -6,6 +6,7 @@ Error messages start with a stable code word (h3_core.protocol.ERROR_CODES) beca
 clients receive only the message text; through the ensemble, Triton 2.51 prefixes it with
 "in ensemble 'h3_pipeline', ".
 """
+
 import json
 from pathlib import Path
 

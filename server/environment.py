@@ -73,8 +73,9 @@ def ensure_python_stub(tritonserver_dir: Path | None = None) -> Path:
     src = d / "python_backend_stubs" / python_version_tag() / STUB_NAME
     dst = d / "backends" / "python" / STUB_NAME
     if not src.is_file():
-        raise LaunchError(f"the pytriton wheel has no python backend stub for Python "
-                          f"{python_version_tag()} ({src} missing)")
+        raise LaunchError(
+            f"the pytriton wheel has no python backend stub for Python {python_version_tag()} ({src} missing)"
+        )
     if dst.is_file() and filecmp.cmp(src, dst, shallow=False):
         return dst
     tmp = dst.with_name(f".{STUB_NAME}.{os.getpid()}.tmp")
@@ -114,7 +115,7 @@ def check_numpy_for_stub(version: str, location: str) -> None:
         f"numpy {version} is installed at {location}, and Triton 2.51's python backend stub cannot read "
         "BYTES tensors with numpy 2 (the stub aborts on the first string input; requests then fail with "
         "\"Stub process '<model>' is not healthy\"); install numpy 1 in this environment: "
-        "pip install \"numpy<2\" (requirements.txt pins numpy==1.26.4)"
+        'pip install "numpy<2" (requirements.txt pins numpy==1.26.4)'
     )
 
 
@@ -122,8 +123,11 @@ def libpython_path() -> str | None:
     """This interpreter's shared libpython: a file in sysconfig LIBDIR, else in
     ``<sys.base_prefix>/lib`` (relocated builds such as python-build-standalone keep a LIBDIR
     from their build machine); None when neither holds one."""
-    names = [f"libpython{python_version_tag()}.so.1.0", sysconfig.get_config_var("INSTSONAME"),
-             sysconfig.get_config_var("LDLIBRARY")]
+    names = [
+        f"libpython{python_version_tag()}.so.1.0",
+        sysconfig.get_config_var("INSTSONAME"),
+        sysconfig.get_config_var("LDLIBRARY"),
+    ]
     for libdir in (sysconfig.get_config_var("LIBDIR"), os.path.join(sys.base_prefix, "lib")):
         for name in names:
             if libdir and name and ".so" in name and os.path.isfile(os.path.join(libdir, name)):
@@ -202,5 +206,6 @@ def check_ports_free(ports: Iterable[int], host: str) -> None:
             try:
                 s.bind((host, port))
             except OSError:
-                raise LaunchError(f"port {port} on {host} is already in use "
-                                  "(choose other ports or --free-ports)") from None
+                raise LaunchError(
+                    f"port {port} on {host} is already in use (choose other ports or --free-ports)"
+                ) from None

@@ -7,6 +7,7 @@ ready (/v2/health/ready) and the DiT's heartbeat is on /metrics and not stalled
 Exit status 0 when healthy, else 1 after one line on stderr saying why. Importing this module
 never imports torch.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,13 @@ from .process import DEFAULT_STALE_AFTER_S, dit_stall, metric_samples, read_metr
 HEARTBEAT = "h3_heartbeat_timestamp_seconds"
 
 
-def problem(http_url: str, metrics_url: str, stale_after: float = DEFAULT_STALE_AFTER_S,
-            now: float | None = None, timeout_s: float = 2.0) -> str | None:
+def problem(
+    http_url: str,
+    metrics_url: str,
+    stale_after: float = DEFAULT_STALE_AFTER_S,
+    now: float | None = None,
+    timeout_s: float = 2.0,
+) -> str | None:
     """Why the server at `http_url` (http://host:port) / `metrics_url` (http://host:port/metrics)
     is unhealthy at unix time `now` (default: the clock), or None: not ready (any answer but 200,
     or none within timeout_s seconds), /metrics unreachable, no h3_dit heartbeat on it, or a stall
@@ -49,11 +55,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The CLI (module docstring); returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m server.health", description=__doc__.split("\n\n")[0])
     parser.add_argument("--http", default=f"http://127.0.0.1:{DEFAULT_HTTP_PORT}", help="default: %(default)s")
-    parser.add_argument("--metrics", default=f"http://127.0.0.1:{DEFAULT_METRICS_PORT}/metrics",
-                        help="default: %(default)s")
-    parser.add_argument("--stale-after", type=float, default=DEFAULT_STALE_AFTER_S, metavar="SECONDS",
-                        help="heartbeat age that counts as a stalled DiT; must exceed the longest execute() "
-                             "(default: %(default)s, as server.launch --stale-after)")
+    parser.add_argument(
+        "--metrics", default=f"http://127.0.0.1:{DEFAULT_METRICS_PORT}/metrics", help="default: %(default)s"
+    )
+    parser.add_argument(
+        "--stale-after",
+        type=float,
+        default=DEFAULT_STALE_AFTER_S,
+        metavar="SECONDS",
+        help="heartbeat age that counts as a stalled DiT; must exceed the longest execute() "
+        "(default: %(default)s, as server.launch --stale-after)",
+    )
     args = parser.parse_args(argv)
     reason = problem(args.http, args.metrics, args.stale_after)
     if reason is not None:

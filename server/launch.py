@@ -72,40 +72,72 @@ def _say(msg: str) -> None:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m server.launch",
-        description="Run tritonserver (from the nvidia-pytriton wheel) on the model repository.")
-    p.add_argument("--model-repository",
-                   help=f"model repository to serve (default: {DEFAULT_MODEL_REPOSITORY}); not with the "
-                        "repository options")
+        description="Run tritonserver (from the nvidia-pytriton wheel) on the model repository.",
+    )
+    p.add_argument(
+        "--model-repository",
+        help=f"model repository to serve (default: {DEFAULT_MODEL_REPOSITORY}); not with the repository options",
+    )
     add_arguments(p)
-    p.add_argument("--write-repository", metavar="DIR",
-                   help="write the repository into DIR (kept) instead of a temporary folder")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address the HTTP, gRPC and metrics endpoints bind to (default: %(default)s)")
+    p.add_argument(
+        "--write-repository", metavar="DIR", help="write the repository into DIR (kept) instead of a temporary folder"
+    )
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address the HTTP, gRPC and metrics endpoints bind to (default: %(default)s)",
+    )
     p.add_argument("--http-port", type=int, default=DEFAULT_HTTP_PORT)
     p.add_argument("--grpc-port", type=int, default=DEFAULT_GRPC_PORT)
     p.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT)
     p.add_argument("--free-ports", action="store_true", help="pick three free ports instead")
-    p.add_argument("--timeout", type=float, default=120.0,
-                   help="seconds to wait for /v2/health/ready (default: %(default)s)")
-    p.add_argument("--exit-timeout", type=int, default=5, metavar="SECONDS",
-                   help="tritonserver's --exit-timeout-secs: how long a stop waits for requests in flight, "
-                        "after the DiT's drain (default: %(default)s)")
+    p.add_argument(
+        "--timeout", type=float, default=120.0, help="seconds to wait for /v2/health/ready (default: %(default)s)"
+    )
+    p.add_argument(
+        "--exit-timeout",
+        type=int,
+        default=5,
+        metavar="SECONDS",
+        help="tritonserver's --exit-timeout-secs: how long a stop waits for requests in flight, "
+        "after the DiT's drain (default: %(default)s)",
+    )
     p.add_argument("--log-file", help="also write the server log to this file")
-    p.add_argument("--model-control", choices=("none", "explicit"), default="none",
-                   help="'explicit' loads every model and opens the load/unload API to all clients")
-    p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
-                   help="extra tritonserver argument (repeatable), e.g. --server-arg=--log-verbose=1")
-    p.add_argument("--quiet", action="store_true",
-                   help="do not echo the server log to stderr in foreground mode")
-    p.add_argument("--supervise", action="store_true",
-                   help="foreground mode: restart tritonserver (same ports) when it exits, when the "
-                        "h3_dit process dies, or when the DiT's heartbeat is stale with work pending")
-    p.add_argument("--stale-after", type=float, default=DEFAULT_STALE_AFTER_S, metavar="SECONDS",
-                   help="--supervise: heartbeat age that counts as a stalled DiT; must exceed the "
-                        "longest execute() (default: %(default)s)")
-    p.add_argument("--then", nargs=argparse.REMAINDER, metavar="CMD",
-                   help="once ready, run CMD with H3_GRPC_URL/H3_HTTP_URL/H3_METRICS_URL set, stop "
-                        "the server and exit with CMD's exit code (must be the last option)")
+    p.add_argument(
+        "--model-control",
+        choices=("none", "explicit"),
+        default="none",
+        help="'explicit' loads every model and opens the load/unload API to all clients",
+    )
+    p.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra tritonserver argument (repeatable), e.g. --server-arg=--log-verbose=1",
+    )
+    p.add_argument("--quiet", action="store_true", help="do not echo the server log to stderr in foreground mode")
+    p.add_argument(
+        "--supervise",
+        action="store_true",
+        help="foreground mode: restart tritonserver (same ports) when it exits, when the "
+        "h3_dit process dies, or when the DiT's heartbeat is stale with work pending",
+    )
+    p.add_argument(
+        "--stale-after",
+        type=float,
+        default=DEFAULT_STALE_AFTER_S,
+        metavar="SECONDS",
+        help="--supervise: heartbeat age that counts as a stalled DiT; must exceed the "
+        "longest execute() (default: %(default)s)",
+    )
+    p.add_argument(
+        "--then",
+        nargs=argparse.REMAINDER,
+        metavar="CMD",
+        help="once ready, run CMD with H3_GRPC_URL/H3_HTTP_URL/H3_METRICS_URL set, stop "
+        "the server and exit with CMD's exit code (must be the last option)",
+    )
     return p
 
 
@@ -122,8 +154,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _parser().error("--supervise runs the server in the foreground; it cannot be combined with --then")
     options = given_options(args)
     if args.model_repository is not None and (options or args.write_repository):
-        _parser().error("--model-repository serves a repository as it is; it cannot be combined with the "
-                        "repository options")
+        _parser().error(
+            "--model-repository serves a repository as it is; it cannot be combined with the repository options"
+        )
     if not (options or args.write_repository):
         return _serve(args, args.model_repository or str(DEFAULT_MODEL_REPOSITORY))
     folder = None if args.write_repository else tempfile.mkdtemp(prefix="h3-repository.")
@@ -144,10 +177,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _serve(args: argparse.Namespace, repository: str) -> int:
     """Serve `repository` as the parsed launcher options say; main()'s exit status."""
     server = TritonServer(
-        repository, host=args.host, http_port=args.http_port,
-        grpc_port=args.grpc_port, metrics_port=args.metrics_port, free_ports=args.free_ports,
-        log_file=args.log_file, model_control=args.model_control, timeout=args.timeout,
-        exit_timeout_secs=args.exit_timeout, extra_args=args.server_arg, echo=(args.then is None and not args.quiet),
+        repository,
+        host=args.host,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        free_ports=args.free_ports,
+        log_file=args.log_file,
+        model_control=args.model_control,
+        timeout=args.timeout,
+        exit_timeout_secs=args.exit_timeout,
+        extra_args=args.server_arg,
+        echo=(args.then is None and not args.quiet),
     )
     handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {s: signal.signal(s, _raise_stop) for s in handled}
@@ -156,8 +197,10 @@ def _serve(args: argparse.Namespace, repository: str) -> int:
     try:
         t0 = time.monotonic()
         server.start()
-        _say(f"tritonserver ready in {time.monotonic() - t0:.1f} s (pid {server.pid}): "
-             f"grpc={server.grpc_url} http={server.http_url} metrics={server.metrics_url}")
+        _say(
+            f"tritonserver ready in {time.monotonic() - t0:.1f} s (pid {server.pid}): "
+            f"grpc={server.grpc_url} http={server.http_url} metrics={server.metrics_url}"
+        )
         if args.then:
             env = dict(os.environ, **server.url_env())
             _say(f"running: {shlex.join(args.then)}")
@@ -179,8 +222,11 @@ def _serve(args: argparse.Namespace, repository: str) -> int:
                 _say(f"tritonserver ready again in {time.monotonic() - t0:.1f} s (pid {server.pid})")
             code = server.wait()
             if code != 0:
-                _say("tritonserver died with exit code {}:\n{}".format(
-                    code, "\n".join(server.log_text().splitlines()[-40:])))
+                _say(
+                    "tritonserver died with exit code {}:\n{}".format(
+                        code, "\n".join(server.log_text().splitlines()[-40:])
+                    )
+                )
             rc = code if code > 0 else (128 - code if code < 0 else 1)
     except _Stop as stop:
         _say(f"got signal {signal.Signals(stop.signum).name}, stopping")

@@ -2,6 +2,7 @@
 (--config, --checkpoint, --device, --gpus, --dit-instances, --set). Standard library only: the
 launcher imports it without torch and hands the options to the writer's own process.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,15 +15,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the repository options to `parser`. Every default is None, so that a caller can tell
     which were given; server.repository.plan's defaults then apply."""
     parser.add_argument("--config", help="DiT config: tiny, small, demo, bench or h3 (default: tiny)")
-    parser.add_argument("--checkpoint", help="folder holding dit.safetensors, video_vae.safetensors and "
-                                             "audio_vae.safetensors (default: checkpoints/CONFIG)")
-    parser.add_argument("--device", choices=(*DEVICES, "auto"),
-                        help="cpu (default), cuda, or auto: cuda when torch sees a GPU, else cpu")
-    parser.add_argument("--gpus", help="cuda: 'all' (default) or a comma list such as 0,1; one h3_dit instance "
-                                       "per GPU")
+    parser.add_argument(
+        "--checkpoint",
+        help="folder holding dit.safetensors, video_vae.safetensors and "
+        "audio_vae.safetensors (default: checkpoints/CONFIG)",
+    )
+    parser.add_argument(
+        "--device",
+        choices=(*DEVICES, "auto"),
+        help="cpu (default), cuda, or auto: cuda when torch sees a GPU, else cpu",
+    )
+    parser.add_argument("--gpus", help="cuda: 'all' (default) or a comma list such as 0,1; one h3_dit instance per GPU")
     parser.add_argument("--dit-instances", type=int, help="cpu: h3_dit instances (default 1)")
-    parser.add_argument("--set", action="append", metavar="MODEL.KEY=VALUE",
-                        help="set a model parameter, e.g. h3_dit.max_waiting=2 (repeatable; wins over sizing)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        metavar="MODEL.KEY=VALUE",
+        help="set a model parameter, e.g. h3_dit.max_waiting=2 (repeatable; wins over sizing)",
+    )
 
 
 def given_options(args: argparse.Namespace) -> list[str]:

@@ -59,10 +59,14 @@ DIT_MODEL = "h3_dit"  # the decoupled DiT: drained before a stop, watched by --s
 DRAIN_TIMEOUT_S = 5.0  # longest wait for the DiT to end its requests before SIGTERM
 DEFAULT_STALE_AFTER_S = 120.0  # heartbeat age that counts as a stalled DiT (launcher --supervise, health check)
 # tritonserver's start-up messages about a GPU it cannot use: expected on a machine without one
-GPU_NOISE_LINE = re.compile(r"CudaDriverHelper|NVML|DCGM|unable to create stream|pinned memory pool will not"
-                            r"|CUDA memory pool disabled")
-GPU_NOISE_NOTE = ("[server.launch] no NVIDIA GPU on this machine: tritonserver's GPU messages (NVML, DCGM, "
-                  "CUDA driver, pinned memory) are expected and left out of this echo; the server log keeps them\n")
+GPU_NOISE_LINE = re.compile(
+    r"CudaDriverHelper|NVML|DCGM|unable to create stream|pinned memory pool will not"
+    r"|CUDA memory pool disabled"
+)
+GPU_NOISE_NOTE = (
+    "[server.launch] no NVIDIA GPU on this machine: tritonserver's GPU messages (NVML, DCGM, "
+    "CUDA driver, pinned memory) are expected and left out of this echo; the server log keeps them\n"
+)
 _FAILURE_LINE = re.compile(
     r"failed to load|Failed to initialize|failed to start|error: creating server|already in use"
     r"|^E\d{4} ",
@@ -75,9 +79,13 @@ def metric_samples(text: str, name: str | None = None, **labels: str) -> list[Sa
     named `name` (every name when None) whose labels include `labels`. A sample has ``name``,
     ``labels`` (dict) and ``value`` (float; the unit is the metric's, e.g. bytes or seconds).
     Raises ValueError for a line that is not Prometheus text."""
-    return [sample for family in text_string_to_metric_families(text) for sample in family.samples
-            if (name is None or sample.name == name)
-            and all(sample.labels.get(key) == value for key, value in labels.items())]
+    return [
+        sample
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if (name is None or sample.name == name)
+        and all(sample.labels.get(key) == value for key, value in labels.items())
+    ]
 
 
 def read_metrics(url: str, timeout_s: float = 2.0) -> str | None:
@@ -175,6 +183,7 @@ def _stop_all() -> None:
 # The server object
 # --------------------------------------------------------------------------------------------
 
+
 class TritonServer:
     """A tritonserver process from the pytriton wheel; a context manager.
 
@@ -256,23 +265,36 @@ class TritonServer:
 
     def url_env(self) -> dict:
         """H3_GRPC_URL, H3_HTTP_URL and H3_METRICS_URL of this server (what ``--then`` commands get)."""
-        return {"H3_GRPC_URL": self.grpc_url, "H3_HTTP_URL": self.http_url,
-                "H3_METRICS_URL": self.metrics_url}
+        return {"H3_GRPC_URL": self.grpc_url, "H3_HTTP_URL": self.http_url, "H3_METRICS_URL": self.metrics_url}
 
     def command(self) -> list[str]:
         """The tritonserver command line for the current ports (LaunchError without the pytriton wheel)."""
         binary, backends = find_tritonserver()
         cmd = [
             str(binary),
-            "--model-repository", str(self.model_repository),
+            "--model-repository",
+            str(self.model_repository),
             "--disable-auto-complete-config",
-            "--backend-directory", str(backends),
-            "--http-address", self.host, "--http-port", str(self.http_port),
-            "--grpc-address", self.host, "--grpc-port", str(self.grpc_port),
-            "--metrics-address", self.host, "--metrics-port", str(self.metrics_port),
-            "--model-control-mode", self.model_control,
-            "--exit-timeout-secs", str(self.exit_timeout_secs),
-            "--log-verbose", str(self.log_verbose),
+            "--backend-directory",
+            str(backends),
+            "--http-address",
+            self.host,
+            "--http-port",
+            str(self.http_port),
+            "--grpc-address",
+            self.host,
+            "--grpc-port",
+            str(self.grpc_port),
+            "--metrics-address",
+            self.host,
+            "--metrics-port",
+            str(self.metrics_port),
+            "--model-control-mode",
+            self.model_control,
+            "--exit-timeout-secs",
+            str(self.exit_timeout_secs),
+            "--log-verbose",
+            str(self.log_verbose),
         ]
         if self.model_control == "explicit":
             cmd.append("--load-model=*")  # same models as mode none, plus the load/unload API
@@ -332,8 +354,9 @@ class TritonServer:
             preexec_fn=_set_parent_death_signal,
         )
         _LIVE.add(self)
-        self._reader = threading.Thread(target=self._pump, args=(self.process,),
-                                        name=f"tritonserver-log-{self.process.pid}", daemon=True)
+        self._reader = threading.Thread(
+            target=self._pump, args=(self.process,), name=f"tritonserver-log-{self.process.pid}", daemon=True
+        )
         self._reader.start()
 
     def _pump(self, proc: subprocess.Popen) -> None:
@@ -376,8 +399,7 @@ class TritonServer:
             rc = self.process.poll()
             if rc is not None:
                 self._join_reader()
-                raise LaunchError(self._failure(f"tritonserver exited with code {rc} "
-                                                "before it became ready"))
+                raise LaunchError(self._failure(f"tritonserver exited with code {rc} before it became ready"))
             status, _ = self._http("GET", "/v2/health/ready")
             if status == 200:
                 self.ready = True
@@ -404,8 +426,7 @@ class TritonServer:
             index = json.loads(body)
         except ValueError:
             return []
-        return [f"{m.get('name')}: {m.get('reason', '')}" for m in index
-                if m.get("state") == "UNAVAILABLE"]
+        return [f"{m.get('name')}: {m.get('reason', '')}" for m in index if m.get("state") == "UNAVAILABLE"]
 
     def _failure(self, headline: str, tail: int = 40) -> str:
         lines = self.log_text().splitlines()
@@ -413,8 +434,12 @@ class TritonServer:
         parts = [f"{headline} (command: {' '.join(self.command())})"]
         if key:
             parts += ["--- errors from the server log ---", *list(dict.fromkeys(key))[:20]]
-        parts += [f"--- last {min(tail, len(lines))} lines of the server log"
-                  + (f" ({self.log_file})" if self.log_file else "") + " ---", *lines[-tail:]]
+        parts += [
+            f"--- last {min(tail, len(lines))} lines of the server log"
+            + (f" ({self.log_file})" if self.log_file else "")
+            + " ---",
+            *lines[-tail:],
+        ]
         return "\n".join(parts)
 
     def wait(self, timeout: float | None = None) -> int:

@@ -24,6 +24,7 @@ repository (server.adapter.resolve_path), so a relative path is relative to the 
 (ROOT); model_repository/ keeps it relative, every other repository gets it absolute. The CLI
 reads a relative --checkpoint against the current directory.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -97,20 +98,25 @@ def instance_groups(device: str, gpus: Sequence[int] = (), dit_instances: int = 
             raise ValueError("GPUs were given for --device cpu; use --device cuda")
         if dit_instances < 1:
             raise ValueError(f"dit_instances={dit_instances} is out of range: allowed >= 1")
-        return {EncoderSettings.MODEL: InstanceGroup(CPU_GROUP),
-                DitSettings.MODEL: InstanceGroup(CPU_GROUP, dit_instances),
-                VaeSettings.MODEL: InstanceGroup(CPU_GROUP)}
+        return {
+            EncoderSettings.MODEL: InstanceGroup(CPU_GROUP),
+            DitSettings.MODEL: InstanceGroup(CPU_GROUP, dit_instances),
+            VaeSettings.MODEL: InstanceGroup(CPU_GROUP),
+        }
     if device != "cuda":
         raise ValueError(f"device {device!r} is not one of {DEVICES}")
     if not gpus:
         raise ValueError("--device cuda needs at least one GPU")
     if dit_instances != 1:
-        raise ValueError(f"dit_instances={dit_instances}: on cuda h3_dit has one instance per GPU; "
-                         "choose them with --gpus")
+        raise ValueError(
+            f"dit_instances={dit_instances}: on cuda h3_dit has one instance per GPU; choose them with --gpus"
+        )
     first = (gpus[0],)
-    return {EncoderSettings.MODEL: InstanceGroup(GPU_GROUP, 1, first),
-            DitSettings.MODEL: InstanceGroup(GPU_GROUP, 1, tuple(gpus)),
-            VaeSettings.MODEL: InstanceGroup(GPU_GROUP, 1, first)}
+    return {
+        EncoderSettings.MODEL: InstanceGroup(GPU_GROUP, 1, first),
+        DitSettings.MODEL: InstanceGroup(GPU_GROUP, 1, tuple(gpus)),
+        VaeSettings.MODEL: InstanceGroup(GPU_GROUP, 1, first),
+    }
 
 
 def _text(value) -> str:
@@ -118,9 +124,16 @@ def _text(value) -> str:
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
-def plan(config: str = "tiny", checkpoint: str | Path | None = None, device: str = "cpu", gpus: Sequence[int] = (),
-         dit_instances: int = 1, overrides: Mapping[str, Mapping[str, object]] | None = None,
-         machine: sizing.Machine | None = None, idle_timeout_s: float | None = None) -> Repository:
+def plan(
+    config: str = "tiny",
+    checkpoint: str | Path | None = None,
+    device: str = "cpu",
+    gpus: Sequence[int] = (),
+    dit_instances: int = 1,
+    overrides: Mapping[str, Mapping[str, object]] | None = None,
+    machine: sizing.Machine | None = None,
+    idle_timeout_s: float | None = None,
+) -> Repository:
     """The Repository serving DiT config `config` (h3_core.config) from `checkpoint` (a folder
     holding CHECKPOINT_FILES; default checkpoints/<config>, relative to ROOT) on `device` ("cpu"
     or "cuda" with the CUDA indices `gpus`), with `dit_instances` CPU DiT instances.
@@ -143,14 +156,16 @@ def plan(config: str = "tiny", checkpoint: str | Path | None = None, device: str
     unknown = sorted(set(overrides or {}) - set(SETTINGS))
     if unknown:
         raise ValueError(f"no model {unknown[0]!r} to set: choose one of {sorted(SETTINGS)}")
-    given = {model: {key: _text(value) for key, value in (overrides or {}).get(model, {}).items()}
-             for model in SETTINGS}
+    given = {
+        model: {key: _text(value) for key, value in (overrides or {}).get(model, {}).items()} for model in SETTINGS
+    }
     checkpoint = str(Path("checkpoints") / config if checkpoint is None else checkpoint)
     vae_device = "cpu" if device == "cpu" else f"cuda:{gpus[0]}"
-    values = {EncoderSettings.MODEL: EncoderSettings().to_parameters(),
-              DitSettings.MODEL: DitSettings(config_name=config, checkpoint_dir=checkpoint,
-                                             device=device).to_parameters(),
-              VaeSettings.MODEL: VaeSettings(checkpoint_dir=checkpoint, device=vae_device).to_parameters()}
+    values = {
+        EncoderSettings.MODEL: EncoderSettings().to_parameters(),
+        DitSettings.MODEL: DitSettings(config_name=config, checkpoint_dir=checkpoint, device=device).to_parameters(),
+        VaeSettings.MODEL: VaeSettings(checkpoint_dir=checkpoint, device=vae_device).to_parameters(),
+    }
     notes, dit_values = [], values[DitSettings.MODEL]
 
     def size(model: str, key: str, value, why: str) -> None:
@@ -163,8 +178,10 @@ def plan(config: str = "tiny", checkpoint: str | Path | None = None, device: str
     if device == "cuda":
         side = max(int(dit_values["max_height"]), cfg.default_height, cfg.default_width)
         frames = max(int(dit_values["max_num_frames"]), cfg.default_num_frames)
-        canvas = f"at least the {config} config's default canvas ({cfg.default_width} x {cfg.default_height} px, " \
-                 f"{cfg.default_num_frames} frames) on both axes"
+        canvas = (
+            f"at least the {config} config's default canvas ({cfg.default_width} x {cfg.default_height} px, "
+            f"{cfg.default_num_frames} frames) on both axes"
+        )
         size(DitSettings.MODEL, "max_height", side, canvas)
         size(DitSettings.MODEL, "max_width", max(int(dit_values["max_width"]), side), canvas)
         size(DitSettings.MODEL, "max_num_frames", frames, canvas)
@@ -182,23 +199,33 @@ def plan(config: str = "tiny", checkpoint: str | Path | None = None, device: str
     rows = typed.max_batch_rows
     if device == "cuda" and machine is not None:
         rows = _gpu_rows(cfg, typed, vae, gpus, machine, notes)
-        size(DitSettings.MODEL, "max_batch_rows", rows, f"the least over GPUs {list(gpus)}, a multiple of 64, "
-                                                        f"at most {sizing.MAX_BATCH_ROWS:,}")
+        size(
+            DitSettings.MODEL,
+            "max_batch_rows",
+            rows,
+            f"the least over GPUs {list(gpus)}, a multiple of 64, at most {sizing.MAX_BATCH_ROWS:,}",
+        )
         rows = int(dit_values["max_batch_rows"])
     if "row_budget" not in given[DitSettings.MODEL] and int(dit_values["row_budget"]) > rows:
         size(DitSettings.MODEL, "row_budget", rows, "at most max_batch_rows")
     if device == "cuda":
-        size(DitSettings.MODEL, "max_request_mb",
-             request_memory_mb(typed.max_height, typed.max_width, typed.max_num_frames, rows, cfg.hidden_size),
-             f"request_memory_mb of a {rows:,}-row request at {typed.max_width} x {typed.max_height} px, "
-             f"{typed.max_num_frames} frames, with the CPU float32 constant Engine.prepare applies")
+        size(
+            DitSettings.MODEL,
+            "max_request_mb",
+            request_memory_mb(typed.max_height, typed.max_width, typed.max_num_frames, rows, cfg.hidden_size),
+            f"request_memory_mb of a {rows:,}-row request at {typed.max_width} x {typed.max_height} px, "
+            f"{typed.max_num_frames} frames, with the CPU float32 constant Engine.prepare applies",
+        )
     dit = DitSettings.from_parameters(dit_values)
     idle, reason = sizing.idle_timeout(device, dit.execution_mode, dit.max_batch_rows, cfg.num_layers, dit.max_steps)
     if idle_timeout_s is not None:
         idle, reason = round(idle_timeout_s * 1e6), f"{idle_timeout_s:g} s, given."
     for model in SETTINGS:
-        notes += [f"{model}.{key} {value}: given" for key, value in given[model].items()
-                  if not any(note.startswith(f"{model}.{key} ") for note in notes)]
+        notes += [
+            f"{model}.{key} {value}: given"
+            for key, value in given[model].items()
+            if not any(note.startswith(f"{model}.{key} ") for note in notes)
+        ]
     return Repository(encoder, dit, vae, groups, idle, reason, tuple(notes))
 
 
@@ -208,20 +235,23 @@ def check_text_width(config: str, encoder_path: str) -> None:
     the DiT config's text_dim: every request would fail."""
     text_dim = get_config(config).text_dim
     if not encoder_path:
-        width, name = MINILM_WIDTH, "the default text encoder (MiniLM-L6, encoder_path \"\")"
+        width, name = MINILM_WIDTH, 'the default text encoder (MiniLM-L6, encoder_path "")'
     else:
         described = Path(encoder_path) / "config.json"
         if not described.is_file():
             return
         width, name = json.loads(described.read_text()).get("hidden_size"), f"the text encoder {encoder_path}"
     if width != text_dim:
-        raise ValueError(f"config {config} reads {text_dim}-wide text states but {name} gives {width}: set "
-                         f"h3_encoder.encoder_path to an encoder of width {text_dim} (python "
-                         f"benchmarks/bench_text_encoder.py DIR --width {text_dim} writes a weight-free one)")
+        raise ValueError(
+            f"config {config} reads {text_dim}-wide text states but {name} gives {width}: set "
+            f"h3_encoder.encoder_path to an encoder of width {text_dim} (python "
+            f"benchmarks/bench_text_encoder.py DIR --width {text_dim} writes a weight-free one)"
+        )
 
 
-def _gpu_rows(cfg, dit: DitSettings, vae: VaeSettings, gpus: Sequence[int], machine: sizing.Machine,
-              notes: list[str]) -> int:
+def _gpu_rows(
+    cfg, dit: DitSettings, vae: VaeSettings, gpus: Sequence[int], machine: sizing.Machine, notes: list[str]
+) -> int:
     """sizing.gpu_max_batch_rows least over `gpus`, one note per GPU (the decode reserve on gpus[0],
     for dit's largest canvas). Raises ValueError for a GPU without a free-memory figure or too small."""
     weights = sizing.dit_weight_bytes(cfg)
@@ -234,12 +264,17 @@ def _gpu_rows(cfg, dit: DitSettings, vae: VaeSettings, gpus: Sequence[int], mach
             raise ValueError(f"no free-memory figure for GPU {gpu}")
         free, kept = machine.gpu_free_bytes[gpu], reserve if gpu == gpus[0] else 0
         rows = sizing.gpu_max_batch_rows(free, weights, kept, cfg.hidden_size, per_row)
-        decode = (f"{kept // sizing.MIB:,} MiB decode reserve (h3_vae here: {vae.decode_workers} decode workers x a "
-                  f"{width} x {height} px, {frames}-frame decode)" if kept else "no decode reserve (h3_vae is on "
-                  f"GPU {gpus[0]})")
-        notes.append(f"GPU {gpu}: {free // sizing.MIB:,} MiB free - {weights // sizing.MIB:,} MiB DiT weights - "
-                     f"{decode} -> {rows:,} rows at {per_row} bytes per row and unit of hidden_size "
-                     f"{cfg.hidden_size} (the CPU float32 measurement scaled to {cfg.dtype}; not measured on a GPU)")
+        decode = (
+            f"{kept // sizing.MIB:,} MiB decode reserve (h3_vae here: {vae.decode_workers} decode workers x a "
+            f"{width} x {height} px, {frames}-frame decode)"
+            if kept
+            else f"no decode reserve (h3_vae is on GPU {gpus[0]})"
+        )
+        notes.append(
+            f"GPU {gpu}: {free // sizing.MIB:,} MiB free - {weights // sizing.MIB:,} MiB DiT weights - "
+            f"{decode} -> {rows:,} rows at {per_row} bytes per row and unit of hidden_size "
+            f"{cfg.hidden_size} (the CPU float32 measurement scaled to {cfg.dtype}; not measured on a GPU)"
+        )
         least = min(least, rows)
     return least
 
@@ -256,10 +291,12 @@ COMMENTS = {
     DitSettings.MODEL: {
         "cpu_threads": CPU_THREADS_COMMENT,
         "allow_fault_injection": '"true" lets the test-only request parameter inject_fault act; "false" refuses it '
-                                 "(INVALID_ARG)"},
-    VaeSettings.MODEL: {"cpu_threads": CPU_THREADS_COMMENT,
-                        "decode_workers": "threads decoding different requests at once (one request's outputs stay "
-                                          "in order)"},
+        "(INVALID_ARG)",
+    },
+    VaeSettings.MODEL: {
+        "cpu_threads": CPU_THREADS_COMMENT,
+        "decode_workers": "threads decoding different requests at once (one request's outputs stay in order)",
+    },
 }
 PROMPT_INPUTS = """\
   # PROMPT is required; it is marked optional so that h3_encoder refuses a missing one with
@@ -317,11 +354,13 @@ DIT_INTRO = """\
 # [1, L >= 1, text_dim] for a generation request, [1, 0, 0] for a control request.
 #
 """
-DIT_IDLE = ("max_sequence_idle_microseconds must exceed the longest execute(), or Triton reaps the other live "
-            "sequences during it and their clients hang: in step mode that is one step at max_batch_rows; in request "
-            "mode a whole generation, max_steps x the worst single-request step (waiting requests are only "
-            "rescheduled when it ends). A larger value delays the release of slots whose clients vanished. Here "
-            "(server.sizing.idle_timeout): ")
+DIT_IDLE = (
+    "max_sequence_idle_microseconds must exceed the longest execute(), or Triton reaps the other live "
+    "sequences during it and their clients hang: in step mode that is one step at max_batch_rows; in request "
+    "mode a whole generation, max_steps x the worst single-request step (waiting requests are only "
+    "rescheduled when it ends). A larger value delays the release of slots whose clients vanished. Here "
+    "(server.sizing.idle_timeout): "
+)
 DIT_IO = f"""\
 model_transaction_policy {{ decoupled: true }}
 input [
@@ -423,9 +462,12 @@ def _quoted(value: str) -> str:
 def _parameters(settings, comments: Mapping[str, str]) -> str:
     """The parameters block: every settings key in field order, each after its comment."""
     items = list(settings.to_parameters().items())
-    lines = "".join(f"{_comment(comments[key], '  ') if key in comments else ''}"
-                    f"  {{ key: {_quoted(key)} value: {{ string_value: {_quoted(value)} }} }}"
-                    f"{',' if index < len(items) - 1 else ''}\n" for index, (key, value) in enumerate(items))
+    lines = "".join(
+        f"{_comment(comments[key], '  ') if key in comments else ''}"
+        f"  {{ key: {_quoted(key)} value: {{ string_value: {_quoted(value)} }} }}"
+        f"{',' if index < len(items) - 1 else ''}\n"
+        for index, (key, value) in enumerate(items)
+    )
     return f"parameters [\n{lines}]\n"
 
 
@@ -435,37 +477,51 @@ def _request_mb_comment(dit: DitSettings, encoder: EncoderSettings) -> str:
     rows = make_layout(encoder.max_tokens, dit.max_height, dit.max_width, dit.max_num_frames).seq_len
     one = request_memory_mb(dit.max_height, dit.max_width, dit.max_num_frames, rows, hidden)
     every = request_memory_mb(dit.max_height, dit.max_width, dit.max_num_frames, rows * dit.max_outputs, hidden)
-    return (f"estimated peak MiB one request may add (h3_core.request.request_memory_mb: DiT rows + one output's VAE "
-            f"decode); the largest canvas the limits above allow ({dit.max_width} x {dit.max_height} px, "
-            f"{dit.max_num_frames} frames, a {encoder.max_tokens}-token prompt: {rows:,} rows) needs {one} with one "
-            f"output, {every} with {dit.max_outputs}")
+    return (
+        f"estimated peak MiB one request may add (h3_core.request.request_memory_mb: DiT rows + one output's VAE "
+        f"decode); the largest canvas the limits above allow ({dit.max_width} x {dit.max_height} px, "
+        f"{dit.max_num_frames} frames, a {encoder.max_tokens}-token prompt: {rows:,} rows) needs {one} with one "
+        f"output, {every} with {dit.max_outputs}"
+    )
 
 
 def config_texts(repository: Repository) -> dict[str, str]:
     """Model name -> its config.pbtxt text (h3_encoder, h3_dit, h3_vae, h3_pipeline). Pure."""
     dit, encoder, groups = repository.dit, repository.encoder, repository.groups
-    slots = (f"max_batch_size = sequence slots = max_num_seqs + max_waiting + {CONTROL_SLOTS} control slots "
-             f"({dit.max_num_seqs} + {dit.max_waiting} + {CONTROL_SLOTS}): the scheduler holds at most max_num_seqs + "
-             "max_waiting requests (h3_core/scheduler.py, Admission). Requests beyond the slots wait in Triton's "
-             "backlog, which the model cannot see.")
-    dit_text = (DIT_INTRO + _comment(slots) + _comment(DIT_IDLE + repository.idle_reason)
-                + f'name: "{DitSettings.MODEL}"\nbackend: "python"\nmax_batch_size: {dit.sequence_slots}\n' + DIT_IO
-                + "sequence_batching {\n  iterative_sequence: true\n"
-                + f"  max_sequence_idle_microseconds: {repository.idle_microseconds}\n  direct {{ }}\n}}\n"
-                + groups[DitSettings.MODEL].text() + "\n"
-                + _parameters(dit, {**COMMENTS[DitSettings.MODEL],
-                                    "max_request_mb": _request_mb_comment(dit, encoder)}))
+    slots = (
+        f"max_batch_size = sequence slots = max_num_seqs + max_waiting + {CONTROL_SLOTS} control slots "
+        f"({dit.max_num_seqs} + {dit.max_waiting} + {CONTROL_SLOTS}): the scheduler holds at most max_num_seqs + "
+        "max_waiting requests (h3_core/scheduler.py, Admission). Requests beyond the slots wait in Triton's "
+        "backlog, which the model cannot see."
+    )
+    dit_text = (
+        DIT_INTRO
+        + _comment(slots)
+        + _comment(DIT_IDLE + repository.idle_reason)
+        + f'name: "{DitSettings.MODEL}"\nbackend: "python"\nmax_batch_size: {dit.sequence_slots}\n'
+        + DIT_IO
+        + "sequence_batching {\n  iterative_sequence: true\n"
+        + f"  max_sequence_idle_microseconds: {repository.idle_microseconds}\n  direct {{ }}\n}}\n"
+        + groups[DitSettings.MODEL].text()
+        + "\n"
+        + _parameters(dit, {**COMMENTS[DitSettings.MODEL], "max_request_mb": _request_mb_comment(dit, encoder)})
+    )
     return {
-        EncoderSettings.MODEL: ENCODER_HEAD + groups[EncoderSettings.MODEL].text() + "\n"
+        EncoderSettings.MODEL: ENCODER_HEAD
+        + groups[EncoderSettings.MODEL].text()
+        + "\n"
         + _parameters(encoder, COMMENTS[EncoderSettings.MODEL]),
         DitSettings.MODEL: dit_text,
-        VaeSettings.MODEL: VAE_HEAD + groups[VaeSettings.MODEL].text() + "\n"
+        VaeSettings.MODEL: VAE_HEAD
+        + groups[VaeSettings.MODEL].text()
+        + "\n"
         + _parameters(repository.vae, COMMENTS[VaeSettings.MODEL]),
         PIPELINE: PIPELINE_TEXT,
     }
 
 
 # ---- folders -------------------------------------------------------------------------------------
+
 
 def checkpoint_for(checkpoint: str, target: Path) -> str:
     """checkpoint_dir as written into the repository at `target`: relative (to ROOT) only in
@@ -485,9 +541,11 @@ def write_repository(target: str | Path, repository: Repository) -> Path:
     (it is not replaced)."""
     target = Path(target).resolve()
     checkpoint = checkpoint_for(repository.dit.checkpoint_dir, target)
-    repository = dataclasses.replace(repository, dit=dataclasses.replace(repository.dit, checkpoint_dir=checkpoint),
-                                     vae=dataclasses.replace(repository.vae, checkpoint_dir=checkpoint_for(
-                                         repository.vae.checkpoint_dir, target)))
+    repository = dataclasses.replace(
+        repository,
+        dit=dataclasses.replace(repository.dit, checkpoint_dir=checkpoint),
+        vae=dataclasses.replace(repository.vae, checkpoint_dir=checkpoint_for(repository.vae.checkpoint_dir, target)),
+    )
     if target != SHIPPED:
         if target.exists():
             if any(target.iterdir()) and not (target / DitSettings.MODEL / "config.pbtxt").is_file():
@@ -506,12 +564,14 @@ def check_checkpoint(folder: str | Path, config: str) -> None:
     for name in CHECKPOINT_FILES:
         if not (folder / name).is_file():
             command = f"python -m h3_core.checkpoint_setup --configs {config} --root"
-            hint = (f"{command} {folder.parent}" if folder.name == config
-                    else f"{command} DIR writes them to DIR/{config}")
+            hint = (
+                f"{command} {folder.parent}" if folder.name == config else f"{command} DIR writes them to DIR/{config}"
+            )
             raise FileNotFoundError(f"{folder / name} not found; seeded random weights: {hint}")
 
 
 # ---- command line ------------------------------------------------------------------------------
+
 
 def parse_overrides(items: Sequence[str]) -> dict[str, dict[str, str]]:
     """{model: {key: value}} from MODEL.KEY=VALUE strings. Raises ValueError for another form."""
@@ -531,8 +591,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m server.repository", description=__doc__.split("\n\n")[0])
     parser.add_argument("target", type=Path, help="repository folder to write (model_repository: the shipped one)")
     add_arguments(parser)
-    parser.add_argument("--unsized", action="store_true",
-                        help="size nothing from this machine (how model_repository/ itself is written)")
+    parser.add_argument(
+        "--unsized",
+        action="store_true",
+        help="size nothing from this machine (how model_repository/ itself is written)",
+    )
     args = parser.parse_args(argv)
     try:
         repository = _plan_from_args(args)
@@ -542,12 +605,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"python -m server.repository: {error}", file=sys.stderr)
         return 2
     dit, groups = repository.dit, repository.groups
-    print(f"model repository {path}: config {dit.config_name}, checkpoint {Path(ROOT, dit.checkpoint_dir)}, "
-          f"device {dit.device}")
+    print(
+        f"model repository {path}: config {dit.config_name}, checkpoint {Path(ROOT, dit.checkpoint_dir)}, "
+        f"device {dit.device}"
+    )
     for model, group in groups.items():
         print(f"  {model}: {group.text()}")
-    print(f"  h3_dit.max_batch_size {dit.sequence_slots}: max_num_seqs {dit.max_num_seqs} + max_waiting "
-          f"{dit.max_waiting} + {CONTROL_SLOTS} control slots")
+    print(
+        f"  h3_dit.max_batch_size {dit.sequence_slots}: max_num_seqs {dit.max_num_seqs} + max_waiting "
+        f"{dit.max_waiting} + {CONTROL_SLOTS} control slots"
+    )
     for note in repository.notes:
         print(f"  {note}")
     print(f"  h3_dit.max_sequence_idle_microseconds {repository.idle_microseconds}: {repository.idle_reason}")

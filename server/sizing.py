@@ -18,6 +18,7 @@ packed DiT sequence.
   measured one when there is one.
 - max_sequence_idle_microseconds: longer than the longest execute() (see idle_timeout).
 """
+
 from __future__ import annotations
 
 import os
@@ -70,13 +71,16 @@ def parse_gpus(text: str, device_count: int) -> list[int]:
     except ValueError:
         raise ValueError(f"--gpus {text!r} is not 'all' or a comma list of GPU indices such as 0,1") from None
     if len(set(gpus)) != len(gpus) or not all(0 <= gpu < device_count for gpu in gpus):
-        raise ValueError(f"--gpus {text!r}: each index must appear once and lie in 0..{device_count - 1} "
-                         f"({device_count} GPUs visible)")
+        raise ValueError(
+            f"--gpus {text!r}: each index must appear once and lie in 0..{device_count - 1} "
+            f"({device_count} GPUs visible)"
+        )
     return gpus
 
 
-def probe(gpus: Sequence[int] = (), mem_get_info: Callable[[int], tuple[int, int]] | None = None,
-          cores: int | None = None) -> Machine:
+def probe(
+    gpus: Sequence[int] = (), mem_get_info: Callable[[int], tuple[int, int]] | None = None, cores: int | None = None
+) -> Machine:
     """This machine: available_cores() (or `cores`) and the free bytes of each of `gpus` from
     mem_get_info(index) -> (free, total) (default torch.cuda.mem_get_info, which starts a CUDA
     context on each GPU: call it in a process that ends before the server starts)."""
@@ -84,8 +88,10 @@ def probe(gpus: Sequence[int] = (), mem_get_info: Callable[[int], tuple[int, int
         import torch
 
         mem_get_info = torch.cuda.mem_get_info
-    return Machine(cores=available_cores() if cores is None else cores,
-                   gpu_free_bytes={gpu: int(mem_get_info(gpu)[0]) for gpu in gpus})
+    return Machine(
+        cores=available_cores() if cores is None else cores,
+        gpu_free_bytes={gpu: int(mem_get_info(gpu)[0]) for gpu in gpus},
+    )
 
 
 def cpu_threads(cores: int, processes: int) -> int:
@@ -122,17 +128,20 @@ def decode_reserve_bytes(max_height: int, max_width: int, max_num_frames: int, d
     return decode_workers * request_memory_mb(max_height, max_width, max_num_frames, 0, 0) * MIB
 
 
-def gpu_max_batch_rows(free_bytes: int, weight_bytes: int, reserve_bytes: int, hidden_size: int,
-                       bytes_per_row_and_width: int) -> int:
+def gpu_max_batch_rows(
+    free_bytes: int, weight_bytes: int, reserve_bytes: int, hidden_size: int, bytes_per_row_and_width: int
+) -> int:
     """The packed rows one GPU can step: (free - weights - reserve) // (bytes_per_row_and_width x
     hidden_size), down to a multiple of 64, at most MAX_BATCH_ROWS.
     Raises ValueError when not even 64 rows fit (the message gives the MiB)."""
     available = free_bytes - weight_bytes - reserve_bytes
     rows = max(available, 0) // (bytes_per_row_and_width * hidden_size) // ROW_ALIGN * ROW_ALIGN
     if rows < ROW_ALIGN:
-        raise ValueError(f"the DiT does not fit: {free_bytes // MIB:,} MiB free - {weight_bytes // MIB:,} MiB of "
-                         f"weights - {reserve_bytes // MIB:,} MiB decode reserve leaves "
-                         f"{int(available / MIB):,} MiB, under {ROW_ALIGN} rows")
+        raise ValueError(
+            f"the DiT does not fit: {free_bytes // MIB:,} MiB free - {weight_bytes // MIB:,} MiB of "
+            f"weights - {reserve_bytes // MIB:,} MiB decode reserve leaves "
+            f"{int(available / MIB):,} MiB, under {ROW_ALIGN} rows"
+        )
     return min(rows, MAX_BATCH_ROWS)
 
 
@@ -142,8 +151,9 @@ def step_seconds(rows: int, num_layers: int) -> float:
     return H200_STEP_S * rows / H200_STEP_ROWS * num_layers / H200_STEP_LAYERS
 
 
-def idle_timeout(device: str, execution_mode: str, max_batch_rows: int, num_layers: int,
-                 max_steps: int) -> tuple[int, str]:
+def idle_timeout(
+    device: str, execution_mode: str, max_batch_rows: int, num_layers: int, max_steps: int
+) -> tuple[int, str]:
     """(max_sequence_idle_microseconds, why) for h3_dit. It must exceed the longest execute():
     - cpu: MIN_IDLE_S = 60 s (tiny on the 2-core CPU steps 4,096 rows in under 0.2 s, so request mode
       needs > 50 x 0.2 s = 10 s; 60 s leaves a 6x margin);
@@ -152,14 +162,18 @@ def idle_timeout(device: str, execution_mode: str, max_batch_rows: int, num_laye
       request mode: max(60 s, max_steps x step x 1.5) (a whole generation in one execute()).
     Raises ValueError for an unknown device."""
     if device == "cpu":
-        return int(MIN_IDLE_S * 1e6), ("on the CPU 60 s: tiny on the 2-core CPU steps 4,096 rows in under 0.2 s, so "
-                                       "request mode needs > 50 x 0.2 s = 10 s; 60 s leaves a 6x margin.")
+        return int(MIN_IDLE_S * 1e6), (
+            "on the CPU 60 s: tiny on the 2-core CPU steps 4,096 rows in under 0.2 s, so "
+            "request mode needs > 50 x 0.2 s = 10 s; 60 s leaves a 6x margin."
+        )
     if device != "cuda":
         raise ValueError(f"device {device!r} is not one of {DEVICES}")
     step = step_seconds(max_batch_rows, num_layers)
-    estimate = (f"a step of {max_batch_rows:,} rows of the {num_layers}-layer DiT estimated as {H200_STEP_S} s x "
-                f"{max_batch_rows:,} / {H200_STEP_ROWS:,} rows x {num_layers} / {H200_STEP_LAYERS} layers = "
-                f"{step:.3f} s (the bench DiT on the H200, benchmarks/results/h200.json)")
+    estimate = (
+        f"a step of {max_batch_rows:,} rows of the {num_layers}-layer DiT estimated as {H200_STEP_S} s x "
+        f"{max_batch_rows:,} / {H200_STEP_ROWS:,} rows x {num_layers} / {H200_STEP_LAYERS} layers = "
+        f"{step:.3f} s (the bench DiT on the H200, benchmarks/results/h200.json)"
+    )
     if execution_mode == "request":
         seconds = max(MIN_IDLE_S, max_steps * step * REQUEST_IDLE_FACTOR)
         formula = f"request mode: max(60 s, {max_steps} steps x {step:.3f} s x {REQUEST_IDLE_FACTOR})"

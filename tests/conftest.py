@@ -3,7 +3,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import pytest  # noqa: E402
+import pytest  # noqa: E402 - after the sys.path set-up above
 
 
 @pytest.fixture(scope="session")
@@ -23,4 +23,4 @@ def server(tmp_path_factory):
 def client(server):
     from client.api import H3Client
 
-    return H3Client(server.grpc_url, timeout_s=120)
+    return H3Client(server.grpc_url, idle_timeout_s=120)

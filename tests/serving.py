@@ -1,4 +1,5 @@
 """Helpers for the end-to-end tests: a model repository copy with overridden DiT settings."""
+
 import threading
 from pathlib import Path
 
@@ -24,8 +25,16 @@ def tensor(name: str, value, datatype: str):
     return result
 
 
-def raw_stream(url: str, inputs, *, model: str = "h3_pipeline", outputs=None, parameters=None,
-               timeout_s: float = 60.0, **stream_kwargs):
+def raw_stream(
+    url: str,
+    inputs,
+    *,
+    model: str = "h3_pipeline",
+    outputs=None,
+    parameters=None,
+    timeout_s: float = 60.0,
+    **stream_kwargs,
+):
     """Stream one request with plain tritonclient (stream_kwargs: request_id, sequence_id,
     sequence_start, sequence_end, ...). Returns (responses, error): error is the
     client.api.H3Error the stream ended with (an error response, or an INFO of kind "error"),
@@ -42,8 +51,9 @@ def raw_stream(url: str, inputs, *, model: str = "h3_pipeline", outputs=None, pa
     client = grpcclient.InferenceServerClient(url)
     try:
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
-        client.async_stream_infer(model, inputs, outputs=outputs, parameters=parameters,
-                                  enable_empty_final_response=True, **stream_kwargs)
+        client.async_stream_infer(
+            model, inputs, outputs=outputs, parameters=parameters, enable_empty_final_response=True, **stream_kwargs
+        )
         while True:
             try:
                 result, error = responses.get(timeout=timeout_s)

@@ -1,3 +1,4 @@
+import itertools
 import math
 import re
 
@@ -5,8 +6,7 @@ import pytest
 import torch
 
 from h3_core.config import get_config
-from h3_core.model import H3DiT
-from h3_core.model import attention
+from h3_core.model import H3DiT, attention
 from h3_core.model.attention import BACKENDS, get_attention_backend, installed_version, unavailable_reason
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -26,7 +26,7 @@ def strided_qkv(rows=250, seed=0):
 def reference_attention(q, k, v, bounds):
     """float64 softmax(q k^T / sqrt(d)) v per document (h3_spec §2.6)."""
     out = torch.empty(q.shape, dtype=torch.float64)
-    for s, e in zip(bounds, bounds[1:]):
+    for s, e in itertools.pairwise(bounds):
         qd, kd, vd = (t[s:e].double().transpose(0, 1) for t in (q, k, v))
         w = torch.softmax(qd @ kd.transpose(1, 2) / math.sqrt(q.shape[-1]), dim=-1)
         out[s:e] = (w @ vd).transpose(0, 1)
@@ -56,7 +56,7 @@ def solo_vs_packed_max_diff(fn):
     q, k, v = strided_qkv()
     packed = fn(q, k, v, torch.tensor(BOUNDS, dtype=torch.int32), 64)
     diffs = []
-    for s, e in zip(BOUNDS, BOUNDS[1:]):
+    for s, e in itertools.pairwise(BOUNDS):
         solo = fn(q[s:e].clone(), k[s:e].clone(), v[s:e].clone(), torch.tensor([0, e - s], dtype=torch.int32), e - s)
         diffs.append((solo - packed[s:e]).abs().max().item())
     return max(diffs)
@@ -95,10 +95,13 @@ def test_auto_runs_sdpa_where_varlen_cannot():
     assert torch.equal(BACKENDS["auto"](q, k, v, cu, 64), BACKENDS["sdpa"](q, k, v, cu, 64))
 
 
-@pytest.mark.parametrize("name, device, dtype, reason", [
-    ("varlen", "cpu", torch.bfloat16, "it needs a CUDA device, not cpu"),
-    ("varlen", "cuda", torch.float32, "it needs bfloat16 or float16, not torch.float32"),
-])
+@pytest.mark.parametrize(
+    "name, device, dtype, reason",
+    [
+        ("varlen", "cpu", torch.bfloat16, "it needs a CUDA device, not cpu"),
+        ("varlen", "cuda", torch.float32, "it needs bfloat16 or float16, not torch.float32"),
+    ],
+)
 def test_unavailable_backend_raises_why(name, device, dtype, reason):
     with pytest.raises(RuntimeError, match=f"^{re.escape(f'attention backend {name!r} is unavailable: {reason}')}$"):
         get_attention_backend(name, device, dtype)
@@ -106,22 +109,32 @@ def test_unavailable_backend_raises_why(name, device, dtype, reason):
 
 @pytest.mark.skipif(installed_version("flash_attn") is not None, reason="flash_attn is installed here")
 def test_flash_attn_without_its_package_raises():
-    with pytest.raises(RuntimeError, match="^attention backend 'flash_attn' is unavailable: "
-                                           "the flash_attn 2.x package is not installed$"):
+    with pytest.raises(
+        RuntimeError,
+        match="^attention backend 'flash_attn' is unavailable: the flash_attn 2.x package is not installed$",
+    ):
         get_attention_backend("flash_attn", "cuda", torch.bfloat16)
 
 
 @pytest.mark.skipif(installed_version("flash-attn-4") is not None, reason="flash-attn-4 is installed here")
 def test_flash_attn4_without_its_package_raises():
-    with pytest.raises(RuntimeError, match="^attention backend 'flash_attn4' is unavailable: "
-                                           "the flash-attn-4 package is not installed$"):
+    with pytest.raises(
+        RuntimeError,
+        match="^attention backend 'flash_attn4' is unavailable: the flash-attn-4 package is not installed$",
+    ):
         get_attention_backend("flash_attn4", "cuda", torch.bfloat16)
 
 
 def test_unknown_backend_and_dit_construction_errors():
-    with pytest.raises(ValueError, match=re.escape(
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
             "attention backend 'flash' is unknown; available: "
-            "['auto', 'flash_attn', 'flash_attn4', 'flex', 'sdpa', 'varlen']")):
+            "['auto', 'flash_attn', 'flash_attn4', 'flex', 'sdpa', 'varlen']"
+        ),
+    ):
         get_attention_backend("flash", CPU, torch.float32)
-    with pytest.raises(RuntimeError, match="^attention backend 'varlen' is unavailable: it needs a CUDA device, not cpu$"):
+    with pytest.raises(
+        RuntimeError, match="^attention backend 'varlen' is unavailable: it needs a CUDA device, not cpu$"
+    ):
         H3DiT(get_config("tiny"), attention_backend="varlen")

@@ -1,5 +1,6 @@
 """benchmarks/bench_text_encoder.py: the weight-free benchmark encoder loads through
 h3_core.encoder.TextEncoder with the asked width, tokenizes per character and is seeded."""
+
 import json
 import sys
 
@@ -11,7 +12,7 @@ from h3_core.encoder import TextEncoder
 from .serving import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_text_encoder import write_bench_text_encoder  # noqa: E402
+from bench_text_encoder import write_bench_text_encoder  # noqa: E402 - after the sys.path set-up above
 
 PROMPT = "Ab 3!"
 
@@ -22,11 +23,20 @@ def folder(tmp_path_factory):
 
 
 def test_folder_loads_as_a_text_encoder_of_the_asked_width(folder):
-    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json",
-                                                         "tokenizer_config.json"]
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     config = json.loads((folder / "config.json").read_text())
-    assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"],
-            config["intermediate_size"], config["max_position_embeddings"]) == (64, 1, 1, 64, 512)
+    assert (
+        config["hidden_size"],
+        config["num_hidden_layers"],
+        config["num_attention_heads"],
+        config["intermediate_size"],
+        config["max_position_embeddings"],
+    ) == (64, 1, 1, 64, 512)
     encoder = TextEncoder(str(folder))
     assert encoder.width == 64
     assert encoder.model.config.vocab_size == 5 + 2 * 68  # specials + characters + their ## forms

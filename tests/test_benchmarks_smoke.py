@@ -1,6 +1,7 @@
 """CPU smoke runs of the benchmark tools. No timing checks; every number the scripts report is
 checked against a value derived here: analytic counts (rows, FLOPs) from the request shapes
 and the tiny config, and summaries recomputed from the raw timings and per-request records."""
+
 import json
 import math
 import subprocess
@@ -20,12 +21,16 @@ def tiny_step_flops(rows: int, used: int) -> int:
     """h3_spec §8 for the tiny DiT (hidden H 96, attention width A 128, MLP F 256, 2 layers):
     per layer 2 S (4 A H + 3 F H) + 4 U^2 A, plus 2 S 256 H for the patch projections."""
     hidden, attn, ffn, layers = 96, 128, 256, 2
-    return layers * (2 * rows * (4 * attn * hidden + 3 * ffn * hidden) + 4 * used ** 2 * attn) + 2 * rows * 256 * hidden
+    return layers * (2 * rows * (4 * attn * hidden + 3 * ffn * hidden) + 4 * used**2 * attn) + 2 * rows * 256 * hidden
 
 
 def test_engine_bench_cpu_smoke(tmp_path):
-    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "engine_bench.py"), "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "engine_bench.py"), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     report = json.loads((tmp_path / "engine_bench.json").read_text())
     assert report["config"] == "tiny" and report["hardware"] == "CPU"
@@ -89,8 +94,12 @@ def test_served_bench_cpu_smoke(tmp_path):
 
     create_checkpoint("tiny", DEFAULT_ROOT / "tiny")  # the CPU setting serves checkpoints/tiny
     out, work = tmp_path / "out", tmp_path / "work"
-    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "served_bench.py"), "--out", str(out),
-                          "--work", str(work)], capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "served_bench.py"), "--out", str(out), "--work", str(work)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     report = json.loads((out / "served_bench.json").read_text())
     setting = report["setting"]
@@ -101,8 +110,11 @@ def test_served_bench_cpu_smoke(tmp_path):
     runs = {name: document["summary"] for name, document in report["runs"].items()}
     for name, (mode, policy, slots) in SERVED_RUNS.items():
         document = report["runs"][name]
-        count, steps = {"c": (setting["c_requests"], setting["c_steps"]),
-                        "d": (setting["d_requests"], setting["d_steps"]), "f": (1, setting["c_steps"])}[name[0]]
+        count, steps = {
+            "c": (setting["c_requests"], setting["c_steps"]),
+            "d": (setting["d_requests"], setting["d_steps"]),
+            "f": (1, setting["c_steps"]),
+        }[name[0]]
         summary = runs[name]
         assert (summary["num_requests"], summary["completed"], summary["failed"]) == (count, count, 0), name
         dit = document["h3_dit"]
@@ -122,25 +134,29 @@ def test_served_bench_cpu_smoke(tmp_path):
         check_summary(name, document, steps)
         assert (out / f"timeline_{name}.png").stat().st_size > 0
     assert [report["runs"][name]["h3_dit"]["row_budget"] for name in ("d_request", "d_fifo", "d_srpt", "f_served")] == [
-        "4096"] * 4
+        "4096"
+    ] * 4
     throughput = {name: summary["throughput_req_per_min"] for name, summary in runs.items()}
     mean_latency = {name: summary["latency_s"]["mean"] for name, summary in runs.items()}
     first_step = {name: summary["time_to_first_step_s"]["mean"] for name, summary in runs.items()}
     in_process = report["in_process"]
-    f_request, = report["runs"]["f_served"]["requests"]
+    (f_request,) = report["runs"]["f_served"]["requests"]
     served_step = (f_request["last_step_s"] - f_request["first_step_s"]) / (setting["c_steps"] - 1)
     assert in_process["served_seconds_per_step"] == pytest.approx(served_step, rel=1e-9)
     assert in_process["seconds_per_step"] > 0 and in_process["seconds_per_step_1_thread"] > 0
     assert in_process["steps"] == setting["c_steps"]
-    assert report["summary"] == pytest.approx({
-        "step1_over_request_throughput_c": throughput["c_step_1_slot"] / throughput["c_request_mode"],
-        "step4_over_request_throughput_c": throughput["c_step_2_slots"] / throughput["c_request_mode"],
-        "fifo_over_request_mean_latency_d": mean_latency["d_fifo"] / mean_latency["d_request"],
-        "request_over_fifo_time_to_first_step_d": first_step["d_request"] / first_step["d_fifo"],
-        "fifo_over_request_throughput_d": throughput["d_fifo"] / throughput["d_request"],
-        "default_over_request_mean_latency_d": mean_latency["d_srpt"] / mean_latency["d_request"],
-        "request_over_default_time_to_first_step_d": first_step["d_request"] / first_step["d_srpt"],
-        "default_over_request_throughput_d": throughput["d_srpt"] / throughput["d_request"],
-        "server_overhead_fraction_f": served_step / in_process["seconds_per_step"] - 1,
-    }, rel=1e-9)
+    assert report["summary"] == pytest.approx(
+        {
+            "step1_over_request_throughput_c": throughput["c_step_1_slot"] / throughput["c_request_mode"],
+            "step4_over_request_throughput_c": throughput["c_step_2_slots"] / throughput["c_request_mode"],
+            "fifo_over_request_mean_latency_d": mean_latency["d_fifo"] / mean_latency["d_request"],
+            "request_over_fifo_time_to_first_step_d": first_step["d_request"] / first_step["d_fifo"],
+            "fifo_over_request_throughput_d": throughput["d_fifo"] / throughput["d_request"],
+            "default_over_request_mean_latency_d": mean_latency["d_srpt"] / mean_latency["d_request"],
+            "request_over_default_time_to_first_step_d": first_step["d_request"] / first_step["d_srpt"],
+            "default_over_request_throughput_d": throughput["d_srpt"] / throughput["d_request"],
+            "server_overhead_fraction_f": served_step / in_process["seconds_per_step"] - 1,
+        },
+        rel=1e-9,
+    )
     assert "in-process step" in run.stdout

@@ -1,6 +1,7 @@
 """The client without a server: argument checks, error classification, the command line's flags,
 and what the client sends and reads, against FakeTriton (a stand-in for tritonclient's gRPC client
 that plays scripted responses)."""
+
 import json
 import re
 import threading
@@ -26,31 +27,38 @@ def test_seed_outside_int64_is_refused_before_sending():
     with pytest.raises(H3Error) as info:
         H3Client("127.0.0.1:1").generate("x", seed=2**64)
     assert info.value.code == "INVALID_ARG"
-    assert info.value.message == ("SEED=18446744073709551616 does not fit INT64 "
-                                  "(-9223372036854775808..9223372036854775807)")
+    assert info.value.message == (
+        "SEED=18446744073709551616 does not fit INT64 (-9223372036854775808..9223372036854775807)"
+    )
 
 
-@pytest.mark.parametrize("text,code", [
-    ("in ensemble 'h3_pipeline', INVALID_ARG: height=33 is out of range", "INVALID_ARG"),
-    ("Stream removed (Socket closed)", "UNAVAILABLE"),
-    ("something else", "UNKNOWN"),
-])
+@pytest.mark.parametrize(
+    "text,code",
+    [
+        ("in ensemble 'h3_pipeline', INVALID_ARG: height=33 is out of range", "INVALID_ARG"),
+        ("Stream removed (Socket closed)", "UNAVAILABLE"),
+        ("something else", "UNKNOWN"),
+    ],
+)
 def test_server_messages_are_classified(text, code):
     assert H3Error.from_server(InferenceServerException(msg=text)).code == code
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(prompt=None), "prompt must be str or bytes, got NoneType None"),
-    (dict(num_inference_steps=2.9), "num_inference_steps must be int or None, got float 2.9"),
-    (dict(seed=True), "seed must be int or None, got bool True"),
-    (dict(height="64"), "height must be int or None, got str '64'"),
-    (dict(return_mp4="false"), "return_mp4 must be bool, got str 'false'"),
-    (dict(return_frames=1), "return_frames must be bool, got int 1"),
-    (dict(progress_every=None), "progress_every must be int, got NoneType None"),
-    (dict(deadline_s="5"), "deadline_s must be number or None, got str '5'"),
-    (dict(request_priority=1.5), "request_priority must be int, got float 1.5"),
-    (dict(request_id=7), "request_id must be str, got int 7"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(prompt=None), "prompt must be str or bytes, got NoneType None"),
+        (dict(num_inference_steps=2.9), "num_inference_steps must be int or None, got float 2.9"),
+        (dict(seed=True), "seed must be int or None, got bool True"),
+        (dict(height="64"), "height must be int or None, got str '64'"),
+        (dict(return_mp4="false"), "return_mp4 must be bool, got str 'false'"),
+        (dict(return_frames=1), "return_frames must be bool, got int 1"),
+        (dict(progress_every=None), "progress_every must be int, got NoneType None"),
+        (dict(deadline_s="5"), "deadline_s must be number or None, got str '5'"),
+        (dict(request_priority=1.5), "request_priority must be int, got float 1.5"),
+        (dict(request_id=7), "request_id must be str, got int 7"),
+    ],
+)
 def test_wrong_python_types_are_refused_before_sending(kwargs, message):
     """tritonclient would send 2.9 as 2 steps and "false" as true; the client refuses first (the
     url is unreachable, so anything sent would end in UNAVAILABLE instead)."""
@@ -67,8 +75,9 @@ def test_deadline_must_be_positive():
 
 def test_numpy_integers_pass_the_type_checks():
     with pytest.raises(H3Error) as raised:  # checks passed: the request reached the transport
-        H3Client("127.0.0.1:1", idle_timeout_s=5).generate("a", num_inference_steps=np.int64(2),
-                                                           progress_every=np.int32(1))
+        H3Client("127.0.0.1:1", idle_timeout_s=5).generate(
+            "a", num_inference_steps=np.int64(2), progress_every=np.int32(1)
+        )
     assert raised.value.code == "UNAVAILABLE"
 
 
@@ -81,13 +90,6 @@ def test_client_settings_are_checked():
         H3Client(idle_timeout_s="5")
     with pytest.raises(ValueError, match=r"^total_timeout_s must be > 0 seconds, got -1$"):
         H3Client(total_timeout_s=-1)
-
-
-def test_timeout_s_is_the_old_name_of_idle_timeout_s():
-    message = r"^H3Client\(timeout_s=\.\.\.\) is H3Client\(idle_timeout_s=\.\.\.\) now$"
-    with pytest.warns(DeprecationWarning, match=message):
-        client = H3Client(timeout_s=7)
-    assert (client.idle_timeout_s, client.total_timeout_s) == (7, None)
 
 
 def test_protocol_media_constants_match_the_model():
@@ -105,6 +107,7 @@ def test_wav_is_byte_identical_to_h3_core_media():
 
 # ---- against FakeTriton ------------------------------------------------------------------------
 
+
 def tensor(value, dtype) -> np.ndarray:
     return np.array([value], dtype=dtype)  # the batch dimension every h3_pipeline output has
 
@@ -112,9 +115,11 @@ def tensor(value, dtype) -> np.ndarray:
 def response(kind: str, final: bool = False, step: int = 0, total: int = 2, preview=None, **fields):
     """A FakeResult like h3_pipeline's: INFO {"kind": kind, **fields}, PROGRESS, PREVIEW, and for a
     result (fields hold output_index) VIDEO_MP4 b"mp4-<k>" and AUDIO of value k."""
-    outputs = {protocol.INFO: tensor([json.dumps({"kind": kind, **fields}).encode()], object),
-               protocol.PROGRESS: tensor([step, total, 0], np.int32),
-               protocol.PREVIEW: tensor(np.zeros((0, 0, 3)) if preview is None else preview, np.uint8)}
+    outputs = {
+        protocol.INFO: tensor([json.dumps({"kind": kind, **fields}).encode()], object),
+        protocol.PROGRESS: tensor([step, total, 0], np.int32),
+        protocol.PREVIEW: tensor(np.zeros((0, 0, 3)) if preview is None else preview, np.uint8),
+    }
     if kind == "result":
         k = fields["output_index"]
         outputs[protocol.VIDEO_MP4] = tensor([f"mp4-{k}".encode()], object)
@@ -163,9 +168,15 @@ class FakeStream:
 
     def async_stream_infer(self, model, inputs, outputs, request_id, parameters, enable_empty_final_response):
         assert enable_empty_final_response
-        self.triton.requests.append(SimpleNamespace(model=model, request_id=request_id, parameters=parameters,
-                                                    inputs=[i.name() for i in inputs],
-                                                    outputs=[o.name() for o in outputs]))
+        self.triton.requests.append(
+            SimpleNamespace(
+                model=model,
+                request_id=request_id,
+                parameters=parameters,
+                inputs=[i.name() for i in inputs],
+                outputs=[o.name() for o in outputs],
+            )
+        )
         if model == protocol.DIT_MODEL:
             answer = {"kind": "cancel", "request_id": "?"}
             if self.triton.cancel_state is not None:
@@ -181,8 +192,16 @@ class FakeStream:
                 break
             self.callback(result, None)
         if self.triton.cancelled.is_set() and not self.stop.is_set():
-            self.callback(response("error", final=True, request_id=request_id, code="CANCELLED",
-                                   message=f"request {request_id} cancelled by request at step 1 of 2"), None)
+            self.callback(
+                response(
+                    "error",
+                    final=True,
+                    request_id=request_id,
+                    code="CANCELLED",
+                    message=f"request {request_id} cancelled by request at step 1 of 2",
+                ),
+                None,
+            )
 
     def stop_stream(self, cancel_requests):
         self.triton.stopped.append(cancel_requests)
@@ -195,10 +214,19 @@ class FakeStream:
 def results_script(num_outputs: int = 1, preview=None) -> list:
     """Progress after steps 1 and 2 (a preview after step 1), num_outputs results (seeds 7, 8, ...),
     the empty final response."""
-    script = [(0, response("progress", step=1, preview=preview, request_id="r")),
-              (0, response("progress", step=2, request_id="r"))]
-    script += [(0, response("result", step=2, output_index=k, seed=7 + k, num_frames=22, height=64, width=96,
-                            num_inference_steps=2)) for k in range(num_outputs)]
+    script = [
+        (0, response("progress", step=1, preview=preview, request_id="r")),
+        (0, response("progress", step=2, request_id="r")),
+    ]
+    script += [
+        (
+            0,
+            response(
+                "result", step=2, output_index=k, seed=7 + k, num_frames=22, height=64, width=96, num_inference_steps=2
+            ),
+        )
+        for k in range(num_outputs)
+    ]
     return script + [(0, FINAL)]
 
 
@@ -206,19 +234,34 @@ def test_generate_sends_the_contract_names_and_reads_every_output(monkeypatch):
     preview = np.arange(4 * 6 * 3, dtype=np.uint8).reshape(4, 6, 3)
     fake = FakeTriton(results_script(2, preview)).install(monkeypatch)
     seen = []
-    results = H3Client("fake:1").generate("a", num_outputs=2, progress_every=1, preview_every=1, deadline_s=5,
-                                          request_priority=3, return_audio=True, request_id="job-1",
-                                          on_progress=lambda *args: seen.append(args))
-    request, = fake.requests
+    results = H3Client("fake:1").generate(
+        "a",
+        num_outputs=2,
+        progress_every=1,
+        preview_every=1,
+        deadline_s=5,
+        request_priority=3,
+        return_audio=True,
+        request_id="job-1",
+        on_progress=lambda *args: seen.append(args),
+    )
+    (request,) = fake.requests
     assert (request.model, request.request_id) == (protocol.PIPELINE_MODEL, "job-1")
-    assert request.parameters == {"progress_every": 1, "preview_every": 1, "deadline_s": 5, "request_priority": 3,
-                                  "return_audio": True}
+    assert request.parameters == {
+        "progress_every": 1,
+        "preview_every": 1,
+        "deadline_s": 5,
+        "request_priority": 3,
+        "return_audio": True,
+    }
     assert protocol.check_request_parameters(json.dumps(request.parameters)) == request.parameters
     assert request.inputs == ["PROMPT", "NUM_OUTPUTS"]
     assert request.outputs == ["VIDEO_MP4", "AUDIO", "PROGRESS", "PREVIEW", "INFO"]
     assert seen == [(1, 2, 0), (2, 2, 0)]
-    assert [(r.video_mp4, r.info["seed"], float(r.audio[0, 0])) for r in results] == [(b"mp4-0", 7, 0.0),
-                                                                                      (b"mp4-1", 8, 0.25)]
+    assert [(r.video_mp4, r.info["seed"], float(r.audio[0, 0])) for r in results] == [
+        (b"mp4-0", 7, 0.0),
+        (b"mp4-1", 8, 0.25),
+    ]
     assert [step for step, _ in results[0].previews] == [1] and np.array_equal(results[0].previews[0][1], preview)
     assert fake.stopped == [False]
 
@@ -227,9 +270,12 @@ def test_generate_sends_the_contract_names_and_reads_every_output(monkeypatch):
 def test_cancel_returns_the_server_state(monkeypatch, state):
     fake = FakeTriton([], cancel_state=state).install(monkeypatch)
     assert H3Client("fake:1").cancel("job-1") == state
-    request, = fake.requests
-    assert (request.model, request.inputs, request.outputs) == (protocol.DIT_MODEL, ["TEXT_EMBEDS", "REQUEST"],
-                                                                ["INFO"])
+    (request,) = fake.requests
+    assert (request.model, request.inputs, request.outputs) == (
+        protocol.DIT_MODEL,
+        ["TEXT_EMBEDS", "REQUEST"],
+        ["INFO"],
+    )
 
 
 def test_a_cancel_answer_without_a_state_is_refused(monkeypatch):
@@ -237,8 +283,9 @@ def test_a_cancel_answer_without_a_state_is_refused(monkeypatch):
     with pytest.raises(H3Error) as raised:
         H3Client("fake:1").cancel("job-1")
     assert raised.value.code == "UNKNOWN"
-    assert raised.value.message == ("the cancel answer has no state in ('cancelled', 'finished', 'unknown'): "
-                                    "{'kind': 'cancel', 'request_id': '?'}")
+    assert raised.value.message == (
+        "the cancel answer has no state in ('cancelled', 'finished', 'unknown'): {'kind': 'cancel', 'request_id': '?'}"
+    )
 
 
 def timed_out(monkeypatch, script, client: H3Client, **kwargs) -> tuple[H3Error, FakeTriton]:
@@ -252,49 +299,61 @@ def test_idle_timeout_bounds_the_gap_between_responses_then_cancels(monkeypatch)
     script = [(0, response("progress", step=1, request_id="job-1")), (60, FINAL)]
     error, fake = timed_out(monkeypatch, script, H3Client("fake:1", idle_timeout_s=0.3), progress_every=1)
     assert (error.code, error.message) == ("TIMEOUT", "no response from fake:1 for 0.3 s (idle_timeout_s)")
-    assert [(r.model, r.request_id) for r in fake.requests] == [(protocol.PIPELINE_MODEL, "job-1"),
-                                                                (protocol.DIT_MODEL, "")]
+    assert [(r.model, r.request_id) for r in fake.requests] == [
+        (protocol.PIPELINE_MODEL, "job-1"),
+        (protocol.DIT_MODEL, ""),
+    ]
     assert fake.stopped == [False, False]  # the cancel's stream, then the request's: both ended normally
 
 
 def test_total_timeout_bounds_the_whole_request_although_responses_keep_coming(monkeypatch):
     script = [(0.02, response("progress", step=1, request_id="job-1"))] * 3000
-    error, fake = timed_out(monkeypatch, script, H3Client("fake:1", idle_timeout_s=5, total_timeout_s=0.3),
-                            progress_every=1)
-    assert (error.code, error.message) == ("TIMEOUT", "no final response from fake:1 within 0.3 s of sending "
-                                                      "(total_timeout_s)")
+    error, fake = timed_out(
+        monkeypatch, script, H3Client("fake:1", idle_timeout_s=5, total_timeout_s=0.3), progress_every=1
+    )
+    assert (error.code, error.message) == (
+        "TIMEOUT",
+        "no final response from fake:1 within 0.3 s of sending (total_timeout_s)",
+    )
     assert [r.model for r in fake.requests] == [protocol.PIPELINE_MODEL, protocol.DIT_MODEL]
 
 
 def test_deadline_sets_the_total_timeout_with_a_margin(monkeypatch):
     monkeypatch.setattr(api, "DEADLINE_MARGIN_S", 0.2)
     script = [(0.02, response("progress", step=1, request_id="job-1"))] * 3000
-    error, fake = timed_out(monkeypatch, script, H3Client("fake:1", idle_timeout_s=5), deadline_s=0.1,
-                            progress_every=1)
-    assert (error.code, error.message) == ("TIMEOUT", "no final response from fake:1 within 0.3 s of sending "
-                                                      "(deadline_s 0.1 + 0.2 s margin)")
+    error, fake = timed_out(monkeypatch, script, H3Client("fake:1", idle_timeout_s=5), deadline_s=0.1, progress_every=1)
+    assert (error.code, error.message) == (
+        "TIMEOUT",
+        "no final response from fake:1 within 0.3 s of sending (deadline_s 0.1 + 0.2 s margin)",
+    )
     assert fake.requests[0].parameters == {"progress_every": 1, "deadline_s": 0.1}
 
 
 # ---- python -m client.generate ------------------------------------------------------------------
 
-@pytest.mark.parametrize("flags, message", [
-    (["--url", "http://127.0.0.1:8001"], "argument --url: url must be host:port without a scheme, "
-                                         "got 'http://127.0.0.1:8001'"),
-    (["--idle-timeout", "-1"], "argument --idle-timeout: must be a number of seconds > 0, got '-1'"),
-    (["--total-timeout", "0"], "argument --total-timeout: must be a number of seconds > 0, got '0'"),
-    (["--deadline", "nan"], "argument --deadline: must be a number of seconds > 0, got 'nan'"),
-    (["--steps", "-1"], "argument --steps: must be an integer >= 1, got '-1'"),
-    (["--height", "2.5"], "argument --height: must be an integer >= 1, got '2.5'"),
-    (["--num-outputs", "0"], "argument --num-outputs: must be an integer >= 1, got '0'"),
-    (["--seed", "-1"], "argument --seed: must be an integer >= 0, got '-1'"),
-    (["--request-id", ""], "argument --request-id: must be a non-empty string, got ''"),
-    (["--preview-every", "2"], "--preview-every needs --preview-dir"),
-    (["--out", "."], "--out . is a folder; give a file path"),
-    (["--wav", "."], "--wav . is a folder; give a file path"),
-    (["--out", "/sys/clip.mp4"], "--out /sys/clip.mp4: cannot write in /sys (Permission denied)"),
-    (["--wav", "/sys/x/clip.wav"], "--wav /sys/x/clip.wav: cannot write in /sys (Permission denied)"),
-])
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--url", "http://127.0.0.1:8001"],
+            "argument --url: url must be host:port without a scheme, got 'http://127.0.0.1:8001'",
+        ),
+        (["--idle-timeout", "-1"], "argument --idle-timeout: must be a number of seconds > 0, got '-1'"),
+        (["--total-timeout", "0"], "argument --total-timeout: must be a number of seconds > 0, got '0'"),
+        (["--deadline", "nan"], "argument --deadline: must be a number of seconds > 0, got 'nan'"),
+        (["--steps", "-1"], "argument --steps: must be an integer >= 1, got '-1'"),
+        (["--height", "2.5"], "argument --height: must be an integer >= 1, got '2.5'"),
+        (["--num-outputs", "0"], "argument --num-outputs: must be an integer >= 1, got '0'"),
+        (["--seed", "-1"], "argument --seed: must be an integer >= 0, got '-1'"),
+        (["--request-id", ""], "argument --request-id: must be a non-empty string, got ''"),
+        (["--preview-every", "2"], "--preview-every needs --preview-dir"),
+        (["--out", "."], "--out . is a folder; give a file path"),
+        (["--wav", "."], "--wav . is a folder; give a file path"),
+        (["--out", "/sys/clip.mp4"], "--out /sys/clip.mp4: cannot write in /sys (Permission denied)"),
+        (["--wav", "/sys/x/clip.wav"], "--wav /sys/x/clip.wav: cannot write in /sys (Permission denied)"),
+    ],
+)
 def test_generate_cli_refuses_bad_flags_before_sending(flags, message, capsys):
     argv = ["--prompt", "a", "--out", "clip.mp4", "--url", "127.0.0.1:1", *flags]
     with pytest.raises(SystemExit) as raised:
@@ -309,8 +368,10 @@ def test_generate_cli_checks_every_numbered_output_and_the_preview_folder(tmp_pa
     (tmp_path / "clip-1.mp4").mkdir()
     (tmp_path / "file").write_text("")
     for flags, message in [
-        (["--out", f"{tmp_path}/clip.mp4", "--num-outputs", "2"], f"--out {tmp_path}/clip-1.mp4 is a folder; "
-                                                                   "give a file path"),
+        (
+            ["--out", f"{tmp_path}/clip.mp4", "--num-outputs", "2"],
+            f"--out {tmp_path}/clip-1.mp4 is a folder; give a file path",
+        ),
         (["--out", f"{tmp_path}/file/clip.mp4"], f"--out {tmp_path}/file/clip.mp4: {tmp_path}/file is not a folder"),
         (["--preview-dir", f"{tmp_path}/file"], f"--preview-dir {tmp_path}/file is a file; give a folder path"),
     ]:
@@ -330,21 +391,51 @@ def test_generate_cli_shows_no_progress_bar_when_the_connection_fails(tmp_path, 
 def test_generate_cli_writes_every_output_wav_and_preview(monkeypatch, tmp_path, capsys):
     preview = np.arange(4 * 6 * 3, dtype=np.uint8).reshape(4, 6, 3)
     fake = FakeTriton(results_script(2, preview)).install(monkeypatch)
-    status = main(["--prompt", "a", "--out", str(tmp_path / "clip.mp4"), "--wav", str(tmp_path / "clip.wav"),
-                   "--num-outputs", "2", "--preview-dir", str(tmp_path / "previews"), "--deadline", "9",
-                   "--priority", "2", "--request-id", "cli-test", "--steps", "2", "--url", "fake:1"])
+    status = main(
+        [
+            "--prompt",
+            "a",
+            "--out",
+            str(tmp_path / "clip.mp4"),
+            "--wav",
+            str(tmp_path / "clip.wav"),
+            "--num-outputs",
+            "2",
+            "--preview-dir",
+            str(tmp_path / "previews"),
+            "--deadline",
+            "9",
+            "--priority",
+            "2",
+            "--request-id",
+            "cli-test",
+            "--steps",
+            "2",
+            "--url",
+            "fake:1",
+        ]
+    )
     assert status == 0
-    request, = fake.requests
+    (request,) = fake.requests
     assert request.request_id == "cli-test"
     assert request.inputs == ["PROMPT", "NUM_INFERENCE_STEPS", "NUM_OUTPUTS"]
-    assert request.parameters == {"progress_every": 1, "preview_every": 1, "deadline_s": 9.0, "request_priority": 2,
-                                  "return_audio": True}
+    assert request.parameters == {
+        "progress_every": 1,
+        "preview_every": 1,
+        "deadline_s": 9.0,
+        "request_priority": 2,
+        "return_audio": True,
+    }
     assert [(tmp_path / f"clip-{k}.mp4").read_bytes() for k in (0, 1)] == [b"mp4-0", b"mp4-1"]
     assert (tmp_path / "clip-1.wav").read_bytes() == wav_bytes(np.full((2, 640), 0.25, np.float32))
     assert sorted(p.name for p in (tmp_path / "previews").iterdir()) == ["step-001.npy"]
     saved = np.load(tmp_path / "previews" / "step-001.npy")  # no pickle: numpy's default refuses object arrays
     assert np.array_equal(saved, preview)
-    line, = capsys.readouterr().out.splitlines()
-    written = ", ".join([*(f"{tmp_path}/clip-{k}.{ext}" for ext in ("mp4", "wav") for k in (0, 1)),
-                         f"1 previews in {tmp_path}/previews"])
+    (line,) = capsys.readouterr().out.splitlines()
+    written = ", ".join(
+        [
+            *(f"{tmp_path}/clip-{k}.{ext}" for ext in ("mp4", "wav") for k in (0, 1)),
+            f"1 previews in {tmp_path}/previews",
+        ]
+    )
     assert re.fullmatch(rf"wrote {re.escape(written)} \(22 frames 96x64, 2 steps\) in \d+\.\d\d s, seeds 7, 8", line)

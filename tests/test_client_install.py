@@ -5,6 +5,7 @@ in place would leave build/ and h3_triton.egg-info/ in the checkout. The fresh v
 its own (that saves ensurepip's seconds); this interpreter's pip installs into it (`pip --python`),
 with the declared dependencies, from the configured index.
 """
+
 import os
 import shutil
 import subprocess
@@ -13,8 +14,20 @@ import venv
 
 from .serving import ROOT
 
-NOT_PACKAGED = shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.egg-info", "build", "checkpoints", "out",
-                                      "weights", "docs", "tests", "benchmarks", "model_repository")
+NOT_PACKAGED = shutil.ignore_patterns(
+    ".git",
+    ".venv",
+    "__pycache__",
+    "*.egg-info",
+    "build",
+    "checkpoints",
+    "out",
+    "weights",
+    "docs",
+    "tests",
+    "benchmarks",
+    "model_repository",
+)
 
 
 def test_the_client_extra_installs_and_runs_without_torch(tmp_path):
@@ -23,19 +36,36 @@ def test_the_client_extra_installs_and_runs_without_torch(tmp_path):
     venv.EnvBuilder(with_pip=False).create(env_dir)
     python = str(env_dir / "bin" / "python")
     env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    install = subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "--quiet",
-                              f"{source}[client]"], capture_output=True, text=True, env=env, timeout=600)
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", python, "install", "--quiet", f"{source}[client]"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert install.returncode == 0, install.stderr
 
-    check = subprocess.run([python, "-c", """
+    check = subprocess.run(
+        [
+            python,
+            "-c",
+            """
 import importlib.util, client, h3_core.protocol, sys
 print(client.__file__.startswith(sys.prefix), h3_core.protocol.PIPELINE_MODEL)
 print([name for name in ("torch", "av", "matplotlib") if importlib.util.find_spec(name)])
-"""], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+""",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+    )
     assert check.returncode == 0, check.stderr
     assert check.stdout.splitlines() == ["True h3_pipeline", "[]"]
 
-    helped = subprocess.run([python, "-m", "client.generate", "--help"], capture_output=True, text=True,
-                            cwd=tmp_path, env=env, timeout=120)
+    helped = subprocess.run(
+        [python, "-m", "client.generate", "--help"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120
+    )
     assert helped.returncode == 0, helped.stderr
     assert helped.stdout.startswith("usage: python -m client.generate ")

@@ -1,6 +1,7 @@
 """The shipped demo model (weights/demo, config `demo`): size limits, the engine parity
 guarantees on the trained weights, its clips following their prompts in-process, and a short
 evaluation through the server."""
+
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from server.repository import DEMO_WEIGHTS, plan, write_repository
 
 # The engine parity tests of test_engine.py, collected here again so they run with this
 # module's `engine` fixture: the trained checkpoint instead of seeded random weights.
-from tests.test_engine import (  # noqa: F401
+from tests.test_engine import (  # noqa: F401 - collected by pytest from this module
     test_batch_order_does_not_matter,
     test_cobatched_mid_flight_admission_equals_solo,
     test_num_outputs_gives_consecutive_seeds_in_both_modes,
@@ -34,8 +35,13 @@ def engine():
     dit = H3DiT(get_config("demo"), row_tile=64)
     load_weights(dit, DEMO_WEIGHTS / "dit.safetensors")
     video_vae, audio_vae = load_vaes(DEMO_WEIGHTS)
-    return Engine(dit.eval(), video_vae, audio_vae, TextEncoder(),
-                  RequestLimits(max_height=128, max_width=128, max_num_frames=64, max_steps=20))
+    return Engine(
+        dit.eval(),
+        video_vae,
+        audio_vae,
+        TextEncoder(),
+        RequestLimits(max_height=128, max_width=128, max_num_frames=64, max_steps=20),
+    )
 
 
 def test_shipped_weights_fit_the_size_limits():
@@ -60,7 +66,9 @@ def prompt_accuracy(engine: Engine) -> dict:
 
 def test_the_trained_weights_are_not_random(engine):
     assert [(c.colour, c.direction, c.pitch, c.side) for c in DISTINCT_CLIPS] == [
-        ("red", "left", "low", "right"), ("green", "down", "high", "left")]
+        ("red", "left", "low", "right"),
+        ("green", "down", "high", "left"),
+    ]
     assert prompt_accuracy(engine) == ALL_RIGHT
 
 
@@ -83,8 +91,16 @@ def test_short_evaluation_through_the_server(tmp_path):
         client = H3Client(server.grpc_url, idle_timeout_s=600)
 
         def run(clip: data.Clip):
-            result, = client.generate(clip.caption, height=data.HEIGHT, width=data.WIDTH, num_frames=data.NUM_FRAMES,
-                                      seed=0, return_mp4=False, return_frames=True, return_audio=True)
+            (result,) = client.generate(
+                clip.caption,
+                height=data.HEIGHT,
+                width=data.WIDTH,
+                num_frames=data.NUM_FRAMES,
+                seed=0,
+                return_mp4=False,
+                return_frames=True,
+                return_audio=True,
+            )
             return result
 
         with ThreadPoolExecutor(len(clips)) as pool:

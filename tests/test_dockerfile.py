@@ -1,6 +1,7 @@
 """The Dockerfile, checked without docker (none runs here): hadolint passes on it, its pip pins are
 requirements.txt's, its command is the launcher's (bound to 0.0.0.0, stopped within docker stop's
 grace, serving the GPU repository or the CPU demo) and its health check is server.health."""
+
 import json
 import re
 import subprocess
@@ -58,7 +59,7 @@ def test_its_command_is_the_launcher(dockerfile):
 
 
 def test_its_health_check_is_server_health(dockerfile):
-    healthcheck, = values(dockerfile, "HEALTHCHECK")
+    (healthcheck,) = values(dockerfile, "HEALTHCHECK")
     options, command = healthcheck.split(" CMD ")
     assert json.loads(command) == ["python", "-m", "server.health"]
     assert "--start-period=300s" in options.split()

@@ -24,7 +24,20 @@ def test_minilm_width_and_token_count(encoder):
     assert encoder.count_tokens(PROMPT) == 14
     # [CLS] a red ball rolls to the left while a low tone plays [SEP]
     assert encoder.tokenizer(PROMPT)["input_ids"] == [
-        101, 1037, 2417, 3608, 9372, 2000, 1996, 2187, 2096, 1037, 2659, 4309, 3248, 102,
+        101,
+        1037,
+        2417,
+        3608,
+        9372,
+        2000,
+        1996,
+        2187,
+        2096,
+        1037,
+        2659,
+        4309,
+        3248,
+        102,
     ]
 
 
@@ -78,15 +91,20 @@ def test_offline_env_loads_local_files_only(encoder, tmp_path):
     assert torch.equal(load_file(str(out))["s"], encoder.encode(PROMPT))
 
 
-@pytest.mark.parametrize("prompt,message", [
-    ("", "prompt must be a non-empty string, got ''"),
-    (b"a red ball", "prompt must be a non-empty string, got b'a red ball'"),
-    ("\u200b", "prompt must contain visible characters, got '\\u200b'"),
-    ("\ufeff", "prompt must contain visible characters, got '\\ufeff'"),
-    (" \u200b\t\u200d\n\u3000\u2028\u00a0",
-     "prompt must contain visible characters, got ' \\u200b\\t\\u200d\\n\\u3000\\u2028\\xa0'"),
-    ("\u200b" * 1365, "prompt must contain visible characters, got '" + "\\u200b" * 32 + "'... (1365 characters)"),
-])
+@pytest.mark.parametrize(
+    "prompt,message",
+    [
+        ("", "prompt must be a non-empty string, got ''"),
+        (b"a red ball", "prompt must be a non-empty string, got b'a red ball'"),
+        ("\u200b", "prompt must contain visible characters, got '\\u200b'"),
+        ("\ufeff", "prompt must contain visible characters, got '\\ufeff'"),
+        (
+            " \u200b\t\u200d\n\u3000\u2028\u00a0",
+            "prompt must contain visible characters, got ' \\u200b\\t\\u200d\\n\\u3000\\u2028\\xa0'",
+        ),
+        ("\u200b" * 1365, "prompt must contain visible characters, got '" + "\\u200b" * 32 + "'... (1365 characters)"),
+    ],
+)
 def test_prompt_without_visible_characters_is_refused(encoder, prompt, message):
     # 1365 zero-width spaces are 4095 bytes, within max_prompt_bytes; the message quotes 32.
     for check in (check_prompt, encoder.count_tokens, encoder.encode):

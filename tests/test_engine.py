@@ -17,14 +17,20 @@ def engine():
     dit = H3DiT(get_config("tiny"), row_tile=64)
     init_weights(dit, 0)
     video_vae, audio_vae = create_vaes(1)
-    return Engine(dit.eval(), video_vae.eval(), audio_vae.eval(), TextEncoder(),
-                  RequestLimits(max_height=128, max_width=128, max_num_frames=64, max_steps=20))
+    return Engine(
+        dit.eval(),
+        video_vae.eval(),
+        audio_vae.eval(),
+        TextEncoder(),
+        RequestLimits(max_height=128, max_width=128, max_num_frames=64, max_steps=20),
+    )
 
 
 REQUESTS = [
     GenerationRequest("a red ball rolls to the left", 64, 96, 22, 5, seed=11, request_id="a"),
-    GenerationRequest("a blue square slides up while a high tone plays on the right side", 64, 64, 9, 3,
-                      seed=22, request_id="b"),
+    GenerationRequest(
+        "a blue square slides up while a high tone plays on the right side", 64, 64, 9, 3, seed=22, request_id="b"
+    ),
     GenerationRequest("green", 32, 64, 5, 4, seed=33, request_id="c"),
 ]
 
@@ -42,7 +48,7 @@ def assert_same(a, b):
 
 def test_request_mode_equals_step_mode(engine):
     request = REQUESTS[0]
-    (state, frames, audio), = engine.generate(request)
+    ((state, frames, audio),) = engine.generate(request)
     stepped = solo(engine, request)
     assert_same(state, stepped)
     frames2, audio2 = engine.decode(stepped)
@@ -60,7 +66,7 @@ def run_cobatched(engine, requests, admit_at):
     while pending or active:
         for request in [r for r in requests if r.request_id in pending and admit_at[r.request_id] <= tick]:
             active += engine.prepare(pending.pop(request.request_id))
-        for state, velocity in zip(active, engine.denoise_step(active)):
+        for state, velocity in zip(active, engine.denoise_step(active), strict=True):
             engine.update(state, velocity)
         done.update({s.request_id: s for s in active if s.finished})
         active = [s for s in active if not s.finished]
@@ -93,9 +99,9 @@ def test_num_outputs_gives_consecutive_seeds_in_both_modes(engine):
     assert [s.seed for s, _, _ in results] == [100, 101]
     states = engine.prepare(request)
     while not states[0].finished:
-        for state, velocity in zip(states, engine.denoise_step(states)):
+        for state, velocity in zip(states, engine.denoise_step(states), strict=True):
             engine.update(state, velocity)
-    for (expected, _, _), got in zip(results, states):
+    for (expected, _, _), got in zip(results, states, strict=True):
         assert got.seed == expected.seed and got.output_index == expected.output_index
         assert_same(got, expected)
     assert not torch.equal(states[0].video_latents, states[1].video_latents)
@@ -108,17 +114,20 @@ def test_missing_seed_is_drawn_and_recorded(engine):
     assert torch.equal(state.video_latents, again.video_latents)
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("prompt", "   ", "prompt must contain visible characters, got '   '"),
-    ("height", 48, "height=48 is out of range: allowed multiples of 32 in 32..128"),
-    ("width", 0, "width=0 is out of range: allowed multiples of 32 in 32..128"),
-    ("width", 160, "width=160 is out of range: allowed multiples of 32 in 32..128"),
-    ("num_frames", 0, "num_frames=0 is out of range: allowed 1..64"),
-    ("num_inference_steps", 21, "num_inference_steps=21 is out of range: allowed 1..20"),
-    ("seed", -1, "seed=-1 is out of range: allowed 0..9223372036854775807"),
-    ("num_outputs", 0, "num_outputs=0 is out of range: allowed 1..4"),
-    ("fps", 30, "fps=30 is not supported: the model generates 24 fps"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("prompt", "   ", "prompt must contain visible characters, got '   '"),
+        ("height", 48, "height=48 is out of range: allowed multiples of 32 in 32..128"),
+        ("width", 0, "width=0 is out of range: allowed multiples of 32 in 32..128"),
+        ("width", 160, "width=160 is out of range: allowed multiples of 32 in 32..128"),
+        ("num_frames", 0, "num_frames=0 is out of range: allowed 1..64"),
+        ("num_inference_steps", 21, "num_inference_steps=21 is out of range: allowed 1..20"),
+        ("seed", -1, "seed=-1 is out of range: allowed 0..9223372036854775807"),
+        ("num_outputs", 0, "num_outputs=0 is out of range: allowed 1..4"),
+        ("fps", 30, "fps=30 is not supported: the model generates 24 fps"),
+    ],
+)
 def test_validation_errors_name_field_value_and_range(engine, field, value, message):
     fields = dict(prompt="ok", height=32, width=32, num_frames=5, num_inference_steps=1)
     fields[field] = value

@@ -5,6 +5,7 @@ The faults server is a repository copy with allow_fault_injection "true" (the te
 request parameter inject_fault, see model_repository/h3_dit/1/model.py), max_waiting 1 and
 max_request_mb 512.
 """
+
 import threading
 import time
 
@@ -16,8 +17,10 @@ from server.process import TritonServer
 from .serving import generate_in_thread as start
 from .serving import model_repository_copy
 
-NEIGHBOURS = [dict(prompt="a red ball rolls to the left", height=64, width=96, num_frames=22, seed=1),
-              dict(prompt="a blue square slides up", height=96, width=64, num_frames=9, seed=2)]
+NEIGHBOURS = [
+    dict(prompt="a red ball rolls to the left", height=64, width=96, num_frames=22, seed=1),
+    dict(prompt="a blue square slides up", height=96, width=64, num_frames=9, seed=2),
+]
 
 
 @pytest.fixture(scope="module")
@@ -25,19 +28,31 @@ def faults(tmp_path_factory):
     """(server, client) on a copy with allow_fault_injection "true", max_waiting 1, max_steps 400
     and max_request_mb 512."""
     tmp = tmp_path_factory.mktemp("faults")
-    repo = model_repository_copy(tmp / "repo", allow_fault_injection="true", max_waiting="1", max_steps="400",
-                                 max_request_mb="512")
+    repo = model_repository_copy(
+        tmp / "repo", allow_fault_injection="true", max_waiting="1", max_steps="400", max_request_mb="512"
+    )
     with TritonServer(repo, free_ports=True, log_file=tmp / "server.log") as server:
-        yield server, H3Client(server.grpc_url, timeout_s=120)
+        yield server, H3Client(server.grpc_url, idle_timeout_s=120)
 
 
 def run_neighbours_around(client, offender: dict, steps: int) -> dict:
     """Start both NEIGHBOURS (steps steps each), send `offender` once both are denoising, and
     return every outcome (keys 0, 1 and "offender")."""
     outcome, running = {}, [threading.Event(), threading.Event()]
-    threads = [start(client, outcome, i, **NEIGHBOURS[i], num_inference_steps=steps, return_frames=True,
-                     return_audio=True, progress_every=1, on_progress=lambda *_, i=i: running[i].set())
-               for i in range(2)]
+    threads = [
+        start(
+            client,
+            outcome,
+            i,
+            **NEIGHBOURS[i],
+            num_inference_steps=steps,
+            return_frames=True,
+            return_audio=True,
+            progress_every=1,
+            on_progress=lambda *_, i=i: running[i].set(),
+        )
+        for i in range(2)
+    ]
     assert all(event.wait(60) for event in running)
     threads.append(start(client, outcome, "offender", **offender))
     for thread in threads:
@@ -45,10 +60,13 @@ def run_neighbours_around(client, offender: dict, steps: int) -> dict:
     return outcome
 
 
-@pytest.mark.parametrize("fault,cause", [
-    ("raise", "injected fault in the forward of request offender-raise"),
-    ("nan", "non-finite velocity for request offender-nan"),
-])
+@pytest.mark.parametrize(
+    "fault,cause",
+    [
+        ("raise", "injected fault in the forward of request offender-raise"),
+        ("nan", "non-finite velocity for request offender-nan"),
+    ],
+)
 def test_a_failing_forward_fails_only_its_request(faults, fault, cause):
     _, client = faults
     offender = dict(prompt="the offender", num_inference_steps=5, request_id=f"offender-{fault}", inject_fault=fault)
@@ -69,8 +87,16 @@ def test_field_case_c8_a_step_slower_than_tritons_default_idle_timeout_loses_no_
     # Triton's default max_sequence_idle_microseconds is 1 s; the configured 60 s keeps every
     # live sequence (the slow one and its neighbours) through a 1.5 s step.
     _, client = faults
-    slow = dict(prompt="a slow one", height=64, width=64, num_frames=9, num_inference_steps=4, seed=7,
-                return_frames=True, return_audio=True)
+    slow = dict(
+        prompt="a slow one",
+        height=64,
+        width=64,
+        num_frames=9,
+        num_inference_steps=4,
+        seed=7,
+        return_frames=True,
+        return_audio=True,
+    )
     outcome = run_neighbours_around(client, dict(slow, inject_fault="slow:1.5"), steps=60)
     assert outcome["offender"][0].info["largest_pack"] == 3
     assert outcome["offender"][0].info["stage_seconds"]["denoise"] > 1.5
@@ -85,14 +111,29 @@ def test_a_newcomer_finding_the_dit_at_capacity_is_refused_at_once(faults):
     outcome, running = {}, threading.Event()
     # the DiT holds max_num_seqs + max_waiting = 4 + 1 requests, wherever the policy puts them:
     # with these five (eight outputs, four per pack) the newcomer is the sixth
-    threads = [start(client, outcome, "four", prompt="four outputs", num_inference_steps=400, num_outputs=4,
-                     request_id="full-4", progress_every=1, on_progress=lambda *_: running.set())]
+    threads = [
+        start(
+            client,
+            outcome,
+            "four",
+            prompt="four outputs",
+            num_inference_steps=400,
+            num_outputs=4,
+            request_id="full-4",
+            progress_every=1,
+            on_progress=lambda *_: running.set(),
+        )
+    ]
     assert running.wait(60)
-    threads += [start(client, outcome, k, prompt=f"one more {k}", num_inference_steps=400, request_id=f"full-{k}")
-                for k in range(4)]
+    threads += [
+        start(client, outcome, k, prompt=f"one more {k}", num_inference_steps=400, request_id=f"full-{k}")
+        for k in range(4)
+    ]
     deadline = time.monotonic() + 60
-    while sum(server.h3_metrics().get(name, 0) for name in ("h3_active_requests", "h3_waiting_requests")) != 5 \
-            and time.monotonic() < deadline:
+    while (
+        sum(server.h3_metrics().get(name, 0) for name in ("h3_active_requests", "h3_waiting_requests")) != 5
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.05)
     dit_refusals = server.h3_metrics().get("h3_refusals_total", 0)
     with pytest.raises(H3Error) as info:
@@ -103,7 +144,9 @@ def test_a_newcomer_finding_the_dit_at_capacity_is_refused_at_once(faults):
     for thread in threads:
         thread.join(60)
     assert info.value.code == "UNAVAILABLE"
-    assert info.value.message == "the DiT holds 5 requests, its capacity max_num_seqs + max_waiting = 4 + 1; retry later"
+    assert (
+        info.value.message == "the DiT holds 5 requests, its capacity max_num_seqs + max_waiting = 4 + 1; retry later"
+    )
     assert [outcome[k].code for k in ("four", 0, 1, 2, 3)] == ["CANCELLED"] * 5
 
 
@@ -119,11 +162,24 @@ def test_bad_input_request_over_the_memory_budget(faults):
 def test_stopping_the_launcher_cancels_in_flight_requests_and_exits_promptly(tmp_path):
     repo = model_repository_copy(tmp_path / "repo", max_steps="400")
     with TritonServer(repo, free_ports=True, log_file=tmp_path / "server.log") as server:
-        client, outcome = H3Client(server.grpc_url, timeout_s=120), {}
+        client, outcome = H3Client(server.grpc_url, idle_timeout_s=120), {}
         running = [threading.Event() for _ in range(3)]
-        threads = [start(client, outcome, i, prompt=f"in flight {i}", height=128, width=128, num_frames=39,
-                         num_inference_steps=400, request_id=f"stop-{i}", progress_every=1,
-                         on_progress=lambda *_, i=i: running[i].set()) for i in range(3)]
+        threads = [
+            start(
+                client,
+                outcome,
+                i,
+                prompt=f"in flight {i}",
+                height=128,
+                width=128,
+                num_frames=39,
+                num_inference_steps=400,
+                request_id=f"stop-{i}",
+                progress_every=1,
+                on_progress=lambda *_, i=i: running[i].set(),
+            )
+            for i in range(3)
+        ]
         assert all(event.wait(60) for event in running)
         began = time.monotonic()
         code = server.stop()

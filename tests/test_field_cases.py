@@ -4,6 +4,7 @@ Elsewhere: C8's "a step slower than Triton's 1 s default is not aborted" in test
 C18 (packed = solo, bitwise) in test_engine.py, test_model.py and test_serving.py; C12 in
 test_layout.py; C13 on small packs for every CPU backend in test_attention_backends.py.
 """
+
 import importlib.util
 import json
 import os
@@ -26,7 +27,7 @@ from h3_core.model.attention import get_attention_backend
 from server.process import TritonServer, dit_stubs, stub_pids
 from server.repository import plan, write_repository
 
-from .serving import ROOT, idle_metrics, model_repository_copy, raw_stream, tensor
+from .serving import ROOT, idle_metrics, model_repository_copy, raw_stream
 from .serving import generate_in_thread as start
 from .test_bad_input import SEQUENCE_END, dit_inputs, int64, prompt
 
@@ -40,8 +41,11 @@ def metrics_text(metrics_url: str) -> str:
 def sample(text: str, name: str, **labels) -> float:
     """The value of the first sample of `name` whose labels include `labels`."""
     wanted = [f'{key}="{value}"' for key, value in labels.items()]
-    return next(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                if line.startswith(name + "{") and all(label in line for label in wanted))
+    return next(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") and all(label in line for label in wanted)
+    )
 
 
 def wait_until(condition, timeout_s: float) -> bool:
@@ -56,10 +60,23 @@ def wait_until(condition, timeout_s: float) -> bool:
 def test_field_case_c1_start_and_end_on_one_request_is_refused_at_once(server):
     log_before = len(server.log_text())
     began = time.monotonic()
-    _, direct = raw_stream(server.grpc_url, dit_inputs(fields=b'{"num_inference_steps": 3}'), model="h3_dit",
-                           sequence_id=9_300_001, sequence_start=True, sequence_end=True, timeout_s=30)
-    _, ensemble = raw_stream(server.grpc_url, [prompt(), int64("NUM_INFERENCE_STEPS", 3)],
-                             sequence_id=9_300_002, sequence_start=True, sequence_end=True, timeout_s=30)
+    _, direct = raw_stream(
+        server.grpc_url,
+        dit_inputs(fields=b'{"num_inference_steps": 3}'),
+        model="h3_dit",
+        sequence_id=9_300_001,
+        sequence_start=True,
+        sequence_end=True,
+        timeout_s=30,
+    )
+    _, ensemble = raw_stream(
+        server.grpc_url,
+        [prompt(), int64("NUM_INFERENCE_STEPS", 3)],
+        sequence_id=9_300_002,
+        sequence_start=True,
+        sequence_end=True,
+        timeout_s=30,
+    )
     assert time.monotonic() - began < 30
     for error in (direct, ensemble):
         assert error.code == "INVALID_ARG" and error.message == SEQUENCE_END
@@ -71,10 +88,30 @@ def test_field_case_c1_start_and_end_on_one_request_is_refused_at_once(server):
 def test_field_case_c1_perf_analyzer_without_the_end_override_stops_at_once(server, tmp_path):
     data = tmp_path / "input.json"
     data.write_text(json.dumps({"data": [{"PROMPT": ["a red ball"], "NUM_INFERENCE_STEPS": [2]}]}))
-    run = subprocess.run([str(ROOT / "scripts" / "perf_analyzer.sh"), "-m", "h3_pipeline", "-i", "grpc", "-u", server.grpc_url,
-                          "--streaming", "--input-data", str(data), "--sequence-id-range", "100000:200000",
-                          "--concurrency-range", "2", "--request-count", "4"],
-                         capture_output=True, text=True, errors="replace", timeout=120)
+    run = subprocess.run(
+        [
+            str(ROOT / "scripts" / "perf_analyzer.sh"),
+            "-m",
+            "h3_pipeline",
+            "-i",
+            "grpc",
+            "-u",
+            server.grpc_url,
+            "--streaming",
+            "--input-data",
+            str(data),
+            "--sequence-id-range",
+            "100000:200000",
+            "--concurrency-range",
+            "2",
+            "--request-count",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=120,
+    )
     assert run.returncode == 99, run.stdout + run.stderr
     assert f"Thread [0] had error: in ensemble 'h3_pipeline', INVALID_ARG: {SEQUENCE_END}" in run.stderr
 
@@ -89,8 +126,10 @@ def test_field_case_c3_cancel_stops_the_request_wherever_it_is(server, client):
     assert info.value.message == "request c3-early was cancelled before it started (step 0 of 3)"
     # (b) mid-denoise, packed with a neighbour that runs on
     outcome = {}
-    threads = [start(client, outcome, key, prompt=key, num_inference_steps=400, request_id=f"c3-{key}")
-               for key in ("victim", "neighbour")]
+    threads = [
+        start(client, outcome, key, prompt=key, num_inference_steps=400, request_id=f"c3-{key}")
+        for key in ("victim", "neighbour")
+    ]
     assert wait_until(lambda: server.h3_metrics()["h3_active_requests"] == 2, 60)
     assert client.cancel("c3-victim") == "cancelled"
     threads[0].join(60)
@@ -102,7 +141,9 @@ def test_field_case_c3_cancel_stops_the_request_wherever_it_is(server, client):
     threads[1].join(60)
     metrics = idle_metrics(server)
     assert metrics["h3_active_requests"] == 0 and metrics["h3_waiting_requests"] == 0  # no state left
-    assert sample(metrics_text(server.metrics_url), "h3_vae_decodes_total") == decodes  # h3_vae only passed the endings on
+    assert (
+        sample(metrics_text(server.metrics_url), "h3_vae_decodes_total") == decodes
+    )  # h3_vae only passed the endings on
 
 
 def test_field_case_c4_soak_one_minute():
@@ -132,28 +173,35 @@ class ShmServer(TritonServer):
         return ["unshare", "-m", "--propagation", "private", "sh", "-c", mount] + super().command()
 
 
-@pytest.mark.skipif(subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0,
-                    reason="needs unshare -m (a private /dev/shm)")
+@pytest.mark.skipif(
+    subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0,
+    reason="needs unshare -m (a private /dev/shm)",
+)
 def test_field_case_c5_shared_memory_sizing(tmp_path):
     repo = model_repository_copy(tmp_path / "repo")
     with ShmServer(repo, free_ports=True, shm_size="64m") as server:  # the size README documents
-        client, outcome = H3Client(server.grpc_url, timeout_s=300), {}
+        client, outcome = H3Client(server.grpc_url, idle_timeout_s=300), {}
         for thread in [start(client, outcome, i, prompt=f"largest {i}", seed=i, **LARGEST) for i in range(4)]:
             thread.join(300)
         assert [outcome[i][0].frames.shape for i in range(4)] == [(121, 256, 256, 3)] * 4
     with ShmServer(repo, free_ports=True, shm_size="16m") as server:  # undersized
-        client = H3Client(server.grpc_url, timeout_s=300)
+        client = H3Client(server.grpc_url, idle_timeout_s=300)
         with pytest.raises(H3Error) as info:
             client.generate("largest", **LARGEST)
         assert info.value.code == "UNAVAILABLE"
-        assert re.match(r"the result of request h3c-[0-9a-f]{32} could not be sent: Failed to increase the shared memory "
-                        r"pool size for key '[^']+' to \d+ bytes", info.value.message)
+        assert re.match(
+            r"the result of request h3c-[0-9a-f]{32} could not be sent: Failed to increase the shared memory "
+            r"pool size for key '[^']+' to \d+ bytes",
+            info.value.message,
+        )
         assert client.generate("a normal one", num_inference_steps=2)[0].info["num_frames"] == 22
 
 
 def launcher_urls(log_path, count: int = 1, timeout_s: float = 120) -> dict:
     """Wait until the launcher has logged `count` ready lines; its URLs and server pid."""
-    assert wait_until(lambda: len(re.findall(r"ready (in|again)", log_path.read_text())) >= count, timeout_s), log_path.read_text()
+    assert wait_until(lambda: len(re.findall(r"ready (in|again)", log_path.read_text())) >= count, timeout_s), (
+        log_path.read_text()
+    )
     text = log_path.read_text()
     ready = re.search(r"\(pid (\d+)\): grpc=(\S+) http=\S+ metrics=(\S+)", text)
     pids = re.findall(r"\(pid (\d+)\)", text)
@@ -163,19 +211,36 @@ def launcher_urls(log_path, count: int = 1, timeout_s: float = 120) -> dict:
 def test_field_case_c6_a_dead_or_stalled_dit_is_visible_and_the_launcher_restarts_it(tmp_path):
     repo = model_repository_copy(tmp_path / "repo", allow_fault_injection="true", max_steps="400")
     log = tmp_path / "launcher.log"
-    launcher = subprocess.Popen([sys.executable, "-m", "server.launch", "--model-repository", str(repo), "--free-ports",
-                                 "--quiet", "--supervise", "--stale-after", "3"], cwd=ROOT, stderr=log.open("w"))
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "server.launch",
+            "--model-repository",
+            str(repo),
+            "--free-ports",
+            "--quiet",
+            "--supervise",
+            "--stale-after",
+            "3",
+        ],
+        cwd=ROOT,
+        stderr=log.open("w"),
+    )
     try:
         urls = launcher_urls(log)
-        client, outcome = H3Client(urls["grpc"], timeout_s=60), {}
+        client, outcome = H3Client(urls["grpc"], idle_timeout_s=60), {}
         # 1. the DiT process dies (SIGKILL) with a request in flight
         pending = start(client, outcome, "killed", prompt="in flight", num_inference_steps=400)
         assert wait_until(lambda: sample(metrics_text(urls["metrics"]), "h3_active_requests") == 1, 60)
-        dit, = dit_stubs(stub_pids(urls["pid"]))
+        (dit,) = dit_stubs(stub_pids(urls["pid"]))
         os.kill(dit, signal.SIGKILL)
         pending.join(60)
         assert outcome["killed"].code == "UNAVAILABLE"  # from Triton (~3 s) or, if first, the restart
-        assert outcome["killed"].message in ("Stub process 'h3_dit_0_0' is not healthy.", "Stream removed (Socket closed)")
+        assert outcome["killed"].message in (
+            "Stub process 'h3_dit_0_0' is not healthy.",
+            "Stream removed (Socket closed)",
+        )
         urls = launcher_urls(log, count=2)
         assert f"the h3_dit process (pid {dit}) is gone: restarting tritonserver" in log.read_text()
         assert client.generate("after the restart", num_inference_steps=2)[0].info["num_frames"] == 22
@@ -188,7 +253,9 @@ def test_field_case_c6_a_dead_or_stalled_dit_is_visible_and_the_launcher_restart
         pending.join(60)
         assert outcome["stalled"].code == "UNAVAILABLE"  # the restart closed the stream
         urls = launcher_urls(log, count=3)
-        assert re.search(r"the h3_dit heartbeat is \d+ s old with work pending: restarting tritonserver", log.read_text())
+        assert re.search(
+            r"the h3_dit heartbeat is \d+ s old with work pending: restarting tritonserver", log.read_text()
+        )
         assert client.generate("after the second restart", num_inference_steps=2)[0].info["num_frames"] == 22
         # 3. SIGTERM with a request in flight: drained, then a prompt exit
         pending = start(client, outcome, "stopped", prompt="in flight at the stop", num_inference_steps=400)
@@ -211,11 +278,36 @@ def test_field_case_c6_a_dead_or_stalled_dit_is_visible_and_the_launcher_restart
 def test_field_case_c7_perf_analyzer_latency_is_the_final_responses(server, tmp_path):
     data, export = tmp_path / "input.json", tmp_path / "profile.json"
     data.write_text(json.dumps({"data": [{"PROMPT": ["a red ball"], "NUM_INFERENCE_STEPS": [6]}]}))
-    run = subprocess.run([str(ROOT / "scripts" / "perf_analyzer.sh"), "-m", "h3_pipeline", "-i", "grpc", "-u", server.grpc_url,
-                          "--streaming", "--input-data", str(data), "--request-parameter", "sequence_end:false:bool",
-                          "--request-parameter", "progress_every:1:int", "--sequence-id-range", "100000:200000",
-                          "--concurrency-range", "2", "--request-count", "6", "--profile-export-file", str(export)],
-                         capture_output=True, text=True, errors="replace", timeout=300)
+    run = subprocess.run(
+        [
+            str(ROOT / "scripts" / "perf_analyzer.sh"),
+            "-m",
+            "h3_pipeline",
+            "-i",
+            "grpc",
+            "-u",
+            server.grpc_url,
+            "--streaming",
+            "--input-data",
+            str(data),
+            "--request-parameter",
+            "sequence_end:false:bool",
+            "--request-parameter",
+            "progress_every:1:int",
+            "--sequence-id-range",
+            "100000:200000",
+            "--concurrency-range",
+            "2",
+            "--request-count",
+            "6",
+            "--profile-export-file",
+            str(export),
+        ],
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     latency_us = float(re.search(r"Concurrency: 2, throughput: \S+ infer/sec, latency (\d+) usec", run.stdout).group(1))
     # the export holds the binary outputs as raw bytes: not UTF-8, control characters in strings
@@ -241,8 +333,13 @@ def reaping(tmp_path_factory):
 def test_field_case_c8_a_reaped_sequence_never_blocks_closing_the_stream(reaping):
     responses, dit = queue.Queue(), grpcclient.InferenceServerClient(reaping.grpc_url)
     dit.start_stream(callback=lambda result, error: responses.put((result, error)))
-    dit.async_stream_infer("h3_pipeline", [prompt(), int64("NUM_INFERENCE_STEPS", 5)], request_id="c8-slow",
-                           parameters={"progress_every": 1, "inject_fault": "slow:1.5"}, enable_empty_final_response=True)
+    dit.async_stream_infer(
+        "h3_pipeline",
+        [prompt(), int64("NUM_INFERENCE_STEPS", 5)],
+        request_id="c8-slow",
+        parameters={"progress_every": 1, "inject_fault": "slow:1.5"},
+        enable_empty_final_response=True,
+    )
     received = []
     try:
         while True:
@@ -254,7 +351,7 @@ def test_field_case_c8_a_reaped_sequence_never_blocks_closing_the_stream(reaping
     dit.stop_stream(cancel_requests=True)
     dit.close()
     assert time.monotonic() - began < 5
-    client = H3Client(reaping.grpc_url, timeout_s=60)
+    client = H3Client(reaping.grpc_url, idle_timeout_s=60)
     for _ in range(2):  # the DiT forgets the vanished job within a few steps of other work
         client.generate("after the reap", num_inference_steps=3)
     assert idle_metrics(reaping)["h3_active_requests"] == 0
@@ -268,14 +365,21 @@ def test_bad_input_reused_live_sequence_id_is_refused(reaping):
     # request once more, a CANCELLED: final response.
     responses, first = queue.Queue(), grpcclient.InferenceServerClient(reaping.grpc_url)
     first.start_stream(callback=lambda result, error: responses.put((result, error)))
-    first.async_stream_infer("h3_pipeline", [prompt(), int64("NUM_INFERENCE_STEPS", 400)], request_id="first-9400001",
-                             parameters={"progress_every": 1}, sequence_id=9_400_001, sequence_start=True,
-                             enable_empty_final_response=True)
+    first.async_stream_infer(
+        "h3_pipeline",
+        [prompt(), int64("NUM_INFERENCE_STEPS", 400)],
+        request_id="first-9400001",
+        parameters={"progress_every": 1},
+        sequence_id=9_400_001,
+        sequence_start=True,
+        enable_empty_final_response=True,
+    )
     assert responses.get(timeout=60)[1] is None  # running
     _, error = raw_stream(reaping.grpc_url, [prompt()], sequence_id=9_400_001, sequence_start=True, timeout_s=30)
     assert error.code == "INVALID_ARG"
-    assert error.message == ("sequence id 9400001 belongs to request first-9400001, which Triton has now ended; "
-                             "do not send sequence_id")
+    assert error.message == (
+        "sequence id 9400001 belongs to request first-9400001, which Triton has now ended; do not send sequence_id"
+    )
     assert wait_until(lambda: reaping.h3_metrics()["h3_active_requests"] == 0, 10)
     time.sleep(1)
     kinds = []  # the first client gets progress, then nothing or (if Triton delivers it again) CANCELLED
@@ -285,25 +389,40 @@ def test_bad_input_reused_live_sequence_id_is_refused(reaping):
         info = result.as_numpy("INFO")
         kinds.append(json.loads(info.reshape(-1)[0]) if info.size else "empty final")
     ended = [kind for kind in kinds if kind != "empty final" and kind["kind"] != "progress"]
-    assert ended == [] or ended == [{"kind": "error", "request_id": "first-9400001", "code": "CANCELLED", "message":
-                                     "request first-9400001 was dropped: another request reused its sequence id 9400001"}]
+    assert ended == [] or ended == [
+        {
+            "kind": "error",
+            "request_id": "first-9400001",
+            "code": "CANCELLED",
+            "message": "request first-9400001 was dropped: another request reused its sequence id 9400001",
+        }
+    ]
     first.stop_stream(cancel_requests=True)
     first.close()
-    assert H3Client(reaping.grpc_url, timeout_s=60).generate("after", num_inference_steps=2)[0].info["num_frames"] == 22
+    assert (
+        H3Client(reaping.grpc_url, idle_timeout_s=60).generate("after", num_inference_steps=2)[0].info["num_frames"]
+        == 22
+    )
 
 
 def test_field_case_c9_each_request_owns_its_step_counter(client):
-    requests = [dict(prompt="equal steps one", num_inference_steps=12, seed=1),
-                dict(prompt="equal steps two", height=96, width=64, num_inference_steps=12, seed=2),
-                dict(prompt="more steps", height=64, width=64, num_frames=9, num_inference_steps=20, seed=3)]
+    requests = [
+        dict(prompt="equal steps one", num_inference_steps=12, seed=1),
+        dict(prompt="equal steps two", height=96, width=64, num_inference_steps=12, seed=2),
+        dict(prompt="more steps", height=64, width=64, num_frames=9, num_inference_steps=20, seed=3),
+    ]
     outcome = {}
-    threads = [start(client, outcome, i, **request, progress_every=1, return_frames=True) for i, request in enumerate(requests)]
+    threads = [
+        start(client, outcome, i, **request, progress_every=1, return_frames=True) for i, request in enumerate(requests)
+    ]
     for thread in threads:
         thread.join(120)
     assert max(outcome[i][0].info["largest_pack"] for i in range(3)) >= 2
     for i, request in enumerate(requests):
         packed = outcome[i][0]
-        assert [step for step, _, position in packed.progress if position == 0] == list(range(1, request["num_inference_steps"] + 1))
+        assert [step for step, _, position in packed.progress if position == 0] == list(
+            range(1, request["num_inference_steps"] + 1)
+        )
         assert packed.frames.tobytes() == client.generate(**request, return_frames=True)[0].frames.tobytes()
 
 
@@ -314,14 +433,18 @@ def test_field_case_c13_strided_qkv_views_equal_contiguous_copies_on_a_3_x_16384
     cu_seqlens = torch.tensor([0, 16384, 32768, 49152], dtype=torch.int32)
     sdpa = get_attention_backend("sdpa", torch.device("cpu"), torch.float32)
     assert not q.is_contiguous()
-    assert torch.equal(sdpa(q, k, v, cu_seqlens, 16384), sdpa(q.contiguous(), k.contiguous(), v.contiguous(), cu_seqlens, 16384))
+    assert torch.equal(
+        sdpa(q, k, v, cu_seqlens, 16384), sdpa(q.contiguous(), k.contiguous(), v.contiguous(), cu_seqlens, 16384)
+    )
 
 
 def pack_sizes(server) -> dict[str, float]:
     """Cumulative h3_pack_requests histogram: bucket bound -> packs with at most that many outputs."""
     text = metrics_text(server.metrics_url)
-    return {match.group(1): float(match.group(2)) for match in
-            re.finditer(r'^h3_pack_requests_bucket\{model="h3_dit",le="([^"]+)"\} (\S+)$', text, re.M)}
+    return {
+        match.group(1): float(match.group(2))
+        for match in re.finditer(r'^h3_pack_requests_bucket\{model="h3_dit",le="([^"]+)"\} (\S+)$', text, re.M)
+    }
 
 
 @pytest.mark.parametrize("concurrency", [1, 2, 4])
@@ -349,10 +472,14 @@ def test_field_case_c15_packs_grow_to_the_configured_capacity(server, client, co
 def test_field_case_c16_a_deadline_ends_cancelled_with_nothing_delivered_or_completes(server, client):
     expiries = server.h3_metrics()["h3_deadline_expiries_total"]
     # two higher-priority requests fill the pack (2 + 2 outputs = max_num_seqs), so it queues
-    blockers = [threading.Thread(target=raw_stream, args=(server.grpc_url, [prompt(), int64("NUM_INFERENCE_STEPS", 400),
-                                                                            int64("NUM_OUTPUTS", 2)]),
-                                 kwargs=dict(parameters={"request_priority": 1}, request_id=f"c16-blocker-{i}", timeout_s=120))
-                for i in range(2)]
+    blockers = [
+        threading.Thread(
+            target=raw_stream,
+            args=(server.grpc_url, [prompt(), int64("NUM_INFERENCE_STEPS", 400), int64("NUM_OUTPUTS", 2)]),
+            kwargs=dict(parameters={"request_priority": 1}, request_id=f"c16-blocker-{i}", timeout_s=120),
+        )
+        for i in range(2)
+    ]
     for thread in blockers:
         thread.start()
     assert wait_until(lambda: server.h3_metrics()["h3_active_requests"] == 2, 60)
@@ -367,6 +494,6 @@ def test_field_case_c16_a_deadline_ends_cancelled_with_nothing_delivered_or_comp
     metrics = idle_metrics(server)
     assert metrics["h3_deadline_expiries_total"] == expiries + 1
     assert metrics["h3_active_requests"] == 0 and metrics["h3_waiting_requests"] == 0
-    result, = client.generate("nothing in the way", num_inference_steps=30, deadline_s=60)
+    (result,) = client.generate("nothing in the way", num_inference_steps=30, deadline_s=60)
     assert result.info["num_inference_steps"] == 30 and len(result.video_mp4) > 0
     assert server.h3_metrics()["h3_deadline_expiries_total"] == expiries + 1

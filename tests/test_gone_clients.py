@@ -6,6 +6,7 @@ iteration: progress, result or heartbeat) and cancels it by id (docs/reliability
 Three client processes stream a long request each (raw tritonclient, progress every step, the
 step printed as it arrives) and are killed; each request's one log line at its end names the
 step it reached. Bound: GONE_BOUND_STEPS steps after the last step its client saw."""
+
 import os
 import re
 import signal
@@ -36,8 +37,12 @@ ENDED = re.compile(r"request (gone-\d) ended CANCELLED: request \1 cancelled by 
 
 
 def test_killed_clients_requests_leave_the_pack_within_the_bound(server, client):
-    procs = [subprocess.Popen([sys.executable, "-c", CLIENT, server.grpc_url, f"gone-{i}"], cwd=ROOT,
-                              stdout=subprocess.PIPE, text=True) for i in range(3)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CLIENT, server.grpc_url, f"gone-{i}"], cwd=ROOT, stdout=subprocess.PIPE, text=True
+        )
+        for i in range(3)
+    ]
     seen = {}  # request id -> the last step its client saw
     for i, proc in enumerate(procs):
         while seen.get(f"gone-{i}", 0) < 3:  # wait for its third step
@@ -52,5 +57,5 @@ def test_killed_clients_requests_leave_the_pack_within_the_bound(server, client)
     assert sorted(ended) == sorted(seen)
     for request_id, step in ended.items():
         assert step <= seen[request_id] + GONE_BOUND_STEPS, (request_id, step, seen[request_id])
-    result, = client.generate("after the gone ones", num_inference_steps=2, seed=1)  # the server is fine
+    (result,) = client.generate("after the gone ones", num_inference_steps=2, seed=1)  # the server is fine
     assert result.info["num_inference_steps"] == 2

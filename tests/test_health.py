@@ -1,6 +1,7 @@
 """server.health, the container's health check, against a small stand-in HTTP server that answers
 /v2/health/ready and /metrics as tritonserver would (a real server: tests/test_launcher.py and the
 end-to-end tests)."""
+
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -23,8 +24,9 @@ def stand_in():
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)
-            status, body = ((state["ready"], b"") if self.path == "/v2/health/ready"
-                            else (200, state["metrics"].encode()))
+            status, body = (
+                (state["ready"], b"") if self.path == "/v2/health/ready" else (200, state["metrics"].encode())
+            )
             self.send_response(status)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -50,12 +52,14 @@ def test_ready_with_a_fresh_heartbeat_is_healthy(stand_in):
 def test_a_stalled_step_not_ready_or_no_heartbeat_is_unhealthy(stand_in):
     set_state, http, metrics = stand_in
     assert health.problem(http, metrics, 120, now=NOW + 200) == (
-        "the h3_dit heartbeat of h3_dit_0_0 is 205 s old with work pending")
+        "the h3_dit heartbeat of h3_dit_0_0 is 205 s old with work pending"
+    )
     set_state(503, FRESH)
     assert health.problem(http, metrics, 120, now=NOW) == f"{http}/v2/health/ready answered 503: not ready"
     set_state(200, "# TYPE nv_inference_count counter\n")
     assert health.problem(http, metrics, 120, now=NOW) == (
-        f"no h3_heartbeat_timestamp_seconds on {metrics}: the h3_dit step loop publishes none")
+        f"no h3_heartbeat_timestamp_seconds on {metrics}: the h3_dit step loop publishes none"
+    )
     set_state(200, FRESH.replace('"h3_dit_0_0"} 1', '"h3_dit_0_0"} 0'))
     assert health.problem(http, metrics, 120, now=NOW + 200) is None  # idle: an old heartbeat is no stall
 

@@ -19,9 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from server import environment, launch, process  # noqa: E402
-from server.environment import LaunchError, check_numpy_for_stub, nvidia_gpu_present, pick_free_ports  # noqa: E402
-from server.process import GPU_NOISE_LINE, GPU_NOISE_NOTE, TritonServer, metric_samples  # noqa: E402
+from server import environment, launch, process  # noqa: E402 - after the sys.path set-up above
+from server.environment import LaunchError, check_numpy_for_stub, nvidia_gpu_present, pick_free_ports  # noqa: E402 - after the sys.path set-up above
+from server.process import GPU_NOISE_LINE, GPU_NOISE_NOTE, TritonServer, metric_samples  # noqa: E402 - after the sys.path set-up above
 
 ADD_ONE_CONFIG = """\
 name: "add_one"
@@ -124,9 +124,24 @@ def test_cli_then_runs_command_with_urls_and_returns_its_exit_code(add_one_repo:
         "sys.exit(7)\n"
     )
     proc = subprocess.run(
-        [sys.executable, "-m", "server.launch", "--model-repository", str(add_one_repo),
-         "--free-ports", "--timeout", "60", "--then", sys.executable, "-c", probe],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "server.launch",
+            "--model-repository",
+            str(add_one_repo),
+            "--free-ports",
+            "--timeout",
+            "60",
+            "--then",
+            sys.executable,
+            "-c",
+            probe,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 7, proc.stdout + proc.stderr
     assert "H3_GRPC_URL 127.0.0.1:" in proc.stdout
@@ -141,8 +156,13 @@ def test_busy_port_is_refused_before_starting(add_one_repo: Path, tmp_path: Path
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        server = TritonServer(add_one_repo, grpc_port=port, http_port=port + 1 if port < 65535 else port - 1,
-                              metrics_port=port - 2, log_file=tmp_path / "log.txt")
+        server = TritonServer(
+            add_one_repo,
+            grpc_port=port,
+            http_port=port + 1 if port < 65535 else port - 1,
+            metrics_port=port - 2,
+            log_file=tmp_path / "log.txt",
+        )
         with pytest.raises(LaunchError, match=rf"port {port} on 127.0.0.1 is already in use"):
             server.start(timeout=30)
         assert not server.is_running()
@@ -152,7 +172,7 @@ NUMPY2_MESSAGE = (
     "numpy 2.2.6 is installed at /venv/lib/python3.11/site-packages/numpy, and Triton 2.51's python backend "
     "stub cannot read BYTES tensors with numpy 2 (the stub aborts on the first string input; requests then "
     "fail with \"Stub process '<model>' is not healthy\"); install numpy 1 in this environment: "
-    "pip install \"numpy<2\" (requirements.txt pins numpy==1.26.4)"
+    'pip install "numpy<2" (requirements.txt pins numpy==1.26.4)'
 )
 
 
@@ -210,8 +230,9 @@ def test_nvidia_gpu_present_reads_the_device_nodes(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("gpu", [False, True])
-def test_echo_leaves_out_the_gpu_messages_only_without_a_gpu(add_one_repo: Path, monkeypatch, capsys,
-                                                             gpu: bool) -> None:
+def test_echo_leaves_out_the_gpu_messages_only_without_a_gpu(
+    add_one_repo: Path, monkeypatch, capsys, gpu: bool
+) -> None:
     # This machine has no GPU, so tritonserver logs NVML, DCGM and CUDA driver failures; the
     # echo hides them (and says why, once) only where nvidia_gpu_present() finds no GPU.
     monkeypatch.setattr(process, "nvidia_gpu_present", lambda: gpu)
@@ -227,8 +248,9 @@ def test_echo_leaves_out_the_gpu_messages_only_without_a_gpu(add_one_repo: Path,
         assert GPU_NOISE_NOTE not in err and all(line in err for line in noise)
     else:
         assert err.count(GPU_NOISE_NOTE) == 1  # and every other line of the log as it came
-        assert err.replace(GPU_NOISE_NOTE, "") == "".join(line for line in log.splitlines(keepends=True)
-                                                           if not GPU_NOISE_LINE.search(line))
+        assert err.replace(GPU_NOISE_NOTE, "") == "".join(
+            line for line in log.splitlines(keepends=True) if not GPU_NOISE_LINE.search(line)
+        )
 
 
 TRITON_METRICS_PAGE = """\
@@ -264,7 +286,7 @@ def test_metric_samples_filter_by_name_and_labels() -> None:
     assert len(metric_samples(TRITON_METRICS_PAGE)) == 10
     assert metric_samples("") == []
     with pytest.raises(ValueError):
-        metric_samples("h3_active_requests{model=\"h3_dit\"} not-a-number\n")
+        metric_samples('h3_active_requests{model="h3_dit"} not-a-number\n')
 
 
 def test_h3_metrics_reads_gauges_counters_and_the_dits_pending_requests() -> None:
@@ -284,5 +306,5 @@ def test_h3_metrics_reads_gauges_counters_and_the_dits_pending_requests() -> Non
         server = TritonServer(metrics_port=page.server_address[1])
         assert server.h3_metrics() == {"h3_active_requests": 1.0, "h3_cancellations_total": 4.0, "pending": 3.0}
         page.shutdown()
-    nobody, = pick_free_ports(1)
+    (nobody,) = pick_free_ports(1)
     assert TritonServer(metrics_port=nobody).h3_metrics() == {}

@@ -118,7 +118,7 @@ def test_mp4_bytes_are_reproducible_in_one_process_and_across_processes():
     audio = np.random.default_rng(1).standard_normal((2, 4000)).astype(np.float32) * 0.1  # 0.125 s
     files = [set(), set()]
     for _ in range(40):  # alternating the clips varies what x264 finds in reused memory
-        for clip, seen in zip(clips, files):
+        for clip, seen in zip(clips, files, strict=True):
             seen.add(encode_mp4(clip, audio))
     assert [len(seen) for seen in files] == [1, 1]
     script = (

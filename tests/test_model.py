@@ -19,7 +19,7 @@ def dit():
 
 def random_inputs(layouts, seeds):
     video, audio, text = [], [], []
-    for lay, seed in zip(layouts, seeds):
+    for lay, seed in zip(layouts, seeds, strict=True):
         g = torch.Generator().manual_seed(seed)
         video.append(torch.randn(lay.video_rows, 96, generator=g))
         audio.append(torch.randn(lay.audio_rows, 32, generator=g))
@@ -63,8 +63,13 @@ def test_packed_equals_solo_bitwise_and_order_invariant(dit):
         solo = forward(dit, [LAYOUTS[i]], [T_VIDEO[i]], [T_AUDIO[i]], [[x[i]] for x in inputs])[0]
         assert torch.equal(solo[0], packed[i][0]) and torch.equal(solo[1], packed[i][1])
     order = [2, 0, 1]
-    permuted = forward(dit, [LAYOUTS[i] for i in order], [T_VIDEO[i] for i in order],
-                       [T_AUDIO[i] for i in order], [[x[i] for i in order] for x in inputs])
+    permuted = forward(
+        dit,
+        [LAYOUTS[i] for i in order],
+        [T_VIDEO[i] for i in order],
+        [T_AUDIO[i] for i in order],
+        [[x[i] for i in order] for x in inputs],
+    )
     for j, i in enumerate(order):
         assert torch.equal(permuted[j][0], packed[i][0]) and torch.equal(permuted[j][1], packed[i][1])
 
@@ -73,8 +78,11 @@ def test_isolation_perturbing_one_request_leaves_others_unchanged(dit):
     inputs = random_inputs(LAYOUTS, SEEDS)
     base = forward(dit, LAYOUTS, T_VIDEO, T_AUDIO, inputs)
     video, audio, text = inputs
-    perturbed = ([video[0], video[1] * 3 + 1, video[2]], [audio[0], -audio[1], audio[2]],
-                 [text[0], text[1] + 5, text[2]])
+    perturbed = (
+        [video[0], video[1] * 3 + 1, video[2]],
+        [audio[0], -audio[1], audio[2]],
+        [text[0], text[1] + 5, text[2]],
+    )
     out = forward(dit, LAYOUTS, T_VIDEO, [0.2, 0.7, 0.9], perturbed)
     for i in (0, 2):
         assert torch.equal(out[i][0], base[i][0]) and torch.equal(out[i][1], base[i][1])
@@ -97,7 +105,7 @@ def test_output_depends_on_timestep_and_padding_rows_enter_as_zero(dit):
     hook = dit.blocks[0].register_forward_pre_hook(lambda m, args: seen.update(x=args[0].clone()))
     a = forward(dit, [lay], [0.3], [0.4], inputs)[0]
     hook.remove()
-    assert seen["x"][lay.used:].abs().sum().item() == 0.0
+    assert seen["x"][lay.used :].abs().sum().item() == 0.0
     assert seen["x"][: lay.used].abs().amax(dim=1).gt(0).all()  # every real row is embedded
     b = forward(dit, [lay], [0.6], [0.4], inputs)[0]
     assert not torch.equal(a[0], b[0])
@@ -124,7 +132,7 @@ def test_checkpoint_round_trip_and_strict_errors(tmp_path, dit):
     save_weights(dit, path)
     other = H3DiT(get_config("tiny"), row_tile=64)
     load_weights(other, path)
-    assert all(torch.equal(a, b) for a, b in zip(dit.state_dict().values(), other.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(dit.state_dict().values(), other.state_dict().values(), strict=True))
     from safetensors.torch import load_file, save_file
 
     state = load_file(str(path))
@@ -145,6 +153,6 @@ def test_init_is_deterministic_and_not_zero():
     a, b = H3DiT(get_config("tiny")), H3DiT(get_config("tiny"))
     init_weights(a, 3)
     init_weights(b, 3)
-    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
     assert a.blocks[0].adaln_proj.linear.weight.count_nonzero() == a.blocks[0].adaln_proj.linear.weight.numel()
     assert a.final_layer.video_out.weight.count_nonzero() == a.final_layer.video_out.weight.numel()

@@ -4,6 +4,7 @@ Placement (Triton gives a new sequence the lowest free slot across instances, so
 alternate), sequence affinity (a request's steps all run on its instance: its output equals its
 output on the single-instance server), cancel by id landing on either instance (h3_core.registry),
 and per-instance metrics whose sums are the server's totals."""
+
 import threading
 
 import pytest
@@ -14,8 +15,17 @@ from server.process import TritonServer, metric_samples, read_metrics
 from .serving import generate_in_thread, model_repository_copy
 
 LONG = dict(height=64, width=96, num_frames=22, num_inference_steps=400, progress_every=1)
-SHORT = dict(prompt="a short one", height=64, width=64, num_frames=9, num_inference_steps=3, seed=8,
-             return_frames=True, return_audio=True, return_mp4=False)
+SHORT = dict(
+    prompt="a short one",
+    height=64,
+    width=64,
+    num_frames=9,
+    num_inference_steps=3,
+    seed=8,
+    return_frames=True,
+    return_audio=True,
+    return_mp4=False,
+)
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +42,19 @@ def per_instance(server, name: str) -> dict[str, float]:
 def test_requests_spread_over_both_instances_and_cancels_reach_either(two_instances):
     server, client = two_instances
     outcome, running = {}, [threading.Event() for _ in range(4)]
-    threads = [generate_in_thread(client, outcome, i, prompt=f"long {i}", seed=i, request_id=f"multi-{i}", **LONG,
-                                  on_progress=lambda *_, i=i: running[i].set()) for i in range(4)]
+    threads = [
+        generate_in_thread(
+            client,
+            outcome,
+            i,
+            prompt=f"long {i}",
+            seed=i,
+            request_id=f"multi-{i}",
+            **LONG,
+            on_progress=lambda *_, i=i: running[i].set(),
+        )
+        for i in range(4)
+    ]
     assert all(event.wait(60) for event in running)
     active = per_instance(server, "h3_active_requests")
     assert sorted(active) == ["h3_dit_0_0", "h3_dit_0_1"] and sorted(active.values()) == [2.0, 2.0]

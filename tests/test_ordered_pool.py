@@ -1,4 +1,5 @@
 """h3_core.ordered_pool: one key's tasks in order, different keys in parallel."""
+
 import threading
 
 import pytest

@@ -1,8 +1,9 @@
 """h3_core.registry: the request ids, cancels and loads shared by a server's DiT instances."""
+
 import pytest
 
-from h3_core.protocol import EARLY_CANCEL_SECONDS
 from h3_core import registry as registry_module
+from h3_core.protocol import EARLY_CANCEL_SECONDS
 from h3_core.registry import DitLoad, Registry
 from h3_core.scheduler import Job, Overloaded, Scheduler
 from h3_core.simulate import SimState

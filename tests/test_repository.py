@@ -1,6 +1,7 @@
 """server.repository, the one model-repository writer: the shipped model_repository/ is its output
 for the defaults, the generated config texts (instance groups, max_batch_size, idle timeout, every
 parameter), validated overrides, GPU sizing through plan(), the folders it writes and its CLI."""
+
 import os
 import re
 import subprocess
@@ -69,14 +70,17 @@ def test_instance_groups_for_gpus_0_and_1():
     assert sum(group.instances for group in repository.groups.values()) == 4
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(device="cuda"), "--device cuda needs at least one GPU"),
-    (dict(device="cuda", gpus=[0], dit_instances=2), "dit_instances=2: on cuda h3_dit has one instance per GPU"),
-    (dict(gpus=[0]), "GPUs were given for --device cpu; use --device cuda"),
-    (dict(dit_instances=0), "dit_instances=0 is out of range: allowed >= 1"),
-    (dict(device="tpu"), r"device 'tpu' is not one of \('cpu', 'cuda'\)"),
-    (dict(config="huge"), "config 'huge' is unknown"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(device="cuda"), "--device cuda needs at least one GPU"),
+        (dict(device="cuda", gpus=[0], dit_instances=2), "dit_instances=2: on cuda h3_dit has one instance per GPU"),
+        (dict(gpus=[0]), "GPUs were given for --device cpu; use --device cuda"),
+        (dict(dit_instances=0), "dit_instances=0 is out of range: allowed >= 1"),
+        (dict(device="tpu"), r"device 'tpu' is not one of \('cpu', 'cuda'\)"),
+        (dict(config="huge"), "config 'huge' is unknown"),
+    ],
+)
 def test_bad_placements_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         R.plan(**kwargs)
@@ -97,7 +101,8 @@ def test_the_idle_timeout_is_sized_and_can_be_given():
     request = {"execution_mode": "request", "scheduling_policy": "request", "max_batch_rows": "65536"}
     # 50 steps x (0.355 s x 65,536 / 16,384 rows x 50 / 8 layers) x 1.5
     assert idle(R.plan("h3", "/w", "cuda", [0], overrides={"h3_dit": request, **WIDE})) == (
-        "  max_sequence_idle_microseconds: 665625000")
+        "  max_sequence_idle_microseconds: 665625000"
+    )
     assert idle(R.plan(idle_timeout_s=1)) == "  max_sequence_idle_microseconds: 1000000"
     assert R.plan(idle_timeout_s=1).idle_reason == "1 s, given."
 
@@ -133,17 +138,31 @@ def test_gpu_sizing_golden_numbers():
     assert (dit.max_height, dit.max_width, dit.max_num_frames) == (672, 672, 209)  # bench's 672 x 384, 209 frames
     assert (repository.encoder.cpu_threads, dit.cpu_threads, repository.vae.cpu_threads) == (4, 4, 4)  # 16 / 4
     assert repository.idle_microseconds == 60_000_000
-    assert "GPU 1: 40,960 MiB free - 11,494 MiB DiT weights - no decode reserve (h3_vae is on GPU 0) -> 65,536 rows " \
-           "at 48 bytes per row and unit of hidden_size 5376 (the CPU float32 measurement scaled to bfloat16; not " \
-           "measured on a GPU)" in repository.notes
+    assert (
+        "GPU 1: 40,960 MiB free - 11,494 MiB DiT weights - no decode reserve (h3_vae is on GPU 0) -> 65,536 rows "
+        "at 48 bytes per row and unit of hidden_size 5376 (the CPU float32 measurement scaled to bfloat16; not "
+        "measured on a GPU)" in repository.notes
+    )
     # explicit settings win over sizing
-    given = R.plan("bench", "/w", "cuda", [0, 1], machine=machine,
-                   overrides={"h3_dit": {"max_batch_rows": 1024, "cpu_threads": 2, "max_height": 384}, **WIDE})
+    given = R.plan(
+        "bench",
+        "/w",
+        "cuda",
+        [0, 1],
+        machine=machine,
+        overrides={"h3_dit": {"max_batch_rows": 1024, "cpu_threads": 2, "max_height": 384}, **WIDE},
+    )
     assert (given.dit.max_batch_rows, given.dit.row_budget, given.dit.cpu_threads, given.dit.max_height) == (
-        1024, 1024, 2, 384)
+        1024,
+        1024,
+        2,
+        384,
+    )
     # sized for the given 672 x 384 px canvas: a 2 x 8,230 MiB decode reserve leaves 52,849 rows
-    assert "h3_dit.max_batch_rows 1024: given (sized it would be 52800: the least over GPUs [0, 1], a multiple of " \
-           "64, at most 65,536)" in given.notes
+    assert (
+        "h3_dit.max_batch_rows 1024: given (sized it would be 52800: the least over GPUs [0, 1], a multiple of "
+        "64, at most 65,536)" in given.notes
+    )
     with pytest.raises(ValueError, match="the DiT does not fit"):
         R.plan("h3", "/w", "cuda", [0], machine=Machine(16, {0: 40 * GIB}), overrides=WIDE)
 
@@ -162,7 +181,8 @@ def test_the_text_encoder_must_give_the_configs_text_width(tmp_path):
     assert str(error.value) == (
         'config bench reads 5120-wide text states but the default text encoder (MiniLM-L6, encoder_path "") gives '
         "384: set h3_encoder.encoder_path to an encoder of width 5120 (python benchmarks/bench_text_encoder.py DIR "
-        "--width 5120 writes a weight-free one)")
+        "--width 5120 writes a weight-free one)"
+    )
     (tmp_path / "config.json").write_text('{"hidden_size": 1024}')
     with pytest.raises(ValueError, match=f"but the text encoder {tmp_path} gives 1024"):
         R.plan("h3", "/w", "cuda", [0], overrides={"h3_encoder": {"encoder_path": str(tmp_path)}})
@@ -181,8 +201,15 @@ def test_checkpoint_paths_are_relative_only_in_the_shipped_repository(tmp_path):
 def test_a_written_copy(tmp_path):
     repo = model_repository_copy(tmp_path / "repo", dit_instances=2, max_steps="7")
     assert sorted(str(p.relative_to(repo)) for p in repo.rglob("*") if p.is_file()) == [
-        "h3_dit/1/model.py", "h3_dit/config.pbtxt", "h3_encoder/1/model.py", "h3_encoder/config.pbtxt",
-        "h3_pipeline/1/.gitkeep", "h3_pipeline/config.pbtxt", "h3_vae/1/model.py", "h3_vae/config.pbtxt"]
+        "h3_dit/1/model.py",
+        "h3_dit/config.pbtxt",
+        "h3_encoder/1/model.py",
+        "h3_encoder/config.pbtxt",
+        "h3_pipeline/1/.gitkeep",
+        "h3_pipeline/config.pbtxt",
+        "h3_vae/1/model.py",
+        "h3_vae/config.pbtxt",
+    ]
     dit = (repo / "h3_dit" / "config.pbtxt").read_text()
     assert parameters(dit)["max_steps"] == "7"
     assert line(dit, "instance_group") == "instance_group [ { kind: KIND_CPU count: 2 } ]"
@@ -202,29 +229,53 @@ def test_a_written_copy(tmp_path):
 
 def test_the_cli_writes_the_demo_repository_and_says_what_it_sized(tmp_path, capsys):
     target = tmp_path / "demo"
-    assert R.main([str(target), "--config", "demo", "--checkpoint", str(R.DEMO_WEIGHTS), "--dit-instances", "2",
-                   "--set", "h3_dit.max_waiting=2", "--set", "h3_vae.decode_workers=1"]) == 0
+    assert (
+        R.main(
+            [
+                str(target),
+                "--config",
+                "demo",
+                "--checkpoint",
+                str(R.DEMO_WEIGHTS),
+                "--dit-instances",
+                "2",
+                "--set",
+                "h3_dit.max_waiting=2",
+                "--set",
+                "h3_vae.decode_workers=1",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out.splitlines()
     cores = len(os.sched_getaffinity(0))
-    assert out[:6] == [f"model repository {target}: config demo, checkpoint {R.DEMO_WEIGHTS}, device cpu",
-                       "  h3_encoder: instance_group [ { kind: KIND_CPU count: 1 } ]",
-                       "  h3_dit: instance_group [ { kind: KIND_CPU count: 2 } ]",
-                       "  h3_vae: instance_group [ { kind: KIND_CPU count: 1 } ]",
-                       "  h3_dit.max_batch_size 8: max_num_seqs 4 + max_waiting 2 + 2 control slots",
-                       f"  h3_encoder.cpu_threads {max(1, cores // 4)}: {cores} cores / 4 model processes"]
+    assert out[:6] == [
+        f"model repository {target}: config demo, checkpoint {R.DEMO_WEIGHTS}, device cpu",
+        "  h3_encoder: instance_group [ { kind: KIND_CPU count: 1 } ]",
+        "  h3_dit: instance_group [ { kind: KIND_CPU count: 2 } ]",
+        "  h3_vae: instance_group [ { kind: KIND_CPU count: 1 } ]",
+        "  h3_dit.max_batch_size 8: max_num_seqs 4 + max_waiting 2 + 2 control slots",
+        f"  h3_encoder.cpu_threads {max(1, cores // 4)}: {cores} cores / 4 model processes",
+    ]
     assert "  h3_dit.max_waiting 2: given" in out and "  h3_vae.decode_workers 1: given" in out
     assert out[-1].startswith("  h3_dit.max_sequence_idle_microseconds 60000000: on the CPU 60 s")
     dit = parameters((target / "h3_dit" / "config.pbtxt").read_text())
     assert (dit["config_name"], dit["checkpoint_dir"], dit["max_waiting"]) == ("demo", str(R.DEMO_WEIGHTS), "2")
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--set", "h3_dit.colour=red"], "h3_dit parameters: unknown ['colour']"),
-    (["--set", "max_waiting=2"], "--set 'max_waiting=2' is not MODEL.KEY=VALUE (e.g. h3_dit.max_waiting=2)"),
-    (["--gpus", "0"], "--gpus needs --device cuda"),
-    (["--config", "demo"], "checkpoints/demo/dit.safetensors not found; seeded random weights: python -m "
-                           "h3_core.checkpoint_setup --configs demo --root "),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--set", "h3_dit.colour=red"], "h3_dit parameters: unknown ['colour']"),
+        (["--set", "max_waiting=2"], "--set 'max_waiting=2' is not MODEL.KEY=VALUE (e.g. h3_dit.max_waiting=2)"),
+        (["--gpus", "0"], "--gpus needs --device cuda"),
+        (
+            ["--config", "demo"],
+            "checkpoints/demo/dit.safetensors not found; seeded random weights: python -m "
+            "h3_core.checkpoint_setup --configs demo --root ",
+        ),
+    ],
+)
 def test_the_cli_refuses_with_one_line(tmp_path, capsys, argv, message):
     assert R.main([str(tmp_path / "repo"), *argv]) == 2
     err = capsys.readouterr().err
@@ -239,13 +290,35 @@ def test_the_settings_dataclasses_are_the_models_written():
 def test_the_launcher_serves_what_the_writer_writes_from_the_same_options(tmp_path):
     """make serve-demo's path: server.launch with repository options runs the writer, then serves."""
     written = tmp_path / "written"
-    check = ("import json, os, urllib.request; config = json.load(urllib.request.urlopen("
-             "'http://' + os.environ['H3_HTTP_URL'] + '/v2/models/h3_dit/config')); "
-             "assert config['parameters']['config_name']['string_value'] == 'demo', config; "
-             "assert config['max_batch_size'] == 7, config; print('served', config['name'])")
-    done = subprocess.run([sys.executable, "-m", "server.launch", "--free-ports", "--config", "demo", "--checkpoint",
-                           str(R.DEMO_WEIGHTS), "--set", "h3_dit.max_waiting=1", "--write-repository", str(written),
-                           "--then", sys.executable, "-c", check], capture_output=True, text=True, timeout=300)
+    check = (
+        "import json, os, urllib.request; config = json.load(urllib.request.urlopen("
+        "'http://' + os.environ['H3_HTTP_URL'] + '/v2/models/h3_dit/config')); "
+        "assert config['parameters']['config_name']['string_value'] == 'demo', config; "
+        "assert config['max_batch_size'] == 7, config; print('served', config['name'])"
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "server.launch",
+            "--free-ports",
+            "--config",
+            "demo",
+            "--checkpoint",
+            str(R.DEMO_WEIGHTS),
+            "--set",
+            "h3_dit.max_waiting=1",
+            "--write-repository",
+            str(written),
+            "--then",
+            sys.executable,
+            "-c",
+            check,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "served h3_dit" in done.stdout and "  h3_dit.max_waiting 1: given" in done.stdout
     assert parameters((written / "h3_dit" / "config.pbtxt").read_text())["max_waiting"] == "1"  # kept

@@ -12,8 +12,13 @@ from h3_core.simulate import SimState
 
 
 def job(name, rows, steps, arrival_s=0.0, priority=0, outputs=1):
-    return Job(key=name, request_id=name, states=[SimState(rows, steps) for _ in range(outputs)],
-               arrival_s=arrival_s, priority=priority)
+    return Job(
+        key=name,
+        request_id=name,
+        states=[SimState(rows, steps) for _ in range(outputs)],
+        arrival_s=arrival_s,
+        priority=priority,
+    )
 
 
 def names(jobs):
@@ -118,12 +123,18 @@ def test_aging_lets_a_large_job_finish_under_an_endless_stream_of_small_ones(agi
 
 def test_mixed_sizes_frame_counts_and_step_counts_cobatch():
     dit = H3DiT(get_config("tiny"))
-    engine = Engine(dit, None, None, limits=RequestLimits(max_height=128, max_width=128, max_num_frames=64, max_steps=30))
+    engine = Engine(
+        dit, None, None, limits=RequestLimits(max_height=128, max_width=128, max_num_frames=64, max_steps=30)
+    )
     text = torch.zeros(3, dit.cfg.text_dim)
-    requests = [GenerationRequest("x", 64, 96, 22, 10, seed=1, request_id="a", num_outputs=2),
-                GenerationRequest("x", 32, 64, 5, 30, seed=2, request_id="b"),
-                GenerationRequest("x", 128, 128, 57, 12, seed=3, request_id="c")]
-    jobs = [Job(key=r.request_id, request_id=r.request_id, states=engine.prepare(r, text), arrival_s=0.0) for r in requests]
+    requests = [
+        GenerationRequest("x", 64, 96, 22, 10, seed=1, request_id="a", num_outputs=2),
+        GenerationRequest("x", 32, 64, 5, 30, seed=2, request_id="b"),
+        GenerationRequest("x", 128, 128, 57, 12, seed=3, request_id="c"),
+    ]
+    jobs = [
+        Job(key=r.request_id, request_id=r.request_id, states=engine.prepare(r, text), arrival_s=0.0) for r in requests
+    ]
     # (rows, steps, outputs); srpt's remaining work: b 1,920 < a 2,560 < c 6,912 row-steps
     assert [(j.rows, j.total_steps, len(j.states)) for j in jobs] == [(256, 10, 2), (64, 30, 1), (576, 12, 1)]
     for policy in ("fifo", "srpt"):
@@ -204,7 +215,12 @@ def test_live_jobs_never_pass_the_capacity_under_a_burst(policy, admitted, refus
             most_live = max(most_live, len(scheduler.jobs))
         step(scheduler, float(now))
         longest_line = max(longest_line, len(scheduler.line))
-    assert (outcomes.count("admitted"), outcomes.count("refused"), most_live, longest_line) == (admitted, refused, 12, 11)
+    assert (outcomes.count("admitted"), outcomes.count("refused"), most_live, longest_line) == (
+        admitted,
+        refused,
+        12,
+        11,
+    )
 
 
 def test_bad_constructor_arguments():

@@ -1,5 +1,6 @@
 """Security properties: safetensors only, a per-request memory budget, loopback and no model
 control by default (README "Threat model")."""
+
 import re
 import shutil
 from pathlib import Path
@@ -26,17 +27,29 @@ WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".npy", ".npz", ".saf
 
 
 def test_no_code_path_can_unpickle():
-    sources = [path for folder in ("h3_core", "server", "client", "model_repository", "scripts", "benchmarks", "tests")
-               for path in (ROOT / folder).rglob("*.py") if path != Path(__file__) and "__pycache__" not in path.parts]
-    offenders = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}" for path in sources
-                 for number, line in enumerate(path.read_text().splitlines(), 1)
-                 if UNSAFE_LOADING.search(line) and "no pickle" not in line]
+    sources = [
+        path
+        for folder in ("h3_core", "server", "client", "model_repository", "scripts", "benchmarks", "tests")
+        for path in (ROOT / folder).rglob("*.py")
+        if path != Path(__file__) and "__pycache__" not in path.parts
+    ]
+    offenders = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in sources
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if UNSAFE_LOADING.search(line) and "no pickle" not in line
+    ]
     assert len(sources) > 30 and offenders == []
 
 
 def test_weight_files_are_safetensors_only():
-    weights = [path for folder in ("checkpoints", "weights") if (ROOT / folder).exists()
-               for path in (ROOT / folder).rglob("*") if path.suffix in WEIGHT_SUFFIXES]
+    weights = [
+        path
+        for folder in ("checkpoints", "weights")
+        if (ROOT / folder).exists()
+        for path in (ROOT / folder).rglob("*")
+        if path.suffix in WEIGHT_SUFFIXES
+    ]
     assert weights and all(path.suffix in SAFE_WEIGHTS for path in weights)
 
 
@@ -51,9 +64,13 @@ def test_text_encoder_refuses_pickled_weights(tmp_path):
 def test_request_memory_estimate_and_budget():
     assert request_memory_mb(256, 256, 121, 2816, 96) == 1265  # the largest tiny request: 25 + 1240 MiB
     assert request_memory_mb(64, 96, 22, 192, 96) == 23
-    engine = load_engine("tiny", DEFAULT_ROOT / "tiny", with_encoder=False, with_vaes=False,
-                         limits=RequestLimits(max_height=256, max_width=256, max_num_frames=121, max_rows=4096,
-                                              max_request_mb=512))
+    engine = load_engine(
+        "tiny",
+        DEFAULT_ROOT / "tiny",
+        with_encoder=False,
+        with_vaes=False,
+        limits=RequestLimits(max_height=256, max_width=256, max_num_frames=121, max_rows=4096, max_request_mb=512),
+    )
     text = torch.zeros(5, 384)
     assert len(engine.prepare(GenerationRequest("x", 128, 128, 39, 2, seed=1), text)) == 1  # 131 MiB
     with pytest.raises(ValueError) as info:

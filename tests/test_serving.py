@@ -1,4 +1,5 @@
 """End-to-end tests against a real tritonserver (tiny config, CPU)."""
+
 import io
 import json
 import subprocess
@@ -15,8 +16,9 @@ from .serving import ROOT, raw_stream, tensor
 
 
 def test_one_prompt_returns_a_playable_mp4(client):
-    result, = client.generate("a red ball rolls to the left", height=64, width=96, num_frames=20,
-                              num_inference_steps=3, seed=3)
+    (result,) = client.generate(
+        "a red ball rolls to the left", height=64, width=96, num_frames=20, num_inference_steps=3, seed=3
+    )
     container = av.open(io.BytesIO(result.video_mp4))
     video = container.streams.video[0]
     audio = container.streams.audio[0]
@@ -35,14 +37,38 @@ def test_generate_cli_passes_the_shape_and_seed(server, client, tmp_path):
     """python -m client.generate: --height/--width/--num-frames/--steps/--seed reach the server
     (the MP4 has that shape) and the file equals the API's MP4 for the same request."""
     out = tmp_path / "cli.mp4"
-    done = subprocess.run([sys.executable, "-m", "client.generate", "--prompt", "a red ball", "--height", "96",
-                           "--width", "64", "--num-frames", "9", "--steps", "2", "--seed", "4", "--out", str(out),
-                           "--url", server.grpc_url], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "client.generate",
+            "--prompt",
+            "a red ball",
+            "--height",
+            "96",
+            "--width",
+            "64",
+            "--num-frames",
+            "9",
+            "--steps",
+            "2",
+            "--seed",
+            "4",
+            "--out",
+            str(out),
+            "--url",
+            server.grpc_url,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     container = av.open(str(out))
     video = container.streams.video[0]
     assert (video.width, video.height) == (64, 96) and len(list(container.decode(video=0))) == 9
-    api, = client.generate("a red ball", height=96, width=64, num_frames=9, num_inference_steps=2, seed=4)
+    (api,) = client.generate("a red ball", height=96, width=64, num_frames=9, num_inference_steps=2, seed=4)
     assert out.read_bytes() == api.video_mp4
 
 
@@ -62,9 +88,14 @@ def test_three_concurrent_requests_are_cobatched_and_equal_their_solo_runs(clien
     results, started = [None] * 3, threading.Event()
 
     def run(i):
-        results[i] = client.generate(**REQUESTS[i], num_inference_steps=STEPS[i], return_frames=True,
-                                     return_audio=True, progress_every=1 if i == 0 else 0,
-                                     on_progress=lambda *_: started.set())[0]
+        results[i] = client.generate(
+            **REQUESTS[i],
+            num_inference_steps=STEPS[i],
+            return_frames=True,
+            return_audio=True,
+            progress_every=1 if i == 0 else 0,
+            on_progress=lambda *_: started.set(),
+        )[0]
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
     threads[0].start()
@@ -74,7 +105,7 @@ def test_three_concurrent_requests_are_cobatched_and_equal_their_solo_runs(clien
     for thread in threads:
         thread.join()
     assert [r.info["largest_pack"] for r in results] == [3, 3, 3]
-    for request, steps, packed in zip(REQUESTS, STEPS, results):
+    for request, steps, packed in zip(REQUESTS, STEPS, results, strict=True):
         request = {**request, "seed": packed.info["seed"]}
         alone = client.generate(**request, num_inference_steps=steps, return_frames=True, return_audio=True)[0]
         assert alone.info["largest_pack"] == 1
@@ -84,38 +115,56 @@ def test_three_concurrent_requests_are_cobatched_and_equal_their_solo_runs(clien
 
 
 def test_return_mp4_false_sends_no_mp4_and_the_same_frames_and_audio(client, server):
-    request = dict(prompt="a red ball rolls to the left", height=64, width=96, num_frames=22, num_inference_steps=3,
-                   seed=8, return_frames=True, return_audio=True)
-    with_mp4, = client.generate(**request)
-    without, = client.generate(**request, return_mp4=False)
+    request = dict(
+        prompt="a red ball rolls to the left",
+        height=64,
+        width=96,
+        num_frames=22,
+        num_inference_steps=3,
+        seed=8,
+        return_frames=True,
+        return_audio=True,
+    )
+    (with_mp4,) = client.generate(**request)
+    (without,) = client.generate(**request, return_mp4=False)
     assert len(with_mp4.video_mp4) > 1000 and without.video_mp4 == b""
     assert without.frames.shape == (22, 64, 96, 3) and without.audio.shape == with_mp4.audio.shape
     assert np.array_equal(without.frames, with_mp4.frames) and np.array_equal(without.audio, with_mp4.audio)
     assert without.info["seed"] == 8 and without.info["stage_seconds"]["decode"] > 0
     # the raw response: VIDEO_MP4 is an empty BYTES tensor of shape [1, 0], like on progress responses
     inputs = [tensor("PROMPT", np.array([[request["prompt"].encode()]], dtype=object), "BYTES")]
-    inputs += [tensor(name, np.array([[request[key]]], dtype=np.int64), "INT64") for name, key in (
-        ("HEIGHT", "height"), ("WIDTH", "width"), ("NUM_FRAMES", "num_frames"),
-        ("NUM_INFERENCE_STEPS", "num_inference_steps"), ("SEED", "seed"))]
+    inputs += [
+        tensor(name, np.array([[request[key]]], dtype=np.int64), "INT64")
+        for name, key in (
+            ("HEIGHT", "height"),
+            ("WIDTH", "width"),
+            ("NUM_FRAMES", "num_frames"),
+            ("NUM_INFERENCE_STEPS", "num_inference_steps"),
+            ("SEED", "seed"),
+        )
+    ]
     responses, error = raw_stream(server.grpc_url, inputs, parameters={"return_mp4": False, "return_frames": True})
     assert error is None
     # (the stream ends with an empty final response, which has no INFO)
-    result, = [r for r in responses if r.as_numpy("INFO") is not None
-               and json.loads(r.as_numpy("INFO")[0, 0])["kind"] == "result"]
+    (result,) = [
+        r
+        for r in responses
+        if r.as_numpy("INFO") is not None and json.loads(r.as_numpy("INFO")[0, 0])["kind"] == "result"
+    ]
     assert result.as_numpy("VIDEO_MP4").shape == (1, 0)
     assert np.array_equal(result.as_numpy("FRAMES")[0], with_mp4.frames)
     assert result.as_numpy("AUDIO").shape == (1, 2, 0)
 
 
 def test_progress_every_step_on_an_idle_server(client):
-    result, = client.generate("progress", num_inference_steps=7, progress_every=1, seed=1)
+    (result,) = client.generate("progress", num_inference_steps=7, progress_every=1, seed=1)
     steps = [step for step, total, position in result.progress]
     assert steps == [1, 2, 3, 4, 5, 6, 7]
     assert all(total == 7 and position == 0 for _, total, position in result.progress)
 
 
 def test_progress_every_k_reports_multiples_and_the_last_step(client):
-    result, = client.generate("progress", num_inference_steps=7, progress_every=3, seed=1)
+    (result,) = client.generate("progress", num_inference_steps=7, progress_every=3, seed=1)
     assert [step for step, _, _ in result.progress] == [3, 6, 7]
 
 
@@ -127,15 +176,18 @@ def test_two_outputs_have_consecutive_seeds(client):
 
 
 def test_missing_seed_is_reported(client):
-    result, = client.generate("no seed", num_inference_steps=1, request_id="my-id-1")
+    (result,) = client.generate("no seed", num_inference_steps=1, request_id="my-id-1")
     assert isinstance(result.info["seed"], int) and result.info["request_id"] == "my-id-1"
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(height=33), "height=33 is out of range: allowed multiples of 32 in 32..256"),
-    (dict(num_inference_steps=0), "num_inference_steps=0 is out of range: allowed 1..400"),
-    (dict(num_frames=500), "num_frames=500 is out of range: allowed 1..121"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(height=33), "height=33 is out of range: allowed multiples of 32 in 32..256"),
+        (dict(num_inference_steps=0), "num_inference_steps=0 is out of range: allowed 1..400"),
+        (dict(num_frames=500), "num_frames=500 is out of range: allowed 1..121"),
+    ],
+)
 def test_bad_fields_get_invalid_arg(client, kwargs, message):
     with pytest.raises(H3Error) as info:
         client.generate("bad", **kwargs)
@@ -151,9 +203,26 @@ def test_empty_prompt_gets_invalid_arg(client):
 def test_perf_analyzer_at_concurrency_2(server, tmp_path):
     data = tmp_path / "input.json"
     data.write_text(json.dumps({"data": [{"PROMPT": ["a red ball"], "NUM_INFERENCE_STEPS": [2]}]}))
-    command = [str(ROOT / "scripts" / "perf_analyzer.sh"), "-m", "h3_pipeline", "-i", "grpc", "-u", server.grpc_url,
-               "--streaming", "--input-data", str(data), "--request-parameter", "sequence_end:false:bool",
-               "--sequence-id-range", "100000:200000", "--concurrency-range", "2", "--request-count", "6"]
+    command = [
+        str(ROOT / "scripts" / "perf_analyzer.sh"),
+        "-m",
+        "h3_pipeline",
+        "-i",
+        "grpc",
+        "-u",
+        server.grpc_url,
+        "--streaming",
+        "--input-data",
+        str(data),
+        "--request-parameter",
+        "sequence_end:false:bool",
+        "--sequence-id-range",
+        "100000:200000",
+        "--concurrency-range",
+        "2",
+        "--request-count",
+        "6",
+    ]
     run = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "Concurrency: 2, throughput:" in run.stdout

@@ -1,4 +1,5 @@
 """End-to-end: cancellation by id, deadlines, previews and metrics (tiny config, CPU)."""
+
 import threading
 import urllib.request
 
@@ -21,10 +22,25 @@ def metric(server, name):
 
 def test_cancel_by_id_mid_denoise_leaves_the_neighbour_bit_identical(client, server):
     outcome, started = {}, threading.Event()
-    long = run_in_thread(client, outcome, "long", **LONG, request_id="victim-1", progress_every=1,
-                         on_progress=lambda step, *_: step >= 3 and started.set())
-    neighbour = dict(prompt="a neighbour", height=64, width=64, num_frames=9, num_inference_steps=30, seed=4,
-                     return_frames=True, return_audio=True)
+    long = run_in_thread(
+        client,
+        outcome,
+        "long",
+        **LONG,
+        request_id="victim-1",
+        progress_every=1,
+        on_progress=lambda step, *_: step >= 3 and started.set(),
+    )
+    neighbour = dict(
+        prompt="a neighbour",
+        height=64,
+        width=64,
+        num_frames=9,
+        num_inference_steps=30,
+        seed=4,
+        return_frames=True,
+        return_audio=True,
+    )
     assert started.wait(60)
     other = run_in_thread(client, outcome, "other", **neighbour)
     assert client.cancel("victim-1") == "cancelled"
@@ -41,7 +57,7 @@ def test_cancel_by_id_mid_denoise_leaves_the_neighbour_bit_identical(client, ser
 
 def test_cancel_unknown_id_touches_nothing(client):
     assert client.cancel("never-seen-7") == "unknown"
-    result, = client.generate("fine", num_inference_steps=2, seed=1)
+    (result,) = client.generate("fine", num_inference_steps=2, seed=1)
     assert result.info["num_inference_steps"] == 2
 
 
@@ -63,8 +79,9 @@ def test_deadline_expires_and_frees_the_request(client, server):
 
 
 def test_previews_are_latent_resolution_images(client):
-    result, = client.generate("preview", height=64, width=96, num_frames=22, num_inference_steps=6,
-                              preview_every=2, seed=3)
+    (result,) = client.generate(
+        "preview", height=64, width=96, num_frames=22, num_inference_steps=6, preview_every=2, seed=3
+    )
     assert [step for step, _ in result.previews] == [2, 4, 6]
     assert all(image.shape == (4, 6, 3) and image.dtype.name == "uint8" for _, image in result.previews)
 

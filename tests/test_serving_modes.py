@@ -1,4 +1,5 @@
 """End-to-end: request execution mode, native cancellation on h3_dit, the CLI's Ctrl-C."""
+
 import json
 import queue
 import signal
@@ -17,15 +18,23 @@ from server.process import TritonServer
 from .serving import ROOT, idle_metrics, model_repository_copy
 from .test_serving_control import metric
 
-REQUEST = dict(prompt="a red ball rolls to the left", height=64, width=96, num_frames=22, num_inference_steps=5,
-               seed=12, return_frames=True, return_audio=True)
+REQUEST = dict(
+    prompt="a red ball rolls to the left",
+    height=64,
+    width=96,
+    num_frames=22,
+    num_inference_steps=5,
+    seed=12,
+    return_frames=True,
+    return_audio=True,
+)
 
 
 def test_request_mode_outputs_equal_step_mode(client, tmp_path):
     step_mode = client.generate(**REQUEST)[0]
     repo = model_repository_copy(tmp_path / "repo", execution_mode="request", scheduling_policy="request")
     with TritonServer(repo, free_ports=True, log_file=tmp_path / "server.log") as server:
-        request_mode = H3Client(server.grpc_url, timeout_s=120).generate(**REQUEST, progress_every=1)[0]
+        request_mode = H3Client(server.grpc_url, idle_timeout_s=120).generate(**REQUEST, progress_every=1)[0]
     assert request_mode.frames.tobytes() == step_mode.frames.tobytes()
     assert request_mode.audio.tobytes() == step_mode.audio.tobytes()
     assert [step for step, _, _ in request_mode.progress] == [1, 2, 3, 4, 5]
@@ -57,9 +66,25 @@ def test_native_grpc_cancel_on_h3_dit(server, client):
 @pytest.mark.skipif(sys.platform != "linux", reason="SIGINT delivery as on Linux")
 def test_cli_ctrl_c_cancels_on_the_server(server, tmp_path):
     before = metric(server, "h3_cancellations_total") or 0
-    cli = subprocess.Popen([sys.executable, "-m", "client.generate", "--prompt", "long", "--steps", "400",
-                            "--out", str(tmp_path / "x.mp4"), "--url", server.grpc_url],
-                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cli = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "client.generate",
+            "--prompt",
+            "long",
+            "--steps",
+            "400",
+            "--out",
+            str(tmp_path / "x.mp4"),
+            "--url",
+            server.grpc_url,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while (metric(server, "h3_active_requests") or 0) < 1 and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -75,7 +100,7 @@ def test_cancel_works_when_every_place_is_taken(tmp_path):
     # one packing place, one waiting place: both taken; the control request still gets through
     repo = model_repository_copy(tmp_path / "repo", max_num_seqs="1", max_waiting="1", max_steps="400")
     with TritonServer(repo, free_ports=True, log_file=tmp_path / "server.log") as server:
-        client = H3Client(server.grpc_url, timeout_s=120)
+        client = H3Client(server.grpc_url, idle_timeout_s=120)
         outcome = {}
 
         def run(key, **kwargs):
@@ -100,7 +125,9 @@ def test_cancel_works_when_every_place_is_taken(tmp_path):
         assert client.cancel("run-1") == "cancelled"
         running.join(60)
         waiting.join(60)
-        assert outcome["waiting"].code == "CANCELLED" and outcome["waiting"].message.startswith("request wait-1 cancelled")
+        assert outcome["waiting"].code == "CANCELLED" and outcome["waiting"].message.startswith(
+            "request wait-1 cancelled"
+        )
         assert outcome["running"].code == "CANCELLED"
         metrics = idle_metrics(server)
         assert metrics["h3_active_requests"] == 0 and metrics["h3_waiting_requests"] == 0

@@ -1,4 +1,5 @@
 """h3_core.settings: each served model's settings from its config.pbtxt parameters."""
+
 import re
 from pathlib import Path
 
@@ -19,8 +20,11 @@ def shipped(model: str) -> tuple[dict[str, str], int]:
 @pytest.mark.parametrize("cls", [DitSettings, EncoderSettings, VaeSettings])
 def test_the_shipped_repository_holds_the_defaults(cls):
     parameters, max_batch_size = shipped(cls.MODEL)
-    settings = (DitSettings.from_parameters(parameters, max_batch_size) if cls is DitSettings
-                else cls.from_parameters(parameters))
+    settings = (
+        DitSettings.from_parameters(parameters, max_batch_size)
+        if cls is DitSettings
+        else cls.from_parameters(parameters)
+    )
     assert settings == cls() and cls.from_parameters(cls().to_parameters()) == cls()
 
 
@@ -29,16 +33,22 @@ def test_the_dit_limits_are_the_request_limits():
     assert (limits.max_height, limits.max_width, limits.max_rows, limits.max_request_mb) == (128, 256, 2048, 2048)
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"colour": "red"}, "h3_dit parameters: unknown ['colour'], missing []; expected exactly "),
-    ({"max_waiting": None}, "h3_dit parameters: unknown [], missing ['max_waiting']; expected exactly "),
-    ({"max_waiting": "eight"}, "h3_dit parameter max_waiting='eight' is not a valid int"),
-    ({"allow_fault_injection": "yes"}, "h3_dit parameter allow_fault_injection='yes' is not 'true' or 'false'"),
-    ({"execution_mode": "batch"}, "h3_dit parameter execution_mode='batch' is not one of ('step', 'request')"),
-    ({"row_budget": "5000"}, "h3_dit parameter row_budget=5000 is out of range: allowed 1..4096 (max_batch_rows)"),
-    ({"max_num_seqs": "0"}, "h3_dit parameter max_num_seqs=0 is out of range: allowed >= 1"),
-    ({"max_num_seqs": "6"}, "h3_dit max_batch_size=14 must equal max_num_seqs + max_waiting + 2 = 16 (its sequence slots)"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"colour": "red"}, "h3_dit parameters: unknown ['colour'], missing []; expected exactly "),
+        ({"max_waiting": None}, "h3_dit parameters: unknown [], missing ['max_waiting']; expected exactly "),
+        ({"max_waiting": "eight"}, "h3_dit parameter max_waiting='eight' is not a valid int"),
+        ({"allow_fault_injection": "yes"}, "h3_dit parameter allow_fault_injection='yes' is not 'true' or 'false'"),
+        ({"execution_mode": "batch"}, "h3_dit parameter execution_mode='batch' is not one of ('step', 'request')"),
+        ({"row_budget": "5000"}, "h3_dit parameter row_budget=5000 is out of range: allowed 1..4096 (max_batch_rows)"),
+        ({"max_num_seqs": "0"}, "h3_dit parameter max_num_seqs=0 is out of range: allowed >= 1"),
+        (
+            {"max_num_seqs": "6"},
+            "h3_dit max_batch_size=14 must equal max_num_seqs + max_waiting + 2 = 16 (its sequence slots)",
+        ),
+    ],
+)
 def test_bad_dit_parameters_are_refused_at_load(change, message):
     parameters, max_batch_size = shipped("h3_dit")
     for key, value in change.items():

@@ -18,8 +18,14 @@ from h3_core.simulate import (
     summarize,
 )
 
-METRICS = {"mean_latency_s", "p95_latency_s", "mean_time_to_first_step_s", "throughput_per_min", "completed",
-           "submitted"}
+METRICS = {
+    "mean_latency_s",
+    "p95_latency_s",
+    "mean_time_to_first_step_s",
+    "throughput_per_min",
+    "completed",
+    "submitted",
+}
 
 
 def test_percentile_is_the_nearest_rank():
@@ -59,14 +65,29 @@ def test_burst_golden_per_policy():
     assert done["srpt"] == [9.53, 17.36, 25.19, 33.02]
     assert first["srpt"] == [0.1, 0.37, 0.64, 0.91]
     assert summarize(workload, simulate(workload, "request")) == {
-        "mean_latency_s": 20.87, "p95_latency_s": 33.02, "mean_time_to_first_step_s": 12.0,
-        "throughput_per_min": 7.2683, "completed": 4, "submitted": 4}  # 4 x 60 / 33.02
+        "mean_latency_s": 20.87,
+        "p95_latency_s": 33.02,
+        "mean_time_to_first_step_s": 12.0,
+        "throughput_per_min": 7.2683,
+        "completed": 4,
+        "submitted": 4,
+    }  # 4 x 60 / 33.02
     assert summarize(workload, simulate(workload, "fifo")) == {
-        "mean_latency_s": 32.0625, "p95_latency_s": 32.91, "mean_time_to_first_step_s": 0.25,
-        "throughput_per_min": 7.2926, "completed": 4, "submitted": 4}
+        "mean_latency_s": 32.0625,
+        "p95_latency_s": 32.91,
+        "mean_time_to_first_step_s": 0.25,
+        "throughput_per_min": 7.2926,
+        "completed": 4,
+        "submitted": 4,
+    }
     assert summarize(workload, simulate(workload, "srpt")) == {
-        "mean_latency_s": 21.275, "p95_latency_s": 33.02, "mean_time_to_first_step_s": 0.255,
-        "throughput_per_min": 7.2683, "completed": 4, "submitted": 4}
+        "mean_latency_s": 21.275,
+        "p95_latency_s": 33.02,
+        "mean_time_to_first_step_s": 0.255,
+        "throughput_per_min": 7.2683,
+        "completed": 4,
+        "submitted": 4,
+    }
 
 
 def test_reference_under_request_golden():
@@ -75,8 +96,13 @@ def test_reference_under_request_golden():
     workload = make_workload("reference")
     assert workload.cost == REFERENCE_COST
     assert summarize(workload, simulate(workload, "request")) == {
-        "mean_latency_s": 6.72, "p95_latency_s": 7.62, "mean_time_to_first_step_s": 0.9,
-        "throughput_per_min": 11.4025, "completed": 10, "submitted": 10}  # 600 / 52.62
+        "mean_latency_s": 6.72,
+        "p95_latency_s": 7.62,
+        "mean_time_to_first_step_s": 0.9,
+        "throughput_per_min": 11.4025,
+        "completed": 10,
+        "submitted": 10,
+    }  # 600 / 52.62
 
 
 def test_mixed_workload_is_seeded():
@@ -108,8 +134,12 @@ def test_default_policy_meets_the_targets():
 
 
 def test_cli_prints_one_json_object_with_every_policy():
-    out = subprocess.run([sys.executable, "-m", "h3_core.simulate", "--workload", "burst", "--json"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "h3_core.simulate", "--workload", "burst", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     results = json.loads(out)
     assert set(results) == set(POLICIES) | {"default"} and results["default"] == DEFAULT_POLICY
     assert all(set(results[policy]) == METRICS for policy in POLICIES)

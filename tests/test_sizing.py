@@ -1,5 +1,6 @@
 """server.sizing: what a repository sizes from the machine, with golden numbers worked out by hand in
 the comments (injected core counts and free GPU memory; no GPU needed)."""
+
 import json
 import os
 from pathlib import Path
@@ -13,8 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30
 
 
-@pytest.mark.parametrize("cores, processes, threads", [(2, 3, 1), (2, 4, 1), (16, 4, 4), (17, 4, 4), (16, 3, 5),
-                                                       (1, 1, 1), (64, 4, 16)])
+@pytest.mark.parametrize(
+    "cores, processes, threads", [(2, 3, 1), (2, 4, 1), (16, 4, 4), (17, 4, 4), (16, 3, 5), (1, 1, 1), (64, 4, 16)]
+)
 def test_cpu_threads_divide_the_cores_among_the_model_processes(cores, processes, threads):
     assert sizing.cpu_threads(cores, processes) == threads
 
@@ -38,13 +40,16 @@ def test_gpus_are_all_or_a_list(text, count, gpus):
     assert sizing.parse_gpus(text, count) == gpus
 
 
-@pytest.mark.parametrize("text, count, message", [
-    ("all", 0, r"no CUDA GPU is visible \(torch.cuda.device_count\(\) == 0\); use --device cpu"),
-    ("0,0", 2, r"--gpus '0,0': each index must appear once and lie in 0..1 \(2 GPUs visible\)"),
-    ("2", 2, r"--gpus '2': each index must appear once and lie in 0..1"),
-    ("-1", 2, r"--gpus '-1': each index"),
-    ("0;1", 2, r"--gpus '0;1' is not 'all' or a comma list of GPU indices such as 0,1"),
-])
+@pytest.mark.parametrize(
+    "text, count, message",
+    [
+        ("all", 0, r"no CUDA GPU is visible \(torch.cuda.device_count\(\) == 0\); use --device cpu"),
+        ("0,0", 2, r"--gpus '0,0': each index must appear once and lie in 0..1 \(2 GPUs visible\)"),
+        ("2", 2, r"--gpus '2': each index must appear once and lie in 0..1"),
+        ("-1", 2, r"--gpus '-1': each index"),
+        ("0;1", 2, r"--gpus '0;1' is not 'all' or a comma list of GPU indices such as 0,1"),
+    ],
+)
 def test_bad_gpus_are_refused(text, count, message):
     with pytest.raises(ValueError, match=message):
         sizing.parse_gpus(text, count)
@@ -75,8 +80,11 @@ def test_gpu_rows_from_free_memory():
     assert sizing.gpu_max_batch_rows(40 * GIB, weights, 0, 5376, 48) == 65_536
     # with the CPU constant: 30,897,277,440 B / (96 x 5376) = 59,867.1 -> 59,840
     assert sizing.gpu_max_batch_rows(40 * GIB, weights, 0, 5376, 96) == 59_840
-    with pytest.raises(ValueError, match=r"the DiT does not fit: 12,288 MiB free - 11,494 MiB of weights - "
-                                         r"28,804 MiB decode reserve leaves -28,010 MiB, under 64 rows"):
+    with pytest.raises(
+        ValueError,
+        match=r"the DiT does not fit: 12,288 MiB free - 11,494 MiB of weights - "
+        r"28,804 MiB decode reserve leaves -28,010 MiB, under 64 rows",
+    ):
         sizing.gpu_max_batch_rows(12 * GIB, weights, reserve, 5376, 48)
 
 
@@ -92,15 +100,18 @@ def test_the_step_constant_is_the_recorded_h200_figure():
     assert one["used_rows"] == 16_329 and round(one["one_s"], 3) == sizing.H200_STEP_S
 
 
-@pytest.mark.parametrize("device, mode, rows, layers, steps, microseconds", [
-    ("cpu", "step", 4_096, 2, 50, 60_000_000),
-    ("cpu", "request", 65_536, 50, 50, 60_000_000),  # the CPU keeps the 60 s rule
-    ("cuda", "step", 65_536, 50, 50, 60_000_000),  # 5 x 8.875 s = 44.4 s < 60 s
-    ("cuda", "step", 65_536, 80, 50, 71_000_000),  # 5 x 14.2 s
-    ("cuda", "request", 65_536, 50, 50, 665_625_000),  # 50 x 8.875 s x 1.5
-    ("cuda", "request", 65_536, 8, 30, 63_900_000),  # 30 x 1.42 s x 1.5
-    ("cuda", "request", 4_096, 8, 50, 60_000_000),  # 50 x 0.089 s x 1.5 = 6.7 s < 60 s
-])
+@pytest.mark.parametrize(
+    "device, mode, rows, layers, steps, microseconds",
+    [
+        ("cpu", "step", 4_096, 2, 50, 60_000_000),
+        ("cpu", "request", 65_536, 50, 50, 60_000_000),  # the CPU keeps the 60 s rule
+        ("cuda", "step", 65_536, 50, 50, 60_000_000),  # 5 x 8.875 s = 44.4 s < 60 s
+        ("cuda", "step", 65_536, 80, 50, 71_000_000),  # 5 x 14.2 s
+        ("cuda", "request", 65_536, 50, 50, 665_625_000),  # 50 x 8.875 s x 1.5
+        ("cuda", "request", 65_536, 8, 30, 63_900_000),  # 30 x 1.42 s x 1.5
+        ("cuda", "request", 4_096, 8, 50, 60_000_000),  # 50 x 0.089 s x 1.5 = 6.7 s < 60 s
+    ],
+)
 def test_idle_timeout(device, mode, rows, layers, steps, microseconds):
     assert sizing.idle_timeout(device, mode, rows, layers, steps)[0] == microseconds
 
@@ -109,6 +120,7 @@ def test_idle_timeout_says_why():
     assert sizing.idle_timeout("cuda", "request", 65_536, 50, 50)[1] == (
         "on cuda, request mode: max(60 s, 50 steps x 8.875 s x 1.5) = 665.6 s, a step of 65,536 rows of the "
         "50-layer DiT estimated as 0.355 s x 65,536 / 16,384 rows x 50 / 8 layers = 8.875 s (the bench DiT on the "
-        "H200, benchmarks/results/h200.json).")
+        "H200, benchmarks/results/h200.json)."
+    )
     with pytest.raises(ValueError, match=r"device 'tpu' is not one of \('cpu', 'cuda'\)"):
         sizing.idle_timeout("tpu", "step", 64, 8, 50)

@@ -3,6 +3,7 @@
 Every request's final latents are compared with torch.equal to the same request run alone
 (Engine.prepare + denoise_step + update), so co-batching, cancellation, failures and deadlines
 are shown to cost a neighbour nothing."""
+
 import json
 import logging
 import re
@@ -22,8 +23,17 @@ from h3_core.model import H3DiT
 from h3_core.registry import Registry
 from h3_core.request import GenerationRequest
 from h3_core.settings import DitSettings
-from h3_core.step_loop import (VANISHED_EXECUTES, Arrival, CancelAnswer, Ended, MetricsRecord, Progress, Refused,
-                               Result, StepLoop)
+from h3_core.step_loop import (
+    VANISHED_EXECUTES,
+    Arrival,
+    CancelAnswer,
+    Ended,
+    MetricsRecord,
+    Progress,
+    Refused,
+    Result,
+    StepLoop,
+)
 
 TEXT_LEN = 3
 TEXT_DIM = get_config("tiny").text_dim
@@ -42,8 +52,11 @@ def text(seed: int) -> np.ndarray:
 
 
 def fields(steps: int, seed: int, **extra) -> list[bytes]:
-    return [json.dumps({"height": 32, "width": 64, "num_frames": 5, "num_inference_steps": steps, "seed": seed,
-                        **extra}).encode()]
+    return [
+        json.dumps(
+            {"height": 32, "width": 64, "num_frames": 5, "num_inference_steps": steps, "seed": seed, **extra}
+        ).encode()
+    ]
 
 
 class Clock:
@@ -63,14 +76,25 @@ class Client:
 
     def send(self, request_id: str, steps: int = 3, seed: int = 1, parameters: dict | None = None, **extra) -> str:
         key = next(self.keys)
-        self.live[key] = Arrival(handle=key, key=key, request_id=request_id, new=True, request_json=fields(steps, seed, **extra),
-                                 text_embeds=text(seed), parameters_json=json.dumps(parameters or {}))
+        self.live[key] = Arrival(
+            handle=key,
+            key=key,
+            request_id=request_id,
+            new=True,
+            request_json=fields(steps, seed, **extra),
+            text_embeds=text(seed),
+            parameters_json=json.dumps(parameters or {}),
+        )
         return request_id
 
     def cancel(self, target: str) -> None:
         key = next(self.keys)
-        self.live[key] = Arrival(handle=key, key=key, request_json=[json.dumps({"cancel_request_id": target}).encode()],
-                                 text_embeds=np.zeros((1, 0, 0), np.float32))
+        self.live[key] = Arrival(
+            handle=key,
+            key=key,
+            request_json=[json.dumps({"cancel_request_id": target}).encode()],
+            text_embeds=np.zeros((1, 0, 0), np.float32),
+        )
 
     def iterate(self, withhold: tuple = ()) -> list:
         sent = []
@@ -94,7 +118,11 @@ class Client:
         raise AssertionError("requests still live")
 
     def of(self, request_id: str, kind=object) -> list:
-        return [event for event in self.events if isinstance(event, kind) and getattr(event, "request_id", None) == request_id]
+        return [
+            event
+            for event in self.events
+            if isinstance(event, kind) and getattr(event, "request_id", None) == request_id
+        ]
 
 
 def make_loop(engine, clock=None, registry=None, **settings) -> StepLoop:
@@ -104,10 +132,12 @@ def make_loop(engine, clock=None, registry=None, **settings) -> StepLoop:
 
 
 def solo_latents(engine, steps: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    state, = engine.prepare(GenerationRequest("-", 32, 64, 5, steps, seed=seed), torch.from_numpy(text(seed)[0]))
+    (state,) = engine.prepare(GenerationRequest("-", 32, 64, 5, steps, seed=seed), torch.from_numpy(text(seed)[0]))
     while not state.finished:
         engine.update(state, engine.denoise_step([state])[0])
-    return L.unpatchify_video(state.video_latents, state.layout), L.audio_rows_to_latent(state.audio_latents, state.layout)
+    return L.unpatchify_video(state.video_latents, state.layout), L.audio_rows_to_latent(
+        state.audio_latents, state.layout
+    )
 
 
 def assert_solo(engine, result: Result, steps: int, seed: int) -> None:
@@ -120,8 +150,8 @@ def test_co_batched_requests_equal_their_solo_runs_and_end_in_order(engine):
     client.send("a", steps=3, seed=1)
     client.send("b", steps=5, seed=2, parameters={"progress_every": 2})
     client.run()
-    a, = client.of("a", Result)
-    b, = client.of("b", Result)
+    (a,) = client.of("a", Result)
+    (b,) = client.of("b", Result)
     assert a.final and b.final and a.info["largest_pack"] == 2
     assert_solo(engine, a, 3, 1)
     assert_solo(engine, b, 5, 2)
@@ -142,7 +172,7 @@ def test_cancel_states_running_finished_unknown(engine):
     client.iterate()
     answers = [(e.request_id, e.state) for e in client.events if isinstance(e, CancelAnswer)]
     assert answers == [("job-1", "finished"), ("job-2", "cancelled"), ("job-3", "unknown")]
-    ended, = client.of("job-2", Ended)
+    (ended,) = client.of("job-2", Ended)
     assert (ended.code, ended.message) == ("CANCELLED", "request job-2 cancelled by request at step 2 of 6")
     # a finished id planted nothing: a new request with it runs to completion
     client.send("job-1", steps=2, seed=3)
@@ -150,7 +180,7 @@ def test_cancel_states_running_finished_unknown(engine):
     client.send("job-3", steps=2, seed=5)
     client.run()
     assert len(client.of("job-1", Result)) == 2
-    ended, = client.of("job-3", Ended)
+    (ended,) = client.of("job-3", Ended)
     assert ended.message == "request job-3 was cancelled before it started (step 0 of 2)"
 
 
@@ -162,20 +192,25 @@ def test_a_cancel_racing_the_final_step_leaves_the_neighbour_its_solo_output(eng
     client.iterate()
     client.cancel("a")  # arrives in the iteration of the last step: a ends before it
     client.run()
-    ended, = client.of("a", Ended)
+    (ended,) = client.of("a", Ended)
     assert (ended.step, ended.total) == (2, 3) and not client.of("a", Result)
-    b, = client.of("b", Result)
+    (b,) = client.of("b", Result)
     assert_solo(engine, b, 3, 7)
 
 
-@pytest.mark.parametrize("fault, message", [("raise", "denoise step 1 failed: injected fault in the forward of request bad"),
-                                            ("nan", "denoise step 1 failed: non-finite velocity for request bad")])
+@pytest.mark.parametrize(
+    "fault, message",
+    [
+        ("raise", "denoise step 1 failed: injected fault in the forward of request bad"),
+        ("nan", "denoise step 1 failed: non-finite velocity for request bad"),
+    ],
+)
 def test_a_failing_forward_fails_only_its_request(engine, fault, message):
     client = Client(make_loop(engine, allow_fault_injection=True))
     client.send("good", steps=3, seed=8)
     client.send("bad", steps=3, seed=9, parameters={"inject_fault": fault})
     client.run()
-    ended, = client.of("bad", Ended)
+    (ended,) = client.of("bad", Ended)
     assert (ended.code, ended.message) == ("INTERNAL", message)
     assert_solo(engine, client.of("good", Result)[0], 3, 8)
     assert client.loop.metrics.values["h3_failures_total"] == 1
@@ -191,11 +226,13 @@ def test_a_deadline_ends_the_request_at_the_next_step_boundary_with_one_log_line
         client.iterate()
         clock.now += 1.0
         client.iterate()
-    ended, = client.of("late", Ended)
+    (ended,) = client.of("late", Ended)
     assert ended.message == "request late deadline of 1.5 s expired at step 2 of 10"
     assert client.loop.metrics.values["h3_deadline_expiries_total"] == 1 and not client.live
-    assert caplog.messages == ["request late ended CANCELLED: request late deadline of 1.5 s expired at step 2 of 10: "
-                               "64x32x5 frames, step 2 of 10, queue 0.000 s, encode 0.000 s, denoise 1.000 s"]
+    assert caplog.messages == [
+        "request late ended CANCELLED: request late deadline of 1.5 s expired at step 2 of 10: "
+        "64x32x5 frames, step 2 of 10, queue 0.000 s, encode 0.000 s, denoise 1.000 s"
+    ]
 
 
 def test_a_deadline_counts_from_the_arrival_at_the_encoder(engine):
@@ -218,8 +255,11 @@ def test_a_request_triton_withholds_is_dropped_and_ended_if_it_comes_back(engine
         client.iterate(withhold=(key,))
     assert not client.loop.jobs
     client.iterate()  # Triton delivers it once more
-    ended, = client.of("gone", Ended)
-    assert ended.message == f"request gone was dropped: Triton withheld it for {VANISHED_EXECUTES} steps (sequence id {key})"
+    (ended,) = client.of("gone", Ended)
+    assert (
+        ended.message
+        == f"request gone was dropped: Triton withheld it for {VANISHED_EXECUTES} steps (sequence id {key})"
+    )
 
 
 def test_draining_cancels_running_requests_and_refuses_newcomers(engine):
@@ -229,9 +269,10 @@ def test_draining_cancels_running_requests_and_refuses_newcomers(engine):
     client.loop.start_draining()
     client.send("newcomer", steps=2, seed=2)
     client.iterate()
-    assert client.of("running", Ended)[0].message == ("request running cancelled because the server is shutting down "
-                                                      "at step 1 of 10")
-    refused, = [event for event in client.events if isinstance(event, Refused)]
+    assert client.of("running", Ended)[0].message == (
+        "request running cancelled because the server is shutting down at step 1 of 10"
+    )
+    (refused,) = [event for event in client.events if isinstance(event, Refused)]
     assert (refused.code, refused.message) == ("UNAVAILABLE", "the server is shutting down")
 
 
@@ -240,10 +281,19 @@ def test_request_mode_streams_progress_while_it_runs(engine):
     progress event is handed over right after its step (not collected until the end)."""
     loop = make_loop(engine, execution_mode="request")
     steps_when_sent = []
-    arrival = Arrival(handle=1, key=1, request_id="r", new=True, request_json=fields(3, 1), text_embeds=text(1),
-                      parameters_json='{"progress_every": 1}')
-    reschedule = loop.iterate([arrival], lambda event: steps_when_sent.append(
-        (type(event).__name__, len(loop.metrics.observed["h3_step_seconds"]))))
+    arrival = Arrival(
+        handle=1,
+        key=1,
+        request_id="r",
+        new=True,
+        request_json=fields(3, 1),
+        text_embeds=text(1),
+        parameters_json='{"progress_every": 1}',
+    )
+    reschedule = loop.iterate(
+        [arrival],
+        lambda event: steps_when_sent.append((type(event).__name__, len(loop.metrics.observed["h3_step_seconds"]))),
+    )
     assert reschedule == [] and steps_when_sent == [("Progress", 1), ("Progress", 2), ("Progress", 3), ("Result", 3)]
 
 
@@ -271,26 +321,40 @@ def test_an_unexpected_admission_error_refuses_only_that_request(engine, caplog,
     client.send("fine", steps=1, seed=2)
     with caplog.at_level(logging.ERROR, logger="h3_dit"):
         client.run()
-    refused, = [event for event in client.events if isinstance(event, Refused)]
-    assert (refused.code, refused.message) == ("INTERNAL", "the request could not be admitted (IndexError: tuple index "
-                                                           "out of range); see the server log")
+    (refused,) = [event for event in client.events if isinstance(event, Refused)]
+    assert (refused.code, refused.message) == (
+        "INTERNAL",
+        "the request could not be admitted (IndexError: tuple index out of range); see the server log",
+    )
     assert "Traceback" in caplog.text and "request odd could not be admitted" in caplog.text
     assert_solo(engine, client.of("fine", Result)[0], 1, 2)
 
 
-@pytest.mark.parametrize("request_json, message", [
-    ([b"{"], "REQUEST is not valid JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
-    ([b'{"colour": 1}'], "REQUEST field 'colour' is unknown; allowed: ['encode_seconds', 'height', 'num_frames', "
-                         "'num_inference_steps', 'num_outputs', 'received_unix_s', 'seed', 'width'], or "
-                         "'cancel_request_id' alone (a cancel request)"),
-    ([b'{"received_unix_s": -1}'], "received_unix_s=-1 is out of range: allowed finite >= 0 seconds"),
-    ([b'{"cancel_request_id": 7}'], "cancel_request_id must be a non-empty string, got number 7"),
-    ([b"{}", b"{}"], "REQUEST must hold one JSON object, got 2 elements"),
-])
+@pytest.mark.parametrize(
+    "request_json, message",
+    [
+        (
+            [b"{"],
+            "REQUEST is not valid JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+        ),
+        (
+            [b'{"colour": 1}'],
+            "REQUEST field 'colour' is unknown; allowed: ['encode_seconds', 'height', 'num_frames', "
+            "'num_inference_steps', 'num_outputs', 'received_unix_s', 'seed', 'width'], or "
+            "'cancel_request_id' alone (a cancel request)",
+        ),
+        ([b'{"received_unix_s": -1}'], "received_unix_s=-1 is out of range: allowed finite >= 0 seconds"),
+        ([b'{"cancel_request_id": 7}'], "cancel_request_id must be a non-empty string, got number 7"),
+        ([b"{}", b"{}"], "REQUEST must hold one JSON object, got 2 elements"),
+    ],
+)
 def test_malformed_request_json_is_refused(engine, request_json, message):
     loop = make_loop(engine)
     sent = []
-    assert loop.iterate([Arrival(handle=1, key=1, new=True, request_json=request_json, text_embeds=text(1))], sent.append) == []
+    assert (
+        loop.iterate([Arrival(handle=1, key=1, new=True, request_json=request_json, text_embeds=text(1))], sent.append)
+        == []
+    )
     assert [(event.code, event.message) for event in sent] == [("INVALID_ARG", message)]
 
 
@@ -312,8 +376,12 @@ def test_a_cancel_reaches_the_request_on_whichever_instance_holds_it(engine, tmp
     first.iterate()
     second.iterate()
     answers = [(e.request_id, e.state) for e in first.events + second.events if isinstance(e, CancelAnswer)]
-    assert sorted(answers) == [("done-first", "finished"), ("nowhere", "unknown"), ("on-first", "cancelled"),
-                               ("on-second", "cancelled")]
+    assert sorted(answers) == [
+        ("done-first", "finished"),
+        ("nowhere", "unknown"),
+        ("on-first", "cancelled"),
+        ("on-second", "cancelled"),
+    ]
     assert first.of("on-first", Ended)[0].message == "request on-first cancelled by request at step 1 of 6"
     assert second.of("on-second", Ended)[0].message == "request on-second cancelled by request at step 2 of 6"
     second.send("nowhere", steps=1, seed=4)  # remembered by the registry, honoured on the other instance
@@ -327,8 +395,11 @@ def test_an_id_running_on_one_instance_is_refused_on_the_other(engine, tmp_path)
     first.send("twice", steps=3, seed=1)
     first.iterate()
     second.send("twice", steps=3, seed=1)
-    refused, = second.iterate()
-    assert (refused.code, refused.message) == ("INVALID_ARG", "request id 'twice' is already running; ids must be unique")
+    (refused,) = second.iterate()
+    assert (refused.code, refused.message) == (
+        "INVALID_ARG",
+        "request id 'twice' is already running; ids must be unique",
+    )
 
 
 def test_a_cancel_landing_during_the_last_step_wins_over_the_result(engine, tmp_path, monkeypatch):

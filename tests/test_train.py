@@ -1,5 +1,6 @@
 """The demo model's training code: data set, measurements, dense training forward, resumable
 state, and a smoke run of every training stage on the CPU (tiny sizes, seconds)."""
+
 import json
 
 import numpy as np
@@ -32,7 +33,7 @@ def test_generator_is_seeded_and_measurements_recover_every_attribute():
     assert frames.shape == (len(clips), 22, 64, 96, 3) and frames.dtype == torch.uint8
     assert audio.shape == (len(clips), 2, 29600)
     assert torch.equal(frames, data.render_video(clips))
-    for clip, f, a in zip(clips, frames.numpy(), audio[:, :, :L.audio_num_samples(22)].numpy()):
+    for clip, f, a in zip(clips, frames.numpy(), audio[:, :, : L.audio_num_samples(22)].numpy(), strict=True):
         assert all(measure.score(clip, f, a)["correct"].values()), clip
 
 
@@ -56,10 +57,13 @@ def test_train_forward_matches_the_inference_forward(config):
         text[i, :n] = torch.randn(n, cfg.text_dim, generator=gen)
     t_video, t_audio = torch.tensor([0.1, 0.5, 0.9]), torch.tensor([0.3, 0.5, 0.05])
     with torch.no_grad():
-        got_v, got_a = dit_train.train_forward(model, templates, video, audio, text, torch.tensor(lengths), t_video, t_audio)
+        got_v, got_a = dit_train.train_forward(
+            model, templates, video, audio, text, torch.tensor(lengths), t_video, t_audio
+        )
     batch = L.pack_requests([L.make_layout(n, 64, 96, 22) for n in lengths], t_video.tolist(), t_audio.tolist())
-    want_v, want_a = model(video.reshape(-1, 96), audio.reshape(-1, 32),
-                           torch.cat([text[i, :n] for i, n in enumerate(lengths)]), batch)
+    want_v, want_a = model(
+        video.reshape(-1, 96), audio.reshape(-1, 32), torch.cat([text[i, :n] for i, n in enumerate(lengths)]), batch
+    )
     torch.testing.assert_close(got_v.reshape(-1, 96), want_v, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(got_a.reshape(-1, 32), want_a, atol=2e-5, rtol=1e-4)
 
@@ -69,8 +73,16 @@ def test_train_forward_has_gradients_for_every_parameter():
     model = H3DiT(cfg, row_tile=0)
     init_weights(model, 1)
     templates = dit_train.Templates.build(cfg, [16], "cpu")
-    v, a = dit_train.train_forward(model, templates, torch.randn(2, 42, 96), torch.randn(2, 74, 32),
-                                   torch.randn(2, 16, 384), torch.tensor([16, 16]), torch.rand(2), torch.rand(2))
+    v, a = dit_train.train_forward(
+        model,
+        templates,
+        torch.randn(2, 42, 96),
+        torch.randn(2, 74, 32),
+        torch.randn(2, 16, 384),
+        torch.tensor([16, 16]),
+        torch.rand(2),
+        torch.rand(2),
+    )
     (v.square().mean() + a.square().mean()).backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
 
@@ -85,7 +97,7 @@ def test_state_round_trip_with_shards_and_bf16_moments(tmp_path):
     model2 = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 8))
     opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-3)
     assert state.load_state(tmp_path / "s", model2, opt2) == {"step": 7}
-    for p, q in zip(model.parameters(), model2.parameters()):
+    for p, q in zip(model.parameters(), model2.parameters(), strict=True):
         assert torch.equal(p, q)
         m, m2 = opt.state[p]["exp_avg"], opt2.state[q]["exp_avg"]
         assert m2.dtype == torch.float32 and torch.allclose(m, m2, rtol=1e-2, atol=1e-6)
@@ -104,8 +116,11 @@ def fake_caption_states(path):
     gen = torch.Generator().manual_seed(0)
     states = [torch.randn(15 + i % 4, 384, generator=gen) for i in range(len(captions))]
     offsets = torch.tensor([0] + [len(s) for s in states]).cumsum(0)
-    save_file({"states": torch.cat(states).half(), "offsets": offsets}, str(path),
-              metadata={"captions": json.dumps(captions), "num_train": str(len(data.train_captions()))})
+    save_file(
+        {"states": torch.cat(states).half(), "offsets": offsets},
+        str(path),
+        metadata={"captions": json.dumps(captions), "num_train": str(len(data.train_captions()))},
+    )
 
 
 def test_every_stage_runs_and_resumes_on_the_cpu(tmp_path):
@@ -113,15 +128,33 @@ def test_every_stage_runs_and_resumes_on_the_cpu(tmp_path):
     for which in ("video", "audio"):
         vae_train.train(which, tmp_path, seconds=0.5, total_seconds=1000.0, device="cpu", batch=2, stats_clips=4)
         first = read_loss_csv(tmp_path / f"{which}_vae_loss.csv")
-        vae_train.train(which, tmp_path, seconds=0.5, total_seconds=1000.0, device="cpu", batch=2, stats_clips=4)  # resumes
+        vae_train.train(
+            which, tmp_path, seconds=0.5, total_seconds=1000.0, device="cpu", batch=2, stats_clips=4
+        )  # resumes
         rows = read_loss_csv(tmp_path / f"{which}_vae_loss.csv")
         assert int(rows[-1]["step"]) > int(first[-1]["step"]) >= 1
         assert (tmp_path / f"{which}_vae.safetensors").is_file()
     fake_caption_states(tmp_path / "captions.safetensors")
     captions, num_train, states = text_states.load(tmp_path / "captions.safetensors")
     assert num_train == 756 and len(captions) == len(states) == 792
-    args = ["--work", str(tmp_path), "--vaes", str(tmp_path), "--captions", str(tmp_path / "captions.safetensors"),
-            "--config", "tiny", "--batch", "2", "--max-clips", "4", "--log-every", "1", "--device", "cpu"]
+    args = [
+        "--work",
+        str(tmp_path),
+        "--vaes",
+        str(tmp_path),
+        "--captions",
+        str(tmp_path / "captions.safetensors"),
+        "--config",
+        "tiny",
+        "--batch",
+        "2",
+        "--max-clips",
+        "4",
+        "--log-every",
+        "1",
+        "--device",
+        "cpu",
+    ]
     dit_train.main(args + ["--seconds", "0.5", "--total-seconds", "1000", "--eval-clips", "0"])
     first = read_loss_csv(tmp_path / "dit_loss.csv")
     dit_train.main(args + ["--seconds", "0.5", "--total-seconds", "1000", "--eval-clips", "1", "--eval-steps", "1"])

@@ -44,8 +44,13 @@ def test_frame_grouping_is_1_4_4_4_4():
     assert groups.shape == (7, 12, 16, 32) and groups.dtype == torch.float32
     held = ((groups[:, ::3, 0, 0] + 1.0) * 127.5).round().long()  # [T_lat, 4] frame index per slot
     assert held.tolist() == [
-        [0, 0, 0, 0], [1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16],
-        [17, 17, 17, 17], [18, 19, 20, 21],
+        [0, 0, 0, 0],
+        [1, 2, 3, 4],
+        [5, 6, 7, 8],
+        [9, 10, 11, 12],
+        [13, 14, 15, 16],
+        [17, 17, 17, 17],
+        [18, 19, 20, 21],
     ]
     assert torch.equal(groups_to_frames(groups), frames.float() / 127.5 - 1.0)
 

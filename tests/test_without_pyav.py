@@ -4,6 +4,7 @@ encode_mp4 refuses with RuntimeError, and h3_dit's parse refuses return_mp4=true
 Each test runs a fresh interpreter with sys.modules["av"] = None, which makes `import av`
 raise ImportError as on such a host.
 """
+
 import subprocess
 import sys
 
@@ -13,14 +14,17 @@ from .serving import ROOT
 
 HIDE_AV = 'import sys\nsys.modules["av"] = None\n'
 MP4_REFUSAL = "encode_mp4 needs PyAV, which is not installed: `pip install av`, or on the server send return_mp4=false"
-DIT_REFUSAL = ("return_mp4=true needs PyAV, which this server does not have: send return_mp4=false (with "
-               "return_frames / return_audio for raw outputs) or install av")
+DIT_REFUSAL = (
+    "return_mp4=true needs PyAV, which this server does not have: send return_mp4=false (with "
+    "return_frames / return_audio for raw outputs) or install av"
+)
 
 
 def run_without_av(script: str) -> list[str]:
     """Run HIDE_AV + script with this interpreter in the repository root; returns its stdout lines."""
-    run = subprocess.run([sys.executable, "-c", HIDE_AV + script], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-c", HIDE_AV + script], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 0, run.stderr
     return run.stdout.splitlines()
 

@@ -15,6 +15,7 @@ Every clip is fixed by its attributes (colour, shape, direction, pitch, side) an
 HELD_OUT (36 of the 288 attribute combinations, a seeded choice) never appears in training;
 the evaluation prompts are built from it. Rendering is vectorised torch and runs on any device.
 """
+
 import itertools
 import random
 from dataclasses import dataclass
@@ -28,8 +29,12 @@ HEIGHT, WIDTH, NUM_FRAMES = 64, 96, 22
 AUDIO_SAMPLES = audio_latent_frames(NUM_FRAMES) * AUDIO_HOP  # 29,600: whole audio latents
 BACKGROUND = (32, 32, 32)
 COLOURS = {
-    "red": (220, 50, 50), "green": (60, 200, 70), "blue": (60, 100, 235),
-    "yellow": (235, 215, 60), "purple": (170, 70, 210), "white": (235, 235, 235),
+    "red": (220, 50, 50),
+    "green": (60, 200, 70),
+    "blue": (60, 100, 235),
+    "yellow": (235, 215, 60),
+    "purple": (170, 70, 210),
+    "white": (235, 235, 235),
 }
 SHAPES = ("ball", "square")
 DIRECTIONS = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}  # (dx, dy), y down
@@ -67,8 +72,10 @@ class Clip:
 
 def caption(colour: str, shape: str, direction: str, pitch: str, side: str, verb: int = 0) -> str:
     """The caption stating the attributes (see the module docstring)."""
-    return (f"a {colour} {shape} {VERBS[shape][verb]} {DIRECTION_PHRASES[direction]} "
-            f"while a {pitch} tone plays on the {side}")
+    return (
+        f"a {colour} {shape} {VERBS[shape][verb]} {DIRECTION_PHRASES[direction]} "
+        f"while a {pitch} tone plays on the {side}"
+    )
 
 
 ALL_COMBOS = list(itertools.product(COLOURS, SHAPES, DIRECTIONS, PITCHES, SIDES))  # 288
@@ -99,8 +106,11 @@ def train_clips(variants: int, seed: int = 0) -> list[Clip]:
     """`variants` clips of every training combination with seeds drawn from `seed`, verbs
     cycling through the shape's verbs."""
     rng = random.Random(seed)
-    return [Clip(*combo, verb=k % len(VERBS[combo[1]]), seed=rng.randrange(2**31))
-            for combo in TRAIN_COMBOS for k in range(variants)]
+    return [
+        Clip(*combo, verb=k % len(VERBS[combo[1]]), seed=rng.randrange(2**31))
+        for combo in TRAIN_COMBOS
+        for k in range(variants)
+    ]
 
 
 def trajectory(clip: Clip) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -120,7 +130,7 @@ def trajectory(clip: Clip) -> tuple[torch.Tensor, torch.Tensor, float]:
 
 def render_video(clips: list[Clip], device: str | torch.device = "cpu") -> torch.Tensor:
     """uint8 [N, 22, 64, 96, 3] frames of the clips (antialiased 1-px edges)."""
-    xs, ys, radii = zip(*(trajectory(c) for c in clips))
+    xs, ys, radii = zip(*(trajectory(c) for c in clips), strict=True)
     x = torch.stack(xs).to(device)[:, :, None, None]  # [N, T, 1, 1]
     y = torch.stack(ys).to(device)[:, :, None, None]
     r = torch.tensor(radii, device=device)[:, None, None, None]

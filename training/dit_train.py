@@ -32,6 +32,7 @@ steps, seed 0, the inference forward), decodes and scores them (evaluate.generat
 evaluate.report), and writes <work>/dit_eval.json: a quick check on the training machine; the
 evaluation of the shipped weights is evaluate.py's, with the real text encoder.
 """
+
 import argparse
 import json
 import time
@@ -78,7 +79,9 @@ class Templates:
         seq_lens = {layout.seq_len for layout in layouts.values()}
         refiner = {-(-n // L.ROW_ALIGN) * L.ROW_ALIGN for n in text_lengths}
         if len(seq_lens) != 1 or len(refiner) != 1:
-            raise ValueError(f"captions of {sorted(text_lengths)} tokens pad to different lengths {seq_lens} / {refiner}")
+            raise ValueError(
+                f"captions of {sorted(text_lengths)} tokens pad to different lengths {seq_lens} / {refiner}"
+            )
         seq_len, top = seq_lens.pop(), max(text_lengths) + 1
         tags = torch.full((top, seq_len), L.TAG_PAD, dtype=torch.int64)
         src = torch.zeros(top, seq_len, dtype=torch.int64)
@@ -86,12 +89,19 @@ class Templates:
         for n, layout in layouts.items():
             tags[n] = layout.token_tags()
             src[n, :n] = torch.arange(n)
-            src[n, layout.audio_start:layout.video_start] = torch.arange(layout.audio_rows)
-            src[n, layout.video_start:layout.used] = torch.arange(layout.video_rows)
+            src[n, layout.audio_start : layout.video_start] = torch.arange(layout.audio_rows)
+            src[n, layout.video_start : layout.used] = torch.arange(layout.video_rows)
             rope[n] = rope_table(layout.position_ids(), cfg.rope_freqs_per_axis, cfg.rope_theta, torch.float32)
         any_layout = next(iter(layouts.values()))
-        return cls(seq_len, refiner.pop(), tags.to(device), src.to(device), rope.to(device),
-                   any_layout.video_rows, any_layout.audio_rows)
+        return cls(
+            seq_len,
+            refiner.pop(),
+            tags.to(device),
+            src.to(device),
+            rope.to(device),
+            any_layout.video_rows,
+            any_layout.audio_rows,
+        )
 
 
 def document_attention(doc: torch.Tensor, heads: int):
@@ -108,9 +118,16 @@ def document_attention(doc: torch.Tensor, heads: int):
     return attention
 
 
-def train_forward(model: H3DiT, templates: Templates, video: torch.Tensor, audio: torch.Tensor,
-                  text: torch.Tensor, text_len: torch.Tensor, t_video: torch.Tensor,
-                  t_audio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def train_forward(
+    model: H3DiT,
+    templates: Templates,
+    video: torch.Tensor,
+    audio: torch.Tensor,
+    text: torch.Tensor,
+    text_len: torch.Tensor,
+    t_video: torch.Tensor,
+    t_audio: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """H3DiT.forward for B clips of one canvas, densely (see the module docstring).
 
     video [B, V, 96], audio [B, 2*T_a, 32] (noisy rows), text [B, Lmax, 384] (zero beyond
@@ -129,30 +146,41 @@ def train_forward(model: H3DiT, templates: Templates, video: torch.Tensor, audio
     # Text: condition_proj + refiner over blocks of refiner_len rows ([0, L) and the padding).
     refiner_len = templates.refiner_len
     text_in = torch.zeros(batch, refiner_len, cfg.text_dim, dtype=dtype, device=video.device)
-    text_in[:, :text.shape[1]] = text.to(dtype)
+    text_in[:, : text.shape[1]] = text.to(dtype)
     positions = torch.arange(refiner_len, device=video.device)
     refiner_doc = (positions[None, :] >= text_len[:, None]).long()
-    refined = model.token_refiner(model.condition_proj(text_in.view(batch * refiner_len, -1)),
-                                  document_attention(refiner_doc, cfg.num_heads), None, None)
+    refined = model.token_refiner(
+        model.condition_proj(text_in.view(batch * refiner_len, -1)),
+        document_attention(refiner_doc, cfg.num_heads),
+        None,
+        None,
+    )
     refined = refined.view(batch, refiner_len, hidden)
 
     video_x = model.video_patch_proj(gather(video)).to(dtype)
     audio_x = model.audio_patch_proj(gather(audio)).to(dtype)
     text_x = gather(refined).to(dtype)
-    x = torch.where((tags == L.TAG_VIDEO)[..., None], video_x,
-                    torch.where((tags == L.TAG_AUDIO)[..., None], audio_x,
-                                torch.where((tags == L.TAG_TEXT)[..., None], text_x, torch.zeros_like(text_x))))
+    x = torch.where(
+        (tags == L.TAG_VIDEO)[..., None],
+        video_x,
+        torch.where(
+            (tags == L.TAG_AUDIO)[..., None],
+            audio_x,
+            torch.where((tags == L.TAG_TEXT)[..., None], text_x, torch.zeros_like(text_x)),
+        ),
+    )
     x = x.reshape(batch * seq, hidden)
 
     # Timesteps: row 2b = clip b's video (and text, padding) timestep, row 2b + 1 its audio one.
     t_emb = model.time_embedder(torch.stack([t_video, t_audio], 1).reshape(-1).float())
-    step_index = (2 * torch.arange(batch, device=video.device)[:, None] + (tags == L.TAG_AUDIO).long())
+    step_index = 2 * torch.arange(batch, device=video.device)[:, None] + (tags == L.TAG_AUDIO).long()
     step_index = step_index.reshape(-1)
     mod_index = step_index * 3 + tags.clamp(min=0).reshape(-1)
     used = templates.tags[text_len].ne(L.TAG_PAD).sum(1)  # [B]
     doc = (torch.arange(seq, device=video.device)[None, :] >= used[:, None]).long()
-    video_out, audio_out = model.transformer(x, t_emb, mod_index, step_index, document_attention(doc, cfg.num_heads),
-                                             None, None, rope, per_timestep=False)
+    video_out, audio_out = model.transformer(
+        x, t_emb, mod_index, step_index, document_attention(doc, cfg.num_heads), None, None, rope, per_timestep=False
+    )
     video_out, audio_out = video_out.view(batch, seq, -1), audio_out.view(batch, seq, -1)
     first_audio = text_len[:, None]
     audio_index = first_audio + torch.arange(audio.shape[1], device=video.device)[None, :]
@@ -168,28 +196,39 @@ def init_dit(cfg, seed: int, device) -> H3DiT:
     init_weights(model, seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("bias") or "adaln_proj" in name or name.startswith(("final_layer.video_out", "final_layer.audio_out")):
+            if (
+                name.endswith("bias")
+                or "adaln_proj" in name
+                or name.startswith(("final_layer.video_out", "final_layer.audio_out"))
+            ):
                 p.zero_()
     return model
 
 
 @torch.no_grad()
-def encode_clips(clips: list[data.Clip], video_vae: VideoVAE, audio_vae: AudioVAE, device,
-                 chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+def encode_clips(
+    clips: list[data.Clip], video_vae: VideoVAE, audio_vae: AudioVAE, device, chunk: int = 256
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Latent rows of the clips: video [N, V, 96], audio [N, 2*T_a, 32] (normalised)."""
     videos, audios = [], []
     for i in range(0, len(clips), chunk):
-        part = clips[i:i + chunk]
+        part = clips[i : i + chunk]
         frames = data.render_video(part, device)
         sound = data.render_audio(part, device)
-        for f, a in zip(frames, sound):
+        for f, a in zip(frames, sound, strict=True):
             videos.append(L.patchify_video(video_vae.encode(f)))
             audios.append(audio_vae.encode(a).permute(0, 2, 1).reshape(-1, AUDIO_LATENT_CHANNELS))
     return torch.stack(videos), torch.stack(audios)
 
 
-def quick_eval(model: H3DiT, video_vae: VideoVAE, audio_vae: AudioVAE, captions: dict[str, torch.Tensor],
-               clips: list[data.Clip], steps: int = 8) -> dict:
+def quick_eval(
+    model: H3DiT,
+    video_vae: VideoVAE,
+    audio_vae: AudioVAE,
+    captions: dict[str, torch.Tensor],
+    clips: list[data.Clip],
+    steps: int = 8,
+) -> dict:
     """Sample (seed 0, one clip per forward), decode and score clips whose caption states are in
     `captions` (caption -> [L, 384]); returns evaluate.report's dict."""
     model.eval()
@@ -202,7 +241,7 @@ def train(args) -> None:
     torch.manual_seed(args.seed)
     cfg = get_config(args.config)
     captions, num_train, states = text_states.load(args.captions)
-    state_of = dict(zip(captions, states))
+    state_of = dict(zip(captions, states, strict=True))
     video_vae, audio_vae = load_vaes(args.vaes, device)
 
     start = time.monotonic()
@@ -216,23 +255,44 @@ def train(args) -> None:
     lengths = torch.tensor([state_of[c].shape[0] for c in train_caps], device=device)
     text_table = torch.zeros(len(train_caps), int(lengths.max()), cfg.text_dim, device=device)
     for i, c in enumerate(train_caps):
-        text_table[i, :state_of[c].shape[0]] = state_of[c].to(device)
-    print(f"[dit] {len(clips)} clips encoded in {time.monotonic() - start:.1f} s: video {tuple(video_x0.shape)} "
-          f"std {video_x0.std():.3f}, audio {tuple(audio_x0.shape)} std {audio_x0.std():.3f}", flush=True)
+        text_table[i, : state_of[c].shape[0]] = state_of[c].to(device)
+    print(
+        f"[dit] {len(clips)} clips encoded in {time.monotonic() - start:.1f} s: video {tuple(video_x0.shape)} "
+        f"std {video_x0.std():.3f}, audio {tuple(audio_x0.shape)} std {audio_x0.std():.3f}",
+        flush=True,
+    )
     templates = Templates.build(cfg, sorted({int(n) for n in lengths.tolist()} | {len(s) for s in states}), device)
 
     model = init_dit(cfg, args.seed, device)
     params = sum(p.numel() for p in model.parameters())
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=args.lr, betas=(0.9, 0.99))
-    run = Run("dit", args.work, model, optimizer, args.seconds, args.total_seconds, args.lr,
-              save_every=args.save_every, moment_dtype=torch.bfloat16, log_every=args.log_every)
-    print(f"[dit] config {cfg.name}: {params / 1e6:.2f} M parameters; "
-          f"{'resumed at step ' + str(run.step) if run.resumed else 'fresh start'}", flush=True)
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr,
+        betas=(0.9, 0.99),
+    )
+    run = Run(
+        "dit",
+        args.work,
+        model,
+        optimizer,
+        args.seconds,
+        args.total_seconds,
+        args.lr,
+        save_every=args.save_every,
+        moment_dtype=torch.bfloat16,
+        log_every=args.log_every,
+    )
+    print(
+        f"[dit] config {cfg.name}: {params / 1e6:.2f} M parameters; "
+        f"{'resumed at step ' + str(run.step) if run.resumed else 'fresh start'}",
+        flush=True,
+    )
     generator = torch.Generator(device=device).manual_seed(args.seed * 7919 + run.step)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    autocast = (
+        torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    )
     model.train()
     sums, pending = torch.zeros(4, device=device), 0
     while run.running():
@@ -246,7 +306,9 @@ def train(args) -> None:
         x_v = (1 - sigma_v)[:, None, None] * x0_v + sigma_v[:, None, None] * noise_v
         x_a = (1 - sigma_a)[:, None, None] * x0_a + sigma_a[:, None, None] * noise_a
         with autocast:
-            pred_v, pred_a = train_forward(model, templates, x_v, x_a, text_table[cap], lengths[cap], 1 - sigma_v, 1 - sigma_a)
+            pred_v, pred_a = train_forward(
+                model, templates, x_v, x_a, text_table[cap], lengths[cap], 1 - sigma_v, 1 - sigma_a
+            )
         loss_v = F.mse_loss(pred_v, x0_v - noise_v)
         loss_a = F.mse_loss(pred_a, x0_a - noise_a)
         loss = loss_v + loss_a
@@ -258,21 +320,30 @@ def train(args) -> None:
         pending += 1
         if pending == args.log_every:  # one host sync per log_every steps
             means = (sums / pending).tolist()
-            run.record(pending, **dict(zip(("loss", "video", "audio", "grad_norm"), means)))
+            run.record(pending, **dict(zip(("loss", "video", "audio", "grad_norm"), means, strict=True)))
             sums, pending = torch.zeros(4, device=device), 0
     if pending:
-        run.record(pending, **dict(zip(("loss", "video", "audio", "grad_norm"), (sums / pending).tolist())))
+        run.record(
+            pending, **dict(zip(("loss", "video", "audio", "grad_norm"), (sums / pending).tolist(), strict=True))
+        )
     run.save()
     print(f"[dit] {run.step} steps, {run.trained:.0f} s trained in total", flush=True)
     if args.eval_clips:
         held = data.held_out_clips()[: args.eval_clips]
-        seen = [data.Clip(*combo) for combo in data.TRAIN_COMBOS[:: max(1, len(data.TRAIN_COMBOS) // 8)]][: min(8, args.eval_clips)]
-        report = {"held_out": quick_eval(model, video_vae, audio_vae, state_of, held, args.eval_steps),
-                  "train": quick_eval(model, video_vae, audio_vae, state_of, seen, args.eval_steps)}
+        seen = [data.Clip(*combo) for combo in data.TRAIN_COMBOS[:: max(1, len(data.TRAIN_COMBOS) // 8)]][
+            : min(8, args.eval_clips)
+        ]
+        report = {
+            "held_out": quick_eval(model, video_vae, audio_vae, state_of, held, args.eval_steps),
+            "train": quick_eval(model, video_vae, audio_vae, state_of, seen, args.eval_steps),
+        }
         (args.work / "dit_eval.json").write_text(json.dumps(report, indent=1))
         for key, r in report.items():
-            print(f"[dit] quick eval {key}: accuracy {r['attribute_accuracy']:.3f} over {r['n_clips']} clips "
-                  f"{r['per_attribute']}", flush=True)
+            print(
+                f"[dit] quick eval {key}: accuracy {r['attribute_accuracy']:.3f} over {r['n_clips']} clips "
+                f"{r['per_attribute']}",
+                flush=True,
+            )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -282,7 +353,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--captions", type=Path, default=Path("build/demo/caption_states.safetensors"))
     parser.add_argument("--config", default="demo")
     parser.add_argument("--seconds", type=float, default=240.0, help="training seconds of this run")
-    parser.add_argument("--total-seconds", type=float, default=240.0, help="training seconds over all runs (lr schedule)")
+    parser.add_argument(
+        "--total-seconds", type=float, default=240.0, help="training seconds over all runs (lr schedule)"
+    )
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--variants", type=int, default=24, help="clips per training combination")

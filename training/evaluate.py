@@ -15,6 +15,7 @@ tritonserver with the same `report`.
 The last line printed is one JSON object: {"attribute_accuracy", "n_clips", "per_attribute",
 "steps", "seed", "pack", "seconds"}.
 """
+
 import argparse
 import json
 import re
@@ -31,8 +32,14 @@ from h3_core.request import GenerationRequest
 from . import data, measure
 
 
-def generate(engine: Engine, clips: list[data.Clip], steps: int, seed: int = 0, pack: int = 4,
-             text_states: dict[str, torch.Tensor] | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+def generate(
+    engine: Engine,
+    clips: list[data.Clip],
+    steps: int,
+    seed: int = 0,
+    pack: int = 4,
+    text_states: dict[str, torch.Tensor] | None = None,
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """One clip per entry of `clips` (its caption, the training canvas, `steps` Euler steps,
     `seed`), `pack` requests per packed DiT forward (request mode when pack is 1).
 
@@ -44,7 +51,7 @@ def generate(engine: Engine, clips: list[data.Clip], steps: int, seed: int = 0, 
     outputs = []
     for start in range(0, len(clips), pack):
         states = []
-        for clip in clips[start:start + pack]:
+        for clip in clips[start : start + pack]:
             request = GenerationRequest(clip.caption, data.HEIGHT, data.WIDTH, data.NUM_FRAMES, steps, seed)
             states += engine.prepare(request, None if text_states is None else text_states[clip.caption])
         while not states[0].finished:
@@ -66,26 +73,46 @@ def report(clips: list[data.Clip], outputs: list[tuple[np.ndarray, np.ndarray]],
     scored = [measure.score(clip, frames, audio) for clip, (frames, audio) in zip(clips, outputs, strict=True)]
     if log is not None:
         for s in scored:
-            log(f"{s['caption']!r}: " + " ".join(f"{k}={'ok' if v else 'WRONG(' + str(s['measured'][k]) + ')'}"
-                                                 for k, v in s["correct"].items()))
+            log(
+                f"{s['caption']!r}: "
+                + " ".join(
+                    f"{k}={'ok' if v else 'WRONG(' + str(s['measured'][k]) + ')'}" for k, v in s["correct"].items()
+                )
+            )
     total = sum(len(s["correct"]) for s in scored)
     right = sum(sum(s["correct"].values()) for s in scored)
-    return {"attribute_accuracy": round(right / max(total, 1), 4), "n_clips": len(scored),
-            "per_attribute": {k: round(sum(s["correct"][k] for s in scored) / max(len(scored), 1), 4)
-                              for k in measure.SCORED},
-            "clips": scored}
+    return {
+        "attribute_accuracy": round(right / max(total, 1), 4),
+        "n_clips": len(scored),
+        "per_attribute": {
+            k: round(sum(s["correct"][k] for s in scored) / max(len(scored), 1), 4) for k in measure.SCORED
+        },
+        "clips": scored,
+    }
 
 
-def evaluate(engine: Engine, clips: list[data.Clip], steps: int | None = None, seed: int = 0, pack: int = 4,
-             out: Path | None = None, log=print) -> dict:
+def evaluate(
+    engine: Engine,
+    clips: list[data.Clip],
+    steps: int | None = None,
+    seed: int = 0,
+    pack: int = 4,
+    out: Path | None = None,
+    log=print,
+) -> dict:
     """Generate (steps None: the config's default_steps) and score `clips` with `engine`; returns
     report's dict without "clips" plus "steps", "seed", "pack" and "seconds" (wall time). With
     `out`, writes <out>/<caption>.mp4 per clip and <out>/report.json (the full report)."""
     start = time.monotonic()
     steps = steps or engine.dit.cfg.default_steps
     outputs = generate(engine, clips, steps, seed, pack)
-    result = {**report(clips, outputs, log), "steps": steps, "seed": seed, "pack": pack,
-              "seconds": round(time.monotonic() - start, 1)}
+    result = {
+        **report(clips, outputs, log),
+        "steps": steps,
+        "seed": seed,
+        "pack": pack,
+        "seconds": round(time.monotonic() - start, 1),
+    }
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         for clip, (frames, audio) in zip(clips, outputs, strict=True):
@@ -96,8 +123,9 @@ def evaluate(engine: Engine, clips: list[data.Clip], steps: int | None = None, s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--clips", type=int, default=len(data.HELD_OUT),
-                        help="how many held-out prompts (from the first)")
+    parser.add_argument(
+        "--clips", type=int, default=len(data.HELD_OUT), help="how many held-out prompts (from the first)"
+    )
     parser.add_argument("--steps", type=int, help="denoise steps (default: the config's)")
     parser.add_argument("--pack", type=int, default=4, help="requests co-batched in one DiT forward")
     parser.add_argument("--config", default="demo")
@@ -106,8 +134,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="folder for the MP4s and report.json")
     args = parser.parse_args()
     engine = load_engine(args.config, args.weights)
-    print(json.dumps(evaluate(engine, data.held_out_clips()[: args.clips], args.steps, args.seed, args.pack,
-                              args.out)))
+    print(json.dumps(evaluate(engine, data.held_out_clips()[: args.clips], args.steps, args.seed, args.pack, args.out)))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ checkpoint.load_weights into the float32 demo config), video_vae.safetensors and
 audio_vae.safetensors (float32 as trained, with their latents_mean / latents_std). The loss
 CSVs are copied to --csv-dir and drawn into one PNG (matplotlib).
 """
+
 import argparse
 import shutil
 from pathlib import Path
@@ -33,7 +34,7 @@ def export_weights(work: Path, out: Path, config: str = "demo") -> list[Path]:
     files = [out / n for n in ("dit.safetensors", "video_vae.safetensors", "audio_vae.safetensors")]
     sizes = [f.stat().st_size for f in files]
     if max(sizes) > MAX_FILE_BYTES or sum(sizes) > MAX_TOTAL_BYTES:
-        raise ValueError(f"weights too large: {dict(zip([f.name for f in files], sizes))}")
+        raise ValueError(f"weights too large: {dict(zip([f.name for f in files], sizes, strict=True))}")
     return files
 
 
@@ -43,11 +44,13 @@ def plot_losses(work: Path, png: Path, csv_dir: Path | None = None) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("video_vae", ["loss"], "video VAE (weighted L1 + MSE)"),
-              ("audio_vae", ["loss", "wave_l1"], "audio VAE (100 x MSE + L1 on the waveform)"),
-              ("dit", ["loss", "video", "audio"], "DiT flow matching (velocity MSE)")]
+    panels = [
+        ("video_vae", ["loss"], "video VAE (weighted L1 + MSE)"),
+        ("audio_vae", ["loss", "wave_l1"], "audio VAE (100 x MSE + L1 on the waveform)"),
+        ("dit", ["loss", "video", "audio"], "DiT flow matching (velocity MSE)"),
+    ]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for ax, (name, columns, title) in zip(axes, panels):
+    for ax, (name, columns, title) in zip(axes, panels, strict=True):
         path = work / f"{name}_loss.csv"
         if not path.exists():
             ax.set_title(f"{title}: no log")

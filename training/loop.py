@@ -5,6 +5,7 @@ rate follows a warm-up + cosine schedule over `total_seconds` of training, count
 resumed runs) and saves its state (state.py) every `save_every` seconds and at the end. The
 loss log is a CSV `<name>_loss.csv` (step, seconds, lr, loss columns) appended across runs.
 """
+
 import csv
 import math
 import time
@@ -26,9 +27,19 @@ def lr_at(progress: float, peak: float, warmup: float = 0.03, floor: float = 0.0
 class Run:
     """Bookkeeping of one resumable run of `name` in `work` (state prefix, loss CSV, clock)."""
 
-    def __init__(self, name: str, work: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 seconds: float, total_seconds: float, peak_lr: float, save_every: float = 60.0,
-                 moment_dtype: torch.dtype = torch.float32, log_every: int = 50):
+    def __init__(
+        self,
+        name: str,
+        work: Path,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        seconds: float,
+        total_seconds: float,
+        peak_lr: float,
+        save_every: float = 60.0,
+        moment_dtype: torch.dtype = torch.float32,
+        log_every: int = 50,
+    ):
         self.name, self.work, self.model, self.optimizer = name, Path(work), model, optimizer
         self.seconds, self.total_seconds, self.peak_lr = seconds, total_seconds, peak_lr
         self.save_every, self.moment_dtype, self.log_every = save_every, moment_dtype, log_every

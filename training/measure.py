@@ -12,6 +12,7 @@
 The background is the per-channel median over the clip (the shape covers under a quarter of
 the frame), so a slightly off background colour does not matter.
 """
+
 import math
 
 import numpy as np
@@ -29,8 +30,7 @@ def measure_video(frames: np.ndarray) -> dict:
     f = np.asarray(frames, dtype=np.float32)
     background = np.median(f.reshape(-1, 3), axis=0)
     mask = np.linalg.norm(f - background, axis=-1) > FOREGROUND_DISTANCE  # [T, H, W]
-    result = {"foreground_fraction": float(mask.mean()), "colour": None, "direction": None,
-              "slope_px_per_frame": None}
+    result = {"foreground_fraction": float(mask.mean()), "colour": None, "direction": None, "slope_px_per_frame": None}
     if mask.sum() == 0:
         return result
     mean_rgb = f[mask].mean(axis=0)
@@ -60,9 +60,13 @@ def measure_audio(audio: np.ndarray, sample_rate: int = AUDIO_SAMPLE_RATE) -> di
     spectrum[0] = 0.0
     peak_hz = float(np.argmax(spectrum) * sample_rate / mono.shape[0])
     pitch = min(data.PITCHES, key=lambda p: abs(math.log(max(peak_hz, 1.0) / data.PITCHES[p])))
-    rms = np.sqrt((a ** 2).mean(axis=1))
-    return {"pitch": pitch, "peak_hz": peak_hz, "side": "left" if rms[0] >= rms[1] else "right",
-            "rms": (float(rms[0]), float(rms[1]))}
+    rms = np.sqrt((a**2).mean(axis=1))
+    return {
+        "pitch": pitch,
+        "peak_hz": peak_hz,
+        "side": "left" if rms[0] >= rms[1] else "right",
+        "rms": (float(rms[0]), float(rms[1])),
+    }
 
 
 SCORED = ("colour", "direction", "pitch", "side")

@@ -6,6 +6,7 @@ tensors are kept in float32; the optimizer moments may be stored in bfloat16 (`m
 to halve the size, which a resumed AdamW does not notice in practice. Metadata (JSON) holds the
 optimizer's param_groups and whatever the trainer passes (step, seconds trained, ...).
 """
+
 import json
 from pathlib import Path
 
@@ -21,9 +22,14 @@ def shard_paths(prefix: str | Path) -> list[Path]:
     return sorted(prefix.parent.glob(f"{prefix.name}-[0-9][0-9].safetensors"))
 
 
-def save_state(prefix: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-               meta: dict, moment_dtype: torch.dtype = torch.float32,
-               max_shard_bytes: int = MAX_SHARD_BYTES) -> list[Path]:
+def save_state(
+    prefix: str | Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    meta: dict,
+    moment_dtype: torch.dtype = torch.float32,
+    max_shard_bytes: int = MAX_SHARD_BYTES,
+) -> list[Path]:
     """Write model + optimizer + meta as shards (old shards of the prefix are replaced)."""
     prefix = Path(prefix)
     tensors = {f"model.{k}": v.detach().float().contiguous().cpu() for k, v in model.state_dict().items()}
@@ -56,8 +62,9 @@ def save_state(prefix: str | Path, model: torch.nn.Module, optimizer: torch.opti
     return paths
 
 
-def load_state(prefix: str | Path, model: torch.nn.Module,
-               optimizer: torch.optim.Optimizer | None = None) -> dict | None:
+def load_state(
+    prefix: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None
+) -> dict | None:
     """Load a state written by save_state into model (strict) and optimizer; returns its meta,
     or None when no shard of the prefix exists. Raises ValueError for an incomplete state."""
     paths = shard_paths(prefix)
@@ -70,7 +77,7 @@ def load_state(prefix: str | Path, model: torch.nn.Module,
     tensors = {}
     for path in paths:
         tensors.update(load_file(str(path)))
-    model_state = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+    model_state = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
     model.load_state_dict(model_state, strict=True)
     if optimizer is not None:
         state: dict[int, dict] = {}

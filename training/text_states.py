@@ -8,7 +8,9 @@ TextEncoder the server uses and carried there. The file holds `states` float16 [
 `captions` is the JSON list of the captions in order: data.train_captions() then the held-out
 captions (data.held_out_clips()), flagged by metadata `num_train`.
 """
+
 import argparse
+import itertools
 import json
 from pathlib import Path
 
@@ -27,8 +29,11 @@ def compute(out: Path) -> None:
     states = [encoder.encode(text) for text in train + held]
     offsets = torch.tensor([0] + [s.shape[0] for s in states]).cumsum(0)
     out.parent.mkdir(parents=True, exist_ok=True)
-    save_file({"states": torch.cat(states).half(), "offsets": offsets}, str(out),
-              metadata={"captions": json.dumps(train + held), "num_train": str(len(train))})
+    save_file(
+        {"states": torch.cat(states).half(), "offsets": offsets},
+        str(out),
+        metadata={"captions": json.dumps(train + held), "num_train": str(len(train))},
+    )
 
 
 def load(path: str | Path) -> tuple[list[str], int, list[torch.Tensor]]:
@@ -37,7 +42,7 @@ def load(path: str | Path) -> tuple[list[str], int, list[torch.Tensor]]:
         meta = f.metadata()
     tensors = load_file(str(path))
     bounds = tensors["offsets"].tolist()
-    states = [tensors["states"][a:b].float() for a, b in zip(bounds, bounds[1:])]
+    states = [tensors["states"][a:b].float() for a, b in itertools.pairwise(bounds)]
     return json.loads(meta["captions"]), int(meta["num_train"]), states
 
 
@@ -48,8 +53,10 @@ def main() -> None:
     compute(args.out)
     captions, num_train, states = load(args.out)
     lengths = [s.shape[0] for s in states]
-    print(f"wrote {args.out}: {len(captions)} captions ({num_train} training), "
-          f"{min(lengths)}..{max(lengths)} tokens, {args.out.stat().st_size / 2**20:.1f} MiB")
+    print(
+        f"wrote {args.out}: {len(captions)} captions ({num_train} training), "
+        f"{min(lengths)}..{max(lengths)} tokens, {args.out.stat().st_size / 2**20:.1f} MiB"
+    )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ warm-up + cosine over --total-seconds; gradient norm clipped at 1 for the video 
 At the end the per-channel latents_mean / latents_std buffers are measured over 256 training
 clips (so the DiT sees unit-scale latents) and the VAE is written to <work>/<which>_vae.safetensors.
 """
+
 import argparse
 import random
 import time
@@ -53,10 +54,10 @@ def video_loss(vae: VideoVAE, groups: torch.Tensor) -> tuple[torch.Tensor, dict]
     recon = vae.decoder(add_noise(z))
     background = torch.tensor(data.BACKGROUND, device=groups.device) / 127.5 - 1.0
     target = groups.view(groups.shape[0], 4, 3, *groups.shape[2:])
-    foreground = ((target - background[None, None, :, None, None]).abs().amax(2, keepdim=True) > 0.1)
+    foreground = (target - background[None, None, :, None, None]).abs().amax(2, keepdim=True) > 0.1
     weight = (1 + (FOREGROUND_WEIGHT - 1) * foreground.float()).expand_as(target).reshape(groups.shape)
     err = recon - groups
-    rec = (weight * (err.abs() + err ** 2)).mean()
+    rec = (weight * (err.abs() + err**2)).mean()
     penalty = LATENT_PENALTY * z.pow(2).mean()
     return rec + penalty, {"loss": rec.item(), "latent_rms": z.pow(2).mean().sqrt().item()}
 
@@ -65,7 +66,7 @@ def audio_crops(clips: list[data.Clip], rng: random.Random, device) -> torch.Ten
     """float32 [2N, 1, AUDIO_CROP] mono crops (both channels of each clip)."""
     audio = data.render_audio(clips, device).reshape(-1, data.AUDIO_SAMPLES)
     starts = [800 * rng.randrange((data.AUDIO_SAMPLES - AUDIO_CROP) // 800 + 1) for _ in range(audio.shape[0])]
-    return torch.stack([a[s:s + AUDIO_CROP] for a, s in zip(audio, starts)])[:, None, :]
+    return torch.stack([a[s : s + AUDIO_CROP] for a, s in zip(audio, starts, strict=True)])[:, None, :]
 
 
 def audio_loss(vae: AudioVAE, crops: torch.Tensor) -> tuple[torch.Tensor, dict]:
@@ -74,8 +75,12 @@ def audio_loss(vae: AudioVAE, crops: torch.Tensor) -> tuple[torch.Tensor, dict]:
     err = recon - crops
     mse, l1 = err.pow(2).mean(), err.abs().mean()
     penalty = LATENT_PENALTY * z.pow(2).mean()
-    return 100 * mse + l1 + penalty, {"loss": (100 * mse + l1).item(), "wave_mse": mse.item(), "wave_l1": l1.item(),
-                                       "latent_rms": z.pow(2).mean().sqrt().item()}
+    return 100 * mse + l1 + penalty, {
+        "loss": (100 * mse + l1).item(),
+        "wave_mse": mse.item(),
+        "wave_l1": l1.item(),
+        "latent_rms": z.pow(2).mean().sqrt().item(),
+    }
 
 
 @torch.no_grad()
@@ -85,7 +90,7 @@ def set_latent_stats(vae, which: str, device, n: int = 256) -> None:
     clips = random_clips(rng, n)
     zs = []
     for i in range(0, n, 32):
-        part = clips[i:i + 32]
+        part = clips[i : i + 32]
         if which == "video":
             zs.append(vae.encoder(video_groups(part, device)).transpose(0, 1).reshape(vae.latents_mean.shape[0], -1))
         else:
@@ -117,8 +122,17 @@ def init_vae(vae, which: str, seed: int) -> None:
                     w.copy_(torch.randn(w.shape, generator=generator) * (AUDIO_INIT_GAIN / fan_in) ** 0.5)
 
 
-def train(which: str, work: Path, seconds: float, total_seconds: float, device: str,
-          batch: int, lr: float = 1e-3, seed: int = 0, stats_clips: int = 256) -> Path:
+def train(
+    which: str,
+    work: Path,
+    seconds: float,
+    total_seconds: float,
+    device: str,
+    batch: int,
+    lr: float = 1e-3,
+    seed: int = 0,
+    stats_clips: int = 256,
+) -> Path:
     torch.manual_seed(seed)
     vae = (VideoVAE() if which == "video" else AudioVAE()).to(device)
     init_vae(vae, which, seed + 1)
@@ -161,13 +175,13 @@ def roundtrip_report(work: Path, device, clips: list[data.Clip]) -> dict:
     frames, audio = data.render_video(clips, device), data.render_audio(clips, device)
     right = total = 0
     psnr = []
-    for clip, f, a in zip(clips, frames, audio):
+    for clip, f, a in zip(clips, frames, audio, strict=True):
         f2 = video_vae.eval().decode(video_vae.encode(f))
-        a2 = audio_vae.eval().decode(audio_vae.encode(a))[:, :audio_num_samples(data.NUM_FRAMES)]
+        a2 = audio_vae.eval().decode(audio_vae.encode(a))[:, : audio_num_samples(data.NUM_FRAMES)]
         correct = measure.score(clip, f2.cpu().numpy(), a2.cpu().numpy())["correct"]
         right, total = right + sum(correct.values()), total + len(correct)
         mse = (f2.float() - f.float()).pow(2).mean().item()
-        psnr.append(10 * torch.log10(torch.tensor(255.0 ** 2 / max(mse, 1e-9))).item())
+        psnr.append(10 * torch.log10(torch.tensor(255.0**2 / max(mse, 1e-9))).item())
     return {"attribute_accuracy": right / total, "n_clips": len(clips), "video_psnr_db": sum(psnr) / len(psnr)}
 
 

@@ -13,10 +13,11 @@ as measured by benchmarks/gpu_backends.py on the GPU (docs/gpu_backends.md) and 
 tests/test_attention_backends.py on the CPU. `get_attention_backend` checks that a backend can
 run on a device and dtype before it is used.
 """
+
 import functools
 import importlib.metadata
 import itertools
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +37,7 @@ def check_cu_seqlens(cu_seqlens: torch.Tensor, total_rows: int) -> list[int]:
     bounds = cu_seqlens.tolist()
     if len(bounds) < 2 or bounds[0] != 0:
         raise ValueError(f"cu_seqlens must start at 0 and hold at least one document, got {bounds[:4]}")
-    if any(b <= a for a, b in zip(bounds, bounds[1:])):
+    if any(b <= a for a, b in itertools.pairwise(bounds)):
         raise ValueError("cu_seqlens must be strictly increasing (no empty documents)")
     if bounds[-1] != total_rows:
         raise ValueError(f"cu_seqlens ends at {bounds[-1]} but q has {total_rows} rows")
@@ -49,8 +50,9 @@ def sdpa_document(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Te
     return out[0].transpose(0, 1)
 
 
-def sdpa_per_document(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+def sdpa_per_document(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int
+) -> torch.Tensor:
     """Per-document `scaled_dot_product_attention`, one call per document (CPU and GPU; on the
     H200 in bf16 it runs cuDNN's sm90 flash kernel).
 
@@ -60,7 +62,7 @@ def sdpa_per_document(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """
     bounds = check_cu_seqlens(cu_seqlens, q.shape[0])
     out = torch.empty(q.shape[0], q.shape[1], v.shape[2], dtype=q.dtype, device=q.device)
-    for start, end in zip(bounds, bounds[1:]):
+    for start, end in itertools.pairwise(bounds):
         out[start:end] = sdpa_document(q[start:end], k[start:end], v[start:end])
     return out
 
@@ -84,8 +86,9 @@ def compiled_flex_attention() -> Callable:
     return torch.compile(flex_attention)
 
 
-def flex_documents(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+def flex_documents(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int
+) -> torch.Tensor:
     """`flex_attention` over the whole pack with a block-diagonal document mask.
 
     Compiled on the GPU (torch.compile's default automatic dynamic shapes: the first shape gets
@@ -100,13 +103,15 @@ def flex_documents(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """
     bounds = check_cu_seqlens(cu_seqlens, q.shape[0])
     attend = compiled_flex_attention() if q.is_cuda else flex_attention
-    out = attend(*(t.transpose(0, 1).unsqueeze(0) for t in (q, k, v)),
-                 block_mask=document_block_mask(tuple(bounds), q.device))
+    out = attend(
+        *(t.transpose(0, 1).unsqueeze(0) for t in (q, k, v)), block_mask=document_block_mask(tuple(bounds), q.device)
+    )
     return out[0].transpose(0, 1)
 
 
-def varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-           cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+def varlen(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int
+) -> torch.Tensor:
     """`torch.nn.attention.varlen.varlen_attn` (PyTorch's flash-attention 2 varlen kernel): one
     call for the whole pack. CUDA, bf16/fp16 only.
 
@@ -120,8 +125,9 @@ def varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen)
 
 
-def flash_attn2(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+def flash_attn2(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int
+) -> torch.Tensor:
     """`flash_attn.flash_attn_varlen_func` of the flash_attn 2.x package, which neither
     scripts/setup.sh nor the Dockerfile installs (`pip install flash-attn` on a CUDA host).
     CUDA, bf16/fp16 only.
@@ -134,8 +140,9 @@ def flash_attn2(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen)
 
 
-def flash_attn4(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+def flash_attn4(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int
+) -> torch.Tensor:
     """`flash_attn.cute.flash_attn_varlen_func` of the flash-attn-4 package (CuTe DSL kernels,
     written against 4.0.0b36, which returns (out, lse)). Hopper or newer GPU, bf16/fp16 only.
 
@@ -145,8 +152,9 @@ def flash_attn4(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     from flash_attn.cute import flash_attn_varlen_func
 
     check_cu_seqlens(cu_seqlens, q.shape[0])
-    return flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens,
-                                  max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen)[0]
+    return flash_attn_varlen_func(
+        q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen
+    )[0]
 
 
 # auto's table. Documents of at most AUTO_VARLEN_MAX_ROWS rows are gathered into one `varlen`
@@ -162,8 +170,7 @@ def flash_attn4(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 AUTO_VARLEN_MAX_ROWS = 128
 
 
-def auto(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-         cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+def auto(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
     """Per document, by its length: documents of at most AUTO_VARLEN_MAX_ROWS rows are gathered
     into one `varlen` call (faster than SDPA once a pack holds about 12 of them, about 0.3 ms
     slower for one to three), longer ones run through per-document SDPA (the fastest measured
@@ -176,7 +183,7 @@ def auto(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     also in the bench DiT (docs/gpu_backends.md).
     """
     bounds = check_cu_seqlens(cu_seqlens, q.shape[0])
-    documents = list(zip(bounds, bounds[1:]))
+    documents = list(itertools.pairwise(bounds))
     short = []
     if unavailable_reason("varlen", q.device, q.dtype) is None:
         short = [(start, end) for start, end in documents if end - start <= AUTO_VARLEN_MAX_ROWS]

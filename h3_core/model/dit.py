@@ -11,6 +11,7 @@ fixed row count (`row_tile`: 64 on the CPU, 4096 on CUDA, where cuBLAS picks oth
 other row counts, docs/gpu_backends.md), and the time embedder and AdaLN projections run once
 per unique timestep value, so no result depends on how many requests share the forward.
 """
+
 import math
 
 import torch
@@ -45,7 +46,7 @@ class Linear(nn.Linear):
         if tiles[-1].shape[0] < tile:
             tiles[-1] = F.pad(tiles[-1], (0, 0, 0, tile - tiles[-1].shape[0]))
         out = x.new_empty(len(tiles) * tile, self.out_features)
-        for part, dst in zip(tiles, out.split(tile)):
+        for part, dst in zip(tiles, out.split(tile), strict=True):
             if self.bias is None:
                 torch.mm(part, self.weight.t(), out=dst)
             else:
@@ -77,8 +78,14 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.eps, dtype)
         self.out_proj = Linear(cfg.attn_width, cfg.hidden_size, bias=False, dtype=dtype)
 
-    def forward(self, x: torch.Tensor, attention: AttentionFn, cu_seqlens: torch.Tensor,
-                max_seqlen: int, rope: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        attention: AttentionFn,
+        cu_seqlens: torch.Tensor,
+        max_seqlen: int,
+        rope: torch.Tensor | None,
+    ) -> torch.Tensor:
         rows = x.shape[0]
         q, k, v = self.qkv_proj(x).view(rows, 3, self.heads, self.head_dim).unbind(1)
         q, k = self.q_norm(q), self.k_norm(k)
@@ -225,8 +232,13 @@ class H3DiT(nn.Module):
         device: where the parameters live ("meta" for shape-only models).
     """
 
-    def __init__(self, cfg: DiTConfig, attention_backend: str = "sdpa", row_tile: int | None = None,
-                 device: str | torch.device = "cpu"):
+    def __init__(
+        self,
+        cfg: DiTConfig,
+        attention_backend: str = "sdpa",
+        row_tile: int | None = None,
+        device: str | torch.device = "cpu",
+    ):
         super().__init__()
         self.cfg = cfg
         dtype = cfg.torch_dtype
@@ -256,8 +268,9 @@ class H3DiT(nn.Module):
                 module.row_tile = min(row_tile, ROW_ALIGN) if id(module) in refiner else row_tile
 
     @torch.inference_mode()
-    def forward(self, video: torch.Tensor, audio: torch.Tensor, text: torch.Tensor,
-                batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, video: torch.Tensor, audio: torch.Tensor, text: torch.Tensor, batch: PackedBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One packed forward.
 
         Args:
@@ -283,8 +296,7 @@ class H3DiT(nn.Module):
         text_in = torch.zeros(batch.refiner_rows, cfg.text_dim, dtype=dtype, device=device)
         text_in.index_copy_(0, refiner_text_rows, text.to(dtype))
         refiner_cu = batch.refiner_cu_seqlens.to(device)
-        refined = self.token_refiner(self.condition_proj(text_in), self.attention, refiner_cu,
-                                     batch.refiner_max_seqlen)
+        refined = self.token_refiner(self.condition_proj(text_in), self.attention, refiner_cu, batch.refiner_max_seqlen)
         x.index_copy_(0, batch.text_rows.to(device), refined[refiner_text_rows])
 
         # Conditioning: one time embedding per unique timestep; row -> AdaLN row index.
@@ -294,14 +306,23 @@ class H3DiT(nn.Module):
         rope = rope_table(batch.position_ids.to(device), cfg.rope_freqs_per_axis, cfg.rope_theta, dtype)
         cu_seqlens = batch.cu_seqlens.to(device)
 
-        video_out, audio_out = self.transformer(x, t_emb, mod_index, timestep_index, self.attention, cu_seqlens,
-                                                batch.max_seqlen, rope)
+        video_out, audio_out = self.transformer(
+            x, t_emb, mod_index, timestep_index, self.attention, cu_seqlens, batch.max_seqlen, rope
+        )
         return video_out[video_rows], audio_out[audio_rows]
 
-    def transformer(self, x: torch.Tensor, t_emb: torch.Tensor, mod_index: torch.Tensor,
-                    timestep_index: torch.Tensor, attention: AttentionFn, cu_seqlens: torch.Tensor | None,
-                    max_seqlen: int | None, rope: torch.Tensor, per_timestep: bool = True
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def transformer(
+        self,
+        x: torch.Tensor,
+        t_emb: torch.Tensor,
+        mod_index: torch.Tensor,
+        timestep_index: torch.Tensor,
+        attention: AttentionFn,
+        cu_seqlens: torch.Tensor | None,
+        max_seqlen: int | None,
+        rope: torch.Tensor,
+        per_timestep: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The AdaLN blocks and the final layer over embedded rows: the part of `forward` after
         the embedding, shared by serving (forward) and training (training/dit_train.py, which
         calls it with gradients, its own attention function and per_timestep=False).

@@ -1,9 +1,9 @@
 """3-axis half-split rotary position embedding (h3_spec §1.5)."""
+
 import torch
 
 
-def rope_table(position_ids: torch.Tensor, freqs_per_axis: int, theta: float,
-               dtype: torch.dtype) -> torch.Tensor:
+def rope_table(position_ids: torch.Tensor, freqs_per_axis: int, theta: float, dtype: torch.dtype) -> torch.Tensor:
     """Rotary table [rows, 6R] = [cos(angles) (3R) | sin(angles) (3R)] in `dtype`.
 
     position_ids: float64 [rows, 3] (t, h, w). inv_freq_i = theta^(-i/R), i = 0..R-1 (fp32);

@@ -9,6 +9,7 @@ h3_core/step_loop.py and runs without Triton.
 SIGUSR1 (sent by server.launch before it stops the server) starts draining: at the next step
 boundary every job ends with CANCELLED and newcomers are refused with UNAVAILABLE:.
 """
+
 import json
 import logging
 import signal
@@ -35,13 +36,18 @@ class TritonMetrics:
     the series for the server's totals."""
 
     def __init__(self, labels: dict[str, str]):
-        kinds = {"gauge": pb_utils.MetricFamily.GAUGE, "counter": pb_utils.MetricFamily.COUNTER,
-                 "histogram": pb_utils.MetricFamily.HISTOGRAM}
+        kinds = {
+            "gauge": pb_utils.MetricFamily.GAUGE,
+            "counter": pb_utils.MetricFamily.COUNTER,
+            "histogram": pb_utils.MetricFamily.HISTOGRAM,
+        }
         self.families, self.metrics = [], {}  # Triton requires the families to stay referenced
         for name, (kind, description, buckets) in METRICS.items():
             family = pb_utils.MetricFamily(name=name, description=description, kind=kinds[kind])
             self.families.append(family)
-            self.metrics[name] = family.Metric(labels=labels, buckets=buckets) if buckets else family.Metric(labels=labels)
+            self.metrics[name] = (
+                family.Metric(labels=labels, buckets=buckets) if buckets else family.Metric(labels=labels)
+            )
 
     def increment(self, name: str, amount: float = 1) -> None:
         self.metrics[name].increment(amount)
@@ -62,10 +68,15 @@ class TritonLogHandler(logging.Handler):
 
 
 def response(video, audio, progress, preview, info: dict) -> "pb_utils.InferenceResponse":
-    return pb_utils.InferenceResponse([
-        pb_utils.Tensor(VIDEO_LATENT, video), pb_utils.Tensor(AUDIO_LATENT, audio),
-        pb_utils.Tensor("PROGRESS", np.array([progress], dtype=np.int32)), pb_utils.Tensor("PREVIEW", preview),
-        json_tensor("INFO", info)])
+    return pb_utils.InferenceResponse(
+        [
+            pb_utils.Tensor(VIDEO_LATENT, video),
+            pb_utils.Tensor(AUDIO_LATENT, audio),
+            pb_utils.Tensor("PROGRESS", np.array([progress], dtype=np.int32)),
+            pb_utils.Tensor("PREVIEW", preview),
+            json_tensor("INFO", info),
+        ]
+    )
 
 
 def to_response(event) -> tuple["pb_utils.InferenceResponse", int]:
@@ -81,8 +92,13 @@ def to_response(event) -> tuple["pb_utils.InferenceResponse", int]:
         info = {"kind": "progress", "request_id": event.request_id}
         return response(EMPTY_VIDEO, EMPTY_AUDIO, [event.step, event.total, event.queue_position], preview, info), 0
     if isinstance(event, Result):
-        return response(event.video_latent[None].numpy(), event.audio_latent[None].numpy(),
-                        [event.info["num_inference_steps"]] * 2 + [0], EMPTY_PREVIEW, event.info), FINAL if event.final else 0
+        return response(
+            event.video_latent[None].numpy(),
+            event.audio_latent[None].numpy(),
+            [event.info["num_inference_steps"]] * 2 + [0],
+            EMPTY_PREVIEW,
+            event.info,
+        ), FINAL if event.final else 0
     if isinstance(event, Ended):
         info = {"kind": "error", "request_id": event.request_id, "code": event.code, "message": event.message}
         return response(EMPTY_VIDEO, EMPTY_AUDIO, [event.step, event.total, 0], EMPTY_PREVIEW, info), FINAL
@@ -108,8 +124,15 @@ class TritonPythonModel:
             labels["gpu"] = args["model_instance_device_id"]
             instance += f"_gpu{args['model_instance_device_id']}"  # Triton names them alike on every GPU
         labels["instance"] = instance
-        engine = load_engine(settings.config_name, resolve_path(args, settings.checkpoint_dir), device,
-                             settings.attention_backend, with_encoder=False, with_vaes=False, limits=settings.limits())
+        engine = load_engine(
+            settings.config_name,
+            resolve_path(args, settings.checkpoint_dir),
+            device,
+            settings.attention_backend,
+            with_encoder=False,
+            with_vaes=False,
+            limits=settings.limits(),
+        )
         engine.warm_up()
         self.loop = StepLoop(engine, settings, Registry(server_folder(), instance), TritonMetrics(labels))
         signal.signal(signal.SIGUSR1, lambda signum, frame: self.loop.start_draining())
@@ -124,13 +147,19 @@ class TritonPythonModel:
         for request in requests:
             flags = request.flags()
             text = pb_utils.get_input_tensor_by_name(request, TEXT_EMBEDS)
-            arrivals.append(Arrival(
-                handle=request, key=request.correlation_id(), request_id=request.request_id(),
-                new=bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START),
-                sequence_end=bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END),
-                request_json=list(pb_utils.get_input_tensor_by_name(request, REQUEST).as_numpy().reshape(-1)),
-                text_embeds=None if text is None else text.as_numpy(), parameters_json=request.parameters(),
-                cancelled=request.is_cancelled() or sender(request).is_cancelled()))
+            arrivals.append(
+                Arrival(
+                    handle=request,
+                    key=request.correlation_id(),
+                    request_id=request.request_id(),
+                    new=bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START),
+                    sequence_end=bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END),
+                    request_json=list(pb_utils.get_input_tensor_by_name(request, REQUEST).as_numpy().reshape(-1)),
+                    text_embeds=None if text is None else text.as_numpy(),
+                    parameters_json=request.parameters(),
+                    cancelled=request.is_cancelled() or sender(request).is_cancelled(),
+                )
+            )
 
         def send(event) -> None:
             message, flags = to_response(event)

@@ -2,6 +2,7 @@
 h3_core.encoder). The request parameters and the inputs' shapes are checked before the prompt
 is encoded, so a malformed request costs no encoder time; when every h3_dit instance is full
 (h3_core.registry) the request is refused with UNAVAILABLE before encoding."""
+
 import time
 
 import triton_python_backend_utils as pb_utils
@@ -18,8 +19,9 @@ class TritonPythonModel:
     def initialize(self, args):
         self.settings = EncoderSettings.from_parameters(model_parameters(args))
         set_threads(self.settings.cpu_threads)
-        self.encoder = TextEncoder(self.settings.encoder_path or None, self.settings.hidden_layer,
-                                   self.settings.max_tokens)
+        self.encoder = TextEncoder(
+            self.settings.encoder_path or None, self.settings.hidden_layer, self.settings.max_tokens
+        )
         self.encoder.encode("warm up")  # first-call set-up is not paid by the first client
         self.registry = Registry(server_folder())
 
@@ -66,5 +68,6 @@ class TritonPythonModel:
             raise Overloaded(full)
         embeds = self.encoder.encode(prompt)
         fields.update(encode_seconds=time.perf_counter() - start, received_unix_s=received)
-        return pb_utils.InferenceResponse([pb_utils.Tensor(TEXT_EMBEDS, embeds[None].numpy()),
-                                           json_tensor(REQUEST, fields)])
+        return pb_utils.InferenceResponse(
+            [pb_utils.Tensor(TEXT_EMBEDS, embeds[None].numpy()), json_tensor(REQUEST, fields)]
+        )

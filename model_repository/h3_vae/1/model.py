@@ -9,6 +9,7 @@ request's decode. Each request gets exactly one (final) response. With request p
 return_mp4 false the latents are still decoded but no MP4 is encoded: VIDEO_MP4 is empty
 (BYTES [1, 0]), so a server without PyAV can serve FRAMES / AUDIO (h3_dit refuses return_mp4
 true there). A malformed direct request is refused with INVALID_ARG."""
+
 import functools
 import json
 import queue
@@ -25,8 +26,15 @@ from h3_core.engine import decode_clip, load_vaes
 from h3_core.layout import audio_latent_frames, latent_frames
 from h3_core.media import encode_mp4
 from h3_core.ordered_pool import OrderedPool
-from h3_core.protocol import (AUDIO_LATENT, CANCEL_FIELD, DIT_MODEL, REQUEST, TEXT_EMBEDS, VIDEO_LATENT,
-                              check_request_parameters)
+from h3_core.protocol import (
+    AUDIO_LATENT,
+    CANCEL_FIELD,
+    DIT_MODEL,
+    REQUEST,
+    TEXT_EMBEDS,
+    VIDEO_LATENT,
+    check_request_parameters,
+)
 from h3_core.registry import IDS_REMEMBERED
 from h3_core.settings import VaeSettings
 from h3_core.step_loop import end_line
@@ -68,13 +76,22 @@ def check_result(info: dict, video: torch.Tensor, audio: torch.Tensor) -> None:
     if info["kind"] != "result" or any(type(info.get(name)) is not int for name in RESULT_FIELDS):
         raise ValueError(f"INFO of a response with latents must be a result holding integers {list(RESULT_FIELDS)}")
     if video.dim() != 5 or video.shape[0] != 1 or audio.dim() != 4 or audio.shape[0] != 1:
-        raise ValueError(f"{VIDEO_LATENT} must be [1, 24, T_lat, Hl, Wl] and {AUDIO_LATENT} [1, 2, 32, T_a], got "
-                         f"{list(video.shape)} and {list(audio.shape)}")
+        raise ValueError(
+            f"{VIDEO_LATENT} must be [1, 24, T_lat, Hl, Wl] and {AUDIO_LATENT} [1, 2, 32, T_a], got "
+            f"{list(video.shape)} and {list(audio.shape)}"
+        )
 
 
 def response(mp4, frames, audio, passed: list, info: dict) -> "pb_utils.InferenceResponse":
-    return pb_utils.InferenceResponse([pb_utils.Tensor("VIDEO_MP4", mp4), pb_utils.Tensor("FRAMES", frames),
-                                       pb_utils.Tensor("AUDIO", audio), *passed, json_tensor("INFO", info)])
+    return pb_utils.InferenceResponse(
+        [
+            pb_utils.Tensor("VIDEO_MP4", mp4),
+            pb_utils.Tensor("FRAMES", frames),
+            pb_utils.Tensor("AUDIO", audio),
+            *passed,
+            json_tensor("INFO", info),
+        ]
+    )
 
 
 class GoneClients:
@@ -101,14 +118,20 @@ class GoneClients:
     def _run(self) -> None:
         while (request_id := self.queue.get()) is not None:
             control = pb_utils.InferenceRequest(
-                model_name=DIT_MODEL, requested_output_names=["INFO"],
-                inputs=[pb_utils.Tensor(TEXT_EMBEDS, np.zeros((1, 0, 0), dtype=np.float32)),
-                        pb_utils.Tensor(REQUEST, np.array([[json.dumps({CANCEL_FIELD: request_id}).encode()]],
-                                                          dtype=object))])
+                model_name=DIT_MODEL,
+                requested_output_names=["INFO"],
+                inputs=[
+                    pb_utils.Tensor(TEXT_EMBEDS, np.zeros((1, 0, 0), dtype=np.float32)),
+                    pb_utils.Tensor(
+                        REQUEST, np.array([[json.dumps({CANCEL_FIELD: request_id}).encode()]], dtype=object)
+                    ),
+                ],
+            )
             for answer in control.exec(decoupled=True):
                 if answer.has_error():
-                    pb_utils.Logger.log_error(f"h3_vae: cancel of request {request_id} (client gone) failed: "
-                                              f"{answer.error().message()}")
+                    pb_utils.Logger.log_error(
+                        f"h3_vae: cancel of request {request_id} (client gone) failed: {answer.error().message()}"
+                    )
             pb_utils.Logger.log_info(f"h3_vae: request {request_id}: its client is gone; cancelled")
 
     def close(self) -> None:
@@ -122,10 +145,16 @@ class TritonPythonModel:
         set_threads(settings.cpu_threads)
         self.video_vae, self.audio_vae = load_vaes(resolve_path(args, settings.checkpoint_dir), settings.device)
         # warm up: first-call set-up is not paid by the first client
-        decode_clip(self.video_vae, self.audio_vae, 1, torch.zeros(24, latent_frames(1), 2, 2),
-                    torch.zeros(2, 32, audio_latent_frames(1)))
-        self.decodes_family = pb_utils.MetricFamily(name="h3_vae_decodes_total", description="latents decoded to a clip",
-                                                    kind=pb_utils.MetricFamily.COUNTER)  # Triton needs it referenced
+        decode_clip(
+            self.video_vae,
+            self.audio_vae,
+            1,
+            torch.zeros(24, latent_frames(1), 2, 2),
+            torch.zeros(2, 32, audio_latent_frames(1)),
+        )
+        self.decodes_family = pb_utils.MetricFamily(
+            name="h3_vae_decodes_total", description="latents decoded to a clip", kind=pb_utils.MetricFamily.COUNTER
+        )  # Triton needs it referenced
         self.decodes = self.decodes_family.Metric(labels={"model": "h3_vae"})
         self.pool = OrderedPool(settings.decode_workers, name="h3_vae-decode")
         self.gone = GoneClients()
@@ -150,12 +179,15 @@ class TritonPythonModel:
             except ValueError as error:
                 sender.send(error_response("INVALID_ARG", str(error)), flags=FINAL)
                 continue
-            self.pool.submit(str(info.get("request_id", "")),
-                             functools.partial(self.decode, sender, info, video[0], audio[0], passed, parameters))
+            self.pool.submit(
+                str(info.get("request_id", "")),
+                functools.partial(self.decode, sender, info, video[0], audio[0], passed, parameters),
+            )
         return None
 
-    def decode(self, sender, info: dict, video: torch.Tensor, audio: torch.Tensor, passed: list,
-               parameters: dict) -> None:
+    def decode(
+        self, sender, info: dict, video: torch.Tensor, audio: torch.Tensor, passed: list, parameters: dict
+    ) -> None:
         """Decode one output's latents and send its final response (on a pool thread): the clip,
         or INVALID_ARG for latents that do not fit INFO, or INTERNAL for any other failure."""
         start = time.perf_counter()
@@ -163,25 +195,46 @@ class TritonPythonModel:
             frames, audio = decode_clip(self.video_vae, self.audio_vae, info["num_frames"], video, audio)
             self.decodes.increment(1)
             frames, audio = frames.cpu(), audio.cpu()
-            mp4 = np.array([[encode_mp4(frames, audio)]], dtype=object) if parameters.get("return_mp4", True) else EMPTY_MP4
+            mp4 = (
+                np.array([[encode_mp4(frames, audio)]], dtype=object)
+                if parameters.get("return_mp4", True)
+                else EMPTY_MP4
+            )
             info.setdefault("stage_seconds", {})["decode"] = time.perf_counter() - start
             if info.get("output_index") == info.get("num_outputs", 1) - 1:
-                pb_utils.Logger.log_info("h3_vae: " + end_line(
-                    str(info.get("request_id")), "completed", info["height"], info["width"], info["num_frames"],
-                    info.get("num_inference_steps", 0), info.get("num_inference_steps", 0), info["stage_seconds"]))
-            message = response(mp4, frames[None].numpy() if parameters.get("return_frames") else EMPTY_FRAMES,
-                               audio[None].numpy() if parameters.get("return_audio") else EMPTY_AUDIO, passed, info)
+                pb_utils.Logger.log_info(
+                    "h3_vae: "
+                    + end_line(
+                        str(info.get("request_id")),
+                        "completed",
+                        info["height"],
+                        info["width"],
+                        info["num_frames"],
+                        info.get("num_inference_steps", 0),
+                        info.get("num_inference_steps", 0),
+                        info["stage_seconds"],
+                    )
+                )
+            message = response(
+                mp4,
+                frames[None].numpy() if parameters.get("return_frames") else EMPTY_FRAMES,
+                audio[None].numpy() if parameters.get("return_audio") else EMPTY_AUDIO,
+                passed,
+                info,
+            )
         except ValueError as error:
             message = error_response("INVALID_ARG", str(error))
         except Exception as error:  # noqa: BLE001 - the request fails alone, with one line
-            pb_utils.Logger.log_error(f"h3_vae: decode of request {info.get('request_id')} failed:\n"
-                                      f"{traceback.format_exc()}")
+            pb_utils.Logger.log_error(
+                f"h3_vae: decode of request {info.get('request_id')} failed:\n{traceback.format_exc()}"
+            )
             message = error_response("INTERNAL", f"decode failed ({type(error).__name__}); see the server log")
         try:
             sender.send(message)  # not final yet: a failed send (e.g. /dev/shm full) closes a final sender
         except pb_utils.TritonModelException as error:
-            message = error_response("UNAVAILABLE", f"the result of request {info.get('request_id')} could not be "
-                                                    f"sent: {error}")
+            message = error_response(
+                "UNAVAILABLE", f"the result of request {info.get('request_id')} could not be sent: {error}"
+            )
             sender.send(message)
         sender.send(flags=FINAL)
 
