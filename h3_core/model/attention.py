@@ -157,16 +157,9 @@ def flash_attn4(
     )[0]
 
 
-# auto's table. Documents of at most AUTO_VARLEN_MAX_ROWS rows are gathered into one `varlen`
-# call, longer ones run through per-document SDPA. Measured on an NVIDIA H200 (PyTorch
-# 2.11.0+cu130, bf16, 56 heads x 128) on 2026-11-29, ms per pack of n documents of `rows` rows,
-# sdpa / varlen / auto gathering documents of up to 512 rows (docs/gpu_backends.md):
-#   rows   | n = 1                 | n = 12                | n = 96
-#   128    | 0.091 / 0.163 / 0.449 | 0.673 / 0.159 / 0.370 | 7.329 / 0.350 / 1.514
-#   512    | 0.140 / 0.158 / 0.285 | 0.652 / 0.399 / 0.893 | 5.088 / 2.303 / 5.726
-#   2048   | 0.286 / 0.480         | 2.706 / 4.231         |
-#   16384  | 12.84 / 22.31         |                       |
-# With the gather, varlen pays off for 128-row documents (from about 12 a pack), not for 512.
+# auto's threshold: documents of at most this many rows are gathered into one `varlen` call, longer
+# ones run through per-document SDPA; with the gather, varlen pays off for 128-row documents (from
+# about 12 a pack), not for 512 (the H200 table in docs/gpu_backends.md).
 AUTO_VARLEN_MAX_ROWS = 128
 
 
