@@ -136,6 +136,9 @@ def check_url(url: str) -> str:
     naming it otherwise."""
     if "://" in url:
         raise ValueError(f"url must be host:port without a scheme, got {url!r}")
+    port = url.rpartition(":")[2]
+    if not (port.isdigit() and 1 <= int(port) <= 65535):
+        raise ValueError(f"url must be host:port with a port in 1..65535, got {url!r}")
     return url
 
 

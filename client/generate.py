@@ -234,15 +234,19 @@ def main(argv: list[str] | None = None) -> int:
             (path, wav_bytes(result.audio))
             for result, path in zip(results, numbered(args.wav, len(results)), strict=True)
         ]
-    for path, data in files:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
     written = [str(path) for path, _ in files]
-    if args.preview_dir is not None:
-        args.preview_dir.mkdir(parents=True, exist_ok=True)
-        for step, image in results[0].previews:
-            np.save(args.preview_dir / f"step-{step:03d}.npy", image)
-        written.append(f"{len(results[0].previews)} previews in {args.preview_dir}")
+    try:
+        for path, data in files:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        if args.preview_dir is not None:
+            args.preview_dir.mkdir(parents=True, exist_ok=True)
+            for step, image in results[0].previews:
+                np.save(args.preview_dir / f"step-{step:03d}.npy", image)
+            written.append(f"{len(results[0].previews)} previews in {args.preview_dir}")
+    except OSError as error:  # e.g. the disk is full: checked writable before, but not its space
+        print(f"error: the clip was generated but could not be written: {error}", file=sys.stderr)
+        return 1
     info = results[0].info
     seeds = ", ".join(str(result.info["seed"]) for result in results)
     print(

@@ -18,13 +18,15 @@ lock, so an answer is always consistent with what the holder of the request does
 - finish(id): forget a live id, remember it as finished; True when its cancel flag was set.
 
 The folder is one per tritonserver process (the model stubs are its children and share
-os.getppid()): `<tmp>/h3-triton-<server pid>/registry.json`; its memories are bounded by
-IDS_REMEMBERED and EARLY_CANCEL_SECONDS.
+os.getppid()): `<tmp>/h3-triton-<server pid>-<its start time>/registry.json`, removed when the
+last DiT instance leaves; its memories are bounded by IDS_REMEMBERED and EARLY_CANCEL_SECONDS,
+ids by protocol.MAX_REQUEST_ID_CHARS (checked in the step loop).
 """
 
 import fcntl
 import json
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -59,8 +61,11 @@ class DitLoad:
 
 def server_folder(server_pid: int | None = None) -> Path:
     """The shared folder of the tritonserver with pid `server_pid` (None: the calling model
-    stub's parent, the server)."""
-    return Path(tempfile.gettempdir()) / f"h3-triton-{os.getppid() if server_pid is None else server_pid}"
+    stub's parent, the server): `<tmp>/h3-triton-<pid>-<its start time in clock ticks>`, so a
+    later process that reuses the pid never meets a dead server's ids."""
+    pid = os.getppid() if server_pid is None else server_pid
+    started = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]  # field 22, starttime
+    return Path(tempfile.gettempdir()) / f"h3-triton-{pid}-{started}"
 
 
 class Registry:
@@ -76,6 +81,7 @@ class Registry:
     def _state(self, write: bool = True):
         """The registry's content under the lock, expired memories dropped; written back when
         `write`."""
+        self.folder.mkdir(parents=True, exist_ok=True)  # again: the last DiT instance to leave removes it
         with open(self.folder / "registry.lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
@@ -136,10 +142,14 @@ class Registry:
             return state["cancels"].pop(request_id, None) is not None
 
     def leave(self) -> None:
-        """This instance stops (model unload): its load and live ids are removed."""
+        """This instance stops (model unload): its load and live ids are removed; the last
+        instance to leave removes the registry's files."""
         with self._state() as (state, _):
             state["loads"].pop(self.instance, None)
             state["live"] = {k: v for k, v in state["live"].items() if v != self.instance}
+            last = not state["loads"]
+        if last:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
     def refusal(self) -> str | None:
         """The UNAVAILABLE message when every DiT instance that reported is full (the emptiest

@@ -53,7 +53,10 @@ BYTE_ORDER_MARK = "\ufeff"  # dropped once from the start of a prompt (a decoder
 # Unicode general categories of characters that show nothing: separators (Zs space, Zl line,
 # Zp paragraph), controls (Cc: tab, newline, ...) and format characters (Cf: U+200B zero-width
 # space, U+200D zero-width joiner, U+FEFF, bidi marks, ...).
-INVISIBLE_CATEGORIES = frozenset({"Zs", "Zl", "Zp", "Cc", "Cf"})
+INVISIBLE_CATEGORIES = frozenset({"Zs", "Zl", "Zp", "Cc", "Cf", "Mn", "Me"})  # + marks that only combine
+# default-ignorable or blank characters of other categories (Unicode DerivedCoreProperties, and the
+# blank braille pattern): Hangul fillers, variation selectors, U+2800
+INVISIBLE_CHARACTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800") | frozenset(map(chr, range(0xFE00, 0xFE10)))
 SHOWN_PROMPT_CHARS = 32  # an error message quotes at most this many characters of a prompt
 
 
@@ -70,11 +73,12 @@ def check_prompt(prompt: str) -> str:
     (U+FEFF); nothing else is changed. Raises ValueError "prompt must be a non-empty string, got
     ..." if `prompt` is not a str or is empty, and "prompt must contain visible characters, got
     ..." (the prompt's repr, cut after SHOWN_PROMPT_CHARS characters) if every character is in
-    INVISIBLE_CATEGORIES, e.g. only spaces, newlines, zero-width spaces or byte-order marks.
+    INVISIBLE_CATEGORIES or INVISIBLE_CHARACTERS, e.g. only spaces, newlines, zero-width spaces,
+    byte-order marks, lone combining marks or Hangul fillers.
     """
     if not isinstance(prompt, str) or not prompt:
         raise ValueError(f"prompt must be a non-empty string, got {prompt!r}")
-    if all(unicodedata.category(char) in INVISIBLE_CATEGORIES for char in prompt):
+    if all(unicodedata.category(char) in INVISIBLE_CATEGORIES or char in INVISIBLE_CHARACTERS for char in prompt):
         raise ValueError(f"prompt must contain visible characters, got {_shown(prompt)}")
     return prompt.removeprefix(BYTE_ORDER_MARK)
 

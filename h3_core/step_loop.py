@@ -45,7 +45,15 @@ from . import layout as L
 from . import scheduler
 from .engine import Engine, preview_frame
 from .media import MP4_AVAILABLE
-from .protocol import CANCEL_FIELD, EARLY_CANCEL_SECONDS, INT_INPUTS, REQUEST_FIELDS, check_request_parameters
+from .protocol import (
+    CANCEL_FIELD,
+    EARLY_CANCEL_SECONDS,
+    INT_INPUTS,
+    MAX_PRIORITY,
+    MAX_REQUEST_ID_CHARS,
+    REQUEST_FIELDS,
+    check_request_parameters,
+)
 from .registry import IDS_REMEMBERED, DitLoad, Registry
 from .request import GenerationRequest
 from .scheduler import Overloaded, Scheduler
@@ -255,6 +263,8 @@ def read_request_json(elements: list) -> dict:
         fields = json.loads(elements[0])
     except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
         raise ValueError(f"REQUEST is not valid JSON: {error}") from None
+    except RecursionError:
+        raise ValueError("REQUEST is not valid JSON: nested too deeply") from None
     if not isinstance(fields, dict):
         raise ValueError(f"REQUEST must hold one JSON object, got {type(fields).__name__}")
     if CANCEL_FIELD in fields:
@@ -265,6 +275,8 @@ def read_request_json(elements: list) -> dict:
                 "holds that field alone"
             )
         target = fields[CANCEL_FIELD]
+        if type(target) is str and len(target) > MAX_REQUEST_ID_CHARS:
+            raise ValueError(f"{CANCEL_FIELD} has {len(target)} characters: allowed 1..{MAX_REQUEST_ID_CHARS}")
         if type(target) is not str or not target:
             got = (
                 "null"
@@ -568,6 +580,11 @@ class StepLoop:
                 raise ValueError(f"{name}={value} is out of range: allowed finite >= 0 seconds")
         # deadline_s counts from the request's arrival at the server (h3_encoder), else at the DiT
         since_received = 0.0 if received is None else max(0.0, time.time() - received)
+        if len(arrival.request_id) > MAX_REQUEST_ID_CHARS:
+            raise ValueError(f"request id has {len(arrival.request_id)} characters: allowed 1..{MAX_REQUEST_ID_CHARS}")
+        priority = parameters.get("request_priority", 0)
+        if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
+            raise ValueError(f"request_priority={priority} is out of range: allowed {-MAX_PRIORITY}..{MAX_PRIORITY}")
         request_id = arrival.request_id or f"h3-{secrets.token_hex(8)}"
         generation = GenerationRequest(prompt="(encoded)", request_id=request_id, **values)
         states = self.engine.prepare(generation, text)
@@ -581,7 +598,7 @@ class StepLoop:
             deadline_s=deadline_s,
             deadline_at=None if deadline_s is None else now + deadline_s - since_received,
             encode_s=encode_s,
-            priority=parameters.get("request_priority", 0),
+            priority=priority,
             fault=fault,
         )
 

@@ -439,3 +439,9 @@ def test_generate_cli_writes_every_output_wav_and_preview(monkeypatch, tmp_path,
         ]
     )
     assert re.fullmatch(rf"wrote {re.escape(written)} \(22 frames 96x64, 2 steps\) in \d+\.\d\d s, seeds 7, 8", line)
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:99999", "127.0.0.1:0", "127.0.0.1", "host:port"])
+def test_a_url_without_a_valid_port_is_refused(url):
+    with pytest.raises(ValueError, match=r"^url must be host:port with a port in 1\.\.65535, got "):
+        H3Client(url)

@@ -124,3 +124,10 @@ def test_leading_byte_order_mark_is_dropped(encoder):
     assert check_prompt("\u200ba") == "\u200ba"
     assert encoder.count_tokens("\ufeff" + PROMPT) == 14
     assert torch.equal(encoder.encode("\ufeff" + PROMPT), encoder.encode(PROMPT))
+
+
+@pytest.mark.parametrize("prompt", ["\u3164", "\ufe0f", "\u2800\u2800", "\u0301\u0301"])
+def test_default_ignorable_and_lone_combining_characters_are_not_visible(prompt):
+    with pytest.raises(ValueError, match="^prompt must contain visible characters, got "):
+        check_prompt(prompt)
+    assert check_prompt("e\u0301") == "e\u0301"  # a combining mark on a letter is fine

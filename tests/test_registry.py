@@ -62,3 +62,14 @@ def test_the_scheduler_refuses_with_the_same_words():
     with pytest.raises(Overloaded) as error:
         scheduler.add(Job(key=2, request_id="b", states=[SimState(10, 3)]))
     assert str(error.value) == DitLoad(1, 1, 0).message()
+
+
+def test_the_last_instance_to_leave_removes_the_folder(tmp_path):
+    folder = tmp_path / "h3-triton-1-2"
+    first, second = Registry(folder, "h3_dit_0_0"), Registry(folder, "h3_dit_0_1")
+    first.boundary([], DitLoad(0, 4, 8))
+    second.boundary([], DitLoad(0, 4, 8))
+    first.leave()
+    assert (folder / "registry.json").is_file()
+    second.leave()
+    assert not folder.exists()

@@ -346,6 +346,11 @@ def test_an_unexpected_admission_error_refuses_only_that_request(engine, caplog,
         ([b'{"received_unix_s": -1}'], "received_unix_s=-1 is out of range: allowed finite >= 0 seconds"),
         ([b'{"cancel_request_id": 7}'], "cancel_request_id must be a non-empty string, got number 7"),
         ([b"{}", b"{}"], "REQUEST must hold one JSON object, got 2 elements"),
+        ([b"[" * 100000 + b"]" * 100000], "REQUEST is not valid JSON: nested too deeply"),
+        (
+            [json.dumps({"cancel_request_id": "x" * 257}).encode()],
+            "cancel_request_id has 257 characters: allowed 1..256",
+        ),
     ],
 )
 def test_malformed_request_json_is_refused(engine, request_json, message):
@@ -422,3 +427,17 @@ def test_a_cancel_landing_during_the_last_step_wins_over_the_result(engine, tmp_
     assert first.of("racer", Ended)[0].message == "request racer cancelled by request at step 2 of 2"
     assert_solo(engine, first.of("neighbour", Result)[0], 2, 6)
     assert second.cancel("racer") == "finished"
+
+
+@pytest.mark.parametrize(
+    "request_id, parameters, message",
+    [
+        ("x" * 257, {}, "request id has 257 characters: allowed 1..256"),
+        ("prio", {"request_priority": 101}, "request_priority=101 is out of range: allowed -100..100"),
+    ],
+)
+def test_ids_and_priorities_are_bounded(engine, request_id, parameters, message):
+    client = Client(make_loop(engine))
+    client.send(request_id, steps=1, parameters=parameters)
+    (refused,) = client.iterate()
+    assert (refused.code, refused.message) == ("INVALID_ARG", message)

@@ -30,10 +30,12 @@ class TritonPythonModel:
         for request in requests:
             try:
                 responses.append(self.encode(request))
-            except ValueError as error:
-                responses.append(error_response("INVALID_ARG", str(error)))
-            except Overloaded as error:
-                responses.append(error_response("UNAVAILABLE", str(error)))
+            except (ValueError, Overloaded) as error:
+                code = "INVALID_ARG" if isinstance(error, ValueError) else "UNAVAILABLE"
+                pb_utils.Logger.log_info(
+                    f"h3_encoder: request {request.request_id() or '(no id)'} refused: {code}: {error}"
+                )
+                responses.append(error_response(code, str(error)))
         return responses
 
     def encode(self, request):
