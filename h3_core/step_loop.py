@@ -531,12 +531,7 @@ class StepLoop:
                     "request parameter 'inject_fault' is refused: h3_dit parameter allow_fault_injection is not 'true'"
                 )
             check_fault(fault)
-        for name in ("progress_every", "preview_every"):
-            if parameters.get(name, 0) < 0:
-                raise ValueError(f"{name}={parameters[name]} is send of range: allowed >= 0")
-        deadline_s = parameters.get("deadline_s")
-        if deadline_s is not None and not deadline_s > 0:
-            raise ValueError(f"deadline_s={deadline_s} is send of range: allowed > 0 seconds")
+        deadline_s = parameters.get("deadline_s")  # its range: check_request_parameters
         cfg = self.engine.dit.cfg
         values = dict(
             height=cfg.default_height,
