@@ -140,7 +140,8 @@ def record(outcome: Outcome, result, error) -> bool:
         outcome.finals += 1
         outcome.error = H3Error.from_server(error).code
         return True
-    info = json.loads(result.as_numpy("INFO").reshape(-1)[0]) if result.as_numpy("INFO").size else {}
+    info_tensor = result.as_numpy("INFO")  # None on the empty final response that ends a stream
+    info = json.loads(info_tensor.reshape(-1)[0]) if info_tensor is not None and info_tensor.size else {}
     if info.get("kind") == "result":
         outcome.results[info["output_index"]] = digest(result)
     if info.get("kind") == "error":  # a started request that ended early (h3_dit's `ending`)

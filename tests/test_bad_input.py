@@ -419,7 +419,7 @@ def test_reused_sequence_id_ends_the_first_request_naming_its_request_id(server,
             result, error = responses.get(timeout=30)
             assert error is None
             info = json.loads(result.as_numpy("INFO").reshape(-1)[0])
-            if info["kind"] != "progress":
+            if info["kind"] not in ("progress", "heartbeat"):  # h3_dit called directly sends heartbeats too
                 break
         assert info == {
             "kind": "error",
@@ -485,7 +485,9 @@ def test_bad_input_sequence_end_without_sequence_id_still_completes(server, refe
     )
     assert error is None
     result = next(
-        r for r in responses if r.as_numpy("INFO").size and json.loads(r.as_numpy("INFO")[0, 0])["kind"] == "result"
+        r
+        for r in responses
+        if r.as_numpy("INFO") is not None and json.loads(r.as_numpy("INFO")[0, 0])["kind"] == "result"
     )
     assert result.as_numpy("FRAMES")[0].tobytes() == reference[0].frames.tobytes()
     assert result.as_numpy("AUDIO")[0].tobytes() == reference[0].audio.tobytes()
@@ -493,6 +495,6 @@ def test_bad_input_sequence_end_without_sequence_id_still_completes(server, refe
 
 def test_bad_input_left_every_model_process_in_place(server, reference):
     assert stub_pids(server.pid) == reference[1]
-    assert set(reference[1]) == {"h3_encoder", "h3_dit", "h3_vae"}
+    assert sorted(reference[1].values()) == ["h3_dit_0_0", "h3_encoder_0_0", "h3_vae_0_0"]
     metrics = idle_metrics(server)
     assert metrics["h3_active_requests"] == 0 and metrics["h3_waiting_requests"] == 0

@@ -24,7 +24,7 @@ import tritonclient.grpc as grpcclient
 
 from client.api import H3Client, H3Error
 from h3_core.model.attention import get_attention_backend
-from server.process import TritonServer, dit_stubs, stub_pids
+from server.process import TritonServer, dit_stubs, metric_samples, stub_pids
 from server.repository import plan, write_repository
 
 from .serving import ROOT, idle_metrics, model_repository_copy, raw_stream
@@ -40,12 +40,7 @@ def metrics_text(metrics_url: str) -> str:
 
 def sample(text: str, name: str, **labels) -> float:
     """The value of the first sample of `name` whose labels include `labels`."""
-    wanted = [f'{key}="{value}"' for key, value in labels.items()]
-    return next(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(name + "{") and all(label in line for label in wanted)
-    )
+    return metric_samples(text, name, **labels)[0].value
 
 
 def wait_until(condition, timeout_s: float) -> bool:
@@ -254,7 +249,8 @@ def test_field_case_c6_a_dead_or_stalled_dit_is_visible_and_the_launcher_restart
         assert outcome["stalled"].code == "UNAVAILABLE"  # the restart closed the stream
         urls = launcher_urls(log, count=3)
         assert re.search(
-            r"the h3_dit heartbeat is \d+ s old with work pending: restarting tritonserver", log.read_text()
+            r"the h3_dit heartbeat of h3_dit_0_0 is \d+ s old with work pending: restarting tritonserver",
+            log.read_text(),
         )
         assert client.generate("after the second restart", num_inference_steps=2)[0].info["num_frames"] == 22
         # 3. SIGTERM with a request in flight: drained, then a prompt exit
@@ -313,7 +309,8 @@ def test_field_case_c7_perf_analyzer_latency_is_the_final_responses(server, tmp_
     # the export holds the binary outputs as raw bytes: not UTF-8, control characters in strings
     profile = json.loads(export.read_bytes().decode("utf-8", "replace"), strict=False)
     requests = profile["experiments"][0]["requests"]
-    assert [len(r["response_timestamps"]) for r in requests] == [7] * 6  # 6 progress responses + the result
+    # 6 progress responses, the result, and the empty final response that ends h3_vae's answer to it
+    assert [len(r["response_timestamps"]) for r in requests] == [8] * 6
     last_progress_us = np.mean([(r["response_timestamps"][5] - r["timestamp"]) / 1000 for r in requests])
     assert latency_us > last_progress_us
 
@@ -440,11 +437,8 @@ def test_field_case_c13_strided_qkv_views_equal_contiguous_copies_on_a_3_x_16384
 
 def pack_sizes(server) -> dict[str, float]:
     """Cumulative h3_pack_requests histogram: bucket bound -> packs with at most that many outputs."""
-    text = metrics_text(server.metrics_url)
-    return {
-        match.group(1): float(match.group(2))
-        for match in re.finditer(r'^h3_pack_requests_bucket\{model="h3_dit",le="([^"]+)"\} (\S+)$', text, re.M)
-    }
+    buckets = metric_samples(metrics_text(server.metrics_url), "h3_pack_requests_bucket", model="h3_dit")
+    return {sample.labels["le"]: sample.value for sample in buckets}
 
 
 @pytest.mark.parametrize("concurrency", [1, 2, 4])
