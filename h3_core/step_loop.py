@@ -86,7 +86,9 @@ class Arrival:
     new: the START flag (first delivery); sequence_end: the END flag (refused).
     request_json: REQUEST's elements (bytes); text_embeds: TEXT_EMBEDS float32 [1, L, text_dim];
     parameters_json: Triton's JSON text of the request parameters.
-    cancelled: the client cancelled the request natively (gRPC cancellation of a direct call)."""
+    is_cancelled: whether the client cancelled the request natively (gRPC cancellation of a
+    direct call); called only for the request of a live job at its step boundary, never after
+    the request's final response (asking Triton 2.51 then crashes the server)."""
 
     handle: Any
     key: object
@@ -96,7 +98,7 @@ class Arrival:
     request_json: list = field(default_factory=list)
     text_embeds: np.ndarray | None = None
     parameters_json: str = "{}"
-    cancelled: bool = False
+    is_cancelled: Callable[[], bool] = lambda: False
 
 
 @dataclass
@@ -182,6 +184,7 @@ class Job(scheduler.Job):
     arrival_s, first_step_s) plus its lifecycle. Times are seconds on the loop's clock."""
 
     handle: Any = None  # the adapter's request object, refreshed every iteration
+    is_cancelled: Callable[[], bool] = lambda: False  # its Arrival's, refreshed every iteration
     status: Status = Status.WAITING
     progress_every: int = 0
     preview_every: int = 0
@@ -465,8 +468,7 @@ class StepLoop:
         if job is not None:
             job.handle = arrival.handle
             job.absent = 0
-            if arrival.cancelled and job.cancel_reason is None:
-                job.cancel_reason = "cancelled by the client"
+            job.is_cancelled = arrival.is_cancelled
         return job
 
     def refuse(self, send: Send, arrival: Arrival, code: str, message: str) -> None:
@@ -649,6 +651,8 @@ class StepLoop:
             if job.key not in self.jobs:
                 continue
             reason = "cancelled because the server is shutting down" if self.draining else job.cancel_reason
+            if reason is None and job.is_cancelled():
+                reason = "cancelled by the client"
             if reason is None and job.deadline_at is not None and now > job.deadline_at:
                 reason = f"deadline of {job.deadline_s} s expired"
                 self.metrics.increment("h3_deadline_expiries_total")

@@ -441,3 +441,18 @@ def test_ids_and_priorities_are_bounded(engine, request_id, parameters, message)
     client.send(request_id, steps=1, parameters=parameters)
     (refused,) = client.iterate()
     assert (refused.code, refused.message) == ("INVALID_ARG", message)
+
+
+def test_native_cancellation_is_asked_only_of_live_jobs_at_their_step_boundary(engine):
+    """Asking Triton 2.51 whether a request is cancelled after its final response crashes the
+    server, so the loop asks only for the requests of live jobs, before their step."""
+    client, asked = Client(make_loop(engine)), []
+    client.send("native", steps=5, seed=1)
+    client.iterate()
+    arrival = next(iter(client.live.values()))
+    arrival.is_cancelled = lambda: asked.append("native") or True
+    client.cancel("someone")  # a control request: never asked
+    client.iterate()
+    assert asked == ["native"] and not client.live
+    ended, = client.of("native", Ended)
+    assert ended.message == "request native cancelled by the client at step 1 of 5"

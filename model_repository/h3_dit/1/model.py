@@ -157,7 +157,7 @@ class TritonPythonModel:
                     request_json=list(pb_utils.get_input_tensor_by_name(request, REQUEST).as_numpy().reshape(-1)),
                     text_embeds=None if text is None else text.as_numpy(),
                     parameters_json=request.parameters(),
-                    cancelled=request.is_cancelled() or sender(request).is_cancelled(),
+                    is_cancelled=lambda request=request: request.is_cancelled() or sender(request).is_cancelled(),
                 )
             )
 
