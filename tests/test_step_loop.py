@@ -454,5 +454,5 @@ def test_native_cancellation_is_asked_only_of_live_jobs_at_their_step_boundary(e
     client.cancel("someone")  # a control request: never asked
     client.iterate()
     assert asked == ["native"] and not client.live
-    ended, = client.of("native", Ended)
+    (ended,) = client.of("native", Ended)
     assert ended.message == "request native cancelled by the client at step 1 of 5"
