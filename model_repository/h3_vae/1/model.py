@@ -5,7 +5,9 @@ Decoupled: every h3_dit response reaches this model through the ensemble; one wi
 (progress, an early end, a cancel answer) is answered at once with empty outputs, and one with
 latents is decoded on a pool of `decode_workers` threads (h3_core.ordered_pool: one request's
 outputs in order, different requests in parallel), so no response waits behind another
-request's decode. Each request gets exactly one (final) response. With request parameter
+request's decode; a heartbeat is answered with a final flag and no response (the client sees
+nothing), a result with its response and then the final flag. Everything that touches the stub
+runs under one lock (stub_lock), execute() included. With request parameter
 return_mp4 false the latents are still decoded but no MP4 is encoded: VIDEO_MP4 is empty
 (BYTES [1, 0]), so a server without PyAV can serve FRAMES / AUDIO (h3_dit refuses return_mp4
 true there). A malformed direct request is refused with INVALID_ARG."""
@@ -158,8 +160,18 @@ class TritonPythonModel:
         self.decodes = self.decodes_family.Metric(labels={"model": "h3_vae"})
         self.pool = OrderedPool(settings.decode_workers, name="h3_vae-decode")
         self.gone = GoneClients()
+        # Everything that touches the stub (reading requests, making tensors, sending) happens
+        # under this lock: in Triton 2.51 a decode thread sending while execute() ran crashed
+        # tritonserver (docs/reliability.md); the decodes themselves run outside it.
+        self.stub_lock = threading.Lock()
 
     def execute(self, requests):
+        with self.stub_lock:
+            self.answer(requests)
+        return None
+
+    def answer(self, requests) -> None:
+        """Answer what needs no decode at once; queue decodes on the pool (under stub_lock)."""
         for request in requests:
             sender = request.get_response_sender()
             try:
@@ -183,60 +195,60 @@ class TritonPythonModel:
                 str(info.get("request_id", "")),
                 functools.partial(self.decode, sender, info, video[0], audio[0], passed, parameters),
             )
-        return None
 
     def decode(
         self, sender, info: dict, video: torch.Tensor, audio: torch.Tensor, passed: list, parameters: dict
     ) -> None:
-        """Decode one output's latents and send its final response (on a pool thread): the clip,
-        or INVALID_ARG for latents that do not fit INFO, or INTERNAL for any other failure."""
-        start = time.perf_counter()
+        """Decode one output's latents (on a pool thread, without the lock) and send its final
+        response (under stub_lock): the clip, or INVALID_ARG for latents that do not fit INFO,
+        or INTERNAL for any other failure."""
+        start, error, outputs = time.perf_counter(), None, None
         try:
             frames, audio = decode_clip(self.video_vae, self.audio_vae, info["num_frames"], video, audio)
-            self.decodes.increment(1)
             frames, audio = frames.cpu(), audio.cpu()
             mp4 = (
                 np.array([[encode_mp4(frames, audio)]], dtype=object)
                 if parameters.get("return_mp4", True)
                 else EMPTY_MP4
             )
+            outputs = (
+                mp4,
+                frames[None].numpy() if parameters.get("return_frames") else EMPTY_FRAMES,
+                audio[None].numpy() if parameters.get("return_audio") else EMPTY_AUDIO,
+            )
             info.setdefault("stage_seconds", {})["decode"] = time.perf_counter() - start
-            if info.get("output_index") == info.get("num_outputs", 1) - 1:
-                pb_utils.Logger.log_info(
-                    "h3_vae: "
-                    + end_line(
+        except Exception as caught:  # noqa: BLE001 - the request fails alone, with one line
+            error, trace = caught, traceback.format_exc()
+        with self.stub_lock:
+            if isinstance(error, ValueError):
+                message = error_response("INVALID_ARG", str(error))
+            elif error is not None:
+                pb_utils.Logger.log_error(f"h3_vae: decode of request {info.get('request_id')} failed:\n{trace}")
+                message = error_response("INTERNAL", f"decode failed ({type(error).__name__}); see the server log")
+            else:
+                self.decodes.increment(1)
+                if info.get("output_index") == info.get("num_outputs", 1) - 1:
+                    seconds, steps = info["stage_seconds"], info.get("num_inference_steps", 0)
+                    line = end_line(
                         str(info.get("request_id")),
                         "completed",
                         info["height"],
                         info["width"],
                         info["num_frames"],
-                        info.get("num_inference_steps", 0),
-                        info.get("num_inference_steps", 0),
-                        info["stage_seconds"],
+                        steps,
+                        steps,
+                        seconds,
                     )
+                    pb_utils.Logger.log_info(f"h3_vae: {line}")
+                message = response(*outputs, passed, info)
+            try:
+                sender.send(message)  # not final yet: a failed send (e.g. /dev/shm full) closes a final sender
+            except pb_utils.TritonModelException as failed:
+                request_id = info.get("request_id")
+                sender.send(
+                    error_response("UNAVAILABLE", f"the result of request {request_id} could not be sent: {failed}")
                 )
-            message = response(
-                mp4,
-                frames[None].numpy() if parameters.get("return_frames") else EMPTY_FRAMES,
-                audio[None].numpy() if parameters.get("return_audio") else EMPTY_AUDIO,
-                passed,
-                info,
-            )
-        except ValueError as error:
-            message = error_response("INVALID_ARG", str(error))
-        except Exception as error:  # noqa: BLE001 - the request fails alone, with one line
-            pb_utils.Logger.log_error(
-                f"h3_vae: decode of request {info.get('request_id')} failed:\n{traceback.format_exc()}"
-            )
-            message = error_response("INTERNAL", f"decode failed ({type(error).__name__}); see the server log")
-        try:
-            sender.send(message)  # not final yet: a failed send (e.g. /dev/shm full) closes a final sender
-        except pb_utils.TritonModelException as error:
-            message = error_response(
-                "UNAVAILABLE", f"the result of request {info.get('request_id')} could not be sent: {error}"
-            )
-            sender.send(message)
-        sender.send(flags=FINAL)
+            sender.send(flags=FINAL)
 
     def finalize(self):
         self.pool.close()
