@@ -5,7 +5,7 @@ to the full 50-layer `h3`. The media constants are fixed by the H3 design and sh
 layout, the VAEs and the writer.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -71,6 +71,25 @@ class DiTConfig:
         return getattr(torch, self.dtype)
 
 
+# the full MiniMax-H3 DiT (h3_spec §8); `bench` is its first 8 layers
+H3 = DiTConfig(
+    name="h3",
+    num_layers=50,
+    hidden_size=5376,
+    num_heads=56,
+    head_dim=128,
+    ffn_size=14336,
+    text_dim=5120,
+    rope_freqs_per_axis=16,
+    time_embed_hidden_size=5376,
+    time_embed_dim=2688,
+    dtype="bfloat16",
+    default_steps=30,
+    default_height=384,
+    default_width=672,
+    default_num_frames=209,
+)
+
 CONFIGS = {
     "tiny": DiTConfig(
         name="tiny",
@@ -122,40 +141,8 @@ CONFIGS = {
         default_width=96,
         default_num_frames=22,
     ),
-    "bench": DiTConfig(
-        name="bench",
-        num_layers=8,
-        hidden_size=5376,
-        num_heads=56,
-        head_dim=128,
-        ffn_size=14336,
-        text_dim=5120,
-        rope_freqs_per_axis=16,
-        time_embed_hidden_size=5376,
-        time_embed_dim=2688,
-        dtype="bfloat16",
-        default_steps=30,
-        default_height=384,
-        default_width=672,
-        default_num_frames=209,
-    ),
-    "h3": DiTConfig(
-        name="h3",
-        num_layers=50,
-        hidden_size=5376,
-        num_heads=56,
-        head_dim=128,
-        ffn_size=14336,
-        text_dim=5120,
-        rope_freqs_per_axis=16,
-        time_embed_hidden_size=5376,
-        time_embed_dim=2688,
-        dtype="bfloat16",
-        default_steps=30,
-        default_height=384,
-        default_width=672,
-        default_num_frames=209,
-    ),
+    "bench": replace(H3, name="bench", num_layers=8),
+    "h3": H3,
 }
 
 
