@@ -47,7 +47,7 @@ CANCEL_FIELD = "cancel_request_id"
 # Error codes: every error message starts with one of these and ": ". Streaming clients receive
 # only the message text; through the ensemble Triton 2.51 prefixes "in ensemble 'h3_pipeline', ".
 ERROR_CODES = ("INVALID_ARG", "UNAVAILABLE", "CANCELLED", "INTERNAL")
-CODE_PATTERN = re.compile(r"^(INVALID_ARG|UNAVAILABLE|CANCELLED|INTERNAL): ")
+CODE_PATTERN = re.compile(rf"^({'|'.join(ERROR_CODES)}): ")
 
 # INFO["kind"]: "progress" (PROGRESS, maybe PREVIEW), "result" (one output), "error" (a started request
 # that ended early: INFO holds "code" and "message"; its final response), "cancel" (the answer to a

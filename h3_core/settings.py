@@ -9,6 +9,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from .protocol import DIT_MODEL, ENCODER_MODEL, VAE_MODEL
 from .request import RequestLimits
 from .scheduler import DEFAULT_AGING_S, DEFAULT_POLICY, POLICIES
 
@@ -58,7 +59,7 @@ class EncoderSettings:
     MiniLM-L6 package folder); hidden_layer (index into hidden_states, -1 = last); max_tokens
     (prompt tokens, special tokens included); max_prompt_bytes (UTF-8 bytes)."""
 
-    MODEL = "h3_encoder"
+    MODEL = ENCODER_MODEL
     cpu_threads: int = 1
     encoder_path: str = ""
     hidden_layer: int = -1
@@ -79,7 +80,7 @@ class VaeSettings:
     to the folder above the model repository); device ("cpu", "cuda", "cuda:N"); decode_workers
     (threads decoding different requests at once, >= 1; docs/reliability.md measures them)."""
 
-    MODEL = "h3_vae"
+    MODEL = VAE_MODEL
     cpu_threads: int = 1
     checkpoint_dir: str = "checkpoints/tiny"
     device: str = "cpu"
@@ -112,7 +113,7 @@ class DitSettings:
     1 <= row_budget <= max_batch_rows, aging_s > 0, positive sizes, and (with Triton's
     max_batch_size) max_batch_size == max_num_seqs + max_waiting + CONTROL_SLOTS."""
 
-    MODEL = "h3_dit"
+    MODEL = DIT_MODEL
     cpu_threads: int = 1
     config_name: str = "tiny"
     checkpoint_dir: str = "checkpoints/tiny"
