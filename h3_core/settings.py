@@ -56,12 +56,17 @@ def _to_parameters(settings) -> dict[str, str]:
 @dataclass(frozen=True)
 class EncoderSettings:
     """h3_encoder: cpu_threads (torch threads of the model's process); encoder_path ("" = the
-    MiniLM-L6 package folder); hidden_layer (index into hidden_states, -1 = last); max_tokens
-    (prompt tokens, special tokens included); max_prompt_bytes (UTF-8 bytes)."""
+    MiniLM-L6 package folder; a Qwen3-VL folder such as an official checkpoint's text_encoder/);
+    tokenizer_path ("" = encoder_path); device ("cpu", "cuda", "cuda:N"); hidden_layer (index into
+    hidden_states: -1 = last for MiniLM, the number of decoder layers run for Qwen3-VL, 50 for
+    H3, h3_core.encoder); max_tokens (prompt tokens, special tokens included); max_prompt_bytes
+    (UTF-8 bytes)."""
 
     MODEL = ENCODER_MODEL
     cpu_threads: int = 1
     encoder_path: str = ""
+    tokenizer_path: str = ""
+    device: str = "cpu"
     hidden_layer: int = -1
     max_tokens: int = 256
     max_prompt_bytes: int = RequestLimits.max_prompt_bytes
@@ -76,15 +81,18 @@ class EncoderSettings:
 
 @dataclass(frozen=True)
 class VaeSettings:
-    """h3_vae: cpu_threads; checkpoint_dir (holding video_vae / audio_vae .safetensors, relative
-    to the folder above the model repository); device ("cpu", "cuda", "cuda:N"); decode_workers
-    (threads decoding different requests at once, >= 1; docs/reliability.md measures them)."""
+    """h3_vae: cpu_threads; checkpoint_dir (holding video_vae / audio_vae .safetensors, or an
+    official checkpoint's video_vae/ and audio_vae/ folders; relative to the folder above the model
+    repository); device ("cpu", "cuda", "cuda:N"); decode_workers (threads decoding different
+    requests at once, >= 1; docs/reliability.md measures them); trust_remote_code (run the Python
+    code an official checkpoint's VAE folders ship, h3_core.vae_hook; off by default)."""
 
     MODEL = VAE_MODEL
     cpu_threads: int = 1
     checkpoint_dir: str = "checkpoints/tiny"
     device: str = "cpu"
     decode_workers: int = 2
+    trust_remote_code: bool = False
 
     def __post_init__(self):
         if self.decode_workers < 1:
