@@ -1,0 +1,117 @@
+"""The official MiniMax-H3 checkpoint layout, and a synthetic checkpoint in it.
+
+    python -m h3_core.official_checkpoint DIR [--config tiny] [--seed 0]
+
+An official checkpoint is one folder (h3_spec §1.3, §4):
+
+    transformer/   the DiT: config.json (diffusers keys) + diffusion_pytorch_model*.safetensors
+    text_encoder/  Qwen3-VL (config.json model_type "qwen3_vl" + model*.safetensors)
+    tokenizer/     its Qwen2 tokenizer (tokenizer.json + tokenizer_config.json)
+    video_vae/     remote code: config.json auto_map + a Python module + weights (h3_core.vae_hook)
+    audio_vae/     the same for the audio VAE
+
+The command writes such a folder with seeded random weights, nothing downloaded: the DiT of
+`--config` in diffusers names, a random Qwen3-VL of the DiT's text width with QWEN3VL_LAYERS
+decoder layers (H3 reads hidden_states[50]: the cut drops the last ones, as on the real
+model), a byte-level tokenizer, and our VAEs behind the remote-code hook. Serve it with
+`python -m server.launch --config tiny --checkpoint DIR --set h3_vae.trust_remote_code=true`.
+"""
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+from .checkpoint import init_weights
+
+TRANSFORMER, TEXT_ENCODER, TOKENIZER, VIDEO_VAE, AUDIO_VAE = (
+    "transformer",
+    "text_encoder",
+    "tokenizer",
+    "video_vae",
+    "audio_vae",
+)
+QWEN3VL_LAYERS = 52  # decoder layers of the synthetic Qwen3-VL: two more than H3 reads
+QWEN_SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+
+
+def is_official(folder: str | Path) -> bool:
+    """True when `folder` holds an official-layout checkpoint (it has transformer/)."""
+    return (Path(folder) / TRANSFORMER).is_dir()
+
+
+def write_byte_tokenizer(folder: str | Path) -> Path:
+    """Write a Qwen2-class byte-level BPE tokenizer without merges (one token per UTF-8 byte, ids
+    0..255 in the order of the byte-level alphabet, then QWEN_SPECIAL_TOKENS) to `folder`
+    (tokenizer.json, tokenizer_config.json naming Qwen2Tokenizer) and return the folder."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tokenizer = Tokenizer(models.BPE(vocab={char: i for i, char in enumerate(alphabet)}, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(list(QWEN_SPECIAL_TOKENS))
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    wrapped.save_pretrained(str(folder))
+    config = Path(folder) / "tokenizer_config.json"
+    text = config.read_text().replace('"TokenizersBackend"', '"Qwen2Tokenizer"')
+    config.write_text(text)
+    return Path(folder)
+
+
+def write_random_qwen3vl(
+    folder: str | Path, width: int, num_layers: int = QWEN3VL_LAYERS, seed: int = 0, dtype: str = "bfloat16"
+) -> Path:
+    """Write a seeded random Qwen3-VL (transformers' Qwen3VLForConditionalGeneration: a text
+    decoder of `num_layers` layers and hidden size `width`, 4 query heads and 2 key/value heads of
+    32 dims, MLP 128, interleaved M-RoPE sections (6, 5, 5) at theta 5e6 like Qwen3-VL; a
+    one-block vision tower) to `folder` (config.json, model.safetensors in `dtype`), values from
+    h3_core.checkpoint.init_weights(model, seed). Its vocabulary is write_byte_tokenizer's.
+    Raises ValueError if width is not a positive multiple of 32."""
+    if width <= 0 or width % 32:
+        raise ValueError(f"width must be a positive multiple of 32, got {width}")
+    vocab = 256 + len(QWEN_SPECIAL_TOKENS)
+    config = Qwen3VLConfig(
+        text_config={
+            "vocab_size": vocab,
+            "hidden_size": width,
+            "intermediate_size": 128,
+            "num_hidden_layers": num_layers,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "max_position_embeddings": 4096,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 5e6,
+                "mrope_section": [6, 5, 5],
+                "mrope_interleaved": True,
+            },
+            "dtype": dtype,
+        },
+        vision_config={
+            "depth": 1,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_heads": 2,
+            "out_hidden_size": width,
+            "deepstack_visual_indexes": [0],
+            "num_position_embeddings": 16,
+        },
+        image_token_id=256 + QWEN_SPECIAL_TOKENS.index("<|image_pad|>"),
+        video_token_id=256 + QWEN_SPECIAL_TOKENS.index("<|video_pad|>"),
+        vision_start_token_id=256 + QWEN_SPECIAL_TOKENS.index("<|vision_start|>"),
+        vision_end_token_id=256 + QWEN_SPECIAL_TOKENS.index("<|vision_end|>"),
+        dtype=dtype,
+    )
+    model = Qwen3VLForConditionalGeneration(config)
+    init_weights(model, seed)
+    model.to(getattr(torch, dtype)).save_pretrained(str(folder))
+    return Path(folder)

@@ -1,0 +1,87 @@
+"""The Qwen3-VL text encoder of the official checkpoint (h3_spec §4.1), on a tiny random
+Qwen3-VL and byte-level tokenizer written in the official layout (nothing downloaded)."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import Qwen3VLForConditionalGeneration
+
+from h3_core.encoder import TextEncoder, text_width
+from h3_core.official_checkpoint import write_byte_tokenizer, write_random_qwen3vl
+
+PROMPT = "a red ball rolls"  # 16 bytes -> 16 tokens of the byte-level tokenizer
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("qwen3vl")
+    text = write_random_qwen3vl(root / "text_encoder", width=64, num_layers=4, dtype="float32")
+    return text, write_byte_tokenizer(root / "tokenizer")
+
+
+def test_layout_shape_dtype_and_golden_value(folders):
+    text, tokenizer = folders
+    config = json.loads((text / "config.json").read_text())
+    assert config["model_type"] == "qwen3_vl" and config["text_config"]["num_hidden_layers"] == 4
+    assert text_width(text) == 64
+    encoder = TextEncoder(str(text), hidden_layer=2, tokenizer_path=str(tokenizer))
+    assert encoder.width == 64 and encoder.count_tokens(PROMPT) == 16
+    # verbatim, no special tokens: one token per byte ("a" is byte-level symbol 64, " " is 220)
+    assert encoder.tokenizer(PROMPT, add_special_tokens=False)["input_ids"][:3] == [64, 220, 81]
+    states = encoder.encode(PROMPT)
+    assert states.shape == (16, 64) and states.dtype == torch.float32
+    golden = torch.tensor([-2.418106, -2.487848, -0.800350, -3.177398])  # token "a", after decoder layer 1
+    torch.testing.assert_close(states[0, :4], golden, atol=1e-4, rtol=0)
+
+
+def test_cut_equals_full_models_hidden_states(folders):
+    """A k-layer cut gives exactly the full model's hidden_states[k] for k below the depth; at
+    the full depth transformers' last entry is after the final norm (the trap), which the cut
+    does not apply."""
+    text, tokenizer = folders
+    full = Qwen3VLForConditionalGeneration.from_pretrained(str(text), local_files_only=True).eval()
+    cuts = [TextEncoder(str(text), hidden_layer=k, tokenizer_path=str(tokenizer)) for k in range(5)]
+    ids = torch.tensor([cuts[0].tokenizer(PROMPT, add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        hidden = full.model.language_model(
+            input_ids=ids, attention_mask=torch.ones_like(ids), output_hidden_states=True
+        ).hidden_states
+        for k in range(4):
+            assert torch.equal(cuts[k].encode(PROMPT), hidden[k][0])
+        residual = cuts[4].encode(PROMPT)
+        assert not torch.equal(residual, hidden[4][0])
+        assert torch.equal(full.model.language_model.norm(residual[None])[0], hidden[4][0])
+
+
+def test_layer_selection_refused_and_unused_layers_never_read(folders, tmp_path):
+    text, tokenizer = folders
+    with pytest.raises(
+        ValueError,
+        match=r"^hidden_layer=50 is out of range for the Qwen3-VL text encoder .*text_encoder: it has 4 "
+        r"decoder layers, so allowed 0\.\.4 \(H3 uses 50\)$",
+    ):
+        TextEncoder(str(text), hidden_layer=50, tokenizer_path=str(tokenizer))
+    # a copy without decoder layer 3's tensors still loads a 3-layer cut: they are never read
+    cut = tmp_path / "text_encoder"
+    cut.mkdir()
+    (cut / "config.json").write_text((text / "config.json").read_text())
+    state = load_file(str(text / "model.safetensors"))
+    save_file({k: v for k, v in state.items() if ".layers.3." not in k}, str(cut / "model.safetensors"))
+    three = TextEncoder(str(cut), hidden_layer=3, tokenizer_path=str(tokenizer)).encode(PROMPT)
+    assert torch.equal(three, TextEncoder(str(text), hidden_layer=3, tokenizer_path=str(tokenizer)).encode(PROMPT))
+    with pytest.raises(ValueError, match=r"text_encoder is missing tensor 'model\.language_model\.layers\.3\."):
+        TextEncoder(str(cut), hidden_layer=4, tokenizer_path=str(tokenizer))
+
+
+def test_bf16_checkpoint_gives_float32_states(tmp_path):
+    text = write_random_qwen3vl(tmp_path / "text_encoder", width=64, num_layers=2)  # bf16, as MiniMax-H3's
+    tokenizer = write_byte_tokenizer(tmp_path / "tokenizer")
+    encoder = TextEncoder(str(text), hidden_layer=2, tokenizer_path=str(tokenizer))
+    assert next(encoder.model.parameters()).dtype == torch.bfloat16
+    states = encoder.encode(PROMPT)
+    assert states.dtype == torch.float32 and states.shape == (16, 64)
+    assert torch.equal(states, encoder.encode(PROMPT))
+    with pytest.raises(FileNotFoundError, match=r"^tokenizer folder /nonexistent/tokenizer not found$"):
+        TextEncoder(str(text), hidden_layer=2, tokenizer_path="/nonexistent/tokenizer")
