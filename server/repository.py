@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import shutil
 import sys
 import textwrap
@@ -37,11 +36,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from h3_core.checkpoint_setup import CHECKPOINT_FILES
+from h3_core.checkpoint import (
+    AUDIO_VAE_FILE,
+    DIT_FILE,
+    TRANSFORMER_FOLDER,
+    VIDEO_VAE_FILE,
+    check_transformer_config,
+    source_seed,
+)
 from h3_core.config import get_config
+from h3_core.encoder import QWEN3VL_H3_LAYER, text_width
 from h3_core.layout import make_layout
+from h3_core.official_checkpoint import TEXT_ENCODER, TOKENIZER, is_official
 from h3_core.request import request_memory_mb
 from h3_core.settings import CONTROL_SLOTS, DitSettings, EncoderSettings, VaeSettings
+from h3_core.vae_hook import check_official_vaes, is_official_vae_folder
 
 from . import sizing
 from .options import DEVICES, add_arguments
@@ -185,6 +194,19 @@ def plan(
         size(DitSettings.MODEL, "max_height", side, canvas)
         size(DitSettings.MODEL, "max_width", max(int(dit_values["max_width"]), side), canvas)
         size(DitSettings.MODEL, "max_num_frames", frames, canvas)
+    if device == "cuda":
+        size(EncoderSettings.MODEL, "device", f"cuda:{gpus[0]}", "the text encoder runs on the first GPU")
+    folder = Path(checkpoint) if Path(checkpoint).is_absolute() else ROOT / checkpoint
+    if is_official(folder):
+        official = "the official checkpoint's"
+        size(EncoderSettings.MODEL, "encoder_path", str(folder / TEXT_ENCODER), f"{official} text encoder (Qwen3-VL)")
+        size(EncoderSettings.MODEL, "tokenizer_path", str(folder / TOKENIZER), f"{official} tokenizer")
+        size(
+            EncoderSettings.MODEL,
+            "hidden_layer",
+            QWEN3VL_H3_LAYER,
+            "H3 conditions on hidden_states[50], the residual stream after Qwen3-VL decoder layer 49 (h3_spec §4.1)",
+        )
     if machine is not None:
         processes = sum(group.instances for group in groups.values())
         threads = sizing.cpu_threads(machine.cores, processes)
@@ -231,16 +253,15 @@ def plan(
 
 def check_text_width(config: str, encoder_path: str) -> None:
     """Raise ValueError when the text encoder at `encoder_path` ("" = MiniLM-L6, MINILM_WIDTH wide;
-    a folder: its config.json hidden_size, when it has one) gives states of another width than
-    the DiT config's text_dim: every request would fail."""
+    a folder: h3_core.encoder.text_width, when it has a config.json) gives states of another
+    width than the DiT config's text_dim: every request would fail."""
     text_dim = get_config(config).text_dim
     if not encoder_path:
         width, name = MINILM_WIDTH, 'the default text encoder (MiniLM-L6, encoder_path "")'
     else:
-        described = Path(encoder_path) / "config.json"
-        if not described.is_file():
+        width, name = text_width(encoder_path), f"the text encoder {encoder_path}"
+        if width is None:
             return
-        width, name = json.loads(described.read_text()).get("hidden_size"), f"the text encoder {encoder_path}"
     if width != text_dim:
         raise ValueError(
             f"config {config} reads {text_dim}-wide text states but {name} gives {width}: set "
@@ -287,7 +308,11 @@ torch CPU threads of this model's process. The model processes share the machine
 parallel region wait for a descheduled thread (a tiny step went from 4 ms to 700 ms with 2
 threads under load)."""
 COMMENTS = {
-    EncoderSettings.MODEL: {"cpu_threads": CPU_THREADS_COMMENT, "encoder_path": '"" = the MiniLM-L6 package folder'},
+    EncoderSettings.MODEL: {
+        "cpu_threads": CPU_THREADS_COMMENT,
+        "encoder_path": '"" = the MiniLM-L6 package folder',
+        "tokenizer_path": '"" = encoder_path',
+    },
     DitSettings.MODEL: {
         "cpu_threads": CPU_THREADS_COMMENT,
         "allow_fault_injection": '"true" lets the test-only request parameter inject_fault act; "false" refuses it '
@@ -524,8 +549,11 @@ def config_texts(repository: Repository) -> dict[str, str]:
 
 
 def checkpoint_for(checkpoint: str, target: Path) -> str:
-    """checkpoint_dir as written into the repository at `target`: relative (to ROOT) only in
-    model_repository/ itself, where the models resolve it against ROOT; absolute elsewhere."""
+    """checkpoint_dir as written into the repository at `target`: `random:SEED` unchanged (no
+    path); a folder relative (to ROOT) only in model_repository/ itself, where the models resolve
+    it against ROOT; absolute elsewhere. Raises ValueError for a malformed random:SEED."""
+    if source_seed(checkpoint) is not None:
+        return checkpoint
     path = Path(checkpoint) if Path(checkpoint).is_absolute() else ROOT / checkpoint
     if target.resolve() == SHIPPED and path.is_relative_to(ROOT):
         return str(path.relative_to(ROOT))
@@ -557,17 +585,41 @@ def write_repository(target: str | Path, repository: Repository) -> Path:
     return target
 
 
-def check_checkpoint(folder: str | Path, config: str) -> None:
-    """Raise FileNotFoundError naming the first of CHECKPOINT_FILES missing from `folder`
-    (relative to ROOT) and the command that writes seeded random weights of `config` there."""
-    folder = Path(folder) if Path(folder).is_absolute() else ROOT / folder
-    for name in CHECKPOINT_FILES:
-        if not (folder / name).is_file():
+def check_checkpoint(dit: DitSettings, vae: VaeSettings) -> None:
+    """Refuse, before a repository is written, weight sources (h3_core.checkpoint's module
+    docstring; a relative folder is relative to ROOT) that h3_dit or h3_vae would refuse at load:
+    - random:SEED: nothing to check (a malformed one raises ValueError naming the allowed form);
+    - an official checkpoint folder: the DiT's transformer/config.json must exist and agree with
+      the DiT config (checkpoint.check_transformer_config), and the VAEs' video_vae/ and audio_vae/
+      must follow the hook contract and need h3_vae's trust_remote_code (vae_hook.check_official_vaes);
+    - a native folder: FileNotFoundError naming the first missing of dit.safetensors (the DiT's
+      folder), video_vae.safetensors and audio_vae.safetensors (the VAEs' folder), with the command
+      that writes seeded random weights of the config there.
+    Raises FileNotFoundError or ValueError with the message of the first problem."""
+
+    def folder_of(source: str) -> Path | None:
+        if source_seed(source) is not None:
+            return None
+        return Path(source) if Path(source).is_absolute() else ROOT / source
+
+    needed = []
+    dit_folder, vae_folder = folder_of(dit.checkpoint_dir), folder_of(vae.checkpoint_dir)
+    if dit_folder is not None and (dit_folder / TRANSFORMER_FOLDER).is_dir():
+        check_transformer_config(dit_folder / TRANSFORMER_FOLDER, get_config(dit.config_name))
+    elif dit_folder is not None:
+        needed.append(dit_folder / DIT_FILE)
+    if vae_folder is not None and is_official_vae_folder(vae_folder):
+        check_official_vaes(vae_folder, vae.trust_remote_code)
+    elif vae_folder is not None:
+        needed += [vae_folder / VIDEO_VAE_FILE, vae_folder / AUDIO_VAE_FILE]
+    for path in needed:
+        if not path.is_file():
+            folder, config = path.parent, dit.config_name
             command = f"python -m h3_core.checkpoint_setup --configs {config} --root"
             hint = (
                 f"{command} {folder.parent}" if folder.name == config else f"{command} DIR writes them to DIR/{config}"
             )
-            raise FileNotFoundError(f"{folder / name} not found; seeded random weights: {hint}")
+            raise FileNotFoundError(f"{path} not found; seeded random weights: {hint}")
 
 
 # ---- command line ------------------------------------------------------------------------------
@@ -599,7 +651,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         repository = _plan_from_args(args)
-        check_checkpoint(repository.dit.checkpoint_dir, repository.dit.config_name)
+        check_checkpoint(repository.dit, repository.vae)
         path = write_repository(args.target, repository)
     except (ValueError, FileNotFoundError, FileExistsError) as error:
         print(f"python -m server.repository: {error}", file=sys.stderr)
@@ -636,11 +688,14 @@ def _plan_from_args(args: argparse.Namespace) -> Repository:
         gpus = sizing.parse_gpus(args.gpus or "all", torch.cuda.device_count())
     elif args.gpus is not None and args.device != "auto":
         raise ValueError("--gpus needs --device cuda")
-    checkpoint = None if args.checkpoint is None else Path(args.checkpoint).resolve()
+    checkpoint = args.checkpoint  # random:SEED is no path
+    if checkpoint is not None and source_seed(checkpoint) is None:
+        checkpoint = Path(checkpoint).resolve()
     overrides = parse_overrides(args.set or [])
     encoder = overrides.get(EncoderSettings.MODEL, {})
-    if encoder.get("encoder_path"):  # the h3_encoder stub reads it against its own working directory
-        encoder["encoder_path"] = str(Path(encoder["encoder_path"]).resolve())
+    for key in ("encoder_path", "tokenizer_path"):  # the h3_encoder stub reads them against its own directory
+        if encoder.get(key):
+            encoder[key] = str(Path(encoder[key]).resolve())
     machine = None if args.unsized else sizing.probe(gpus)
     return plan(args.config or "tiny", checkpoint, device, gpus, args.dit_instances or 1, overrides, machine)
 

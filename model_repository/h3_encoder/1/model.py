@@ -19,8 +19,13 @@ class TritonPythonModel:
     def initialize(self, args):
         self.settings = EncoderSettings.from_parameters(model_parameters(args))
         set_threads(self.settings.cpu_threads)
+        settings = self.settings
         self.encoder = TextEncoder(
-            self.settings.encoder_path or None, self.settings.hidden_layer, self.settings.max_tokens
+            settings.encoder_path or None,
+            settings.hidden_layer,
+            settings.max_tokens,
+            settings.device,
+            settings.tokenizer_path or None,
         )
         self.encoder.encode("warm up")  # first-call set-up is not paid by the first client
         self.registry = Registry(server_folder())
@@ -71,5 +76,5 @@ class TritonPythonModel:
         embeds = self.encoder.encode(prompt)
         fields.update(encode_seconds=time.perf_counter() - start, received_unix_s=received)
         return pb_utils.InferenceResponse(
-            [pb_utils.Tensor(TEXT_EMBEDS, embeds[None].numpy()), json_tensor(REQUEST, fields)]
+            [pb_utils.Tensor(TEXT_EMBEDS, embeds[None].cpu().numpy()), json_tensor(REQUEST, fields)]
         )
