@@ -1,9 +1,24 @@
-"""Weights: deterministic initialisation from a seed and safetensors save/load.
+"""Weights: deterministic initialisation from a seed, safetensors save/load, and the DiT's weight
+sources.
 
-Only safetensors is used (no pickle anywhere). `load_weights` is strict: a missing,
-unexpected or mis-shaped tensor raises ValueError naming the tensor.
+Only safetensors is used (no pickle anywhere). Loading is strict: a missing, unexpected or
+mis-shaped tensor raises ValueError naming the tensor.
 
-DiT checkpoints come in two layouts (h3_spec §1.3), told apart by their tensor names:
+A DiT weight source (`load_dit`; DitSettings.checkpoint_dir, engine.load_engine, the writer's
+--checkpoint) is one string:
+- a native folder holding dit.safetensors (DIT_FILE; checkpoint_setup writes one);
+- an official MiniMax-H3 checkpoint folder, told apart by its `transformer/` folder: a diffusers
+  config.json (checked against our config: `diffusers_config`, h3_spec §1.1) and
+  diffusion_pytorch_model.safetensors, or shards diffusion_pytorch_model-0000i-of-0000N.safetensors
+  with diffusion_pytorch_model.safetensors.index.json whose "weight_map" maps tensor name -> shard
+  file (`save_official_transformer` writes one);
+- `random:SEED` (SEED an integer in 0..MAX_SEED): `init_weights(dit, SEED)` on the DiT's device,
+  no file; for the VAEs the same string means create_vaes(SEED + VAE_SEED_OFFSET)
+  (h3_core.vae_hook), so `random:0` is what checkpoint_setup writes, drawn on the same device. A
+  folder whose name starts with "random:" cannot be a source.
+
+DiT tensors come in two layouts (h3_spec §1.3); dit.safetensors may hold either, told apart by
+the tensor names; transformer/ holds the official one:
 - native (vllm-omni names, as in the stock MiniMax release, and what save_weights writes): our
   parameter names, with every `attn.qkv_proj.weight` stored head-grouped, [q_h; k_h; v_h] for
   each head h, which the loader reorders to our [Q; K; V];
@@ -12,15 +27,28 @@ DiT checkpoints come in two layouts (h3_spec §1.3), told apart by their tensor 
   halves the loader swaps to our fc1 [gate; up].
 """
 
+import json
 import math
 import re
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from .config import AUDIO_LATENT_CHANNELS, PATCH, VIDEO_LATENT_CHANNELS, DiTConfig
 from .model import H3DiT
+
+DIT_FILE, VIDEO_VAE_FILE, AUDIO_VAE_FILE = "dit.safetensors", "video_vae.safetensors", "audio_vae.safetensors"
+RANDOM_PREFIX = "random:"
+MAX_SEED = 2**63 - 2  # SEED + VAE_SEED_OFFSET must fit torch's int64 seeds
+VAE_SEED_OFFSET = 1  # the VAEs of `random:SEED` are create_vaes(SEED + VAE_SEED_OFFSET)
+TRANSFORMER_FOLDER = "transformer"
+OFFICIAL_CONFIG = "config.json"
+OFFICIAL_WEIGHTS = "diffusion_pytorch_model.safetensors"
+OFFICIAL_INDEX = "diffusion_pytorch_model.safetensors.index.json"
 
 # Native -> official (diffusers) DiT tensor names (h3_spec §1.3, vllm-omni
 # _MINIMAX_H3_TRANSFORMER_MAPPER): regex substitutions applied in order to a native name.
@@ -125,6 +153,42 @@ def official_sources(native_name: str) -> list[str]:
     return [name]
 
 
+def official_shapes(dit: H3DiT) -> dict[str, tuple[int, ...]]:
+    """Official tensor name -> shape of every tensor of `dit` in the official layout (h3_spec §1.3):
+    a fused qkv_proj weight [3A, H] gives to_q / to_k / to_v of [A, H] each."""
+    shapes = {}
+    for name, tensor in dit.state_dict().items():
+        names = official_sources(name)
+        for source in names:
+            shapes[source] = (tensor.shape[0] // len(names), *tensor.shape[1:])
+    return shapes
+
+
+def native_from_official(native_name: str, tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Our tensor `native_name` from its official tensors (official_sources order): to_q, to_k,
+    to_v stacked to [Q; K; V]; an fc1 weight's official [up; gate] halves swapped to [gate; up]."""
+    tensor = torch.cat(tensors)
+    if native_name.endswith(FC1_WEIGHT):
+        up, gate = tensor.chunk(2)
+        tensor = torch.cat([gate, up])
+    return tensor
+
+
+def official_tensors(dit: H3DiT) -> dict[str, torch.Tensor]:
+    """`dit`'s weights under their official names, on the CPU (the inverse of native_from_official):
+    qkv_proj [Q; K; V] split into to_q / to_k / to_v, fc1 [gate; up] stored [up; gate]."""
+    state = {}
+    for name, tensor in dit.state_dict().items():
+        tensor = tensor.detach().cpu()
+        if name.endswith(FC1_WEIGHT):
+            gate, up = tensor.chunk(2)
+            tensor = torch.cat([up, gate])
+        sources = official_sources(name)
+        for source, part in zip(sources, tensor.chunk(len(sources)), strict=True):
+            state[source] = part.contiguous()
+    return state
+
+
 def dit_state_from_checkpoint(dit: H3DiT, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A DiT checkpoint's tensors in our parameter layout (qkv as [Q; K; V], fc1 as [gate; up]).
 
@@ -133,50 +197,223 @@ def dit_state_from_checkpoint(dit: H3DiT, state: dict[str, torch.Tensor]) -> dic
     the detected layout) a tensor is missing, unexpected or mis-shaped; the message names it.
     """
     shapes = {name: tuple(t.shape) for name, t in dit.state_dict().items()}
-    sources = {name: official_sources(name) for name in shapes}
-    official_names = {source for names in sources.values() for source in names}
-    official = sorted(set(state) & (official_names - set(shapes)))
-    native = sorted(set(state) & (set(shapes) - official_names))
+    expected = official_shapes(dit)
+    official = sorted(set(state) & (set(expected) - set(shapes)))
+    native = sorted(set(state) & (set(shapes) - set(expected)))
     if official and native:
         raise ValueError(f"checkpoint mixes native and official tensor names: {native[0]!r} and {official[0]!r}")
-    heads, head_dim = dit.cfg.num_heads, dit.cfg.head_dim
+    found = {name: tuple(t.shape) for name, t in state.items()}
     if not official:
-        check_state(state, shapes)
+        check_state(found, shapes)
+        heads, head_dim = dit.cfg.num_heads, dit.cfg.head_dim
         return {k: grouped_to_qkv(v, heads, head_dim) if k.endswith(QKV_WEIGHT) else v for k, v in state.items()}
-    expected = {}
-    for name, names in sources.items():
-        for source in names:
-            expected[source] = (shapes[name][0] // len(names), *shapes[name][1:])
-    check_state(state, expected)
-    converted = {}
-    for name, names in sources.items():
-        tensor = torch.cat([state[source] for source in names])
-        if name.endswith(FC1_WEIGHT):
-            up, gate = tensor.chunk(2)
-            tensor = torch.cat([gate, up])
-        converted[name] = tensor
-    return converted
+    check_state(found, expected)
+    return {name: native_from_official(name, [state[s] for s in official_sources(name)]) for name in shapes}
 
 
-def check_state(state: dict[str, torch.Tensor], shapes: dict[str, tuple[int, ...]]) -> None:
-    """Raise ValueError naming the first tensor of `state` that is missing from, not in, or
-    shaped unlike `shapes` (name -> shape)."""
-    missing = sorted(set(shapes) - set(state))
+def check_state(found: dict[str, tuple[int, ...]], shapes: dict[str, tuple[int, ...]]) -> None:
+    """Raise ValueError naming the first tensor of `found` (name -> shape) that is missing from,
+    not in, or shaped unlike `shapes` (name -> shape)."""
+    missing = sorted(set(shapes) - set(found))
     if missing:
         raise ValueError(f"checkpoint is missing tensor {missing[0]!r} ({len(missing)} missing)")
-    unexpected = sorted(set(state) - set(shapes))
+    unexpected = sorted(set(found) - set(shapes))
     if unexpected:
         raise ValueError(f"checkpoint has unexpected tensor {unexpected[0]!r} ({len(unexpected)} unexpected)")
-    for name, tensor in sorted(state.items()):
-        if tuple(tensor.shape) != tuple(shapes[name]):
-            raise ValueError(f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(shapes[name])}")
+    for name, shape in sorted(found.items()):
+        if tuple(shape) != tuple(shapes[name]):
+            raise ValueError(f"tensor {name!r} has shape {tuple(shape)}, expected {tuple(shapes[name])}")
 
 
 def load_state_dict_strict(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Copy `state` into `module`; every tensor must exist with the same shape, and none may be
     missing. Raises ValueError naming the first offending tensor."""
     expected = module.state_dict()
-    check_state(state, {name: tuple(t.shape) for name, t in expected.items()})
+    check_state(
+        {name: tuple(t.shape) for name, t in state.items()}, {name: tuple(t.shape) for name, t in expected.items()}
+    )
     with torch.no_grad():
         for name, target in expected.items():
             target.copy_(state[name].to(target.dtype))
+
+
+# ---- weight sources ------------------------------------------------------------------------------
+
+
+def source_seed(source: str | Path) -> int | None:
+    """SEED of a `random:SEED` weight source; None for a folder (module docstring).
+
+    Raises ValueError when `source` starts with "random:" but SEED is not an integer in 0..MAX_SEED."""
+    text = str(source)
+    if not text.startswith(RANDOM_PREFIX):
+        return None
+    digits = text[len(RANDOM_PREFIX) :]
+    if not (digits.isascii() and digits.isdigit() and int(digits) <= MAX_SEED):
+        raise ValueError(
+            f"weight source {text!r} is not {RANDOM_PREFIX}SEED with SEED an integer in 0..{MAX_SEED} "
+            f"(e.g. {RANDOM_PREFIX}0), nor a checkpoint folder"
+        )
+    return int(digits)
+
+
+def load_dit(dit: H3DiT, source: str | Path) -> None:
+    """Fill `dit` from a weight source (module docstring): `random:SEED` -> init_weights(dit, SEED)
+    on the DiT's device; a folder with transformer/ -> load_official_transformer; any other folder
+    -> its dit.safetensors (load_weights, native or official tensor names).
+
+    Raises:
+        ValueError: a malformed random:SEED, a transformer/config.json that disagrees with
+            dit.cfg, or a missing, unexpected or mis-shaped tensor (named).
+        FileNotFoundError: a weights file, config.json, index or shard is missing (named).
+    """
+    seed = source_seed(source)
+    if seed is not None:
+        init_weights(dit, seed)
+    elif (Path(source) / TRANSFORMER_FOLDER).is_dir():
+        load_official_transformer(dit, Path(source) / TRANSFORMER_FOLDER)
+    else:
+        load_weights(dit, Path(source) / DIT_FILE)
+
+
+def diffusers_config(cfg: DiTConfig) -> dict:
+    """The official transformer/config.json keys and values (h3_spec §1.1's diffusers column) of
+    `cfg`: what a checkpoint's config.json must hold for our `cfg` to run it."""
+    return {
+        "num_layers": cfg.num_layers,
+        "num_refiner_layers": cfg.num_refiner_layers,
+        "hidden_size": cfg.hidden_size,
+        "num_attention_heads": cfg.num_heads,
+        "attention_head_dim": cfg.head_dim,
+        "ffn_dim": cfg.ffn_size,
+        "in_channels": VIDEO_LATENT_CHANNELS,
+        "audio_in_channels": AUDIO_LATENT_CHANNELS,
+        "patch_size": [1, PATCH, PATCH],
+        "text_dim": cfg.text_dim,
+        "freq_dim": cfg.timestep_freq_dim,
+        "time_embed_hidden_dim": cfg.time_embed_hidden_size,
+        "time_embed_dim": cfg.time_embed_dim,
+        "rope_freq_dim": cfg.rope_freqs_per_axis,
+        "rope_theta": cfg.rope_theta,
+        "norm_eps": cfg.eps,
+        "qk_norm_eps": cfg.eps,
+        "final_norm_eps": cfg.eps,
+    }
+
+
+def read_json_object(path: Path) -> dict:
+    """The JSON object in the file `path`. Raises FileNotFoundError when it is missing, ValueError
+    when it is not a JSON object."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found")
+    try:
+        value = json.loads(path.read_text())
+    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
+        raise ValueError(f"{path} is not JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(value).__name__}")
+    return value
+
+
+def check_transformer_config(folder: str | Path, cfg: DiTConfig) -> None:
+    """Check an official `transformer/` folder's config.json against `cfg` (the config chosen with
+    --config): every key of diffusers_config(cfg) must be there with the same value; other keys
+    (_class_name, _diffusers_version, ...) are ignored.
+
+    Raises FileNotFoundError (no config.json) or ValueError naming the key, the checkpoint's value
+    and the config's value."""
+    path = Path(folder) / OFFICIAL_CONFIG
+    found = read_json_object(path)
+    for key, value in diffusers_config(cfg).items():
+        if key not in found:
+            raise ValueError(f"{path} has no key {key!r}; the {cfg.name} config has {key}={value!r}")
+        if found[key] != value:
+            raise ValueError(f"{path} has {key}={found[key]!r} but the {cfg.name} config has {key}={value!r}")
+
+
+def official_tensor_files(folder: str | Path) -> dict[str, Path]:
+    """Official tensor name -> the safetensors file of `folder` (a transformer/ folder) holding it:
+    every tensor of diffusion_pytorch_model.safetensors, else the index's weight_map (each shard a
+    file name inside `folder`).
+
+    Raises FileNotFoundError naming a missing file (neither weights file nor index; a shard the
+    index names), ValueError for a malformed index or a shard that lacks a tensor the index places
+    there (named)."""
+    folder = Path(folder)
+    single = folder / OFFICIAL_WEIGHTS
+    if single.is_file():
+        with safe_open(str(single), framework="pt") as file:
+            return dict.fromkeys(file.keys(), single)
+    index = folder / OFFICIAL_INDEX
+    if not index.is_file():
+        raise FileNotFoundError(f"{folder} holds neither {OFFICIAL_WEIGHTS} nor {OFFICIAL_INDEX}")
+    weight_map = read_json_object(index).get("weight_map")
+    if not (
+        isinstance(weight_map, dict)
+        and weight_map
+        and all(isinstance(file, str) and file == Path(file).name for file in weight_map.values())
+    ):
+        raise ValueError(f'{index} needs a non-empty "weight_map" of tensor name -> shard file name in {folder}')
+    files = {name: folder / file for name, file in weight_map.items()}
+    for shard in sorted(set(files.values())):
+        if not shard.is_file():
+            raise FileNotFoundError(f"{shard} not found (a shard named by {index.name})")
+        with safe_open(str(shard), framework="pt") as file:
+            held = set(file.keys())
+        lacking = sorted(name for name, path in files.items() if path == shard and name not in held)
+        if lacking:
+            raise ValueError(f"{shard} lacks tensor {lacking[0]!r}, which {index.name} places there")
+    return files
+
+
+def load_official_transformer(dit: H3DiT, folder: str | Path) -> None:
+    """Load an official checkpoint's `transformer/` folder into `dit`, one tensor at a time (the
+    host holds one of our tensors at once, not the 66 GB state), cast to each parameter's dtype.
+    config.json is checked first (check_transformer_config).
+
+    Raises FileNotFoundError / ValueError as check_transformer_config and official_tensor_files,
+    and ValueError naming a missing, unexpected or mis-shaped tensor."""
+    check_transformer_config(folder, dit.cfg)
+    files = official_tensor_files(folder)
+    with ExitStack() as stack:
+        handles = {path: stack.enter_context(safe_open(str(path), framework="pt")) for path in set(files.values())}
+        found = {name: tuple(handles[path].get_slice(name).get_shape()) for name, path in files.items()}
+        check_state(found, official_shapes(dit))
+        with torch.no_grad():
+            for name, target in dit.state_dict().items():
+                tensors = [handles[files[source]].get_tensor(source) for source in official_sources(name)]
+                target.copy_(native_from_official(name, tensors).to(target.dtype))
+
+
+def save_official_transformer(dit: H3DiT, folder: str | Path, max_shard_bytes: int) -> Path:
+    """Write `dit` as an official checkpoint's `folder/transformer/` (the exact inverse of
+    load_official_transformer; tensors keep their dtypes): config.json = diffusers_config(dit.cfg),
+    official tensor names (official_tensors), one diffusion_pytorch_model.safetensors when the
+    tensors total at most `max_shard_bytes` bytes, else shards of at most max_shard_bytes each (a
+    larger tensor alone) and the index. Returns the transformer folder.
+
+    Raises ValueError for max_shard_bytes < 1, FileExistsError when folder/transformer exists."""
+    if max_shard_bytes < 1:
+        raise ValueError(f"max_shard_bytes={max_shard_bytes} is out of range: allowed >= 1")
+    target = Path(folder) / TRANSFORMER_FOLDER
+    target.mkdir(parents=True, exist_ok=False)
+    (target / OFFICIAL_CONFIG).write_text(json.dumps(diffusers_config(dit.cfg), indent=2) + "\n")
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = total = 0
+    for name, tensor in official_tensors(dit).items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size, total = size + nbytes, total + nbytes
+    if len(shards) == 1:
+        save_file(shards[0], str(target / OFFICIAL_WEIGHTS))
+        return target
+    weight_map = {}
+    for number, shard in enumerate(shards, 1):
+        file = f"diffusion_pytorch_model-{number:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(target / file))
+        weight_map.update(dict.fromkeys(shard, file))
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (target / OFFICIAL_INDEX).write_text(json.dumps(index, indent=2) + "\n")
+    return target

@@ -4,21 +4,23 @@
                                        [--device cuda]
 
 Each folder <root>/<config>/ gets dit.safetensors, video_vae.safetensors and
-audio_vae.safetensors, initialised from fixed seeds (DiT seed 0, VAEs seed 1). Nothing is
-downloaded. --device cuda draws the DiT's numbers on the GPU (seconds instead of minutes for
-the 6 B-parameter `bench` DiT; the values differ from a CPU draw, see checkpoint.init_weights).
+audio_vae.safetensors, initialised from fixed seeds (DiT seed 0, VAEs seed 1): the weights of
+the source `random:0` (h3_core.checkpoint), stored. Nothing is downloaded. --device cuda draws
+the DiT's numbers on the GPU (seconds instead of minutes for the 6 B-parameter `bench` DiT; the
+values differ from a CPU draw, see checkpoint.init_weights).
 """
 
 import argparse
 from pathlib import Path
 
-from .checkpoint import init_weights, save_weights
+from .checkpoint import AUDIO_VAE_FILE, DIT_FILE, VAE_SEED_OFFSET, VIDEO_VAE_FILE, init_weights, save_weights
 from .config import get_config
 from .model import H3DiT
 from .vae import create_vaes
 
-DIT_SEED, VAE_SEED = 0, 1
-CHECKPOINT_FILES = ("dit.safetensors", "video_vae.safetensors", "audio_vae.safetensors")
+DIT_SEED = 0
+VAE_SEED = DIT_SEED + VAE_SEED_OFFSET  # so the folder holds the weights of the source random:DIT_SEED
+CHECKPOINT_FILES = (DIT_FILE, VIDEO_VAE_FILE, AUDIO_VAE_FILE)
 DEFAULT_ROOT = Path(__file__).resolve().parents[1] / "checkpoints"
 
 

@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from . import layout as L
-from .checkpoint import load_weights
+from .checkpoint import load_dit
 from .config import AUDIO_CHANNELS, AUDIO_LATENT_CHANNELS, VIDEO_LATENT_CHANNELS, get_config
 from .model import H3DiT
 from .request import GenerationRequest, RequestLimits, random_seed, request_memory_mb, validate_request
 from .sampling import euler_step, sigma_schedule
 from .vae import AudioVAE, VideoVAE
+from .vae_hook import load_vaes
 
 if TYPE_CHECKING:
     from .encoder import TextEncoder
@@ -258,29 +259,25 @@ def decode_clip(
     return frames, audio
 
 
-def load_vaes(checkpoint_dir: str | Path, device: str = "cpu") -> tuple[VideoVAE, AudioVAE]:
-    """The video and audio VAEs of a checkpoint folder, in eval mode on `device`."""
-    video_vae, audio_vae = VideoVAE().to(device), AudioVAE().to(device)
-    load_weights(video_vae, Path(checkpoint_dir) / "video_vae.safetensors")
-    load_weights(audio_vae, Path(checkpoint_dir) / "audio_vae.safetensors")
-    return video_vae.eval(), audio_vae.eval()
-
-
 def load_engine(
     config_name: str,
-    checkpoint_dir: str | Path,
+    source: str | Path,
     device: str = "cpu",
     attention_backend: str = "sdpa",
     with_encoder: bool = True,
     with_vaes: bool = True,
     limits: RequestLimits = DEFAULT_LIMITS,
+    trust_remote_code: bool = False,
 ) -> Engine:
-    """Build an Engine from a checkpoint folder holding dit.safetensors, video_vae.safetensors
-    and audio_vae.safetensors (see checkpoint_setup). The DiT uses its device's bitwise row
-    tile. with_encoder / with_vaes False leave those parts out (the Triton DiT needs neither)."""
+    """Build an Engine from a weight source (h3_core.checkpoint's module docstring): a native
+    folder (dit.safetensors, video_vae.safetensors, audio_vae.safetensors; see checkpoint_setup),
+    an official checkpoint folder (transformer/, video_vae/, audio_vae/; its VAEs run only with
+    trust_remote_code, h3_core.vae_hook) or `random:SEED`. The DiT uses its device's bitwise row
+    tile. with_encoder / with_vaes False leave those parts out (the Triton DiT needs neither).
+    Raises ValueError / FileNotFoundError as checkpoint.load_dit and vae_hook.load_vaes."""
     dit = H3DiT(get_config(config_name), attention_backend=attention_backend, device=device)
-    load_weights(dit, Path(checkpoint_dir) / "dit.safetensors")
-    video_vae, audio_vae = load_vaes(checkpoint_dir, device) if with_vaes else (None, None)
+    load_dit(dit, source)
+    video_vae, audio_vae = load_vaes(source, device, trust_remote_code) if with_vaes else (None, None)
     if with_encoder:
         from .encoder import TextEncoder  # imported here: a GPU host without MiniLM can run the DiT
     encoder = TextEncoder() if with_encoder else None

@@ -92,6 +92,28 @@ def groups_to_frames(groups: torch.Tensor) -> torch.Tensor:
     return frames.permute(0, 2, 3, 1)
 
 
+def check_video_latent(latent: torch.Tensor) -> None:
+    """The input check of every video decoder (VideoVAE.decode, h3_core.vae_hook): raise ValueError
+    unless `latent` is float32 [24, T_lat, Hl, Wl] with T_lat = 5n + 2 and Hl, Wl >= 1."""
+    channels = config.VIDEO_LATENT_CHANNELS
+    if latent.dtype != torch.float32 or latent.dim() != 4 or latent.shape[0] != channels:
+        raise ValueError(f"latent must be float32 [{channels}, T_lat, Hl, Wl], got {latent.dtype} {list(latent.shape)}")
+    num_video_frames(latent.shape[1])
+    if latent.shape[2] == 0 or latent.shape[3] == 0:
+        raise ValueError(f"latent height and width must be positive, got {list(latent.shape)}")
+
+
+def check_audio_latent(latent: torch.Tensor) -> None:
+    """The input check of every audio decoder (AudioVAE.decode, h3_core.vae_hook): raise ValueError
+    unless `latent` is float32 [2, 32, T_a] with T_a >= 1."""
+    stereo, channels = config.AUDIO_CHANNELS, config.AUDIO_LATENT_CHANNELS
+    shape = list(latent.shape)
+    if latent.dtype != torch.float32 or len(shape) != 3 or shape[:2] != [stereo, channels] or shape[2] == 0:
+        raise ValueError(
+            f"latent must be float32 [{stereo}, {channels}, T_a] with T_a >= 1, got {latent.dtype} {shape}"
+        )
+
+
 class VideoVAE(nn.Module):
     """Video autoencoder: uint8 [17n + 5, H, W, 3] <-> float32 [24, 5n + 2, H/16, W/16].
 
@@ -136,15 +158,8 @@ class VideoVAE(nn.Module):
         uint8 frames [17n + 5, Hl*16, Wl*16, 3] on the module's device (clamped to [0, 1], x255,
         rounded).
 
-        Raises ValueError for a wrong dtype, shape or latent frame count."""
-        channels = config.VIDEO_LATENT_CHANNELS
-        if latent.dtype != torch.float32 or latent.dim() != 4 or latent.shape[0] != channels:
-            raise ValueError(
-                f"latent must be float32 [{channels}, T_lat, Hl, Wl], got {latent.dtype} {list(latent.shape)}"
-            )
-        num_video_frames(latent.shape[1])
-        if latent.shape[2] == 0 or latent.shape[3] == 0:
-            raise ValueError(f"latent height and width must be positive, got {list(latent.shape)}")
+        Raises ValueError for a wrong dtype, shape or latent frame count (check_video_latent)."""
+        check_video_latent(latent)
         z = latent.to(self.latents_mean.device).transpose(0, 1)
         z = z * self.latents_std[:, None, None] + self.latents_mean[:, None, None]
         frames = groups_to_frames(self.decoder(z))
@@ -211,13 +226,8 @@ class AudioVAE(nn.Module):
         """Decode stereo latents: normalised float32 [2, 32, T_a] -> float32 waveform
         [2, T_a * 800] in [-1, 1] at 32 kHz on the module's device.
 
-        Raises ValueError for a wrong dtype or shape."""
-        stereo, channels = config.AUDIO_CHANNELS, config.AUDIO_LATENT_CHANNELS
-        shape = list(latent.shape)
-        if latent.dtype != torch.float32 or len(shape) != 3 or shape[:2] != [stereo, channels] or shape[2] == 0:
-            raise ValueError(
-                f"latent must be float32 [{stereo}, {channels}, T_a] with T_a >= 1, got {latent.dtype} {shape}"
-            )
+        Raises ValueError for a wrong dtype or shape (check_audio_latent)."""
+        check_audio_latent(latent)
         z = latent.to(self.latents_mean.device) * self.latents_std[:, None] + self.latents_mean[:, None]
         return self.decoder(z)[:, 0, :]
 

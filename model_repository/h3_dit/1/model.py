@@ -17,6 +17,7 @@ import signal
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from h3_core.checkpoint import source_seed
 from h3_core.engine import load_engine
 from h3_core.protocol import AUDIO_LATENT, REQUEST, TEXT_EMBEDS, VIDEO_LATENT
 from h3_core.registry import Registry, server_folder
@@ -124,9 +125,11 @@ class TritonPythonModel:
             labels["gpu"] = args["model_instance_device_id"]
             instance += f"_gpu{args['model_instance_device_id']}"  # Triton names them alike on every GPU
         labels["instance"] = instance
+        source = settings.checkpoint_dir  # random:SEED is no path
+        source = source if source_seed(source) is not None else resolve_path(args, source)
         engine = load_engine(
             settings.config_name,
-            resolve_path(args, settings.checkpoint_dir),
+            source,
             device,
             settings.attention_backend,
             with_encoder=False,

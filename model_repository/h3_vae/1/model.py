@@ -24,7 +24,8 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
-from h3_core.engine import decode_clip, load_vaes
+from h3_core.checkpoint import source_seed
+from h3_core.engine import decode_clip
 from h3_core.layout import audio_latent_frames, latent_frames
 from h3_core.media import encode_mp4
 from h3_core.ordered_pool import OrderedPool
@@ -40,6 +41,7 @@ from h3_core.protocol import (
 from h3_core.registry import IDS_REMEMBERED
 from h3_core.settings import VaeSettings
 from h3_core.step_loop import end_line
+from h3_core.vae_hook import load_vaes
 from server.adapter import error_response, json_tensor, model_parameters, resolve_path, set_threads
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -145,7 +147,9 @@ class TritonPythonModel:
     def initialize(self, args):
         settings = VaeSettings.from_parameters(model_parameters(args))
         set_threads(settings.cpu_threads)
-        self.video_vae, self.audio_vae = load_vaes(resolve_path(args, settings.checkpoint_dir), settings.device)
+        source = settings.checkpoint_dir  # random:SEED is no path
+        source = source if source_seed(source) is not None else resolve_path(args, source)
+        self.video_vae, self.audio_vae = load_vaes(source, settings.device, settings.trust_remote_code)
         # warm up: first-call set-up is not paid by the first client
         decode_clip(
             self.video_vae,
