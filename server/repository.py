@@ -657,10 +657,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"python -m server.repository: {error}", file=sys.stderr)
         return 2
     dit, groups = repository.dit, repository.groups
-    print(
-        f"model repository {path}: config {dit.config_name}, checkpoint {Path(ROOT, dit.checkpoint_dir)}, "
-        f"device {dit.device}"
-    )
+    checkpoint = dit.checkpoint_dir if source_seed(dit.checkpoint_dir) is not None else Path(ROOT, dit.checkpoint_dir)
+    print(f"model repository {path}: config {dit.config_name}, checkpoint {checkpoint}, device {dit.device}")
     for model, group in groups.items():
         print(f"  {model}: {group.text()}")
     print(
