@@ -1,10 +1,20 @@
+import json
 import re
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from h3_core.checkpoint import grouped_to_qkv, init_weights, load_weights, official_sources, save_weights
+from h3_core.checkpoint import (
+    diffusers_config,
+    grouped_to_qkv,
+    init_weights,
+    load_dit,
+    load_weights,
+    official_sources,
+    save_official_transformer,
+    save_weights,
+)
 from h3_core.config import get_config
 from h3_core.model import H3DiT
 
@@ -171,3 +181,157 @@ def test_native_checkpoint_with_a_misshaped_qkv_names_it(tmp_path, dit):
         ValueError, match=re.escape("tensor 'blocks.1.attn.qkv_proj.weight' has shape (381, 96), expected (384, 96)")
     ):
         loaded(tmp_path / "bad.safetensors")
+
+
+def test_diffusers_config_of_the_full_model_is_the_official_table():
+    assert diffusers_config(get_config("h3")) == {  # h3_spec §1.1, diffusers column
+        "num_layers": 50,
+        "num_refiner_layers": 2,
+        "hidden_size": 5376,
+        "num_attention_heads": 56,
+        "attention_head_dim": 128,
+        "ffn_dim": 14336,
+        "in_channels": 24,
+        "audio_in_channels": 32,
+        "patch_size": [1, 2, 2],
+        "text_dim": 5120,
+        "freq_dim": 256,
+        "time_embed_hidden_dim": 5376,
+        "time_embed_dim": 2688,
+        "rope_freq_dim": 16,
+        "rope_theta": 10000.0,
+        "norm_eps": 1e-5,
+        "qk_norm_eps": 1e-5,
+        "final_norm_eps": 1e-5,
+    }
+
+
+def official_files(folder):
+    """Every tensor in the safetensors files of `folder`."""
+    state = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        state.update(load_file(str(path)))
+    return state
+
+
+def from_source(source):
+    model = H3DiT(get_config("tiny"))
+    load_dit(model, source)
+    return model.state_dict()
+
+
+@pytest.mark.parametrize(
+    "max_shard_bytes, files",
+    [
+        (1 << 30, ["config.json", "diffusion_pytorch_model.safetensors"]),
+        (
+            1_000_000,
+            ["config.json"]
+            + [f"diffusion_pytorch_model-0000{i}-of-00004.safetensors" for i in range(1, 5)]
+            + ["diffusion_pytorch_model.safetensors.index.json"],
+        ),
+    ],
+)
+def test_official_transformer_round_trip(tmp_path, dit, max_shard_bytes, files):
+    folder = save_official_transformer(dit, tmp_path, max_shard_bytes)
+    assert folder == tmp_path / "transformer" and sorted(p.name for p in folder.iterdir()) == files
+    assert json.loads((folder / "config.json").read_text()) == diffusers_config(dit.cfg)
+    written, spelled_out = official_files(folder), official_state(dit)  # the names and layout of h3_spec §1.3
+    assert_same_weights(dict(sorted(written.items())), dict(sorted(spelled_out.items())))
+    assert_same_weights(from_source(tmp_path), dit.state_dict())
+    assert_same_weights(from_source(str(tmp_path)), dit.state_dict())
+
+
+def test_sharded_index_maps_every_tensor_to_its_shard(tmp_path, dit):
+    folder = save_official_transformer(dit, tmp_path, 1_000_000)
+    index = json.loads((folder / "diffusion_pytorch_model.safetensors.index.json").read_text())
+    state = official_state(dit)
+    assert sorted(index["weight_map"]) == sorted(state)
+    assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in state.values())
+    for name, file in index["weight_map"].items():
+        assert name in load_file(str(folder / file)), name
+    sizes = [
+        sum(t.numel() * t.element_size() for t in load_file(str(folder / f)).values())
+        for f in set(index["weight_map"].values())
+    ]
+    assert len(sizes) == 4 and max(sizes) <= 1_000_000
+
+
+def test_official_config_mismatch_is_refused_naming_the_key(tmp_path, dit):
+    folder = save_official_transformer(dit, tmp_path, 1 << 30)
+    config = json.loads((folder / "config.json").read_text())
+    config["num_layers"] = 3
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        ValueError,
+        match=f"^{re.escape(str(folder / 'config.json'))} has num_layers=3 but the tiny config has num_layers=2$",
+    ):
+        from_source(tmp_path)
+    config["num_layers"] = 2
+    del config["rope_theta"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"has no key 'rope_theta'; the tiny config has rope_theta=10000.0$"):
+        from_source(tmp_path)
+
+
+def test_official_transformer_is_checked_against_the_chosen_config(tmp_path, dit):
+    save_official_transformer(dit, tmp_path, 1 << 30)
+    with pytest.raises(ValueError, match=r"has num_layers=2 but the small config has num_layers=6$"):
+        load_dit(H3DiT(get_config("small"), device="meta"), tmp_path)
+
+
+def test_a_shard_missing_a_tensor_of_the_index_is_refused_naming_it(tmp_path, dit):
+    folder = save_official_transformer(dit, tmp_path, 1_000_000)
+    index = json.loads((folder / "diffusion_pytorch_model.safetensors.index.json").read_text())
+    file = index["weight_map"]["transformer_blocks.1.attn.to_k.weight"]
+    shard = load_file(str(folder / file))
+    del shard["transformer_blocks.1.attn.to_k.weight"]
+    save_file(shard, str(folder / file))
+    message = (
+        f"{folder / file} lacks tensor 'transformer_blocks.1.attn.to_k.weight', which "
+        "diffusion_pytorch_model.safetensors.index.json places there"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        from_source(tmp_path)
+
+
+def test_an_index_naming_a_missing_shard_or_no_weights_at_all_is_refused(tmp_path, dit):
+    folder = save_official_transformer(dit, tmp_path, 1_000_000)
+    (folder / "diffusion_pytorch_model-00002-of-00004.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="00002-of-00004.safetensors not found \\(a shard named by"):
+        from_source(tmp_path)
+    (folder / "diffusion_pytorch_model.safetensors.index.json").unlink()
+    message = (
+        f"{folder} holds neither diffusion_pytorch_model.safetensors nor diffusion_pytorch_model.safetensors.index.json"
+    )
+    with pytest.raises(FileNotFoundError, match=f"^{re.escape(message)}$"):
+        from_source(tmp_path)
+
+
+def test_an_index_whose_weight_map_leaves_the_folder_is_refused(tmp_path, dit):
+    folder = save_official_transformer(dit, tmp_path, 1_000_000)
+    index = folder / "diffusion_pytorch_model.safetensors.index.json"
+    content = json.loads(index.read_text())
+    content["weight_map"]["proj_in.bias"] = "../elsewhere.safetensors"
+    index.write_text(json.dumps(content))
+    with pytest.raises(ValueError, match='needs a non-empty "weight_map" of tensor name -> shard file name in'):
+        from_source(tmp_path)
+
+
+def test_saving_official_refuses_an_existing_folder_and_a_bad_shard_size(tmp_path, dit):
+    save_official_transformer(dit, tmp_path, 1 << 30)
+    with pytest.raises(FileExistsError):
+        save_official_transformer(dit, tmp_path, 1 << 30)
+    with pytest.raises(ValueError, match="^max_shard_bytes=0 is out of range: allowed >= 1$"):
+        save_official_transformer(dit, tmp_path / "other", 0)
+
+
+def test_bf16_sharded_official_checkpoint_casts_to_the_runtime_dtypes(tmp_path):
+    # The official files store every tensor in bf16; the tiny DiT runs in float32.
+    model = H3DiT(get_config("tiny"))
+    init_weights(model, 5)
+    folder = save_official_transformer(model.to(torch.bfloat16), tmp_path, 500_000)
+    assert {t.dtype for t in official_files(folder).values()} == {torch.bfloat16}
+    weights = from_source(tmp_path)
+    for name, value in model.state_dict().items():
+        assert weights[name].dtype == torch.float32 and torch.equal(weights[name], value.float()), name
