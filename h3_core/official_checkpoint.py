@@ -17,21 +17,21 @@ model), a byte-level tokenizer, and our VAEs behind the remote-code hook. Serve 
 `python -m server.launch --config tiny --checkpoint DIR --set h3_vae.trust_remote_code=true`.
 """
 
+import argparse
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
-from .checkpoint import init_weights
+from .checkpoint import TRANSFORMER_FOLDER, VAE_SEED_OFFSET, init_weights, save_official_transformer
+from .config import get_config
+from .model import H3DiT
+from .vae import create_vaes
+from .vae_hook import write_official_vaes
 
-TRANSFORMER, TEXT_ENCODER, TOKENIZER, VIDEO_VAE, AUDIO_VAE = (
-    "transformer",
-    "text_encoder",
-    "tokenizer",
-    "video_vae",
-    "audio_vae",
-)
+TEXT_ENCODER, TOKENIZER = "text_encoder", "tokenizer"
+SHARD_BYTES = 10 * 2**30  # diffusers' default largest shard (10 GB)
 QWEN3VL_LAYERS = 52  # decoder layers of the synthetic Qwen3-VL: two more than H3 reads
 QWEN_SPECIAL_TOKENS = (
     "<|endoftext|>",
@@ -46,7 +46,7 @@ QWEN_SPECIAL_TOKENS = (
 
 def is_official(folder: str | Path) -> bool:
     """True when `folder` holds an official-layout checkpoint (it has transformer/)."""
-    return (Path(folder) / TRANSFORMER).is_dir()
+    return (Path(folder) / TRANSFORMER_FOLDER).is_dir()
 
 
 def write_byte_tokenizer(folder: str | Path) -> Path:
@@ -115,3 +115,48 @@ def write_random_qwen3vl(
     init_weights(model, seed)
     model.to(getattr(torch, dtype)).save_pretrained(str(folder))
     return Path(folder)
+
+
+def write_synthetic_checkpoint(folder: str | Path, config_name: str = "tiny", seed: int = 0) -> Path:
+    """Write an official-layout checkpoint (module docstring) with seeded random weights to
+    `folder` and return it: the DiT of `config_name` drawn on the CPU (init_weights(dit, seed),
+    save_official_transformer, shards of SHARD_BYTES), a random Qwen3-VL of the DiT's text width
+    with QWEN3VL_LAYERS layers in bf16 (write_random_qwen3vl, seed), write_byte_tokenizer, and
+    create_vaes(seed + 1) behind the remote-code hook (vae_hook.write_official_vaes) -- the
+    same DiT and VAE values as `python -m h3_core.checkpoint_setup` writes for seed 0.
+
+    Raises ValueError for an unknown config; FileExistsError when `folder` exists and is not empty."""
+    cfg = get_config(config_name)
+    folder = Path(folder)
+    if folder.exists() and any(folder.iterdir()):
+        raise FileExistsError(f"{folder} exists and is not empty; choose a new folder")
+    dit = H3DiT(cfg)
+    init_weights(dit, seed)
+    save_official_transformer(dit, folder, SHARD_BYTES)
+    write_random_qwen3vl(folder / TEXT_ENCODER, cfg.text_dim, QWEN3VL_LAYERS, seed)
+    write_byte_tokenizer(folder / TOKENIZER)
+    write_official_vaes(folder, *create_vaes(seed + VAE_SEED_OFFSET))
+    return folder
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m h3_core.official_checkpoint", description="Write a synthetic official-layout checkpoint."
+    )
+    parser.add_argument("folder", type=Path, help="new (or empty) folder to write")
+    parser.add_argument("--config", default="tiny", help="DiT config (h3_core.config): its sizes and text width")
+    parser.add_argument("--seed", type=int, default=0, help="seed of every random weight")
+    args = parser.parse_args()
+    try:
+        folder = write_synthetic_checkpoint(args.folder, args.config, args.seed)
+    except (ValueError, FileExistsError) as error:
+        parser.exit(2, f"python -m h3_core.official_checkpoint: {error}\n")
+    print(f"synthetic official checkpoint ({args.config}, seed {args.seed}) written to {folder}")
+    print(
+        f"serve it: python -m server.launch --config {args.config} --checkpoint {folder} "
+        "--set h3_vae.trust_remote_code=true"
+    )
+
+
+if __name__ == "__main__":
+    main()

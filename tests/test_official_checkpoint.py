@@ -1,0 +1,106 @@
+"""A synthetic checkpoint in the official MiniMax-H3 layout (h3_core.official_checkpoint: tiny DiT
+in diffusers names, a 52-layer random Qwen3-VL cut at layer 50, its tokenizer, our VAEs behind the
+remote-code hook) served end to end through tritonserver on the CPU, equal bit for bit to the
+same models run in-process."""
+
+import json
+import threading
+
+import numpy as np
+import pytest
+import torch
+import tritonclient.grpc as grpcclient
+
+from client.api import H3Client
+from h3_core.encoder import QWEN3VL_H3_LAYER, TextEncoder
+from h3_core.engine import load_engine
+from h3_core.official_checkpoint import QWEN3VL_LAYERS, TEXT_ENCODER, TOKENIZER, write_synthetic_checkpoint
+from h3_core.protocol import PROMPT, TEXT_EMBEDS
+from h3_core.request import GenerationRequest
+from server.process import TritonServer
+from server.repository import check_checkpoint, plan, write_repository
+from tests.serving import tensor
+
+PROMPTS = ("a red ball rolls", "rain on a tin roof at night, far thunder", "é")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return write_synthetic_checkpoint(tmp_path_factory.mktemp("official") / "h3-synthetic", "tiny")
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint, tmp_path_factory):
+    repository = plan("tiny", checkpoint, overrides={"h3_vae": {"trust_remote_code": True}})
+    folder = write_repository(tmp_path_factory.mktemp("repo") / "model_repository", repository)
+    with TritonServer(folder, free_ports=True) as running:
+        yield running
+
+
+def test_layout_and_writer_settings(checkpoint):
+    assert sorted(p.name for p in checkpoint.iterdir()) == [
+        "audio_vae",
+        "text_encoder",
+        "tokenizer",
+        "transformer",
+        "video_vae",
+    ]
+    text_config = json.loads((checkpoint / TEXT_ENCODER / "config.json").read_text())["text_config"]
+    assert text_config["num_hidden_layers"] == QWEN3VL_LAYERS == 52 and text_config["hidden_size"] == 384
+    repository = plan("tiny", checkpoint, overrides={"h3_vae": {"trust_remote_code": True}})
+    assert repository.encoder.encoder_path == str(checkpoint / TEXT_ENCODER)
+    assert repository.encoder.tokenizer_path == str(checkpoint / TOKENIZER)
+    assert repository.encoder.hidden_layer == QWEN3VL_H3_LAYER == 50
+    assert repository.dit.checkpoint_dir == repository.vae.checkpoint_dir == str(checkpoint)
+    with pytest.raises(
+        ValueError,
+        match=r"video_vae holds remote code \(modeling_h3_vae\.py\); the h3_vae model parameter trust_remote_code "
+        r'must be "true" to run it',
+    ):
+        check_checkpoint(plan("tiny", checkpoint).dit, plan("tiny", checkpoint).vae)
+    with pytest.raises(FileExistsError, match="exists and is not empty"):
+        write_synthetic_checkpoint(checkpoint)
+
+
+def test_served_clip_equals_in_process(server, checkpoint):
+    request = GenerationRequest(PROMPTS[1], 64, 96, 22, 3, seed=7)
+    (served,) = H3Client(server.grpc_url).generate(
+        request.prompt,
+        height=request.height,
+        width=request.width,
+        num_frames=request.num_frames,
+        num_inference_steps=request.num_inference_steps,
+        seed=request.seed,
+        return_mp4=False,
+        return_frames=True,
+        return_audio=True,
+    )
+    encoder = TextEncoder(str(checkpoint / TEXT_ENCODER), QWEN3VL_H3_LAYER, tokenizer_path=str(checkpoint / TOKENIZER))
+    engine = load_engine("tiny", checkpoint, with_encoder=False, trust_remote_code=True)
+    ((_, frames, audio),) = engine.generate(request, encoder.encode(request.prompt))
+    assert served.frames.shape == (22, 64, 96, 3) and served.audio.shape == (2, 29333)
+    assert torch.equal(torch.from_numpy(served.frames.copy()), frames)
+    assert torch.equal(torch.from_numpy(served.audio.copy()), audio)
+
+
+def test_concurrent_prompts_get_their_solo_states(server, checkpoint):
+    """Prompts of different lengths sent to h3_encoder at once: each gets exactly the states it
+    gets alone (the encoder runs one prompt per forward: nothing is padded)."""
+    encoder = TextEncoder(str(checkpoint / TEXT_ENCODER), QWEN3VL_H3_LAYER, tokenizer_path=str(checkpoint / TOKENIZER))
+    served = []
+
+    def encode(prompt):
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        value = np.array([[prompt.encode()]], dtype=object)
+        served.append((prompt, client.infer("h3_encoder", [tensor(PROMPT, value, "BYTES")]).as_numpy(TEXT_EMBEDS)))
+
+    threads = [threading.Thread(target=encode, args=(prompt,)) for prompt in PROMPTS * 2]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(prompt for prompt, _ in served) == sorted(PROMPTS * 2)
+    for prompt, states in served:
+        solo = encoder.encode(prompt)
+        assert solo.shape == (len(prompt.encode()), 384)
+        assert torch.equal(torch.from_numpy(states[0].copy()), solo)
