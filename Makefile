@@ -2,11 +2,12 @@ PY := .venv/bin/python
 PROMPT ?= a red ball rolls to the left while a low tone plays on the left
 # make serve-gpu: the DiT config, its checkpoint folder (without CHECKPOINT, seeded random weights
 # of CONFIG are drawn into checkpoints/CONFIG on the GPU once: bench 12 GB in seconds) and a text
-# encoder of the config's text width (without ENCODER, the weight-free benchmark encoder of width
-# 5120 that bench and h3 read, written once: its states carry no meaning; ENCODER= for the
-# 384-wide MiniLM of tiny, small and demo)
+# encoder of the config's text width: ENCODER when given; without CHECKPOINT, the weight-free
+# benchmark encoder of width 5120 that bench and h3 read, written once (its states carry no
+# meaning); with an official checkpoint, its own Qwen3-VL text_encoder/
 CONFIG ?= bench
-ENCODER ?= $(CURDIR)/checkpoints/bench_text_encoder
+BENCH_ENCODER := $(CURDIR)/checkpoints/bench_text_encoder
+ENCODER ?= $(if $(CHECKPOINT),,$(BENCH_ENCODER))
 
 .PHONY: setup test demo serve serve-demo serve-gpu
 
@@ -36,13 +37,16 @@ serve-demo: setup
 	$(PY) -m server.launch --config demo --checkpoint weights/demo
 
 # every GPU: one DiT instance per GPU, sized from free GPU memory (server.sizing);
-# make serve-gpu CONFIG=h3 CHECKPOINT=/path/to/weights [ENCODER=/path/to/text/encoder] for real weights
+# make serve-gpu CONFIG=h3 CHECKPOINT=/path/to/MiniMax-H3 TRUST_REMOTE_CODE=true for the official
+# checkpoint (its VAEs are remote code: README "Serving the official MiniMax-H3 checkpoint")
 serve-gpu: setup
-ifeq ($(origin CHECKPOINT), undefined)
+ifeq ($(CHECKPOINT),)
 	$(PY) -m h3_core.checkpoint_setup --configs $(CONFIG) --device cuda
 endif
-ifeq ($(origin ENCODER), file)
+ifeq ($(ENCODER),$(BENCH_ENCODER))
 	test -f $(ENCODER)/model.safetensors || $(PY) benchmarks/bench_text_encoder.py $(ENCODER) --width 5120
 endif
 	$(PY) -m server.launch --device cuda --gpus all --config $(CONFIG) \
-		--checkpoint $(or $(CHECKPOINT),checkpoints/$(CONFIG)) --set h3_encoder.encoder_path=$(ENCODER)
+		--checkpoint $(or $(CHECKPOINT),checkpoints/$(CONFIG)) \
+		$(if $(ENCODER),--set h3_encoder.encoder_path=$(ENCODER)) \
+		$(if $(TRUST_REMOTE_CODE),--set h3_vae.trust_remote_code=$(TRUST_REMOTE_CODE))

@@ -17,8 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="DiT config: tiny, small, demo, bench or h3 (default: tiny)")
     parser.add_argument(
         "--checkpoint",
-        help="folder holding dit.safetensors, video_vae.safetensors and "
-        "audio_vae.safetensors (default: checkpoints/CONFIG)",
+        help="weights: a folder holding dit.safetensors, video_vae.safetensors and audio_vae.safetensors; "
+        "an official MiniMax-H3 checkpoint folder (transformer/, text_encoder/, tokenizer/, video_vae/, "
+        "audio_vae/); or random:SEED, seeded random weights drawn at load (default: checkpoints/CONFIG)",
     )
     parser.add_argument(
         "--device",
