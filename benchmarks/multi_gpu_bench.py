@@ -172,9 +172,11 @@ def step_seconds_beside_decodes(checkpoint: Path, work: Path, decode_device: str
         assert decoder.stdout.readline().strip() == "ready"
     for _ in range(2):
         engine.update(state, engine.denoise_step([state])[0])
+    torch.cuda.synchronize()
     start = time.perf_counter()
     while not state.finished:
-        engine.update(state, engine.denoise_step([state])[0])  # velocities come back to the CPU: synchronised
+        engine.update(state, engine.denoise_step([state])[0])  # latents stay on the GPU: steps queue
+    torch.cuda.synchronize()
     seconds = (time.perf_counter() - start) / steps
     if decoder is not None:
         decoder.kill()

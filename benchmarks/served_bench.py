@@ -117,11 +117,18 @@ def prepare_weights(setting: Setting, work: Path, cuda: bool) -> tuple[Path, str
     return checkpoint, str(encoder)
 
 
+def synchronize(device: str) -> None:
+    """Wait for the work queued on `device` ("cuda" or "cpu": nothing to wait for)."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
 def in_process_step_loop(setting: Setting, checkpoint: Path, steps: int, device: str) -> dict:
     """Seconds per step of one request's loop in-process: the mean over `steps` steps of
-    Engine.update(state, Engine.denoise_step([state])) after 2 warm-up steps (denoise_step
-    copies the velocity to the CPU, so every step ends synchronised); measured with torch's
-    default CPU threads (seconds_per_step), then with 1 (seconds_per_step_1_thread)."""
+    Engine.update(state, Engine.denoise_step([state])) after 2 warm-up steps, the device
+    synchronised before and after the timed steps (the latents stay on the device, so the steps
+    in between queue without waiting); measured with torch's default CPU threads
+    (seconds_per_step), then with 1 (seconds_per_step_1_thread)."""
     engine = load_engine(
         setting.config,
         checkpoint,
@@ -143,9 +150,11 @@ def in_process_step_loop(setting: Setting, checkpoint: Path, steps: int, device:
         state = engine.prepare(request, text)[0]
         for _ in range(2):
             engine.update(state, engine.denoise_step([state])[0])
+        synchronize(device)
         start = time.perf_counter()
         while not state.finished:
             engine.update(state, engine.denoise_step([state])[0])
+        synchronize(device)
         return (time.perf_counter() - start) / steps
 
     threads = torch.get_num_threads()

@@ -32,8 +32,9 @@ class RequestState:
     """Everything request-specific between steps (h3_spec §5.6).
 
     video_latents: float32 [V, 96] video rows; audio_latents: float32 [2*T_a, 32] audio rows
-    (channel-major); text_embeds: [L, text_dim]; sigma lists have num_inference_steps + 1
-    entries; step_index counts completed DiT forwards.
+    (channel-major); text_embeds: [L, text_dim]; all three on the engine's device from prepare()
+    on (the Euler update runs there; they reach the CPU only when the result is sent). Sigma
+    lists have num_inference_steps + 1 entries; step_index counts completed DiT forwards.
     """
 
     request_id: str
@@ -111,9 +112,11 @@ class Engine:
 
     def prepare(self, request: GenerationRequest, text_embeds: torch.Tensor | None = None) -> list[RequestState]:
         """Validate the request and build its states: num_outputs states with seeds seed,
-        seed+1, ... (a random seed is drawn when none is given).
+        seed+1, ... (a random seed is drawn when none is given), their latents and text states
+        on the engine's device (the noise is drawn on the CPU, initial_noise, then moved once).
 
-        text_embeds: float32 [L, text_dim]; None encodes request.prompt with the engine's encoder.
+        text_embeds: float32 [L, text_dim] on any device; None encodes request.prompt with the
+        engine's encoder.
         Raises ValueError naming the field (see validate_request; `rows` when the padded row
         count exceeds limits.max_rows; `memory` when request_memory_mb exceeds
         limits.max_request_mb; `text_embeds` for a wrong width).
@@ -125,6 +128,7 @@ class Engine:
             raise ValueError(
                 f"text_embeds has shape {tuple(text_embeds.shape)}; expected [L >= 1, {self.dit.cfg.text_dim}]"
             )
+        text_embeds = text_embeds.to(self.device)
         layout = L.make_layout(text_embeds.shape[0], request.height, request.width, request.num_frames)
         if layout.seq_len > self.limits.max_rows:
             raise ValueError(f"rows={layout.seq_len} is out of range: allowed 1..{self.limits.max_rows}")
@@ -144,7 +148,7 @@ class Engine:
         sigmas_audio = sigma_schedule(request.num_inference_steps, request.audio_shift)
         states = []
         for index in range(request.num_outputs):
-            video, audio = initial_noise(layout, seed + index)
+            video, audio = (noise.to(self.device) for noise in initial_noise(layout, seed + index))
             states.append(
                 RequestState(
                     request_id=request.request_id,
@@ -165,8 +169,10 @@ class Engine:
 
     def denoise_step(self, states: list[RequestState]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """ONE packed DiT forward for all states at their own step; returns each state's
-        (video velocity float32 [V, 96], audio velocity float32 [2*T_a, 32]) on the CPU.
-        Raises ValueError if a state has already finished."""
+        (video velocity float32 [V, 96], audio velocity float32 [2*T_a, 32]) on the engine's
+        device: views of the packed output, nothing is copied to the CPU (on a GPU the call
+        returns before the forward ends; reading a value synchronises). The states' rows are
+        concatenated once, on the device. Raises ValueError if a state has already finished."""
         for state in states:
             if state.finished:
                 raise ValueError(f"request {state.request_id!r} has finished all {state.total_steps} steps")
@@ -176,15 +182,15 @@ class Engine:
             [1.0 - s.sigmas_audio[s.step_index] for s in states],
         )
         video, audio, text = (
-            torch.cat([getattr(s, name) for s in states]).to(self.device)
-            for name in ("video_latents", "audio_latents", "text_embeds")
+            torch.cat([getattr(s, name) for s in states]) for name in ("video_latents", "audio_latents", "text_embeds")
         )
         video_v, audio_v = self.dit(video, audio, text, batch)
-        return L.split_rows(batch, video_v.cpu(), audio_v.cpu())
+        return L.split_rows(batch, video_v, audio_v)
 
     @staticmethod
     def update(state: RequestState, velocity: tuple[torch.Tensor, torch.Tensor]) -> None:
-        """Advance `state` one Euler step with its (video, audio) velocity (h3_spec §3.2)."""
+        """Advance `state` one Euler step with its (video, audio) velocity (h3_spec §3.2), on the
+        device of the state's latents (the velocities must be there: denoise_step's are)."""
         k = state.step_index
         state.video_latents = euler_step(
             state.video_latents, velocity[0], state.sigmas_video[k], state.sigmas_video[k + 1]
@@ -227,12 +233,13 @@ PREVIEW_PROJECTION = (
 
 def preview_frame(state: RequestState, video_velocity: torch.Tensor) -> torch.Tensor:
     """A cheap preview of the current clean estimate (no VAE call): the middle latent frame of
-    x0_hat = x_t + sigma * v (h3_spec §3.2), projected to RGB with PREVIEW_PROJECTION.
-    video_velocity: float32 [V, 96] of this step. Returns uint8 [Hl, Wl, 3] (latent resolution)."""
+    x0_hat = x_t + sigma * v (h3_spec §3.2), projected to RGB with PREVIEW_PROJECTION, computed
+    on the latents' device. video_velocity: float32 [V, 96] of this step, on that device.
+    Returns uint8 [Hl, Wl, 3] (latent resolution) on the CPU."""
     x0 = state.video_latents + state.sigmas_video[state.step_index] * video_velocity
     latent = L.unpatchify_video(x0, state.layout)[:, state.layout.latent_t // 2]  # [24, Hl, Wl]
-    rgb = torch.einsum("chw,cd->hwd", latent, PREVIEW_PROJECTION)
-    return ((rgb * 0.5 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8)
+    rgb = torch.einsum("chw,cd->hwd", latent, PREVIEW_PROJECTION.to(latent.device))
+    return ((rgb * 0.5 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8).cpu()
 
 
 def decode_clip(

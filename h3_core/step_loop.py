@@ -116,8 +116,9 @@ class Progress:
 
 @dataclass
 class Result:
-    """One output's final latents: video float32 [24, T_lat, Hl, Wl], audio float32 [2, 32, T_a];
-    info is the INFO JSON; final marks the request's last response."""
+    """One output's final latents: video float32 [24, T_lat, Hl, Wl], audio float32 [2, 32, T_a],
+    on the CPU (copied there once, from the engine's device, when the result is sent); info is
+    the INFO JSON; final marks the request's last response."""
 
     handle: Any
     request_id: str
@@ -715,8 +716,10 @@ class StepLoop:
         return [job for job in pack if job.key in self.jobs]
 
     def forward(self, jobs: list[Job]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """engine.denoise_step for the jobs' states, raising ValueError on non-finite velocities.
-        Injected faults (see check_fault) act here, at a job's first step."""
+        """engine.denoise_step for the jobs' states (velocities on the engine's device), raising
+        ValueError on non-finite velocities; the check reads one flag per state in one transfer
+        (the step's one synchronisation on a GPU). Injected faults (see check_fault) act here, at
+        a job's first step."""
         for job in jobs:
             fault = job.fault if job.step_index == 0 else None
             if fault == "raise":
@@ -731,8 +734,9 @@ class StepLoop:
             (torch.full_like(video, float("nan")), audio) if id(state) in nan else (video, audio)
             for state, (video, audio) in zip(states, velocities, strict=True)
         ]
-        for state, (video, audio) in zip(states, velocities, strict=True):
-            if not (torch.isfinite(video).all() and torch.isfinite(audio).all()):
+        finite = torch.stack([torch.isfinite(video).all() & torch.isfinite(audio).all() for video, audio in velocities])
+        for state, ok in zip(states, finite.tolist(), strict=True):
+            if not ok:
                 raise ValueError(f"non-finite velocity for request {state.request_id}")
         return velocities
 
@@ -774,8 +778,8 @@ class StepLoop:
                 Result(
                     job.handle,
                     job.request_id,
-                    L.unpatchify_video(state.video_latents, state.layout),
-                    L.audio_rows_to_latent(state.audio_latents, state.layout),
+                    L.unpatchify_video(state.video_latents, state.layout).cpu(),
+                    L.audio_rows_to_latent(state.audio_latents, state.layout).cpu(),
                     info,
                     final=state is job.states[-1],
                 )
