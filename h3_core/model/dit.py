@@ -181,6 +181,10 @@ class DiTBlock(nn.Module):
 
     h = norm1(x)(1 + scale_msa[c]) + shift_msa[c]; x += gate_msa[c] * attn(h);
     h = norm2(x)(1 + scale_mlp[c]) + shift_mlp[c]; x += gate_mlp[c] * mlp(h).
+
+    The row-wise work runs in two halves around the attention call, `before_attention` and
+    `after_attention`, which H3DiT.compile_blocks compiles (the per-document attention in between
+    stays eager: its loop over documents depends on the pack).
     """
 
     def __init__(self, cfg: DiTConfig, dtype: torch.dtype):
@@ -192,14 +196,29 @@ class DiTBlock(nn.Module):
         self.mlp = MLP(cfg, dtype)
         self.adaln_proj = AdaLNProj(cfg, 18, dtype)
 
+    def before_attention(self, x, table, mod_index, rope):
+        """AdaLN-modulated norm1, qkv projection, QK-norm and RoPE: q, k, v [rows, heads, head_dim]."""
+        shift_msa, scale_msa = table[:, : self.hidden], table[:, self.hidden : 2 * self.hidden]
+        h = self.norm1(x) * (1 + scale_msa[mod_index]) + shift_msa[mod_index]
+        attn, rows = self.attn, x.shape[0]
+        q, k, v = attn.qkv_proj(h).view(rows, 3, attn.heads, attn.head_dim).unbind(1)
+        q, k = attn.q_norm(q), attn.k_norm(k)
+        if rope is not None:
+            q, k = apply_rope(q, rope), apply_rope(k, rope)
+        return q, k, v
+
+    def after_attention(self, x, out, table, mod_index):
+        """out_proj, gated residual, AdaLN-modulated norm2, MLP, gated residual -> new x."""
+        gate_msa, shift_mlp, scale_mlp, gate_mlp = table[:, 2 * self.hidden :].chunk(4, dim=-1)
+        x = residual(x, gate_msa[mod_index] * self.attn.out_proj(out.reshape(x.shape[0], -1)))
+        h = self.norm2(x) * (1 + scale_mlp[mod_index]) + shift_mlp[mod_index]
+        return residual(x, gate_mlp[mod_index] * self.mlp(h))
+
     def forward(self, x, t_emb, mod_index, attention, cu_seqlens, max_seqlen, rope, per_timestep=True):
         # [M, 18H] -> [M*3, 6H]: rows m*3 + modality, chunks shift/scale/gate for msa then mlp.
         table = self.adaln_proj(t_emb, per_timestep).view(-1, 6 * self.hidden)
-        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = table.chunk(6, dim=-1)
-        h = self.norm1(x) * (1 + scale_msa[mod_index]) + shift_msa[mod_index]
-        x = residual(x, gate_msa[mod_index] * self.attn(h, attention, cu_seqlens, max_seqlen, rope))
-        h = self.norm2(x) * (1 + scale_mlp[mod_index]) + shift_mlp[mod_index]
-        return residual(x, gate_mlp[mod_index] * self.mlp(h))
+        q, k, v = self.before_attention(x, table, mod_index, rope)
+        return self.after_attention(x, attention(q, k, v, cu_seqlens, max_seqlen), table, mod_index)
 
 
 class FinalLayer(nn.Module):
@@ -254,6 +273,18 @@ class H3DiT(nn.Module):
         if row_tile is None:
             row_tile = GPU_ROW_TILE if torch.device(device).type == "cuda" else CPU_ROW_TILE
         self.set_row_tile(row_tile)
+
+    def compile_blocks(self) -> None:
+        """Compile every DiTBlock's row-wise halves (before_attention, after_attention) with
+        torch.compile(dynamic=True): one graph per half whatever the pack's row count, so a new
+        pack shape costs no recompilation (the row count and the number of timesteps are symbolic;
+        the blocks share their code, so all of them reuse the first one's compiled graphs). The
+        per-document attention between them stays eager. A compiled step is not bitwise equal to
+        an eager one (fused elementwise work rounds differently), so a server compiles once at
+        load and runs every mode through the same compiled code."""
+        for block in self.blocks:
+            block.before_attention = torch.compile(block.before_attention, dynamic=True)
+            block.after_attention = torch.compile(block.after_attention, dynamic=True)
 
     def set_row_tile(self, row_tile: int) -> None:
         """Run every row-wise linear in GEMM calls of `row_tile` rows (0 = one call per linear).
