@@ -160,3 +160,86 @@ def test_served_bench_cpu_smoke(tmp_path):
         rel=1e-9,
     )
     assert "in-process step" in run.stdout
+
+
+def test_full_model_bench_cpu_smoke(tmp_path):
+    """benchmarks/full_model_bench.py's CPU path (about 30 s): the tiny DiT from random:0, 64x96x22
+    requests of 2 steps (a 45-token prompt: 45 + 74 + 42 = 161 rows, padded to 192), a tiny 50-layer
+    Qwen3-VL, no GPU memory figures."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "full_model_bench.py"), "--out", str(out), "--work", str(work)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    report = json.loads((out / "full_model_bench.json").read_text())
+    settings, summary, runs = report["settings"], report["summary"], report["runs"]
+    assert report["hardware"] == "CPU" and settings["config"] == "tiny" and settings["weights"] == "random:0"
+    assert settings["h3_vae"] == {"checkpoint_dir": "random:0", "device": "cpu"}
+    assert settings["dit_parameters"] == 762_544 and settings["rows_per_request"] == 192
+    assert list(runs) == ["warmup", "run_a", "run_b"] and report["errors"] == {}
+    steps = settings["steps"]
+    for name, count, run_steps in (("warmup", 1, 2), ("run_a", 1, steps), ("run_b", settings["b_requests"], steps)):
+        document = runs[name]
+        assert (document["summary"]["completed"], document["summary"]["failed"]) == (count, 0), name
+        for r in document["requests"]:
+            info = r["server_info"]
+            assert (info["height"], info["width"], info["num_frames"], info["num_inference_steps"]) == (
+                64,
+                96,
+                22,
+                run_steps,
+            ), name
+        check_summary(name, document, run_steps)
+        dit = document["dit_steps"]  # every request-step of the run packed 192 rows
+        assert dit["h3_pack_rows_sum"] == 192 * count * run_steps, name
+        assert run_steps <= dit["steps"] == dit["h3_pack_rows_count"] <= count * run_steps, name
+        assert dit["seconds_per_step"] == pytest.approx(dit["h3_step_seconds_sum"] / dit["steps"], rel=1e-12)
+        assert document["peak_gpu_memory_mib"] is None and document["peak_gpu_memory_mib_per_process"] == {}
+    assert runs["run_a"]["dit_steps"]["steps"] == steps
+    assert report["processes"] == ["benchmark", "h3_dit_0_0", "h3_encoder_0_0", "h3_vae_0_0", "tritonserver"]
+    tiny = report["qwen3vl"]["dims"]
+    h, heads, kv, d, mlp = (
+        tiny[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size")
+    )
+    per_layer = h * d * (2 * heads + 2 * kv) + 2 * d + 3 * h * mlp + 2 * h
+    assert summary["qwen3vl_params"] == summary["qwen3vl_params_expected"] == tiny["vocab_size"] * h + 50 * per_layer
+    assert 0 <= report["qwen3vl"]["bytes"] - 2 * summary["qwen3vl_params"] < 1024  # bf16, + the RoPE buffers
+    assert summary["qwen3vl_gib"] == report["qwen3vl"]["bytes"] / 2**30
+    assert summary["qwen3vl_encode_ms_9"] > 0 and summary["qwen3vl_encode_ms_256"] > 0
+    assert summary["qwen3vl_error"] is None
+    a, b = runs["run_a"], runs["run_b"]
+    assert summary == {  # copied, not recomputed: equal as floats
+        "reference_run_b_wall_s": 174.8,
+        "load_seconds": summary["load_seconds"],
+        "gpu_memory_used_gib_loaded": None,
+        "run_a_wall_s": a["summary"]["wall_s"],
+        "run_a_latency_s": a["summary"]["latency_s"]["mean"],
+        "run_a_failed": 0,
+        "run_a_seconds_per_step": a["dit_steps"]["seconds_per_step"],
+        "run_a_rows_per_step": 192,
+        "peak_gpu_memory_gib_a": None,
+        "peak_gpu_memory_gib_per_process_a": {},
+        "gpu_memory_used_gib_dit_server": None,
+        "qwen3vl_params": summary["qwen3vl_params"],
+        "qwen3vl_params_expected": summary["qwen3vl_params"],
+        "qwen3vl_gib": summary["qwen3vl_gib"],
+        "qwen3vl_encode_ms_9": report["qwen3vl"]["encode_ms_9"],
+        "qwen3vl_encode_ms_256": report["qwen3vl"]["encode_ms_256"],
+        "gpu_memory_used_gib_dit_plus_qwen3vl": None,
+        "peak_gpu_memory_gib_qwen3vl": None,
+        "qwen3vl_error": None,
+        "run_b_wall_s": b["summary"]["wall_s"],
+        "run_b_latency_s": b["summary"]["latency_s"]["mean"],
+        "run_b_failed": 0,
+        "run_b_seconds_per_step": b["dit_steps"]["seconds_per_step"],
+        "run_b_rows_per_step": b["dit_steps"]["rows_per_step"],
+        "peak_gpu_memory_gib_b": None,
+        "peak_gpu_memory_gib_per_process_b": {},
+        "run_b_over_reference_wall": b["summary"]["wall_s"] / 174.8,
+        "gpu_memory_used_gib_server_idle_after_b": None,
+    }
+    assert str(tmp_path) not in json.dumps(report)  # written as $WORK / $OUT
+    assert any(line.startswith("run_b ") for line in run.stdout.splitlines())
