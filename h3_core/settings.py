@@ -14,6 +14,13 @@ from .request import RequestLimits
 from .scheduler import DEFAULT_AGING_S, DEFAULT_POLICY, POLICIES
 
 CONTROL_SLOTS = 2  # h3_dit sequence slots kept for cancel requests (max_batch_size = seqs + waiting + 2)
+# Seconds one h3_dit execute() may keep taking steps (execute_budget_s). Every execute costs a
+# Triton round trip and the loop's per-execute work (about 2.3 ms on the 2-core CPU against a
+# 5 ms tiny step of 128 rows); 0.03 s shares it among 5 such steps, while a newcomer or a cancel
+# waits at most 0.03 s more. A step of 15 ms or longer still runs alone in its execute, so the
+# bound in steps on the work for a gone client holds as before for steps that long
+# (tests/test_gone_clients.py: 44 ms and more).
+EXECUTE_BUDGET_S = 0.03
 EXECUTION_MODES = ("step", "request")
 
 
@@ -109,8 +116,11 @@ class VaeSettings:
 @dataclass(frozen=True)
 class DitSettings:
     """h3_dit. Model: config_name, checkpoint_dir, device, attention_backend, cpu_threads.
-    Step loop: execution_mode ("step": one packed step per execute; "request": run to
-    completion), scheduling_policy / row_budget (rows) / aging_s (seconds) (h3_core.scheduler),
+    Step loop: execution_mode ("step": packed steps, each over the requests the policy picks;
+    "request": run to completion), execute_budget_s (step mode: seconds one execute() may keep
+    taking steps, h3_core.step_loop.StepLoop.another_step; 0 = one step per execute; newcomers
+    and cancels wait up to this long plus one step, as they reach the DiT only between
+    executes), scheduling_policy / row_budget (rows) / aging_s (seconds) (h3_core.scheduler),
     max_num_seqs (documents per forward), max_waiting (live requests beyond a full pack),
     max_batch_rows (rows per forward and per request). Request limits: max_height, max_width
     (pixels), max_num_frames, max_steps, max_outputs, max_request_mb (MiB,
@@ -118,8 +128,11 @@ class DitSettings:
     parameter inject_fault act.
 
     Rules checked by check(): execution_mode in EXECUTION_MODES, scheduling_policy in POLICIES,
-    1 <= row_budget <= max_batch_rows, aging_s > 0, positive sizes, and (with Triton's
-    max_batch_size) max_batch_size == max_num_seqs + max_waiting + CONTROL_SLOTS."""
+    1 <= row_budget <= max_batch_rows, aging_s > 0, execute_budget_s >= 0, positive sizes, and
+    (with Triton's max_batch_size) max_batch_size == max_num_seqs + max_waiting + CONTROL_SLOTS,
+    (with its max_sequence_idle_microseconds as idle_s) execute_budget_s < idle_s / 2: an execute
+    lasts about its budget, and longer only by the step that ends it, which the sized idle timeout
+    exceeds several times (server.sizing.idle_timeout)."""
 
     MODEL = DIT_MODEL
     cpu_threads: int = 1
@@ -128,6 +141,7 @@ class DitSettings:
     device: str = "cpu"
     attention_backend: str = "sdpa"
     execution_mode: str = "step"
+    execute_budget_s: float = EXECUTE_BUDGET_S
     scheduling_policy: str = DEFAULT_POLICY
     row_budget: int = RequestLimits.max_rows
     aging_s: float = DEFAULT_AGING_S
@@ -145,7 +159,7 @@ class DitSettings:
     def __post_init__(self):
         self.check()
 
-    def check(self, max_batch_size: int | None = None) -> None:
+    def check(self, max_batch_size: int | None = None, idle_s: float | None = None) -> None:
         """Raise ValueError naming the first broken rule (see the class docstring)."""
         if self.execution_mode not in EXECUTION_MODES:
             raise ValueError(f"h3_dit parameter execution_mode={self.execution_mode!r} is not one of {EXECUTION_MODES}")
@@ -173,6 +187,15 @@ class DitSettings:
             )
         if not (self.aging_s > 0 and not math.isnan(self.aging_s)):
             raise ValueError(f"h3_dit parameter aging_s={self.aging_s} is out of range: allowed > 0")
+        if not (0 <= self.execute_budget_s < math.inf):
+            raise ValueError(
+                f"h3_dit parameter execute_budget_s={self.execute_budget_s} is out of range: allowed finite >= 0"
+            )
+        if idle_s is not None and not self.execute_budget_s < idle_s / 2:
+            raise ValueError(
+                f"h3_dit parameter execute_budget_s={self.execute_budget_s} must be below half of "
+                f"max_sequence_idle_microseconds ({idle_s:g} s): an execute() that outlasts it loses every live request"
+            )
         slots = self.max_num_seqs + self.max_waiting + CONTROL_SLOTS
         if max_batch_size is not None and max_batch_size != slots:
             raise ValueError(
@@ -181,10 +204,13 @@ class DitSettings:
             )
 
     @classmethod
-    def from_parameters(cls, parameters: dict[str, str], max_batch_size: int | None = None) -> "DitSettings":
-        """Settings from config.pbtxt parameters; max_batch_size (the config's) is checked too."""
+    def from_parameters(
+        cls, parameters: dict[str, str], max_batch_size: int | None = None, idle_s: float | None = None
+    ) -> "DitSettings":
+        """Settings from config.pbtxt parameters; max_batch_size and idle_s (the config's
+        max_sequence_idle_microseconds in seconds) are checked too."""
         settings = _parse(cls, parameters)
-        settings.check(max_batch_size)
+        settings.check(max_batch_size, idle_s)
         return settings
 
     def to_parameters(self) -> dict[str, str]:

@@ -5,21 +5,27 @@ turns each live Triton request into an `Arrival` (plain data) and calls `StepLoo
 hands it the `Event`s to send, in order, as they happen, and returns the requests to reschedule. Everything else lives
 here, and tests drive it without a server:
 
-1. Arrivals. A new request (Triton's START flag) is validated (`parse`) and handed to the
-   scheduler (admission; refused with INVALID_ARG or UNAVAILABLE at once); a control request
-   {"cancel_request_id": ID} is answered at once (`cancel_by_id`, CANCEL_STATES in
-   h3_core.protocol); a known request refreshes its job's handle.
+1. Arrivals, once per execute. A new request (Triton's START flag) is validated (`parse`) and
+   handed to the scheduler (admission; refused with INVALID_ARG or UNAVAILABLE at once); a control
+   request {"cancel_request_id": ID} is answered at once (`cancel_by_id`, CANCEL_STATES in
+   h3_core.protocol); a known request refreshes its job's handle. Cancels that reached another
+   DiT instance are read from the registry; jobs Triton stopped delivering (`drop_vanished`) are
+   forgotten.
 2. Step boundary (`end_cancelled`): jobs cancelled by id, natively cancelled by their client, past
    their deadline, or all of them while the server drains, end with a final `Ended` (CANCELLED).
-   Jobs Triton stopped delivering (`drop_vanished`) are forgotten.
 3. The pack: `Scheduler.schedule()` (h3_core/scheduler.py) picks the jobs this step advances.
 4. ONE packed forward for them (`step`); if it raises or returns non-finite values it is retried
    one job at a time so only the offending job fails (INTERNAL). Progress, previews and each
    output's final latents (`Result`) follow. In execution mode "request" the first job of the
-   pack instead runs to completion within the iteration.
-5. Every job still live is rescheduled; a waiting job whose queue position changed gets a
-   progress event (when it asked for progress); a job that got no event gets a `Heartbeat`
-   (h3_vae uses it to notice a client that is gone and cancel its request).
+   pack instead runs to completion within the execute.
+5. A waiting job whose queue position changed gets a progress event (when it asked for
+   progress); a job that got no event in the step gets a `Heartbeat` (h3_vae uses it to notice
+   a client that is gone and cancel its request).
+6. In step mode the execute repeats 2-5 while its budget allows (`another_step`,
+   DitSettings.execute_budget_s), so the Triton round trip and the work of 1 are paid once for
+   several steps; newcomers and control requests, which reach the DiT only between executes,
+   wait at most the budget (or one step, where a step alone is longer). Then every job still
+   live is rescheduled.
 
 A job's lifecycle is `Status`: WAITING (admitted, no step yet or preempted) -> RUNNING -> FINISHED,
 CANCELLED or FAILED. All per-request state lives in the Job and its RequestStates; the loop keeps
@@ -61,7 +67,7 @@ from .settings import DitSettings
 
 log = logging.getLogger("h3_dit")
 
-VANISHED_EXECUTES = 3  # a job missing from this many iterations in a row was dropped by Triton
+VANISHED_EXECUTES = 3  # a job missing from this many executes in a row was dropped by Triton
 JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
 
 
@@ -103,7 +109,7 @@ class Arrival:
 
 @dataclass
 class Progress:
-    """A progress response: step of total after this iteration, queue_position (0 = in the
+    """A progress response: step of total after this step, queue_position (0 = in the
     pack), preview uint8 [Hl, Wl, 3] when one is due."""
 
     handle: Any
@@ -162,7 +168,7 @@ class CancelAnswer:
 
 @dataclass
 class Heartbeat:
-    """Sent in every iteration to each live request that got no other event: through the
+    """Sent at every step to each live request that got no other event: through the
     ensemble it reaches h3_vae, which swallows it (the client sees nothing) and, when Triton
     marks that request cancelled (its client is gone), cancels the request by id. Without it a
     request that asked for no progress sends nothing until its result, and a gone client would
@@ -184,8 +190,8 @@ class Job(scheduler.Job):
     """A request in the step loop: the scheduler's Job (key, request_id, states, priority,
     arrival_s, first_step_s) plus its lifecycle. Times are seconds on the loop's clock."""
 
-    handle: Any = None  # the adapter's request object, refreshed every iteration
-    is_cancelled: Callable[[], bool] = lambda: False  # its Arrival's, refreshed every iteration
+    handle: Any = None  # the adapter's request object, refreshed every execute
+    is_cancelled: Callable[[], bool] = lambda: False  # its Arrival's, refreshed every execute
     status: Status = Status.WAITING
     progress_every: int = 0
     preview_every: int = 0
@@ -196,7 +202,7 @@ class Job(scheduler.Job):
     last_step_s: float | None = None
     largest_pack: int = 0  # most request outputs in one of its forwards
     queue_position: int | None = None  # last reported position (progress events)
-    absent: int = 0  # iterations in a row without delivery
+    absent: int = 0  # executes in a row without delivery
     cancel_reason: str | None = None
     preview: torch.Tensor | None = None  # due with the next progress event
 
@@ -388,49 +394,82 @@ class StepLoop:
         with UNAVAILABLE (a graceful stop leaves nothing in flight)."""
         self.draining = True
 
-    # -- one iteration -----------------------------------------------------------------------
+    # -- one execute -------------------------------------------------------------------------
 
     def iterate(self, arrivals: list[Arrival], send: Send) -> list:
-        """One step-loop iteration over every live request (steps 1-5 of the module docstring).
-        Events are passed to `send` as they happen (progress streams during a request-mode
-        run). Returns the handles of the requests to reschedule (still live)."""
+        """One execute() over every live request: the arrivals (step 1 of the module docstring)
+        and the cancels other instances took (`Registry.boundary`), then step boundaries and
+        steps (steps 2-5) while `another_step` allows. Events are passed to `send` as they
+        happen (progress streams while the execute runs). Returns the handles of the requests to
+        reschedule (still live)."""
         self.metrics.set("h3_heartbeat_timestamp_seconds", time.time())
         self.metrics.set("h3_execute_in_progress", 1)
-        reschedule, answered = [], set()
+        try:
+            start = self.clock()
+            present = [job for arrival in arrivals if (job := self.arrive(arrival, send)) is not None]
+            for request_id in self.registry.boundary([job.request_id for job in self.jobs.values()], self.load()):
+                job = next(job for job in self.jobs.values() if job.request_id == request_id)
+                job.cancel_reason = job.cancel_reason or "cancelled by request"
+            self.drop_vanished(present)
+            while True:
+                boundary = self.clock()
+                stepped = self.boundary_and_step(present, send)
+                present = [job for job in present if job.key in self.jobs]
+                if not (stepped and present and self.another_step(start, boundary, present)):
+                    break
+            self.metrics.set("h3_waiting_requests", len(self.scheduler.line))
+            self.metrics.set("h3_active_requests", len(self.scheduler.pack))
+        finally:
+            self.metrics.set("h3_execute_in_progress", 0)
+        return [job.handle for job in present]
+
+    def boundary_and_step(self, present: list[Job], send: Send) -> bool:
+        """One step boundary and step over the jobs Triton delivered in this execute: end the
+        cancelled ones (`end_cancelled`), let the policy pick the pack, run it (`step`; in
+        execution mode "request" its first job to completion), then send each live job that
+        waits its new queue position (if it asked for progress) and a `Heartbeat` to each that
+        got no event. Returns whether a forward ran."""
+        answered = set()
 
         def send_and_note(event: Event) -> None:
             answered.add(id(event.handle))
             send(event)
 
-        try:
-            present = [job for arrival in arrivals if (job := self.arrive(arrival, send_and_note)) is not None]
-            for request_id in self.registry.boundary([job.request_id for job in self.jobs.values()], self.load()):
-                job = next(job for job in self.jobs.values() if job.request_id == request_id)
-                job.cancel_reason = job.cancel_reason or "cancelled by request"
-            self.drop_vanished(present)
-            self.end_cancelled(present, send_and_note)
-            pack = [job for job in self.scheduler.schedule(self.clock()) if job in present]
-            if pack and self.settings.execution_mode == "request":
-                pack = pack[:1]
-                while pack:
-                    pack = self.step(pack, send_and_note)
-            elif pack:
-                self.step(pack, send_and_note)
-            for job in present:
-                if job.key not in self.jobs:
-                    continue  # answered with its final event
-                position = self.scheduler.queue_position(job)
-                if job.progress_every and position > 0 and position != job.queue_position:
-                    send_and_note(Progress(job.handle, job.request_id, job.step_index, job.total_steps, position))
-                if id(job.handle) not in answered:
-                    send(Heartbeat(job.handle, job.request_id))
-                job.queue_position = position
-                reschedule.append(job.handle)
-            self.metrics.set("h3_waiting_requests", len(self.scheduler.line))
-            self.metrics.set("h3_active_requests", len(self.scheduler.pack))
-        finally:
-            self.metrics.set("h3_execute_in_progress", 0)
-        return reschedule
+        self.end_cancelled(present, send_and_note)
+        pack = [job for job in self.scheduler.schedule(self.clock()) if job in present]
+        if pack and self.settings.execution_mode == "request":
+            running = pack[:1]
+            while running:
+                running = self.step(running, send_and_note)
+        elif pack:
+            self.step(pack, send_and_note)
+        for job in present:
+            if job.key not in self.jobs:
+                continue  # answered with its final event
+            position = self.scheduler.queue_position(job)
+            if job.progress_every and position > 0 and position != job.queue_position:
+                send_and_note(Progress(job.handle, job.request_id, job.step_index, job.total_steps, position))
+            if id(job.handle) not in answered:
+                send(Heartbeat(job.handle, job.request_id))
+            job.queue_position = position
+        return bool(pack)
+
+    def another_step(self, start: float, boundary: float, present: list[Job]) -> bool:
+        """Whether the execute that began at `start` takes another step after the one whose
+        boundary was at `boundary` (clock seconds). Only in step mode, only while every live job
+        is among the `present` ones (a job Triton withholds is counted absent once per execute,
+        drop_vanished, so it is dropped after as many steps as before), and only if the execute
+        would still end within settings.execute_budget_s, judging by the last step's time.
+        Newcomers and control requests reach the DiT only between executes, so they wait at most
+        the budget, or one step where a step alone is longer; the Triton round trip between
+        executes and the per-execute work (arrivals, the registry) are paid once per execute."""
+        now = self.clock()
+        elapsed, last_step = now - start, now - boundary
+        return (
+            self.settings.execution_mode == "step"
+            and len(present) == len(self.jobs)
+            and elapsed + last_step < self.settings.execute_budget_s
+        )
 
     def arrive(self, arrival: Arrival, send: Send) -> Job | None:
         """The live job this arrival belongs to (admitting a new one), or None when the arrival
@@ -622,7 +661,7 @@ class StepLoop:
     def cancel_by_id(self, handle, target: str) -> CancelAnswer:
         """A cancel-by-id control request, answered through the registry (whichever instance
         holds the target): "cancelled", "finished" or "unknown" (h3_core.registry). A target on
-        this instance leaves at this iteration's step boundary."""
+        this instance leaves at this execute's next step boundary."""
         state = self.registry.cancel(target)
         for job in self.jobs.values():
             if job.request_id == target:

@@ -242,6 +242,7 @@ def plan(
     idle, reason = sizing.idle_timeout(device, dit.execution_mode, dit.max_batch_rows, cfg.num_layers, dit.max_steps)
     if idle_timeout_s is not None:
         idle, reason = round(idle_timeout_s * 1e6), f"{idle_timeout_s:g} s, given."
+    dit.check(idle_s=idle / 1e6)
     for model in SETTINGS:
         notes += [
             f"{model}.{key} {value}: given"
@@ -317,6 +318,8 @@ COMMENTS = {
         "cpu_threads": CPU_THREADS_COMMENT,
         "allow_fault_injection": '"true" lets the test-only request parameter inject_fault act; "false" refuses it '
         "(INVALID_ARG)",
+        "execute_budget_s": "seconds one execute() may keep taking steps (0 = one step per execute): the Triton "
+        "round trip between executes is paid once for them; newcomers and cancels wait up to this long more",
     },
     VaeSettings.MODEL: {
         "cpu_threads": CPU_THREADS_COMMENT,
@@ -368,8 +371,9 @@ output [
 """
 DIT_INTRO = """\
 # The H3 DiT with diffusion continuous batching. Decoupled; Triton's iterative sequence batcher
-# hands every live request to each execute(), which runs ONE packed forward for the requests the
-# scheduling policy advances and reschedules the unfinished ones.
+# hands every live request to each execute(), which runs packed steps, each ONE forward for the
+# requests the scheduling policy advances, as many as fit execute_budget_s, and reschedules the
+# unfinished ones.
 #
 # REQUEST is JSON: the request fields present (height, width, num_frames, num_inference_steps,
 # seed, num_outputs) and encode_seconds (the keys h3_encoder writes; any other key is refused), or
@@ -381,7 +385,8 @@ DIT_INTRO = """\
 """
 DIT_IDLE = (
     "max_sequence_idle_microseconds must exceed the longest execute(), or Triton reaps the other live "
-    "sequences during it and their clients hang: in step mode that is one step at max_batch_rows; in request "
+    "sequences during it and their clients hang: in step mode that is execute_budget_s plus one step at "
+    "max_batch_rows (the settings refuse a budget of half the timeout or more); in request "
     "mode a whole generation, max_steps x the worst single-request step (waiting requests are only "
     "rescheduled when it ends). A larger value delays the release of slots whose clients vanished. Here "
     "(server.sizing.idle_timeout): "

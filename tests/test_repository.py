@@ -105,6 +105,12 @@ def test_the_idle_timeout_is_sized_and_can_be_given():
     )
     assert idle(R.plan(idle_timeout_s=1)) == "  max_sequence_idle_microseconds: 1000000"
     assert R.plan(idle_timeout_s=1).idle_reason == "1 s, given."
+    with pytest.raises(ValueError) as error:  # an execute may last its budget and one step more
+        R.plan(idle_timeout_s=0.05)
+    assert str(error.value) == (
+        "h3_dit parameter execute_budget_s=0.03 must be below half of max_sequence_idle_microseconds (0.05 s): "
+        "an execute() that outlasts it loses every live request"
+    )
 
 
 def test_overrides_are_validated_by_the_settings():

@@ -2,11 +2,13 @@
 
 import json
 import queue
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import numpy as np
 import pytest
@@ -38,6 +40,26 @@ def test_request_mode_outputs_equal_step_mode(client, tmp_path):
     assert request_mode.frames.tobytes() == step_mode.frames.tobytes()
     assert request_mode.audio.tobytes() == step_mode.audio.tobytes()
     assert [step for step, _, _ in request_mode.progress] == [1, 2, 3, 4, 5]
+
+
+def dit_executions(server) -> float:
+    """Triton's count of h3_dit executions (nv_inference_exec_count)."""
+    text = urllib.request.urlopen(f"http://{server.metrics_url.split('//')[-1]}", timeout=10).read().decode()
+    return float(re.search(r'^nv_inference_exec_count\{model="h3_dit",version="1"\} (\S+)$', text, re.MULTILINE)[1])
+
+
+def test_a_lone_request_takes_all_its_steps_in_the_execute_that_admits_it(client, tmp_path):
+    # execute_budget_s 20: the 5 steps of a few ms each fit one execute (one h3_dit execution);
+    # progress still streams after every step; the outputs equal the shipped server's (0.03 s)
+    shipped = client.generate(**REQUEST)[0]
+    repo = model_repository_copy(tmp_path / "repo", execute_budget_s="20")
+    with TritonServer(repo, free_ports=True, log_file=tmp_path / "server.log") as server:
+        result = H3Client(server.grpc_url, idle_timeout_s=120).generate(**REQUEST, progress_every=1)[0]
+        idle_metrics(server)
+        assert dit_executions(server) == 1
+    assert [step for step, _, _ in result.progress] == [1, 2, 3, 4, 5]
+    assert result.frames.tobytes() == shipped.frames.tobytes()
+    assert result.audio.tobytes() == shipped.audio.tobytes()
 
 
 def test_native_grpc_cancel_on_h3_dit(server, client):

@@ -43,6 +43,8 @@ def test_the_dit_limits_are_the_request_limits():
         ({"execution_mode": "batch"}, "h3_dit parameter execution_mode='batch' is not one of ('step', 'request')"),
         ({"row_budget": "5000"}, "h3_dit parameter row_budget=5000 is out of range: allowed 1..4096 (max_batch_rows)"),
         ({"max_num_seqs": "0"}, "h3_dit parameter max_num_seqs=0 is out of range: allowed >= 1"),
+        ({"execute_budget_s": "-0.5"}, "h3_dit parameter execute_budget_s=-0.5 is out of range: allowed finite >= 0"),
+        ({"execute_budget_s": "nan"}, "h3_dit parameter execute_budget_s=nan is out of range: allowed finite >= 0"),
         (
             {"max_num_seqs": "6"},
             "h3_dit max_batch_size=14 must equal max_num_seqs + max_waiting + 2 = 16 (its sequence slots)",
@@ -59,3 +61,16 @@ def test_bad_dit_parameters_are_refused_at_load(change, message):
     with pytest.raises(ValueError) as error:
         DitSettings.from_parameters(parameters, max_batch_size)
     assert str(error.value).startswith(message)
+
+
+def test_an_execute_budget_of_half_the_idle_timeout_or_more_is_refused_at_load():
+    """An execute lasts its budget and at most one step more; Triton reaps every live request
+    when one outlasts max_sequence_idle_microseconds (h3_dit passes it as idle_s)."""
+    parameters, max_batch_size = shipped("h3_dit")
+    assert DitSettings.from_parameters(parameters, max_batch_size, idle_s=60.0).execute_budget_s == 0.03
+    with pytest.raises(ValueError) as error:
+        DitSettings.from_parameters({**parameters, "execute_budget_s": "30"}, max_batch_size, idle_s=60.0)
+    assert str(error.value) == (
+        "h3_dit parameter execute_budget_s=30.0 must be below half of max_sequence_idle_microseconds (60 s): "
+        "an execute() that outlasts it loses every live request"
+    )

@@ -126,9 +126,12 @@ class Client:
 
 
 def make_loop(engine, clock=None, registry=None, **settings) -> StepLoop:
-    """A loop with its own registry folder unless one is given (instances of one server share one)."""
+    """A loop with its own registry folder unless one is given (instances of one server share one).
+    One step per iterate unless execute_budget_s is given: the fake clock stands still, so any
+    budget would let an execute run its requests to completion."""
     registry = registry or Registry(Path(tempfile.mkdtemp()), "i0")
-    return StepLoop(engine, DitSettings(**{"max_steps": 20, **settings}), registry, MetricsRecord(), clock or Clock())
+    settings = {"max_steps": 20, "execute_budget_s": 0.0, **settings}
+    return StepLoop(engine, DitSettings(**settings), registry, MetricsRecord(), clock or Clock())
 
 
 def solo_latents(engine, steps: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -456,3 +459,130 @@ def test_native_cancellation_is_asked_only_of_live_jobs_at_their_step_boundary(e
     assert asked == ["native"] and not client.live
     (ended,) = client.of("native", Ended)
     assert ended.message == "request native cancelled by the client at step 1 of 5"
+
+
+# -- several steps per execute (execute_budget_s) ----------------------------------------------
+
+
+def timed_forwards(monkeypatch, loop: StepLoop, clock: Clock, before=None) -> list:
+    """Make every packed forward of `loop` take 1 s on the fake clock. Returns the log of
+    forwards, (clock at its start, request ids of its pack) each; before(n), if given, runs at
+    the start of the n-th forward (n from 0)."""
+    forward, log = loop.forward, []
+
+    def timed(jobs):
+        if before is not None:
+            before(len(log))
+        log.append((clock.now, [job.request_id for job in jobs]))
+        clock.now += 1.0
+        return forward(jobs)
+
+    monkeypatch.setattr(loop, "forward", timed)
+    return log
+
+
+def test_an_execute_takes_steps_while_they_fit_its_budget(engine, monkeypatch):
+    """1 s steps, execute_budget_s 2.5: another step starts while the time since the execute
+    began plus the last step's stays below 2.5 s, so an execute takes 2 steps: 3 executes for
+    5 steps, progress after each step as it happens, the solo result."""
+    clock = Clock()
+    client = Client(make_loop(engine, clock, execute_budget_s=2.5))
+    timed_forwards(monkeypatch, client.loop, clock)
+    client.send("lone", steps=5, seed=1, parameters={"progress_every": 1})
+    per_execute = []
+    while client.live:
+        per_execute.append([(type(e).__name__, getattr(e, "step", None)) for e in client.iterate()])
+    assert per_execute == [
+        [("Progress", 1), ("Progress", 2)],
+        [("Progress", 3), ("Progress", 4)],
+        [("Progress", 5), ("Result", None)],
+    ]
+    assert client.loop.metrics.observed["h3_step_seconds"] == [1.0] * 5
+    assert_solo(engine, client.of("lone", Result)[0], 5, 1)
+
+
+def test_a_newcomer_joins_at_the_first_step_of_the_next_execute(engine, monkeypatch):
+    """A newcomer that reaches Triton while an execute runs (here 100-102 s) is delivered with
+    the next one and packed at its first step boundary (102 s): it waited at most that execute's
+    2 s, within the 2.5 s budget. Both equal their solo runs."""
+    clock = Clock()
+    client = Client(make_loop(engine, clock, execute_budget_s=2.5))
+    log = timed_forwards(monkeypatch, client.loop, clock)
+    client.send("first", steps=6, seed=1)
+    client.iterate()
+    client.send("newcomer", steps=3, seed=2)  # Triton queued it while the execute ran
+    client.run()
+    assert log == [
+        (100.0, ["first"]),
+        (101.0, ["first"]),
+        (102.0, ["newcomer", "first"]),
+        (103.0, ["newcomer", "first"]),
+        (104.0, ["newcomer", "first"]),
+        (105.0, ["first"]),
+    ]
+    (newcomer,) = client.of("newcomer", Result)
+    assert newcomer.info["largest_pack"] == 2
+    assert_solo(engine, newcomer, 3, 2)
+    assert_solo(engine, client.of("first", Result)[0], 6, 1)
+
+
+def test_deadlines_native_cancels_and_draining_act_at_every_step_boundary_of_an_execute(engine, monkeypatch):
+    clock = Clock()
+    client = Client(make_loop(engine, clock, execute_budget_s=100.0))
+    timed_forwards(monkeypatch, client.loop, clock, before=lambda n: n == 2 and client.loop.start_draining())
+    client.send("late", steps=10, seed=1, parameters={"deadline_s": 1.5})
+    native = client.send("native", steps=10, seed=2)
+    client.send("drained", steps=10, seed=3)
+    asked = []
+    next(a for a in client.live.values() if a.request_id == native).is_cancelled = lambda: (
+        asked.append(clock.now) or clock.now >= 102.0
+    )
+    client.iterate()  # one execute ends all three
+    assert not client.live and asked == [100.0, 101.0, 102.0]
+    assert [(e.request_id, e.message) for e in client.events if isinstance(e, Ended)] == [
+        ("late", "request late deadline of 1.5 s expired at step 2 of 10"),
+        ("native", "request native cancelled by the client at step 2 of 10"),
+        ("drained", "request drained cancelled because the server is shutting down at step 3 of 10"),
+    ]
+
+
+def test_cancels_by_id_take_effect_at_the_first_step_boundary_of_the_next_execute(engine, monkeypatch, tmp_path):
+    """A control request reaches the DiT only between executes (Triton delivers it with the
+    next one), and a cancel that landed on another instance is read from the registry once per
+    execute: both targets, cancelled during the first execute's first step, run its second step
+    and leave at the first boundary of the next execute."""
+    clock = Clock()
+    client = Client(make_loop(engine, clock, registry=Registry(tmp_path, "h3_dit_0"), execute_budget_s=2.5))
+    other = Registry(tmp_path, "h3_dit_1")
+    timed_forwards(monkeypatch, client.loop, clock, before=lambda n: n == 0 and other.cancel("elsewhere"))
+    client.send("here", steps=10, seed=1)
+    client.send("elsewhere", steps=10, seed=2)
+    client.iterate()
+    assert not client.of("here", Ended) and not client.of("elsewhere", Ended)
+    client.cancel("here")  # Triton queued it while the execute ran
+    client.iterate()
+    assert not client.live
+    assert [(e.request_id, e.state) for e in client.events if isinstance(e, CancelAnswer)] == [("here", "cancelled")]
+    assert [(e.request_id, e.message) for e in client.events if isinstance(e, Ended)] == [
+        ("here", "request here cancelled by request at step 2 of 10"),
+        ("elsewhere", "request elsewhere cancelled by request at step 2 of 10"),
+    ]
+
+
+def test_an_execute_takes_one_step_while_triton_withholds_a_live_job(engine, monkeypatch):
+    """Absences are counted per execute, so while a job is withheld every execute takes one
+    step and the job is dropped after VANISHED_EXECUTES steps, as with one step per execute."""
+    clock = Clock()
+    client = Client(make_loop(engine, clock, execute_budget_s=2.5))
+    log = timed_forwards(monkeypatch, client.loop, clock)
+    client.send("kept", steps=10, seed=1)
+    client.send("gone", steps=10, seed=2)
+    gone = next(key for key, arrival in client.live.items() if arrival.request_id == "gone")
+    client.iterate()
+    steps_per_execute = [len(log)]
+    while client.live.keys() - {gone}:
+        before = len(log)
+        client.iterate(withhold=(gone,))
+        steps_per_execute.append(len(log) - before)
+    assert steps_per_execute == [2, 1, 1, 2, 2, 2] and gone not in {job.key for job in client.loop.jobs.values()}
+    assert_solo(engine, client.of("kept", Result)[0], 10, 1)

@@ -1,10 +1,10 @@
 """h3_dit: the decoupled iterative DiT model, an adapter over h3_core.step_loop.StepLoop.
 
 Each execute() receives every live sequence (Triton's iterative sequence batcher). The adapter
-turns each request into a step_loop.Arrival, runs one StepLoop.iterate, sends the events it
-produces as they come and reschedules the requests still running. The step loop (admission, cancel
-by id, deadlines, the pack, the packed forward and its retry, results) is in
-h3_core/step_loop.py and runs without Triton.
+turns each request into a step_loop.Arrival, runs one StepLoop.iterate (in step mode as many
+steps as execute_budget_s allows), sends the events it produces as they come and reschedules the
+requests still running. The step loop (admission, cancel by id, deadlines, the pack, the packed
+forward and its retry, results) is in h3_core/step_loop.py and runs without Triton.
 
 SIGUSR1 (sent by server.launch before it stops the server) starts draining: at the next step
 boundary every job ends with CANCELLED and newcomers are refused with UNAVAILABLE:.
@@ -114,7 +114,8 @@ def to_response(event) -> tuple["pb_utils.InferenceResponse", int]:
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        settings = DitSettings.from_parameters(model_parameters(args), config["max_batch_size"])
+        idle_s = int(config["sequence_batching"]["max_sequence_idle_microseconds"]) / 1e6
+        settings = DitSettings.from_parameters(model_parameters(args), config["max_batch_size"], idle_s)
         set_threads(settings.cpu_threads)
         logging.getLogger("h3_dit").addHandler(TritonLogHandler())
         logging.getLogger("h3_dit").setLevel(logging.INFO)
