@@ -157,7 +157,11 @@ def run_variant(name: str) -> dict:
     if variant["compile"]:
         dit.compile_blocks()
     engine = Engine(
-        dit.eval(), None, None, None, RequestLimits(max_height=1024, max_width=1024, max_num_frames=257, max_rows=2**20)
+        dit.eval(),
+        None,
+        None,
+        None,
+        RequestLimits(max_height=1024, max_width=1024, max_num_frames=257, max_rows=2**20, max_request_mb=2**20),
     )
     if variant["compile"]:
         start = time.perf_counter()

@@ -5,6 +5,7 @@ request, so request mode, solo step mode and co-batched step mode run identical 
 All per-request state lives in RequestState; the Engine holds only the models.
 """
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,6 +16,7 @@ from . import layout as L
 from .checkpoint import load_dit
 from .config import AUDIO_CHANNELS, AUDIO_LATENT_CHANNELS, VIDEO_LATENT_CHANNELS, get_config
 from .model import H3DiT
+from .model.dit import use_bitwise_cublas
 from .request import GenerationRequest, RequestLimits, random_seed, request_memory_mb, validate_request
 from .sampling import euler_step, sigma_schedule
 from .vae import AudioVAE, VideoVAE
@@ -98,11 +100,16 @@ class Engine:
         self.dit, self.video_vae, self.audio_vae, self.encoder, self.limits = dit, video_vae, audio_vae, encoder, limits
         self.device = dit.video_patch_proj.weight.device
 
-    def warm_up(self) -> None:
-        """Run one packed step of a small request so first-use kernel set-up (oneDNN on the
-        CPU, cuBLAS handles on the GPU) is not paid by the first client."""
+    def warm_up(self) -> float:
+        """Run one packed step of a small request so first-use set-up (oneDNN on the CPU, cuBLAS
+        handles and the compilation of the DiT blocks on the GPU) is not paid by the first
+        client. Returns its seconds."""
+        start = time.perf_counter()
         request = GenerationRequest("warm-up", 32, 32, 1, 1, seed=0)
         self.denoise_step(self.prepare(request, torch.zeros(1, self.dit.cfg.text_dim)))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - start
 
     def encode_prompt(self, prompt: str) -> torch.Tensor:
         """Text states float32 [L, text_dim] of the prompt. Raises ValueError for bad prompts."""
@@ -279,11 +286,18 @@ def load_engine(
     """Build an Engine from a weight source (h3_core.checkpoint's module docstring): a native
     folder (dit.safetensors, video_vae.safetensors, audio_vae.safetensors; see checkpoint_setup),
     an official checkpoint folder (transformer/, video_vae/, audio_vae/; its VAEs run only with
-    trust_remote_code, h3_core.vae_hook) or `random:SEED`. The DiT uses its device's bitwise row
-    tile. with_encoder / with_vaes False leave those parts out (the Triton DiT needs neither).
+    trust_remote_code, h3_core.vae_hook) or `random:SEED`. The DiT uses its device's bitwise
+    GEMM setting (h3_core.model.dit); on CUDA its blocks are compiled (H3DiT.compile_blocks; the
+    first step, Engine.warm_up, pays the compilation). with_encoder / with_vaes False leave
+    those parts out (the Triton DiT needs neither).
     Raises ValueError / FileNotFoundError as checkpoint.load_dit and vae_hook.load_vaes."""
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        use_bitwise_cublas()
     dit = H3DiT(get_config(config_name), attention_backend=attention_backend, device=device)
     load_dit(dit, source)
+    if cuda:
+        dit.compile_blocks()
     video_vae, audio_vae = load_vaes(source, device, trust_remote_code) if with_vaes else (None, None)
     if with_encoder:
         from .encoder import TextEncoder  # imported here: a GPU host without MiniLM can run the DiT

@@ -156,3 +156,46 @@ def test_init_is_deterministic_and_not_zero():
     assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
     assert a.blocks[0].adaln_proj.linear.weight.count_nonzero() == a.blocks[0].adaln_proj.linear.weight.numel()
     assert a.final_layer.video_out.weight.count_nonzero() == a.final_layer.video_out.weight.numel()
+
+
+def test_compiled_blocks_one_graph_for_every_pack(monkeypatch):
+    """compile_blocks (the GPU default) on the CPU: packs of other row counts and timestep counts
+    reuse the first compiled graphs (no recompilation), the result is deterministic and close
+    to the eager forward (fused elementwise work rounds differently, so not bitwise)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    eager = H3DiT(get_config("tiny"), row_tile=0)
+    init_weights(eager, 0)
+    compiled = H3DiT(get_config("tiny"), row_tile=0)
+    compiled.load_state_dict(eager.state_dict())
+    compiled.compile_blocks()
+    inputs = random_inputs(LAYOUTS, SEEDS)
+    packs = [[0], [0, 1], [2, 0, 1], [1]]  # 1 to 3 documents, 1 to 3 distinct timesteps
+    for pack in packs:
+        chosen = [LAYOUTS[i] for i in pack]
+        args = (
+            [T_VIDEO[i] for i in pack],
+            [T_AUDIO[i] for i in pack],
+            [[inputs[k][i] for i in pack] for k in range(3)],
+        )
+        first = forward(compiled, chosen, *args)
+        again = forward(compiled, chosen, *args)
+        reference = forward(eager.eval(), chosen, *args)
+        for (video, audio), (video2, audio2), (video_e, audio_e) in zip(first, again, reference, strict=True):
+            assert torch.equal(video, video2) and torch.equal(audio, audio2)
+            torch.testing.assert_close(video, video_e, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(audio, audio_e, atol=1e-4, rtol=1e-4)
+    assert sum(counters["recompiles"].values()) == 0
+    assert counters["stats"]["unique_graphs"] == 2  # before_attention and after_attention, shared by the blocks
+
+
+def test_cuda_default_needs_the_bitwise_cublas_workspace(monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    with pytest.raises(
+        RuntimeError,
+        match=r"^the DiT on CUDA is batch-invariant only with CUBLAS_WORKSPACE_CONFIG=:0:0, got None: call "
+        r"h3_core\.model\.dit\.use_bitwise_cublas\(\) before",
+    ):
+        H3DiT(get_config("tiny"), device="cuda")

@@ -6,13 +6,18 @@ condition_proj -> 2-block token refiner; scattered into a zero [S, H] buffer (pa
 0); time embedding of each unique timestep; num_layers AdaLN blocks with 3-axis RoPE and
 per-document attention; final layer; fp32 video/audio heads.
 
-Batch invariance (solo == co-batched, bitwise): every row-wise linear runs in GEMM calls of one
-fixed row count (`row_tile`: 64 on the CPU, 4096 on CUDA, where cuBLAS picks other kernels for
-other row counts, docs/gpu_backends.md), and the time embedder and AdaLN projections run once
-per unique timestep value, so no result depends on how many requests share the forward.
+Batch invariance (solo == co-batched, bitwise): no row's result may depend on how many rows
+share the forward. On the CPU every row-wise linear runs in GEMM calls of 64 rows (`row_tile`,
+oneDNN picks other kernels for other row counts); on CUDA each linear is one GEMM over the whole
+pack with cuBLAS's split-K workspace off (CUBLAS_WORKSPACE_CONFIG=:0:0, set by
+use_bitwise_cublas before cuBLAS starts), which the H200 showed row invariant for every linear
+of the DiT at 64..65,536 rows and any offset (benchmarks/batch_invariance.py,
+docs/gpu_backends.md). The time embedder and AdaLN projections run once per unique timestep
+value.
 """
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -23,11 +28,17 @@ from ..layout import PackedBatch
 from .attention import AttentionFn, get_attention_backend
 from .rope import apply_rope, rope_table
 
-# Default row tiles, bitwise solo == co-batched. On the H200 (bench config, bf16) plain cuBLAS
-# GEMMs were not (the refiner's 64- vs 192-row fc2 changes kernels); tiles of 2048 to 8192 rows
-# cost the same within noise (+0.7 % / +2.6 % a step for 1 / 3 requests of 16,384 rows), and
-# 4096 bounds the padding a request of another size pays (docs/gpu_backends.md).
-CPU_ROW_TILE, GPU_ROW_TILE = 64, 4096
+# Default row tiles, bitwise solo == co-batched: 64 rows on the CPU; on CUDA none (one GEMM per
+# linear) with the cuBLAS workspace off. The 4096-row tiles used before cost a 128-row request
+# 43.6 vs 17.9 ms a step on the H200 (bench config, benchmarks/results/batch_invariance_h200.json).
+CPU_ROW_TILE, GPU_ROW_TILE = 64, 0
+BITWISE_CUBLAS_WORKSPACE = ":0:0"  # CUBLAS_WORKSPACE_CONFIG: no workspace, so no split-K reduction
+
+
+def use_bitwise_cublas() -> None:
+    """Set CUBLAS_WORKSPACE_CONFIG=:0:0 for this process. cuBLAS reads it when it first runs, so
+    call this before the process's first CUDA GEMM (load_engine and the h3_dit model do)."""
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = BITWISE_CUBLAS_WORKSPACE
 
 
 class Linear(nn.Linear):
@@ -246,8 +257,10 @@ class H3DiT(nn.Module):
         attention_backend: name in attention.BACKENDS (RuntimeError when it cannot run on
             `device` with the config's dtype).
         row_tile: rows per linear GEMM call (see set_row_tile); None = the device's bitwise
-            default (GPU_ROW_TILE on CUDA, CPU_ROW_TILE elsewhere); 0 = one call per linear,
-            not batch-invariant.
+            default (CPU_ROW_TILE on the CPU; on CUDA one GEMM per linear with the cuBLAS
+            workspace off: RuntimeError unless CUBLAS_WORKSPACE_CONFIG is :0:0,
+            use_bitwise_cublas); 0 = one call per linear, batch-invariant only on CUDA with
+            that workspace setting (training uses it).
         device: where the parameters live ("meta" for shape-only models).
     """
 
@@ -259,6 +272,13 @@ class H3DiT(nn.Module):
         device: str | torch.device = "cpu",
     ):
         super().__init__()
+        cuda = torch.device(device).type == "cuda"
+        if row_tile is None and cuda and os.environ.get("CUBLAS_WORKSPACE_CONFIG") != BITWISE_CUBLAS_WORKSPACE:
+            raise RuntimeError(
+                f"the DiT on CUDA is batch-invariant only with CUBLAS_WORKSPACE_CONFIG={BITWISE_CUBLAS_WORKSPACE}, "
+                f"got {os.environ.get('CUBLAS_WORKSPACE_CONFIG')!r}: call h3_core.model.dit.use_bitwise_cublas() "
+                "before the process's first CUDA GEMM, or pass row_tile explicitly"
+            )
         self.cfg = cfg
         dtype = cfg.torch_dtype
         with torch.device(device):
@@ -271,7 +291,7 @@ class H3DiT(nn.Module):
             self.final_layer = FinalLayer(cfg, dtype)
         self.attention = get_attention_backend(attention_backend, device, dtype)
         if row_tile is None:
-            row_tile = GPU_ROW_TILE if torch.device(device).type == "cuda" else CPU_ROW_TILE
+            row_tile = GPU_ROW_TILE if cuda else CPU_ROW_TILE
         self.set_row_tile(row_tile)
 
     def compile_blocks(self) -> None:
@@ -282,6 +302,7 @@ class H3DiT(nn.Module):
         per-document attention between them stays eager. A compiled step is not bitwise equal to
         an eager one (fused elementwise work rounds differently), so a server compiles once at
         load and runs every mode through the same compiled code."""
+        torch._dynamo.config.fail_on_recompile_limit_hit = True  # never fall back to eager silently
         for block in self.blocks:
             block.before_attention = torch.compile(block.before_attention, dynamic=True)
             block.after_attention = torch.compile(block.after_attention, dynamic=True)

@@ -137,7 +137,11 @@ class TritonPythonModel:
             with_vaes=False,
             limits=settings.limits(),
         )
-        engine.warm_up()
+        seconds = engine.warm_up()
+        pb_utils.Logger.log_info(
+            f"h3_dit {instance}: warm-up step on {device} in {seconds:.1f} s"
+            + (" (compiles the DiT blocks)" if device.startswith("cuda") else "")
+        )
         self.loop = StepLoop(engine, settings, Registry(server_folder(), instance), TritonMetrics(labels))
         signal.signal(signal.SIGUSR1, lambda signum, frame: self.loop.start_draining())
 
