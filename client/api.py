@@ -189,12 +189,15 @@ class H3Client:
         request_id: str = "",
         inject_fault: str | None = None,
         on_progress: Callable[[int, int, int], None] | None = None,
+        on_preview: Callable[[int, np.ndarray], None] | None = None,
     ) -> list[GenerationResult]:
         """Generate num_outputs clips (None fields take the server's defaults; docs/request_contract.md
         has every field's range).
 
         on_progress(step, total_steps, queue_position) is called for each progress response
-        (progress_every > 0). preview_every k > 0 adds a PREVIEW image after steps k, 2k, ...
+        (progress_every > 0). preview_every k > 0 adds a PREVIEW image after steps k, 2k, ...;
+        on_preview(step, image) is called with each (uint8 [Hl, Wl, 3], latent resolution) as it
+        arrives, before on_progress for that step; the results hold them too (`previews`).
         deadline_s: seconds, counted by the server from the request's arrival, after which the
         server cancels the request at the next step boundary (it then ends with CANCELLED); also
         sets this call's total timeout when the client has none (class docstring).
@@ -269,7 +272,7 @@ class H3Client:
         request_id = request_id or f"h3c-{uuid.uuid4().hex}"
         for result in self._stream(protocol.PIPELINE_MODEL, inputs, outputs, parameters, request_id, total):
             try:
-                results += self._read(result, progress, previews, on_progress)
+                results += self._read(result, progress, previews, on_progress, on_preview)
             except H3Error as error:  # ended early; read on to the stream's final response
                 ended = error
         if ended is not None:
@@ -368,7 +371,7 @@ class H3Client:
             return False
 
     @staticmethod
-    def _read(result, progress, previews, on_progress) -> list[GenerationResult]:
+    def _read(result, progress, previews, on_progress, on_preview) -> list[GenerationResult]:
         info_tensor = result.as_numpy(protocol.INFO)
         if info_tensor is None or info_tensor.size == 0:
             return []  # the empty final response that closes the stream
@@ -380,6 +383,8 @@ class H3Client:
             preview = result.as_numpy(protocol.PREVIEW)
             if preview is not None and preview.size:
                 previews.append((step, preview[0]))
+                if on_preview:
+                    on_preview(step, preview[0])
             progress.append((step, total, position))
             if on_progress:
                 on_progress(step, total, position)

@@ -244,6 +244,7 @@ def test_generate_sends_the_contract_names_and_reads_every_output(monkeypatch):
         return_audio=True,
         request_id="job-1",
         on_progress=lambda *args: seen.append(args),
+        on_preview=lambda step, image: seen.append(("preview", step, image.tolist())),
     )
     (request,) = fake.requests
     assert (request.model, request.request_id) == (protocol.PIPELINE_MODEL, "job-1")
@@ -257,7 +258,7 @@ def test_generate_sends_the_contract_names_and_reads_every_output(monkeypatch):
     assert protocol.check_request_parameters(json.dumps(request.parameters)) == request.parameters
     assert request.inputs == ["PROMPT", "NUM_OUTPUTS"]
     assert request.outputs == ["VIDEO_MP4", "AUDIO", "PROGRESS", "PREVIEW", "INFO"]
-    assert seen == [(1, 2, 0), (2, 2, 0)]
+    assert seen == [("preview", 1, preview.tolist()), (1, 2, 0), (2, 2, 0)]
     assert [(r.video_mp4, r.info["seed"], float(r.audio[0, 0])) for r in results] == [
         (b"mp4-0", 7, 0.0),
         (b"mp4-1", 8, 0.25),
