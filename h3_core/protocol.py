@@ -33,6 +33,7 @@ VIDEO_MP4, FRAMES, AUDIO, PROGRESS, PREVIEW, INFO = OUTPUTS
 # AUDIO holds AUDIO_CHANNELS channels (left, right) of AUDIO_SAMPLE_RATE samples per second, in [-1, 1].
 AUDIO_SAMPLE_RATE = 32000
 AUDIO_CHANNELS = 2
+VIDEO_FPS = 24  # VIDEO_MP4 and FRAMES run at this many frames per second (h3_core.config.FPS)
 
 # Between the models.
 TEXT_EMBEDS = "TEXT_EMBEDS"  # float32 [1, L, text_dim]; [1, 0, 0] in a control request

@@ -95,7 +95,11 @@ def test_client_settings_are_checked():
 def test_protocol_media_constants_match_the_model():
     from h3_core import config
 
-    assert (protocol.AUDIO_SAMPLE_RATE, protocol.AUDIO_CHANNELS) == (config.AUDIO_SAMPLE_RATE, config.AUDIO_CHANNELS)
+    assert (protocol.AUDIO_SAMPLE_RATE, protocol.AUDIO_CHANNELS, protocol.VIDEO_FPS) == (
+        config.AUDIO_SAMPLE_RATE,
+        config.AUDIO_CHANNELS,
+        config.FPS,
+    )
 
 
 def test_wav_is_byte_identical_to_h3_core_media():
