@@ -16,6 +16,7 @@ One prompt runs per forward with an all-ones mask, so no padding can change a pr
 """
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -51,6 +52,41 @@ def text_width(folder: str | Path) -> int | None:
         return None
     config = json.loads(described.read_text())
     return config.get("text_config", config).get("hidden_size")
+
+
+def weight_bytes(folder: str | Path, hidden_layer: int) -> int:
+    """Bytes of the weights TextEncoder(folder, hidden_layer) loads, read from the safetensors
+    headers (nothing loaded): for Qwen3-VL its text decoder's embedding and first hidden_layer
+    layers (50.3 GB for MiniMax-H3's at layer 50), for other encoders every tensor.
+    Raises OSError when the folder holds no safetensors weights."""
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else []
+    if not files and not (folder / "model.safetensors").is_file():
+        raise OSError(f"{folder} holds no model.safetensors or model.safetensors.index.json")
+    qwen3vl, total = model_type(folder) == QWEN3VL, 0
+    for file in files or ["model.safetensors"]:
+        with safe_open(str(folder / file), "pt") as f:
+            for name in f.keys():
+                if qwen3vl and not qwen3vl_keeps(name, hidden_layer):
+                    continue
+                tensor = f.get_slice(name)
+                total += math.prod(tensor.get_shape()) * SAFETENSORS_DTYPE_BYTES[tensor.get_dtype()]
+    return total
+
+
+def qwen3vl_keeps(name: str, num_layers: int) -> bool:
+    """True when the Qwen3-VL checkpoint tensor `name` belongs to the text decoder cut to its first
+    num_layers layers (embedding and those layers; not the final norm, vision tower or lm_head)."""
+    if not name.startswith(QWEN3VL_TEXT_PREFIX):
+        return False
+    rest = name.removeprefix(QWEN3VL_TEXT_PREFIX)
+    if rest.startswith("layers."):
+        return int(rest.split(".")[1]) < num_layers
+    return rest.startswith("embed_tokens.")
+
+
+SAFETENSORS_DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "U8": 1, "BOOL": 1}
 
 
 def checkpoint_tensors(folder: Path, names: set[str]) -> dict[str, torch.Tensor]:

@@ -45,7 +45,7 @@ from h3_core.checkpoint import (
     source_seed,
 )
 from h3_core.config import get_config
-from h3_core.encoder import QWEN3VL_H3_LAYER, text_width
+from h3_core.encoder import QWEN3VL_H3_LAYER, minilm_path, text_width, weight_bytes
 from h3_core.layout import make_layout
 from h3_core.official_checkpoint import TEXT_ENCODER, TOKENIZER, is_official
 from h3_core.request import request_memory_mb
@@ -220,7 +220,7 @@ def plan(
     typed = DitSettings.from_parameters({**dit_values, "row_budget": "1"})  # every value typed; row_budget below
     rows = typed.max_batch_rows
     if device == "cuda" and machine is not None:
-        rows = _gpu_rows(cfg, typed, vae, gpus, machine, notes)
+        rows = _gpu_rows(cfg, typed, vae, encoder, gpus, machine, notes)
         size(
             DitSettings.MODEL,
             "max_batch_rows",
@@ -272,30 +272,43 @@ def check_text_width(config: str, encoder_path: str) -> None:
 
 
 def _gpu_rows(
-    cfg, dit: DitSettings, vae: VaeSettings, gpus: Sequence[int], machine: sizing.Machine, notes: list[str]
+    cfg,
+    dit: DitSettings,
+    vae: VaeSettings,
+    encoder: EncoderSettings,
+    gpus: Sequence[int],
+    machine: sizing.Machine,
+    notes: list[str],
 ) -> int:
-    """sizing.gpu_max_batch_rows least over `gpus`, one note per GPU (the decode reserve on gpus[0],
-    for dit's largest canvas). Raises ValueError for a GPU without a free-memory figure or too small."""
+    """sizing.gpu_max_batch_rows least over `gpus`, one note per GPU (the decode reserve for dit's
+    largest canvas on h3_vae's GPU, the text encoder's weights on h3_encoder's). Raises ValueError
+    for a GPU without a free-memory figure or too small."""
     weights = sizing.dit_weight_bytes(cfg)
     per_row = sizing.gpu_bytes_per_row_and_width(cfg)
     height, width, frames = dit.max_height, dit.max_width, dit.max_num_frames
-    reserve = sizing.decode_reserve_bytes(height, width, frames, vae.decode_workers)
+    decode = sizing.decode_reserve_bytes(height, width, frames, vae.decode_workers)
+    folder = encoder.encoder_path or minilm_path()
+    try:
+        text, text_what = weight_bytes(folder, encoder.hidden_layer), "text encoder weights"
+    except OSError:  # h3_encoder will refuse to load it, naming the folder
+        text, text_what = 0, f"text encoder weights (none found in {folder})"
     least = sizing.MAX_BATCH_ROWS
     for gpu in gpus:
         if gpu not in machine.gpu_free_bytes:
             raise ValueError(f"no free-memory figure for GPU {gpu}")
-        free, kept = machine.gpu_free_bytes[gpu], reserve if gpu == gpus[0] else 0
+        reserves = []
+        if vae.device in ("cuda", f"cuda:{gpu}"):
+            workers = f"{vae.decode_workers} decode workers"
+            reserves.append((decode, f"decode reserve ({workers} x a {width} x {height} px, {frames}-frame decode)"))
+        if encoder.device in ("cuda", f"cuda:{gpu}"):
+            reserves.append((text, text_what))
+        free, kept = machine.gpu_free_bytes[gpu], sum(size for size, _ in reserves)
         rows = sizing.gpu_max_batch_rows(free, weights, kept, cfg.hidden_size, per_row)
-        decode = (
-            f"{kept // sizing.MIB:,} MiB decode reserve (h3_vae here: {vae.decode_workers} decode workers x a "
-            f"{width} x {height} px, {frames}-frame decode)"
-            if kept
-            else f"no decode reserve (h3_vae is on GPU {gpus[0]})"
-        )
+        reserved = "".join(f" - {size // sizing.MIB:,} MiB {what}" for size, what in reserves)
         notes.append(
-            f"GPU {gpu}: {free // sizing.MIB:,} MiB free - {weights // sizing.MIB:,} MiB DiT weights - "
-            f"{decode} -> {rows:,} rows at {per_row} bytes per row and unit of hidden_size "
-            f"{cfg.hidden_size} (the CPU float32 measurement scaled to {cfg.dtype}; not measured on a GPU)"
+            f"GPU {gpu}: {free // sizing.MIB:,} MiB free - {weights // sizing.MIB:,} MiB DiT weights{reserved} -> "
+            f"{rows:,} rows at {per_row} bytes per row and unit of hidden_size {cfg.hidden_size} (measured on an "
+            f"H200 in bf16, server.sizing)"
         )
         least = min(least, rows)
     return least

@@ -11,11 +11,11 @@ packed DiT sequence.
       rows      = available // (bytes_per_row_and_width x hidden_size), down to a multiple of 64
   max_batch_rows = the least over the GPUs, capped at MAX_BATCH_ROWS (65,536). DiT weights: the
   bytes of every parameter and buffer (h3_core.model.H3DiT on the meta device; about parameters x 2
-  in bf16). Decode reserve, on the GPU that holds h3_vae: decode_workers x the video VAE decode
-  of the largest canvas the limits allow (request_memory_mb's decode term). bytes_per_row_and_width
-  defaults to the CPU float32 measurement (h3_core.request.DIT_BYTES_PER_ROW_AND_WIDTH, 96) scaled
-  by the config's dtype bytes / 4: halved for bf16. That GPU figure is NOT measured; pass a
-  measured one when there is one.
+  in bf16). Reserve, on the GPU that holds h3_vae and h3_encoder: decode_workers x the video VAE
+  decode of the largest canvas the limits allow (request_memory_mb's decode term), plus the text
+  encoder's weights (h3_core.encoder.weight_bytes: 50.3 GB for MiniMax-H3's Qwen3-VL cut to 50
+  layers). bytes_per_row_and_width: GPU_BF16_BYTES_PER_ROW_AND_WIDTH, measured on an H200, scaled
+  by the config's dtype bytes / 2.
 - max_sequence_idle_microseconds: longer than the longest execute() (see idle_timeout).
 """
 
@@ -26,11 +26,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from h3_core.config import ROW_ALIGN, DiTConfig
-from h3_core.request import DIT_BYTES_PER_ROW_AND_WIDTH, request_memory_mb
+from h3_core.request import request_memory_mb
 
 from .options import DEVICES
 
 MIB = 2**20
+# DiT activation bytes per packed row and unit of hidden_size on a GPU, bf16: the h3 DiT served on one
+# H200 peaked at 69,436 MiB with one 16,384-row request and 86,398 MiB with 4 (65,536 rows):
+# 16,962 MiB / 49,152 rows = 0.345 MiB a row = 67 B x 5,376 (benchmarks/full_model_bench.py,
+# 2026-11-30, benchmarks/results/h200_full_model.json, docs/gpu_memory.md; eager 4,096-row tiles).
+GPU_BF16_BYTES_PER_ROW_AND_WIDTH = 67
 MAX_BATCH_ROWS = 65_536  # rows of one packed forward at most (4 x the 16,384-row benchmark request)
 # The recorded H200 step: the bench DiT (8 layers, hidden 5376, bf16) steps one 16,384-row request
 # in 0.355 s (benchmarks/results/h200.json, engine_bench e_packing_curve["16384"].one_s = 0.3548;
@@ -117,9 +122,9 @@ def dit_weight_bytes(config: DiTConfig) -> int:
 
 
 def gpu_bytes_per_row_and_width(config: DiTConfig) -> int:
-    """The default DiT activation bytes per packed row and unit of hidden_size on a GPU: the CPU
-    float32 measurement (96) x dtype bytes / 4 (48 for bf16). Not measured on a GPU."""
-    return DIT_BYTES_PER_ROW_AND_WIDTH * dtype_bytes(config) // 4
+    """The DiT activation bytes per packed row and unit of hidden_size on a GPU:
+    GPU_BF16_BYTES_PER_ROW_AND_WIDTH (67, measured in bf16) x dtype bytes / 2."""
+    return GPU_BF16_BYTES_PER_ROW_AND_WIDTH * dtype_bytes(config) // 2
 
 
 def decode_reserve_bytes(max_height: int, max_width: int, max_num_frames: int, decode_workers: int) -> int:
@@ -139,7 +144,7 @@ def gpu_max_batch_rows(
     if rows < ROW_ALIGN:
         raise ValueError(
             f"the DiT does not fit: {free_bytes // MIB:,} MiB free - {weight_bytes // MIB:,} MiB of "
-            f"weights - {reserve_bytes // MIB:,} MiB decode reserve leaves "
+            f"weights - {reserve_bytes // MIB:,} MiB reserve leaves "
             f"{int(available / MIB):,} MiB, under {ROW_ALIGN} rows"
         )
     return min(rows, MAX_BATCH_ROWS)

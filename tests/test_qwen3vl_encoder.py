@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import Qwen3VLForConditionalGeneration
 
-from h3_core.encoder import TextEncoder, text_width
+from h3_core.encoder import TextEncoder, text_width, weight_bytes
 from h3_core.official_checkpoint import write_byte_tokenizer, write_random_qwen3vl
 
 PROMPT = "a red ball rolls"  # 16 bytes -> 16 tokens of the byte-level tokenizer
@@ -85,3 +85,16 @@ def test_bf16_checkpoint_gives_float32_states(tmp_path):
     assert torch.equal(states, encoder.encode(PROMPT))
     with pytest.raises(FileNotFoundError, match=r"^tokenizer folder /nonexistent/tokenizer not found$"):
         TextEncoder(str(text), hidden_layer=2, tokenizer_path="/nonexistent/tokenizer")
+
+
+def test_weight_bytes_counts_what_the_cut_loads(folders):
+    """The writer reserves the text encoder's weights on its GPU: read from the safetensors headers,
+    they equal the bytes of the parameters the k-layer cut holds."""
+    text, tokenizer = folders
+    for layers in (0, 2, 4):
+        encoder = TextEncoder(str(text), hidden_layer=layers, tokenizer_path=str(tokenizer))
+        loaded = sum(p.numel() * p.element_size() for p in encoder.model.parameters())
+        assert weight_bytes(text, layers) == loaded
+    # float32, width 64, vocabulary 263: embedding 67,328 B; a layer (q 64x128, k and v 64x64, o 128x64,
+    # MLP 3 x 64x128, norms 2 x 64 + 2 x 32) 197,376 B
+    assert weight_bytes(text, 2) == 67_328 + 2 * 197_376

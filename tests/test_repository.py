@@ -137,17 +137,22 @@ def test_gpu_sizing_golden_numbers():
     machine = Machine(16, {0: 40 * GIB, 1: 40 * GIB})
     repository = R.plan("bench", "/w", "cuda", [0, 1], machine=machine, overrides=WIDE)
     dit = repository.dit
-    # GPU 0 holds h3_vae: (40 GiB - 12,052,395,520 B weights - 2 x 14,402 MiB decodes) / (48 x 5376 B) -> 2,688 rows
-    assert (dit.max_batch_rows, dit.row_budget) == (2_688, 2_688)
-    # request_memory_mb(672, 672, 209, 2688, 5376): 96 x 2688 x 5376 + 160 x 672 x 672 x 209 B -> 15,725 MiB
-    assert dit.max_request_mb == 15_725
+    # GPU 0 holds h3_vae and h3_encoder (whose folder /encoder-5120 holds no weights): (40 GiB -
+    # 12,052,395,520 B weights - 2 x 14,402 MiB decodes) / (67 x 5376 B) = 1,927.0 -> 1,920 rows
+    assert (dit.max_batch_rows, dit.row_budget) == (1_920, 1_920)
+    # request_memory_mb(672, 672, 209, 1920, 5376): 96 x 1920 x 5376 + 160 x 672 x 672 x 209 B -> 15,347 MiB
+    assert dit.max_request_mb == 15_347
     assert (dit.max_height, dit.max_width, dit.max_num_frames) == (672, 672, 209)  # bench's 672 x 384, 209 frames
     assert (repository.encoder.cpu_threads, dit.cpu_threads, repository.vae.cpu_threads) == (4, 4, 4)  # 16 / 4
     assert repository.idle_microseconds == 60_000_000
     assert (
-        "GPU 1: 40,960 MiB free - 11,494 MiB DiT weights - no decode reserve (h3_vae is on GPU 0) -> 65,536 rows "
-        "at 48 bytes per row and unit of hidden_size 5376 (the CPU float32 measurement scaled to bfloat16; not "
-        "measured on a GPU)" in repository.notes
+        "GPU 0: 40,960 MiB free - 11,494 MiB DiT weights - 28,804 MiB decode reserve (2 decode workers x a 672 x "
+        "672 px, 209-frame decode) - 0 MiB text encoder weights (none found in /encoder-5120) -> 1,920 rows at 67 "
+        "bytes per row and unit of hidden_size 5376 (measured on an H200 in bf16, server.sizing)" in repository.notes
+    )
+    assert (
+        "GPU 1: 40,960 MiB free - 11,494 MiB DiT weights -> 65,536 rows at 67 bytes per row and unit of "
+        "hidden_size 5376 (measured on an H200 in bf16, server.sizing)" in repository.notes
     )
     # explicit settings win over sizing
     given = R.plan(
@@ -164,9 +169,10 @@ def test_gpu_sizing_golden_numbers():
         2,
         384,
     )
-    # sized for the given 672 x 384 px canvas: a 2 x 8,230 MiB decode reserve leaves 52,849 rows
+    # sized for the given 672 x 384 px canvas: a 2 x 8,230 MiB decode reserve leaves
+    # 13,637,716,480 B / (67 x 5376 B) = 37,862.3 -> 37,824 rows
     assert (
-        "h3_dit.max_batch_rows 1024: given (sized it would be 52800: the least over GPUs [0, 1], a multiple of "
+        "h3_dit.max_batch_rows 1024: given (sized it would be 37824: the least over GPUs [0, 1], a multiple of "
         "64, at most 65,536)" in given.notes
     )
     with pytest.raises(ValueError, match="the DiT does not fit"):

@@ -60,9 +60,9 @@ def test_weights_and_the_gpu_activation_constant():
     assert sizing.dit_weight_bytes(get_config("bench")) == 12_052_395_520
     assert sizing.dit_weight_bytes(get_config("h3")) == 66_280_430_080
     assert sizing.dit_weight_bytes(get_config("tiny")) == 3_050_176
-    # the CPU float32 measurement (96 bytes per row and unit of hidden_size) x dtype bytes / 4
-    assert sizing.gpu_bytes_per_row_and_width(get_config("bench")) == 48
-    assert sizing.gpu_bytes_per_row_and_width(get_config("demo")) == 96
+    # the H200 bf16 measurement (67 bytes per row and unit of hidden_size) x dtype bytes / 2
+    assert sizing.gpu_bytes_per_row_and_width(get_config("bench")) == 67
+    assert sizing.gpu_bytes_per_row_and_width(get_config("demo")) == 134
 
 
 def test_the_decode_reserve_is_the_largest_decode_per_worker():
@@ -83,7 +83,7 @@ def test_gpu_rows_from_free_memory():
     with pytest.raises(
         ValueError,
         match=r"the DiT does not fit: 12,288 MiB free - 11,494 MiB of weights - "
-        r"28,804 MiB decode reserve leaves -28,010 MiB, under 64 rows",
+        r"28,804 MiB reserve leaves -28,010 MiB, under 64 rows",
     ):
         sizing.gpu_max_batch_rows(12 * GIB, weights, reserve, 5376, 48)
 
