@@ -36,6 +36,7 @@ arrived; ids that finished recently).
 import json
 import logging
 import math
+import os
 import secrets
 import time
 from collections import OrderedDict
@@ -224,7 +225,21 @@ METRICS = {
     "h3_failures_total": ("counter", "requests failed with INTERNAL", None),
     "h3_heartbeat_timestamp_seconds": ("gauge", "unix time of the step loop's last iteration", None),
     "h3_execute_in_progress": ("gauge", "1 while an iteration runs (with an old heartbeat: a stalled step)", None),
+    "h3_device_memory_bytes": (
+        "gauge",
+        "bytes the DiT holds on its device: torch.cuda.memory_allocated on CUDA, the process's resident set on the CPU",
+        None,
+    ),
 }
+
+
+def device_memory_bytes(device: torch.device) -> int:
+    """Bytes the DiT holds on `device`: torch.cuda.memory_allocated on CUDA, else the resident set
+    size of this process (/proc/self/statm, pages x page size; Linux)."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device)
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 class MetricsRecord:
@@ -419,6 +434,7 @@ class StepLoop:
                     break
             self.metrics.set("h3_waiting_requests", len(self.scheduler.line))
             self.metrics.set("h3_active_requests", len(self.scheduler.pack))
+            self.metrics.set("h3_device_memory_bytes", device_memory_bytes(self.engine.device))
         finally:
             self.metrics.set("h3_execute_in_progress", 0)
         return [job.handle for job in present]
