@@ -1,0 +1,327 @@
+"""The FastAPI application of the Videos API: OpenAI-shaped routes over Jobs, the page at `/`.
+
+    POST   /v1/videos                  create a job (JSON or multipart): the video object
+    GET    /v1/videos/{id}             the video object
+    GET    /v1/videos                  a page of video objects: ?after=ID&limit=1..100&order=asc|desc
+    GET    /v1/videos/{id}/content     ?variant=video|audio|thumbnail|preview&index=K
+    POST   /v1/videos/{id}/cancel      cancel a queued or in_progress job (ours): status cancelled
+    DELETE /v1/videos/{id}             cancel it if it runs, remove it and its files
+    POST   /v1/videos/sync             create, wait, answer the MP4 (header X-Video-Id)
+    GET    /                           the page (static/index.html; static/ holds its script and style)
+
+With API keys, every /v1 route needs `Authorization: Bearer KEY` (401 otherwise); the page itself
+is public and asks for a key. POST bodies larger than max_body_bytes are refused with 413 (411
+for a chunked body). CORS is off unless origins are given. Errors are OpenAI-shaped (fields.ApiError).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hmac
+import json
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from client.api import H3Client
+from h3_core import protocol
+
+from . import fields
+from .fields import ApiError
+from .jobs import PURGE_INTERVAL_S, Jobs
+from .store import ACTIVE, Store
+
+STATIC = Path(__file__).resolve().parent / "static"
+POLL_AFTER_MS = 500  # openai-poll-after-ms on an active job: the SDK's poll() waits this long
+MAX_LIST_LIMIT = 100
+CONTENT = {  # variant -> (file name of output k, media type)
+    "video": ("{k}.mp4", "video/mp4"),
+    "audio": ("{k}.wav", "audio/wav"),
+    "thumbnail": ("{k}.png", "image/png"),
+    "preview": ("preview.png", "image/png"),
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the front end runs. triton_url: Triton's gRPC endpoint (host:port); data_dir: the
+    SQLite file (jobs.sqlite3) and the videos/ folder; api_keys: accepted Bearer keys (empty: no
+    authentication); cors_origins: origins allowed by CORS (empty: CORS off); max_body_bytes:
+    the largest POST body; retention_s: seconds an ended job is kept; max_attempts: submissions
+    of a job across restarts (Jobs docstring); accept_wait_s: the longest wait of a create for
+    Triton's first answer; model_name: the `model` this server answers to."""
+
+    triton_url: str = "127.0.0.1:8001"
+    data_dir: Path = Path("out/videos_api")
+    api_keys: frozenset[str] = frozenset()
+    cors_origins: tuple[str, ...] = ()
+    max_body_bytes: int = 64 * 1024
+    retention_s: float = 24 * 3600.0
+    max_attempts: int = 3
+    accept_wait_s: float = 5.0
+    model_name: str = "h3"
+
+
+def video_object(job: dict, model_name: str) -> dict:
+    """The OpenAI video object of a stored job, with our extensions (seed, n, num_frames,
+    num_inference_steps, step, total_steps, queue_position, preview_step). size and seconds are
+    what the client asked for, else the result's (null until then when the server's defaults
+    apply); progress is 100 once completed, else min(99, 100 x step / total_steps)."""
+    request, outputs = job["request"], job["outputs"]
+    result = outputs[0] if outputs else {}
+    width, height = result.get("width", request["width"]), result.get("height", request["height"])
+    num_frames = result.get("num_frames", request["num_frames"])
+    seconds = request["seconds"]
+    if seconds is None and num_frames is not None:
+        seconds = f"{round(num_frames / protocol.VIDEO_FPS, 3):g}"
+    if job["status"] == "completed":
+        progress = 100
+    else:
+        progress = min(99, 100 * job["step"] // job["total_steps"]) if job["total_steps"] else 0
+    error = {"code": job["error_code"], "message": job["error_message"]} if job["error_code"] else None
+    return {
+        "id": job["id"],
+        "object": "video",
+        "model": model_name,
+        "status": job["status"],
+        "progress": progress,
+        "created_at": job["created_at"],
+        "completed_at": job["completed_at"],
+        "expires_at": job["expires_at"],
+        "prompt": request["prompt"],
+        "seconds": seconds,
+        "size": f"{width}x{height}" if width and height else None,
+        "error": error,
+        "remixed_from_video_id": None,
+        "seed": request["seed"],
+        "n": request["num_outputs"] or 1,
+        "num_frames": num_frames,
+        "num_inference_steps": result.get("num_inference_steps", job["total_steps"] or request["num_inference_steps"]),
+        "step": job["step"],
+        "total_steps": job["total_steps"],
+        "queue_position": job["queue_position"],
+        "preview_step": job["preview_step"],
+    }
+
+
+def _error_response(error: ApiError) -> JSONResponse:
+    headers = dict(error.headers)
+    if error.status < 500 and error.status != 429:
+        headers.setdefault("x-should-retry", "false")  # the SDK retries 409 otherwise
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+async def _form(request: Request) -> dict:
+    """The fields of a POST body: a JSON object, or multipart / urlencoded form fields (an
+    uploaded file stays an UploadFile, which parse_create refuses by name)."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind == "application/json":
+        try:
+            body = json.loads(await request.body())
+        except ValueError as error:
+            raise fields.invalid(f"the body is not valid JSON: {error}") from None
+        if not isinstance(body, dict):
+            raise fields.invalid("the JSON body must be an object")
+        return body
+    if kind in ("multipart/form-data", "application/x-www-form-urlencoded"):
+        form = await request.form()
+        return {key: value for key, value in form.multi_items()}
+    raise fields.invalid(f"Content-Type {kind or 'none'!r} is not served: send application/json or multipart/form-data")
+
+
+def _integer_query(request: Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if not fields.INTEGER_PATTERN.match(raw) or not low <= int(raw) <= high:
+        raise fields.invalid(f"{name}={raw!r} is out of range: allowed {low}..{high}", name)
+    return int(raw)
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """The front end's FastAPI application for `settings`. At start-up it takes the data folder's
+    lock (RuntimeError when another front end holds it), applies the restart rule (Jobs.recover)
+    and starts the retention sweep; at shutdown it stops the sweep."""
+    data_dir = Path(settings.data_dir)
+    client = H3Client(settings.triton_url)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        data_dir.mkdir(parents=True, exist_ok=True)
+        lock = open(data_dir / "lock", "w")  # held while the app runs
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            raise RuntimeError(f"another front end serves {data_dir} (its lock file is held)") from None
+        store = Store(data_dir / "jobs.sqlite3")
+        jobs = Jobs(
+            store,
+            data_dir,
+            client,
+            retention_s=settings.retention_s,
+            max_attempts=settings.max_attempts,
+            accept_wait_s=settings.accept_wait_s,
+        )
+        await run_in_threadpool(jobs.recover)
+        stop = threading.Event()
+
+        def sweep() -> None:
+            while not stop.wait(PURGE_INTERVAL_S):
+                jobs.purge(time.time())
+
+        sweeper = threading.Thread(target=sweep, name="videos-api-purge", daemon=True)
+        sweeper.start()
+        app.state.jobs = jobs
+        try:
+            yield
+        finally:
+            stop.set()
+            sweeper.join()
+            store.close()
+            lock.close()
+
+    app = FastAPI(title="h3-triton Videos API", lifespan=lifespan, docs_url=None, redoc_url=None)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
+
+    @app.middleware("http")
+    async def limit_body(request: Request, call_next):
+        if "chunked" in request.headers.get("transfer-encoding", "").lower():
+            error = ApiError(411, "LENGTH_REQUIRED", "send the body with a Content-Length")
+            return _error_response(error)
+        length = request.headers.get("content-length", "0")
+        if not length.isdigit() or int(length) > settings.max_body_bytes:
+            error = ApiError(413, "TOO_LARGE", f"the body is {length} bytes: allowed {settings.max_body_bytes}")
+            return _error_response(error)
+        return await call_next(request)
+
+    @app.exception_handler(ApiError)
+    async def api_error(_request: Request, error: ApiError):
+        return _error_response(error)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request: Request, error: StarletteHTTPException):
+        code = "NOT_FOUND" if error.status_code == 404 else "INVALID_ARG"
+        return _error_response(ApiError(error.status_code, code, str(error.detail)))
+
+    def authorize(request: Request) -> None:
+        if not settings.api_keys:
+            return
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not any(hmac.compare_digest(key, k) for k in settings.api_keys):
+            raise ApiError(
+                401,
+                "UNAUTHORIZED",
+                "a valid API key is required: send Authorization: Bearer <key>",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    def jobs_of(request: Request) -> Jobs:
+        return request.app.state.jobs
+
+    api = APIRouter(prefix="/v1", dependencies=[Depends(authorize)])
+
+    @api.post("/videos")
+    async def create(request: Request):
+        parsed = fields.parse_create(await _form(request), settings.model_name)
+        job = await run_in_threadpool(jobs_of(request).create, parsed)
+        return video_object(job, settings.model_name)
+
+    @api.post("/videos/sync")
+    async def create_sync(request: Request):
+        parsed = fields.parse_create(await _form(request), settings.model_name)
+        if (parsed["num_outputs"] or 1) != 1:
+            raise fields.invalid(f"n={parsed['num_outputs']}: /v1/videos/sync answers one MP4; use /v1/videos", "n")
+        jobs = jobs_of(request)
+        job = await run_in_threadpool(jobs.create, parsed)
+        ended = await run_in_threadpool(jobs.wait, job["id"])
+        if ended is None:
+            raise ApiError(404, "NOT_FOUND", f"video {job['id']} was deleted while it ran")
+        if ended["status"] == "cancelled":
+            raise ApiError(409, "CANCELLED", f"video {job['id']} was cancelled")
+        if ended["status"] == "failed":
+            code = ended["error_code"]
+            raise fields.error_from_server(code, ended["error_message"].removeprefix(f"{code}: "), parsed)
+        path = jobs.folder(job["id"]) / "0.mp4"
+        return Response(path.read_bytes(), media_type="video/mp4", headers={"X-Video-Id": job["id"]})
+
+    @api.get("/videos")
+    def list_videos(request: Request):
+        limit = _integer_query(request, "limit", 20, 1, MAX_LIST_LIMIT)
+        order = request.query_params.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise fields.invalid(f"order={order!r} must be 'asc' or 'desc'", "order")
+        after = request.query_params.get("after")
+        try:
+            jobs, has_more = jobs_of(request).store.page(after, limit, order == "desc")
+        except KeyError:
+            raise fields.invalid(f"after={after!r} is not the id of a video", "after") from None
+        data = [video_object(job, settings.model_name) for job in jobs]
+        return {
+            "object": "list",
+            "data": data,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+            "has_more": has_more,
+        }
+
+    @api.get("/videos/{video_id}")
+    def retrieve(request: Request, video_id: str):
+        job = jobs_of(request).get(video_id)
+        headers = {"openai-poll-after-ms": str(POLL_AFTER_MS)} if job["status"] in ACTIVE else {}
+        return JSONResponse(video_object(job, settings.model_name), headers=headers)
+
+    @api.get("/videos/{video_id}/content")
+    def content(request: Request, video_id: str):
+        jobs = jobs_of(request)
+        job = jobs.get(video_id)
+        variant = request.query_params.get("variant", "video")
+        if variant not in CONTENT:
+            raise fields.invalid(f"variant={variant!r} is not served; allowed: {sorted(CONTENT)}", "variant")
+        n = job["request"]["num_outputs"] or 1
+        index = _integer_query(request, "index", 0, 0, n - 1)
+        name, media_type = CONTENT[variant]
+        path = jobs.folder(video_id) / name.format(k=index)
+        if variant == "preview":
+            if not path.is_file():
+                raise ApiError(404, "NOT_FOUND", f"video {video_id} has no preview yet")
+        elif job["status"] != "completed":
+            raise ApiError(409, "CONFLICT", f"video {video_id} is {job['status']}: content comes once it is completed")
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:  # deleted or expired meanwhile
+            raise ApiError(404, "NOT_FOUND", f"no {variant} of video {video_id}") from None
+        return Response(data, media_type=media_type, headers={"Cache-Control": "no-store"})
+
+    @api.post("/videos/{video_id}/cancel")
+    def cancel(request: Request, video_id: str):
+        return video_object(jobs_of(request).cancel(video_id), settings.model_name)
+
+    @api.delete("/videos/{video_id}")
+    def delete(request: Request, video_id: str):
+        jobs_of(request).delete(video_id)
+        return {"id": video_id, "object": "video.deleted", "deleted": True}
+
+    app.include_router(api)
+
+    @app.get("/", include_in_schema=False)
+    def page():
+        return FileResponse(STATIC / "index.html")
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    return app

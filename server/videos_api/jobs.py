@@ -1,0 +1,283 @@
+"""Jobs of the Videos API: each runs H3Client.generate on its own thread against Triton, its state
+in the Store (SQLite), its files under `<data_dir>/videos/<id>/`:
+
+    <k>.mp4   output k (seed + k): H.264 + AAC, as VIDEO_MP4 came from the server
+    <k>.wav   its audio, 16-bit PCM stereo 32 kHz (client.generate.wav_bytes)
+    <k>.png   its thumbnail: the MP4's first frame
+    preview.png  the latest preview image (latent resolution) while it runs
+
+Submission: a job is sent to h3_pipeline under the Triton request id `<job id>-<attempt>`, with
+progress after every step and previews every `preview_every` steps. Creating a job waits for the
+request's first answer from Triton (a progress response, a refusal or a result) or
+`accept_wait_s`, whichever comes first: a refusal then (INVALID_ARG, UNAVAILABLE) removes the job
+and is raised to the caller; any later error fails the job.
+
+Restart rule (`recover`, at start-up): every job still queued or in_progress was running when
+the previous front end stopped. Its last Triton request is cancelled by id first; if that cancel
+fails (Triton unreachable) the job is failed with the cancel's error. Otherwise a job submitted
+fewer than `max_attempts` times is submitted again under a new request id with the same request
+and seed, so it gives the same output; one submitted `max_attempts` times is failed with
+INTERNAL: "the front end stopped while this job ran (N submissions; --max-attempts N)".
+
+Retention: an ended job (completed, failed, cancelled) and its files are removed `retention_s`
+after it ended (`purge`, run every PURGE_INTERVAL_S by the app), as are folders of no job.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import secrets
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import av
+import numpy as np
+from PIL import Image
+
+from client.api import H3Client, H3Error
+from client.generate import wav_bytes
+
+from .fields import ApiError, error_from_server
+from .store import ACTIVE, Store
+
+log = logging.getLogger("server.videos_api")
+PURGE_INTERVAL_S = 60.0
+SEED_LIMIT = 2**31  # seeds the front end draws lie in 0..SEED_LIMIT - 1
+
+
+def png_bytes(image: np.ndarray) -> bytes:
+    """A PNG file of a uint8 [H, W, 3] RGB image (Pillow)."""
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def first_frame(mp4: bytes) -> np.ndarray:
+    """The first video frame of an MP4 file as uint8 [H, W, 3] RGB (PyAV). Raises
+    av.error.FFmpegError for bytes that are not a video, StopIteration for one without frames."""
+    with av.open(io.BytesIO(mp4)) as container:
+        return next(container.decode(video=0)).to_ndarray(format="rgb24")
+
+
+def _write(path: Path, data: bytes) -> None:
+    """Write `data` to `path` at once: a reader sees the whole file or none."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_bytes(data)
+    temporary.replace(path)
+
+
+@dataclass
+class _Submission:
+    """The creator's view of a submission until its first answer. `accepted`: a refusal after
+    this point fails the job instead of being raised to the creator."""
+
+    answered: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    accepted: bool = False
+    refusal: H3Error | None = None
+
+
+class Jobs:
+    """The jobs of one front end: `store` (SQLite), files under `data_dir`, generation through
+    `client`. Times are unix seconds; retention_s, accept_wait_s in seconds."""
+
+    def __init__(
+        self,
+        store: Store,
+        data_dir: Path,
+        client: H3Client,
+        *,
+        retention_s: float,
+        max_attempts: int,
+        accept_wait_s: float,
+    ):
+        self.store, self.client = store, client
+        self.videos = Path(data_dir) / "videos"
+        self.videos.mkdir(parents=True, exist_ok=True)
+        self.retention_s, self.max_attempts, self.accept_wait_s = retention_s, max_attempts, accept_wait_s
+        self._ended: dict[str, threading.Event] = {}  # job id -> set when its thread ends
+        self._lock = threading.Lock()
+
+    def folder(self, job_id: str) -> Path:
+        """The folder of a job's files."""
+        return self.videos / job_id
+
+    def get(self, job_id: str) -> dict:
+        """The job with this id; ApiError 404 NOT_FOUND when there is none."""
+        job = self.store.get(job_id)
+        if job is None:
+            raise ApiError(404, "NOT_FOUND", f"no video with id {job_id!r}")
+        return job
+
+    def create(self, request: dict) -> dict:
+        """Store and submit a new job for `request` (fields.parse_create's; a missing seed is
+        drawn here, so a resubmission gives the same output); returns the job once Triton
+        answered or accept_wait_s passed. Raises ApiError (fields.error_from_server) when Triton
+        refused the request then; the job is removed."""
+        if request["seed"] is None:
+            request = dict(request, seed=secrets.randbelow(SEED_LIMIT))
+        job_id = f"video_{secrets.token_hex(16)}"
+        self.store.add(job_id, int(time.time()), request)
+        submission = _Submission()
+        self._submit(job_id, 1, request, submission)
+        submission.answered.wait(self.accept_wait_s)
+        with submission.lock:
+            submission.accepted = submission.refusal is None
+        if submission.refusal is not None:
+            self.store.delete(job_id)
+            raise error_from_server(submission.refusal.code, submission.refusal.message, request)
+        return self.store.get(job_id)
+
+    def wait(self, job_id: str) -> dict | None:
+        """Block until the job's thread ended; the job then (None when it was deleted)."""
+        with self._lock:
+            ended = self._ended.get(job_id)
+        if ended is not None:
+            ended.wait()
+        return self.store.get(job_id)
+
+    def cancel(self, job_id: str) -> dict:
+        """Cancel an active job: it becomes `cancelled` at once, its Triton request is cancelled by
+        id and its files are removed when its thread ends. Raises ApiError 404 for no such job,
+        409 CONFLICT for a job that already ended."""
+        job = self.get(job_id)
+        now = int(time.time())
+        if job["status"] not in ACTIVE or not self.store.end(job_id, "cancelled", now, self._expiry(now)):
+            raise ApiError(
+                409, "CONFLICT", f"video {job_id} is {job['status']}; only queued or in_progress ones cancel"
+            )
+        self._cancel_in_triton(job["triton_request_id"])
+        return self.store.get(job_id)
+
+    def delete(self, job_id: str) -> None:
+        """Remove a job and its files; an active one is cancelled in Triton by id first. Raises
+        ApiError 404 for no such job."""
+        job = self.store.delete(job_id)
+        if job is None:
+            raise ApiError(404, "NOT_FOUND", f"no video with id {job_id!r}")
+        if job["status"] in ACTIVE:
+            self._cancel_in_triton(job["triton_request_id"])
+        shutil.rmtree(self.folder(job_id), ignore_errors=True)
+
+    def recover(self) -> None:
+        """Apply the restart rule (module docstring) to every job left active by the previous run."""
+        for job in self.store.active():
+            now = int(time.time())
+            try:
+                self.client.cancel(job["triton_request_id"])
+            except H3Error as error:
+                message = (
+                    f"{error.code}: the front end restarted and could not cancel this job's Triton request: {error}"
+                )
+                self.store.end(job["id"], "failed", now, self._expiry(now), error=(error.code, message))
+                continue
+            if job["attempts"] >= self.max_attempts:
+                message = (
+                    f"INTERNAL: the front end stopped while this job ran ({job['attempts']} submissions; "
+                    f"--max-attempts {self.max_attempts})"
+                )
+                self.store.end(job["id"], "failed", now, self._expiry(now), error=("INTERNAL", message))
+                continue
+            log.info("resubmitting %s (its request %s was cancelled)", job["id"], job["triton_request_id"])
+            shutil.rmtree(self.folder(job["id"]), ignore_errors=True)
+            submission = _Submission(accepted=True)
+            self._submit(job["id"], job["attempts"] + 1, job["request"], submission)
+
+    def purge(self, now: float) -> list[str]:
+        """Remove the jobs that expired at unix time `now` with their files, and folders of no job;
+        returns the removed jobs' ids."""
+        removed = []
+        for job_id in self.store.expired(int(now)):
+            if self.store.delete(job_id) is not None:
+                removed.append(job_id)
+            shutil.rmtree(self.folder(job_id), ignore_errors=True)
+        known = self.store.ids()
+        for folder in self.videos.iterdir():
+            if folder.name not in known:
+                shutil.rmtree(folder, ignore_errors=True)
+        return removed
+
+    # ---- internals --------------------------------------------------------------------------
+    def _expiry(self, now: int) -> int:
+        return now + round(self.retention_s)
+
+    def _cancel_in_triton(self, request_id: str) -> None:
+        try:
+            self.client.cancel(request_id)
+        except H3Error as error:  # the request's stream then ends by itself, or with Triton
+            log.warning("could not cancel Triton request %s: %s", request_id, error)
+
+    def _submit(self, job_id: str, attempt: int, request: dict, submission: _Submission) -> None:
+        request_id = f"{job_id}-{attempt}"
+        self.store.submitted(job_id, request_id)
+        ended = threading.Event()
+        with self._lock:
+            self._ended[job_id] = ended
+        thread = threading.Thread(
+            target=self._run, args=(job_id, request_id, request, submission, ended), name=job_id, daemon=True
+        )
+        thread.start()
+
+    def _run(self, job_id: str, request_id: str, request: dict, submission: _Submission, ended) -> None:
+        folder = self.folder(job_id)
+
+        def on_progress(step: int, total: int, position: int) -> None:
+            with submission.lock:
+                submission.accepted = True  # the request runs: a later error fails the job
+            submission.answered.set()
+            status = "in_progress" if step else "queued"
+            self.store.progress(job_id, status=status, step=step, total_steps=total, queue_position=position)
+
+        def on_preview(step: int, image: np.ndarray) -> None:
+            folder.mkdir(parents=True, exist_ok=True)
+            _write(folder / "preview.png", png_bytes(image))
+            self.store.progress(job_id, preview_step=step)
+
+        try:
+            results = self.client.generate(
+                request["prompt"],
+                height=request["height"],
+                width=request["width"],
+                num_frames=request["num_frames"],
+                num_inference_steps=request["num_inference_steps"],
+                seed=request["seed"],
+                num_outputs=request["num_outputs"],
+                progress_every=1,
+                preview_every=request["preview_every"],
+                return_audio=True,
+                request_id=request_id,
+                on_progress=on_progress,
+                on_preview=on_preview,
+            )
+            folder.mkdir(parents=True, exist_ok=True)
+            for k, result in enumerate(results):
+                _write(folder / f"{k}.mp4", result.video_mp4)
+                _write(folder / f"{k}.wav", wav_bytes(result.audio))
+                _write(folder / f"{k}.png", png_bytes(first_frame(result.video_mp4)))
+            now = int(time.time())
+            if not self.store.end(job_id, "completed", now, self._expiry(now), outputs=[r.info for r in results]):
+                shutil.rmtree(folder, ignore_errors=True)  # cancelled or deleted meanwhile
+        except H3Error as error:
+            with submission.lock:
+                if not submission.accepted:
+                    submission.refusal = error
+            if submission.refusal is None:
+                self._fail(job_id, error.code, f"{error.code}: {error.message}")
+        except Exception as error:  # writing the files failed (disk full, ...): the job fails, not the front end
+            log.exception("job %s failed", job_id)
+            self._fail(job_id, "INTERNAL", f"INTERNAL: {type(error).__name__}: {error}")
+        finally:
+            submission.answered.set()
+            with self._lock:
+                if self._ended.get(job_id) is ended:
+                    del self._ended[job_id]
+            ended.set()
+
+    def _fail(self, job_id: str, code: str, message: str) -> None:
+        now = int(time.time())
+        if not self.store.end(job_id, "failed", now, self._expiry(now), error=(code, message)):
+            shutil.rmtree(self.folder(job_id), ignore_errors=True)  # cancelled or deleted meanwhile

@@ -1,0 +1,198 @@
+// The page of the Videos API: submit a prompt, follow the job (progress, previews), play the
+// result, list the jobs. Plain JavaScript over the same /v1 routes as any client; media are
+// fetched with the API key and shown through object URLs.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const ACTIVE = ["queued", "in_progress"];
+const POLL_MS = 250;
+const LIST_MS = 2000;
+let current = null; // id of the job shown
+let shownPreview = null; // its preview step on screen
+let objectUrls = [];
+
+$("api-key").value = localStorage.getItem("h3-api-key") || "";
+$("api-key").addEventListener("change", () => {
+  localStorage.setItem("h3-api-key", $("api-key").value.trim());
+  refreshList();
+});
+
+async function api(path, options = {}) {
+  const key = $("api-key").value.trim();
+  const headers = Object.assign({}, options.headers || {}, key ? { Authorization: `Bearer ${key}` } : {});
+  const response = await fetch(path, Object.assign({}, options, { headers }));
+  if (!response.ok) {
+    let message = `${response.status} ${response.statusText}`;
+    try {
+      message = (await response.json()).error.message;
+    } catch (ignored) {
+      // not an API error body: keep the status line
+    }
+    throw new Error(message);
+  }
+  return response;
+}
+
+async function blobUrl(path) {
+  const url = URL.createObjectURL(await (await api(path)).blob());
+  objectUrls.push(url);
+  return url;
+}
+
+function showError(message) {
+  $("error").textContent = message;
+  $("error").hidden = !message;
+}
+
+$("form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  showError("");
+  const body = { prompt: $("prompt").value };
+  const fields = { size: "size", seconds: "seconds", num_inference_steps: "steps", seed: "seed" };
+  for (const [name, id] of Object.entries(fields)) {
+    const value = $(id).value.trim();
+    if (value) body[name] = name === "size" || name === "seconds" ? value : Number(value);
+  }
+  $("generate").disabled = true;
+  try {
+    const response = await api("/v1/videos", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify(body),
+    });
+    show((await response.json()).id);
+    refreshList();
+  } catch (error) {
+    showError(error.message);
+  } finally {
+    $("generate").disabled = false;
+  }
+});
+
+function show(id) {
+  current = id;
+  shownPreview = null;
+  objectUrls.forEach((url) => URL.revokeObjectURL(url));
+  objectUrls = [];
+  $("job").hidden = false;
+  $("job-id").textContent = id;
+  $("progress").value = 0;
+  $("preview").removeAttribute("src");
+  $("preview-caption").textContent = "preview";
+  $("video").removeAttribute("src");
+  $("video").load();
+  for (const link of ["download-mp4", "download-wav"]) $(link).removeAttribute("href");
+  follow(id);
+}
+
+async function follow(id) {
+  while (current === id) {
+    let job;
+    try {
+      job = await (await api(`/v1/videos/${id}`)).json();
+    } catch (error) {
+      $("status").textContent = error.message;
+      return;
+    }
+    if (current !== id) return;
+    render(job);
+    if (job.preview_step !== null && job.preview_step !== shownPreview) {
+      shownPreview = job.preview_step;
+      try {
+        $("preview").src = await blobUrl(`/v1/videos/${id}/content?variant=preview`);
+        $("preview-caption").textContent = `preview after step ${job.preview_step}`;
+      } catch (ignored) {
+        // deleted meanwhile: the next poll says so
+      }
+    }
+    if (!ACTIVE.includes(job.status)) {
+      if (job.status === "completed") await showResult(id);
+      refreshList();
+      return;
+    }
+    await new Promise((resolve) => setTimeout(resolve, POLL_MS));
+  }
+}
+
+function render(job) {
+  $("progress").value = job.progress;
+  let text = job.status;
+  if (job.status === "queued" && job.queue_position) text += `, position ${job.queue_position} in the queue`;
+  if (job.total_steps) text += `, step ${job.step} of ${job.total_steps}`;
+  text += ` (${job.progress} %)`;
+  if (job.error) text += `: ${job.error.message}`;
+  $("status").textContent = text;
+  $("status").className = `status-${job.status}`;
+  $("cancel").hidden = !ACTIVE.includes(job.status);
+}
+
+async function showResult(id) {
+  const video = await blobUrl(`/v1/videos/${id}/content`);
+  $("video").src = video;
+  $("download-mp4").href = video;
+  $("download-mp4").download = `${id}.mp4`;
+  $("download-wav").href = await blobUrl(`/v1/videos/${id}/content?variant=audio`);
+  $("download-wav").download = `${id}.wav`;
+}
+
+$("cancel").addEventListener("click", async () => {
+  try {
+    render(await (await api(`/v1/videos/${current}/cancel`, { method: "POST" })).json());
+  } catch (error) {
+    showError(error.message);
+  }
+});
+
+function button(label, action) {
+  const element = document.createElement("button");
+  element.type = "button";
+  element.className = "small";
+  element.textContent = label;
+  element.addEventListener("click", action);
+  return element;
+}
+
+async function refreshList() {
+  let page;
+  try {
+    page = await (await api("/v1/videos?limit=20")).json();
+  } catch (error) {
+    showError(error.message);
+    return;
+  }
+  const rows = page.data.map((job) => {
+    const row = document.createElement("tr");
+    row.dataset.id = job.id;
+    const created = new Date(job.created_at * 1000).toLocaleTimeString();
+    const cells = [created, job.prompt, job.size || "", job.seconds || "", job.seed, `${job.status} ${job.progress} %`];
+    cells.forEach((value, i) => {
+      const cell = document.createElement("td");
+      cell.textContent = value;
+      if (i === 1) cell.className = "prompt";
+      if (i === 5) cell.className = `status-${job.status}`;
+      row.appendChild(cell);
+    });
+    const actions = document.createElement("td");
+    actions.appendChild(button("show", () => show(job.id)));
+    actions.appendChild(
+      button("delete", async () => {
+        try {
+          await api(`/v1/videos/${job.id}`, { method: "DELETE" });
+          if (current === job.id) {
+            current = null;
+            $("job").hidden = true;
+          }
+        } catch (error) {
+          showError(error.message);
+        }
+        refreshList();
+      })
+    );
+    row.appendChild(actions);
+    return row;
+  });
+  $("jobs").replaceChildren(...rows);
+}
+
+refreshList();
+setInterval(refreshList, LIST_MS);

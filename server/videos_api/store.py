@@ -1,0 +1,155 @@
+"""The Videos API's jobs in SQLite: one file, WAL mode, every commit synced (synchronous=FULL), so
+a job that was answered to a client survives a killed front end or a power cut. One connection
+under a lock serves every thread of the front end. Transitions of a job's state happen only
+while it is active (queued or in_progress): whichever of finishing, failing, cancelling or
+deleting comes first wins, and the others see that they lost.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from pathlib import Path
+
+ACTIVE = ("queued", "in_progress")
+ENDED = ("completed", "failed", "cancelled")
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,  -- creation order, for listing
+    id TEXT NOT NULL UNIQUE,
+    created_at INTEGER NOT NULL,            -- unix seconds
+    status TEXT NOT NULL,                   -- ACTIVE or ENDED
+    request TEXT NOT NULL,                  -- JSON: fields.parse_create's request, seed filled in
+    attempts INTEGER NOT NULL DEFAULT 0,    -- submissions to Triton so far
+    triton_request_id TEXT,                 -- the id of the latest submission
+    step INTEGER NOT NULL DEFAULT 0,        -- DiT steps done
+    total_steps INTEGER,
+    queue_position INTEGER NOT NULL DEFAULT 0,
+    preview_step INTEGER,                   -- the step of the latest preview image on disk
+    outputs TEXT,                           -- JSON: the server's INFO of each output, once completed
+    error_code TEXT,
+    error_message TEXT,
+    completed_at INTEGER,                   -- unix seconds it ended (completed, failed or cancelled)
+    expires_at INTEGER                      -- unix seconds its files and record are removed
+)
+"""
+_ACTIVE_SQL = "status IN ('queued', 'in_progress')"
+
+
+class Store:
+    """The jobs table of the SQLite file at `path` (created with its folder when missing).
+    Rows come back as dicts with `request` and `outputs` decoded from JSON."""
+
+    def __init__(self, path: Path | str):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10.0)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute(SCHEMA)
+
+    def _fetch(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    def _change(self, sql: str, args: tuple = ()) -> int:
+        with self._lock:
+            return self._db.execute(sql, args).rowcount
+
+    @staticmethod
+    def _row(row: sqlite3.Row) -> dict:
+        job = dict(row)
+        job["request"] = json.loads(job["request"])
+        job["outputs"] = json.loads(job["outputs"]) if job["outputs"] else None
+        return job
+
+    def add(self, job_id: str, created_at: int, request: dict) -> None:
+        """Insert a queued job."""
+        self._change(
+            "INSERT INTO jobs (id, created_at, status, request) VALUES (?, ?, 'queued', ?)",
+            (job_id, created_at, json.dumps(request)),
+        )
+
+    def get(self, job_id: str) -> dict | None:
+        """The job with this id, or None."""
+        rows = self._fetch("SELECT * FROM jobs WHERE id = ?", (job_id,))
+        return self._row(rows[0]) if rows else None
+
+    def page(self, after: str | None, limit: int, descending: bool) -> tuple[list[dict], bool]:
+        """Up to `limit` jobs in creation order (newest first when descending) after the job with
+        id `after` (None: from the start), and whether more follow. Raises KeyError for an
+        unknown `after`."""
+        with self._lock:
+            where, args = "", ()
+            if after is not None:
+                row = self._db.execute("SELECT seq FROM jobs WHERE id = ?", (after,)).fetchone()
+                if row is None:
+                    raise KeyError(after)
+                where, args = f"WHERE seq {'<' if descending else '>'} ?", (row["seq"],)
+            rows = self._db.execute(
+                f"SELECT * FROM jobs {where} ORDER BY seq {'DESC' if descending else 'ASC'} LIMIT ?",
+                (*args, limit + 1),
+            ).fetchall()
+        return [self._row(row) for row in rows[:limit]], len(rows) > limit
+
+    def active(self) -> list[dict]:
+        """Every queued or in_progress job, oldest first."""
+        rows = self._fetch(f"SELECT * FROM jobs WHERE {_ACTIVE_SQL} ORDER BY seq")
+        return [self._row(row) for row in rows]
+
+    def submitted(self, job_id: str, triton_request_id: str) -> None:
+        """Record a new submission of an active job under `triton_request_id`: one more attempt,
+        queued again, no steps, no preview."""
+        self._change(
+            "UPDATE jobs SET status = 'queued', attempts = attempts + 1, triton_request_id = ?, step = 0, "
+            f"total_steps = NULL, queue_position = 0, preview_step = NULL WHERE id = ? AND {_ACTIVE_SQL}",
+            (triton_request_id, job_id),
+        )
+
+    def progress(self, job_id: str, **fields) -> bool:
+        """Set columns (status, step, total_steps, queue_position, preview_step) of an active job;
+        False when it is no longer active."""
+        names = ", ".join(f"{name} = ?" for name in fields)
+        return self._change(f"UPDATE jobs SET {names} WHERE id = ? AND {_ACTIVE_SQL}", (*fields.values(), job_id)) == 1
+
+    def end(
+        self,
+        job_id: str,
+        status: str,
+        now: int,
+        expires_at: int,
+        outputs: list[dict] | None = None,
+        error: tuple[str, str] | None = None,
+    ) -> bool:
+        """Move an active job to `status` (one of ENDED) at unix time `now`, kept until
+        `expires_at`, with its outputs' INFO (completed) or (code, message) (failed); False when
+        it was no longer active (another transition won). Raises ValueError for another status."""
+        if status not in ENDED:
+            raise ValueError(f"status must be one of {ENDED}, got {status!r}")
+        code, message = error or (None, None)
+        changed = self._change(
+            "UPDATE jobs SET status = ?, outputs = ?, error_code = ?, error_message = ?, completed_at = ?, "
+            f"expires_at = ? WHERE id = ? AND {_ACTIVE_SQL}",
+            (status, json.dumps(outputs) if outputs is not None else None, code, message, now, expires_at, job_id),
+        )
+        return changed == 1
+
+    def delete(self, job_id: str) -> dict | None:
+        """Remove the job; returns it as it was, or None when there was none."""
+        rows = self._fetch("DELETE FROM jobs WHERE id = ? RETURNING *", (job_id,))
+        return self._row(rows[0]) if rows else None
+
+    def expired(self, now: int) -> list[str]:
+        """The ids of the ended jobs whose expires_at is at or before unix time `now`."""
+        return [row["id"] for row in self._fetch("SELECT id FROM jobs WHERE expires_at <= ?", (now,))]
+
+    def ids(self) -> set[str]:
+        """The ids of every job."""
+        return {row["id"] for row in self._fetch("SELECT id FROM jobs")}
+
+    def close(self) -> None:
+        """Close the database connection."""
+        with self._lock:
+            self._db.close()
