@@ -4,7 +4,8 @@
 #   2. torch==2.13.0 first, then requirements.txt, then this project editable (h3_core, server,
 #      client importable everywhere, also inside the python backend stub); skipped while
 #      .venv/.requirements.sha256 matches requirements.txt + pyproject.toml
-#   3. Debian libb64-0d for perf_analyzer (apt-get, only if missing; sudo only when not root)
+#   3. Debian libb64-0d for perf_analyzer, chromium + chromium-driver for the page test (apt-get, only
+#      if missing; sudo only when not root)
 #   4. the python backend stub for the venv's Python copied into pytriton's backends/python/
 #   5. python -m h3_core.checkpoint_setup (seeded weights under checkpoints/), if that module exists
 # Downloads only from the configured PyPI index and Debian apt.
@@ -77,23 +78,35 @@ else
     log "packages installed ($("$VPY" -c 'import torch; print("torch", torch.__version__)'))"
 fi
 
-# ---- 3. libb64-0d (perf_analyzer from the tritonclient wheel links libb64.so.0d) --------------
-if ! command -v dpkg-query >/dev/null 2>&1; then
-    warn "not a Debian system: install libb64 yourself if you need perf_analyzer"
-elif dpkg-query -W -f='${Status}' libb64-0d 2>/dev/null | grep -q 'install ok installed'; then
-    log "libb64-0d already installed"
-else
-    SUDO=()
+# ---- 3. Debian packages (apt-get, only those missing; sudo only when not root) ----------------
+#   libb64-0d: perf_analyzer from the tritonclient wheel links libb64.so.0d
+#   chromium + chromium-driver: the Videos API page's test drives them through Selenium
+apt_ensure() {  # apt_ensure "what needs them" PACKAGE...
+    local why="$1" package missing=() SUDO=()
+    shift
+    if ! command -v dpkg-query >/dev/null 2>&1; then
+        warn "not a Debian system: install $* yourself ($why)"
+        return
+    fi
+    for package in "$@"; do
+        dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' || missing+=("$package")
+    done
+    if [ "${#missing[@]}" -eq 0 ]; then
+        log "$* already installed"
+        return
+    fi
     if [ "$(id -u)" -ne 0 ]; then SUDO=(sudo); fi
     export DEBIAN_FRONTEND=noninteractive
-    log "apt-get install libb64-0d"
-    if "${SUDO[@]}" apt-get install -y -q --no-install-recommends libb64-0d >/dev/null 2>&1 \
-        || { "${SUDO[@]}" apt-get update -q >/dev/null && "${SUDO[@]}" apt-get install -y -q --no-install-recommends libb64-0d >/dev/null; }; then
-        log "libb64-0d installed"
+    log "apt-get install ${missing[*]}"
+    if "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null 2>&1 \
+        || { "${SUDO[@]}" apt-get update -q >/dev/null && "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null; }; then
+        log "${missing[*]} installed"
     else
-        warn "could not install libb64-0d: perf_analyzer will not run (the server and tests do not need it)"
+        warn "could not install ${missing[*]}: $why"
     fi
-fi
+}
+apt_ensure "perf_analyzer will not run (the server and tests do not need it)" libb64-0d
+apt_ensure "tests/test_videos_page.py will fail (it needs a headless browser)" chromium chromium-driver
 
 # ---- 4. python backend stub for this Python --------------------------------------------------
 T="$(tritonserver_dir)"
