@@ -9,7 +9,7 @@ CONFIG ?= bench
 BENCH_ENCODER := $(CURDIR)/checkpoints/bench_text_encoder
 ENCODER ?= $(if $(CHECKPOINT),,$(BENCH_ENCODER))
 
-.PHONY: setup test demo serve serve-demo serve-gpu
+.PHONY: setup test demo serve serve-demo serve-api serve-gpu
 
 setup:
 	bash scripts/setup.sh
@@ -35,6 +35,15 @@ serve: setup
 # the trained demo model on the CPU, from a repository written into a temporary folder
 serve-demo: setup
 	$(PY) -m server.launch --config demo --checkpoint weights/demo
+
+# the Videos API front end (python -m server.videos_api: the page on http://127.0.0.1:$(API_PORT)/,
+# OpenAI's /v1/videos) over tritonserver serving the demo model; Ctrl-C stops both.
+# API_ARGS: more front-end flags, e.g. API_ARGS="--api-key-file keys.txt"
+API_PORT ?= 8080
+API_ARGS ?=
+serve-api: setup
+	$(PY) -m server.launch --config demo --checkpoint weights/demo \
+		--then $(PY) -m server.videos_api --port $(API_PORT) $(API_ARGS)
 
 # every GPU: one DiT instance per GPU, sized from free GPU memory (server.sizing);
 # make serve-gpu CONFIG=h3 CHECKPOINT=/path/to/MiniMax-H3 TRUST_REMOTE_CODE=true for the official
