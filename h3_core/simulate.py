@@ -10,11 +10,20 @@ slowing it (separate Triton model instances; sharing one GPU is not modelled).
 Metrics per policy (seconds):
 - latency: VAE done - submission; p95 by nearest rank (percentile: the ceil(0.95 n)-th smallest);
 - time to first step: start of the first DiT step - arrival at the DiT (the server's `queue`
-  stage; encoding takes the same time under every policy and is not counted);
+  stage; encoding takes the same time under every policy and is not counted), mean and p95;
 - throughput_per_min: completed x 60 / (last completion - first submission).
 
+Several replicas (servers, e.g. Kubernetes pods, each with its own encoder, DiT and VAE): a
+router sends each request at its submission to one of them, `round_robin` (in turn, as the
+client's gRPC round_robin channel does) or `least_rows` (the replica with the fewest rows of
+requests it was sent and has not completed, lowest index on ties). Capacity planning
+(`capacity`) finds for an arrival rate the fewest replicas that keep p95 time to first step and
+p95 latency under bounds (docs/scaling.md).
+
 Run `python -m h3_core.simulate --workload reference|mixed|burst [--json]`; --c0, --c1 set a
-calibrated step cost, --row-budget srpt's row budget.
+calibrated step cost (--step-costs fits them to a benchmark's measured steps), --row-budget srpt's
+row budget, --replicas and --routing the servers, --rate / --requests / --mix the mixed workload,
+--capacity RATES the capacity table.
 """
 
 import argparse
@@ -25,9 +34,11 @@ import sys
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from .scheduler import DEFAULT_POLICY, POLICIES, Job, Scheduler
 
+ROOT_RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"  # benchmark results files
 LARGE_ROWS = 16_384  # 672x384, 4 s at 24 fps (h3_spec §4.4)
 SMALL_ROWS = 1_280
 
@@ -66,6 +77,48 @@ class CostModel:
 REFERENCE_COST = CostModel(c0=0.0, c1=0.26 / LARGE_ROWS, encode_s=0.1, decode_s=0.52)
 LOADED_COST = replace(REFERENCE_COST, c0=0.01)
 WORKLOADS = ("reference", "mixed", "burst")
+ROUTINGS = ("round_robin", "least_rows")
+MIXED_MIX = ((0.7, SMALL_ROWS, 20), (0.3, LARGE_ROWS, 30))  # (weight, rows, steps) of the mixed workload
+
+
+def fit_step_cost(points: Sequence[tuple[int, float]], cost: CostModel = LOADED_COST) -> CostModel:
+    """`cost` with c0, c1 of the least-squares line t = c0 + c1 x rows through measured
+    (rows, seconds) step points (at least two distinct row counts); encode_s and decode_s kept.
+    Raises ValueError for fewer."""
+    if len({rows for rows, _ in points}) < 2:
+        raise ValueError(f"a step cost fit needs steps of at least two row counts, got {list(points)}")
+    n = len(points)
+    mean_rows = sum(rows for rows, _ in points) / n
+    mean_s = sum(seconds for _, seconds in points) / n
+    c1 = sum((rows - mean_rows) * (seconds - mean_s) for rows, seconds in points) / sum(
+        (rows - mean_rows) ** 2 for rows, _ in points
+    )
+    return replace(cost, c0=mean_s - c1 * mean_rows, c1=c1)
+
+
+def measured_steps(path: Path) -> list[tuple[int, float]]:
+    """(rows, seconds) of the steps an engine benchmark results file records (benchmarks/results/
+    h200.json, benchmarks/engine_bench.py): measurements.engine_bench.a_step (1-4 packed
+    16,384-row requests) and e_packing_curve's one-request steps (128-16,384 rows). Raises
+    KeyError when the file has neither."""
+    bench = json.loads(Path(path).read_text())["measurements"]["engine_bench"]
+    packed = [(int(step["rows"]), float(step["seconds"])) for step in bench["a_step"].values()]
+    return packed + [(int(rows), float(point["one_s"])) for rows, point in bench["e_packing_curve"].items()]
+
+
+def parse_mix(text: str) -> tuple[tuple[float, int, int], ...]:
+    """--mix "WEIGHT:ROWS:STEPS,..." -> ((weight, rows, steps), ...). Raises ValueError naming the
+    entry that is not of that form or has a weight, rows or steps not > 0."""
+    mix = []
+    for entry in text.split(","):
+        try:
+            weight, rows, steps = entry.split(":")
+            mix.append((float(weight), int(rows), int(steps)))
+        except ValueError:
+            raise ValueError(f"--mix entry {entry!r} is not WEIGHT:ROWS:STEPS (e.g. 0.3:16384:30)") from None
+        if not (mix[-1][0] > 0 and mix[-1][1] > 0 and mix[-1][2] > 0):
+            raise ValueError(f"--mix entry {entry!r}: weight, rows and steps must be > 0")
+    return tuple(mix)
 
 
 @dataclass(frozen=True)
@@ -104,78 +157,155 @@ class Completion:
     dit_arrival_s: float
     first_step_s: float
     done_s: float
+    replica: int = 0  # the replica that served it
 
 
-def make_workload(name: str, seed: int = 0, cost: CostModel | None = None) -> Workload:
+def make_workload(
+    name: str,
+    seed: int = 0,
+    cost: CostModel | None = None,
+    rate_per_min: float | None = None,
+    count: int = 200,
+    mix: Sequence[tuple[float, int, int]] = MIXED_MIX,
+) -> Workload:
     """The named workload (issue 5); `cost` replaces its cost model.
 
     reference: 10 requests, one every 5 s, 20 steps, 16,384 rows, REFERENCE_COST.
-    mixed: 200 requests, Poisson arrivals at 80% DiT utilisation (rate = 0.8 / mean solo denoise
-    time), 70% small (1,280 rows, 20 steps), 30% large (16,384 rows, 30 steps), LOADED_COST;
-    random.Random(seed) draws sizes and gaps.
+    mixed: `count` requests (200), Poisson arrivals at `rate_per_min` requests a minute, by default
+    at 80% utilisation of one DiT (0.8 / mean solo denoise time), sizes drawn from `mix`
+    ((weight, rows, steps), ...; default MIXED_MIX: 70% 1,280 rows x 20 steps, 30% 16,384 rows x
+    30 steps), LOADED_COST; random.Random(seed) draws sizes and gaps.
     burst: 4 large requests (16,384 rows, 30 steps) at t = 0, LOADED_COST.
-    Raises ValueError for an unknown name.
+    Raises ValueError for an unknown name, or a rate or count not > 0.
     """
     if name == "reference":
         requests, default_cost = [SimRequest(5.0 * i, LARGE_ROWS, 20) for i in range(10)], REFERENCE_COST
     elif name == "burst":
         requests, default_cost = [SimRequest(0.0, LARGE_ROWS, 30) for _ in range(4)], LOADED_COST
     elif name == "mixed":
+        if not (count > 0 and (rate_per_min is None or rate_per_min > 0)):
+            raise ValueError(f"the mixed workload needs count > 0 and rate > 0, got {count} and {rate_per_min}")
         default_cost = LOADED_COST
         step = (cost or default_cost).step_s
-        mean_denoise_s = 0.7 * 20 * step(SMALL_ROWS) + 0.3 * 30 * step(LARGE_ROWS)
+        weights = [weight for weight, _, _ in mix]
+        mean_denoise_s = sum(weight * steps * step(rows) for weight, rows, steps in mix) / sum(weights)
+        rate_per_s = 0.8 / mean_denoise_s if rate_per_min is None else rate_per_min / 60
         rng, t, requests = random.Random(seed), 0.0, []
-        for _ in range(200):
-            small = rng.random() < 0.7
-            requests.append(SimRequest(t, SMALL_ROWS if small else LARGE_ROWS, 20 if small else 30))
-            t += rng.expovariate(0.8 / mean_denoise_s)
+        for _ in range(count):
+            _, rows, steps = _draw(rng, mix, weights)
+            requests.append(SimRequest(t, rows, steps))
+            t += rng.expovariate(rate_per_s)
     else:
         raise ValueError(f"workload={name!r} is not one of {', '.join(WORKLOADS)}")
     return Workload(name, requests, cost or default_cost)
 
 
-def simulate(workload: Workload, policy: str, row_budget: int = LARGE_ROWS) -> list[Completion]:
-    """Run the workload through a Scheduler with `policy`: max_num_seqs 4 and max_batch_rows
-    4 x 16,384 (the reference's packs), `row_budget` (default 16,384: a step of one 16k-row
-    request is already compute-bound, co-batching 4 saves only 2.4% per request, h3_spec §5.11),
-    room for every request to wait. Returns the completions in finishing order."""
-    cost = workload.cost
-    scheduler = Scheduler(
-        max_num_seqs=4,
-        max_batch_rows=4 * LARGE_ROWS,
-        max_waiting=len(workload.requests),
-        policy=policy,
-        row_budget=row_budget,
-    )
-    pending, encoder_free = deque(), 0.0
-    for index, request in enumerate(workload.requests):
-        encoder_free = max(request.submit_s, encoder_free) + cost.encode_s
-        pending.append(
+def _draw(rng: random.Random, mix: Sequence[tuple[float, int, int]], weights: list[float]) -> tuple[float, int, int]:
+    """One entry of the mix, by one rng.random() draw against the cumulative weights."""
+    point, total = rng.random() * sum(weights), 0.0
+    for entry, weight in zip(mix, weights, strict=True):
+        total += weight
+        if point < total:
+            return entry
+    return mix[-1]
+
+
+class Replica:
+    """One server of the simulation: an encoder (first come first served), a DiT (the
+    server's Scheduler with `policy`: max_num_seqs 4, max_batch_rows 4 x 16,384, `row_budget`,
+    room for every request to wait) and a VAE (in finishing order), each one instance."""
+
+    def __init__(self, index: int, workload: Workload, policy: str, row_budget: int):
+        self.index, self.workload = index, workload
+        self.scheduler = Scheduler(
+            max_num_seqs=4,
+            max_batch_rows=4 * LARGE_ROWS,
+            max_waiting=len(workload.requests),
+            policy=policy,
+            row_budget=row_budget,
+        )
+        self.pending: deque[Job] = deque()  # encoded, not yet at the DiT, in arrival order
+        self.encoder_free = self.vae_free = self.now = 0.0  # self.now: the DiT's next step boundary
+        self.rows: dict[int, int] = {}  # request index -> rows, of the requests sent here and not known done
+        self.done_s: dict[int, float] = {}  # request index -> when its VAE finished
+        self.completions: list[Completion] = []
+
+    def submit(self, index: int) -> None:
+        """Send request `index` of the workload here at its submission time."""
+        request = self.workload.requests[index]
+        self.encoder_free = max(request.submit_s, self.encoder_free) + self.workload.cost.encode_s
+        self.pending.append(
             Job(
-                key=index, request_id=str(index), arrival_s=encoder_free, states=[SimState(request.rows, request.steps)]
+                key=index,
+                request_id=str(index),
+                arrival_s=self.encoder_free,
+                states=[SimState(request.rows, request.steps)],
             )
         )
-    now, vae_free, completions = 0.0, 0.0, []
-    while pending or scheduler.jobs:
-        while pending and pending[0].arrival_s <= now:
-            scheduler.add(pending.popleft())
-        pack = scheduler.schedule(now)
-        if not pack:
-            now = pending[0].arrival_s
-            continue
-        for job in pack:
-            job.first_step_s = now if job.first_step_s is None else job.first_step_s
-        now += cost.step_s(sum(job.rows for job in pack))
-        for job in pack:
-            for state in job.states:
-                state.step_index += 1
-            if job.finished:
-                scheduler.remove(job)
-                vae_free = max(now, vae_free) + cost.decode_s
-                completions.append(
-                    Completion(job.key, workload.requests[job.key].submit_s, job.arrival_s, job.first_step_s, vae_free)
-                )
-    return completions
+        self.rows[index] = request.rows
+
+    def outstanding_rows(self, now: float) -> int:
+        """Rows of the requests sent here that are not completed at `now` (never earlier than a
+        previous call's `now`: requests done by then are forgotten)."""
+        for index in [index for index in self.rows if self.done_s.get(index, math.inf) <= now]:
+            del self.rows[index]
+        return sum(self.rows.values())
+
+    def run(self, until: float = math.inf) -> None:
+        """Run the DiT's step boundaries and steps that start before `until` (every one by default):
+        nothing it decides then depends on a request submitted at `until` or later."""
+        cost = self.workload.cost
+        while self.now < until:
+            while self.pending and self.pending[0].arrival_s <= self.now:
+                self.scheduler.add(self.pending.popleft())
+            pack = self.scheduler.schedule(self.now)
+            if not pack:
+                if not self.pending:
+                    return
+                self.now = self.pending[0].arrival_s
+                continue
+            for job in pack:
+                job.first_step_s = self.now if job.first_step_s is None else job.first_step_s
+            self.now += cost.step_s(sum(job.rows for job in pack))
+            for job in pack:
+                for state in job.states:
+                    state.step_index += 1
+                if job.finished:
+                    self.scheduler.remove(job)
+                    self.vae_free = max(self.now, self.vae_free) + cost.decode_s
+                    submit_s = self.workload.requests[job.key].submit_s
+                    self.completions.append(
+                        Completion(job.key, submit_s, job.arrival_s, job.first_step_s, self.vae_free, self.index)
+                    )
+                    self.done_s[job.key] = self.vae_free
+
+
+def simulate(
+    workload: Workload,
+    policy: str,
+    row_budget: int = LARGE_ROWS,
+    replicas: int = 1,
+    routing: str = "round_robin",
+) -> list[Completion]:
+    """Run the workload through `replicas` Replicas with `policy` and `row_budget` (default
+    16,384: a step of one 16k-row request is already compute-bound, co-batching 4 saves only 2.4%
+    per request, h3_spec §5.11), each request sent at its submission by `routing` (ROUTINGS, the
+    module docstring). Returns the completions in finishing order (VAE done). Raises ValueError
+    for replicas < 1 or an unknown routing."""
+    if replicas < 1 or routing not in ROUTINGS:
+        raise ValueError(f"replicas={replicas} routing={routing!r}: need replicas >= 1 and one of {ROUTINGS}")
+    servers = [Replica(index, workload, policy, row_budget) for index in range(replicas)]
+    for index, request in enumerate(workload.requests):
+        for server in servers:
+            server.run(until=request.submit_s)
+        if routing == "round_robin":
+            target = servers[index % replicas]
+        else:
+            target = min(servers, key=lambda server: server.outstanding_rows(request.submit_s))
+        target.submit(index)
+    for server in servers:
+        server.run()
+    return sorted((c for server in servers for c in server.completions), key=lambda c: c.done_s)
 
 
 def summarize(workload: Workload, completions: list[Completion]) -> dict:
@@ -187,27 +317,90 @@ def summarize(workload: Workload, completions: list[Completion]) -> dict:
         "mean_latency_s": round(sum(latencies) / len(latencies), 4),
         "p95_latency_s": round(percentile(latencies, 95), 4),
         "mean_time_to_first_step_s": round(sum(waits) / len(waits), 4),
+        "p95_time_to_first_step_s": round(percentile(waits, 95), 4),
         "throughput_per_min": round(len(completions) * 60 / span, 4),
         "completed": len(completions),
         "submitted": len(workload.requests),
     }
 
 
-def compare(workload: Workload, row_budget: int = LARGE_ROWS) -> dict:
+def compare(workload: Workload, row_budget: int = LARGE_ROWS, replicas: int = 1, routing: str = "round_robin") -> dict:
     """{policy: summary} for every policy, plus "default": the default policy's name."""
     return {
-        **{policy: summarize(workload, simulate(workload, policy, row_budget)) for policy in POLICIES},
+        **{
+            policy: summarize(workload, simulate(workload, policy, row_budget, replicas, routing))
+            for policy in POLICIES
+        },
         "default": DEFAULT_POLICY,
     }
 
 
-def table(workload: Workload, row_budget: int, results: dict) -> str:
+def replicas_needed(
+    workload: Workload,
+    routing: str,
+    max_ttfs_s: float,
+    max_p95_s: float,
+    policy: str = DEFAULT_POLICY,
+    row_budget: int = LARGE_ROWS,
+    first: int = 1,
+    max_replicas: int = 64,
+) -> tuple[int | None, dict]:
+    """The fewest replicas (first..max_replicas) under `routing` whose p95 time to first step is
+    at most max_ttfs_s and p95 latency at most max_p95_s seconds on `workload`, with that run's
+    summary; (None, the max_replicas run's summary) when none keeps both bounds."""
+    for replicas in range(first, max_replicas + 1):
+        summary = summarize(workload, simulate(workload, policy, row_budget, replicas, routing))
+        if summary["p95_time_to_first_step_s"] <= max_ttfs_s and summary["p95_latency_s"] <= max_p95_s:
+            return replicas, summary
+    return None, summary
+
+
+def capacity(
+    rates_per_min: Sequence[float],
+    cost: CostModel,
+    max_ttfs_s: float,
+    max_p95_s: float,
+    seed: int = 0,
+    count: int = 200,
+    mix: Sequence[tuple[float, int, int]] = MIXED_MIX,
+    policy: str = DEFAULT_POLICY,
+    row_budget: int = LARGE_ROWS,
+    max_replicas: int = 64,
+) -> list[dict]:
+    """For each arrival rate (requests a minute) of the mixed workload (make_workload with seed,
+    count, mix, cost): its load, the DiT seconds a second its requests need at the least (full
+    packs: c1 x rows per step and c0 shared by 4 requests; 1.0 = one replica busy all the time),
+    and per routing replicas_needed's answer and the p95 time to first step and p95 latency of
+    that run (seconds). Fewer replicas than the load are overloaded (their queue grows without
+    bound) and not tried."""
+    rows = []
+    for rate in rates_per_min:
+        workload = make_workload("mixed", seed, cost, rate, count, mix)
+        work = [r.steps * (cost.c1 * r.rows + cost.c0 / 4) for r in workload.requests]
+        load = rate / 60 * sum(work) / len(work)
+        row = {"rate_per_min": rate, "load": round(load, 4)}
+        for routing in ROUTINGS:
+            first = max(1, math.ceil(load))
+            replicas, summary = replicas_needed(
+                workload, routing, max_ttfs_s, max_p95_s, policy, row_budget, first, max_replicas
+            )
+            row[routing] = {
+                "replicas": replicas,
+                "p95_time_to_first_step_s": summary["p95_time_to_first_step_s"],
+                "p95_latency_s": summary["p95_latency_s"],
+            }
+        rows.append(row)
+    return rows
+
+
+def table(workload: Workload, row_budget: int, results: dict, replicas: int = 1, routing: str = "round_robin") -> str:
     """compare()'s results as a readable table, headed by the workload and its cost model."""
     cost = workload.cost
+    servers = f", {replicas} replicas ({routing})" if replicas > 1 else ""
     lines = [
         f"workload {workload.name}: {len(workload.requests)} requests; simulated, step cost "
         f"{cost.c0:g} s + {cost.c1:.4g} s/row, encode {cost.encode_s:g} s, decode {cost.decode_s:g} s, "
-        f"srpt row budget {row_budget}",
+        f"srpt row budget {row_budget}{servers}",
         f"{'policy':<16}{'mean latency s':>16}{'p95 latency s':>15}{'mean TTFS s':>13}{'req/min':>9}{'completed':>11}",
     ]
     for policy in POLICIES:
@@ -221,20 +414,92 @@ def table(workload: Workload, row_budget: int, results: dict) -> str:
     return "\n".join(lines)
 
 
+def capacity_table(rows: list[dict], cost: CostModel, max_ttfs_s: float, max_p95_s: float, policy: str) -> str:
+    """capacity()'s rows as a Markdown table, headed by the bounds and the cost model."""
+    lines = [
+        f"replicas keeping p95 time to first step <= {max_ttfs_s:g} s and p95 latency <= {max_p95_s:g} s "
+        f"({policy}; step cost {cost.c0:.4g} s + {cost.c1:.4g} s/row, encode {cost.encode_s:g} s, "
+        f"decode {cost.decode_s:g} s)",
+        "",
+        "| req/min | load | round_robin: replicas | p95 TTFS s | p95 latency s "
+        "| least_rows: replicas | p95 TTFS s | p95 latency s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        cells = [f"{row['rate_per_min']:g}", f"{row['load']:.2f}"]
+        for routing in ROUTINGS:
+            r = row[routing]
+            cells += [
+                "none" if r["replicas"] is None else str(r["replicas"]),
+                f"{r['p95_time_to_first_step_s']:.2f}",
+                f"{r['p95_latency_s']:.2f}",
+            ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m h3_core.simulate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", choices=WORKLOADS, required=True)
     parser.add_argument("--seed", type=int, default=0, help="random seed of the mixed workload")
     parser.add_argument("--c0", type=float, help="step cost seconds per step (replaces the workload's)")
     parser.add_argument("--c1", type=float, help="step cost seconds per packed row (replaces the workload's)")
+    parser.add_argument(
+        "--step-costs",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="fit c0 and c1 to the packed steps a benchmark measured (benchmarks/results/h200.json)",
+    )
     parser.add_argument("--row-budget", type=int, default=LARGE_ROWS, help="srpt's row budget (rows)")
+    parser.add_argument("--replicas", type=int, default=1, help="servers the requests are spread over (default 1)")
+    parser.add_argument("--routing", choices=ROUTINGS, default="round_robin", help="how (default: %(default)s)")
+    parser.add_argument("--rate", type=float, help="mixed: requests a minute (default: 80%% of one DiT)")
+    parser.add_argument("--requests", type=int, default=200, help="mixed: how many requests (default 200)")
+    parser.add_argument(
+        "--mix",
+        type=parse_mix,
+        default=MIXED_MIX,
+        help="mixed: sizes, WEIGHT:ROWS:STEPS,... (default 0.7:1280:20,0.3:16384:30)",
+    )
+    parser.add_argument(
+        "--capacity",
+        type=lambda text: [float(rate) for rate in text.split(",")],
+        metavar="RATES",
+        help="mixed: print the capacity table for these requests a minute (comma list) instead",
+    )
+    parser.add_argument("--max-ttfs", type=float, default=1.0, help="--capacity: p95 time to first step bound, s")
+    parser.add_argument("--max-p95", type=float, default=60.0, help="--capacity: p95 latency bound, s")
+    parser.add_argument("--max-replicas", type=int, default=64, help="--capacity: the most replicas tried")
+    parser.add_argument("--policy", choices=POLICIES, default=DEFAULT_POLICY, help="--capacity: the DiT's policy")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = parser.parse_args(argv)
+    if args.capacity and args.workload != "mixed":
+        parser.error("--capacity takes the mixed workload")
     cost = make_workload(args.workload).cost
+    if args.step_costs:
+        cost = fit_step_cost(measured_steps(args.step_costs), cost)
     cost = replace(cost, c0=cost.c0 if args.c0 is None else args.c0, c1=cost.c1 if args.c1 is None else args.c1)
-    workload = make_workload(args.workload, args.seed, cost)
-    results = compare(workload, args.row_budget)
-    sys.stdout.write((json.dumps(results) if args.json else table(workload, args.row_budget, results)) + "\n")
+    if args.capacity:
+        rows = capacity(
+            args.capacity,
+            cost,
+            args.max_ttfs,
+            args.max_p95,
+            args.seed,
+            args.requests,
+            args.mix,
+            args.policy,
+            args.row_budget,
+            args.max_replicas,
+        )
+        out = json.dumps(rows) if args.json else capacity_table(rows, cost, args.max_ttfs, args.max_p95, args.policy)
+    else:
+        workload = make_workload(args.workload, args.seed, cost, args.rate, args.requests, args.mix)
+        results = compare(workload, args.row_budget, args.replicas, args.routing)
+        out = (
+            json.dumps(results) if args.json else table(workload, args.row_budget, results, args.replicas, args.routing)
+        )
+    sys.stdout.write(out + "\n")
 
 
 if __name__ == "__main__":

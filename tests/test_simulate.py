@@ -6,14 +6,24 @@ import pytest
 
 from h3_core.scheduler import DEFAULT_POLICY, POLICIES
 from h3_core.simulate import (
+    LARGE_ROWS,
     LOADED_COST,
     REFERENCE_COST,
+    ROOT_RESULTS,
     SMALL_ROWS,
     WORKLOADS,
+    CostModel,
+    SimRequest,
+    Workload,
+    capacity,
     compare,
+    fit_step_cost,
     main,
     make_workload,
+    measured_steps,
+    parse_mix,
     percentile,
+    replicas_needed,
     simulate,
     summarize,
 )
@@ -22,6 +32,7 @@ METRICS = {
     "mean_latency_s",
     "p95_latency_s",
     "mean_time_to_first_step_s",
+    "p95_time_to_first_step_s",
     "throughput_per_min",
     "completed",
     "submitted",
@@ -68,6 +79,7 @@ def test_burst_golden_per_policy():
         "mean_latency_s": 20.87,
         "p95_latency_s": 33.02,
         "mean_time_to_first_step_s": 12.0,
+        "p95_time_to_first_step_s": 24.0,
         "throughput_per_min": 7.2683,
         "completed": 4,
         "submitted": 4,
@@ -76,6 +88,7 @@ def test_burst_golden_per_policy():
         "mean_latency_s": 32.0625,
         "p95_latency_s": 32.91,
         "mean_time_to_first_step_s": 0.25,
+        "p95_time_to_first_step_s": 0.76,
         "throughput_per_min": 7.2926,
         "completed": 4,
         "submitted": 4,
@@ -84,6 +97,7 @@ def test_burst_golden_per_policy():
         "mean_latency_s": 21.275,
         "p95_latency_s": 33.02,
         "mean_time_to_first_step_s": 0.255,
+        "p95_time_to_first_step_s": 0.51,
         "throughput_per_min": 7.2683,
         "completed": 4,
         "submitted": 4,
@@ -99,6 +113,7 @@ def test_reference_under_request_golden():
         "mean_latency_s": 6.72,
         "p95_latency_s": 7.62,
         "mean_time_to_first_step_s": 0.9,
+        "p95_time_to_first_step_s": 1.8,
         "throughput_per_min": 11.4025,
         "completed": 10,
         "submitted": 10,
@@ -170,3 +185,138 @@ def test_unknown_workload():
     with pytest.raises(ValueError) as error:
         make_workload("steady")
     assert str(error.value) == "workload='steady' is not one of reference, mixed, burst"
+
+
+# -- several replicas ------------------------------------------------------------------------------
+
+
+def test_round_robin_over_two_replicas_golden():
+    """burst over 2 replicas: requests 0, 2 to replica 0 and 1, 3 to replica 1, each replica's own
+    encoder hands them over at 0.1 and 0.2 s. srpt per replica: 0.1 -> 0.37 the first, its
+    newcomer's first step -> 0.64, then 29 x 0.27 s each in arrival order (-> 8.47, -> 16.30),
+    VAE +0.52 s."""
+    completions = simulate(make_workload("burst"), "srpt", replicas=2, routing="round_robin")
+    assert [(c.request, c.replica, round(c.done_s, 4), round(c.first_step_s, 4)) for c in completions] == [
+        (0, 0, 8.99, 0.1),
+        (1, 1, 8.99, 0.1),
+        (2, 0, 16.82, 0.37),
+        (3, 1, 16.82, 0.37),
+    ]
+
+
+ALTERNATING = Workload(
+    "alternating",
+    [
+        SimRequest(0.0, LARGE_ROWS, 30),
+        SimRequest(0.001, SMALL_ROWS, 20),
+        SimRequest(0.002, LARGE_ROWS, 30),
+        SimRequest(0.003, SMALL_ROWS, 20),
+    ],
+    LOADED_COST,
+)
+
+
+def test_least_outstanding_rows_spreads_what_round_robin_piles_up():
+    """large, small, large, small over 2 replicas: round robin sends both large requests to
+    replica 0; least_rows sends the second large one to replica 1 (1,280 rows outstanding against
+    16,384) and the last small one to replica 0 (16,384 against 17,664)."""
+    placed = {
+        routing: sorted((c.request, c.replica) for c in simulate(ALTERNATING, "srpt", replicas=2, routing=routing))
+        for routing in ("round_robin", "least_rows")
+    }
+    assert placed == {"round_robin": [(0, 0), (1, 1), (2, 0), (3, 1)], "least_rows": [(0, 0), (1, 1), (2, 1), (3, 0)]}
+    p95 = {
+        routing: summarize(ALTERNATING, simulate(ALTERNATING, "srpt", replicas=2, routing=routing))["p95_latency_s"]
+        for routing in ("round_robin", "least_rows")
+    }
+    assert p95 == {"round_robin": 16.818, "least_rows": 9.3262}
+
+
+@pytest.mark.parametrize("routing", ["round_robin", "least_rows"])
+def test_every_request_completes_once_on_several_replicas(routing):
+    workload = make_workload("mixed", rate_per_min=20)
+    completions = simulate(workload, "srpt", replicas=3, routing=routing)
+    assert sorted(c.request for c in completions) == list(range(200))
+    assert {c.replica for c in completions} == {0, 1, 2}
+    assert [c.done_s for c in completions] == sorted(c.done_s for c in completions)
+
+
+def test_bad_replicas_or_routing_are_refused():
+    with pytest.raises(ValueError) as error:
+        simulate(make_workload("burst"), "srpt", replicas=0)
+    assert (
+        str(error.value)
+        == "replicas=0 routing='round_robin': need replicas >= 1 and one of ('round_robin', 'least_rows')"
+    )
+    with pytest.raises(ValueError):
+        simulate(make_workload("burst"), "srpt", replicas=2, routing="random")
+
+
+def test_mixed_workload_rate_count_and_mix():
+    workload = make_workload("mixed", rate_per_min=60, count=50, mix=parse_mix("1:4096:10"))
+    assert len(workload.requests) == 50 and {(r.rows, r.steps) for r in workload.requests} == {(4096, 10)}
+    # Poisson arrivals at 1 a second: 49 gaps of mean 1 s
+    assert round(workload.requests[-1].submit_s, 4) == 56.1018
+    assert make_workload("mixed", rate_per_min=60, count=50) != make_workload("mixed", rate_per_min=30, count=50)
+    with pytest.raises(ValueError) as error:
+        make_workload("mixed", rate_per_min=0)
+    assert str(error.value) == "the mixed workload needs count > 0 and rate > 0, got 200 and 0"
+
+
+def test_parse_mix():
+    assert parse_mix("0.7:1280:20,0.3:16384:30") == ((0.7, 1280, 20), (0.3, 16384, 30))
+    with pytest.raises(ValueError) as error:
+        parse_mix("0.7:1280")
+    assert str(error.value) == "--mix entry '0.7:1280' is not WEIGHT:ROWS:STEPS (e.g. 0.3:16384:30)"
+    with pytest.raises(ValueError) as error:
+        parse_mix("0:1280:20")
+    assert str(error.value) == "--mix entry '0:1280:20': weight, rows and steps must be > 0"
+
+
+def test_step_cost_fit():
+    assert fit_step_cost([(0, 1.0), (10, 21.0), (20, 41.0)]) == CostModel(c0=1.0, c1=2.0, encode_s=0.1, decode_s=0.52)
+    with pytest.raises(ValueError) as error:
+        fit_step_cost([(16384, 0.35), (16384, 0.36)])
+    assert (
+        str(error.value) == "a step cost fit needs steps of at least two row counts, got [(16384, 0.35), (16384, 0.36)]"
+    )
+    steps = measured_steps(ROOT_RESULTS / "h200.json")
+    assert [rows for rows, _ in steps] == [16384, 32768, 49152, 65536, 128, 256, 1024, 4096, 16384]
+    cost = fit_step_cost(steps)
+    assert (round(cost.c0, 5), round(cost.c1 * 1e5, 4)) == (0.02225, 2.0837)  # seconds, seconds per 100,000 rows
+
+
+def test_capacity_on_h200_step_costs():
+    """Mixed workload, 200 requests, bounds p95 time to first step 1 s and p95 latency 60 s."""
+    cost = fit_step_cost(measured_steps(ROOT_RESULTS / "h200.json"))
+    rows = capacity([8, 32], cost, max_ttfs_s=1.0, max_p95_s=60.0)
+    assert [(row["rate_per_min"], row["load"]) for row in rows] == [(8, 0.5351), (32, 2.1404)]
+    assert [(row["round_robin"]["replicas"], row["least_rows"]["replicas"]) for row in rows] == [(1, 1), (3, 3)]
+    assert rows[1]["least_rows"] == {"replicas": 3, "p95_time_to_first_step_s": 0.2916, "p95_latency_s": 17.9045}
+    # with a bound no replica count meets: None, and the last run's figures
+    replicas, summary = replicas_needed(make_workload("burst"), "round_robin", 0.0, 1.0, max_replicas=2)
+    assert (replicas, summary["p95_latency_s"]) == (None, 16.82)
+
+
+def test_cli_replicas_and_capacity(capsys):
+    main(["--workload", "burst", "--replicas", "2", "--routing", "least_rows"])
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "workload burst: 4 requests; simulated, step cost 0.01 s + 1.587e-05 s/row, encode 0.1 s, decode 0.52 s, "
+        "srpt row budget 16384, 2 replicas (least_rows)"
+    )
+    main(["--workload", "mixed", "--step-costs", str(ROOT_RESULTS / "h200.json"), "--capacity", "8,32"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2:] == [
+        "| req/min | load | round_robin: replicas | p95 TTFS s | p95 latency s | least_rows: replicas | p95 TTFS s "
+        "| p95 latency s |",
+        "|---|---|---|---|---|---|---|---|",
+        "| 8 | 0.54 | 1 | 0.32 | 20.83 | 1 | 0.32 | 20.83 |",
+        "| 32 | 2.14 | 3 | 0.33 | 23.41 | 3 | 0.29 | 17.90 |",
+    ]
+    with pytest.raises(SystemExit) as exit_:
+        main(["--workload", "burst", "--capacity", "8"])
+    assert exit_.value.code == 2
+    assert (
+        capsys.readouterr().err.splitlines()[-1]
+        == "python -m h3_core.simulate: error: --capacity takes the mixed workload"
+    )
