@@ -7,6 +7,11 @@
 Every call has two client-side limits (H3Client's docstring): an idle timeout (the longest gap
 between responses) and an optional total timeout (the whole call). When one expires the client
 cancels the request on the server by its id, closes the stream and raises H3Error("TIMEOUT", ...).
+
+Several servers: with url "dns:///NAME:PORT" (e.g. a Kubernetes headless Service) or
+"ipv4:ADDR:PORT,ADDR:PORT" each request goes to the next server in turn (gRPC's round_robin
+policy over every address, per request rather than per connection), and a cancel by id goes to
+every server (docs/scaling.md).
 Names shared with the server (models, tensors, parameters, error codes) come from h3_core.protocol,
 which needs no torch.
 """
@@ -15,6 +20,8 @@ import json
 import numbers
 import queue
 import re
+import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -59,6 +66,12 @@ CANCEL_WAIT_S = 10.0  # after a timeout: how long to wait for the cancelled requ
 # request that finished its steps in time is still decoded (about 7 s for the largest request the
 # shipped CPU repository allows), so this covers the transfer, one step and a decode or a few.
 DEADLINE_MARGIN_S = 30.0
+# Targets served by several servers (gRPC name syntax): a name resolved to every address, or a list.
+BALANCED_PREFIXES = ("dns:///", "ipv4:", "ipv6:")
+# Each call streams over a channel of the client's pool; a channel is reused for this many seconds
+# from its creation (then closed): on one channel round_robin sends successive requests to
+# successive servers, and a new channel resolves a dns:/// name again (servers added since).
+CHANNEL_MAX_AGE_S = 300.0
 
 
 class H3Error(Exception):
@@ -132,18 +145,56 @@ def _check_seconds(name: str, value, optional: bool = False) -> None:
 
 
 def check_url(url: str) -> str:
-    """Return `url` when it is host:port (Triton's gRPC endpoint, no scheme); raise ValueError
-    naming it otherwise."""
-    if "://" in url:
+    """Return `url` when it is host:port (Triton's gRPC endpoint, no scheme), or a target of several
+    servers: dns:///host:port (every address the name resolves to) or ipv4: / ipv6: followed by
+    a comma list of address:port; raise ValueError naming it otherwise."""
+    if url.startswith("dns:///"):
+        parts = [url[len("dns:///") :]]
+    elif url.startswith(("ipv4:", "ipv6:")):
+        parts = url[len("ipv4:") :].split(",")
+    elif "://" in url:
         raise ValueError(f"url must be host:port without a scheme, got {url!r}")
-    port = url.rpartition(":")[2]
-    if not (port.isdigit() and 1 <= int(port) <= 65535):
-        raise ValueError(f"url must be host:port with a port in 1..65535, got {url!r}")
+    else:
+        parts = [url]
+    for part in parts:
+        port = part.rpartition(":")[2]
+        if not (port.isdigit() and 1 <= int(port) <= 65535):
+            raise ValueError(f"url must be host:port with a port in 1..65535, got {url!r}")
     return url
 
 
+def server_addresses(url: str) -> list[str]:
+    """The servers behind a checked url, each as host:port: the url itself for host:port, each
+    address of an ipv4: / ipv6: list, every address a dns:///host:port name resolves to now
+    (getaddrinfo's order, no repeats; IPv6 as [addr]:port). Raises H3Error UNAVAILABLE when the
+    name does not resolve."""
+    if url.startswith("dns:///"):
+        host, _, port = url[len("dns:///") :].rpartition(":")
+        try:
+            found = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)
+        except socket.gaierror as error:
+            raise H3Error("UNAVAILABLE", f"cannot resolve {host!r} of {url}: {error}") from None
+        ips = dict.fromkeys(address[4][0] for address in found)
+        return [f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in ips]
+    if url.startswith(("ipv4:", "ipv6:")):
+        return url[len("ipv4:") :].split(",")
+    return [url]
+
+
+def channel_args(url: str) -> list[tuple[str, object]]:
+    """The gRPC channel arguments for url: tritonclient's message size limits, plus the
+    round_robin load-balancing policy for a target of several servers (BALANCED_PREFIXES)."""
+    limits = [
+        ("grpc.max_send_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.max_receive_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
+    ]
+    return limits + ([("grpc.lb_policy_name", "round_robin")] if url.startswith(BALANCED_PREFIXES) else [])
+
+
 class H3Client:
-    """Streaming client for h3_pipeline at `url` (host:port of Triton's gRPC endpoint, no scheme).
+    """Streaming client for h3_pipeline at `url`: host:port of Triton's gRPC endpoint (no scheme),
+    or several servers as dns:///host:port or ipv4:ADDR:PORT,... (check_url): each request then
+    goes to the next server (round_robin), and cancel() asks every server.
 
     Two client-side limits, in seconds, for every call (generate and cancel):
       idle_timeout_s: the longest wait for the next response, counted from sending the request
@@ -157,6 +208,9 @@ class H3Client:
     CANCEL_WAIT_S seconds for its final response, closes the stream and raises
     H3Error("TIMEOUT", ...) naming the limit.
 
+    Calls stream over gRPC channels the client keeps for CHANNEL_MAX_AGE_S (one per concurrent
+    call); close() closes them.
+
     Raises ValueError for a url with a scheme or a limit <= 0, TypeError for a limit that is not
     a number.
     """
@@ -168,6 +222,16 @@ class H3Client:
         _check_seconds("idle_timeout_s", idle_timeout_s)
         _check_seconds("total_timeout_s", total_timeout_s, optional=True)
         self.idle_timeout_s, self.total_timeout_s = idle_timeout_s, total_timeout_s
+        self._idle: dict[str, list[tuple[float, grpcclient.InferenceServerClient]]] = {}  # target -> (born, client)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """Close the channels kept for reuse (calls still running keep theirs until they end)."""
+        with self._lock:
+            idle, self._idle = self._idle, {}
+        for connections in idle.values():
+            for _, connection in connections:
+                connection.close()
 
     def generate(
         self,
@@ -280,8 +344,10 @@ class H3Client:
         return sorted(results, key=lambda r: r.info["output_index"])
 
     def cancel(self, request_id: str) -> str:
-        """Cancel the request with this id through a control request to h3_dit; returns the
-        server's answer, one of protocol.CANCEL_STATES:
+        """Cancel the request with this id through a control request to h3_dit of every server
+        behind the url (server_addresses; one for host:port); returns the answer, one of
+        protocol.CANCEL_STATES ("cancelled" if a server cancelled it, else "finished" if one had
+        finished it, else "unknown"; request ids are unique, so at most one server holds it):
 
           "cancelled": the request was running or waiting in the DiT; it leaves the pack at the
             next step boundary and its stream ends with H3Error CANCELLED.
@@ -292,30 +358,59 @@ class H3Client:
             that arrives in that time ends with CANCELLED.
 
         Raises TypeError for a non-str id, H3Error with the server's code word (INVALID_ARG for
-        an empty id; UNAVAILABLE when the server cannot be reached), TIMEOUT, or UNKNOWN for an
+        an empty id; UNAVAILABLE when the name does not resolve or a server cannot be reached,
+        unless another server answered "cancelled" or "finished"), TIMEOUT, or UNKNOWN for an
         answer without one of those states (a server older than this client).
         """
         _check_type("request_id", request_id, "str")
+        answers, errors = [], []
+        for address in server_addresses(self.url):
+            try:
+                answers.append(self._cancel_at(address, request_id))
+            except H3Error as error:
+                errors.append(error)
+        if errors and not {"cancelled", "finished"} & set(answers):
+            raise errors[0]
+        return next(state for state in protocol.CANCEL_STATES if state in answers)
+
+    def _cancel_at(self, address: str, request_id: str) -> str:
+        """cancel() of one server at address (host:port)."""
         control = _input(protocol.REQUEST, json.dumps({protocol.CANCEL_FIELD: request_id}).encode(), "BYTES")
         text = grpcclient.InferInput(protocol.TEXT_EMBEDS, [1, 0, 0], "FP32")
         text.set_data_from_numpy(np.zeros((1, 0, 0), dtype=np.float32))
         requested = [grpcclient.InferRequestedOutput(protocol.INFO)]
-        final = list(self._stream(protocol.DIT_MODEL, [text, control], requested, {}, "", None))
+        final = list(self._stream(protocol.DIT_MODEL, [text, control], requested, {}, "", None, address))
         answer = json.loads(final[0].as_numpy(protocol.INFO).reshape(-1)[0])
         if answer.get("state") not in protocol.CANCEL_STATES:
             raise H3Error("UNKNOWN", f"the cancel answer has no state in {protocol.CANCEL_STATES}: {answer}")
         return answer["state"]
 
-    def _stream(self, model, inputs, outputs, parameters, request_id, total):
+    def _connection(self, target: str) -> tuple[float, grpcclient.InferenceServerClient]:
+        """(monotonic creation time, client) for one call to target: an idle kept one younger than
+        CHANNEL_MAX_AGE_S (older ones are closed), else a new one with channel_args(target)."""
+        now = time.monotonic()
+        with self._lock:
+            idle = self._idle.get(target, [])
+            while idle:
+                born, connection = idle.pop()
+                if now - born < CHANNEL_MAX_AGE_S:
+                    return born, connection
+                connection.close()
+        return now, grpcclient.InferenceServerClient(target, channel_args=channel_args(target))
+
+    def _stream(self, model, inputs, outputs, parameters, request_id, total, target=None):
         """Yield the responses of one streaming request until the final one (an error ends the
         request too). total: None or (seconds from sending, the name of that limit for the
         message). On a timeout the request is cancelled by id when it has one (an h3_pipeline
         request) and its final response awaited for CANCEL_WAIT_S; a stream whose request never
         ended is closed with cancel_requests=True, which frees the client (Triton 2.51 then
-        counts the ensemble request as in flight until it exits)."""
+        counts the ensemble request as in flight until it exits). target: where to stream (default:
+        the url); its channel is kept for the next call when the stream ended with its final
+        response, else closed."""
         responses: queue.Queue = queue.Queue()
-        client = grpcclient.InferenceServerClient(self.url)
-        ended = False
+        target = target or self.url
+        born, client = self._connection(target)
+        ended = reusable = False
         try:
             try:
                 client.start_stream(callback=lambda result, error: responses.put((result, error)))
@@ -330,7 +425,7 @@ class H3Client:
                 )
             except InferenceServerException as error:  # e.g. nothing listens at the url
                 ended = True
-                raise H3Error("UNAVAILABLE", f"cannot stream to {self.url}: {error.message() or error}") from None
+                raise H3Error("UNAVAILABLE", f"cannot stream to {target}: {error.message() or error}") from None
             while not ended:
                 left = None if total is None else sent + total[0] - time.monotonic()
                 try:
@@ -341,19 +436,24 @@ class H3Client:
                     )
                 except queue.Empty:
                     if total is not None and time.monotonic() >= sent + total[0]:
-                        message = f"no final response from {self.url} within {total[0]:g} s of sending ({total[1]})"
+                        message = f"no final response from {target} within {total[0]:g} s of sending ({total[1]})"
                     else:
-                        message = f"no response from {self.url} for {self.idle_timeout_s:g} s (idle_timeout_s)"
+                        message = f"no response from {target} for {self.idle_timeout_s:g} s (idle_timeout_s)"
                     if model == protocol.PIPELINE_MODEL and request_id:
                         ended = self._cancel_after_timeout(request_id, responses)
                     raise H3Error("TIMEOUT", message) from None
                 ended = error is not None or result.get_response().parameters["triton_final_response"].bool_param
                 if error is not None:
                     raise H3Error.from_server(error)
+                reusable = ended
                 yield result
         finally:
             client.stop_stream(cancel_requests=not ended)
-            client.close()
+            if reusable:
+                with self._lock:
+                    self._idle.setdefault(target, []).append((born, client))
+            else:
+                client.close()
 
     def _cancel_after_timeout(self, request_id: str, responses: queue.Queue) -> bool:
         """Cancel a timed-out request by id; True once its stream has ended (error or final)."""

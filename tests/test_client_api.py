@@ -159,7 +159,7 @@ class FakeTriton:
         self.requests, self.stopped, self.cancelled = [], [], threading.Event()
 
     def install(self, monkeypatch) -> "FakeTriton":
-        monkeypatch.setattr(api.grpcclient, "InferenceServerClient", lambda url: FakeStream(self))
+        monkeypatch.setattr(api.grpcclient, "InferenceServerClient", lambda url, channel_args: FakeStream(self))
         return self
 
 
@@ -168,7 +168,7 @@ class FakeStream:
         self.triton, self.stop = triton, threading.Event()
 
     def start_stream(self, callback):
-        self.callback = callback
+        self.callback, self.stop = callback, threading.Event()  # a kept client streams again
 
     def async_stream_infer(self, model, inputs, outputs, request_id, parameters, enable_empty_final_response):
         assert enable_empty_final_response
