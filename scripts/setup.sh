@@ -4,8 +4,8 @@
 #   2. torch==2.13.0 first, then requirements.txt, then this project editable (h3_core, server,
 #      client importable everywhere, also inside the python backend stub); skipped while
 #      .venv/.requirements.sha256 matches requirements.txt + pyproject.toml
-#   3. Debian libb64-0d for perf_analyzer, chromium + chromium-driver for the page test (apt-get, only
-#      if missing; sudo only when not root)
+#   3. Debian libb64-0d for perf_analyzer, chromium + chromium-driver for the page test, prometheus
+#      (promtool) for the deploy/k8s tests (apt-get, only if missing; sudo only when not root)
 #   4. the python backend stub for the venv's Python copied into pytriton's backends/python/
 #   5. python -m h3_core.checkpoint_setup (seeded weights under checkpoints/), if that module exists
 # Downloads only from the configured PyPI index and Debian apt.
@@ -81,6 +81,7 @@ fi
 # ---- 3. Debian packages (apt-get, only those missing; sudo only when not root) ----------------
 #   libb64-0d: perf_analyzer from the tritonclient wheel links libb64.so.0d
 #   chromium + chromium-driver: the Videos API page's test drives them through Selenium
+#   prometheus: promtool and prometheus for the checks of deploy/k8s's rules and dashboard
 apt_ensure() {  # apt_ensure "what needs them" PACKAGE...
     local why="$1" package missing=() SUDO=()
     shift
@@ -107,6 +108,7 @@ apt_ensure() {  # apt_ensure "what needs them" PACKAGE...
 }
 apt_ensure "perf_analyzer will not run (the server and tests do not need it)" libb64-0d
 apt_ensure "tests/test_videos_page.py will fail (it needs a headless browser)" chromium chromium-driver
+apt_ensure "tests/test_prometheus.py will fail (it needs promtool and prometheus)" prometheus
 
 # ---- 4. python backend stub for this Python --------------------------------------------------
 T="$(tritonserver_dir)"
