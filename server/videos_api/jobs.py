@@ -17,7 +17,7 @@ the previous front end stopped. Its last Triton request is cancelled by id first
 fails (Triton unreachable) the job is failed with the cancel's error. Otherwise a job submitted
 fewer than `max_attempts` times is submitted again under a new request id with the same request
 and seed, so it gives the same output; one submitted `max_attempts` times is failed with
-INTERNAL: "the front end stopped while this job ran (N submissions; --max-attempts N)".
+INTERNAL: "the front end stopped while this job ran (submitted N times; --max-attempts M)".
 
 Retention: an ended job (completed, failed, cancelled) and its files are removed `retention_s`
 after it ended (`purge`, run every PURGE_INTERVAL_S by the app), as are folders of no job.
@@ -168,7 +168,7 @@ class Jobs:
         for job in self.store.active():
             now = int(time.time())
             try:
-                self.client.cancel(job["triton_request_id"])
+                answer = self.client.cancel(job["triton_request_id"])
             except H3Error as error:
                 message = (
                     f"{error.code}: the front end restarted and could not cancel this job's Triton request: {error}"
@@ -177,12 +177,12 @@ class Jobs:
                 continue
             if job["attempts"] >= self.max_attempts:
                 message = (
-                    f"INTERNAL: the front end stopped while this job ran ({job['attempts']} submissions; "
+                    f"INTERNAL: the front end stopped while this job ran (submitted {job['attempts']} times; "
                     f"--max-attempts {self.max_attempts})"
                 )
                 self.store.end(job["id"], "failed", now, self._expiry(now), error=("INTERNAL", message))
                 continue
-            log.info("resubmitting %s (its request %s was cancelled)", job["id"], job["triton_request_id"])
+            log.info("%s: Triton request %s cancelled (%s); resubmitting", job["id"], job["triton_request_id"], answer)
             shutil.rmtree(self.folder(job["id"]), ignore_errors=True)
             submission = _Submission(accepted=True)
             self._submit(job["id"], job["attempts"] + 1, job["request"], submission)

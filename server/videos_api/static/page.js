@@ -14,6 +14,7 @@ let objectUrls = [];
 $("api-key").value = localStorage.getItem("h3-api-key") || "";
 $("api-key").addEventListener("change", () => {
   localStorage.setItem("h3-api-key", $("api-key").value.trim());
+  showError("");
   refreshList();
 });
 

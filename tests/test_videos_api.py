@@ -1,0 +1,505 @@
+"""The Videos API front end (server.videos_api): its field and error mapping and retention without a
+server, then the official openai SDK as the client against a real tritonserver (create, poll,
+download, list, delete, cancel mid-run, bad input, overload) and a front end killed mid-job."""
+
+import io
+import json
+import sqlite3
+
+import httpx2
+import numpy as np
+import openai
+import pytest
+from fastapi.testclient import TestClient
+from openai.types import Video
+from PIL import Image
+
+from client.generate import wav_bytes
+from h3_core.registry import DitLoad
+from server.environment import pick_free_ports
+from server.videos_api.app import Settings, create_app
+from server.videos_api.fields import CREATE_FIELDS, error_from_server, parse_create
+from server.videos_api.jobs import Jobs, first_frame
+from server.videos_api.store import Store
+
+from .serving import idle_metrics
+from .videos_api_serving import API_KEY, FrontEnd, wait_for
+
+# the SDK marks its videos methods deprecated (OpenAI retired its own video service); only that
+pytestmark = pytest.mark.filterwarnings("ignore:The Sora API is scheduled to permanently shut down:DeprecationWarning")
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+# ---- without a server ------------------------------------------------------------------------
+
+
+def test_create_fields_map_onto_the_pipeline_request():
+    # as the SDK sends them (multipart: every value a string) and as JSON
+    sent = {"prompt": "a ball", "size": "96x64", "seconds": "0.5", "seed": "7", "n": "2", "model": "h3"}
+    assert parse_create(sent, "h3") == {
+        "prompt": "a ball",
+        "width": 96,
+        "height": 64,
+        "size": "96x64",
+        "seconds": "0.5",
+        "num_frames": 12,
+        "num_inference_steps": None,
+        "seed": 7,
+        "num_outputs": 2,
+        "preview_every": 1,
+    }
+    sent = {"prompt": "a ball", "num_frames": 9, "num_inference_steps": 3, "preview_every": 0}
+    assert parse_create(sent, "h3") == {
+        "prompt": "a ball",
+        "width": None,
+        "height": None,
+        "size": None,
+        "seconds": None,
+        "num_frames": 9,
+        "num_inference_steps": 3,
+        "seed": None,
+        "num_outputs": None,
+        "preview_every": 0,
+    }
+
+
+@pytest.mark.parametrize(
+    "sent, message, param",
+    [
+        ({}, "prompt is required and must be a string", "prompt"),
+        ({"prompt": 3}, "prompt is required and must be a string", "prompt"),
+        ({"prompt": "a", "size": "96"}, "size='96' must be WIDTHxHEIGHT in pixels, e.g. '96x64'", "size"),
+        ({"prompt": "a", "size": "-96x64"}, "size='-96x64' must be WIDTHxHEIGHT in pixels, e.g. '96x64'", "size"),
+        ({"prompt": "a", "seconds": "soon"}, "seconds='soon' must be a number of seconds > 0", "seconds"),
+        ({"prompt": "a", "seconds": "0"}, "seconds='0' must be a number of seconds > 0", "seconds"),
+        ({"prompt": "a", "seconds": "nan"}, "seconds='nan' must be a number of seconds > 0", "seconds"),
+        ({"prompt": "a", "seconds": True}, "seconds=True must be a number of seconds > 0", "seconds"),
+        ({"prompt": "a", "seconds": 1, "num_frames": 24}, "give seconds or num_frames, not both", "seconds"),
+        (
+            {"prompt": "a", "num_inference_steps": 2.5},
+            "num_inference_steps=2.5 must be an integer",
+            "num_inference_steps",
+        ),
+        ({"prompt": "a", "seed": "x"}, "seed='x' must be an integer", "seed"),
+        ({"prompt": "a", "n": True}, "n=True must be an integer", "n"),
+        ({"prompt": "a", "model": "sora-2"}, "model='sora-2' is not served here; allowed: 'h3'", "model"),
+        ({"prompt": "a", "fps": 30}, f"unknown field 'fps'; allowed: {sorted(CREATE_FIELDS)}", "fps"),
+        (
+            {"prompt": "a", "input_reference": "x"},
+            "input_reference is not supported: this server generates video from text only",
+            "input_reference",
+        ),
+    ],
+)
+def test_bad_create_fields_are_invalid_arg(sent, message, param):
+    with pytest.raises(Exception) as refused:
+        parse_create(sent, "h3")
+    assert (refused.value.status, refused.value.body()) == (
+        400,
+        {
+            "error": {
+                "message": f"INVALID_ARG: {message}",
+                "type": "invalid_request_error",
+                "param": param,
+                "code": "INVALID_ARG",
+            }
+        },
+    )
+
+
+def test_server_errors_map_to_http_codes():
+    full = DitLoad(held=12, max_num_seqs=4, max_waiting=8).message()
+    cases = {
+        ("INVALID_ARG", "num_outputs=5 is out of range: allowed 1..4"): (400, {}, "n"),
+        ("UNAVAILABLE", full): (429, {"Retry-After": "5"}, None),
+        ("UNAVAILABLE", "the server is shutting down"): (503, {"Retry-After": "10"}, None),
+        ("UNAVAILABLE", "Stub process 'h3_dit_0_0' is not healthy."): (503, {"Retry-After": "10"}, None),
+        ("CANCELLED", "request r cancelled by request at step 2 of 9"): (409, {}, None),
+        ("INTERNAL", "denoise step 3 failed: boom"): (500, {}, None),
+        ("TIMEOUT", "no response for 600 s (idle_timeout_s)"): (504, {}, None),
+        ("UNKNOWN", "something else"): (502, {}, None),
+    }
+    for (code, text), (status, headers, param) in cases.items():
+        error = error_from_server(code, text)
+        assert (error.status, error.headers, error.param, error.message) == (status, headers, param, f"{code}: {text}")
+    error = error_from_server("INVALID_ARG", "num_frames=192 is out of range: allowed 1..121", {"seconds": "8"})
+    assert (error.param, error.message) == (
+        "seconds",
+        "INVALID_ARG: num_frames=192 is out of range: allowed 1..121 (seconds='8' at 24 fps)",
+    )
+    assert error_from_server("UNAVAILABLE", full).body()["error"]["type"] == "rate_limit_error"
+
+
+def test_retention_removes_ended_jobs_their_files_and_stray_folders(tmp_path):
+    store = Store(tmp_path / "jobs.sqlite3")
+    jobs = Jobs(store, tmp_path, client=None, retention_s=60, max_attempts=3, accept_wait_s=1)
+    request = parse_create({"prompt": "a", "seed": 1}, "h3")
+    for job_id in ("old", "young", "running"):
+        store.add(job_id, 1000, request)
+        jobs.folder(job_id).mkdir()
+        (jobs.folder(job_id) / "0.mp4").write_bytes(b"mp4")
+    assert store.end("old", "completed", now=1000, expires_at=1060, outputs=[{"seed": 1}])
+    assert store.end("young", "failed", now=1050, expires_at=1110, error=("INTERNAL", "INTERNAL: x"))
+    assert not store.end("old", "cancelled", now=1001, expires_at=1061)  # ended already: nothing changes
+    jobs.folder("stray").mkdir()
+    assert jobs.purge(now=1059) == []
+    assert sorted(path.name for path in jobs.videos.iterdir()) == ["old", "running", "young"]
+    assert jobs.purge(now=1060) == ["old"]
+    assert store.get("old") is None and not jobs.folder("old").exists()
+    assert (store.get("young")["status"], store.get("running")["status"]) == ("failed", "queued")
+    assert jobs.purge(now=10**9) == ["young"]
+    assert [job["id"] for job in store.active()] == ["running"] and jobs.folder("running").is_dir()
+
+
+def test_an_unreachable_triton_is_503_with_retry_after(tmp_path):
+    (port,) = pick_free_ports(1, "127.0.0.1")
+    with TestClient(create_app(Settings(triton_url=f"127.0.0.1:{port}", data_dir=tmp_path))) as http:
+        response = http.post("/v1/videos", json={"prompt": "a ball"})
+        assert (response.status_code, response.headers["retry-after"]) == (503, "10")
+        error = response.json()["error"]
+        assert (error["code"], error["type"]) == ("UNAVAILABLE", "server_error")
+        assert error["message"].startswith("UNAVAILABLE: ")
+        assert http.get("/v1/videos").json()["data"] == []  # a refused job is not kept
+
+
+# ---- the SDK against a real tritonserver ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def front_end(server, tmp_path_factory):
+    with FrontEnd(server.grpc_url, tmp_path_factory.mktemp("videos_api")) as running:
+        yield running
+
+
+def sdk_for(front_end) -> openai.OpenAI:
+    """The official SDK pointed at the front end, without retries (each refusal is seen once)."""
+    return openai.OpenAI(base_url=f"{front_end.url}/v1", api_key=API_KEY, max_retries=0)
+
+
+@pytest.fixture
+def sdk(front_end):
+    return sdk_for(front_end)
+
+
+def png(data: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+def test_sdk_creates_polls_and_downloads_what_the_client_api_generates(sdk, client, front_end):
+    video = sdk.videos.create_and_poll(
+        prompt="a red ball rolls to the left",
+        size="96x64",
+        seconds="0.5",
+        extra_body={"seed": 11, "num_inference_steps": 3},
+    )
+    assert video.to_dict() == {
+        "id": video.id,
+        "object": "video",
+        "model": "h3",
+        "status": "completed",
+        "progress": 100,
+        "created_at": video.created_at,
+        "completed_at": video.completed_at,
+        "expires_at": video.completed_at + 24 * 3600,
+        "prompt": "a red ball rolls to the left",
+        "seconds": "0.5",
+        "size": "96x64",
+        "error": None,
+        "remixed_from_video_id": None,
+        "seed": 11,
+        "n": 1,
+        "num_frames": 12,
+        "num_inference_steps": 3,
+        "step": 3,
+        "total_steps": 3,
+        "queue_position": 0,
+        "preview_step": 3,
+    }
+    (reference,) = client.generate(
+        "a red ball rolls to the left",
+        height=64,
+        width=96,
+        num_frames=12,
+        num_inference_steps=3,
+        seed=11,
+        preview_every=1,
+        return_audio=True,
+    )
+    assert sdk.videos.download_content(video.id).content == reference.video_mp4
+    assert sdk.videos.download_content(video.id, variant="audio").content == wav_bytes(reference.audio)
+    thumbnail = png(sdk.videos.download_content(video.id, variant="thumbnail").content)
+    assert thumbnail.shape == (64, 96, 3) and np.array_equal(thumbnail, first_frame(reference.video_mp4))
+    preview = png(sdk.videos.download_content(video.id, variant="preview").content)
+    assert np.array_equal(preview, reference.previews[-1][1])  # the last step's, at latent resolution
+    # the synchronous route answers the same MP4 and keeps the job like any other
+    sync = httpx2.post(
+        f"{front_end.url}/v1/videos/sync",
+        json={
+            "prompt": "a red ball rolls to the left",
+            "size": "96x64",
+            "seconds": 0.5,
+            "seed": 11,
+            "num_inference_steps": 3,
+        },
+        headers=AUTH,
+        timeout=120,
+    )
+    assert (sync.status_code, sync.headers["content-type"], sync.content) == (200, "video/mp4", reference.video_mp4)
+    assert sdk.videos.retrieve(sync.headers["x-video-id"]).status == "completed"
+
+
+def test_json_create_of_several_outputs_downloads_each(sdk, client, front_end):
+    created = httpx2.post(
+        f"{front_end.url}/v1/videos",
+        json={"prompt": "a blue square", "num_frames": 9, "num_inference_steps": 2, "seed": 4, "n": 2},
+        headers=AUTH,
+    )
+    assert created.status_code == 200 and created.json()["status"] in ("queued", "in_progress")
+    video = sdk.videos.poll(created.json()["id"])
+    assert (video.status, video.n, video.seed, video.size, video.seconds) == ("completed", 2, 4, "96x64", "0.375")
+    references = client.generate("a blue square", num_frames=9, num_inference_steps=2, seed=4, num_outputs=2)
+    for index, reference in enumerate(references):
+        content = sdk.videos.download_content(video.id, extra_query={"index": index}).content
+        assert content == reference.video_mp4
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.videos.download_content(video.id, extra_query={"index": 2})
+    assert refused.value.body["message"] == "INVALID_ARG: index='2' is out of range: allowed 0..1"
+
+
+def test_list_pages_through_the_videos(sdk):
+    ids = [
+        sdk.videos.create(prompt=f"list {k}", extra_body={"num_frames": 1, "num_inference_steps": 1}).id
+        for k in range(3)
+    ]
+    assert [sdk.videos.poll(video_id).status for video_id in ids] == ["completed"] * 3
+    newest = sdk.videos.list(limit=2)
+    assert ([v.id for v in newest.data], newest.has_more, newest.last_id) == ([ids[2], ids[1]], True, ids[1])
+    assert sdk.videos.list(limit=2, after=ids[1]).data[0].id == ids[0]
+    oldest_first = [v.id for v in sdk.videos.list(order="asc", limit=1)]  # the SDK pages on by after=last_id
+    assert oldest_first[-3:] == ids and len(oldest_first) == len(set(oldest_first))
+
+
+def test_delete_removes_a_video_and_its_files(sdk, front_end):
+    video = sdk.videos.create_and_poll(prompt="delete me", extra_body={"num_frames": 1, "num_inference_steps": 1})
+    folder = front_end.data_dir / "videos" / video.id
+    assert sorted(path.name for path in folder.iterdir()) == ["0.mp4", "0.png", "0.wav", "preview.png"]
+    assert sdk.videos.delete(video.id).to_dict() == {"id": video.id, "object": "video.deleted", "deleted": True}
+    assert not folder.exists()
+    for call in (sdk.videos.retrieve, sdk.videos.delete, sdk.videos.download_content):
+        with pytest.raises(openai.NotFoundError) as missing:
+            call(video.id)
+        assert missing.value.body == {
+            "message": f"NOT_FOUND: no video with id {video.id!r}",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "NOT_FOUND",
+        }
+
+
+LONG = {"prompt": "a long one", "extra_body": {"num_frames": 22, "num_inference_steps": 400, "seed": 1}}
+
+
+def started(sdk, video_id: str) -> Video:
+    """The video once two of its steps are done."""
+    return wait_for(lambda: (v := sdk.videos.retrieve(video_id)).step >= 2 and v, 60, f"{video_id} at step 2")
+
+
+def test_cancel_and_delete_mid_run_cancel_the_triton_request(sdk, server, front_end):
+    video = sdk.videos.create(**LONG)
+    running = started(sdk, video.id)
+    assert running.status == "in_progress" and 0 < running.progress < 100 and running.preview_step >= 1
+    with pytest.raises(openai.ConflictError) as early:
+        sdk.videos.download_content(video.id)
+    assert (
+        early.value.body["message"] == f"CONFLICT: video {video.id} is in_progress: content comes once it is completed"
+    )
+    cancelled = sdk.post(f"/videos/{video.id}/cancel", cast_to=Video)
+    assert (cancelled.status, cancelled.error) == ("cancelled", None)  # our extension of the SDK's statuses
+    assert sdk.videos.poll(video.id).status == "cancelled"  # poll() ends on it too
+    ended = f"request {video.id}-1 ended CANCELLED: request {video.id}-1 cancelled by request at step "
+    wait_for(lambda: ended in server.log_text(), 30, "the DiT's cancellation")
+    with pytest.raises(openai.ConflictError) as again:
+        sdk.post(f"/videos/{video.id}/cancel", cast_to=Video)
+    assert (
+        again.value.body["message"]
+        == f"CONFLICT: video {video.id} is cancelled; only queued or in_progress ones cancel"
+    )
+
+    other = sdk.videos.create(**LONG)
+    started(sdk, other.id)
+    assert sdk.videos.delete(other.id).deleted
+    ended = f"request {other.id}-1 ended CANCELLED: request {other.id}-1 cancelled by request at step "
+    wait_for(lambda: ended in server.log_text(), 30, "the DiT's cancellation")
+    wait_for(lambda: not (front_end.data_dir / "videos" / other.id).exists(), 30, "its files removed")
+    with pytest.raises(openai.NotFoundError):
+        sdk.videos.retrieve(other.id)
+
+
+def test_bad_input_is_refused_and_creates_nothing(sdk, front_end):
+    before = [v.id for v in sdk.videos.list(limit=100)]
+    url = f"{front_end.url}/v1/videos"
+    cases = [  # (JSON body, status, message, param): ranges are the server's own INVALID_ARG text
+        (
+            {"prompt": "a", "seconds": "8"},
+            "num_frames=192 is out of range: allowed 1..121 (seconds='8' at 24 fps)",
+            "seconds",
+        ),
+        ({"prompt": "a", "size": "100x64"}, "width=100 is out of range: allowed multiples of 32 in 32..256", "size"),
+        ({"prompt": "a", "n": 5}, "num_outputs=5 is out of range: allowed 1..4", "n"),
+        ({"prompt": "a", "seed": -1}, "seed=-1 is out of range: allowed 0..9223372036854775807", "seed"),
+        ({"prompt": " "}, "prompt must contain visible characters, got ' '", "prompt"),
+        (
+            {"prompt": "a", "num_inference_steps": 0},
+            "num_inference_steps=0 is out of range: allowed 1..400",
+            "num_inference_steps",
+        ),
+        ({"prompt": "a", "size": "96"}, "size='96' must be WIDTHxHEIGHT in pixels, e.g. '96x64'", "size"),
+    ]
+    for body, message, param in cases:
+        response = httpx2.post(url, json=body, headers=AUTH)
+        assert (response.status_code, response.json()) == (
+            400,
+            {
+                "error": {
+                    "message": f"INVALID_ARG: {message}",
+                    "type": "invalid_request_error",
+                    "param": param,
+                    "code": "INVALID_ARG",
+                }
+            },
+        ), body
+    # the SDK's multipart, with a file: refused by name
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.videos.create(prompt="a", input_reference=("ref.png", b"\x89PNG", "image/png"))
+    assert (
+        refused.value.body["message"]
+        == "INVALID_ARG: input_reference is not supported: this server generates video from text only"
+    )
+    large = json.dumps({"prompt": "a" * 70000}).encode()
+    bad_json = "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"
+    raw = [  # (method, path, body, Content-Type, status, message)
+        ("POST", "/v1/videos", b"[1]", "application/json", 400, "INVALID_ARG: the JSON body must be an object"),
+        ("POST", "/v1/videos", b"{", "application/json", 400, f"INVALID_ARG: the body is not valid JSON: {bad_json}"),
+        (
+            "POST",
+            "/v1/videos",
+            b"a",
+            "text/plain",
+            400,
+            "INVALID_ARG: Content-Type 'text/plain' is not served: send application/json or multipart/form-data",
+        ),
+        (
+            "POST",
+            "/v1/videos",
+            large,
+            "application/json",
+            413,
+            f"TOO_LARGE: the body is {len(large)} bytes: allowed 65536",
+        ),
+        (
+            "POST",
+            "/v1/videos/sync",
+            b'{"prompt": "a", "n": 2}',
+            "application/json",
+            400,
+            "INVALID_ARG: n=2: /v1/videos/sync answers one MP4; use /v1/videos",
+        ),
+        ("GET", "/v1/videos/video_nope", None, None, 404, "NOT_FOUND: no video with id 'video_nope'"),
+        ("GET", "/v1/videos?limit=0", None, None, 400, "INVALID_ARG: limit='0' is out of range: allowed 1..100"),
+        ("GET", "/v1/videos?order=up", None, None, 400, "INVALID_ARG: order='up' must be 'asc' or 'desc'"),
+        (
+            "GET",
+            "/v1/videos?after=video_nope",
+            None,
+            None,
+            400,
+            "INVALID_ARG: after='video_nope' is not the id of a video",
+        ),
+        (
+            "GET",
+            f"/v1/videos/{before[0]}/content?variant=spritesheet",
+            None,
+            None,
+            400,
+            "INVALID_ARG: variant='spritesheet' is not served; allowed: ['audio', 'preview', 'thumbnail', 'video']",
+        ),
+    ]
+    for method, path, body, kind, status, message in raw:
+        headers = {**AUTH, **({"Content-Type": kind} if kind else {})}
+        response = httpx2.request(method, f"{front_end.url}{path}", content=body, headers=headers)
+        assert (response.status_code, response.json()["error"]["message"]) == (status, message), path
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
+        response = httpx2.get(url, headers=headers)
+        assert (response.status_code, response.headers["www-authenticate"], response.json()["error"]) == (
+            401,
+            "Bearer",
+            {
+                "message": "UNAUTHORIZED: a valid API key is required: send Authorization: Bearer <key>",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "UNAUTHORIZED",
+            },
+        )
+    assert [v.id for v in sdk.videos.list(limit=100)] == before
+
+
+def test_a_full_dit_is_429_with_retry_after(sdk, server):
+    """The shipped capacity: max_num_seqs + max_waiting = 4 + 8 requests held by the DiT."""
+    held = [sdk.videos.create(**LONG).id for _ in range(12)]
+    with pytest.raises(openai.RateLimitError) as refused:
+        sdk.videos.create(**LONG)
+    assert refused.value.response.headers["retry-after"] == "5"
+    assert refused.value.body == {
+        "message": "UNAVAILABLE: the DiT holds 12 requests, its capacity max_num_seqs + max_waiting = 4 + 8; "
+        "retry later",
+        "type": "rate_limit_error",
+        "param": None,
+        "code": "UNAVAILABLE",
+    }
+    for video_id in held:
+        sdk.videos.delete(video_id)
+    metrics = idle_metrics(server, timeout_s=30)
+    assert (metrics["h3_active_requests"], metrics["h3_waiting_requests"]) == (0, 0)
+
+
+# ---- the restart rule -------------------------------------------------------------------------
+
+
+def triton_state(data_dir, video_id: str) -> tuple:
+    """(status, attempts, triton_request_id) of a job, read from the front end's SQLite file."""
+    with sqlite3.connect(data_dir / "jobs.sqlite3") as db:
+        return db.execute("SELECT status, attempts, triton_request_id FROM jobs WHERE id = ?", (video_id,)).fetchone()
+
+
+def test_a_killed_front_end_resubmits_its_job_or_fails_it_by_the_restart_rule(server, client, tmp_path):
+    data = tmp_path / "data"
+    request = {"prompt": "restart me", "extra_body": {"num_frames": 9, "num_inference_steps": 150, "seed": 21}}
+    first = FrontEnd(server.grpc_url, data, "--max-attempts", "2").start()
+    try:
+        video = sdk_for(first).videos.create(**request)
+        started(sdk_for(first), video.id)
+    finally:
+        first.kill()
+    assert triton_state(data, video.id) == ("in_progress", 1, f"{video.id}-1")
+    with FrontEnd(server.grpc_url, data, "--max-attempts", "2") as second:
+        sdk = sdk_for(second)
+        assert sdk.videos.poll(video.id).status == "completed"
+        assert triton_state(data, video.id) == ("completed", 2, f"{video.id}-2")
+        assert f"{video.id}: Triton request {video.id}-1 cancelled (" in second.log()
+        (reference,) = client.generate("restart me", num_frames=9, num_inference_steps=150, seed=21)
+        assert sdk.videos.download_content(video.id).content == reference.video_mp4  # same seed, same output
+        other = sdk.videos.create(**request)
+        started(sdk, other.id)
+        second.kill()
+    with FrontEnd(server.grpc_url, data, "--max-attempts", "1") as third:
+        sdk = sdk_for(third)
+        failed = sdk.videos.retrieve(other.id)
+        assert (failed.status, failed.error.to_dict()) == (
+            "failed",
+            {
+                "code": "INTERNAL",
+                "message": "INTERNAL: the front end stopped while this job ran (submitted 1 times; --max-attempts 1)",
+            },
+        )
+        assert triton_state(data, other.id) == ("failed", 1, f"{other.id}-1")
+        assert sdk.videos.download_content(video.id).content == reference.video_mp4  # nothing lost

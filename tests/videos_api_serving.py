@@ -1,0 +1,93 @@
+"""Helpers for the Videos API tests: the front end (python -m server.videos_api) in its own process,
+so that a test can kill it, and waiting for a condition."""
+
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from server.environment import pick_free_ports
+
+from .serving import ROOT
+
+API_KEY = "test-key-0123456789"
+
+
+def wait_for(condition, timeout_s: float, what: str):
+    """condition()'s first truthy value, asked every 50 ms; AssertionError naming `what` after
+    timeout_s seconds (a bound on a hang, not a measurement)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout_s} s")
+        time.sleep(0.05)
+
+
+class FrontEnd:
+    """`python -m server.videos_api` against Triton at `triton_url` on a free port, its data in
+    `data_dir`, with API_KEY as its only key and any `extra` flags; its output goes to
+    `data_dir`/front_end.log. A context manager: started on entry, stopped (SIGTERM) on exit."""
+
+    def __init__(self, triton_url: str, data_dir: Path, *extra: str):
+        self.triton_url, self.data_dir, self.extra = triton_url, Path(data_dir), extra
+        self.process: subprocess.Popen | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "FrontEnd":
+        """Start the process and wait until the page answers 200; RuntimeError with its log when
+        it exits first."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        keys = self.data_dir / "keys.txt"
+        keys.write_text(f"{API_KEY}\n")
+        (self.port,) = pick_free_ports(1, "127.0.0.1")
+        command = [sys.executable, "-m", "server.videos_api", "--triton-url", self.triton_url]
+        command += ["--port", str(self.port), "--data-dir", str(self.data_dir), "--api-key-file", str(keys)]
+        with open(self.data_dir / "front_end.log", "a") as log:
+            self.process = subprocess.Popen([*command, *self.extra], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        wait_for(self._ready, 60, f"the front end at {self.url}")
+        return self
+
+    def _ready(self) -> bool:
+        if self.process.poll() is not None:
+            raise RuntimeError(f"the front end exited with {self.process.returncode}:\n{self.log()}")
+        try:
+            with urllib.request.urlopen(f"{self.url}/", timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def log(self) -> str:
+        """What the front end printed."""
+        return (self.data_dir / "front_end.log").read_text()
+
+    def kill(self) -> None:
+        """SIGKILL the front end: no shutdown code runs."""
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+
+    def stop(self) -> int:
+        """SIGTERM the front end, wait for it; its exit code."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def __enter__(self) -> "FrontEnd":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
