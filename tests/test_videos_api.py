@@ -301,7 +301,7 @@ LONG = {"prompt": "a long one", "extra_body": {"num_frames": 22, "num_inference_
 
 def started(sdk, video_id: str) -> Video:
     """The video once two of its steps are done."""
-    return wait_for(lambda: (v := sdk.videos.retrieve(video_id)).step >= 2 and v, 60, f"{video_id} at step 2")
+    return wait_for(lambda: (v := sdk.videos.retrieve(video_id)).step >= 2 and v, 300, f"{video_id} at step 2")
 
 
 def test_cancel_and_delete_mid_run_cancel_the_triton_request(sdk, server, front_end):
@@ -498,7 +498,7 @@ def test_a_killed_front_end_resubmits_its_job_or_fails_it_by_the_restart_rule(se
             "failed",
             {
                 "code": "INTERNAL",
-                "message": "INTERNAL: the front end stopped while this job ran (submitted 1 times; --max-attempts 1)",
+                "message": "INTERNAL: the front end stopped while this job ran (submissions: 1; --max-attempts 1)",
             },
         )
         assert triton_state(data, other.id) == ("failed", 1, f"{other.id}-1")

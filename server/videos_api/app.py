@@ -16,6 +16,7 @@ for a chunked body). CORS is off unless origins are given. Errors are OpenAI-sha
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import hmac
@@ -41,6 +42,7 @@ from .jobs import PURGE_INTERVAL_S, Jobs
 from .store import ACTIVE, Store
 
 STATIC = Path(__file__).resolve().parent / "static"
+SYNC_POLL_S = 0.1  # how often /v1/videos/sync looks whether its job ended
 POLL_AFTER_MS = 500  # openai-poll-after-ms on an active job: the SDK's poll() waits this long
 MAX_LIST_LIMIT = 100
 CONTENT = {  # variant -> (file name of output k, media type)
@@ -67,7 +69,7 @@ class Settings:
     max_body_bytes: int = 64 * 1024
     retention_s: float = 24 * 3600.0
     max_attempts: int = 3
-    accept_wait_s: float = 5.0
+    accept_wait_s: float = 30.0
     model_name: str = "h3"
 
 
@@ -249,7 +251,8 @@ def create_app(settings: Settings) -> FastAPI:
             raise fields.invalid(f"n={parsed['num_outputs']}: /v1/videos/sync answers one MP4; use /v1/videos", "n")
         jobs = jobs_of(request)
         job = await run_in_threadpool(jobs.create, parsed)
-        ended = await run_in_threadpool(jobs.wait, job["id"])
+        while (ended := jobs.store.get(job["id"])) is not None and ended["status"] in ACTIVE:
+            await asyncio.sleep(SYNC_POLL_S)  # no thread waits: syncs are bounded by the DiT's capacity only
         if ended is None:
             raise ApiError(404, "NOT_FOUND", f"video {job['id']} was deleted while it ran")
         if ended["status"] == "cancelled":

@@ -17,7 +17,7 @@ the previous front end stopped. Its last Triton request is cancelled by id first
 fails (Triton unreachable) the job is failed with the cancel's error. Otherwise a job submitted
 fewer than `max_attempts` times is submitted again under a new request id with the same request
 and seed, so it gives the same output; one submitted `max_attempts` times is failed with
-INTERNAL: "the front end stopped while this job ran (submitted N times; --max-attempts M)".
+INTERNAL: "the front end stopped while this job ran (submissions: N; --max-attempts M)".
 
 Retention: an ended job (completed, failed, cancelled) and its files are removed `retention_s`
 after it ended (`purge`, run every PURGE_INTERVAL_S by the app), as are folders of no job.
@@ -99,8 +99,6 @@ class Jobs:
         self.videos = Path(data_dir) / "videos"
         self.videos.mkdir(parents=True, exist_ok=True)
         self.retention_s, self.max_attempts, self.accept_wait_s = retention_s, max_attempts, accept_wait_s
-        self._ended: dict[str, threading.Event] = {}  # job id -> set when its thread ends
-        self._lock = threading.Lock()
 
     def folder(self, job_id: str) -> Path:
         """The folder of a job's files."""
@@ -130,14 +128,6 @@ class Jobs:
         if submission.refusal is not None:
             self.store.delete(job_id)
             raise error_from_server(submission.refusal.code, submission.refusal.message, request)
-        return self.store.get(job_id)
-
-    def wait(self, job_id: str) -> dict | None:
-        """Block until the job's thread ended; the job then (None when it was deleted)."""
-        with self._lock:
-            ended = self._ended.get(job_id)
-        if ended is not None:
-            ended.wait()
         return self.store.get(job_id)
 
     def cancel(self, job_id: str) -> dict:
@@ -177,7 +167,7 @@ class Jobs:
                 continue
             if job["attempts"] >= self.max_attempts:
                 message = (
-                    f"INTERNAL: the front end stopped while this job ran (submitted {job['attempts']} times; "
+                    f"INTERNAL: the front end stopped while this job ran (submissions: {job['attempts']}; "
                     f"--max-attempts {self.max_attempts})"
                 )
                 self.store.end(job["id"], "failed", now, self._expiry(now), error=("INTERNAL", message))
@@ -214,15 +204,10 @@ class Jobs:
     def _submit(self, job_id: str, attempt: int, request: dict, submission: _Submission) -> None:
         request_id = f"{job_id}-{attempt}"
         self.store.submitted(job_id, request_id)
-        ended = threading.Event()
-        with self._lock:
-            self._ended[job_id] = ended
-        thread = threading.Thread(
-            target=self._run, args=(job_id, request_id, request, submission, ended), name=job_id, daemon=True
-        )
+        thread = threading.Thread(target=self._run, args=(job_id, request_id, request, submission), daemon=True)
         thread.start()
 
-    def _run(self, job_id: str, request_id: str, request: dict, submission: _Submission, ended) -> None:
+    def _run(self, job_id: str, request_id: str, request: dict, submission: _Submission) -> None:
         folder = self.folder(job_id)
 
         def on_progress(step: int, total: int, position: int) -> None:
@@ -272,10 +257,6 @@ class Jobs:
             self._fail(job_id, "INTERNAL", f"INTERNAL: {type(error).__name__}: {error}")
         finally:
             submission.answered.set()
-            with self._lock:
-                if self._ended.get(job_id) is ended:
-                    del self._ended[job_id]
-            ended.set()
 
     def _fail(self, job_id: str, code: str, message: str) -> None:
         now = int(time.time())
