@@ -94,7 +94,7 @@ REQUEST_ID = flag_type(str, "a non-empty string", bool)
 
 
 def url_type(text: str) -> str:
-    """argparse type of --url: host:port (api.check_url)."""
+    """argparse type of --url: host:port, dns:///host:port or ipv4: / ipv6: lists (api.check_url)."""
     try:
         return check_url(text)
     except ValueError as error:
@@ -138,7 +138,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--url",
         type=url_type,
         default=os.environ.get("H3_GRPC_URL", "127.0.0.1:8001"),
-        help="host:port of Triton's gRPC endpoint",
+        help="host:port of Triton's gRPC endpoint, or several servers: dns:///host:port, ipv4:ADDR:PORT,...",
     )
     add(
         "--idle-timeout",
