@@ -16,7 +16,7 @@ from .serving import ROOT
 from .videos_api_serving import API_KEY, FrontEnd, wait_for
 
 SCREENSHOT = ROOT / "out" / "test_videos_page" / "page.png"
-STEPS = 120  # enough steps for the page's polls (every 250 ms) to see the job between 0 and 100 %
+STEPS = 200  # enough steps for the page's polls (every 250 ms) to see the job between 0 and 100 %
 
 
 def chromium() -> webdriver.Chrome:
