@@ -162,6 +162,58 @@ def test_an_unreachable_triton_is_503_with_retry_after(tmp_path):
         assert http.get("/v1/videos").json()["data"] == []  # a refused job is not kept
 
 
+def test_cors_is_off_unless_origins_are_given_and_chunked_bodies_are_refused(tmp_path):
+    preflight = {"Origin": "http://page.example", "Access-Control-Request-Method": "POST"}
+    for origins in ((), ("http://page.example",)):
+        settings = Settings(triton_url="127.0.0.1:1", data_dir=tmp_path / str(len(origins)), cors_origins=origins)
+        with TestClient(create_app(settings)) as http:
+            response = http.options("/v1/videos", headers=preflight)
+            if origins:
+                assert (response.status_code, response.headers["access-control-allow-origin"]) == (200, origins[0])
+            else:
+                assert "access-control-allow-origin" not in response.headers
+                assert (response.status_code, response.json()["error"]["message"]) == (
+                    405,
+                    "METHOD_NOT_ALLOWED: Method Not Allowed",
+                )
+            chunked = http.post(
+                "/v1/videos", content=iter([b'{"prompt": "a"}']), headers={"Content-Type": "application/json"}
+            )
+            assert (chunked.status_code, chunked.json()["error"]["message"]) == (
+                411,
+                "LENGTH_REQUIRED: send the body with a Content-Length",
+            )
+
+
+def test_the_command_line_binds_127_0_0_1_and_checks_its_flags(tmp_path, capsys):
+    from server.videos_api.__main__ import _parser, main
+
+    args = _parser().parse_args([])
+    assert (args.host, args.port, args.retention_hours, args.max_attempts, args.api_key_file, args.cors_origin) == (
+        "127.0.0.1",
+        8080,
+        24.0,
+        3,
+        None,
+        [],
+    )
+    (tmp_path / "empty.txt").write_text("\n")
+    for argv, message in (
+        (["--triton-url", "http://x:1"], "--triton-url: url must be host:port without a scheme, got 'http://x:1'"),
+        (["--port", "70000"], "--port must be in 1..65535, got 70000"),
+        (["--retention-hours", "0"], "argument --retention-hours: must be > 0, got 0"),
+        (
+            ["--api-key-file", str(tmp_path / "none.txt")],
+            f"--api-key-file: [Errno 2] No such file or directory: '{tmp_path / 'none.txt'}'",
+        ),
+        (["--api-key-file", str(tmp_path / "empty.txt")], f"--api-key-file {tmp_path / 'empty.txt'} holds no key"),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2
+        assert capsys.readouterr().err.splitlines()[-1] == f"python -m server.videos_api: error: {message}"
+
+
 # ---- the SDK against a real tritonserver ------------------------------------------------------
 
 

@@ -24,6 +24,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -218,7 +219,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, error: StarletteHTTPException):
-        code = "NOT_FOUND" if error.status_code == 404 else "INVALID_ARG"
+        code = HTTPStatus(error.status_code).name  # NOT_FOUND for an unknown route, METHOD_NOT_ALLOWED, ...
         return _error_response(ApiError(error.status_code, code, str(error.detail)))
 
     def authorize(request: Request) -> None:

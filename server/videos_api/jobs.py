@@ -160,9 +160,8 @@ class Jobs:
             try:
                 answer = self.client.cancel(job["triton_request_id"])
             except H3Error as error:
-                message = (
-                    f"{error.code}: the front end restarted and could not cancel this job's Triton request: {error}"
-                )
+                message = f"{error.code}: the front end restarted and could not cancel this job's Triton request: "
+                message += error.message
                 self.store.end(job["id"], "failed", now, self._expiry(now), error=(error.code, message))
                 continue
             if job["attempts"] >= self.max_attempts:
