@@ -34,11 +34,11 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .config import AUDIO_LATENT_CHANNELS, PATCH, VIDEO_LATENT_CHANNELS, DiTConfig
+from .config import AUDIO_LATENT_CHANNELS, CONFIGS, PATCH, VIDEO_LATENT_CHANNELS, DiTConfig
 from .model import H3DiT
 
 DIT_FILE, VIDEO_VAE_FILE, AUDIO_VAE_FILE = "dit.safetensors", "video_vae.safetensors", "audio_vae.safetensors"
@@ -323,11 +323,24 @@ def check_transformer_config(folder: str | Path, cfg: DiTConfig) -> None:
     and the config's value."""
     path = Path(folder) / OFFICIAL_CONFIG
     found = read_json_object(path)
+    fitting = [n for n, c in CONFIGS.items() if all(found.get(k) == v for k, v in diffusers_config(c).items())]
+    hint = f" (it is the {fitting[0]} config's: --config {fitting[0]})" if fitting else ""
     for key, value in diffusers_config(cfg).items():
         if key not in found:
-            raise ValueError(f"{path} has no key {key!r}; the {cfg.name} config has {key}={value!r}")
+            raise ValueError(f"{path} has no key {key!r}; the {cfg.name} config has {key}={value!r}{hint}")
         if found[key] != value:
-            raise ValueError(f"{path} has {key}={found[key]!r} but the {cfg.name} config has {key}={value!r}")
+            raise ValueError(f"{path} has {key}={found[key]!r} but the {cfg.name} config has {key}={value!r}{hint}")
+
+
+def safetensors_names(path: Path) -> list[str]:
+    """The tensor names in the header of the safetensors file `path` (no tensor is read).
+    Raises ValueError naming the file when its header cannot be read (a truncated or corrupt
+    file, e.g. an incomplete download)."""
+    try:
+        with safe_open(str(path), framework="pt") as file:
+            return list(file.keys())
+    except SafetensorError as error:
+        raise ValueError(f"{path} is not a readable safetensors file ({error}); is it incomplete?") from None
 
 
 def official_tensor_files(folder: str | Path) -> dict[str, Path]:
@@ -341,8 +354,7 @@ def official_tensor_files(folder: str | Path) -> dict[str, Path]:
     folder = Path(folder)
     single = folder / OFFICIAL_WEIGHTS
     if single.is_file():
-        with safe_open(str(single), framework="pt") as file:
-            return dict.fromkeys(file.keys(), single)
+        return dict.fromkeys(safetensors_names(single), single)
     index = folder / OFFICIAL_INDEX
     if not index.is_file():
         raise FileNotFoundError(f"{folder} holds neither {OFFICIAL_WEIGHTS} nor {OFFICIAL_INDEX}")
@@ -357,8 +369,7 @@ def official_tensor_files(folder: str | Path) -> dict[str, Path]:
     for shard in sorted(set(files.values())):
         if not shard.is_file():
             raise FileNotFoundError(f"{shard} not found (a shard named by {index.name})")
-        with safe_open(str(shard), framework="pt") as file:
-            held = set(file.keys())
+        held = set(safetensors_names(shard))
         lacking = sorted(name for name, path in files.items() if path == shard and name not in held)
         if lacking:
             raise ValueError(f"{shard} lacks tensor {lacking[0]!r}, which {index.name} places there")

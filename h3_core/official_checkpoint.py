@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen3VLConfig, Qwen3VLForConditionalGeneration
+from transformers.utils.logging import disable_progress_bar
 
 from .checkpoint import TRANSFORMER_FOLDER, VAE_SEED_OFFSET, init_weights, save_official_transformer
 from .config import get_config
@@ -32,6 +33,7 @@ from .vae_hook import write_official_vaes
 
 TEXT_ENCODER, TOKENIZER = "text_encoder", "tokenizer"
 SHARD_BYTES = 10 * 2**30  # diffusers' default largest shard (10 GB)
+MAX_SYNTHETIC_PARAMETERS = 10**9  # bench (6.0 B) and h3 (33.1 B) would need tens of GB of CPU memory
 QWEN3VL_LAYERS = 52  # decoder layers of the synthetic Qwen3-VL: two more than H3 reads
 QWEN_SPECIAL_TOKENS = (
     "<|endoftext|>",
@@ -113,6 +115,7 @@ def write_random_qwen3vl(
     )
     model = Qwen3VLForConditionalGeneration(config)
     init_weights(model, seed)
+    disable_progress_bar()  # one small file: transformers' "Writing model shards" bar says nothing
     model.to(getattr(torch, dtype)).save_pretrained(str(folder))
     return Path(folder)
 
@@ -125,8 +128,16 @@ def write_synthetic_checkpoint(folder: str | Path, config_name: str = "tiny", se
     create_vaes(seed + 1) behind the remote-code hook (vae_hook.write_official_vaes) -- the
     same DiT and VAE values as `python -m h3_core.checkpoint_setup` writes for seed 0.
 
-    Raises ValueError for an unknown config; FileExistsError when `folder` exists and is not empty."""
+    Raises ValueError for an unknown config or one of more than MAX_SYNTHETIC_PARAMETERS parameters;
+    FileExistsError when `folder` exists and is not empty."""
     cfg = get_config(config_name)
+    parameters = sum(p.numel() for p in H3DiT(cfg, device="meta").parameters())
+    if parameters > MAX_SYNTHETIC_PARAMETERS:
+        raise ValueError(
+            f"config {config_name} has {parameters:,} parameters: a synthetic checkpoint is drawn in the CPU's "
+            f"memory, for configs of at most {MAX_SYNTHETIC_PARAMETERS:,} (tiny, small, demo); serve "
+            f"{config_name} without a file with --checkpoint random:0"
+        )
     folder = Path(folder)
     if folder.exists() and any(folder.iterdir()):
         raise FileExistsError(f"{folder} exists and is not empty; choose a new folder")

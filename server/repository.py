@@ -42,6 +42,7 @@ from h3_core.checkpoint import (
     TRANSFORMER_FOLDER,
     VIDEO_VAE_FILE,
     check_transformer_config,
+    official_tensor_files,
     source_seed,
 )
 from h3_core.config import get_config
@@ -215,6 +216,8 @@ def plan(
     for model in SETTINGS:
         values[model].update(given[model])
     encoder = EncoderSettings.from_parameters(values[EncoderSettings.MODEL])
+    if is_official(folder):  # a checkpoint of another config is named as such, before its text width
+        check_transformer_config(folder / TRANSFORMER_FOLDER, cfg)
     check_text_width(config, encoder.encoder_path)
     vae = VaeSettings.from_parameters(values[VaeSettings.MODEL])
     typed = DitSettings.from_parameters({**dit_values, "row_budget": "1"})  # every value typed; row_budget below
@@ -603,27 +606,49 @@ def write_repository(target: str | Path, repository: Repository) -> Path:
     return target
 
 
-def check_checkpoint(dit: DitSettings, vae: VaeSettings) -> None:
-    """Refuse, before a repository is written, weight sources (h3_core.checkpoint's module
-    docstring; a relative folder is relative to ROOT) that h3_dit or h3_vae would refuse at load:
+def check_checkpoint(dit: DitSettings, vae: VaeSettings, encoder: EncoderSettings) -> None:
+    """Refuse, before a repository is written, what h3_dit, h3_vae or h3_encoder would refuse at
+    load (weight sources: h3_core.checkpoint's module docstring; a relative folder is relative to
+    ROOT), so that the launcher stops in seconds with one line:
     - random:SEED: nothing to check (a malformed one raises ValueError naming the allowed form);
-    - an official checkpoint folder: the DiT's transformer/config.json must exist and agree with
-      the DiT config (checkpoint.check_transformer_config), and the VAEs' video_vae/ and audio_vae/
-      must follow the hook contract and need h3_vae's trust_remote_code (vae_hook.check_official_vaes);
+    - a folder that does not exist, or holds neither layout: FileNotFoundError saying so and naming
+      both layouts and the commands that write each;
+    - an official checkpoint folder: transformer/'s weights (one file or the index and its shards,
+      headers readable), and video_vae/ and audio_vae/ following the hook contract with h3_vae's
+      trust_remote_code (vae_hook.check_official_vaes); its config.json is checked by plan();
     - a native folder: FileNotFoundError naming the first missing of dit.safetensors (the DiT's
       folder), video_vae.safetensors and audio_vae.safetensors (the VAEs' folder), with the command
-      that writes seeded random weights of the config there.
+      that writes seeded random weights of the config there;
+    - the text encoder and tokenizer folders h3_encoder names, when given: they must exist.
     Raises FileNotFoundError or ValueError with the message of the first problem."""
+
+    def seeded(folder: Path) -> str:
+        command = f"python -m h3_core.checkpoint_setup --configs {dit.config_name} --root"
+        if folder.name == dit.config_name:
+            return f"seeded random weights: {command} {folder.parent}"
+        return f"seeded random weights: {command} DIR writes them to DIR/{dit.config_name}"
 
     def folder_of(source: str) -> Path | None:
         if source_seed(source) is not None:
             return None
-        return Path(source) if Path(source).is_absolute() else ROOT / source
+        folder = Path(source) if Path(source).is_absolute() else ROOT / source
+        if not folder.is_dir():
+            raise FileNotFoundError(f"checkpoint folder {folder} does not exist; {seeded(folder)}")
+        layouts = (is_official(folder), is_official_vae_folder(folder), (folder / DIT_FILE).is_file())
+        if not any(layouts) and not (folder / VIDEO_VAE_FILE).is_file():
+            raise FileNotFoundError(
+                f"{folder} is not a checkpoint: it holds neither {DIT_FILE}, {VIDEO_VAE_FILE} and {AUDIO_VAE_FILE} "
+                f"(python -m h3_core.checkpoint_setup writes seeded random ones) nor an official MiniMax-H3 "
+                f"checkpoint's transformer/, text_encoder/, tokenizer/, video_vae/ and audio_vae/ (python -m "
+                f"h3_core.official_checkpoint writes a synthetic one); or serve seeded random weights with "
+                f"--checkpoint random:0"
+            )
+        return folder
 
     needed = []
     dit_folder, vae_folder = folder_of(dit.checkpoint_dir), folder_of(vae.checkpoint_dir)
-    if dit_folder is not None and (dit_folder / TRANSFORMER_FOLDER).is_dir():
-        check_transformer_config(dit_folder / TRANSFORMER_FOLDER, get_config(dit.config_name))
+    if dit_folder is not None and is_official(dit_folder):
+        official_tensor_files(dit_folder / TRANSFORMER_FOLDER)
     elif dit_folder is not None:
         needed.append(dit_folder / DIT_FILE)
     if vae_folder is not None and is_official_vae_folder(vae_folder):
@@ -632,12 +657,10 @@ def check_checkpoint(dit: DitSettings, vae: VaeSettings) -> None:
         needed += [vae_folder / VIDEO_VAE_FILE, vae_folder / AUDIO_VAE_FILE]
     for path in needed:
         if not path.is_file():
-            folder, config = path.parent, dit.config_name
-            command = f"python -m h3_core.checkpoint_setup --configs {config} --root"
-            hint = (
-                f"{command} {folder.parent}" if folder.name == config else f"{command} DIR writes them to DIR/{config}"
-            )
-            raise FileNotFoundError(f"{path} not found; seeded random weights: {hint}")
+            raise FileNotFoundError(f"{path} not found; {seeded(path.parent)}")
+    for name, path in (("text encoder", encoder.encoder_path), ("tokenizer", encoder.tokenizer_path)):
+        if path and not Path(path).is_dir():
+            raise FileNotFoundError(f"h3_encoder's {name} folder {path} does not exist")
 
 
 # ---- command line ------------------------------------------------------------------------------
@@ -669,7 +692,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         repository = _plan_from_args(args)
-        check_checkpoint(repository.dit, repository.vae)
+        check_checkpoint(repository.dit, repository.vae, repository.encoder)
         path = write_repository(args.target, repository)
     except (ValueError, FileNotFoundError, FileExistsError) as error:
         print(f"python -m server.repository: {error}", file=sys.stderr)

@@ -276,7 +276,10 @@ def test_official_config_mismatch_is_refused_naming_the_key(tmp_path, dit):
 
 def test_official_transformer_is_checked_against_the_chosen_config(tmp_path, dit):
     save_official_transformer(dit, tmp_path, 1 << 30)
-    with pytest.raises(ValueError, match=r"has num_layers=2 but the small config has num_layers=6$"):
+    with pytest.raises(
+        ValueError,
+        match=r"has num_layers=2 but the small config has num_layers=6 \(it is the tiny config's: --config tiny\)$",
+    ):
         load_dit(H3DiT(get_config("small"), device="meta"), tmp_path)
 
 

@@ -57,9 +57,15 @@ def test_layout_and_writer_settings(checkpoint):
         match=r"video_vae holds remote code \(modeling_h3_vae\.py\); the h3_vae model parameter trust_remote_code "
         r'must be "true" to run it',
     ):
-        check_checkpoint(plan("tiny", checkpoint).dit, plan("tiny", checkpoint).vae)
+        check_checkpoint(plan("tiny", checkpoint).dit, plan("tiny", checkpoint).vae, plan("tiny", checkpoint).encoder)
     with pytest.raises(FileExistsError, match="exists and is not empty"):
         write_synthetic_checkpoint(checkpoint)
+    with pytest.raises(
+        ValueError,
+        match=r"^config h3 has 33,122,992,896 parameters: a synthetic checkpoint is drawn in the CPU's memory, for "
+        r"configs of at most 1,000,000,000 \(tiny, small, demo\); serve h3 without a file with --checkpoint random:0$",
+    ):
+        write_synthetic_checkpoint(checkpoint.parent / "h3", "h3")
 
 
 def test_served_clip_equals_in_process(server, checkpoint):

@@ -8,7 +8,7 @@ from h3_core.checkpoint_setup import create_checkpoint
 from h3_core.config import get_config
 from h3_core.engine import load_engine
 from h3_core.model import H3DiT
-from h3_core.settings import DitSettings, VaeSettings
+from h3_core.settings import DitSettings, EncoderSettings, VaeSettings
 from h3_core.vae import create_vaes
 from h3_core.vae_hook import load_vaes
 from server import repository as R
@@ -88,15 +88,24 @@ def test_the_writer_refuses_a_bad_random_source_with_one_line(tmp_path, capsys):
     assert not (tmp_path / "repo").exists()
 
 
+NO_ENCODER = EncoderSettings()  # the default MiniLM: no folder to check
+
+
 def test_check_checkpoint_names_the_first_missing_native_file_of_each_source(tmp_path):
     create_checkpoint("tiny", tmp_path / "tiny")
-    R.check_checkpoint(DitSettings(checkpoint_dir="random:0"), VaeSettings(checkpoint_dir="random:0"))
-    R.check_checkpoint(DitSettings(checkpoint_dir=str(tmp_path / "tiny")), VaeSettings(checkpoint_dir="random:0"))
+    R.check_checkpoint(DitSettings(checkpoint_dir="random:0"), VaeSettings(checkpoint_dir="random:0"), NO_ENCODER)
+    R.check_checkpoint(
+        DitSettings(checkpoint_dir=str(tmp_path / "tiny")), VaeSettings(checkpoint_dir="random:0"), NO_ENCODER
+    )
     (tmp_path / "tiny" / "audio_vae.safetensors").unlink()
-    R.check_checkpoint(DitSettings(checkpoint_dir=str(tmp_path / "tiny")), VaeSettings(checkpoint_dir="random:0"))
+    R.check_checkpoint(
+        DitSettings(checkpoint_dir=str(tmp_path / "tiny")), VaeSettings(checkpoint_dir="random:0"), NO_ENCODER
+    )
     message = (
         f"{tmp_path / 'tiny' / 'audio_vae.safetensors'} not found; seeded random weights: "
         f"python -m h3_core.checkpoint_setup --configs tiny --root {tmp_path}"
     )
     with pytest.raises(FileNotFoundError, match=f"^{re.escape(message)}$"):
-        R.check_checkpoint(DitSettings(checkpoint_dir="random:0"), VaeSettings(checkpoint_dir=str(tmp_path / "tiny")))
+        R.check_checkpoint(
+            DitSettings(checkpoint_dir="random:0"), VaeSettings(checkpoint_dir=str(tmp_path / "tiny")), NO_ENCODER
+        )

@@ -283,7 +283,7 @@ def test_the_cli_writes_the_demo_repository_and_says_what_it_sized(tmp_path, cap
         (["--gpus", "0"], "--gpus needs --device cuda"),
         (
             ["--config", "demo"],
-            "checkpoints/demo/dit.safetensors not found; seeded random weights: python -m "
+            f"checkpoint folder {R.ROOT / 'checkpoints' / 'demo'} does not exist; seeded random weights: python -m "
             "h3_core.checkpoint_setup --configs demo --root ",
         ),
     ],

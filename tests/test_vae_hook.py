@@ -12,8 +12,9 @@ from h3_core.checkpoint import init_weights, save_official_transformer, save_wei
 from h3_core.config import get_config
 from h3_core.engine import load_engine
 from h3_core.model import H3DiT
+from h3_core.official_checkpoint import write_byte_tokenizer, write_random_qwen3vl
 from h3_core.request import GenerationRequest
-from h3_core.settings import DitSettings, VaeSettings
+from h3_core.settings import DitSettings, EncoderSettings, VaeSettings
 from h3_core.vae import create_vaes
 from h3_core.vae_hook import load_vaes, write_official_vaes
 from server import repository as R
@@ -116,9 +117,13 @@ def test_remote_code_is_refused_without_opt_in(official):
     with pytest.raises(ValueError, match=f"^{re.escape(REFUSAL.format(official / 'video_vae'))}$"):
         load_vaes(official)
     with pytest.raises(ValueError, match=f"^{re.escape(REFUSAL.format(official / 'video_vae'))}$"):
-        R.check_checkpoint(DitSettings(checkpoint_dir="random:0"), VaeSettings(checkpoint_dir=str(official)))
+        R.check_checkpoint(
+            DitSettings(checkpoint_dir="random:0"), VaeSettings(checkpoint_dir=str(official)), EncoderSettings()
+        )
     R.check_checkpoint(
-        DitSettings(checkpoint_dir="random:0"), VaeSettings(checkpoint_dir=str(official), trust_remote_code=True)
+        DitSettings(checkpoint_dir="random:0"),
+        VaeSettings(checkpoint_dir=str(official), trust_remote_code=True),
+        EncoderSettings(),
     )
 
 
@@ -238,13 +243,17 @@ def test_the_writer_accepts_an_official_checkpoint_only_with_the_opt_in(tmp_path
     dit = H3DiT(get_config("tiny"))
     save_official_transformer(dit, tmp_path / "official", 1 << 30)
     write_official_vaes(tmp_path / "official", *vaes)
+    write_random_qwen3vl(tmp_path / "official" / "text_encoder", 384, num_layers=1)  # the writer checks its width
+    write_byte_tokenizer(tmp_path / "official" / "tokenizer")
     argv = [str(tmp_path / "repo"), "--checkpoint", str(tmp_path / "official"), "--unsized"]
     assert R.main(argv) == 2
     refusal = REFUSAL.format(tmp_path / "official" / "video_vae")
     assert capsys.readouterr().err == f"python -m server.repository: {refusal}\n"
     assert R.main([*argv, "--config", "small", "--set", "h3_vae.trust_remote_code=true"]) == 2
     config = tmp_path / "official" / "transformer" / "config.json"
-    mismatch = f"{config} has num_layers=2 but the small config has num_layers=6"
+    mismatch = (
+        f"{config} has num_layers=2 but the small config has num_layers=6 (it is the tiny config's: --config tiny)"
+    )
     assert capsys.readouterr().err == f"python -m server.repository: {mismatch}\n"
     assert R.main([*argv, "--set", "h3_vae.trust_remote_code=true"]) == 0
     config.unlink()
