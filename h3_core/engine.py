@@ -19,6 +19,8 @@ from .model import H3DiT
 from .model.dit import use_bitwise_cublas
 from .request import GenerationRequest, RequestLimits, random_seed, request_memory_mb, validate_request
 from .sampling import euler_step, sigma_schedule
+from .sequence_parallel import DEFAULT_TIMEOUT_S as DEFAULT_SP_TIMEOUT_S
+from .sequence_parallel import SequenceParallelDiT, check_sp_degree
 from .vae import AudioVAE, VideoVAE
 from .vae_hook import load_vaes
 
@@ -83,7 +85,8 @@ class Engine:
     """Runs the H3 models for any number of request states.
 
     Args:
-        dit: the DiT (its device is the engine's device).
+        dit: the DiT (its device is the engine's device): an H3DiT, or a SequenceParallelDiT
+            running it over several devices (h3_core.sequence_parallel).
         video_vae, audio_vae: decoders, or None where decoding happens elsewhere (Triton's h3_vae).
         encoder: the text encoder, or None when text states arrive precomputed (Triton).
         limits: request limits checked in prepare().
@@ -91,14 +94,14 @@ class Engine:
 
     def __init__(
         self,
-        dit: H3DiT,
+        dit: H3DiT | SequenceParallelDiT,
         video_vae: VideoVAE | None,
         audio_vae: AudioVAE | None,
         encoder: "TextEncoder | None" = None,
         limits: RequestLimits = DEFAULT_LIMITS,
     ):
         self.dit, self.video_vae, self.audio_vae, self.encoder, self.limits = dit, video_vae, audio_vae, encoder, limits
-        self.device = dit.video_patch_proj.weight.device
+        self.device = dit.device
 
     def warm_up(self) -> float:
         """Run one packed step of a small request so first-use set-up (oneDNN on the CPU, cuBLAS
@@ -110,6 +113,11 @@ class Engine:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter() - start
+
+    def close(self) -> None:
+        """Stop the DiT's worker processes when it runs sequence-parallel (nothing otherwise)."""
+        if isinstance(self.dit, SequenceParallelDiT):
+            self.dit.close()
 
     def encode_prompt(self, prompt: str) -> torch.Tensor:
         """Text states float32 [L, text_dim] of the prompt. Raises ValueError for bad prompts."""
@@ -282,6 +290,8 @@ def load_engine(
     with_vaes: bool = True,
     limits: RequestLimits = DEFAULT_LIMITS,
     trust_remote_code: bool = False,
+    sp_degree: int = 1,
+    sp_timeout_s: float = DEFAULT_SP_TIMEOUT_S,
 ) -> Engine:
     """Build an Engine from a weight source (h3_core.checkpoint's module docstring): a native
     folder (dit.safetensors, video_vae.safetensors, audio_vae.safetensors; see checkpoint_setup),
@@ -289,17 +299,28 @@ def load_engine(
     trust_remote_code, h3_core.vae_hook) or `random:SEED`. The DiT uses its device's bitwise
     GEMM setting (h3_core.model.dit); on CUDA its blocks are compiled (H3DiT.compile_blocks; the
     first step, Engine.warm_up, pays the compilation). with_encoder / with_vaes False leave
-    those parts out (the Triton DiT needs neither).
-    Raises ValueError / FileNotFoundError as checkpoint.load_dit and vae_hook.load_vaes."""
+    those parts out (the Triton DiT needs neither). sp_degree > 1 runs the DiT in that many
+    worker processes (h3_core.sequence_parallel: on the CPU, or on the consecutive GPUs from
+    `device`), each of them loading the weights, with sp_timeout_s seconds as their step and
+    collective timeout.
+    Raises ValueError / FileNotFoundError as checkpoint.load_dit and vae_hook.load_vaes;
+    ValueError for an sp_degree that does not divide the heads or GPUs that are not there, and
+    sequence_parallel.WorkerFailed / WorkerLost for workers that cannot start."""
     cuda = torch.device(device).type == "cuda"
     if cuda:
         use_bitwise_cublas()
-    dit = H3DiT(get_config(config_name), attention_backend=attention_backend, device=device)
-    load_dit(dit, source)
-    if cuda:
-        dit.compile_blocks()
+    cfg = get_config(config_name)
+    check_sp_degree(cfg, sp_degree)
+    if sp_degree > 1:
+        dit = SequenceParallelDiT(cfg, str(source), device, sp_degree, attention_backend, sp_timeout_s)
+    else:
+        dit = H3DiT(cfg, attention_backend=attention_backend, device=device)
+        load_dit(dit, source)
+        if cuda:
+            dit.compile_blocks()
+        dit.eval()
     video_vae, audio_vae = load_vaes(source, device, trust_remote_code) if with_vaes else (None, None)
     if with_encoder:
         from .encoder import TextEncoder  # imported here: a GPU host without MiniLM can run the DiT
     encoder = TextEncoder() if with_encoder else None
-    return Engine(dit.eval(), video_vae, audio_vae, encoder, limits)
+    return Engine(dit, video_vae, audio_vae, encoder, limits)

@@ -115,7 +115,11 @@ class VaeSettings:
 
 @dataclass(frozen=True)
 class DitSettings:
-    """h3_dit. Model: config_name, checkpoint_dir, device, attention_backend, cpu_threads.
+    """h3_dit. Model: config_name, checkpoint_dir, device, attention_backend, cpu_threads,
+    sp_degree (devices one instance runs each packed forward on, sequence parallelism through
+    worker processes, h3_core.sequence_parallel: 1 = in the instance's own process; on cuda the
+    instance's GPU and the next sp_degree - 1; it must divide the config's attention heads,
+    checked at load and by the writer).
     Step loop: execution_mode ("step": packed steps, each over the requests the policy picks;
     "request": run to completion), execute_budget_s (step mode: seconds one execute() may keep
     taking steps, h3_core.step_loop.StepLoop.another_step; 0 = one step per execute; newcomers
@@ -140,6 +144,7 @@ class DitSettings:
     checkpoint_dir: str = "checkpoints/tiny"
     device: str = "cpu"
     attention_backend: str = "sdpa"
+    sp_degree: int = 1
     execution_mode: str = "step"
     execute_budget_s: float = EXECUTE_BUDGET_S
     scheduling_policy: str = DEFAULT_POLICY
@@ -167,6 +172,7 @@ class DitSettings:
             raise ValueError(f"h3_dit parameter scheduling_policy={self.scheduling_policy!r} is not one of {POLICIES}")
         for name in (
             "cpu_threads",
+            "sp_degree",
             "max_num_seqs",
             "max_batch_rows",
             "max_height",

@@ -69,6 +69,7 @@ from .settings import DitSettings
 log = logging.getLogger("h3_dit")
 
 VANISHED_EXECUTES = 3  # a job missing from this many executes in a row was dropped by Triton
+WORKER_FAULTS = ("worker_exit", "worker_hang", "worker_raise")  # inject_fault for sequence-parallel workers
 JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
 
 
@@ -267,15 +268,21 @@ class MetricsRecord:
 def check_fault(fault: str) -> None:
     """Validate request parameter inject_fault (tests only), acting at the request's first step:
     "raise" makes the forward raise, "nan" makes it return NaN video velocities for the request,
-    "slow:S" makes the step S seconds slower (0 < S <= 600). Raises ValueError naming it."""
-    if fault in ("raise", "nan"):
+    "slow:S" makes the step S seconds slower (0 < S <= 600); with sp_degree > 1, the last
+    sequence-parallel rank exits ("worker_exit", once), hangs ("worker_hang", once) or raises
+    ("worker_raise", at every try of that step) at its first all-to-all
+    (SequenceParallelDiT.inject_fault). Raises ValueError naming it."""
+    if fault in ("raise", "nan", *WORKER_FAULTS):
         return
     try:
         seconds = float(fault[5:]) if fault.startswith("slow:") else None
     except ValueError:
         seconds = None
     if seconds is None or not 0 < seconds <= 600:
-        raise ValueError(f"inject_fault={fault!r} is not one of 'raise', 'nan', 'slow:S' (0 < S <= 600 seconds)")
+        raise ValueError(
+            f"inject_fault={fault!r} is not one of 'raise', 'nan', 'slow:S' (0 < S <= 600 seconds), "
+            "'worker_exit', 'worker_hang', 'worker_raise'"
+        )
 
 
 def read_request_json(elements: list) -> dict:
@@ -589,6 +596,8 @@ class StepLoop:
                     "request parameter 'inject_fault' is refused: h3_dit parameter allow_fault_injection is not 'true'"
                 )
             check_fault(fault)
+            if fault in WORKER_FAULTS and self.settings.sp_degree == 1:
+                raise ValueError(f"inject_fault={fault!r} needs h3_dit parameter sp_degree > 1")
         deadline_s = parameters.get("deadline_s")  # its range: check_request_parameters
         cfg = self.engine.dit.cfg
         values = dict(
@@ -779,6 +788,10 @@ class StepLoop:
             fault = job.fault if job.step_index == 0 else None
             if fault == "raise":
                 raise RuntimeError(f"injected fault in the forward of request {job.request_id}")
+            if fault in WORKER_FAULTS:
+                self.engine.dit.inject_fault(fault.removeprefix("worker_"))
+                if fault != "worker_raise":
+                    job.fault = None  # exit and hang act once
             if fault is not None and fault.startswith("slow:"):
                 job.fault = None  # slowed once
                 time.sleep(float(fault[5:]))

@@ -18,6 +18,7 @@ value.
 
 import math
 import os
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -249,6 +250,21 @@ class FinalLayer(nn.Module):
         return self.video_out(h), self.audio_out(h)
 
 
+@dataclass
+class Embedded:
+    """The packed rows as the blocks take them (H3DiT.embed), all on the DiT's device; S = the
+    pack's rows, M = its unique timesteps."""
+
+    x: torch.Tensor  # [S, hidden] model dtype: the embedded rows (padding rows 0)
+    t_emb: torch.Tensor  # float32 [M, time_embed_dim]
+    mod_index: torch.Tensor  # int64 [S]: a row's AdaLN modulation row (timestep_index * 3 + modality)
+    timestep_index: torch.Tensor  # int64 [S]: a row's row of t_emb
+    rope: torch.Tensor  # [S, 6 * rope_freqs_per_axis] model dtype: rope_table of the rows
+    cu_seqlens: torch.Tensor  # int32 [documents + 1]: the pack's attention documents
+    video_rows: torch.Tensor  # int64 [sum V]: the rows holding video tokens
+    audio_rows: torch.Tensor  # int64 [sum 2*T_a]: the rows holding audio tokens
+
+
 class H3DiT(nn.Module):
     """The H3 DiT. Parameter names are the native (vllm-omni) names of h3_spec §1.3.
 
@@ -319,11 +335,17 @@ class H3DiT(nn.Module):
             if isinstance(module, Linear):
                 module.row_tile = min(row_tile, ROW_ALIGN) if id(module) in refiner else row_tile
 
+    @property
+    def device(self) -> torch.device:
+        """Where the parameters live."""
+        return self.video_patch_proj.weight.device
+
     @torch.inference_mode()
     def forward(
         self, video: torch.Tensor, audio: torch.Tensor, text: torch.Tensor, batch: PackedBatch
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One packed forward.
+        """One packed forward: `embed`, then `transformer` over every row, then the video and
+        audio rows of the heads' outputs.
 
         Args:
             video: float32 [sum V, 96] noisy video rows of all requests, in batch order.
@@ -333,7 +355,18 @@ class H3DiT(nn.Module):
         Returns:
             (video velocity float32 [sum V, 96], audio velocity float32 [sum 2*T_a, 32]).
         """
-        cfg, device, dtype = self.cfg, self.video_patch_proj.weight.device, self.cfg.torch_dtype
+        e = self.embed(video, audio, text, batch)
+        video_out, audio_out = self.transformer(
+            e.x, e.t_emb, e.mod_index, e.timestep_index, self.attention, e.cu_seqlens, batch.max_seqlen, e.rope
+        )
+        return video_out[e.video_rows], audio_out[e.audio_rows]
+
+    def embed(self, video: torch.Tensor, audio: torch.Tensor, text: torch.Tensor, batch: PackedBatch) -> "Embedded":
+        """The part of `forward` before the blocks, over the whole pack (arguments as forward's):
+        the patch projections and the token refiner scattered into the rows, the time embedding
+        of each unique timestep, the AdaLN row indices and the RoPE table. Sequence-parallel
+        ranks (h3_core.sequence_parallel) run it unchanged, each over the whole pack."""
+        cfg, device, dtype = self.cfg, self.device, self.cfg.torch_dtype
         rows = batch.total_rows
         video_rows = batch.video_rows.to(device)
         audio_rows = batch.audio_rows.to(device)
@@ -356,12 +389,7 @@ class H3DiT(nn.Module):
         timestep_index = batch.inverse_indices.to(device)
         mod_index = timestep_index * 3 + batch.token_tags.to(device).clamp(min=0)
         rope = rope_table(batch.position_ids.to(device), cfg.rope_freqs_per_axis, cfg.rope_theta, dtype)
-        cu_seqlens = batch.cu_seqlens.to(device)
-
-        video_out, audio_out = self.transformer(
-            x, t_emb, mod_index, timestep_index, self.attention, cu_seqlens, batch.max_seqlen, rope
-        )
-        return video_out[video_rows], audio_out[audio_rows]
+        return Embedded(x, t_emb, mod_index, timestep_index, rope, batch.cu_seqlens.to(device), video_rows, audio_rows)
 
     def transformer(
         self,

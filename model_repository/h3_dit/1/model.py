@@ -6,6 +6,9 @@ steps as execute_budget_s allows), sends the events it produces as they come and
 requests still running. The step loop (admission, cancel by id, deadlines, the pack, the packed
 forward and its retry, results) is in h3_core/step_loop.py and runs without Triton.
 
+With sp_degree > 1 the engine's DiT runs in worker processes this instance starts, on the CPU
+or on its GPU and the next ones (h3_core.sequence_parallel); finalize() stops them.
+
 SIGUSR1 (sent by server.launch before it stops the server) starts draining: at the next step
 boundary every job ends with CANCELLED and newcomers are refused with UNAVAILABLE:.
 """
@@ -21,6 +24,7 @@ from h3_core.checkpoint import source_seed
 from h3_core.engine import load_engine
 from h3_core.protocol import AUDIO_LATENT, REQUEST, TEXT_EMBEDS, VIDEO_LATENT
 from h3_core.registry import Registry, server_folder
+from h3_core.sequence_parallel import SP_TIMEOUT_FRACTION
 from h3_core.settings import DitSettings
 from h3_core.step_loop import METRICS, Arrival, CancelAnswer, Ended, Heartbeat, Progress, Refused, Result, StepLoop
 from server.adapter import error_response, json_tensor, model_parameters, resolve_path, set_threads
@@ -136,11 +140,14 @@ class TritonPythonModel:
             with_encoder=False,
             with_vaes=False,
             limits=settings.limits(),
+            sp_degree=settings.sp_degree,
+            sp_timeout_s=idle_s / SP_TIMEOUT_FRACTION,  # a hung worker is replaced well within the idle timeout
         )
         seconds = engine.warm_up()
         pb_utils.Logger.log_info(
             f"h3_dit {instance}: warm-up step on {device} in {seconds:.1f} s"
-            + (" (compiles the DiT blocks)" if device.startswith("cuda") else "")
+            + (" (compiles the DiT blocks)" if device.startswith("cuda") and settings.sp_degree == 1 else "")
+            + (f" over {settings.sp_degree} sequence-parallel workers" if settings.sp_degree > 1 else "")
         )
         self.loop = StepLoop(engine, settings, Registry(server_folder(), instance), TritonMetrics(labels))
         signal.signal(signal.SIGUSR1, lambda signum, frame: self.loop.start_draining())
@@ -179,3 +186,4 @@ class TritonPythonModel:
 
     def finalize(self):
         self.loop.registry.leave()
+        self.loop.engine.close()

@@ -1,0 +1,674 @@
+"""Sequence parallelism: one packed DiT forward over sp_degree devices (Ulysses), run by worker
+processes that one DiT instance starts and supervises (issue 17; h3_spec §1.2, §2.5-2.6, §5.3).
+
+The split. A pack holds S rows, S a multiple of 64 (every request is padded to a multiple of
+ROW_ALIGN, h3_spec §2.1). Rank r of sp holds the rows [r x share, (r + 1) x share), share = S / sp
+rounded up to a multiple of 64 (`Shares`); the pack is padded with zero rows to sp x share, so a
+last share may be part padding or all padding (an "empty" tail share). Documents (requests) are
+cut wherever the boundaries fall: a rank may hold several small documents, part of one, or parts
+of two.
+
+One step, on every rank at once (`forward_share`):
+1. H3DiT.embed over the WHOLE pack, then the rank keeps its share of the rows. This part is
+   replicated rather than split: it is under 1 % of a step (two thin patch projections, the
+   2-block token refiner over the text rows only, one 1-row time embedding per timestep, the
+   RoPE table), the refiner's documents are the requests' text blocks, which do not follow the
+   row split, and being the same code over the same data it gives every rank the bits one
+   device computes, with no collective before the first block.
+2. The blocks on the share. Everything in a block is row-wise except attention, which
+   `ulysses_attention` runs as: an all-to-all that gives each rank ALL rows for heads / sp of the
+   heads, per-document attention over them with the pack's own cu_seqlens and the configured
+   backend, and an all-to-all back. Two all-to-alls per layer, nothing else is exchanged.
+3. The final layer on the share (row-wise); each rank sends the driver its share's video and
+   audio rows, which the driver concatenates in rank order (the pack's video and audio rows are
+   in ascending row order, so this is the pack's order).
+
+Bitwise equal to one device (tests/test_sequence_parallel.py on the CPU, the end-to-end test in
+tests/test_serving_sequence_parallel.py; benchmarks/sequence_parallel_bench.py checks the H200):
+share boundaries are multiples of 64, so on the CPU each rank's 64-row GEMM tiles are the ones
+the whole pack runs, and on CUDA every GEMM is row-invariant (one GEMM per linear with the
+cuBLAS workspace off, h3_core.model.dit); the blocks' compiled halves are the same graphs (dynamic
+rows) on every rank; a head's attention over a document is the same call on the same rows
+whatever other heads share it. Measured exception: on the CPU with more than one torch thread,
+SDPA over ONE head of a short document (7-10 rows) differed by up to 2.4e-7 from the same head
+among others (one head per rank: sp_degree = heads); with cpu_threads 1, the shipped setting,
+every case tried is bitwise.
+
+Processes. `SequenceParallelDiT` is the Engine's `dit` in the DiT instance's own process (the
+driver): it holds no weights and never takes part in a collective. It starts one worker process
+per rank (multiprocessing "spawn"); each loads the weights onto its device, warms up alone (the
+compilation, before any collective), then joins a process group (NCCL on CUDA, gloo on the CPU;
+rendezvous through a TCPStore the driver hosts) whose collective timeout is `timeout_s`. Each
+step the driver sends every worker the pack (CPU tensors through a pipe: torch moves them
+through shared memory) and waits for every share's rows.
+
+Failures. A worker that exits is noticed at once (its process sentinel), one that hangs when the
+step outlasts `timeout_s`, and a collective that fails or times out on a rank (a peer gone) is
+reported by that rank: the worker is LOST. The driver then kills every worker (SIGKILL: a rank
+stuck in a collective or a CUDA call reads no pipe), starts new ones and retries the step once;
+a second loss raises WorkerLost. An exception in a rank's own computation (not in a collective)
+raises WorkerFailed without a retry, after the workers were killed and restarted (its peers may
+wait in a collective). Either error reaches the step loop as a failed forward, which retries one
+request at a time (h3_core/step_loop.py, StepLoop.step), so a request fails only when its own
+forward fails. h3_dit sets timeout_s to a quarter of max_sequence_idle_microseconds
+(SP_TIMEOUT_FRACTION): detection, a restart and the retried step must fit in that timeout, or
+Triton reaps the live sequences. Workers exit when the driver's process is gone (a watchdog
+thread) or their pipe closes.
+"""
+
+import datetime
+import io
+import logging
+import math
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .config import ROW_ALIGN, DiTConfig, get_config
+from .layout import PackedBatch
+from .model.attention import AttentionFn
+from .model.dit import H3DiT
+
+log = logging.getLogger("h3_dit.sequence_parallel")
+
+SP_TIMEOUT_FRACTION = 4  # h3_dit: timeout_s = max_sequence_idle_microseconds / 4
+DEFAULT_TIMEOUT_S = 60.0  # in-process users (benchmarks, tests)
+START_TIMEOUT_S = 1800.0  # loading the weights and compiling, per start of the workers
+STOP_WAIT_S = 10.0  # longest wait for a killed or closing worker to be reaped
+PARENT_POLL_S = 0.5  # how often a worker checks that the driver's process still exists
+FAULTS = ("exit", "hang", "raise")  # SequenceParallelDiT.inject_fault (tests only)
+
+Exchange = Callable[[torch.Tensor], torch.Tensor]  # all-to-all: [sp, ...] -> [sp, ...] (chunk i to rank i)
+
+
+def check_sp_degree(cfg: DiTConfig, sp_degree: int) -> None:
+    """Raise ValueError unless sp_degree >= 1 divides the config's attention heads (Ulysses gives
+    each rank heads / sp_degree of them)."""
+    if sp_degree < 1 or cfg.num_heads % sp_degree:
+        raise ValueError(
+            f"h3_dit parameter sp_degree={sp_degree} does not divide the {cfg.num_heads} attention heads of "
+            f"config {cfg.name}: choose a divisor of {cfg.num_heads}"
+        )
+
+
+def rank_devices(device: str | torch.device, sp_degree: int) -> list[str]:
+    """The devices of the ranks of a DiT instance on `device`: the CPU for every rank on the CPU;
+    on CUDA the sp_degree consecutive GPUs from the instance's own (cuda:g -> cuda:g .. g+sp-1;
+    server.repository places instances so). Raises ValueError when those GPUs are not visible."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return ["cpu"] * sp_degree
+    first = 0 if device.index is None else device.index
+    visible = torch.cuda.device_count()
+    if first + sp_degree > visible:
+        raise ValueError(
+            f"sp_degree={sp_degree} on cuda:{first} needs GPUs {first}..{first + sp_degree - 1}, "
+            f"but {visible} are visible"
+        )
+    return [f"cuda:{first + rank}" for rank in range(sp_degree)]
+
+
+# -- the split and the step of one rank --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shares:
+    """How a pack of `rows` rows (a multiple of 64) is split over `world` ranks: rank r holds
+    the padded rows [r x share, (r + 1) x share); rows >= `rows` are zero padding."""
+
+    rows: int
+    world: int
+
+    @property
+    def share(self) -> int:
+        """Rows per rank: rows / world rounded up to a multiple of ROW_ALIGN."""
+        return -(-self.rows // (self.world * ROW_ALIGN)) * ROW_ALIGN
+
+    @property
+    def padded(self) -> int:
+        return self.world * self.share
+
+    def bounds(self, rank: int) -> tuple[int, int]:
+        """(first, end) padded rows of `rank`."""
+        return rank * self.share, (rank + 1) * self.share
+
+    def take(self, rank: int, tensor: torch.Tensor) -> torch.Tensor:
+        """A new tensor holding `rank`'s share of `tensor` [rows, ...] (zeros past `rows`)."""
+        first, end = self.bounds(rank)
+        part = tensor.new_zeros(self.share, *tensor.shape[1:])
+        kept = max(0, min(end, self.rows) - first)
+        part[:kept] = tensor[first : first + kept]
+        return part
+
+
+def ulysses_attention(exchange: Exchange, shares: Shares, backend: AttentionFn) -> AttentionFn:
+    """An AttentionFn for the blocks of one rank: q, k, v [share, heads, head_dim] of the rank's
+    rows -> all-to-all -> [padded rows, heads / sp] -> `backend` per document of cu_seqlens over
+    the pack's rows (cu_seqlens and max_seqlen are the whole pack's) -> all-to-all back ->
+    [share, heads, head_dim] in q's dtype. Padding rows (>= shares.rows) get zeros."""
+    world, share = shares.world, shares.share
+
+    def attention(q, k, v, cu_seqlens, max_seqlen):
+        heads, head_dim = q.shape[1], q.shape[2]
+        mine = heads // world
+        # chunk j = my rows' q, k, v for heads [j x mine, (j + 1) x mine): [world, 3, share, mine, head_dim]
+        send = torch.stack((q, k, v)).view(3, share, world, mine, head_dim).permute(2, 0, 1, 3, 4).contiguous()
+        received = exchange(send)  # chunk i = rank i's rows for my heads
+        q, k, v = received.permute(1, 0, 2, 3, 4).reshape(3, world * share, mine, head_dim)[:, : shares.rows]
+        out = q.new_zeros(world * share, mine, head_dim)
+        out[: shares.rows] = backend(q, k, v, cu_seqlens, max_seqlen)
+        back = exchange(out.view(world, share, mine, head_dim))  # chunk j = my rows for rank j's heads
+        return back.permute(1, 0, 2, 3).reshape(share, heads, head_dim)
+
+    return attention
+
+
+@torch.inference_mode()
+def forward_share(
+    dit: H3DiT,
+    video: torch.Tensor,
+    audio: torch.Tensor,
+    text: torch.Tensor,
+    batch: PackedBatch,
+    rank: int,
+    world: int,
+    exchange: Exchange,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank `rank`'s part of one packed forward (the module docstring's steps 1-3); every rank of
+    the `world` calls it at once with the same arguments but its rank and exchange.
+
+    Args:
+        dit: this rank's H3DiT (weights equal on every rank).
+        video, audio, text, batch: the whole pack, as H3DiT.forward takes them (any device).
+        exchange: the all-to-all among the ranks ([world, ...] in, [world, ...] out).
+    Returns:
+        (video float32 [v, 96], audio float32 [a, 32]): the velocities of the pack's video and audio
+        rows that lie in this rank's share, in row order, on the rank's device.
+    """
+    e = dit.embed(*(t.to(dit.device) for t in (video, audio, text)), batch)
+    shares = Shares(batch.total_rows, world)
+    attention = ulysses_attention(exchange, shares, dit.attention)
+    video_out, audio_out = dit.transformer(
+        shares.take(rank, e.x),
+        e.t_emb,
+        shares.take(rank, e.mod_index),
+        shares.take(rank, e.timestep_index),
+        attention,
+        e.cu_seqlens,
+        batch.max_seqlen,
+        shares.take(rank, e.rope),
+    )
+    first, end = shares.bounds(rank)
+
+    def local(rows: torch.Tensor) -> torch.Tensor:
+        return rows[(rows >= first) & (rows < end)] - first
+
+    return video_out[local(e.video_rows)], audio_out[local(e.audio_rows)]
+
+
+# -- messages through shared memory ----------------------------------------------------------------
+
+
+class Arena:
+    """Carries the tensors of messages from one process to another through one growable block of
+    shared memory instead of the pipe (a pipe copies each byte through the kernel, and torch's
+    own pickling of tensors makes a shared-memory segment and passes a file descriptor per tensor
+    per message, which cost about 30 ms a step for a 16,384-row pack on the 2-core CPU).
+
+    `pack` pickles a message with each tensor replaced by its index and writes the tensors' bytes
+    into the block (a new, larger block when they do not fit); `carried` is what the pipe then
+    takes: the block itself only when the receiver does not hold it yet (by file descriptor,
+    once), the pickled skeleton and (offset, dtype, shape) per tensor. `unpack` rebuilds the
+    message with the tensors as views of the block. The block holds one message: the sender
+    writes the next one only after the receiver is done with this one (a step's reply, or the
+    next step)."""
+
+    ALIGN = 64  # bytes: every tensor starts at a multiple of this
+
+    def __init__(self):
+        self.block: torch.Tensor | None = None  # uint8, in shared memory
+        self.generation = 0  # bumped when the block is replaced
+
+    def pack(self, message) -> tuple[bytes, list]:
+        """Copy the tensors of `message` (any device) into the block; returns (the pickled
+        skeleton, (offset, dtype, shape) per tensor)."""
+        tensors = []
+
+        def persistent_id(obj):
+            if isinstance(obj, torch.Tensor):
+                tensors.append(obj.detach().cpu())
+                return len(tensors) - 1
+            return None
+
+        skeleton = io.BytesIO()
+        pickler = pickle.Pickler(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
+        pickler.persistent_id = persistent_id
+        pickler.dump(message)
+        refs, end = [], 0
+        for tensor in tensors:
+            refs.append((end, tensor.dtype, tuple(tensor.shape)))
+            end += -(-tensor.numel() * tensor.element_size() // self.ALIGN) * self.ALIGN
+        if tensors and (self.block is None or end > self.block.numel()):
+            size = max(end, 2 * (0 if self.block is None else self.block.numel()), 1 << 20)
+            self.block, self.generation = torch.empty(size, dtype=torch.uint8).share_memory_(), self.generation + 1
+        for tensor, (offset, dtype, shape) in zip(tensors, refs, strict=True):
+            self.view(self.block, offset, dtype, shape).copy_(tensor)
+        return skeleton.getvalue(), refs
+
+    def carried(self, packed: tuple[bytes, list], seen: int) -> tuple:
+        """What the pipe carries for a packed message to a receiver holding the block of
+        generation `seen` (0: none): (the block when that is not the current one, else None,
+        skeleton, refs)."""
+        return (self.block if seen != self.generation else None, *packed)
+
+    @staticmethod
+    def unpack(carried: tuple, block: torch.Tensor | None):
+        """(message, block) from what `pack` returned: a new block replaces `block`."""
+        new, skeleton, refs = carried
+        block = block if new is None else new
+        unpickler = pickle.Unpickler(io.BytesIO(skeleton))
+        unpickler.persistent_load = lambda index: Arena.view(block, *refs[index])
+        return unpickler.load(), block
+
+    @staticmethod
+    def view(block: torch.Tensor, offset: int, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
+        """The tensor of `dtype` and `shape` at byte `offset` of `block`."""
+        count = math.prod(shape)
+        return block[offset : offset + count * dtype.itemsize].view(dtype).view(shape)
+
+
+# -- the worker process ------------------------------------------------------------------------
+
+
+class CollectiveError(RuntimeError):
+    """A collective failed or timed out on this rank (a peer is gone or stuck)."""
+
+
+class CollectiveExchange:
+    """The all-to-all of a worker over its process group. `fault` (tests) acts at the next call:
+    "exit" ends the process, "hang" sleeps for good, "raise" raises RuntimeError. With `profile`
+    set the device is synchronised around each call and its seconds appended to `seconds`."""
+
+    def __init__(self, rank: int, device: torch.device):
+        self.rank, self.device = rank, device
+        self.fault: str | None = None
+        self.profile = False
+        self.seconds: list[float] = []
+
+    def __call__(self, send: torch.Tensor) -> torch.Tensor:
+        fault, self.fault = self.fault, None
+        if fault == "exit":
+            os._exit(3)
+        if fault == "hang":
+            while True:
+                time.sleep(60)
+        if fault == "raise":
+            raise RuntimeError(f"injected fault in sequence-parallel rank {self.rank}")
+        received = torch.empty_like(send)
+        if self.profile:
+            self.synchronize()
+            start = time.perf_counter()
+        try:
+            dist.all_to_all_single(received, send)
+        except Exception as error:  # noqa: BLE001 - every collective failure is a lost peer to the driver
+            raise CollectiveError(f"all-to-all failed on rank {self.rank}: {type(error).__name__}: {error}") from error
+        if self.profile:
+            self.synchronize()
+            self.seconds.append(time.perf_counter() - start)
+        return received
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a worker process needs to start: its rank of `world` on `device`, the DiT (config
+    name, weight source, attention backend), torch CPU threads, the collective timeout, and the
+    driver's TCPStore port and start number (a fresh rendezvous prefix per start)."""
+
+    rank: int
+    world: int
+    device: str
+    config_name: str
+    source: str
+    attention_backend: str
+    cpu_threads: int
+    timeout_s: float
+    store_port: int
+    start: int
+
+
+def exit_with_parent() -> None:
+    """Exit (code 0) once the process that started this one is gone: a watchdog thread, since
+    the main thread may be stuck in a collective."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="h3-sp-parent-watch", daemon=True).start()
+
+
+def start_worker(spec: WorkerSpec) -> tuple[H3DiT, CollectiveExchange]:
+    """Load this rank's DiT on its device as load_engine does (bitwise cuBLAS setting, weights,
+    compiled blocks on CUDA), warm it up alone (compilation and first-use set-up happen before any
+    collective, so no collective waits on another rank's compiler), then join the process group."""
+    from .checkpoint import load_dit
+    from .engine import Engine
+    from .model.dit import use_bitwise_cublas
+
+    torch.set_num_threads(spec.cpu_threads)
+    device = torch.device(spec.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        use_bitwise_cublas()
+    dit = H3DiT(get_config(spec.config_name), attention_backend=spec.attention_backend, device=device)
+    load_dit(dit, spec.source)
+    if device.type == "cuda":
+        dit.compile_blocks()
+    Engine(dit.eval(), None, None).warm_up()
+    timeout = datetime.timedelta(seconds=spec.timeout_s)
+    store = dist.PrefixStore(
+        f"start-{spec.start}", dist.TCPStore("127.0.0.1", spec.store_port, is_master=False, timeout=timeout)
+    )
+    options = {"device_id": device} if device.type == "cuda" else {}
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, store=store, rank=spec.rank, world_size=spec.world, timeout=timeout, **options)
+    return dit, CollectiveExchange(spec.rank, device)
+
+
+def worker_main(spec: WorkerSpec, conn: multiprocessing.connection.Connection) -> None:
+    """A worker process: start (reply ("ready",)), then answer each step message
+    (batch, video, audio, text, fault, profile) with ("ok", video rows, audio rows, stats), or
+    ("lost", message) when a collective failed, or ("error", message); stop at None or when the
+    pipe closes. Messages both ways go through an Arena; fault is None or (rank, kind) for
+    CollectiveExchange.fault. stats: forward_s (seconds of forward_share, device synchronised) and,
+    when profiled, exchange_s (seconds of each all-to-all)."""
+    exit_with_parent()
+    try:
+        dit, exchange = start_worker(spec)
+    except Exception as error:  # noqa: BLE001 - reported to the driver, which raises it
+        conn.send((None, *Arena().pack(("error", f"rank {spec.rank} could not start: {describe(error)}"))))
+        return
+    arena, seen, block = Arena(), 0, None  # replies' arena, its generation the driver holds, the steps' block
+
+    def reply(message) -> None:
+        nonlocal seen
+        conn.send(arena.carried(arena.pack(message), seen))
+        seen = arena.generation
+
+    reply(("ready",))
+    while True:
+        try:
+            carried = conn.recv()
+        except EOFError:
+            break
+        if carried is None:
+            break
+        (batch, video, audio, text, fault, profile), block = Arena.unpack(carried, block)
+        exchange.fault = fault[1] if fault is not None and fault[0] == spec.rank else None
+        exchange.profile, exchange.seconds = profile, []
+        try:
+            start = time.perf_counter()
+            video_part, audio_part = forward_share(dit, video, audio, text, batch, spec.rank, spec.world, exchange)
+            exchange.synchronize()
+            stats = {"forward_s": time.perf_counter() - start}
+            if profile:
+                stats["exchange_s"] = exchange.seconds
+            reply(("ok", video_part, audio_part, stats))
+        except CollectiveError as error:
+            reply(("lost", str(error)))
+        except Exception as error:  # noqa: BLE001 - reported to the driver, which raises it
+            reply(("error", f"rank {spec.rank}: {describe(error)}"))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def describe(error: Exception) -> str:
+    """The exception's type and the first line of its text; its traceback goes to this process's
+    stderr (the server log)."""
+    traceback.print_exception(error)
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else 'no detail'}"
+
+
+# -- the driver ----------------------------------------------------------------------------------
+
+
+class WorkerLost(RuntimeError):
+    """A worker exited, hung past the timeout, or a collective failed: the step is retried once
+    on new workers."""
+
+
+class WorkerFailed(RuntimeError):
+    """A worker's own computation raised (or it could not start): not retried here."""
+
+
+@dataclass
+class Worker:
+    """A worker process as the driver sees it: its pipe, the generation of the driver's step
+    block it holds (`seen`) and the block of its replies (`block`)."""
+
+    rank: int
+    device: str
+    process: multiprocessing.Process
+    conn: multiprocessing.connection.Connection
+    seen: int = 0
+    block: torch.Tensor | None = None
+
+
+class SequenceParallelDiT:
+    """Runs H3DiT.forward over `sp_degree` worker processes, one per rank (module docstring).
+    Used as an Engine's `dit`: call it like H3DiT.forward; `cfg` and `device` as H3DiT's.
+
+    Args:
+        cfg: the DiT config (its heads must divide by sp_degree).
+        source: the weight source every worker loads (h3_core.checkpoint.load_dit).
+        device: the instance's device: where the driver keeps latents and returns velocities,
+            and the first rank's (rank_devices gives the others).
+        sp_degree: ranks (>= 2 in serving; 1 runs one worker, for tests).
+        attention_backend: the backend each rank runs per document (h3_core.model.attention).
+        timeout_s: a worker that has not answered a step this many seconds after it was sent is
+            hung; also each collective's timeout in the process group.
+        start_timeout_s: the longest a start of the workers (weights, warm-up) may take.
+    Raises ValueError for sp_degree / GPUs (check_sp_degree, rank_devices) and the errors of
+    `start` (WorkerLost, WorkerFailed naming the rank and the cause).
+    """
+
+    def __init__(
+        self,
+        cfg: DiTConfig,
+        source: str,
+        device: str | torch.device,
+        sp_degree: int,
+        attention_backend: str = "sdpa",
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        start_timeout_s: float = START_TIMEOUT_S,
+    ):
+        check_sp_degree(cfg, sp_degree)
+        self.cfg, self.device, self.sp_degree = cfg, torch.device(device), sp_degree
+        self.devices = rank_devices(device, sp_degree)
+        self.source, self.attention_backend = str(source), attention_backend
+        self.timeout_s, self.start_timeout_s = timeout_s, start_timeout_s
+        self.cpu_threads = torch.get_num_threads()  # the workers use the instance's setting
+        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        self.arena = Arena()  # the steps' tensors, read by every worker
+        self.workers: list[Worker] = []
+        self.starts = 0  # starts of the workers: 1 + restarts
+        self.start_seconds: list[float] = []  # seconds of each start
+        self.fault: str | None = None  # inject_fault's, sent with the next step
+        self.last_stats: list[dict] = []  # each rank's stats of the last step
+        self.start()
+
+    # -- the step ------------------------------------------------------------------------------
+
+    def __call__(
+        self, video: torch.Tensor, audio: torch.Tensor, text: torch.Tensor, batch: PackedBatch, profile: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One packed forward (arguments and results as H3DiT.forward's, results on `device`).
+        A lost worker costs a restart of every worker and one retry of the step; `profile`
+        records each all-to-all's seconds in last_stats (device synchronised around each).
+        Raises WorkerLost when the retry is lost too, WorkerFailed when a rank's computation
+        raised (the message names the rank and the cause)."""
+        try:
+            return self.attempt(video, audio, text, batch, profile)
+        except WorkerLost as lost:
+            log.error("%s; restarting the %d sequence-parallel workers and retrying the step", lost, self.sp_degree)
+        return self.attempt(video, audio, text, batch, profile)
+
+    def attempt(self, video, audio, text, batch, profile: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """One try of a step: (re)start the workers where needed, send, collect. On any failure
+        every worker is killed (the next try starts new ones)."""
+        try:
+            dead = [worker for worker in self.workers if not worker.process.is_alive()]
+            if dead:
+                log.error(
+                    "sequence-parallel rank %d exited with code %s while idle; restarting the workers",
+                    dead[0].rank,
+                    dead[0].process.exitcode,
+                )
+                self.stop()
+            if not self.workers:
+                self.start()
+            fault = None if self.fault is None else (self.sp_degree - 1, self.fault)
+            self.fault = None
+            packed = self.arena.pack((batch, video, audio, text, fault, profile))
+            for worker in self.workers:
+                self.send(worker, self.arena.carried(packed, worker.seen))
+                worker.seen = self.arena.generation
+            replies = self.collect(self.timeout_s, "during a step")
+        except (WorkerLost, WorkerFailed):
+            self.stop()
+            raise
+        self.last_stats = [reply[3] for reply in replies]
+        video_v = torch.cat([reply[1] for reply in replies]).to(self.device)
+        audio_v = torch.cat([reply[2] for reply in replies]).to(self.device)
+        return video_v, audio_v
+
+    def inject_fault(self, fault: str) -> None:
+        """Tests: at the next step the last rank, at its first all-to-all, exits ("exit"), hangs
+        ("hang") or raises ("raise"). Raises ValueError for another fault."""
+        if fault not in FAULTS:
+            raise ValueError(f"fault {fault!r} is not one of {FAULTS}")
+        self.fault = fault
+
+    # -- the workers ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start one worker per rank and wait until each has loaded, warmed up and joined the
+        process group (start_timeout_s). Raises WorkerLost / WorkerFailed (workers killed)."""
+        self.starts += 1
+        began = time.monotonic()
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["h3_core.sequence_parallel"])
+        for rank, device in enumerate(self.devices):
+            spec = WorkerSpec(
+                rank,
+                self.sp_degree,
+                device,
+                self.cfg.name,
+                self.source,
+                self.attention_backend,
+                self.cpu_threads,
+                self.timeout_s,
+                self.store.port,
+                self.starts,
+            )
+            mine, theirs = context.Pipe()
+            process = context.Process(target=worker_main, args=(spec, theirs), name=f"h3-sp-rank{rank}")
+            process.start()
+            theirs.close()
+            self.workers.append(Worker(rank, device, process, mine))
+        try:
+            self.collect(self.start_timeout_s, "while starting")
+        except (WorkerLost, WorkerFailed):
+            self.stop()
+            raise
+        self.start_seconds.append(time.monotonic() - began)
+        log.info(
+            "%d sequence-parallel workers on %s ready in %.1f s (start %d)",
+            self.sp_degree,
+            ", ".join(self.devices),
+            self.start_seconds[-1],
+            self.starts,
+        )
+
+    def send(self, worker: Worker, message) -> None:
+        try:
+            worker.conn.send(message)
+        except (BrokenPipeError, ConnectionResetError, EOFError):
+            worker.process.join(1.0)
+            raise WorkerLost(
+                f"sequence-parallel rank {worker.rank} ({worker.device}) exited with code {worker.process.exitcode}"
+            ) from None
+
+    def collect(self, timeout_s: float, when: str) -> list[tuple]:
+        """One reply from every worker, in rank order, within timeout_s. Raises WorkerLost (a
+        worker exited, did not answer in time, or reported a failed collective) or WorkerFailed
+        (a worker reported an error)."""
+        deadline = time.monotonic() + timeout_s
+        replies: dict[int, tuple] = {}
+        while len(replies) < len(self.workers):
+            waiting = [worker for worker in self.workers if worker.rank not in replies]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                ranks = ", ".join(str(worker.rank) for worker in waiting)
+                raise WorkerLost(f"sequence-parallel rank(s) {ranks} did not answer within {timeout_s:g} s {when}")
+            ready = multiprocessing.connection.wait(
+                [worker.conn for worker in waiting] + [worker.process.sentinel for worker in waiting], left
+            )
+            for worker in waiting:
+                if worker.conn in ready or worker.process.sentinel in ready:
+                    replies[worker.rank] = self.receive(worker, when)
+        return [replies[worker.rank] for worker in self.workers]
+
+    def receive(self, worker: Worker, when: str) -> tuple:
+        """The worker's reply, read when its pipe or its process sentinel is ready."""
+        if worker.conn.poll():
+            try:
+                reply, worker.block = Arena.unpack(worker.conn.recv(), worker.block)
+            except (EOFError, ConnectionResetError):
+                reply = None
+            if reply is not None and reply[0] == "lost":
+                raise WorkerLost(f"sequence-parallel {reply[1]} {when}")
+            if reply is not None and reply[0] == "error":
+                raise WorkerFailed(f"sequence-parallel {reply[1]}")
+            if reply is not None:
+                return reply
+        worker.process.join(1.0)
+        raise WorkerLost(
+            f"sequence-parallel rank {worker.rank} ({worker.device}) exited with code {worker.process.exitcode} {when}"
+        )
+
+    def stop(self) -> None:
+        """Kill every worker (SIGKILL) and reap it."""
+        for worker in self.workers:
+            worker.process.kill()
+        for worker in self.workers:
+            worker.process.join(STOP_WAIT_S)
+            worker.conn.close()
+        self.workers = []
+
+    def close(self) -> None:
+        """Ask every worker to exit, wait up to STOP_WAIT_S, then kill what is left."""
+        for worker in self.workers:
+            try:
+                worker.conn.send(None)
+            except (BrokenPipeError, ConnectionResetError, EOFError):
+                pass
+        for worker in self.workers:
+            worker.process.join(STOP_WAIT_S)
+        self.stop()

@@ -1,0 +1,255 @@
+"""Sequence parallelism (h3_core.sequence_parallel, issue 17) on the CPU, in-process.
+
+The split and the Ulysses attention: every rank of 2, 4 or 8 run as a thread of this process
+(an all-to-all through a barrier), for packs whose documents fall every way across the ranks;
+bitwise equal to one device. The driver and its worker processes over gloo (2 ranks, tiny,
+seeded random weights): bitwise equal to one device, and a worker that exits, hangs, raises
+or is killed while idle. Torch runs one CPU thread here, as h3_dit's cpu_threads does (the
+parity rule in the module docstring)."""
+
+import logging
+import os
+import signal
+import threading
+
+import pytest
+import torch
+
+from h3_core import layout as L
+from h3_core.checkpoint import load_dit
+from h3_core.config import get_config
+from h3_core.engine import load_engine
+from h3_core.model import H3DiT
+from h3_core.sequence_parallel import (
+    Arena,
+    SequenceParallelDiT,
+    Shares,
+    WorkerFailed,
+    forward_share,
+    rank_devices,
+)
+
+WEIGHTS = "random:0"
+TINY = get_config("tiny")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def dit():
+    model = H3DiT(TINY)
+    load_dit(model, WEIGHTS)
+    return model.eval()
+
+
+def pack(shapes: list[tuple[int, int, int, int]], seed: int = 0):
+    """(video, audio, text, batch) of requests of (text_len, height, width, num_frames), random
+    rows, timesteps differing per request."""
+    layouts = [L.make_layout(*shape) for shape in shapes]
+    g = torch.Generator().manual_seed(seed)
+    video = torch.randn(sum(lay.video_rows for lay in layouts), 96, generator=g)
+    audio = torch.randn(sum(lay.audio_rows for lay in layouts), 32, generator=g)
+    text = torch.randn(sum(lay.text_len for lay in layouts), TINY.text_dim, generator=g)
+    t_video = [0.1 + 0.2 * i for i in range(len(layouts))]
+    return video, audio, text, L.pack_requests(layouts, t_video, [t + 0.05 for t in t_video])
+
+
+# Requests of 64 rows (41 used), 64 rows (64 used: no padding document), 128 rows (125 used) and
+# 384 rows (331 used), packed so that shares are all padding, part padding, hold several small
+# documents, or cut a document in two or three.
+R64, R64_FULL, R128, R384 = (17, 64, 64, 5), (44, 32, 64, 5), (9, 64, 96, 22), (9, 128, 128, 39)
+PACKS = {
+    "one 64-row request": [R64],
+    "128 + 64 + 64": [R128, R64, R64_FULL],
+    "384 + 128": [R384, R128],
+    "64 + 384": [R64, R384],
+}
+
+
+def test_pack_sizes_and_shares():
+    assert [pack(shapes)[3].total_rows for shapes in PACKS.values()] == [64, 256, 512, 448]
+    assert L.make_layout(*R64_FULL).used == 64 and L.make_layout(*R64).used == 41
+    assert (Shares(64, 2).share, Shares(64, 2).padded, Shares(64, 2).bounds(1)) == (64, 128, (64, 128))
+    assert (Shares(256, 8).share, Shares(256, 8).bounds(3), Shares(256, 8).bounds(4)) == (64, (192, 256), (256, 320))
+    assert (Shares(448, 2).share, Shares(448, 2).padded) == (256, 512)  # rank 1: 192 rows and 64 of padding
+    assert (Shares(512, 4).share, Shares(16_384, 2).share, Shares(65_536, 8).share) == (128, 8192, 8192)
+    rows = torch.arange(448.0)[:, None]
+    assert torch.equal(Shares(448, 2).take(1, rows)[:, 0], torch.cat([torch.arange(256.0, 448.0), torch.zeros(64)]))
+
+
+class ThreadExchange:
+    """The all-to-all among `world` threads of this process: each rank's thread calls of(rank)."""
+
+    def __init__(self, world: int):
+        self.world, self.barrier, self.sent = world, threading.Barrier(world, timeout=60), [None] * world
+
+    def of(self, rank: int):
+        def exchange(send: torch.Tensor) -> torch.Tensor:
+            self.sent[rank] = send
+            self.barrier.wait()
+            received = torch.stack([self.sent[source][rank] for source in range(self.world)])
+            self.barrier.wait()
+            return received
+
+        return exchange
+
+
+def on_threads(dit, video, audio, text, batch, world: int):
+    """forward_share of every rank, each on a thread; its video and audio rows in rank order."""
+    exchange, parts, errors = ThreadExchange(world), [None] * world, []
+
+    def run(rank: int) -> None:
+        try:
+            parts[rank] = forward_share(dit, video, audio, text, batch, rank, world, exchange.of(rank))
+        except Exception as error:  # noqa: BLE001 - re-raised below
+            errors.append(error)
+            exchange.barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(world)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return parts
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("name", list(PACKS))
+def test_every_rank_count_equals_one_device_bitwise(dit, name, world):
+    video, audio, text, batch = pack(PACKS[name])
+    one_video, one_audio = dit(video, audio, text, batch)
+    parts = on_threads(dit, video, audio, text, batch, world)
+    assert torch.equal(torch.cat([part[0] for part in parts]), one_video)
+    assert torch.equal(torch.cat([part[1] for part in parts]), one_audio)
+    shares = Shares(batch.total_rows, world)
+    for rank, (video_part, audio_part) in enumerate(parts):  # each rank returns the rows of its share
+        first, end = shares.bounds(rank)
+        in_share = ((batch.video_rows >= first) & (batch.video_rows < end)).sum().item()
+        assert video_part.shape == (in_share, 96)
+        assert audio_part.shape[0] == ((batch.audio_rows >= first) & (batch.audio_rows < end)).sum().item()
+    if name == "one 64-row request":
+        assert all(part[0].shape[0] == part[1].shape[0] == 0 for part in parts[1:])  # all-padding shares
+
+
+def test_arena_round_trip_and_growth():
+    arena, block = Arena(), None
+    video, audio, text, batch = pack(PACKS["128 + 64 + 64"])
+    carried = arena.carried(arena.pack((batch, video, "label", None)), seen=0)
+    assert carried[0] is arena.block and arena.generation == 1  # the block travels once
+    (got_batch, got_video, label, nothing), block = Arena.unpack(carried, block)
+    assert (label, nothing, got_batch.layouts, got_batch.max_seqlen) == ("label", None, batch.layouts, batch.max_seqlen)
+    assert torch.equal(got_video, video) and torch.equal(got_batch.cu_seqlens, batch.cu_seqlens)
+    assert got_batch.cu_seqlens.dtype == torch.int32 and got_batch.position_ids.dtype == torch.float64
+    again = arena.carried(arena.pack((text,)), seen=1)
+    assert again[0] is None  # the receiver holds the block
+    assert torch.equal(Arena.unpack(again, block)[0][0], text)
+    big = torch.randn(1 << 19)  # 2 MiB: more than the first block (1 MiB)
+    grown = arena.carried(arena.pack((big,)), seen=1)
+    assert grown[0] is arena.block and arena.generation == 2 and arena.block.numel() == 2 << 20
+    assert torch.equal(Arena.unpack(grown, block)[0][0], big)
+
+
+def test_sp_degree_must_divide_the_heads_and_gpus_must_exist():
+    message = "h3_dit parameter sp_degree=3 does not divide the 8 attention heads of config tiny: choose a divisor of 8"
+    with pytest.raises(ValueError) as info:
+        load_engine("tiny", WEIGHTS, with_encoder=False, with_vaes=False, sp_degree=3)
+    assert str(info.value) == message
+    with pytest.raises(ValueError) as info:
+        SequenceParallelDiT(get_config("demo"), WEIGHTS, "cpu", 8)
+    assert "sp_degree=8 does not divide the 4 attention heads of config demo" in str(info.value)
+    assert rank_devices("cpu", 4) == ["cpu"] * 4
+    if torch.cuda.device_count() == 0:
+        with pytest.raises(ValueError) as info:
+            rank_devices("cuda:1", 2)
+        assert str(info.value) == "sp_degree=2 on cuda:1 needs GPUs 1..2, but 0 are visible"
+
+
+# -- worker processes over gloo ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def workers():
+    """The driver of 2 ranks over gloo (collective and step timeout 3 s)."""
+    runner = SequenceParallelDiT(TINY, WEIGHTS, "cpu", 2, timeout_s=3.0)
+    yield runner
+    runner.close()
+
+
+def check_step(runner, dit, name: str = "384 + 128") -> None:
+    video, audio, text, batch = pack(PACKS[name])
+    got_video, got_audio = runner(video, audio, text, batch)
+    one_video, one_audio = dit(video, audio, text, batch)
+    assert torch.equal(got_video, one_video) and torch.equal(got_audio, one_audio)
+
+
+def test_two_ranks_over_gloo_equal_one_device_bitwise(workers, dit):
+    for name in PACKS:
+        check_step(workers, dit, name)
+    assert len(workers.last_stats) == 2 and all(stats["forward_s"] > 0 for stats in workers.last_stats)
+    video, audio, text, batch = pack(PACKS["64 + 384"])
+    workers(video, audio, text, batch, profile=True)
+    assert [len(stats["exchange_s"]) for stats in workers.last_stats] == [2 * TINY.num_layers] * 2
+
+
+def restarts_logged(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().endswith("and retrying the step")]
+
+
+def test_a_worker_that_exits_mid_step_is_replaced_and_the_step_retried(workers, dit, caplog):
+    starts = workers.starts
+    workers.inject_fault("exit")
+    with caplog.at_level(logging.ERROR, logger="h3_dit.sequence_parallel"):
+        check_step(workers, dit)
+    assert workers.starts == starts + 1
+    assert restarts_logged(caplog) == [
+        "sequence-parallel rank 1 (cpu) exited with code 3 during a step; restarting the 2 sequence-parallel "
+        "workers and retrying the step"
+    ]
+
+
+def test_a_hung_worker_is_replaced_after_the_timeout_and_the_step_retried(workers, dit, caplog):
+    starts = workers.starts
+    workers.inject_fault("hang")
+    with caplog.at_level(logging.ERROR, logger="h3_dit.sequence_parallel"):
+        check_step(workers, dit)
+    assert workers.starts == starts + 1
+    (logged,) = restarts_logged(caplog)
+    # the driver's 3 s deadline, or rank 0's 3 s collective timeout, whichever comes first
+    assert "did not answer within 3 s during a step" in logged or "all-to-all failed on rank 0" in logged, logged
+
+
+def test_a_rank_whose_computation_raises_fails_the_step_without_a_retry(workers, dit):
+    starts = workers.starts
+    workers.inject_fault("raise")
+    video, audio, text, batch = pack(PACKS["384 + 128"])
+    with pytest.raises(WorkerFailed) as info:
+        workers(video, audio, text, batch)
+    assert str(info.value) == "sequence-parallel rank 1: RuntimeError: injected fault in sequence-parallel rank 1"
+    assert workers.workers == [] and workers.starts == starts  # killed; started again at the next step
+    check_step(workers, dit)
+    assert workers.starts == starts + 1
+
+
+def test_a_worker_killed_while_idle_is_replaced_before_the_next_step(workers, dit, caplog):
+    starts, victim = workers.starts, workers.workers[1].process
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.join(10)
+    with caplog.at_level(logging.ERROR, logger="h3_dit.sequence_parallel"):
+        check_step(workers, dit)
+    assert workers.starts == starts + 1
+    assert "sequence-parallel rank 1 exited with code -9 while idle; restarting the workers" in caplog.messages
+
+
+def test_close_ends_the_workers():
+    runner = SequenceParallelDiT(TINY, WEIGHTS, "cpu", 1)  # one rank: the same driver and worker code
+    processes = [worker.process for worker in runner.workers]
+    runner.close()
+    assert [process.exitcode for process in processes] == [0] and runner.workers == []
