@@ -93,7 +93,9 @@ Exchange = Callable[[torch.Tensor], torch.Tensor]  # all-to-all: [sp, ...] -> [s
 def check_sp_degree(cfg: DiTConfig, sp_degree: int) -> None:
     """Raise ValueError unless sp_degree >= 1 divides the config's attention heads (Ulysses gives
     each rank heads / sp_degree of them)."""
-    if sp_degree < 1 or cfg.num_heads % sp_degree:
+    if sp_degree < 1:
+        raise ValueError(f"h3_dit parameter sp_degree={sp_degree} is out of range: allowed >= 1")
+    if cfg.num_heads % sp_degree:
         raise ValueError(
             f"h3_dit parameter sp_degree={sp_degree} does not divide the {cfg.num_heads} attention heads of "
             f"config {cfg.name}: choose a divisor of {cfg.num_heads}"

@@ -26,7 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=(*DEVICES, "auto"),
         help="cpu (default), cuda, or auto: cuda when torch sees a GPU, else cpu",
     )
-    parser.add_argument("--gpus", help="cuda: 'all' (default) or a comma list such as 0,1; one h3_dit instance per GPU")
+    parser.add_argument(
+        "--gpus",
+        help="cuda: 'all' (default) or a comma list such as 0,1; one h3_dit instance per GPU, or per "
+        "h3_dit.sp_degree consecutive GPUs with --set h3_dit.sp_degree=N",
+    )
     parser.add_argument("--dit-instances", type=int, help="cpu: h3_dit instances (default 1)")
     parser.add_argument(
         "--set",

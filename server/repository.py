@@ -50,6 +50,7 @@ from h3_core.encoder import QWEN3VL_H3_LAYER, minilm_path, text_width, weight_by
 from h3_core.layout import make_layout
 from h3_core.official_checkpoint import TEXT_ENCODER, TOKENIZER, is_official
 from h3_core.request import request_memory_mb
+from h3_core.sequence_parallel import SP_TIMEOUT_FRACTION, check_sp_degree
 from h3_core.settings import CONTROL_SLOTS, DitSettings, EncoderSettings, VaeSettings
 from h3_core.vae_hook import check_official_vaes, is_official_vae_folder
 
@@ -96,13 +97,20 @@ class Repository:
     notes: tuple[str, ...] = field(default=(), compare=False)
 
 
-def instance_groups(device: str, gpus: Sequence[int] = (), dit_instances: int = 1) -> dict[str, InstanceGroup]:
-    """Where each python model runs. cpu: KIND_CPU, `dit_instances` of h3_dit, one h3_encoder and
-    one h3_vae. cuda: one h3_dit instance on each of `gpus` (count 1 with the gpus list means
-    one instance per listed GPU), one KIND_GPU h3_encoder and h3_vae on gpus[0] (h3_encoder has
-    no device setting: it computes on the CPU wherever its instance is placed).
-    Raises ValueError for an unknown device, dit_instances < 1, GPUs on the CPU, no GPU or
-    dit_instances != 1 on cuda (there the DiT instances are the GPUs)."""
+def instance_groups(
+    device: str, gpus: Sequence[int] = (), dit_instances: int = 1, sp_degree: int = 1
+) -> dict[str, InstanceGroup]:
+    """Where each python model runs. cpu: KIND_CPU, `dit_instances` of h3_dit (each running its
+    steps over sp_degree worker processes when sp_degree > 1), one h3_encoder and one h3_vae.
+    cuda: the GPUs in groups of sp_degree consecutive indices, one h3_dit instance on the first
+    GPU of each group (count 1 with the gpus list means one instance per listed GPU), which
+    drives its group (h3_core.sequence_parallel.rank_devices: its own GPU and the next
+    sp_degree - 1), so instances x sp_degree = GPUs; one KIND_GPU h3_encoder and h3_vae on
+    gpus[0] (h3_encoder has no device setting: it computes on the CPU wherever its instance is
+    placed).
+    Raises ValueError for an unknown device, dit_instances < 1, GPUs on the CPU, no GPU,
+    dit_instances != 1 on cuda (there the DiT instances are the GPUs), or GPUs that do not fall
+    into groups of sp_degree consecutive indices."""
     if device == "cpu":
         if gpus:
             raise ValueError("GPUs were given for --device cpu; use --device cuda")
@@ -121,10 +129,22 @@ def instance_groups(device: str, gpus: Sequence[int] = (), dit_instances: int = 
         raise ValueError(
             f"dit_instances={dit_instances}: on cuda h3_dit has one instance per GPU; choose them with --gpus"
         )
+    if len(gpus) % sp_degree:
+        raise ValueError(
+            f"h3_dit parameter sp_degree={sp_degree} does not divide the {len(gpus)} GPUs {list(gpus)}: each "
+            "h3_dit instance drives sp_degree GPUs"
+        )
+    groups = [list(gpus[start : start + sp_degree]) for start in range(0, len(gpus), sp_degree)]
+    for group in groups:
+        if group != list(range(group[0], group[0] + sp_degree)):
+            raise ValueError(
+                f"GPUs {group} are not consecutive: with sp_degree={sp_degree} an h3_dit instance drives "
+                f"{sp_degree} consecutive GPUs from its own; list the GPUs in such groups (e.g. --gpus all)"
+            )
     first = (gpus[0],)
     return {
         EncoderSettings.MODEL: InstanceGroup(GPU_GROUP, 1, first),
-        DitSettings.MODEL: InstanceGroup(GPU_GROUP, 1, tuple(gpus)),
+        DitSettings.MODEL: InstanceGroup(GPU_GROUP, 1, tuple(group[0] for group in groups)),
         VaeSettings.MODEL: InstanceGroup(GPU_GROUP, 1, first),
     }
 
@@ -157,18 +177,27 @@ def plan(
     max_batch_rows, and max_request_mb = request_memory_mb of a max_batch_rows request at the
     largest canvas, with the CPU constant that Engine.prepare applies, so that it refuses no
     request the row and canvas limits admit. idle_timeout_s replaces the sized
-    max_sequence_idle_microseconds (sizing.idle_timeout).
+    max_sequence_idle_microseconds (sizing.idle_timeout). h3_dit.sp_degree (an override; it must
+    divide the config's heads) makes each h3_dit instance drive that many devices
+    (instance_groups places them; cpu_threads counts each instance's workers).
     Raises ValueError for an unknown config, device, model or key, a value the settings refuse
     (h3_core.settings messages), bad GPUs or instances, a text encoder of another width than the
     config's text_dim (check_text_width), or a GPU where the DiT does not fit."""
     cfg = get_config(config)
-    groups = instance_groups(device, gpus, dit_instances)
     unknown = sorted(set(overrides or {}) - set(SETTINGS))
     if unknown:
         raise ValueError(f"no model {unknown[0]!r} to set: choose one of {sorted(SETTINGS)}")
     given = {
         model: {key: _text(value) for key, value in (overrides or {}).get(model, {}).items()} for model in SETTINGS
     }
+    try:
+        sp_degree = int(given[DitSettings.MODEL].get("sp_degree", "1"))
+    except ValueError:
+        raise ValueError(
+            f"h3_dit parameter sp_degree={given[DitSettings.MODEL]['sp_degree']!r} is not a valid int"
+        ) from None
+    check_sp_degree(cfg, sp_degree)
+    groups = instance_groups(device, gpus, dit_instances, sp_degree)
     checkpoint = str(Path("checkpoints") / config if checkpoint is None else checkpoint)
     vae_device = "cpu" if device == "cpu" else f"cuda:{gpus[0]}"
     values = {
@@ -208,8 +237,18 @@ def plan(
             QWEN3VL_H3_LAYER,
             "H3 conditions on hidden_states[50], the residual stream after Qwen3-VL decoder layer 49 (h3_spec §4.1)",
         )
-    if machine is not None:
-        processes = sum(group.instances for group in groups.values())
+    dit_instances = groups[DitSettings.MODEL].instances
+    if sp_degree > 1:
+        drives = "; ".join(
+            f"the instance on GPU {first} drives GPUs {list(range(first, first + sp_degree))}"
+            for first in groups[DitSettings.MODEL].gpus
+        )
+        notes.append(
+            f"h3_dit.sp_degree {sp_degree}: each of the {dit_instances} h3_dit instances runs its steps over "
+            f"{sp_degree} worker processes (sequence parallelism)" + (f": {drives}" if device == "cuda" else "")
+        )
+    if machine is not None:  # a sequence-parallel h3_dit instance computes in its sp_degree workers
+        processes = sum(group.instances for group in groups.values()) + dit_instances * (sp_degree - 1)
         threads = sizing.cpu_threads(machine.cores, processes)
         for model in SETTINGS:
             size(model, "cpu_threads", threads, f"{machine.cores} cores / {processes} model processes")
@@ -245,6 +284,11 @@ def plan(
     idle, reason = sizing.idle_timeout(device, dit.execution_mode, dit.max_batch_rows, cfg.num_layers, dit.max_steps)
     if idle_timeout_s is not None:
         idle, reason = round(idle_timeout_s * 1e6), f"{idle_timeout_s:g} s, given."
+    if sp_degree > 1:
+        reason += (
+            f" A sequence-parallel worker that has not answered a step after a quarter of it "
+            f"({idle / 1e6 / SP_TIMEOUT_FRACTION:g} s) is replaced and the step retried, within the rest."
+        )
     dit.check(idle_s=idle / 1e6)
     for model in SETTINGS:
         notes += [
@@ -336,6 +380,9 @@ COMMENTS = {
         "(INVALID_ARG)",
         "execute_budget_s": "seconds one execute() may keep taking steps (0 = one step per execute): the Triton "
         "round trip between executes is paid once for them; newcomers and cancels wait up to this long more",
+        "sp_degree": "devices each packed forward runs on (sequence parallelism, h3_core.sequence_parallel): 1 = in "
+        "this instance's process; N > 1 = N worker processes this instance starts, on cuda its own GPU and the next "
+        "N - 1; N must divide the config's attention heads",
     },
     VaeSettings.MODEL: {
         "cpu_threads": CPU_THREADS_COMMENT,

@@ -28,6 +28,8 @@ from h3_core.sequence_parallel import (
     forward_share,
     rank_devices,
 )
+from server.repository import InstanceGroup, config_texts, plan
+from server.sizing import Machine
 
 WEIGHTS = "random:0"
 TINY = get_config("tiny")
@@ -253,3 +255,53 @@ def test_close_ends_the_workers():
     processes = [worker.process for worker in runner.workers]
     runner.close()
     assert [process.exitcode for process in processes] == [0] and runner.workers == []
+
+
+# -- the writer ------------------------------------------------------------------------------------
+
+
+def test_the_writer_gives_each_instance_sp_degree_gpus(tmp_path):
+    wide = {"h3_encoder": {"encoder_path": "/encoder-5120"}}  # bench reads 5120-wide text states
+    machine = Machine(32, {gpu: 140 << 30 for gpu in range(4)})
+    repository = plan(
+        "bench", "random:0", "cuda", [0, 1, 2, 3], overrides={**wide, "h3_dit": {"sp_degree": 2}}, machine=machine
+    )
+    assert repository.groups["h3_dit"] == InstanceGroup("KIND_GPU", 1, (0, 2))  # instances x sp_degree = GPUs
+    assert repository.groups["h3_vae"] == InstanceGroup("KIND_GPU", 1, (0,))
+    assert repository.dit.sp_degree == 2 and repository.dit.cpu_threads == 5  # 32 cores / (1 + 1 + 2 x 2)
+    assert (
+        "h3_dit.sp_degree 2: each of the 2 h3_dit instances runs its steps over 2 worker processes (sequence "
+        "parallelism): the instance on GPU 0 drives GPUs [0, 1]; the instance on GPU 2 drives GPUs [2, 3]"
+    ) in repository.notes
+    assert repository.idle_reason.endswith(
+        "A sequence-parallel worker that has not answered a step after a quarter of it (15 s) is replaced and the "
+        "step retried, within the rest."
+    )
+    texts = config_texts(repository)
+    assert "instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0, 2 ] } ]" in texts["h3_dit"]
+    assert '{ key: "sp_degree" value: { string_value: "2" } }' in texts["h3_dit"]
+    cpu = plan("tiny", dit_instances=2, overrides={"h3_dit": {"sp_degree": 4}}, machine=Machine(16, {}))
+    assert cpu.groups["h3_dit"] == InstanceGroup("KIND_CPU", 2) and cpu.dit.cpu_threads == 1  # 16 / (2 + 2 x 4)
+
+
+@pytest.mark.parametrize(
+    "gpus,sp_degree,config,message",
+    [
+        ([0, 2], 2, "bench", "GPUs [0, 2] are not consecutive: with sp_degree=2 an h3_dit instance drives 2 "),
+        ([0, 1, 2], 2, "bench", "h3_dit parameter sp_degree=2 does not divide the 3 GPUs [0, 1, 2]: each h3_dit "),
+        ([], 3, "tiny", "h3_dit parameter sp_degree=3 does not divide the 8 attention heads of config tiny"),
+        ([], 0, "tiny", "h3_dit parameter sp_degree=0 is out of range: allowed >= 1"),
+        ([], "two", "tiny", "h3_dit parameter sp_degree='two' is not a valid int"),
+    ],
+)
+def test_the_writer_refuses_gpus_and_degrees_that_do_not_fit(gpus, sp_degree, config, message):
+    overrides = {"h3_encoder": {"encoder_path": "/encoder-5120"}} if config == "bench" else {}
+    with pytest.raises(ValueError) as info:
+        plan(
+            config,
+            "random:0",
+            "cuda" if gpus else "cpu",
+            gpus,
+            overrides={**overrides, "h3_dit": {"sp_degree": sp_degree}},
+        )
+    assert str(info.value).startswith(message)
