@@ -603,7 +603,7 @@ class SequenceParallelDiT:
         log.info(
             "%d sequence-parallel workers on %s ready in %.1f s (start %d)",
             self.sp_degree,
-            ", ".join(self.devices),
+            ", ".join(dict.fromkeys(self.devices)),
             self.start_seconds[-1],
             self.starts,
         )
