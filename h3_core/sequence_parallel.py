@@ -64,6 +64,8 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
+import shutil
+import sys
 import threading
 import time
 import traceback
@@ -247,7 +249,7 @@ class Arena:
 
         def persistent_id(obj):
             if isinstance(obj, torch.Tensor):
-                tensors.append(obj.detach().cpu())
+                tensors.append(obj.detach())  # copied from its device straight into the block below
                 return len(tensors) - 1
             return None
 
@@ -488,6 +490,12 @@ class SequenceParallelDiT:
         start_timeout_s: the longest a start of the workers (weights, warm-up) may take.
     Raises ValueError for sp_degree / GPUs (check_sp_degree, rank_devices) and the errors of
     `start` (WorkerLost, WorkerFailed naming the rank and the cause).
+
+    Workers start from multiprocessing's fork server (torch imported there once, so a restart
+    costs the weights and the warm-up, not the imports); as with every start method but fork,
+    each worker imports the parent's __main__ module again: a script that uses this class must
+    guard its entry point (if __name__ == "__main__") and keeps its start-up imports light
+    (tritonserver's python stub has no such module).
     """
 
     def __init__(
@@ -576,6 +584,8 @@ class SequenceParallelDiT:
         began = time.monotonic()
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(["h3_core.sequence_parallel"])
+        if not os.path.basename(sys.executable).startswith("python"):  # an embedding program, not Python
+            context.set_executable(shutil.which("python3") or sys.executable)
         for rank, device in enumerate(self.devices):
             spec = WorkerSpec(
                 rank,

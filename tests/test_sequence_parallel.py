@@ -7,9 +7,12 @@ seeded random weights): bitwise equal to one device, and a worker that exits, ha
 or is killed while idle. Torch runs one CPU thread here, as h3_dit's cpu_threads does (the
 parity rule in the module docstring)."""
 
+import json
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -30,6 +33,8 @@ from h3_core.sequence_parallel import (
 )
 from server.repository import InstanceGroup, config_texts, plan
 from server.sizing import Machine
+
+from .serving import ROOT
 
 WEIGHTS = "random:0"
 TINY = get_config("tiny")
@@ -305,3 +310,27 @@ def test_the_writer_refuses_gpus_and_degrees_that_do_not_fit(gpus, sp_degree, co
             overrides={**overrides, "h3_dit": {"sp_degree": sp_degree}},
         )
     assert str(info.value).startswith(message)
+
+
+def test_the_benchmark_runs_its_in_process_part_on_the_cpu(tmp_path):
+    # benchmarks/sequence_parallel_bench.py's CPU smoke mode (tiny, 2 ranks over gloo); its served
+    # part runs the same servers as tests/test_serving_sequence_parallel.py
+    run = subprocess.run(
+        [sys.executable, "benchmarks/sequence_parallel_bench.py", "--out", str(tmp_path), "--parts", "inprocess"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads((tmp_path / "sequence_parallel_bench.json").read_text())
+    one, two, summary = report["in_process"]["sp1"], report["in_process"]["sp2"], report["summary"]
+    assert (report["hardware"], report["setting"]["config"], report["setting"]["sp_degree"]) == ("CPU", "tiny", 2)
+    assert sorted(two["packs"]) == ["192", "768"]  # one request of 192 rows (64x96, 22 frames), four packed
+    for rows, pack in two["packs"].items():
+        assert pack["rows"] == int(rows) and len(pack["steps_s"]) == 2
+        assert summary[f"sp2_over_sp1_step_time_{rows}"] == pack["step_s"] / one["packs"][rows]["step_s"]
+        assert len(pack["all_to_all_s_per_layer_by_rank"]) == 2
+        assert pack["all_to_all_bytes_per_layer"] == 4 * Shares(int(rows), 2).share * TINY.attn_width * 4
+    assert summary["bitwise_checks"] == 9 and summary["bitwise_all_equal"] is True
+    assert "bitwise in_process: velocities of one step, mixed" in run.stdout
