@@ -8,16 +8,31 @@ Percentiles are h3_core.simulate.percentile's nearest rank, the simulator's defi
 The report (60-wide banner, labels in 40 columns) ends with an ASCII timeline: one line per
 request over [0, wall] in 72 columns, '-' from submit to first step, '=' from first step to
 completion, ' ' outside.
+
+merge_results() files the summaries of engine_bench.py / served_bench.py runs into a results file
+such as benchmarks/results/h200.json (its `summary` keys: existing keys stay where they are with
+the new values, new keys are appended; the values they replace go to `summary_history`; a compact
+copy of each run goes under `measurements`):
+
+    python benchmarks/bench_report.py --merge-into benchmarks/results/h200.json \
+        OUT1/engine_bench.json OUT2/served_bench.json OUT3/served_bench.json [--dry-run]
 """
 
 from __future__ import annotations
 
+import argparse
+import datetime
+import json
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from h3_core.simulate import percentile
+if __name__ == "__main__":  # run as a script (merge_results): the repository root for h3_core
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from h3_core.simulate import percentile  # noqa: E402 - after the sys.path set-up above
 
 STAGES = ("queue", "encode", "denoise", "decode")
 BANNER_WIDTH = 60
@@ -300,3 +315,127 @@ def save_png(path: Path, records: Sequence[RequestRecord], wall: float, label: s
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
+
+
+# Fields of a run kept in its compact copy under `measurements` (merge_results).
+ENGINE_FIELDS = (
+    "command",
+    "date",
+    "hardware",
+    "torch",
+    "config",
+    "weights",
+    "row_tile",
+    "cublas_workspace_config",
+    "compiled_blocks",
+    "load_seconds",
+    "compile",
+    "matmul_probes_flops_per_s",
+    "matmul_flops_per_s",
+    "first_step_seconds_large",
+    "a_step",
+    "b_summary",
+    "e_packing_curve",
+    "roofline",
+    "bitwise",
+)
+SERVED_FIELDS = (
+    "command",
+    "date",
+    "hardware",
+    "torch",
+    "h3_dit_overrides",
+    "c_step4_over_request_pairs",
+    "in_process",
+    "in_process_128",
+    "run_seconds",
+    "skipped",
+)
+
+
+def compact_run(document: dict) -> dict:
+    """What merge_results keeps of an engine_bench.json or served_bench.json document: its
+    headline fields and, per served client run, the summary figures (no per-request records)."""
+    if "runs" not in document:  # engine_bench.json
+        b_runs = [
+            {key: run[key] for key in run if key not in ("separate", "fused")}
+            for run in document.get("b_fused_vs_separate", [])
+        ]
+        return {**{key: document[key] for key in ENGINE_FIELDS if key in document}, "b_runs": b_runs}
+    runs = {}
+    for name, run in document["runs"].items():
+        summary = run["summary"]
+        runs[name] = {
+            "wall_s": summary["wall_s"],
+            "throughput_req_per_min": summary["throughput_req_per_min"],
+            "latency_mean_s": summary["latency_s"]["mean"],
+            "latency_p95_s": summary["latency_s"]["p95"],
+            "time_to_first_step_mean_s": summary["time_to_first_step_s"]["mean"],
+            "step_interval_mean_s": summary["step_interval_s"]["mean"],
+            "peak_pack_size": summary["peak_pack_size"],
+            "server_ready_s": run.get("server_ready_s"),
+            "dit_steps": run.get("dit_steps"),
+            "h3_dit": run.get("h3_dit"),
+        }
+    return {**{key: document[key] for key in SERVED_FIELDS if key in document}, "runs": runs}
+
+
+def merge_results(target: dict, sources: Sequence[tuple[str, dict]], today: str | None = None) -> dict:
+    """`target` (a results file's JSON, e.g. benchmarks/results/h200.json) with the `summary` of
+    every (name, document) of `sources` merged in, later sources winning: keys already in
+    target["summary"] keep their place and take the new value, new keys are appended; one entry
+    is appended to target["summary_history"] (the merge date, the sources and every replaced
+    value, so nothing measured before is lost); target["measurements"][f"{kind}_{date}"] gets
+    compact_run(document) (kind engine_bench or served_bench, numbered when taken). Raises
+    ValueError when a source ran on other hardware than target["hardware"] (a CPU smoke run is
+    never filed as a GPU result) or has no summary."""
+    merged = json.loads(json.dumps(target))  # a deep copy
+    summary = merged.setdefault("summary", {})
+    measurements = merged.setdefault("measurements", {})
+    replaced, described = {}, []
+    for name, document in sources:
+        if "summary" not in document:
+            raise ValueError(f"{name} has no summary")
+        if "hardware" in merged and document.get("hardware") != merged["hardware"]:
+            raise ValueError(f"{name} ran on {document.get('hardware')!r}, not {merged['hardware']!r}")
+        kind = "served_bench" if "runs" in document else "engine_bench"
+        key = f"{kind}_{document.get('date', 'undated')}"
+        number = 2
+        while key in measurements:
+            key = f"{kind}_{document.get('date', 'undated')}_{number}"
+            number += 1
+        measurements[key] = {"file": name, **compact_run(document)}
+        for field, value in document["summary"].items():
+            if field in summary and summary[field] != value and field not in replaced:
+                replaced[field] = summary[field]
+            summary[field] = value
+        described.append({"file": name, "measurement": key, "command": document.get("command")})
+    merged.setdefault("summary_history", []).append(
+        {"merged": today or datetime.date.today().isoformat(), "sources": described, "replaced": replaced}
+    )
+    return merged
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="File engine_bench / served_bench summaries into a results file.")
+    parser.add_argument("--merge-into", type=Path, required=True, help="e.g. benchmarks/results/h200.json")
+    parser.add_argument("documents", type=Path, nargs="+", help="engine_bench.json / served_bench.json files")
+    parser.add_argument("--dry-run", action="store_true", help="print the new summary, write nothing")
+    args = parser.parse_args()
+    target = json.loads(args.merge_into.read_text())
+    sources = [(str(path), json.loads(path.read_text())) for path in args.documents]
+    try:
+        merged = merge_results(target, sources)
+    except ValueError as error:
+        sys.exit(f"bench_report.py: {error}")
+    old = target.get("summary", {})
+    for key, value in merged["summary"].items():
+        mark = "new" if key not in old else ("   " if old[key] == value else "was")
+        print(f"{key:<44} {value!s:<24} {mark} {old.get(key, '') if mark == 'was' else ''}")
+    if not args.dry_run:
+        args.merge_into.write_text(json.dumps(merged, indent=2) + "\n")
+        print(f"wrote {args.merge_into}")
+
+
+if __name__ == "__main__":
+    main()
