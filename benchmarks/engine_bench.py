@@ -379,7 +379,7 @@ def main() -> None:
         use_bitwise_cublas()  # before the first CUDA GEMM of this process (the matmul probe's)
     cfg = get_config("bench" if cuda else "tiny")
     large, curve = (GPU_LARGE, GPU_CURVE) if cuda else (CPU_LARGE, CPU_CURVE)
-    large_rows = 16384 if cuda else 256
+    large_rows = 16384 if cuda else 128  # rows of the (a) and (b) requests
     repeats = 3 if cuda else 1
     limits = RequestLimits(max_height=1024, max_width=1024, max_num_frames=257, max_rows=2**20, max_request_mb=2**20)
     start = time.perf_counter()
@@ -493,7 +493,7 @@ def main() -> None:
 def print_tables(results: dict, large_rows: int) -> None:
     """The short report of engine_bench.json's numbers."""
     rate = results["matmul_flops_per_s"]
-    probes = ", ".join(f"{p / 1e12:.1f}" for p in results["matmul_probes_flops_per_s"])
+    probes = ", ".join(f"{p / 1e12:.4g}" for p in results["matmul_probes_flops_per_s"])
     compile_info = results["compile"]
     print(
         f"{results['hardware']}, {results['config']} DiT ({results['weights']}), row_tile {results['row_tile']}, "
@@ -502,7 +502,7 @@ def print_tables(results: dict, large_rows: int) -> None:
     print(
         f"load {results['load_seconds']:.1f} s, warm-up (compile) {compile_info['compile_seconds']:.1f} s, "
         f"recompiles {compile_info['recompiles']}, graph breaks {compile_info['graph_breaks']}; "
-        f"matmul {rate / 1e12:.1f} TFLOP/s (probes {probes})"
+        f"matmul {rate / 1e12:.4g} TFLOP/s (probes {probes})"
     )
     if "a_step" in results:
         print(
