@@ -56,6 +56,7 @@ Triton reaps the live sequences. Workers exit when the driver's process is gone 
 thread) or their pipe closes.
 """
 
+import atexit
 import datetime
 import io
 import logging
@@ -474,6 +475,18 @@ class Worker:
     block: torch.Tensor | None = None
 
 
+# Drivers whose workers run: stopped at interpreter exit, before multiprocessing joins its
+# children (atexit runs last-registered first), which would otherwise wait for good on workers
+# still reading their pipes (a driver that raised, an h3_dit whose initialize() failed).
+_RUNNING: set["SequenceParallelDiT"] = set()
+
+
+@atexit.register
+def _stop_running() -> None:
+    for driver in list(_RUNNING):
+        driver.stop()
+
+
 class SequenceParallelDiT:
     """Runs H3DiT.forward over `sp_degree` worker processes, one per rank (module docstring).
     Used as an Engine's `dit`: call it like H3DiT.forward; `cfg` and `device` as H3DiT's.
@@ -604,6 +617,7 @@ class SequenceParallelDiT:
             process.start()
             theirs.close()
             self.workers.append(Worker(rank, device, process, mine))
+        _RUNNING.add(self)
         try:
             self.collect(self.start_timeout_s, "while starting")
         except (WorkerLost, WorkerFailed):
@@ -673,6 +687,7 @@ class SequenceParallelDiT:
             worker.process.join(STOP_WAIT_S)
             worker.conn.close()
         self.workers = []
+        _RUNNING.discard(self)
 
     def close(self) -> None:
         """Ask every worker to exit, wait up to STOP_WAIT_S, then kill what is left."""

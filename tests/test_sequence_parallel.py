@@ -334,3 +334,18 @@ def test_the_benchmark_runs_its_in_process_part_on_the_cpu(tmp_path):
         assert pack["all_to_all_bytes_per_layer"] == 4 * Shares(int(rows), 2).share * TINY.attn_width * 4
     assert summary["bitwise_checks"] == 9 and summary["bitwise_all_equal"] is True
     assert "bitwise in_process: velocities of one step, mixed" in run.stdout
+
+
+def test_a_driver_that_ends_without_closing_its_workers_exits_at_once():
+    # multiprocessing joins a process's children at exit: without the driver's exit handler that
+    # waited for good on workers reading their pipes (an h3_dit whose initialize() failed)
+    script = (
+        "import torch\n"
+        "from h3_core.config import get_config\n"
+        "from h3_core.sequence_parallel import SequenceParallelDiT\n"
+        "torch.set_num_threads(1)\n"
+        "runner = SequenceParallelDiT(get_config('tiny'), 'random:0', 'cpu', 2)\n"
+        "raise SystemExit('ends without closing its workers')\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert (run.returncode, run.stderr.strip().splitlines()[-1]) == (1, "ends without closing its workers")
