@@ -36,9 +36,9 @@ every case tried is bitwise.
 
 Processes. `SequenceParallelDiT` is the Engine's `dit` in the DiT instance's own process (the
 driver): it holds no weights and never takes part in a collective. It starts one worker process
-per rank (multiprocessing "spawn"); each loads the weights onto its device, warms up alone (the
-compilation, before any collective), then joins a process group (NCCL on CUDA, gloo on the CPU;
-rendezvous through a TCPStore the driver hosts) whose collective timeout is `timeout_s`. Each
+per rank (multiprocessing's fork server); each loads the weights onto its device and warms up
+alone (the compilation), and once every rank has, they join a process group (NCCL on CUDA, gloo on
+the CPU; rendezvous through a TCPStore the driver hosts) whose collective timeout is `timeout_s`. Each
 step the driver sends every worker the pack (CPU tensors through a pipe: torch moves them
 through shared memory) and waits for every share's rows.
 
@@ -367,10 +367,10 @@ def exit_with_parent() -> None:
     threading.Thread(target=watch, name="h3-sp-parent-watch", daemon=True).start()
 
 
-def start_worker(spec: WorkerSpec) -> tuple[H3DiT, CollectiveExchange]:
-    """Load this rank's DiT on its device as load_engine does (bitwise cuBLAS setting, weights,
-    compiled blocks on CUDA), warm it up alone (compilation and first-use set-up happen before any
-    collective, so no collective waits on another rank's compiler), then join the process group."""
+def load_worker(spec: WorkerSpec) -> H3DiT:
+    """This rank's DiT on its device as load_engine makes it (bitwise cuBLAS setting, weights,
+    compiled blocks on CUDA), warmed up alone: the compilation and first-use set-up happen before
+    the process group exists, so no rendezvous or collective waits on another rank's compiler."""
     from .checkpoint import load_dit
     from .engine import Engine
     from .model.dit import use_bitwise_cublas
@@ -385,6 +385,13 @@ def start_worker(spec: WorkerSpec) -> tuple[H3DiT, CollectiveExchange]:
     if device.type == "cuda":
         dit.compile_blocks()
     Engine(dit.eval(), None, None).warm_up()
+    return dit
+
+
+def join_group(spec: WorkerSpec) -> CollectiveExchange:
+    """Join the ranks' process group (NCCL on CUDA, gloo on the CPU; collective timeout
+    spec.timeout_s) through the driver's TCPStore, under this start's prefix."""
+    device = torch.device(spec.device)
     timeout = datetime.timedelta(seconds=spec.timeout_s)
     store = dist.PrefixStore(
         f"start-{spec.start}", dist.TCPStore("127.0.0.1", spec.store_port, is_master=False, timeout=timeout)
@@ -392,22 +399,18 @@ def start_worker(spec: WorkerSpec) -> tuple[H3DiT, CollectiveExchange]:
     options = {"device_id": device} if device.type == "cuda" else {}
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, store=store, rank=spec.rank, world_size=spec.world, timeout=timeout, **options)
-    return dit, CollectiveExchange(spec.rank, device)
+    return CollectiveExchange(spec.rank, device)
 
 
 def worker_main(spec: WorkerSpec, conn: multiprocessing.connection.Connection) -> None:
-    """A worker process: start (reply ("ready",)), then answer each step message
+    """A worker process: load and warm up (reply ("loaded",)), join the process group when the
+    driver says "join" (reply ("ready",)), then answer each step message
     (batch, video, audio, text, fault, profile) with ("ok", video rows, audio rows, stats), or
     ("lost", message) when a collective failed, or ("error", message); stop at None or when the
     pipe closes. Messages both ways go through an Arena; fault is None or (rank, kind) for
     CollectiveExchange.fault. stats: forward_s (seconds of forward_share, device synchronised) and,
     when profiled, exchange_s (seconds of each all-to-all)."""
     exit_with_parent()
-    try:
-        dit, exchange = start_worker(spec)
-    except Exception as error:  # noqa: BLE001 - reported to the driver, which raises it
-        conn.send((None, *Arena().pack(("error", f"rank {spec.rank} could not start: {describe(error)}"))))
-        return
     arena, seen, block = Arena(), 0, None  # replies' arena, its generation the driver holds, the steps' block
 
     def reply(message) -> None:
@@ -415,6 +418,17 @@ def worker_main(spec: WorkerSpec, conn: multiprocessing.connection.Connection) -
         conn.send(arena.carried(arena.pack(message), seen))
         seen = arena.generation
 
+    try:
+        dit = load_worker(spec)
+        reply(("loaded",))
+        if conn.recv() != "join":  # sent once every rank has loaded
+            return
+        exchange = join_group(spec)
+    except EOFError:
+        return
+    except Exception as error:  # noqa: BLE001 - reported to the driver, which raises it
+        reply(("error", f"rank {spec.rank} could not start: {describe(error)}"))
+        return
     reply(("ready",))
     while True:
         try:
@@ -591,8 +605,9 @@ class SequenceParallelDiT:
     # -- the workers ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start one worker per rank and wait until each has loaded, warmed up and joined the
-        process group (start_timeout_s). Raises WorkerLost / WorkerFailed (workers killed)."""
+        """Start one worker per rank, wait until each has loaded and warmed up, then let them all
+        join the process group at once (each phase within start_timeout_s). Raises WorkerLost /
+        WorkerFailed (workers killed)."""
         self.starts += 1
         began = time.monotonic()
         context = multiprocessing.get_context("forkserver")
@@ -619,7 +634,10 @@ class SequenceParallelDiT:
             self.workers.append(Worker(rank, device, process, mine))
         _RUNNING.add(self)
         try:
-            self.collect(self.start_timeout_s, "while starting")
+            self.collect(self.start_timeout_s, "while loading")  # each rank loads and compiles alone
+            for worker in self.workers:
+                self.send(worker, "join")
+            self.collect(self.start_timeout_s, "while joining the process group")
         except (WorkerLost, WorkerFailed):
             self.stop()
             raise
