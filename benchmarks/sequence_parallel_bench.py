@@ -33,7 +33,9 @@ Writes DIR/sequence_parallel_bench.json after every part (hardware, torch, comma
 settings, every measurement, bitwise results, summary: sp{N}_over_sp1_step_time_16384 (issue
 target <= 0.55), _65536, all-to-all ms per layer, 30-step latencies) and prints a table last.
 With --work the document is also kept there and a later call adds its parts to it (split the
-run over two calls: --parts inprocess, then --parts served, same --work).
+run over two calls: --parts inprocess, then --parts served, same --work). With
+TORCHINDUCTOR_DETERMINISTIC=1 in the environment every process (this one, the workers, the
+servers) compiles the DiT blocks in Inductor's deterministic mode (recorded in the settings).
 Expected on two H200s: inprocess about 3 minutes, served about 3-4 minutes (server starts
 compile the DiT; restarts reuse the compiler's cache).
 
@@ -443,7 +445,16 @@ def main() -> None:
         hardware=f"{torch.cuda.device_count()} x {torch.cuda.get_device_name()}" if cuda else "CPU",
         torch=torch.__version__,
         command="PYTHONUNBUFFERED=1 python3 benchmarks/sequence_parallel_bench.py " + " ".join(sys.argv[1:]),
-        setting={**asdict(setting), "weights": WEIGHTS, "text_len": TEXT_LEN, "sp_degree": sp},
+        setting={
+            **asdict(setting),
+            "weights": WEIGHTS,
+            "text_len": TEXT_LEN,
+            "sp_degree": sp,
+            # Inductor's deterministic mode (TORCHINDUCTOR_DETERMINISTIC=1, inherited by the workers and
+            # the servers): no run-time benchmarking of reduction configs or matmul padding, whose choices
+            # may differ between the processes of sp 1 and of the ranks
+            "inductor_deterministic": os.environ.get("TORCHINDUCTOR_DETERMINISTIC") == "1",
+        },
     )
     results.setdefault("bitwise", {})
 
