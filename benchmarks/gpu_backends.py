@@ -43,7 +43,7 @@ from h3_core.model.attention import (  # noqa: E402 - after the sys.path set-up 
     sdpa_per_document,
     unavailable_reason,
 )
-from h3_core.model.dit import Linear  # noqa: E402 - after the sys.path set-up above
+from h3_core.model.dit import Linear, use_bitwise_cublas  # noqa: E402 - after the sys.path set-up above
 
 
 @dataclass(frozen=True)
@@ -376,6 +376,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="folder for gpu_backends.json")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        use_bitwise_cublas()  # before the first GEMM: the DiT's default on CUDA (h3_core.model.dit)
     s = GPU_SIZES if device.type == "cuda" else CPU_SIZES
     results = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
