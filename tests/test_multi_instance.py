@@ -6,6 +6,7 @@ landing on either instance (h3_core.registry), and per-instance metrics whose su
 server's totals."""
 
 import threading
+import time
 
 import pytest
 
@@ -56,7 +57,13 @@ def test_requests_spread_over_both_instances_and_cancels_reach_either(two_instan
         for i in range(4)
     ]
     assert all(event.wait(60) for event in running)
+    # the gauges are set at the end of an execute, which may run several steps after a progress
+    # response (execute_budget_s): read them until both instances have reported their requests
+    deadline = time.monotonic() + 60
     active = per_instance(server, "h3_active_requests")
+    while sum(active.values()) != 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        active = per_instance(server, "h3_active_requests")
     # Triton places each newcomer on the lowest free sequence slot; which instance that is depends
     # on timing, so only the totals are exact here (the H200 run measures the balance)
     assert sorted(active) == ["h3_dit_0_0", "h3_dit_0_1"] and sum(active.values()) == 4
