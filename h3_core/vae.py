@@ -114,6 +114,12 @@ def check_audio_latent(latent: torch.Tensor) -> None:
         )
 
 
+def frames_to_uint8(frames: torch.Tensor) -> torch.Tensor:
+    """Decoded frames in [-1, 1] (any shape, channels last) -> uint8 in [0, 255]: clamp((x + 1) / 2,
+    0, 1) x 255, rounded (h3_spec §4.2)."""
+    return ((frames + 1.0) * 0.5).clamp(0.0, 1.0).mul(255.0).round().to(torch.uint8).contiguous()
+
+
 class VideoVAE(nn.Module):
     """Video autoencoder: uint8 [17n + 5, H, W, 3] <-> float32 [24, 5n + 2, H/16, W/16].
 
@@ -162,8 +168,7 @@ class VideoVAE(nn.Module):
         check_video_latent(latent)
         z = latent.to(self.latents_mean.device).transpose(0, 1)
         z = z * self.latents_std[:, None, None] + self.latents_mean[:, None, None]
-        frames = groups_to_frames(self.decoder(z))
-        return ((frames + 1.0) * 0.5).clamp(0.0, 1.0).mul(255.0).round().to(torch.uint8).contiguous()
+        return frames_to_uint8(groups_to_frames(self.decoder(z)))
 
 
 def _encoder_conv(width: int, out: int, stride: int) -> nn.Conv1d:

@@ -50,7 +50,15 @@ from .checkpoint import (
     source_seed,
 )
 from .config import AUDIO_HOP, AUDIO_LATENT_CHANNELS, VIDEO_LATENT_CHANNELS, VIDEO_SPATIAL_DOWNSAMPLE
-from .vae import AudioVAE, VideoVAE, check_audio_latent, check_video_latent, create_vaes, num_video_frames
+from .vae import (
+    AudioVAE,
+    VideoVAE,
+    check_audio_latent,
+    check_video_latent,
+    create_vaes,
+    frames_to_uint8,
+    num_video_frames,
+)
 
 VIDEO_FOLDER, AUDIO_FOLDER = "video_vae", "audio_vae"
 CONFIG_FILE = "config.json"
@@ -161,18 +169,22 @@ def decoded_tensor(folder: Path, output, expected: list[list[int]]) -> torch.Ten
     return tensor.float()
 
 
-class RemoteVideoVAE:
-    """An official video_vae/ folder's model behind VideoVAE.decode (hook contract 3, 4).
+class RemoteVAE:
+    """An official VAE folder's model and its latent statistics (hook contract 1-3).
 
     Args:
         code: the folder's contract (check_official_vaes).
-        device: where the model, the latents and the frames live.
+        device: where the model, the latents and the outputs live.
     """
 
     def __init__(self, code: RemoteCode, device: str | torch.device):
         self.folder, self.model = code.folder, remote_model(code, device)
         self.latents_mean = torch.tensor(code.latents_mean, device=device)
         self.latents_std = torch.tensor(code.latents_std, device=device)
+
+
+class RemoteVideoVAE(RemoteVAE):
+    """An official video_vae/ folder's model behind VideoVAE.decode (hook contract 3, 4)."""
 
     @torch.inference_mode()
     def decode(self, latent: torch.Tensor) -> torch.Tensor:
@@ -187,22 +199,13 @@ class RemoteVideoVAE:
         _, num_latents, height, width = latent.shape
         step = VIDEO_SPATIAL_DOWNSAMPLE
         expected = [1, 3, num_video_frames(num_latents), height * step, width * step]
-        frames = decoded_tensor(self.folder, self.model.decode(z[None]), [expected])[0].permute(1, 2, 3, 0)
-        return ((frames + 1.0) * 0.5).clamp(0.0, 1.0).mul(255.0).round().to(torch.uint8).contiguous()
+        return frames_to_uint8(
+            decoded_tensor(self.folder, self.model.decode(z[None]), [expected])[0].permute(1, 2, 3, 0)
+        )
 
 
-class RemoteAudioVAE:
-    """An official audio_vae/ folder's model behind AudioVAE.decode (hook contract 3, 5).
-
-    Args:
-        code: the folder's contract (check_official_vaes).
-        device: where the model, the latents and the waveform live.
-    """
-
-    def __init__(self, code: RemoteCode, device: str | torch.device):
-        self.folder, self.model = code.folder, remote_model(code, device)
-        self.latents_mean = torch.tensor(code.latents_mean, device=device)
-        self.latents_std = torch.tensor(code.latents_std, device=device)
+class RemoteAudioVAE(RemoteVAE):
+    """An official audio_vae/ folder's model behind AudioVAE.decode (hook contract 3, 5)."""
 
     @torch.inference_mode()
     def decode(self, latent: torch.Tensor) -> torch.Tensor:
