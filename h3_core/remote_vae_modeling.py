@@ -21,20 +21,24 @@ from h3_core.vae import AudioVAE, VideoVAE, groups_to_frames
 WEIGHTS_FILE = "model.safetensors"
 
 
-class H3VideoDecoder(nn.Module):
-    """VideoVAE's decoder: raw latents [1, 24, T_lat, Hl, Wl] -> frames [1, 3, 17n + 5, 16 Hl, 16 Wl]."""
-
-    def __init__(self):
-        super().__init__()
-        self.decoder = VideoVAE().decoder
+class PretrainedDecoder(nn.Module):
+    """A decoder whose weights live in a folder's model.safetensors (hook contract 3)."""
 
     @classmethod
-    def from_pretrained(cls, folder: str) -> "H3VideoDecoder":
+    def from_pretrained(cls, folder: str) -> "PretrainedDecoder":
         """The decoder with the weights of `folder`/model.safetensors, in eval mode on the CPU.
         Raises FileNotFoundError / ValueError as checkpoint.load_weights."""
         model = cls()
         load_weights(model, Path(folder) / WEIGHTS_FILE)
         return model.eval()
+
+
+class H3VideoDecoder(PretrainedDecoder):
+    """VideoVAE's decoder: raw latents [1, 24, T_lat, Hl, Wl] -> frames [1, 3, 17n + 5, 16 Hl, 16 Wl]."""
+
+    def __init__(self):
+        super().__init__()
+        self.decoder = VideoVAE().decoder
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:
         """Raw (de-normalised) float32 latents [1, 24, T_lat, Hl, Wl] (T_lat = 5n + 2) -> float32
@@ -43,20 +47,12 @@ class H3VideoDecoder(nn.Module):
         return frames.permute(3, 0, 1, 2)[None]
 
 
-class H3AudioDecoder(nn.Module):
+class H3AudioDecoder(PretrainedDecoder):
     """AudioVAE's decoder: raw latents [2, 32, T_a] -> waveforms [2, 1, 800 T_a]."""
 
     def __init__(self):
         super().__init__()
         self.decoder = AudioVAE().decoder
-
-    @classmethod
-    def from_pretrained(cls, folder: str) -> "H3AudioDecoder":
-        """The decoder with the weights of `folder`/model.safetensors, in eval mode on the CPU.
-        Raises FileNotFoundError / ValueError as checkpoint.load_weights."""
-        model = cls()
-        load_weights(model, Path(folder) / WEIGHTS_FILE)
-        return model.eval()
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:
         """Raw (de-normalised) float32 latents [2, 32, T_a], each stereo channel a mono item ->
