@@ -64,7 +64,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_text_encoder import write_bench_text_encoder  # noqa: E402 - after the sys.path set-up above
-from served_bench import without_machine_paths  # noqa: E402 - after the sys.path set-up above
+from served_bench import FULL_PACK_DIT, without_machine_paths  # noqa: E402 - after the sys.path set-up above
 
 from h3_core.config import get_config  # noqa: E402 - after the sys.path set-up above
 from h3_core.encoder import QWEN3VL_H3_LAYER  # noqa: E402 - after the sys.path set-up above
@@ -81,15 +81,6 @@ SAMPLE_INTERVAL_S = 0.5
 STAGES = ("a", "qwen3vl", "b")
 ENCODE_TOKENS = (9, 256)
 ENCODE_REPEATS = 3
-DIT_OVERRIDES = {
-    "max_batch_rows": 65536,
-    "max_num_seqs": 4,
-    "row_budget": 65536,
-    "max_height": 384,
-    "max_width": 672,
-    "max_num_frames": 209,
-    "max_request_mb": 1 << 20,
-}
 
 
 @dataclass(frozen=True)
@@ -467,7 +458,7 @@ def main() -> int:
     encoder = args.work / "bench_text_encoder"
     if not (encoder / "model.safetensors").is_file():
         write_bench_text_encoder(encoder, width=cfg.text_dim)
-    overrides = {"h3_dit": DIT_OVERRIDES, "h3_encoder": {"encoder_path": str(encoder)}}
+    overrides = {"h3_dit": FULL_PACK_DIT, "h3_encoder": {"encoder_path": str(encoder)}}
     repository = plan(setting.config, WEIGHTS, setting.device, [0] if cuda else [], overrides=overrides)
     for model, source in (("h3_dit", repository.dit.checkpoint_dir), ("h3_vae", repository.vae.checkpoint_dir)):
         if source != WEIGHTS:
@@ -487,7 +478,7 @@ def main() -> int:
             "dit_parameters": meta_dit_params,
             "dit_weight_bytes": dit_weight_bytes(cfg),
             "rows_per_request": None,  # filled from run a's packed rows
-            "h3_dit": {key: str(value) for key, value in DIT_OVERRIDES.items()},
+            "h3_dit": {key: str(value) for key, value in FULL_PACK_DIT.items()},
             "h3_encoder_encoder_path": "benchmark text encoder (benchmarks/bench_text_encoder.py), "
             f"width {cfg.text_dim}, on {repository.encoder.device}",
             "h3_vae": {"checkpoint_dir": repository.vae.checkpoint_dir, "device": repository.vae.device},

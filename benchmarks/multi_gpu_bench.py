@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from served_bench import GPU, TEXT_LEN, prepare_weights, without_machine_paths  # noqa: E402 - after the sys.path set-up above
+from served_bench import FULL_PACK_DIT, GPU, TEXT_LEN, prepare_weights, without_machine_paths  # noqa: E402 - after the sys.path set-up above
 
 from h3_core.engine import load_engine  # noqa: E402 - after the sys.path set-up above
 from h3_core.layout import audio_latent_frames, latent_frames  # noqa: E402 - after the sys.path set-up above
@@ -64,15 +64,7 @@ def served(
             "cuda",
             gpus,
             overrides={
-                "h3_dit": {
-                    "max_batch_rows": 65536,
-                    "max_num_seqs": 4,
-                    "row_budget": 65536,
-                    "max_height": 384,
-                    "max_width": 672,
-                    "max_num_frames": 209,
-                    "max_request_mb": 1 << 20,
-                },
+                "h3_dit": FULL_PACK_DIT,
                 "h3_encoder": {"encoder_path": encoder_path},
             },
         ),

@@ -75,6 +75,16 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_text_encoder import write_bench_text_encoder  # noqa: E402 - after the sys.path set-up above
 
 TEXT_LEN = 45  # tokens of "Random prompt {i} for benchmarking diffusion models" with the bench encoder
+# h3_dit settings of the GPU runs that pack 4 x 16,384-row requests of 672x384, 209 frames in one step
+FULL_PACK_DIT = {
+    "max_batch_rows": 65536,
+    "max_num_seqs": 4,
+    "row_budget": 65536,
+    "max_height": 384,
+    "max_width": 672,
+    "max_num_frames": 209,
+    "max_request_mb": 1 << 20,
+}
 SCENARIOS = ("c", "c1", "d", "f")
 
 
