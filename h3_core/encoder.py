@@ -60,12 +60,9 @@ def weight_bytes(folder: str | Path, hidden_layer: int) -> int:
     layers (50.3 GB for MiniMax-H3's at layer 50), for other encoders every tensor.
     Raises OSError when the folder holds no safetensors weights."""
     folder = Path(folder)
-    index = folder / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else []
-    if not files and not (folder / "model.safetensors").is_file():
-        raise OSError(f"{folder} holds no model.safetensors or model.safetensors.index.json")
+    weight_map = checkpoint_weight_map(folder)
     qwen3vl, total = model_type(folder) == QWEN3VL, 0
-    for file in files or ["model.safetensors"]:
+    for file in sorted(set(weight_map.values())):
         with safe_open(str(folder / file), "pt") as f:
             for name in f.keys():
                 if qwen3vl and not qwen3vl_keeps(name, hidden_layer):
@@ -89,19 +86,25 @@ def qwen3vl_keeps(name: str, num_layers: int) -> bool:
 SAFETENSORS_DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "U8": 1, "BOOL": 1}
 
 
+def checkpoint_weight_map(folder: Path) -> dict[str, str]:
+    """Tensor name -> file of a Hugging Face checkpoint folder: the weight_map of
+    model.safetensors.index.json, else every tensor of model.safetensors (headers only).
+    Raises OSError when the folder holds neither."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return json.loads(index.read_text())["weight_map"]
+    if (folder / "model.safetensors").is_file():
+        with safe_open(str(folder / "model.safetensors"), "pt") as f:
+            return dict.fromkeys(f.keys(), "model.safetensors")
+    raise OSError(f"{folder} holds no model.safetensors or model.safetensors.index.json")
+
+
 def checkpoint_tensors(folder: Path, names: set[str]) -> dict[str, torch.Tensor]:
     """The tensors `names` of a Hugging Face checkpoint folder (model.safetensors, or the shards of
     model.safetensors.index.json), read one by one: tensors not named are never loaded.
     Raises OSError when the folder has no safetensors weights, ValueError naming the first tensor
     that is missing."""
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-    elif (folder / "model.safetensors").is_file():
-        with safe_open(str(folder / "model.safetensors"), "pt") as f:
-            weight_map = dict.fromkeys(f.keys(), "model.safetensors")
-    else:
-        raise OSError(f"{folder} holds no model.safetensors or model.safetensors.index.json")
+    weight_map = checkpoint_weight_map(folder)
     missing = sorted(names - set(weight_map))
     if missing:
         raise ValueError(f"{folder} is missing tensor {missing[0]!r} ({len(missing)} missing)")
