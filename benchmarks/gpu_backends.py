@@ -1,6 +1,6 @@
 """Attention backends, GEMM row parity and the bench DiT on the GPU (issue 4).
 
-    PYTHONUNBUFFERED=1 python benchmarks/gpu_backends.py --out DIR
+    PYTHONUNBUFFERED=1 python benchmarks/gpu_backends.py --out DIR [--backends NAME ...] [--sections NAME ...]
 
 On a CUDA device (bf16, 56 heads x 128) it measures:
   (a) parity per attention backend: a document's output solo vs packed (behind the largest
@@ -16,6 +16,9 @@ On a CUDA device (bf16, 56 heads x 128) it measures:
       128-row request, bitwise, with one step's time (CUDA events, after a warm-up), per
       attention backend and row tile (0 = plain cuBLAS GEMMs);
   (e) flex attention compiled for each shape (automatic dynamic shapes off): parity and time.
+--backends picks the attention backends of (a) and (b) (default: every one in BACKENDS, e.g.
+`--backends sdpa varlen flash_attn4`); one that cannot run is recorded with the reason, as is
+one that fails. --sections picks the sections (default: all: attention, flex_static, gemm, dit).
 On the CPU the same code runs with tiny sizes (float32, 4 heads x 16, the `tiny` DiT) as a
 smoke test. Prints a short table last; writes DIR/gpu_backends.json.
 """
@@ -40,6 +43,7 @@ from h3_core.model import H3DiT  # noqa: E402 - after the sys.path set-up above
 from h3_core.model.attention import (  # noqa: E402 - after the sys.path set-up above
     BACKENDS,
     get_attention_backend,
+    installed_version,
     sdpa_per_document,
     unavailable_reason,
 )
@@ -88,6 +92,16 @@ CPU_SIZES = Sizes(
     (64, 128),
 )
 PAD_ROWS = 55  # a padding document, as behind a 16,329-row request
+# distributions whose versions the JSON records (None: not installed), flash_attn4's among them
+PACKAGES = (
+    "flash_attn",
+    "flash-attn-4",
+    "nvidia-cutlass-dsl",
+    "nvidia-cutlass-dsl-libs-base",
+    "nvidia-cutlass-dsl-libs-cu13",
+    "quack-kernels",
+    "apache-tvm-ffi",
+)
 
 
 def synchronize(device: torch.device) -> None:
@@ -203,9 +217,11 @@ def cuda_kernels(fn) -> list[str]:
     return sorted({e.name[:120] for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA})
 
 
-def attention_section(s: Sizes, device) -> dict:
+def attention_section(s: Sizes, device, backends: tuple[str, ...]) -> dict:
+    """Parity, timing and kernels of each backend in `backends` (those that cannot run: why)."""
     results = {}
-    for name, fn in BACKENDS.items():
+    for name in backends:
+        fn = BACKENDS[name]
         reason = unavailable_reason(name, device, s.dtype)
         print(f"backend {name}: {reason or 'available'}")
         if reason:
@@ -213,8 +229,10 @@ def attention_section(s: Sizes, device) -> dict:
             continue
         entry = results[name] = {}
         try:
+            start = time.perf_counter()
             entry["parity"] = attention_parity(fn, s, device)
-            print(f"  {json.dumps(entry['parity'])}")
+            entry["parity_s"] = time.perf_counter() - start  # with first-call compiles (flex, flash_attn4)
+            print(f"  {json.dumps(entry['parity'])} ({entry['parity_s']:.1f} s)")
             entry["timing"] = attention_timing(fn, s, device)
             if device.type == "cuda":
                 q, k, v = fused_qkv(3 * 16384, s.heads, s.head_dim, s, device, seed=0).unbind(1)
@@ -336,14 +354,17 @@ def dit_section(s: Sizes, device) -> dict:
 def summary(results: dict) -> str:
     """The short table printed last."""
     lines = ["", "attention (ms per call; parity solo==packed for every length, strided==contiguous)"]
-    timed = {name: r for name, r in results["attention"].items() if "timing" in r}
+    attention = results.get("attention", {})
+    if "error" in attention:  # the section itself failed
+        attention = {"attention": attention}
+    timed = {name: r for name, r in attention.items() if "timing" in r}
     names = list(timed)
     lines.append(f"{'doc rows x docs x heads':>24} " + " ".join(f"{n:>10}" for n in names))
     shapes = [(t["doc_rows"], t["docs"], t["heads"]) for t in timed[names[0]]["timing"]] if names else []
     for i, shape in enumerate(shapes):
         label = "{} x {} x {}".format(*shape)
         lines.append(f"{label:>24} " + " ".join(f"{timed[n]['timing'][i]['ms']:10.3f}" for n in names))
-    for name, r in results["attention"].items():
+    for name, r in attention.items():
         if "parity" in r:
             p = r["parity"]
             diffs = max(x["max_abs_diff"] for x in p["solo_vs_packed"])
@@ -355,8 +376,11 @@ def summary(results: dict) -> str:
         if "parity" not in r or "error" in r:
             lines.append(f"{name}: {r.get('unavailable') or r.get('error')}"[:200])
     lines.append("")
-    lines.append(f"flex compiled per shape: {json.dumps(results['flex_static'])}"[:300])
-    lines.append("")
+    if "flex_static" in results:
+        lines.append(f"flex compiled per shape: {json.dumps(results['flex_static'])}"[:300])
+        lines.append("")
+    if "dit" not in results:
+        return "\n".join(lines)
     if "error" in results["dit"]:
         return "\n".join(lines + [f"DiT: {results['dit']['error']}"])
     lines.append(
@@ -374,6 +398,28 @@ def summary(results: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for gpu_backends.json")
+    parser.add_argument(
+        "--backends",
+        nargs="+",
+        choices=list(BACKENDS),
+        default=list(BACKENDS),
+        metavar="NAME",
+        help=f"attention backends to measure, in this order (default: all of {', '.join(BACKENDS)})",
+    )
+    sections = {
+        "attention": lambda s, device: attention_section(s, device, tuple(dict.fromkeys(args.backends))),
+        "flex_static": flex_static_section,
+        "gemm": gemm_section,
+        "dit": dit_section,
+    }
+    parser.add_argument(
+        "--sections",
+        nargs="+",
+        choices=list(sections),
+        default=list(sections),
+        metavar="NAME",
+        help=f"sections to run, in the order {', '.join(sections)} (default: all)",
+    )
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
@@ -385,6 +431,8 @@ def main() -> None:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "python": sys.version.split()[0],
+        "packages": {name: installed_version(name) for name in PACKAGES},
+        "backends": args.backends,
         "sizes": {k: str(v) if isinstance(v, torch.dtype) else v for k, v in asdict(s).items()},
     }
     if device.type == "cuda":
@@ -396,13 +444,9 @@ def main() -> None:
     print(json.dumps(results))
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    sections = (
-        ("attention", attention_section),
-        ("flex_static", flex_static_section),
-        ("gemm", gemm_section),
-        ("dit", dit_section),
-    )
-    for section, run in sections:
+    for section, run in sections.items():
+        if section not in args.sections:
+            continue
         print(f"== {section} ({time.perf_counter() - start:.0f} s)")
         try:
             results[section] = run(s, device)
