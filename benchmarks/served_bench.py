@@ -262,11 +262,29 @@ def without_machine_paths(document: dict, work: Path, out: Path, executable: str
     return json.loads(text)
 
 
+TRITON_TOTALS = (
+    "nv_inference_exec_count",
+    "nv_inference_request_success",
+    "nv_inference_queue_duration_us",
+    "nv_inference_compute_input_duration_us",
+    "nv_inference_compute_infer_duration_us",
+    "nv_inference_compute_output_duration_us",
+)
+SERVED_MODELS = ("h3_encoder", "h3_dit", "h3_vae")
+
+
 def dit_totals(metrics_url: str) -> dict[str, float]:
-    """h3_step_seconds and h3_pack_rows _sum and _count on /metrics, each summed over its series."""
+    """h3_step_seconds and h3_pack_rows _sum and _count on /metrics, each summed over its series,
+    and Triton's per-model execute counts and durations (TRITON_TOTALS) of each SERVED_MODELS
+    model as `<model>.<metric>`, which say where a served step's time goes between executes."""
     text = read_metrics(metrics_url) or ""
     names = [f"h3_{metric}_{part}" for metric in ("step_seconds", "pack_rows") for part in ("sum", "count")]
-    return {name: sum(s.value for s in metric_samples(text, name)) for name in names}
+    totals = {name: sum(s.value for s in metric_samples(text, name)) for name in names}
+    for model in SERVED_MODELS:
+        for name in TRITON_TOTALS:
+            # prometheus_client's parser names a counter's samples <name>_total
+            totals[f"{model}.{name}"] = sum(s.value for s in metric_samples(text, f"{name}_total", model=model))
+    return totals
 
 
 def served_run(

@@ -298,7 +298,8 @@ def load_engine(
     an official checkpoint folder (transformer/, video_vae/, audio_vae/; its VAEs run only with
     trust_remote_code, h3_core.vae_hook) or `random:SEED`. The DiT uses its device's bitwise
     GEMM setting (h3_core.model.dit); on CUDA its blocks are compiled (H3DiT.compile_blocks; the
-    first step, Engine.warm_up, pays the compilation). with_encoder / with_vaes False leave
+    first step, Engine.warm_up, pays the compilation) and small packs replay CUDA graphs
+    (H3DiT.use_cuda_graphs). with_encoder / with_vaes False leave
     those parts out (the Triton DiT needs neither). sp_degree > 1 runs the DiT in that many
     worker processes (h3_core.sequence_parallel: on the CPU, or on the consecutive GPUs from
     `device`), each of them loading the weights, with sp_timeout_s seconds as their step and
@@ -318,6 +319,7 @@ def load_engine(
         load_dit(dit, source)
         if cuda:
             dit.compile_blocks()
+            dit.use_cuda_graphs()
         dit.eval()
     video_vae, audio_vae = load_vaes(source, device, trust_remote_code) if with_vaes else (None, None)
     if with_encoder:

@@ -157,12 +157,12 @@ class Shares:
 
 def ulysses_attention(exchange: Exchange, shares: Shares, backend: AttentionFn) -> AttentionFn:
     """An AttentionFn for the blocks of one rank: q, k, v [share, heads, head_dim] of the rank's
-    rows -> all-to-all -> [padded rows, heads / sp] -> `backend` per document of cu_seqlens over
-    the pack's rows (cu_seqlens and max_seqlen are the whole pack's) -> all-to-all back ->
+    rows -> all-to-all -> [padded rows, heads / sp] -> `backend` per document over the pack's rows
+    (its Documents are the whole pack's) -> all-to-all back ->
     [share, heads, head_dim] in q's dtype. Padding rows (>= shares.rows) get zeros."""
     world, share = shares.world, shares.share
 
-    def attention(q, k, v, cu_seqlens, max_seqlen):
+    def attention(q, k, v, documents):
         heads, head_dim = q.shape[1], q.shape[2]
         mine = heads // world
         # chunk j = my rows' q, k, v for heads [j x mine, (j + 1) x mine): [world, 3, share, mine, head_dim]
@@ -170,7 +170,7 @@ def ulysses_attention(exchange: Exchange, shares: Shares, backend: AttentionFn) 
         received = exchange(send)  # chunk i = rank i's rows for my heads
         q, k, v = received.permute(1, 0, 2, 3, 4).reshape(3, world * share, mine, head_dim)[:, : shares.rows]
         out = q.new_zeros(world * share, mine, head_dim)
-        out[: shares.rows] = backend(q, k, v, cu_seqlens, max_seqlen)
+        out[: shares.rows] = backend(q, k, v, documents)
         back = exchange(out.view(world, share, mine, head_dim))  # chunk j = my rows for rank j's heads
         return back.permute(1, 0, 2, 3).reshape(share, heads, head_dim)
 
@@ -208,16 +208,15 @@ def forward_share(
         shares.take(rank, e.mod_index),
         shares.take(rank, e.timestep_index),
         attention,
-        e.cu_seqlens,
-        batch.max_seqlen,
-        shares.take(rank, e.rope),
+        e.rows.documents,
+        shares.take(rank, e.rows.rope),
     )
     first, end = shares.bounds(rank)
 
     def local(rows: torch.Tensor) -> torch.Tensor:
         return rows[(rows >= first) & (rows < end)] - first
 
-    return video_out[local(e.video_rows)], audio_out[local(e.audio_rows)]
+    return video_out[local(e.rows.video_rows)], audio_out[local(e.rows.audio_rows)]
 
 
 # -- messages through shared memory ----------------------------------------------------------------

@@ -7,7 +7,7 @@ import torch
 
 from h3_core.config import get_config
 from h3_core.model import H3DiT, attention
-from h3_core.model.attention import BACKENDS, get_attention_backend, installed_version, unavailable_reason
+from h3_core.model.attention import BACKENDS, Documents, get_attention_backend, installed_version, unavailable_reason
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
@@ -15,6 +15,10 @@ CPU = torch.device("cpu")
 # A one-row document, one filling the 64-row block [64, 128) exactly, and ordinary ones.
 BOUNDS = [0, 1, 64, 128, 192, 250]
 CPU_BACKENDS = ["sdpa", "auto", "flex"]
+
+
+def documents(bounds: list[int]) -> Documents:
+    return Documents(torch.tensor(bounds, dtype=torch.int32), bounds[-1], CPU)
 
 
 def strided_qkv(rows=250, seed=0):
@@ -42,22 +46,22 @@ def test_backends_that_run_on_the_cpu():
 def test_cpu_backend_matches_float64_reference_per_document(name):
     q, k, v = strided_qkv()
     assert not q.is_contiguous()
-    cu = torch.tensor(BOUNDS, dtype=torch.int32)
-    out = get_attention_backend(name, CPU, torch.float32)(q, k, v, cu, 64)
+    docs = documents(BOUNDS)
+    out = get_attention_backend(name, CPU, torch.float32)(q, k, v, docs)
     assert out.shape == (250, 4, 16) and out.dtype == torch.float32
     assert (out.double() - reference_attention(q, k, v, BOUNDS)).abs().max().item() < 1e-5
     assert torch.equal(out[0], v[0])  # a one-row document attends only to itself
-    contiguous = BACKENDS[name](q.contiguous(), k.contiguous(), v.contiguous(), cu, 64)
+    contiguous = BACKENDS[name](q.contiguous(), k.contiguous(), v.contiguous(), docs)
     assert torch.equal(contiguous, out)
 
 
 def solo_vs_packed_max_diff(fn):
     """Largest |solo - packed| over the documents of BOUNDS."""
     q, k, v = strided_qkv()
-    packed = fn(q, k, v, torch.tensor(BOUNDS, dtype=torch.int32), 64)
+    packed = fn(q, k, v, documents(BOUNDS))
     diffs = []
     for s, e in itertools.pairwise(BOUNDS):
-        solo = fn(q[s:e].clone(), k[s:e].clone(), v[s:e].clone(), torch.tensor([0, e - s], dtype=torch.int32), e - s)
+        solo = fn(q[s:e].clone(), k[s:e].clone(), v[s:e].clone(), documents([0, e - s]))
         diffs.append((solo - packed[s:e]).abs().max().item())
     return max(diffs)
 
@@ -76,23 +80,28 @@ def test_auto_gathers_short_documents_into_one_varlen_call(monkeypatch):
     # On the CPU varlen cannot run, so stand it in by per-document SDPA to check the gather.
     calls = []
 
-    def fake_varlen(q, k, v, cu_seqlens, max_seqlen):
-        calls.append((cu_seqlens.tolist(), max_seqlen, q.is_contiguous()))
-        return attention.sdpa_per_document(q, k, v, cu_seqlens, max_seqlen)
+    def fake_varlen(q, k, v, docs):
+        calls.append((docs.cu_seqlens.tolist(), docs.bounds, docs.max_seqlen, q.is_contiguous()))
+        return attention.sdpa_per_document(q, k, v, docs)
 
     monkeypatch.setattr(attention, "varlen", fake_varlen)
     monkeypatch.setattr(attention, "unavailable_reason", lambda name, device, dtype: None)
     bounds = [0, 1, 64, 320, 448, 512]  # lengths 1, 63, 256, 128, 64
     q, k, v = strided_qkv(rows=512)
-    out = attention.auto(q, k, v, torch.tensor(bounds, dtype=torch.int32), 256)
-    assert calls == [([0, 1, 64, 192, 256], 128, True)]  # every document of <= 128 rows
-    assert torch.equal(out, attention.sdpa_per_document(q, k, v, torch.tensor(bounds, dtype=torch.int32), 256))
+    docs = documents(bounds)
+    out = attention.auto(q, k, v, docs)
+    gathered = [0, 1, 64, 192, 256]  # every document of <= 128 rows
+    assert calls == [(gathered, tuple(gathered), 128, True)]
+    assert torch.equal(docs.short[0], torch.cat([torch.arange(0, 64), torch.arange(320, 512)]))
+    assert torch.equal(out, attention.sdpa_per_document(q, k, v, docs))
+    out_again = attention.auto(q, k, v, docs)  # the gather is built once per Documents
+    assert len(calls) == 2 and calls[1] == calls[0] and torch.equal(out_again, out)
 
 
 def test_auto_runs_sdpa_where_varlen_cannot():
     q, k, v = strided_qkv()
-    cu = torch.tensor(BOUNDS, dtype=torch.int32)
-    assert torch.equal(BACKENDS["auto"](q, k, v, cu, 64), BACKENDS["sdpa"](q, k, v, cu, 64))
+    docs = documents(BOUNDS)
+    assert torch.equal(BACKENDS["auto"](q, k, v, docs), BACKENDS["sdpa"](q, k, v, docs))
 
 
 @pytest.mark.parametrize(

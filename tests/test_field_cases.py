@@ -23,7 +23,7 @@ import torch
 import tritonclient.grpc as grpcclient
 
 from client.api import H3Client, H3Error
-from h3_core.model.attention import get_attention_backend
+from h3_core.model.attention import Documents, get_attention_backend
 from server.process import TritonServer, dit_stubs, metric_samples, stub_pids
 from server.repository import plan, write_repository
 
@@ -427,12 +427,10 @@ def test_field_case_c13_strided_qkv_views_equal_contiguous_copies_on_a_3_x_16384
     # the field case's size on the CPU (tiny's 8 heads x 16), the default sdpa backend; smaller
     # packs and every CPU backend: test_attention_backends.py
     q, k, v = torch.randn(3 * 16384, 3, 8, 16, generator=torch.Generator().manual_seed(0)).unbind(1)
-    cu_seqlens = torch.tensor([0, 16384, 32768, 49152], dtype=torch.int32)
+    documents = Documents(torch.tensor([0, 16384, 32768, 49152], dtype=torch.int32), 49152, "cpu")
     sdpa = get_attention_backend("sdpa", torch.device("cpu"), torch.float32)
     assert not q.is_contiguous()
-    assert torch.equal(
-        sdpa(q, k, v, cu_seqlens, 16384), sdpa(q.contiguous(), k.contiguous(), v.contiguous(), cu_seqlens, 16384)
-    )
+    assert torch.equal(sdpa(q, k, v, documents), sdpa(q.contiguous(), k.contiguous(), v.contiguous(), documents))
 
 
 def pack_sizes(server) -> dict[str, float]:

@@ -106,11 +106,11 @@ class Templates:
 
 def document_attention(doc: torch.Tensor, heads: int):
     """An AttentionFn for B blocks of equal length S: doc int [B, S] names each row's document;
-    a row attends to the rows of its block with the same document (cu_seqlens is ignored)."""
+    a row attends to the rows of its block with the same document (`documents` is ignored)."""
     batch, seq = doc.shape
     mask = (doc[:, :, None] == doc[:, None, :])[:, None]  # [B, 1, S, S]
 
-    def attention(q, k, v, cu_seqlens=None, max_seqlen=None):
+    def attention(q, k, v, documents=None):
         q, k, v = (t.view(batch, seq, heads, -1).transpose(1, 2) for t in (q, k, v))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return out.transpose(1, 2).reshape(batch * seq, heads, -1)
@@ -153,7 +153,6 @@ def train_forward(
         model.condition_proj(text_in.view(batch * refiner_len, -1)),
         document_attention(refiner_doc, cfg.num_heads),
         None,
-        None,
     )
     refined = refined.view(batch, refiner_len, hidden)
 
@@ -179,7 +178,7 @@ def train_forward(
     used = templates.tags[text_len].ne(L.TAG_PAD).sum(1)  # [B]
     doc = (torch.arange(seq, device=video.device)[None, :] >= used[:, None]).long()
     video_out, audio_out = model.transformer(
-        x, t_emb, mod_index, step_index, document_attention(doc, cfg.num_heads), None, None, rope, per_timestep=False
+        x, t_emb, mod_index, step_index, document_attention(doc, cfg.num_heads), None, rope, per_timestep=False
     )
     video_out, audio_out = video_out.view(batch, seq, -1), audio_out.view(batch, seq, -1)
     first_audio = text_len[:, None]

@@ -1,11 +1,13 @@
 """Variable-length attention backends behind one `cu_seqlens` interface (h3_spec §1.4, §2.6).
 
-A backend computes, for every document [s, e) of cu_seqlens independently,
+A backend computes, for every document [s, e) of a pack's `Documents` independently,
 out[s:e] = softmax(q[s:e] k[s:e]^T / sqrt(head_dim)) v[s:e] (non-causal). No backend ever lets
 a row attend across a document boundary. q, k, v: [rows, heads, head_dim]; they may be strided
-views of a fused projection (only the last dim must have stride 1). cu_seqlens: int32 [docs + 1]
-on q's device; max_seqlen: the longest document's rows. Every backend returns
-[rows, heads, head_dim] in q's dtype.
+views of a fused projection (only the last dim must have stride 1). Every backend returns
+[rows, heads, head_dim] in q's dtype. `Documents` is built once per forward from cu_seqlens
+(int32 [docs + 1]) and holds its bounds as Python ints and its device tensors, so no layer
+reads a device tensor back (no synchronisation) or copies one to the device: a whole forward
+can be captured in a CUDA graph (h3_core.model.dit.GraphedForward).
 
 Each backend's docstring states its parity rule (solo == packed: a document's output does not
 change when other documents share the call, its offset changes or padding documents are added),
@@ -22,8 +24,6 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
-
-AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 
 def check_cu_seqlens(cu_seqlens: torch.Tensor, total_rows: int) -> list[int]:
@@ -44,15 +44,59 @@ def check_cu_seqlens(cu_seqlens: torch.Tensor, total_rows: int) -> list[int]:
     return bounds
 
 
+class Documents:
+    """The attention documents of one pack, prepared once per forward and shared by every layer.
+
+    Args:
+        cu_seqlens: int32 [docs + 1] document boundaries in rows (check_cu_seqlens' rules), best
+            on the CPU (on a GPU reading it back synchronises once).
+        total_rows: the pack's rows (q's first dim in every call).
+        device: where the attention runs.
+    Attributes: bounds (cu_seqlens as Python ints), cu_seqlens (int32 on `device`), max_seqlen
+    (rows of the longest document), and `short` (auto's gather of the short documents, built on
+    first use). Raises ValueError as check_cu_seqlens.
+    """
+
+    def __init__(self, cu_seqlens: torch.Tensor, total_rows: int, device: str | torch.device):
+        self.bounds = tuple(check_cu_seqlens(cu_seqlens, total_rows))
+        self.cu_seqlens = cu_seqlens.to(device)
+        self.max_seqlen = max(end - start for start, end in itertools.pairwise(self.bounds))
+        self.device = torch.device(device)
+
+    @property
+    def spans(self) -> list[tuple[int, int]]:
+        """[(start, end)] rows of every document."""
+        return list(itertools.pairwise(self.bounds))
+
+    @functools.cached_property
+    def short(self) -> tuple[torch.Tensor, "Documents"] | None:
+        """auto's short documents (at most AUTO_VARLEN_MAX_ROWS rows each), gathered: (their rows,
+        int64 [sum of their lengths] on the device; their Documents in the gathered order), or
+        None when the pack has none."""
+        short = [(start, end) for start, end in self.spans if end - start <= AUTO_VARLEN_MAX_ROWS]
+        if not short:
+            return None
+        rows = torch.cat([torch.arange(start, end) for start, end in short])
+        lengths = [end - start for start, end in short]
+        cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+        return rows.to(self.device), Documents(cu, len(rows), self.device)
+
+    def check(self, q: torch.Tensor) -> None:
+        """Raise ValueError unless q has the pack's rows."""
+        if q.shape[0] != self.bounds[-1]:
+            raise ValueError(f"cu_seqlens ends at {self.bounds[-1]} but q has {q.shape[0]} rows")
+
+
+AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Documents], torch.Tensor]
+
+
 def sdpa_document(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """`scaled_dot_product_attention` over one document: q, k, v [rows, heads, head_dim]."""
     out = F.scaled_dot_product_attention(*(t.transpose(0, 1).unsqueeze(0) for t in (q, k, v)))
     return out[0].transpose(0, 1)
 
 
-def sdpa_per_document(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int
-) -> torch.Tensor:
+def sdpa_per_document(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: Documents) -> torch.Tensor:
     """Per-document `scaled_dot_product_attention`, one call per document (CPU and GPU; on the
     H200 in bf16 it runs cuDNN's sm90 flash kernel).
 
@@ -60,9 +104,9 @@ def sdpa_per_document(
     the same data whatever its neighbours (measured on the CPU and the H200, also for strided
     vs contiguous q/k/v).
     """
-    bounds = check_cu_seqlens(cu_seqlens, q.shape[0])
+    documents.check(q)
     out = torch.empty(q.shape[0], q.shape[1], v.shape[2], dtype=q.dtype, device=q.device)
-    for start, end in itertools.pairwise(bounds):
+    for start, end in documents.spans:
         out[start:end] = sdpa_document(q[start:end], k[start:end], v[start:end])
     return out
 
@@ -86,9 +130,7 @@ def compiled_flex_attention() -> Callable:
     return torch.compile(flex_attention)
 
 
-def flex_documents(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int
-) -> torch.Tensor:
+def flex_documents(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: Documents) -> torch.Tensor:
     """`flex_attention` over the whole pack with a block-diagonal document mask.
 
     Compiled on the GPU (torch.compile's default automatic dynamic shapes: the first shape gets
@@ -101,17 +143,15 @@ def flex_documents(
     docs/gpu_backends.md). CPU, eager: solo vs packed differ by up to about 6e-8 in float32
     (the softmax runs over whole pack rows). Never a default.
     """
-    bounds = check_cu_seqlens(cu_seqlens, q.shape[0])
+    documents.check(q)
     attend = compiled_flex_attention() if q.is_cuda else flex_attention
     out = attend(
-        *(t.transpose(0, 1).unsqueeze(0) for t in (q, k, v)), block_mask=document_block_mask(tuple(bounds), q.device)
+        *(t.transpose(0, 1).unsqueeze(0) for t in (q, k, v)), block_mask=document_block_mask(documents.bounds, q.device)
     )
     return out[0].transpose(0, 1)
 
 
-def varlen(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int
-) -> torch.Tensor:
+def varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: Documents) -> torch.Tensor:
     """`torch.nn.attention.varlen.varlen_attn` (PyTorch's flash-attention 2 varlen kernel): one
     call for the whole pack. CUDA, bf16/fp16 only.
 
@@ -121,13 +161,12 @@ def varlen(
     """
     from torch.nn.attention.varlen import varlen_attn
 
-    check_cu_seqlens(cu_seqlens, q.shape[0])
-    return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen)
+    documents.check(q)
+    cu, longest = documents.cu_seqlens, documents.max_seqlen
+    return varlen_attn(q, k, v, cu, cu, longest, longest)
 
 
-def flash_attn2(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int
-) -> torch.Tensor:
+def flash_attn2(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: Documents) -> torch.Tensor:
     """`flash_attn.flash_attn_varlen_func` of the flash_attn 2.x package, which neither
     scripts/setup.sh nor the Dockerfile installs (`pip install flash-attn` on a CUDA host).
     CUDA, bf16/fp16 only.
@@ -136,13 +175,12 @@ def flash_attn2(
     """
     from flash_attn import flash_attn_varlen_func
 
-    check_cu_seqlens(cu_seqlens, q.shape[0])
-    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen)
+    documents.check(q)
+    cu, longest = documents.cu_seqlens, documents.max_seqlen
+    return flash_attn_varlen_func(q, k, v, cu, cu, longest, longest)
 
 
-def flash_attn4(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int
-) -> torch.Tensor:
+def flash_attn4(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: Documents) -> torch.Tensor:
     """`flash_attn.cute.flash_attn_varlen_func` of the flash-attn-4 package (CuTe DSL kernels,
     written against 4.0.0b36, which returns (out, lse)). Hopper or newer GPU, bf16/fp16 only.
 
@@ -151,9 +189,10 @@ def flash_attn4(
     """
     from flash_attn.cute import flash_attn_varlen_func
 
-    check_cu_seqlens(cu_seqlens, q.shape[0])
+    documents.check(q)
+    cu, longest = documents.cu_seqlens, documents.max_seqlen
     return flash_attn_varlen_func(
-        q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen
+        q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest
     )[0]
 
 
@@ -163,7 +202,7 @@ def flash_attn4(
 AUTO_VARLEN_MAX_ROWS = 128
 
 
-def auto(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+def auto(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: Documents) -> torch.Tensor:
     """Per document, by its length: documents of at most AUTO_VARLEN_MAX_ROWS rows are gathered
     into one `varlen` call (faster than SDPA once a pack holds about 12 of them, about 0.3 ms
     slower for one to three), longer ones run through per-document SDPA (the fastest measured
@@ -175,20 +214,15 @@ def auto(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Te
     Parity rule: bitwise solo == packed, as both backends it uses are; measured on the H200,
     also in the bench DiT (docs/gpu_backends.md).
     """
-    bounds = check_cu_seqlens(cu_seqlens, q.shape[0])
-    documents = list(itertools.pairwise(bounds))
-    short = []
-    if unavailable_reason("varlen", q.device, q.dtype) is None:
-        short = [(start, end) for start, end in documents if end - start <= AUTO_VARLEN_MAX_ROWS]
+    documents.check(q)
+    short = documents.short if unavailable_reason("varlen", q.device, q.dtype) is None else None
     out = torch.empty(q.shape[0], q.shape[1], v.shape[2], dtype=q.dtype, device=q.device)
-    for start, end in documents:
-        if (start, end) not in short:
+    for start, end in documents.spans:
+        if short is None or end - start > AUTO_VARLEN_MAX_ROWS:
             out[start:end] = sdpa_document(q[start:end], k[start:end], v[start:end])
-    if short:
-        rows = torch.cat([torch.arange(start, end) for start, end in short]).to(q.device)
-        lengths = [end - start for start, end in short]
-        short_cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=q.device)
-        out[rows] = varlen(q[rows], k[rows], v[rows], short_cu, max(lengths))
+    if short is not None:
+        rows, gathered = short
+        out[rows] = varlen(q[rows], k[rows], v[rows], gathered)
     return out
 
 
