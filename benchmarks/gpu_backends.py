@@ -42,6 +42,7 @@ from h3_core.config import AUDIO_ROW_WIDTH, VIDEO_ROW_WIDTH, get_config  # noqa:
 from h3_core.model import H3DiT  # noqa: E402 - after the sys.path set-up above
 from h3_core.model.attention import (  # noqa: E402 - after the sys.path set-up above
     BACKENDS,
+    Documents,
     get_attention_backend,
     installed_version,
     sdpa_per_document,
@@ -139,8 +140,9 @@ def fused_qkv(rows: int, heads: int, head_dim: int, s: Sizes, device, seed: int)
     return torch.randn(rows, 3, heads, head_dim, generator=g, device=device, dtype=s.dtype)
 
 
-def cu(bounds: list[int], device) -> torch.Tensor:
-    return torch.tensor(bounds, dtype=torch.int32, device=device)
+def docs(bounds: list[int], device) -> Documents:
+    """The attention Documents of `bounds` (cu_seqlens as ints), built once as a forward does."""
+    return Documents(torch.tensor(bounds, dtype=torch.int32), bounds[-1], device)
 
 
 def compare(a: torch.Tensor, b: torch.Tensor) -> dict:
@@ -152,8 +154,8 @@ def solo_vs_packed(fn, rows: int, s: Sizes, device) -> dict:
     neighbour = max(s.doc_rows)
     bounds = [0, neighbour, neighbour + rows, neighbour + rows + PAD_ROWS]
     fused = fused_qkv(bounds[-1], s.heads, s.head_dim, s, device, seed=rows)
-    packed = fn(*fused.unbind(1), cu(bounds, device), max(neighbour, rows))[neighbour : neighbour + rows]
-    solo = fn(*fused[neighbour : neighbour + rows].clone().unbind(1), cu([0, rows], device), rows)
+    packed = fn(*fused.unbind(1), docs(bounds, device))[neighbour : neighbour + rows]
+    solo = fn(*fused[neighbour : neighbour + rows].clone().unbind(1), docs([0, rows], device))
     return {"rows": rows, **compare(solo, packed)}
 
 
@@ -164,12 +166,12 @@ def attention_parity(fn, s: Sizes, device) -> dict:
     bounds = [0, neighbour, 2 * neighbour, rows]
     fused = fused_qkv(rows, s.heads, s.head_dim, s, device, seed=1)
     q, k, v = fused.unbind(1)
-    strided = fn(q, k, v, cu(bounds, device), neighbour)
-    contiguous = fn(q.contiguous(), k.contiguous(), v.contiguous(), cu(bounds, device), neighbour)
+    strided = fn(q, k, v, docs(bounds, device))
+    contiguous = fn(q.contiguous(), k.contiguous(), v.contiguous(), docs(bounds, device))
     bounds = [0, 2048, 2560, 2624]
     fused = fused_qkv(bounds[-1], s.heads, s.head_dim, s, device, seed=2)
-    out = fn(*fused.unbind(1), cu(bounds, device), 2048).float()
-    ref = sdpa_per_document(*fused.float().unbind(1), cu(bounds, device), 2048)
+    out = fn(*fused.unbind(1), docs(bounds, device)).float()
+    ref = sdpa_per_document(*fused.float().unbind(1), docs(bounds, device))
     return {
         "solo_vs_packed": [solo_vs_packed(fn, rows, s, device) for rows in s.doc_rows],
         "strided_vs_contiguous_3_docs": compare(strided, contiguous),
@@ -180,8 +182,8 @@ def attention_parity(fn, s: Sizes, device) -> dict:
 def time_attention(fn, rows: int, n: int, heads: int, s: Sizes, device) -> dict:
     """Milliseconds per call for a pack of n documents of `rows` rows."""
     q, k, v = fused_qkv(rows * n, heads, s.head_dim, s, device, seed=0).unbind(1)
-    cu_seqlens = cu([rows * i for i in range(n + 1)], device)
-    ms = time_ms(lambda: fn(q, k, v, cu_seqlens, rows), device)
+    documents = docs([rows * i for i in range(n + 1)], device)
+    ms = time_ms(lambda: fn(q, k, v, documents), device)
     print(f"  {rows:>6} rows x {n:>3} docs x {heads} heads: {ms:9.3f} ms")
     return {"doc_rows": rows, "docs": n, "heads": heads, "ms": ms}
 
@@ -236,8 +238,8 @@ def attention_section(s: Sizes, device, backends: tuple[str, ...]) -> dict:
             entry["timing"] = attention_timing(fn, s, device)
             if device.type == "cuda":
                 q, k, v = fused_qkv(3 * 16384, s.heads, s.head_dim, s, device, seed=0).unbind(1)
-                cu_seqlens = cu([0, 16384, 32768, 49152], device)
-                entry["kernels"] = cuda_kernels(lambda fn=fn, q=q, k=k, v=v, cu=cu_seqlens: fn(q, k, v, cu, 16384))
+                documents = docs([0, 16384, 32768, 49152], device)
+                entry["kernels"] = cuda_kernels(lambda fn=fn, q=q, k=k, v=v, d=documents: fn(q, k, v, d))
         except Exception as error:  # a backend that fails is recorded with what it measured so far
             entry["error"] = f"{type(error).__name__}: {error}"[:2000]
             print(f"  {entry['error'][:600]}")
