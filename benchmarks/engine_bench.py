@@ -7,7 +7,8 @@ The DiT is built as the server builds it (h3_core.engine.load_engine, what h3_di
 use_bitwise_cublas() first (CUBLAS_WORKSPACE_CONFIG=:0:0, set here before the process's first CUDA
 GEMM, the matmul probe included), the default row tile (one GEMM per linear on CUDA, 64-row tiles
 on the CPU), weights from `random:0` (init_weights(dit, 0) on the DiT's device) and, on CUDA,
-H3DiT.compile_blocks; then Engine.warm_up, the server's start-up step, whose seconds are the
+H3DiT.compile_blocks and CUDA graphs for packs of up to 4,096 rows (H3DiT.use_cuda_graphs; the
+JSON's cuda_graphs counts the captures); then Engine.warm_up, the server's start-up step, whose seconds are the
 compile time reported (compile_seconds; on the CPU nothing is compiled and it is the plain first
 step). On CUDA that is the `bench` DiT (full H3 width, 8 layers, bf16, text width 5120, 9 text
 tokens, per-document SDPA). Through `Engine.denoise_step` (what the server runs per step) it
@@ -33,7 +34,9 @@ measures:
       first step equals its solo step (denoise_step([state])), and its latents after the packed
       run (step mode: all unfinished requests in one step) equal those of request mode (the
       loop of Engine.generate: the request stepped alone to completion, decode left out) bit
-      for bit -> bitwise_solo_packed_request.
+      for bit -> bitwise_solo_packed_request. On CUDA the packs of at most 4,096 rows and every
+      solo and request-mode step replay CUDA graphs, the larger packs run eagerly (compiled), so
+      this also checks a graph replay against the eager forward.
 The matmul rate is the 8192^3 bf16 probe (512^3 on the CPU) of this process, run at the start
 and again at the end (the H200 probe varies by several per cent between processes); the higher
 of the two is the rate (the lower MFU). Recompilations and graph breaks of the compiled blocks
@@ -415,6 +418,12 @@ def main() -> None:
         results["matmul_probes_flops_per_s"] = probes
         results["matmul_flops_per_s"] = rate
         results["compile"] = {"compile_seconds": compile_seconds, **compile_counters()}
+        if dit.graphs is not None:  # CUDA graphs of small packs (H3DiT.use_cuda_graphs)
+            results["cuda_graphs"] = {
+                "max_rows": dit.graphs.max_rows,
+                "kept": dit.graphs.kept,
+                "captures": dit.graphs.captures,
+            }
         if steps is not None:
             for step in steps.values():
                 step["mfu"] = step["flops"] / step["seconds"] / rate
