@@ -199,3 +199,27 @@ def test_cuda_default_needs_the_bitwise_cublas_workspace(monkeypatch):
         r"h3_core\.model\.dit\.use_bitwise_cublas\(\) before",
     ):
         H3DiT(get_config("tiny"), device="cuda")
+
+
+def test_pack_rows_depend_only_on_the_layouts_as_cuda_graphs_assume(dit):
+    """GraphedForward keys a graph by the layouts and the number of unique timesteps and keeps
+    the PackRows of its capture: forward_rows with the PackRows of a pack at other timesteps
+    (other values, another row -> timestep map, same count) equals forward bit for bit."""
+    inputs = random_inputs(LAYOUTS, SEEDS)
+    video, audio, text = (torch.cat(part) for part in inputs)
+    captured = L.pack_requests(LAYOUTS, [0.1, 0.5, 0.9], [0.2, 0.6, 0.9])  # 5 unique timesteps
+    later = L.pack_requests(LAYOUTS, [0.3, 0.3, 0.8], [0.4, 0.7, 0.5])  # 5 unique, other rows per timestep
+    assert len(captured.unique_timesteps) == len(later.unique_timesteps) == 5
+    assert not torch.equal(captured.inverse_indices, later.inverse_indices)
+    with torch.inference_mode():
+        replayed = dit.forward_rows(
+            video, audio, text, later.unique_timesteps, later.inverse_indices, dit.pack_rows(captured)
+        )
+    for got, expected in zip(replayed, dit(video, audio, text, later), strict=True):
+        assert torch.equal(got, expected)
+
+
+def test_cuda_graphs_need_a_cuda_device(dit):
+    with pytest.raises(RuntimeError, match="^CUDA graphs need a CUDA device, not cpu$"):
+        dit.use_cuda_graphs()
+    assert dit.graphs is None
