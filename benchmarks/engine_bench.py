@@ -1,7 +1,8 @@
 """In-process engine benchmark (no Triton): step time, fused vs separate, packing curve, roofline
 and bitwise parity of the served DiT (issues 7 and 16).
 
-    PYTHONUNBUFFERED=1 python benchmarks/engine_bench.py --out DIR [--sections a b e roofline bitwise]
+    PYTHONUNBUFFERED=1 python benchmarks/engine_bench.py --out DIR [--sections a b e roofline bitwise attention]
+        [--attention NAME]
 
 The DiT is built as the server builds it (h3_core.engine.load_engine, what h3_dit runs): on CUDA
 use_bitwise_cublas() first (CUBLAS_WORKSPACE_CONFIG=:0:0, set here before the process's first CUDA
@@ -37,6 +38,9 @@ measures:
       for bit -> bitwise_solo_packed_request. On CUDA the packs of at most 4,096 rows and every
       solo and request-mode step replay CUDA graphs, the larger packs run eagerly (compiled), so
       this also checks a graph replay against the eager forward.
+  attention: the step of 1 and of 3 16,384-row requests with `sdpa` and with `auto` as the DiT's
+      attention (auto sends documents of 8,192 rows or more to flash_attn4 where flash-attn-4 is
+      installed), 3 interleaved runs; `<n>_over_sdpa` is the median ratio.
 The matmul rate is the 8192^3 bf16 probe (512^3 on the CPU) of this process, run at the start
 and again at the end (the H200 probe varies by several per cent between processes); the higher
 of the two is the rate (the lower MFU). Recompilations and graph breaks of the compiled blocks
@@ -46,7 +50,8 @@ On the CPU the same code runs the `tiny` DiT with small shapes as a smoke test (
 1 x 128 and 4 x 128 without profiles, bitwise packs 3 x 128 and 64 + 128 + 256; (b) in 2
 interleaved runs; single timed runs without warm-up in (a) and (e)). Prints a short table last;
 writes DIR/engine_bench.json (after every section, so that a run cut short keeps what it
-measured). --sections runs a part (the summary then has that part's keys).
+measured). --sections runs a part (the summary then has that part's keys); --attention sets the
+DiT's attention backend for every section but `attention` (default sdpa, the served default).
 """
 
 import argparse
@@ -65,6 +70,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from h3_core.config import get_config  # noqa: E402 - after the sys.path set-up above
 from h3_core.engine import Engine, load_engine  # noqa: E402 - after the sys.path set-up above
+from h3_core.model.attention import get_attention_backend, installed_version  # noqa: E402 - after the sys.path set-up above
 from h3_core.model.dit import use_bitwise_cublas  # noqa: E402 - after the sys.path set-up above
 from h3_core.request import GenerationRequest, RequestLimits  # noqa: E402 - after the sys.path set-up above
 
@@ -74,7 +80,8 @@ GPU_CURVE = {128: (64, 96, 22), 256: (128, 192, 22), 1024: (288, 448, 22), 4096:
 CPU_CURVE = {128: (64, 96, 22), 256: (128, 192, 22)}
 GPU_LARGE, CPU_LARGE = (384, 672, 209), (64, 96, 22)
 TEXT_LEN = 9
-SECTIONS = ("a", "b", "e", "roofline", "bitwise")
+SECTIONS = ("a", "b", "e", "roofline", "bitwise", "attention")
+ATTENTION_COMPARED = ("sdpa", "auto")  # the attention section's backends, in the served DiT
 WEIGHTS = "random:0"  # the server's `random:0` weight source: init_weights(dit, 0) on the DiT's device
 HBM_BYTES_PER_S = 4.8e12  # H200 HBM3e bandwidth: the weight-read floor of a step
 # Request shapes (height, width, num_frames) by the padded rows they are pinned to (9 text tokens).
@@ -276,6 +283,29 @@ def fused_vs_separate(engine: Engine, states, device: torch.device, runs: int = 
     return out
 
 
+def attention_steps(engine: Engine, states, device: torch.device, runs: int = 3) -> dict:
+    """Step time of 1 and 3 of `states` (16,384-row requests on CUDA, so no CUDA graph) with each
+    backend of ATTENTION_COMPARED as the DiT's attention, `runs` interleaved runs (the order of
+    the backends reversed every other run), each the median of 3 timed steps after a warm-up;
+    then the DiT's own backend again. Returns {"1"|"3": {backend: [seconds per run]}, and
+    "<n>_over_sdpa": the median ratio per backend}."""
+    own = engine.dit.attention
+    results = {}
+    for n in (1, 3):
+        seconds = {name: [] for name in ATTENTION_COMPARED}
+        for i in range(runs):
+            for name in ATTENTION_COMPARED if i % 2 == 0 else reversed(ATTENTION_COMPARED):
+                engine.dit.attention = get_attention_backend(name, device, engine.dit.cfg.torch_dtype)
+                seconds[name].append(timed(lambda n=n: engine.denoise_step(states[:n]), device, 3))
+        results[str(n)] = seconds
+        results[f"{n}_over_sdpa"] = {
+            name: statistics.median(a / b for a, b in zip(seconds[name], seconds["sdpa"], strict=True))
+            for name in ATTENTION_COMPARED
+        }
+    engine.dit.attention = own
+    return results
+
+
 def roofline(engine: Engine, packs: dict, device: torch.device, rate: float, repeats: int = 5) -> dict:
     """Per pack: median step seconds (`repeats` runs after a warm-up), FLOPs, the floor max(weight
     bytes / HBM_BYTES_PER_S, FLOPs / rate), the ratio, and on CUDA the kernel time and launches
@@ -374,6 +404,9 @@ def main() -> None:
     parser.add_argument(
         "--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="what to measure (default: all)"
     )
+    parser.add_argument(
+        "--attention", default="sdpa", help="the DiT's attention backend (default: sdpa, the served default)"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available()
@@ -386,7 +419,9 @@ def main() -> None:
     repeats = 3 if cuda else 1
     limits = RequestLimits(max_height=1024, max_width=1024, max_num_frames=257, max_rows=2**20, max_request_mb=2**20)
     start = time.perf_counter()
-    engine = load_engine(cfg.name, WEIGHTS, str(device), with_encoder=False, with_vaes=False, limits=limits)
+    engine = load_engine(
+        cfg.name, WEIGHTS, str(device), args.attention, with_encoder=False, with_vaes=False, limits=limits
+    )
     load_seconds = time.perf_counter() - start
     dit = engine.dit
     compile_seconds = engine.warm_up()
@@ -397,13 +432,15 @@ def main() -> None:
         "torch": torch.__version__,
         "config": cfg.name,
         "command": "python benchmarks/engine_bench.py --out DIR"
-        + ("" if args.sections == list(SECTIONS) else " --sections " + " ".join(args.sections)),
+        + ("" if args.sections == list(SECTIONS) else " --sections " + " ".join(args.sections))
+        + ("" if args.attention == "sdpa" else f" --attention {args.attention}"),
         "sections": args.sections,
         "weights": WEIGHTS,
         "row_tile": dit.video_patch_proj.row_tile,
         "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
         "compiled_blocks": cuda,
-        "attention": "sdpa",
+        "attention": args.attention,
+        "flash_attn_4": installed_version("flash-attn-4"),
         "load_seconds": load_seconds,
         "compile_seconds": compile_seconds,
     }
@@ -440,7 +477,7 @@ def main() -> None:
         results["summary"] = {"compile_seconds": compile_seconds, **{k: summary[k] for k in SUMMARY if k in summary}}
         (args.out / "engine_bench.json").write_text(json.dumps(results, indent=2))
 
-    if "a" in args.sections or "b" in args.sections:
+    if "a" in args.sections or "b" in args.sections or "attention" in args.sections:
         states = make_states(engine, large, 4)
         results["first_step_seconds_large"] = wall(lambda: engine.denoise_step(states[:1]), device)
     if "a" in args.sections:  # step time for 1..4 large requests (FLOP/s against the final rate below)
@@ -465,7 +502,10 @@ def main() -> None:
         summary["fused_over_separate_3x16384_max"] = ratios["max"]
         summary["fused_over_separate_wall_3x16384"] = walls["median"]
         save()
-    if "a" in args.sections or "b" in args.sections:
+    if "attention" in args.sections:  # the DiT step with each attention backend, interleaved
+        results["attention_step"] = attention_steps(engine, states, device, runs=3 if cuda else 1)
+        save()
+    if "a" in args.sections or "b" in args.sections or "attention" in args.sections:
         del states
     if "e" in args.sections:  # packing curve: 8 packed vs one at a time
         curve_out = {}
@@ -567,6 +607,14 @@ def print_tables(results: dict, large_rows: int) -> None:
                 f"          {name:15} {','.join(map(str, v['steps'])):14} {v['packed_vs_solo_max_difference']:14.3g}  "
                 f"{v['packed_vs_request_mode_max_difference']:.3g}"
             )
+    if "attention_step" in results:
+        steps = results["attention_step"]
+        for n in ("1", "3"):
+            ms = "  ".join(f"{name} {statistics.median(v) * 1e3:.2f} ms" for name, v in steps[n].items())
+            ratios = ", ".join(f"{name} {r:.4f}" for name, r in steps[f"{n}_over_sdpa"].items())
+            print(f"attention {n} x {large_rows} rows: {ms}; over sdpa: {ratios}")
+    if "cuda_graphs" in results:
+        print(f"CUDA graphs: {results['cuda_graphs']}")
     print("summary")
     for key, value in results["summary"].items():
         print(f"    {key:<36} {value}")

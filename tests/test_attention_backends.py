@@ -76,26 +76,36 @@ def test_eager_flex_solo_vs_packed_within_rounding():
     assert 0.0 < solo_vs_packed_max_diff(BACKENDS["flex"]) < 1e-6
 
 
-def test_auto_gathers_short_documents_into_one_varlen_call(monkeypatch):
-    # On the CPU varlen cannot run, so stand it in by per-document SDPA to check the gather.
+def test_auto_gathers_short_and_long_documents_into_one_call_each(monkeypatch):
+    # On the CPU varlen and flash_attn4 cannot run, so stand them in by per-document SDPA to
+    # check the routes and gathers (long documents from 256 rows here instead of 8,192).
     calls = []
 
-    def fake_varlen(q, k, v, docs):
-        calls.append((docs.cu_seqlens.tolist(), docs.bounds, docs.max_seqlen, q.is_contiguous()))
-        return attention.sdpa_per_document(q, k, v, docs)
+    def recording(name):
+        def fake(q, k, v, docs):
+            calls.append((name, docs.bounds, docs.max_seqlen, q.is_contiguous()))
+            return attention.sdpa_per_document(q, k, v, docs)
 
-    monkeypatch.setattr(attention, "varlen", fake_varlen)
+        return fake
+
+    monkeypatch.setitem(attention.BACKENDS, "varlen", recording("varlen"))
+    monkeypatch.setitem(attention.BACKENDS, "flash_attn4", recording("flash_attn4"))
     monkeypatch.setattr(attention, "unavailable_reason", lambda name, device, dtype: None)
-    bounds = [0, 1, 64, 320, 448, 512]  # lengths 1, 63, 256, 128, 64
-    q, k, v = strided_qkv(rows=512)
+    monkeypatch.setattr(attention, "AUTO_FLASH_ATTN4_MIN_ROWS", 256)
+    bounds = [0, 1, 64, 320, 448, 512, 812]  # lengths 1, 63, 256, 128, 64, 300
+    q, k, v = strided_qkv(rows=812)
     docs = documents(bounds)
     out = attention.auto(q, k, v, docs)
-    gathered = [0, 1, 64, 192, 256]  # every document of <= 128 rows
-    assert calls == [(gathered, tuple(gathered), 128, True)]
-    assert torch.equal(docs.short[0], torch.cat([torch.arange(0, 64), torch.arange(320, 512)]))
+    assert calls == [
+        ("varlen", (0, 1, 64, 192, 256), 128, True),  # every document of <= 128 rows
+        ("flash_attn4", (0, 256, 556), 300, True),  # every document of >= 256 rows
+    ]
+    short_rows, _ = docs.gathered(((0, 1), (1, 64), (320, 448), (448, 512)))
+    assert torch.equal(short_rows, torch.cat([torch.arange(0, 64), torch.arange(320, 512)]))
     assert torch.equal(out, attention.sdpa_per_document(q, k, v, docs))
-    out_again = attention.auto(q, k, v, docs)  # the gather is built once per Documents
-    assert len(calls) == 2 and calls[1] == calls[0] and torch.equal(out_again, out)
+    out_again = attention.auto(q, k, v, docs)  # the gathers are built once per Documents
+    assert calls[2:] == calls[:2] and torch.equal(out_again, out)
+    assert attention.auto_route(300, CPU, torch.float32) == "flash_attn4"
 
 
 def test_auto_runs_sdpa_where_varlen_cannot():

@@ -53,8 +53,7 @@ class Documents:
         total_rows: the pack's rows (q's first dim in every call).
         device: where the attention runs.
     Attributes: bounds (cu_seqlens as Python ints), cu_seqlens (int32 on `device`), max_seqlen
-    (rows of the longest document), and `short` (auto's gather of the short documents, built on
-    first use). Raises ValueError as check_cu_seqlens.
+    (rows of the longest document). Raises ValueError as check_cu_seqlens.
     """
 
     def __init__(self, cu_seqlens: torch.Tensor, total_rows: int, device: str | torch.device):
@@ -62,24 +61,22 @@ class Documents:
         self.cu_seqlens = cu_seqlens.to(device)
         self.max_seqlen = max(end - start for start, end in itertools.pairwise(self.bounds))
         self.device = torch.device(device)
+        self._gathered: dict[tuple, tuple[torch.Tensor, Documents]] = {}  # gathered()
 
     @property
     def spans(self) -> list[tuple[int, int]]:
         """[(start, end)] rows of every document."""
         return list(itertools.pairwise(self.bounds))
 
-    @functools.cached_property
-    def short(self) -> tuple[torch.Tensor, "Documents"] | None:
-        """auto's short documents (at most AUTO_VARLEN_MAX_ROWS rows each), gathered: (their rows,
-        int64 [sum of their lengths] on the device; their Documents in the gathered order), or
-        None when the pack has none."""
-        short = [(start, end) for start, end in self.spans if end - start <= AUTO_VARLEN_MAX_ROWS]
-        if not short:
-            return None
-        rows = torch.cat([torch.arange(start, end) for start, end in short])
-        lengths = [end - start for start, end in short]
-        cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
-        return rows.to(self.device), Documents(cu, len(rows), self.device)
+    def gathered(self, spans: tuple[tuple[int, int], ...]) -> tuple[torch.Tensor, "Documents"]:
+        """The documents `spans` (start, end) as one pack, built once per Documents: (their rows,
+        int64 [sum of their lengths] on the device; their Documents in that order)."""
+        if spans not in self._gathered:
+            rows = torch.cat([torch.arange(start, end) for start, end in spans])
+            lengths = [end - start for start, end in spans]
+            cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+            self._gathered[spans] = rows.to(self.device), Documents(cu, len(rows), self.device)
+        return self._gathered[spans]
 
     def check(self, q: torch.Tensor) -> None:
         """Raise ValueError unless q has the pack's rows."""
@@ -196,33 +193,50 @@ def flash_attn4(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: Do
     )[0]
 
 
-# auto's threshold: documents of at most this many rows are gathered into one `varlen` call, longer
-# ones run through per-document SDPA; with the gather, varlen pays off for 128-row documents (from
-# about 12 a pack), not for 512 (the H200 table in docs/gpu_backends.md).
+# auto's thresholds. Documents of at most AUTO_VARLEN_MAX_ROWS rows are gathered into one `varlen`
+# call, which pays off for 128-row documents (from about 12 a pack), not for 512. Documents of at
+# least AUTO_FLASH_ATTN4_MIN_ROWS rows are gathered into one `flash_attn4` call where flash-attn-4
+# is installed: 8,192 rows 2.98 vs 3.35 ms (SDPA), 3 x 8,192 8.90 vs 9.91, 16,384 12.18 vs 12.77,
+# 3 x 16,384 36.28 vs 40.11 (56 heads); at 2,048 rows it loses alone (0.301 vs 0.263 ms). H200
+# tables in docs/gpu_backends.md.
 AUTO_VARLEN_MAX_ROWS = 128
+AUTO_FLASH_ATTN4_MIN_ROWS = 8192
+
+
+def auto_route(rows: int, device: torch.device, dtype: torch.dtype) -> str:
+    """The backend auto runs a document of `rows` rows with: varlen up to AUTO_VARLEN_MAX_ROWS,
+    flash_attn4 from AUTO_FLASH_ATTN4_MIN_ROWS, where each can run; else sdpa."""
+    if rows <= AUTO_VARLEN_MAX_ROWS and unavailable_reason("varlen", device, dtype) is None:
+        return "varlen"
+    if rows >= AUTO_FLASH_ATTN4_MIN_ROWS and unavailable_reason("flash_attn4", device, dtype) is None:
+        return "flash_attn4"
+    return "sdpa"
 
 
 def auto(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: Documents) -> torch.Tensor:
-    """Per document, by its length: documents of at most AUTO_VARLEN_MAX_ROWS rows are gathered
-    into one `varlen` call (faster than SDPA once a pack holds about 12 of them, about 0.3 ms
-    slower for one to three), longer ones run through per-document SDPA (the fastest measured
-    from 512 rows up). Where varlen cannot run (the CPU, float32) every document runs through
-    SDPA.
+    """Per document, by its length (auto_route): documents of at most AUTO_VARLEN_MAX_ROWS rows
+    are gathered into one `varlen` call (faster than SDPA once a pack holds about 12 of them,
+    about 0.3 ms slower for one to three), documents of at least AUTO_FLASH_ATTN4_MIN_ROWS rows
+    into one `flash_attn4` call where flash-attn-4 is installed (4 to 11 % faster than SDPA
+    there), the others run through per-document SDPA (the fastest measured from 512 to 2,048
+    rows). Where varlen or flash_attn4 cannot run (the CPU, float32, no package) their documents
+    run through SDPA.
 
     The choice depends on each document's own length, never on the rest of the pack (a choice
     per pack shape would compute a document with different kernels solo and co-batched).
-    Parity rule: bitwise solo == packed, as both backends it uses are; measured on the H200,
-    also in the bench DiT (docs/gpu_backends.md).
+    Parity rule: bitwise solo == packed, as all three backends it uses are; measured on the
+    H200, also in the bench DiT (docs/gpu_backends.md).
     """
     documents.check(q)
-    short = documents.short if unavailable_reason("varlen", q.device, q.dtype) is None else None
     out = torch.empty(q.shape[0], q.shape[1], v.shape[2], dtype=q.dtype, device=q.device)
+    routes: dict[str, list[tuple[int, int]]] = {}
     for start, end in documents.spans:
-        if short is None or end - start > AUTO_VARLEN_MAX_ROWS:
-            out[start:end] = sdpa_document(q[start:end], k[start:end], v[start:end])
-    if short is not None:
-        rows, gathered = short
-        out[rows] = varlen(q[rows], k[rows], v[rows], gathered)
+        routes.setdefault(auto_route(end - start, q.device, q.dtype), []).append((start, end))
+    for start, end in routes.pop("sdpa", []):
+        out[start:end] = sdpa_document(q[start:end], k[start:end], v[start:end])
+    for name, spans in routes.items():
+        rows, gathered = documents.gathered(tuple(spans))
+        out[rows] = BACKENDS[name](q[rows], k[rows], v[rows], gathered)
     return out
 
 
@@ -244,12 +258,13 @@ def installed_version(distribution: str) -> str | None:
         return None
 
 
+@functools.cache
 def unavailable_reason(name: str, device: torch.device, dtype: torch.dtype) -> str | None:
     """Why backend `name` cannot run on `device` with `dtype`, or None when it can.
 
     sdpa, auto and flex run everywhere; varlen needs CUDA and bf16/fp16; flash_attn also needs the
     flash_attn 2.x package; flash_attn4 needs the flash-attn-4 package and a GPU of compute
-    capability 9 (Hopper) or newer.
+    capability 9 (Hopper) or newer. Cached: auto asks for every document of every layer.
     """
     if name in ("sdpa", "auto", "flex"):
         return None
