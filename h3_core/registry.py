@@ -15,7 +15,21 @@ lock, so an answer is always consistent with what the holder of the request does
   before it starts. A finished id is never planted.
 - admit(id): refused when the id is live anywhere; True when an early cancel was waiting for it.
 - boundary(ids): the live ids of this instance whose cancel flag is set.
-- finish(id): forget a live id, remember it as finished; True when its cancel flag was set.
+- finish(id, load): forget a live id, remember it as finished, publish the instance's load without
+  it; True when its cancel flag was set.
+
+Announcements: a cheap signal that something new is headed for the DiT, so that an execute()
+stops taking steps (h3_core.step_loop.StepLoop.another_step) when a newcomer or a control request
+waits for the next one. h3_encoder announces every generation request it passes on, h3_vae
+before it sends a cancel control request for a gone client, and cancel() when it flags a request
+live on another instance (that instance reads the flag at its next execute). `announce()` adds to
+a counter and stamps the time (this registry's clock; cancel() adds to the counter alone, as
+nothing travels) in ANNOUNCEMENTS_FILE: 16 bytes rewritten under the lock, so no announcement is
+lost (no mtime granularity) and the storage stays bounded. `announcements()` and
+`seconds_since_announcement()` read it without the lock (one pread, a few microseconds: the DiT
+asks at every step boundary). A read that races a write may see a mix of the two values: any
+value other than the one the execute started with stops it, and one equal to it is corrected by
+the next read, one step later.
 
 The folder is one per tritonserver process (the model stubs are its children and share
 os.getppid()): `<tmp>/h3-triton-<server pid>-<its start time>/registry.json`, removed when the
@@ -25,8 +39,10 @@ ids by protocol.MAX_REQUEST_ID_CHARS (checked in the step loop).
 
 import fcntl
 import json
+import math
 import os
 import shutil
+import struct
 import tempfile
 import time
 from collections.abc import Callable
@@ -37,6 +53,8 @@ from pathlib import Path
 from .protocol import EARLY_CANCEL_SECONDS
 
 IDS_REMEMBERED = 1024  # bound on each memory of ids (early cancels, finished ids)
+ANNOUNCEMENTS_FILE = "announcements"  # beside registry.json
+ANNOUNCEMENT = struct.Struct("<Qd")  # how many announcements so far, the registry clock at the last one
 
 
 @dataclass(frozen=True)
@@ -78,12 +96,18 @@ class Registry:
         self.path = self.folder / "registry.json"
 
     @contextmanager
-    def _state(self, write: bool = True):
-        """The registry's content under the lock, expired memories dropped; written back when
-        `write`."""
+    def _lock(self):
+        """The registry's exclusive lock, held for the block."""
         self.folder.mkdir(parents=True, exist_ok=True)  # again: the last DiT instance to leave removes it
         with open(self.folder / "registry.lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    @contextmanager
+    def _state(self, write: bool = True):
+        """The registry's content under the lock, expired memories dropped; written back when
+        `write`."""
+        with self._lock():
             try:
                 state = json.loads(self.path.read_text()) if self.path.exists() else {}
             except ValueError:
@@ -103,10 +127,14 @@ class Registry:
                 os.replace(temporary, self.path)
 
     def cancel(self, request_id: str) -> str:
-        """Cancel by id; returns one of protocol.CANCEL_STATES (see the module docstring)."""
+        """Cancel by id; returns one of protocol.CANCEL_STATES (see the module docstring). A
+        request live on another instance is announced: its holder reads the flag at its next
+        execute, which the announcement brings forward."""
         with self._state() as (state, now):
             if request_id in state["live"]:
                 state["cancels"][request_id] = now
+                if state["live"][request_id] != self.instance:
+                    self._add_announcements(1, stamp=False)  # nothing travels: the flag is here already
                 return "cancelled"
             if request_id in state["finished"]:
                 return "finished"
@@ -133,11 +161,14 @@ class Registry:
             state["loads"][self.instance] = asdict(load)
             return {request_id for request_id in request_ids if request_id in state["cancels"]}
 
-    def finish(self, request_id: str) -> bool:
-        """Forget a live id of this instance and remember it as finished. Returns whether its
-        cancel flag was set."""
+    def finish(self, request_id: str, load: DitLoad | None = None) -> bool:
+        """Forget a live id of this instance and remember it as finished; publish `load` (this
+        instance's load without the request) when given, so that the encoder's refusal does not
+        wait for the next execute. Returns whether its cancel flag was set."""
         with self._state() as (state, now):
             state["live"].pop(request_id, None)
+            if load is not None:
+                state["loads"][self.instance] = asdict(load)
             state["finished"][request_id] = now
             return state["cancels"].pop(request_id, None) is not None
 
@@ -150,6 +181,46 @@ class Registry:
             last = not state["loads"]
         if last:
             shutil.rmtree(self.folder, ignore_errors=True)
+
+    def announce(self, count: int = 1) -> None:
+        """Announce `count` requests headed for the DiT (see the module docstring)."""
+        with self._lock():
+            self._add_announcements(count)
+
+    def _add_announcements(self, count: int, stamp: bool = True) -> None:
+        """Add `count` to the counter and, with `stamp`, record the time (a request is on its
+        way); the caller holds the lock."""
+        fd = os.open(self.folder / ANNOUNCEMENTS_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            total, last = self._unpack(os.pread(fd, ANNOUNCEMENT.size, 0))
+            os.pwrite(fd, ANNOUNCEMENT.pack(total + count, self.clock() if stamp else last), 0)
+        finally:
+            os.close(fd)
+
+    def _read_announcements(self) -> tuple[int, float]:
+        """(announcements so far, registry clock at the last one), without the lock; (0, -inf)
+        before the first one."""
+        try:
+            fd = os.open(self.folder / ANNOUNCEMENTS_FILE, os.O_RDONLY)
+        except FileNotFoundError:
+            return 0, -math.inf
+        try:
+            return self._unpack(os.pread(fd, ANNOUNCEMENT.size, 0))
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _unpack(data: bytes) -> tuple[int, float]:
+        return ANNOUNCEMENT.unpack(data) if len(data) == ANNOUNCEMENT.size else (0, -math.inf)
+
+    def announcements(self) -> int:
+        """How many announcements were made in this server so far (no lock; microseconds)."""
+        return self._read_announcements()[0]
+
+    def seconds_since_announcement(self) -> float:
+        """Seconds on this registry's clock since the last announcement of a request on its way
+        (announce(); inf before the first)."""
+        return self.clock() - self._read_announcements()[1]
 
     def refusal(self) -> str | None:
         """The UNAVAILABLE message when every DiT instance that reported is full (the emptiest

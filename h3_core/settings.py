@@ -14,12 +14,15 @@ from .request import RequestLimits
 from .scheduler import DEFAULT_AGING_S, DEFAULT_POLICY, POLICIES
 
 CONTROL_SLOTS = 2  # h3_dit sequence slots kept for cancel requests (max_batch_size = seqs + waiting + 2)
-# Seconds one h3_dit execute() may keep taking steps (execute_budget_s). Every execute costs a
-# Triton round trip and the loop's per-execute work (about 2.3 ms on the 2-core CPU against a
-# 5 ms tiny step of 128 rows); 0.03 s shares it among 5 such steps, while a newcomer or a cancel
-# waits at most 0.03 s more. A step of 15 ms or longer still runs alone in its execute, so the
-# bound in steps on the work for a gone client holds as before for steps that long
-# (tests/test_gone_clients.py: 44 ms and more).
+# Seconds one h3_dit execute() may keep taking steps (execute_budget_s) while nothing is headed
+# for the DiT (h3_core.step_loop.StepLoop.another_step). Every execute costs a Triton round trip
+# and the loop's per-execute work (about 2.3 ms on the 2-core CPU against a 5 ms tiny step of
+# 128 rows); 0.03 s shares it among 5 such steps. Announced newcomers and cancels (through the
+# encoder, h3_vae's cancels for gone clients) end an execute at its next step boundary whatever
+# the budget; what the budget still delays is the unannounced: a client's own cancel by id, sent
+# straight to h3_dit, waits at most the budget plus one step. The CPU repository keeps 0.03 s
+# (the tests on 2 cores were tuned with it); the GPU repository sets server.sizing's
+# GPU_EXECUTE_BUDGET_S.
 EXECUTE_BUDGET_S = 0.03
 EXECUTION_MODES = ("step", "request")
 
@@ -122,11 +125,13 @@ class DitSettings:
     checked at load and by the writer).
     Step loop: execution_mode ("step": packed steps, each over the requests the policy picks;
     "request": run to completion), execute_budget_s (step mode: seconds one execute() may keep
-    taking steps, h3_core.step_loop.StepLoop.another_step; 0 = one step per execute; newcomers
-    and cancels wait up to this long plus one step, as they reach the DiT only between
-    executes), scheduling_policy / row_budget (rows) / aging_s (seconds) (h3_core.scheduler),
-    max_num_seqs (documents per forward), max_waiting (live requests beyond a full pack),
-    max_batch_rows (rows per forward and per request). Request limits: max_height, max_width
+    taking steps while nothing announced is headed for the DiT,
+    h3_core.step_loop.StepLoop.another_step; 0 = one step per execute; announced newcomers and
+    cancels wait at most the step in flight, unannounced ones such as a client's own cancel by
+    id up to this long plus one step, as they reach the DiT only between executes),
+    scheduling_policy / row_budget (rows) / aging_s (seconds) (h3_core.scheduler), max_num_seqs
+    (documents per forward), max_waiting (live requests beyond a full pack), max_batch_rows
+    (rows per forward and per request). Request limits: max_height, max_width
     (pixels), max_num_frames, max_steps, max_outputs, max_request_mb (MiB,
     h3_core.request.request_memory_mb). allow_fault_injection: lets the test-only request
     parameter inject_fault act.

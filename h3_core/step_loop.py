@@ -21,16 +21,20 @@ here, and tests drive it without a server:
 5. A waiting job whose queue position changed gets a progress event (when it asked for
    progress); a job that got no event in the step gets a `Heartbeat` (h3_vae uses it to notice
    a client that is gone and cancel its request).
-6. In step mode the execute repeats 2-5 while its budget allows (`another_step`,
-   DitSettings.execute_budget_s), so the Triton round trip and the work of 1 are paid once for
-   several steps; newcomers and control requests, which reach the DiT only between executes,
-   wait at most the budget (or one step, where a step alone is longer). Then every job still
-   live is rescheduled.
+6. In step mode the execute repeats 2-5 while nothing new is headed for the DiT and its budget
+   allows (`another_step`, DitSettings.execute_budget_s), so the Triton round trip and the work
+   of 1 are paid once for several steps. Newcomers and control requests reach the DiT only
+   between executes, so the ones that are announced (h3_core.registry: h3_encoder announces each
+   request it passes on, h3_vae each cancel for a gone client, the registry each cancel of a
+   request on another instance) end the execute at the next step boundary and wait at most the
+   step in flight (`note_announcements`); unannounced ones (a client's own cancel by id, a
+   direct call of h3_dit) wait at most the budget plus one step. Then every job still live is
+   rescheduled.
 
 A job's lifecycle is `Status`: WAITING (admitted, no step yet or preempted) -> RUNNING -> FINISHED,
 CANCELLED or FAILED. All per-request state lives in the Job and its RequestStates; the loop keeps
-only the map of live jobs and two bounded memories of ids (ids cancelled before their request
-arrived; ids that finished recently).
+only the map of live jobs, two bounded memories of ids (ids cancelled before their request
+arrived; ids that finished recently) and its count of the registry's announcements.
 """
 
 import json
@@ -69,6 +73,10 @@ from .settings import DitSettings
 log = logging.getLogger("h3_dit")
 
 VANISHED_EXECUTES = 3  # a job missing from this many executes in a row was dropped by Triton
+# Seconds an announced request may take from its announcement (h3_core.registry) to Triton's queue
+# for h3_dit: the ensemble's hand-over from h3_encoder (2.6 ms for 4 MB of text embeddings on the
+# 2-core CPU, docs/triton_2.51_notes.md), or h3_vae's call with a cancel; with a wide margin.
+ANNOUNCED_TRANSIT_S = 0.1
 WORKER_FAULTS = ("worker_exit", "worker_hang", "worker_raise")  # inject_fault for sequence-parallel workers
 JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
 
@@ -406,10 +414,16 @@ class StepLoop:
         self.jobs: dict[object, Job] = {}  # live jobs by correlation id
         self.dropped = BoundedMemory()  # correlation id -> (request id, cause): forgotten without an answer
         self.draining = False
+        # announcements (h3_core.registry): how many are accounted for (arrived here, or written
+        # off), the count when this execute started, and whether one may still be on its way
+        self.announced = registry.announcements()
+        self.execute_announcements = self.announced
+        self.announced_in_transit = False
 
-    def load(self) -> DitLoad:
-        """The requests held now against the capacity (published in the registry)."""
-        return DitLoad(len(self.jobs), self.settings.max_num_seqs, self.settings.max_waiting)
+    def load(self, leaving: int = 0) -> DitLoad:
+        """The requests held now against the capacity, less `leaving` (published in the
+        registry)."""
+        return DitLoad(len(self.jobs) - leaving, self.settings.max_num_seqs, self.settings.max_waiting)
 
     def start_draining(self) -> None:
         """From the next step boundary every job ends with CANCELLED and newcomers are refused
@@ -419,15 +433,17 @@ class StepLoop:
     # -- one execute -------------------------------------------------------------------------
 
     def iterate(self, arrivals: list[Arrival], send: Send) -> list:
-        """One execute() over every live request: the arrivals (step 1 of the module docstring)
-        and the cancels other instances took (`Registry.boundary`), then step boundaries and
-        steps (steps 2-5) while `another_step` allows. Events are passed to `send` as they
-        happen (progress streams while the execute runs). Returns the handles of the requests to
-        reschedule (still live)."""
+        """One execute() over every live request: the announcements so far
+        (`note_announcements`), the arrivals (step 1 of the module docstring) and the cancels
+        other instances took (`Registry.boundary`), then step boundaries and steps (steps 2-5)
+        while `another_step` allows. Events are passed to `send` as they happen (progress
+        streams while the execute runs). Returns the handles of the requests to reschedule
+        (still live)."""
         self.metrics.set("h3_heartbeat_timestamp_seconds", time.time())
         self.metrics.set("h3_execute_in_progress", 1)
         try:
             start = self.clock()
+            self.note_announcements(arrivals)
             present = [job for arrival in arrivals if (job := self.arrive(arrival, send)) is not None]
             for request_id in self.registry.boundary([job.request_id for job in self.jobs.values()], self.load()):
                 job = next(job for job in self.jobs.values() if job.request_id == request_id)
@@ -477,21 +493,47 @@ class StepLoop:
             job.queue_position = position
         return bool(pack)
 
+    def note_announcements(self, arrivals: list[Arrival]) -> None:
+        """At the start of an execute: record the registry's count of announcements (requests
+        headed for the DiT, h3_core.registry), which `another_step` compares with, and whether
+        an announced request may still be on its way. Triton hands an execute the requests it
+        holds when the execute starts; one announced just before that may reach Triton just
+        after, and then waits for the next execute: this one takes one step only. Announcements
+        are matched with this execute's newcomers and control requests; those left unmatched
+        ANNOUNCED_TRANSIT_S after the last announcement went to another DiT instance or never
+        came (refused on the way, a cancel flag another instance set in the registry) and are
+        written off."""
+        count = self.registry.announcements()
+        arrived = sum(
+            1 for arrival in arrivals if arrival.key not in (0, "") and (arrival.new or arrival.key not in self.jobs)
+        )
+        self.execute_announcements = count
+        self.announced_in_transit = (
+            count - self.announced > arrived and self.registry.seconds_since_announcement() < ANNOUNCED_TRANSIT_S
+        )
+        self.announced = self.announced + arrived if self.announced_in_transit else count
+
     def another_step(self, start: float, boundary: float, present: list[Job]) -> bool:
         """Whether the execute that began at `start` takes another step after the one whose
         boundary was at `boundary` (clock seconds). Only in step mode, only while every live job
         is among the `present` ones (a job Triton withholds is counted absent once per execute,
-        drop_vanished, so it is dropped after as many steps as before), and only if the execute
-        would still end within settings.execute_budget_s, judging by the last step's time.
-        Newcomers and control requests reach the DiT only between executes, so they wait at most
-        the budget, or one step where a step alone is longer; the Triton round trip between
-        executes and the per-execute work (arrivals, the registry) are paid once per execute."""
+        drop_vanished, so it is dropped after as many steps as before), only if the execute
+        would still end within settings.execute_budget_s, judging by the last step's time, and
+        only while nothing is headed for the DiT: no announced request may still be on its way
+        to this execute's successor, and no announcement came since the execute started (one
+        pread, Registry.announcements). So an announced newcomer or control request waits at
+        most the step in flight (and the next one, if it reached Triton only as this execute
+        began); an unannounced one waits at most the budget, or one step where a step alone is
+        longer. The Triton round trip between executes and the per-execute work (arrivals, the
+        registry) are paid once per execute."""
         now = self.clock()
         elapsed, last_step = now - start, now - boundary
         return (
             self.settings.execution_mode == "step"
             and len(present) == len(self.jobs)
             and elapsed + last_step < self.settings.execute_budget_s
+            and not self.announced_in_transit
+            and self.registry.announcements() == self.execute_announcements
         )
 
     def arrive(self, arrival: Arrival, send: Send) -> Job | None:
@@ -814,7 +856,7 @@ class StepLoop:
         """One Result per output, with its final latents; the last one is final. A cancel that
         reached the registry during the last step wins: the request ends with CANCELLED (its
         canceller was told "cancelled")."""
-        if self.registry.finish(job.request_id):
+        if self.registry.finish(job.request_id, self.load(leaving=1)):
             self.metrics.increment("h3_cancellations_total")
             self.end(
                 job,
@@ -880,8 +922,9 @@ class StepLoop:
     def forget(self, job: Job, status: Status, dropped: str | None = None) -> None:
         """Remove the job and tell the registry it left. `dropped`: why it was dropped without a
         final event; if Triton delivers its request again, arrive() ends it with CANCELLED
-        naming its request id and this cause."""
-        self.registry.finish(job.request_id)
+        naming its request id and this cause. The registry gets this instance's load without
+        the job at once (the encoder's refusal need not wait for the next execute)."""
+        self.registry.finish(job.request_id, self.load(leaving=1))
         self.drop(job, status)
         if dropped is not None:
             self.dropped.remember(job.key, (job.request_id, dropped), self.clock())

@@ -15,7 +15,8 @@ from a config name, a checkpoint folder, a device, the GPUs, the number of CPU D
 explicit overrides, and sizes from a `server.sizing.Machine` what was not given (cpu_threads, on
 cuda max_batch_rows and max_request_mb); without a machine (the tests' copies, the shipped
 repository) the settings' defaults stay. On cuda it also raises h3_dit's canvas limits to the
-config's default canvas and derives the idle timeout from the longest step (server.sizing).
+config's default canvas, sets execute_budget_s to sizing.GPU_EXECUTE_BUDGET_S (1 s) and derives
+the idle timeout from the longest step (server.sizing).
 `config_texts` turns a Repository into config.pbtxt texts, with their explanatory comments;
 `write_repository` writes a folder.
 
@@ -176,7 +177,8 @@ def plan(
     (the larger of its default height and width on both axes), row_budget at most
     max_batch_rows, and max_request_mb = request_memory_mb of a max_batch_rows request at the
     largest canvas, with the CPU constant that Engine.prepare applies, so that it refuses no
-    request the row and canvas limits admit. idle_timeout_s replaces the sized
+    request the row and canvas limits admit, and execute_budget_s = sizing.GPU_EXECUTE_BUDGET_S
+    (several steps per execute while nothing is announced for the DiT). idle_timeout_s replaces the sized
     max_sequence_idle_microseconds (sizing.idle_timeout). h3_dit.sp_degree (an override; it must
     divide the config's heads) makes each h3_dit instance drive that many devices
     (instance_groups places them; cpu_threads counts each instance's workers).
@@ -226,6 +228,13 @@ def plan(
         size(DitSettings.MODEL, "max_num_frames", frames, canvas)
     if device == "cuda":
         size(EncoderSettings.MODEL, "device", f"cuda:{gpus[0]}", "the text encoder runs on the first GPU")
+        size(
+            DitSettings.MODEL,
+            "execute_budget_s",
+            sizing.GPU_EXECUTE_BUDGET_S,
+            "steps per execute while nothing is announced for the DiT: the Triton round trip costs at most 1.2% "
+            "of the step time; a client's own cancel by id waits at most this plus one step (server.sizing)",
+        )
     folder = Path(checkpoint) if Path(checkpoint).is_absolute() else ROOT / checkpoint
     if is_official(folder):
         official = "the official checkpoint's"
@@ -378,8 +387,10 @@ COMMENTS = {
         "cpu_threads": CPU_THREADS_COMMENT,
         "allow_fault_injection": '"true" lets the test-only request parameter inject_fault act; "false" refuses it '
         "(INVALID_ARG)",
-        "execute_budget_s": "seconds one execute() may keep taking steps (0 = one step per execute): the Triton "
-        "round trip between executes is paid once for them; newcomers and cancels wait up to this long more",
+        "execute_budget_s": "seconds one execute() may keep taking steps while nothing announced is headed for the "
+        "DiT (0 = one step per execute): the Triton round trip between executes is paid once for them; newcomers "
+        "and h3_vae's cancels are announced and wait at most the step in flight, a client's own cancel by id up "
+        "to this long plus one step",
         "sp_degree": "devices each packed forward runs on (sequence parallelism, h3_core.sequence_parallel): 1 = in "
         "this instance's process; N > 1 = N worker processes this instance starts, on cuda its own GPU and the next "
         "N - 1; N must divide the config's attention heads",
@@ -435,8 +446,8 @@ output [
 DIT_INTRO = """\
 # The H3 DiT with diffusion continuous batching. Decoupled; Triton's iterative sequence batcher
 # hands every live request to each execute(), which runs packed steps, each ONE forward for the
-# requests the scheduling policy advances, as many as fit execute_budget_s, and reschedules the
-# unfinished ones.
+# requests the scheduling policy advances, as many as fit execute_budget_s while no newcomer or
+# cancel is announced (h3_core.registry), and reschedules the unfinished ones.
 #
 # REQUEST is JSON: the request fields present (height, width, num_frames, num_inference_steps,
 # seed, num_outputs) and encode_seconds (the keys h3_encoder writes; any other key is refused), or

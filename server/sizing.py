@@ -17,6 +17,7 @@ packed DiT sequence.
   layers). bytes_per_row_and_width: GPU_BF16_BYTES_PER_ROW_AND_WIDTH, measured on an H200, scaled
   by the config's dtype bytes / 2.
 - max_sequence_idle_microseconds: longer than the longest execute() (see idle_timeout).
+- execute_budget_s on cuda: GPU_EXECUTE_BUDGET_S (below).
 """
 
 from __future__ import annotations
@@ -43,6 +44,19 @@ MAX_BATCH_ROWS = 65_536  # rows of one packed forward at most (4 x the 16,384-ro
 # are over-estimated, which errs on the safe side.
 H200_STEP_S, H200_STEP_ROWS, H200_STEP_LAYERS = 0.355, 16_384, 8
 MIN_IDLE_S = 60.0  # today's CPU value, and the floor everywhere
+# h3_dit's execute_budget_s on cuda: seconds one execute() keeps taking steps while nothing is
+# announced for the DiT (h3_core.step_loop.StepLoop.another_step). Each execute costs a Triton
+# round trip of about 6 ms on the H200 host (docs/benchmarks.md, served vs request mode). An
+# execute takes another step while its time so far plus the last step's stays under the budget,
+# so it lasts at least half the budget and the round trip costs at most 6 ms / 0.5 s = 1.2% of
+# the step time: 0.8% for the 360 ms step of benchmark (f) (2 steps an execute), 0.7% for the
+# bench DiT's 285 ms 16,384-row step (3), under 1% for the 15 ms 128-row step (about 66), against
+# 1.7%, 2.1% and 40% with one step an execute. Announced newcomers and cancels (through the
+# encoder; h3_vae's for gone clients) still wait at most the step in flight; what the budget
+# delays is the unannounced: a client's own cancel by id, sent straight to h3_dit, waits at most
+# 1 s plus one step, and the active / waiting gauges are set once an execute. It is far below
+# half the idle timeout (at least MIN_IDLE_S here), which the settings require.
+GPU_EXECUTE_BUDGET_S = 1.0
 STEP_IDLE_FACTOR = 5.0  # step mode: idle >= 5 steps
 REQUEST_IDLE_FACTOR = 1.5  # request mode: idle >= 1.5 x a whole generation
 

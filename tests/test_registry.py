@@ -1,5 +1,9 @@
 """h3_core.registry: the request ids, cancels and loads shared by a server's DiT instances."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from h3_core import registry as registry_module
@@ -73,3 +77,61 @@ def test_the_last_instance_to_leave_removes_the_folder(tmp_path):
     assert (folder / "registry.json").is_file()
     second.leave()
     assert not folder.exists()
+
+
+def test_a_finished_request_publishes_the_load_without_it(tmp_path):
+    dit, encoder = Registry(tmp_path, "h3_dit_0"), Registry(tmp_path)
+    dit.admit("a")
+    dit.boundary(["a"], DitLoad(held=1, max_num_seqs=1, max_waiting=0))
+    assert encoder.refusal() is not None
+    assert dit.finish("a", DitLoad(held=0, max_num_seqs=1, max_waiting=0)) is False
+    assert encoder.refusal() is None  # at once, not at the instance's next execute
+
+
+# -- announcements: something new is headed for the DiT ------------------------------------------
+
+
+def test_announcements_count_exactly_and_stamp_the_time(tmp_path):
+    clock = Clock()
+    encoder, dit, other = Registry(tmp_path, "", clock), Registry(tmp_path, "h3_dit_0"), Registry(tmp_path, "h3_dit_1")
+    assert (dit.announcements(), dit.seconds_since_announcement()) == (0, float("inf"))
+    encoder.announce()
+    clock.now += 0.25
+    encoder.announce(3)
+    clock.now += 0.5
+    assert (Registry(tmp_path, "h3_dit_0", clock).announcements(), encoder.seconds_since_announcement()) == (4, 0.5)
+    dit.admit("here")
+    assert dit.cancel("here") == "cancelled" and dit.cancel("nowhere") == "unknown"
+    assert dit.announcements() == 4  # its holder took the cancel, nobody else needs to hear of it
+    dit.admit("there")
+    assert other.cancel("there") == "cancelled"
+    # a cancel for a request on another instance counts, but nothing is on its way: no new stamp
+    assert (dit.announcements(), encoder.seconds_since_announcement()) == (5, 0.5)
+    assert (tmp_path / registry_module.ANNOUNCEMENTS_FILE).stat().st_size == registry_module.ANNOUNCEMENT.size
+
+
+ANNOUNCER = """
+import sys, threading
+from h3_core.registry import Registry
+registry, each = Registry(sys.argv[1]), int(sys.argv[2])
+threads = [threading.Thread(target=lambda: [registry.announce() for _ in range(each)]) for _ in range(2)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+"""
+
+
+def test_concurrent_announcers_lose_nothing(tmp_path):
+    """4 processes of 2 threads each, 150 announcements per thread, while this process announces
+    2 at a time and reads: the count ends at exactly 4 x 2 x 150 + 2 x 100, and every read is at
+    most that."""
+    root = Path(__file__).resolve().parents[1]
+    announcers = [subprocess.Popen([sys.executable, "-c", ANNOUNCER, str(tmp_path), "150"], cwd=root) for _ in range(4)]
+    registry, seen = Registry(tmp_path), []
+    for _ in range(100):
+        registry.announce(2)
+        seen.append(registry.announcements())
+    assert [announcer.wait(60) for announcer in announcers] == [0] * 4
+    assert registry.announcements() == 4 * 2 * 150 + 2 * 100
+    assert max(seen) <= registry.announcements() and seen[-1] >= 200

@@ -12,7 +12,7 @@ import pytest
 from h3_core.settings import DitSettings, EncoderSettings, VaeSettings
 from server import launch
 from server import repository as R
-from server.sizing import Machine
+from server.sizing import GPU_EXECUTE_BUDGET_S, Machine
 
 from .serving import model_repository_copy
 
@@ -185,6 +185,18 @@ def test_cuda_without_a_machine_keeps_the_rows_and_derives_the_rest():
     assert (dit.max_batch_rows, dit.row_budget, dit.max_request_mb, dit.cpu_threads) == (4096, 4096, 16_418, 1)
     tiny = R.plan("tiny", "/w", "cuda", [0]).dit  # its own canvas is under the CPU limits: they stay
     assert (tiny.max_height, tiny.max_width, tiny.max_num_frames) == (256, 256, 121)
+
+
+def test_gpu_repositories_take_steps_for_a_second_per_execute():
+    # several steps per execute while nothing is announced for the DiT (server.sizing); the CPU
+    # repository keeps the shipped 0.03 s; a given budget wins
+    repository = R.plan("bench", "/w", "cuda", [0], overrides=WIDE)
+    assert repository.dit.execute_budget_s == GPU_EXECUTE_BUDGET_S == 1.0
+    assert any(note.startswith("h3_dit.execute_budget_s 1.0: ") for note in repository.notes)
+    assert 'execute_budget_s" value: { string_value: "1.0" }' in R.config_texts(repository)["h3_dit"]
+    assert R.plan().dit.execute_budget_s == 0.03
+    given = R.plan("bench", "/w", "cuda", [0], overrides={"h3_dit": {"execute_budget_s": 0.2}, **WIDE})
+    assert given.dit.execute_budget_s == 0.2
 
 
 def test_the_text_encoder_must_give_the_configs_text_width(tmp_path):

@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 from client.api import H3Client
 from server.process import TritonServer
 
-from .serving import ROOT, idle_metrics, model_repository_copy
+from .serving import ROOT, generate_in_thread, idle_metrics, model_repository_copy
 from .test_serving_control import metric
 
 REQUEST = dict(
@@ -48,18 +48,54 @@ def dit_executions(server) -> float:
     return float(re.search(r'^nv_inference_exec_count\{model="h3_dit",version="1"\} (\S+)$', text, re.MULTILINE)[1])
 
 
-def test_a_lone_request_takes_all_its_steps_in_the_execute_that_admits_it(client, tmp_path):
-    # execute_budget_s 20: the 5 steps of a few ms each fit one execute (one h3_dit execution);
-    # progress still streams after every step; the outputs equal the shipped server's (0.03 s)
+@pytest.fixture(scope="module")
+def budget_server(tmp_path_factory):
+    """A server whose h3_dit executes may take steps for 20 s (execute_budget_s), max_steps 400."""
+    folder = tmp_path_factory.mktemp("budget")
+    repo = model_repository_copy(folder / "repo", execute_budget_s="20", max_steps="400")
+    with TritonServer(repo, free_ports=True, log_file=folder / "server.log") as server:
+        yield server, H3Client(server.grpc_url, idle_timeout_s=120)
+
+
+def test_a_lone_request_takes_all_its_steps_in_the_execute_that_admits_it(client, budget_server):
+    # execute_budget_s 20: the 5 steps of a few ms each fit one execute (one h3_dit execution:
+    # h3_encoder's announcement of the request is matched by its arrival); progress still streams
+    # after every step; the outputs equal the shipped server's (0.03 s)
     shipped = client.generate(**REQUEST)[0]
-    repo = model_repository_copy(tmp_path / "repo", execute_budget_s="20")
-    with TritonServer(repo, free_ports=True, log_file=tmp_path / "server.log") as server:
-        result = H3Client(server.grpc_url, idle_timeout_s=120).generate(**REQUEST, progress_every=1)[0]
-        idle_metrics(server)
-        assert dit_executions(server) == 1
+    server, budget_client = budget_server
+    idle_metrics(server)
+    before = dit_executions(server)
+    result = budget_client.generate(**REQUEST, progress_every=1)[0]
+    idle_metrics(server)
+    assert dit_executions(server) == before + 1
     assert [step for step, _, _ in result.progress] == [1, 2, 3, 4, 5]
     assert result.frames.tobytes() == shipped.frames.tobytes()
     assert result.audio.tobytes() == shipped.audio.tobytes()
+
+
+def test_an_announced_newcomer_ends_a_long_execute_after_the_step_in_flight(budget_server):
+    # execute_budget_s 20: alone, a 400-step request (a few ms a step) runs to its end in the
+    # execute that admits it. h3_encoder announces a newcomer (h3_core.registry), so that execute
+    # ends at its next step boundary and the newcomer is packed beside the long request: it
+    # finishes while the long one still runs, with a pack of 2
+    server, client = budget_server
+    seen, outcome = [], {}
+    long = generate_in_thread(
+        client,
+        outcome,
+        "long",
+        **{**REQUEST, "num_inference_steps": 400, "return_frames": False, "return_audio": False},
+        progress_every=1,
+        on_progress=lambda step, total, position: seen.append(step),
+    )
+    deadline = time.monotonic() + 60
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (newcomer,) = client.generate(**{**REQUEST, "num_inference_steps": 2, "seed": 13})
+    long_step_then = max(seen)
+    long.join(120)
+    assert outcome["long"][0].info["num_inference_steps"] == 400
+    assert long_step_then < 400 and newcomer.info["largest_pack"] == 2
 
 
 def test_native_grpc_cancel_on_h3_dit(server, client):

@@ -24,6 +24,7 @@ from h3_core.registry import Registry
 from h3_core.request import GenerationRequest
 from h3_core.settings import DitSettings
 from h3_core.step_loop import (
+    ANNOUNCED_TRANSIT_S,
     VANISHED_EXECUTES,
     Arrival,
     CancelAnswer,
@@ -503,7 +504,8 @@ def test_an_execute_takes_steps_while_they_fit_its_budget(engine, monkeypatch):
 
 def test_a_newcomer_joins_at_the_first_step_of_the_next_execute(engine, monkeypatch):
     """A newcomer that reaches Triton while an execute runs (here 100-102 s) is delivered with
-    the next one and packed at its first step boundary (102 s): it waited at most that execute's
+    the next one and packed at its first step boundary (102 s): unannounced (a direct call of
+    h3_dit; h3_encoder announces those it passes on, see below) it waited at most that execute's
     2 s, within the 2.5 s budget. Both equal their solo runs."""
     clock = Clock()
     client = Client(make_loop(engine, clock, execute_budget_s=2.5))
@@ -549,23 +551,29 @@ def test_deadlines_native_cancels_and_draining_act_at_every_step_boundary_of_an_
 def test_cancels_by_id_take_effect_at_the_first_step_boundary_of_the_next_execute(engine, monkeypatch, tmp_path):
     """A control request reaches the DiT only between executes (Triton delivers it with the
     next one), and a cancel that landed on another instance is read from the registry once per
-    execute: both targets, cancelled during the first execute's first step, run its second step
-    and leave at the first boundary of the next execute."""
+    execute. A client's own cancel, queued during an execute, is not announced: its target runs
+    the execute's second step (2.5 s budget) and leaves at the first boundary of the next one. A
+    cancel another instance takes is announced: the execute ends after the step in flight, and
+    its target leaves at the first boundary of the next one."""
     clock = Clock()
     client = Client(make_loop(engine, clock, registry=Registry(tmp_path, "h3_dit_0"), execute_budget_s=2.5))
     other = Registry(tmp_path, "h3_dit_1")
-    timed_forwards(monkeypatch, client.loop, clock, before=lambda n: n == 0 and other.cancel("elsewhere"))
+    log = timed_forwards(monkeypatch, client.loop, clock, before=lambda n: n == 2 and other.cancel("elsewhere"))
     client.send("here", steps=10, seed=1)
-    client.send("elsewhere", steps=10, seed=2)
     client.iterate()
-    assert not client.of("here", Ended) and not client.of("elsewhere", Ended)
+    assert len(log) == 2 and not client.of("here", Ended)
     client.cancel("here")  # Triton queued it while the execute ran
     client.iterate()
-    assert not client.live
+    assert not client.live and len(log) == 2
+    client.send("elsewhere", steps=10, seed=2)
+    client.iterate()
+    assert len(log) == 3 and not client.of("elsewhere", Ended)  # the other instance's cancel ended it
+    client.iterate()
+    assert not client.live and len(log) == 3
     assert [(e.request_id, e.state) for e in client.events if isinstance(e, CancelAnswer)] == [("here", "cancelled")]
     assert [(e.request_id, e.message) for e in client.events if isinstance(e, Ended)] == [
         ("here", "request here cancelled by request at step 2 of 10"),
-        ("elsewhere", "request elsewhere cancelled by request at step 2 of 10"),
+        ("elsewhere", "request elsewhere cancelled by request at step 1 of 10"),
     ]
 
 
@@ -586,3 +594,66 @@ def test_an_execute_takes_one_step_while_triton_withholds_a_live_job(engine, mon
         steps_per_execute.append(len(log) - before)
     assert steps_per_execute == [2, 1, 1, 2, 2, 2] and gone not in {job.key for job in client.loop.jobs.values()}
     assert_solo(engine, client.of("kept", Result)[0], 10, 1)
+
+
+# -- several steps per execute while nothing is announced (h3_core.registry) -------------------
+
+
+def steps_per_execute(client: Client, log: list, executes: int) -> list[int]:
+    """Run `executes` iterates; the forwards each took."""
+    counts = []
+    for _ in range(executes):
+        before = len(log)
+        client.iterate()
+        counts.append(len(log) - before)
+    return counts
+
+
+def test_an_announcement_ends_the_execute_after_the_step_in_flight(engine, monkeypatch, tmp_path):
+    """1 s steps, a 100 s budget. With nothing announced one execute runs a lone request to its
+    end (5 steps). An announcement made during the third step of the next request's execute
+    (h3_encoder passing a request on) ends it after that step; the announced newcomer arrives
+    with the next execute, which packs it at its first step and, with nothing more announced,
+    runs on to the end. Results equal the solo runs."""
+    clock = Clock()
+    registry, encoder = Registry(tmp_path, "h3_dit_0", clock), Registry(tmp_path, "", clock)
+    client = Client(make_loop(engine, clock, registry=registry, execute_budget_s=100.0))
+    log = timed_forwards(monkeypatch, client.loop, clock, before=lambda n: n == 7 and encoder.announce())
+    client.send("lone", steps=5, seed=3)
+    assert steps_per_execute(client, log, 1) == [5] and client.of("lone", Result)
+    client.send("first", steps=10, seed=1)
+    assert steps_per_execute(client, log, 1) == [3]  # steps 1-3 of first; the announcement came in step 3
+    client.send("newcomer", steps=2, seed=2)  # Triton queued it while that execute ran
+    assert steps_per_execute(client, log, 1) == [7] and not client.live
+    assert log[5:] == [
+        (105.0, ["first"]),
+        (106.0, ["first"]),
+        (107.0, ["first"]),  # the announcement: the execute ends after this step
+        (108.0, ["newcomer", "first"]),
+        (109.0, ["newcomer", "first"]),
+        (110.0, ["first"]),
+        (111.0, ["first"]),
+        (112.0, ["first"]),
+        (113.0, ["first"]),
+        (114.0, ["first"]),
+    ]
+    assert_solo(engine, client.of("lone", Result)[0], 5, 3)
+    assert_solo(engine, client.of("first", Result)[0], 10, 1)
+    assert_solo(engine, client.of("newcomer", Result)[0], 2, 2)
+
+
+def test_an_announced_request_still_on_its_way_holds_executes_to_one_step(engine, monkeypatch, tmp_path):
+    """A request announced just before an execute starts may reach Triton just after it handed
+    the execute its requests: while an announcement is unmatched by a newcomer and younger than
+    ANNOUNCED_TRANSIT_S (the registry's clock stands still here), every execute takes one step;
+    once it is that old it is written off (it went to another instance, or never came) and the
+    execute runs on within its budget."""
+    clock, registry_clock = Clock(), Clock()
+    registry, encoder = Registry(tmp_path, "h3_dit_0", registry_clock), Registry(tmp_path, "", registry_clock)
+    client = Client(make_loop(engine, clock, registry=registry, execute_budget_s=100.0))
+    log = timed_forwards(monkeypatch, client.loop, clock, before=lambda n: n == 1 and encoder.announce())
+    client.send("first", steps=20, seed=1)
+    assert steps_per_execute(client, log, 3) == [2, 1, 1]
+    registry_clock.now += 2 * ANNOUNCED_TRANSIT_S
+    assert steps_per_execute(client, log, 1) == [16] and not client.live
+    assert_solo(engine, client.of("first", Result)[0], 20, 1)

@@ -1,7 +1,9 @@
 """h3_encoder: PROMPT -> TEXT_EMBEDS, the optional INT64 inputs -> REQUEST JSON (an adapter over
 h3_core.encoder). The request parameters and the inputs' shapes are checked before the prompt
 is encoded, so a malformed request costs no encoder time; when every h3_dit instance is full
-(h3_core.registry) the request is refused with UNAVAILABLE before encoding."""
+(h3_core.registry) the request is refused with UNAVAILABLE before encoding. The requests passed
+on to h3_dit are announced in the registry as the execute ends (Registry.announce), so that an
+h3_dit execute taking several steps ends at its next step boundary and takes them in."""
 
 import time
 
@@ -31,16 +33,19 @@ class TritonPythonModel:
         self.registry = Registry(server_folder())
 
     def execute(self, requests):
-        responses = []
+        responses, passed_on = [], 0
         for request in requests:
             try:
                 responses.append(self.encode(request))
+                passed_on += 1
             except (ValueError, Overloaded) as error:
                 code = "INVALID_ARG" if isinstance(error, ValueError) else "UNAVAILABLE"
                 pb_utils.Logger.log_info(
                     f"h3_encoder: request {request.request_id() or '(no id)'} refused: {code}: {error}"
                 )
                 responses.append(error_response(code, str(error)))
+        if passed_on:  # last: the requests reach h3_dit's queue a few ms after this
+            self.registry.announce(passed_on)
         return responses
 
     def encode(self, request):

@@ -38,7 +38,7 @@ from h3_core.protocol import (
     VIDEO_LATENT,
     check_request_parameters,
 )
-from h3_core.registry import IDS_REMEMBERED
+from h3_core.registry import IDS_REMEMBERED, Registry, server_folder
 from h3_core.settings import VaeSettings
 from h3_core.step_loop import end_line
 from h3_core.vae_hook import load_vaes
@@ -104,9 +104,11 @@ class GoneClients:
     after that is marked cancelled; h3_dit sends each live request a response every iteration
     (progress, result or heartbeat), so the request leaves the pack within two steps
     (docs/reliability.md). The cancels go out on one thread (execute() never waits for them);
-    each id once (a bounded memory)."""
+    each id once (a bounded memory). Each is announced in `registry` before it is sent, so that
+    an h3_dit execute taking several steps ends at its next step boundary and takes it in."""
 
-    def __init__(self):
+    def __init__(self, registry: Registry):
+        self.registry = registry
         self.cancelled: OrderedDict[str, None] = OrderedDict()
         self.queue: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="h3_vae-gone-clients", daemon=True)
@@ -121,6 +123,7 @@ class GoneClients:
 
     def _run(self) -> None:
         while (request_id := self.queue.get()) is not None:
+            self.registry.announce()
             control = pb_utils.InferenceRequest(
                 model_name=DIT_MODEL,
                 requested_output_names=["INFO"],
@@ -163,7 +166,7 @@ class TritonPythonModel:
         )  # Triton needs it referenced
         self.decodes = self.decodes_family.Metric(labels={"model": "h3_vae"})
         self.pool = OrderedPool(settings.decode_workers, name="h3_vae-decode")
-        self.gone = GoneClients()
+        self.gone = GoneClients(Registry(server_folder()))
         # Everything that touches the stub (reading requests, making tensors, sending) happens
         # under this lock: in Triton 2.51 a decode thread sending while execute() ran crashed
         # tritonserver (docs/reliability.md); the decodes themselves run outside it.
