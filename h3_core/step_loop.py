@@ -390,6 +390,8 @@ class StepLoop:
         registry: the Registry shared by the server's DiT instances (request ids, cancels, loads).
         metrics: MetricsRecord or an object with its three methods.
         clock: monotonic seconds (tests pass a fake one).
+    Raises ValueError when settings.max_batch_rows exceeds the rows the DiT's compiled blocks
+    take (H3DiT.max_compiled_rows).
     """
 
     def __init__(
@@ -400,6 +402,12 @@ class StepLoop:
         metrics=None,
         clock: Callable[[], float] = time.monotonic,
     ):
+        compiled_rows = getattr(engine.dit, "max_compiled_rows", None)  # a sequence-parallel DiT has none
+        if compiled_rows is not None and settings.max_batch_rows > compiled_rows:
+            raise ValueError(
+                f"h3_dit parameter max_batch_rows={settings.max_batch_rows} is out of range: the compiled DiT "
+                f"takes at most {compiled_rows} rows a step"
+            )
         self.engine, self.settings, self.registry = engine, settings, registry
         self.metrics = metrics if metrics is not None else MetricsRecord()
         self.clock = clock

@@ -657,3 +657,23 @@ def test_an_announced_request_still_on_its_way_holds_executes_to_one_step(engine
     registry_clock.now += 2 * ANNOUNCED_TRANSIT_S
     assert steps_per_execute(client, log, 1) == [16] and not client.live
     assert_solo(engine, client.of("first", Result)[0], 20, 1)
+
+
+def test_max_batch_rows_beyond_the_compiled_dit_is_refused(monkeypatch):
+    # compile_blocks bounds a pack by the int32 index range of its widest intermediate
+    dit = H3DiT(get_config("tiny"), row_tile=0)
+    dit.compile_blocks()
+    cfg = get_config("tiny")
+    assert dit.max_compiled_rows == (2**31 - 1) // max(2 * cfg.ffn_size, 3 * cfg.attn_width)
+    monkeypatch.setattr(dit, "max_compiled_rows", 4096)
+    engine = Engine(dit, None, None)
+    make_loop(engine, max_batch_rows=4096)  # at the bound: accepted
+    with pytest.raises(
+        ValueError,
+        match=r"^h3_dit parameter max_batch_rows=4160 is out of range: "
+        r"the compiled DiT takes at most 4096 rows a step$",
+    ):
+        make_loop(engine, max_batch_rows=4160)
+    x = torch.zeros(4160, cfg.hidden_size)
+    with pytest.raises(ValueError, match=r"^a pack of 4,160 rows exceeds the compiled blocks' 4,096 rows \(int32"):
+        dit.transformer(x, None, None, None, None, None, None)

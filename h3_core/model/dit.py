@@ -329,6 +329,7 @@ class H3DiT(nn.Module):
             row_tile = GPU_ROW_TILE if cuda else CPU_ROW_TILE
         self.set_row_tile(row_tile)
         self.graphs: GraphedForward | None = None  # use_cuda_graphs
+        self.max_compiled_rows: int | None = None  # compile_blocks
 
     def compile_blocks(self) -> None:
         """Compile every DiTBlock's row-wise halves (before_attention, after_attention) with
@@ -337,8 +338,18 @@ class H3DiT(nn.Module):
         the blocks share their code, so all of them reuse the first one's compiled graphs). The
         per-document attention between them stays eager. A compiled step is not bitwise equal to
         an eager one (fused elementwise work rounds differently), so a server compiles once at
-        load and runs every mode through the same compiled code."""
+        load and runs every mode through the same compiled code.
+
+        The compiled kernels index with int32 while the widest intermediate (fc1's 2 x ffn_size
+        or qkv's 3 x attn_width columns) holds fewer than 2^31 elements; a larger pack would
+        recompile them with int64 indices (dynamo's guard, seen on the H200 at 131,072 rows),
+        and from then on a request would no longer meet the kernels of its earlier steps or of
+        the CUDA graphs captured before. So `transformer` refuses packs of more than
+        max_compiled_rows rows (74,898 for the H3 widths; servers pack at most
+        server.sizing.MAX_BATCH_ROWS = 65,536)."""
         torch._dynamo.config.fail_on_recompile_limit_hit = True  # never fall back to eager silently
+        cfg = self.cfg
+        self.max_compiled_rows = (2**31 - 1) // max(2 * cfg.ffn_size, 3 * cfg.attn_width)
         for block in self.blocks:
             block.before_attention = torch.compile(block.before_attention, dynamic=True)
             block.after_attention = torch.compile(block.after_attention, dynamic=True)
@@ -487,7 +498,14 @@ class H3DiT(nn.Module):
                 or one for all of t_emb (see AdaLNProj).
         Returns:
             (video head float32 [S, 96], audio head float32 [S, 32]) for every row.
+        Raises:
+            ValueError: compiled blocks (compile_blocks) and S > max_compiled_rows.
         """
+        if self.max_compiled_rows is not None and x.shape[0] > self.max_compiled_rows:
+            raise ValueError(
+                f"a pack of {x.shape[0]:,} rows exceeds the compiled blocks' {self.max_compiled_rows:,} rows "
+                "(int32 indexing; a larger pack would recompile them and break bitwise parity)"
+            )
         for block in self.blocks:
             x = block(x, t_emb, mod_index, attention, documents, rope, per_timestep)
         return self.final_layer(x, t_emb, timestep_index, per_timestep)
