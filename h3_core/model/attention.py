@@ -181,8 +181,9 @@ def flash_attn4(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: Do
     """`flash_attn.cute.flash_attn_varlen_func` of the flash-attn-4 package (CuTe DSL kernels,
     written against 4.0.0b36, which returns (out, lse)). Hopper or newer GPU, bf16/fp16 only.
 
-    Parity rule: not measured (its CUDA 13 DSL libraries are a 92 MB wheel, too large to
-    carry to the H200 machine).
+    Parity rule: bitwise solo == packed (documents of 128..16,384 rows behind a 16,384-row
+    document and before a padding document) and strided == contiguous, measured on the H200
+    with 4.0.0b36 (docs/gpu_backends.md); its first call compiles its kernel (about 5 s).
     """
     from flash_attn.cute import flash_attn_varlen_func
 
