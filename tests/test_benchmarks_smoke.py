@@ -38,7 +38,13 @@ def test_engine_bench_cpu_smoke(tmp_path):
     report = json.loads((tmp_path / "engine_bench.json").read_text())
     assert report["config"] == "tiny" and report["hardware"] == "CPU" and report["weights"] == "random:0"
     assert (report["row_tile"], report["compiled_blocks"], report["cublas_workspace_config"]) == (64, False, None)
-    assert report["compile"] == {"compile_seconds": report["compile_seconds"], "recompiles": 0, "graph_breaks": 0}
+    assert report["compile"] == {
+        "compile_seconds": report["compile_seconds"],
+        "recompiles": 0,
+        "graph_breaks": 0,
+        "unique_graphs": 0,  # nothing is compiled on the CPU
+    }
+    assert "cuda_graphs" not in report and report["attention"] == "sdpa"
     assert tiny_step_flops(128, 125) == 85_206_016
     probes = report["matmul_probes_flops_per_s"]
     rate = report["matmul_flops_per_s"]
@@ -62,8 +68,15 @@ def test_engine_bench_cpu_smoke(tmp_path):
     }
     curve = report["e_packing_curve"]
     assert {int(rows): v["used_rows"] for rows, v in curve.items()} == USED_ROWS
-    for v in curve.values():
-        assert v["speedup"] == pytest.approx(8 * v["one_s"] / v["eight_packed_s"], rel=1e-12)
+    for v in curve.values():  # 8 packed: the CPU's blocks are not compiled, so no row bound
+        assert v["packed"] == 8 and v["speedup"] == pytest.approx(8 * v["one_s"] / v["packed_s"], rel=1e-12)
+    attention_step = report["attention_step"]  # sdpa vs auto in the DiT step, 1 run on the CPU
+    for n in ("1", "3"):
+        assert sorted(attention_step[n]) == ["auto", "sdpa"] and len(attention_step[n]["sdpa"]) == 1
+        assert attention_step[f"{n}_over_sdpa"] == {
+            "sdpa": 1.0,
+            "auto": attention_step[n]["auto"][0] / attention_step[n]["sdpa"][0],
+        }
     roofline = report["roofline"]
     assert list(roofline) == ["1x128", "4x128"]
     weight_bytes = 4 * 762_544  # the tiny DiT's parameters, float32
