@@ -6,8 +6,9 @@ a row attend across a document boundary. q, k, v: [rows, heads, head_dim]; they 
 views of a fused projection (only the last dim must have stride 1). Every backend returns
 [rows, heads, head_dim] in q's dtype. `Documents` is built once per forward from cu_seqlens
 (int32 [docs + 1]) and holds its bounds as Python ints and its device tensors, so no layer
-reads a device tensor back (no synchronisation) or copies one to the device: a whole forward
-can be captured in a CUDA graph (h3_core.model.dit.GraphedForward).
+reads a device tensor back (no synchronisation); what a backend derives from it (auto's gathers,
+flex's block mask) is built on its first call and kept, so a CUDA graph, whose capture follows
+an uncaptured first call (h3_core.model.dit.GraphedForward), copies nothing to the device.
 
 Each backend's docstring states its parity rule (solo == packed: a document's output does not
 change when other documents share the call, its offset changes or padding documents are added),
@@ -78,6 +79,11 @@ class Documents:
             self._gathered[spans] = rows.to(self.device), Documents(cu, len(rows), self.device)
         return self._gathered[spans]
 
+    @functools.cached_property
+    def block_mask(self) -> BlockMask:
+        """flex's document_block_mask of these documents, built on first use and kept."""
+        return document_block_mask(self.bounds, self.device)
+
     def check(self, q: torch.Tensor) -> None:
         """Raise ValueError unless q has the pack's rows."""
         if q.shape[0] != self.bounds[-1]:
@@ -108,10 +114,10 @@ def sdpa_per_document(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documen
     return out
 
 
-@functools.lru_cache(maxsize=8)
 def document_block_mask(bounds: tuple[int, ...], device: torch.device) -> BlockMask:
     """Flex-attention BlockMask letting row i see row j only when both lie in the same
-    document of `bounds` (cu_seqlens as ints). Cached: a DiT forward reuses it in every layer."""
+    document of `bounds` (cu_seqlens as ints). Documents.block_mask builds it once per pack (a
+    DiT forward reuses it in every layer; a CUDA graph keeps it with the pack's Documents)."""
     cu = torch.tensor(bounds, device=device)
     document = torch.repeat_interleave(torch.arange(len(bounds) - 1, device=device), cu[1:] - cu[:-1])
 
@@ -142,9 +148,7 @@ def flex_documents(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents:
     """
     documents.check(q)
     attend = compiled_flex_attention() if q.is_cuda else flex_attention
-    out = attend(
-        *(t.transpose(0, 1).unsqueeze(0) for t in (q, k, v)), block_mask=document_block_mask(documents.bounds, q.device)
-    )
+    out = attend(*(t.transpose(0, 1).unsqueeze(0) for t in (q, k, v)), block_mask=documents.block_mask)
     return out[0].transpose(0, 1)
 
 

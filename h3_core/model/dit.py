@@ -356,10 +356,12 @@ class H3DiT(nn.Module):
 
     def use_cuda_graphs(self, max_rows: int = GRAPH_MAX_ROWS, kept: int = GRAPHS_KEPT) -> None:
         """Replay packs of at most `max_rows` rows from CUDA graphs (GraphedForward), keeping at
-        most `kept` pack structures. CUDA only (RuntimeError on another device); load_engine turns
-        it on for a GPU DiT after compile_blocks."""
+        most `kept` pack structures. CUDA only (RuntimeError on another device; ValueError for
+        max_rows or kept below 1); load_engine turns it on for a GPU DiT after compile_blocks."""
         if self.device.type != "cuda":
             raise RuntimeError(f"CUDA graphs need a CUDA device, not {self.device.type}")
+        if kept < 1 or max_rows < 1:
+            raise ValueError(f"CUDA graphs need max_rows >= 1 and kept >= 1, got {max_rows} and {kept}")
         self.graphs = GraphedForward(self, max_rows, kept)
 
     def set_row_tile(self, row_tile: int) -> None:
@@ -523,18 +525,23 @@ class CapturedPack:
 
 
 class GraphedForward:
-    """H3DiT.forward_rows replayed from CUDA graphs, one per pack structure: the key is the
-    requests' layouts in pack order and the number of unique timesteps, which fix every shape
-    and every layout-determined tensor (PackRows); the step's values (latents, text states,
-    timesteps, each row's timestep index) are copied into the graph's static inputs.
+    """H3DiT.forward_rows replayed from CUDA graphs, one per pack structure: the key is the DiT's
+    attention backend, the requests' layouts in pack order and the number of unique timesteps,
+    which fix every kernel, every shape and every layout-determined tensor (PackRows); the step's
+    values (latents, text states, timesteps, each row's timestep index) are copied into the
+    graph's static inputs.
 
     A pack structure met for the first time runs forward_rows once on a side stream (its lazy
-    set-up: compiled-graph guards, cuBLAS handles, Documents.short), is captured, then replayed;
-    later steps of the same structure (the same requests, any step) only replay. A replay runs
-    the kernels the eager forward runs, so outputs are bitwise those of the eager compiled
-    forward (checked on the H200 by benchmarks/engine_bench.py, `bitwise`). All graphs share
-    one memory pool; outputs are cloned after each replay, so no graph's outputs outlive the
-    next replay. Returns forward's outputs; raises what forward_rows raises.
+    set-up: compiled-graph guards, cuBLAS and cuDNN plans, what attention backends derive from
+    Documents), is captured, then replayed; later steps of the same requests with as many unique
+    timesteps only replay (a request's first step has one, video and audio at t = 0; later steps
+    two). A replay runs the kernels the eager forward runs, so outputs are bitwise those of the
+    eager compiled forward (checked on the H200 by benchmarks/engine_bench.py, `bitwise`, with
+    sdpa). All graphs share one memory pool; outputs are cloned after each replay, so no graph's
+    outputs outlive the next replay. The pool keeps the peak of the largest graphed forward
+    (about 0.25 GB of fc1 output at 4,096 rows and H3 widths) besides the eager packs' memory.
+    Returns forward's outputs. Raises ValueError when an input's shape does not fit the batch
+    (as the eager forward's index_copy_ does), and what forward_rows raises.
     """
 
     def __init__(self, dit: "H3DiT", max_rows: int = GRAPH_MAX_ROWS, kept: int = GRAPHS_KEPT):
@@ -547,12 +554,16 @@ class GraphedForward:
         self, video: torch.Tensor, audio: torch.Tensor, text: torch.Tensor, batch: PackedBatch
     ) -> tuple[torch.Tensor, torch.Tensor]:
         values = (video, audio, text, batch.unique_timesteps, batch.inverse_indices)
-        key = (tuple(batch.layouts), len(batch.unique_timesteps))
+        key = (self.dit.attention, tuple(batch.layouts), len(batch.unique_timesteps))
         pack = self.captured.get(key)
         if pack is None:
             pack = self.capture(key, values, batch)
         self.captured.move_to_end(key)
-        for static, value in zip(pack.inputs, values, strict=True):
+        for name, static, value in zip(
+            ("video", "audio", "text", "timesteps", "rows"), pack.inputs, values, strict=True
+        ):
+            if value.shape != static.shape:
+                raise ValueError(f"{name} has shape {tuple(value.shape)}; the batch needs {tuple(static.shape)}")
             static.copy_(value)
         pack.graph.replay()
         return pack.outputs[0].clone(), pack.outputs[1].clone()
@@ -563,9 +574,11 @@ class GraphedForward:
         rows = self.dit.pack_rows(batch)
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            self.dit.forward_rows(*inputs, rows)  # lazy set-up outside the capture
-        torch.cuda.current_stream(device).wait_stream(side)
+        try:
+            with torch.cuda.stream(side):
+                self.dit.forward_rows(*inputs, rows)  # lazy set-up outside the capture
+        finally:  # also when it raises: the inputs must not be freed while the side stream reads them
+            torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             outputs = self.dit.forward_rows(*inputs, rows)
