@@ -195,29 +195,27 @@ class PackedBatch:
     offsets: list[int]  # first packed row of each request (multiples of 64)
     total_rows: int
     cu_seqlens: torch.Tensor  # int32 [documents + 1], no empty documents
-    max_seqlen: int
     video_rows: torch.Tensor  # int64 [sum V]
     audio_rows: torch.Tensor  # int64 [sum 2*T_a]
     text_rows: torch.Tensor  # int64 [sum L]: packed rows receiving refined text
     refiner_rows: int  # length of the refiner sequence (multiple of 64)
     refiner_text_rows: torch.Tensor  # int64 [sum L]: where each text token sits in it
     refiner_cu_seqlens: torch.Tensor  # int32
-    refiner_max_seqlen: int
     position_ids: torch.Tensor  # float64 [total_rows, 3]
     token_tags: torch.Tensor  # int64 [total_rows]
     unique_timesteps: torch.Tensor  # float32 [M], sorted ascending
     inverse_indices: torch.Tensor  # int64 [total_rows]: row -> index into unique_timesteps
 
 
-def _documents(starts_ends: list[tuple[int, int, int]]) -> tuple[torch.Tensor, int]:
-    """cu_seqlens for blocks (start, used_end, padded_end), omitting empty padding documents."""
+def _documents(starts_ends: list[tuple[int, int, int]]) -> torch.Tensor:
+    """cu_seqlens for blocks (start, used_end, padded_end), omitting empty padding documents
+    (the attention's Documents derive the longest document from it)."""
     bounds = [0]
     for _, used_end, padded_end in starts_ends:
         bounds.append(used_end)
         if padded_end > used_end:
             bounds.append(padded_end)
-    cu = torch.tensor(bounds, dtype=torch.int32)
-    return cu, int((cu[1:] - cu[:-1]).max())
+    return torch.tensor(bounds, dtype=torch.int32)
 
 
 def pack_requests(layouts: list[RequestLayout], t_video: list[float], t_audio: list[float]) -> PackedBatch:
@@ -247,22 +245,19 @@ def pack_requests(layouts: list[RequestLayout], t_video: list[float], t_audio: l
         timesteps.append(row_t)
         offset += layout.seq_len
         refiner_offset += refiner_len
-    cu, max_seqlen = _documents(blocks)
-    refiner_cu, refiner_max = _documents(refiner_blocks)
+    cu, refiner_cu = _documents(blocks), _documents(refiner_blocks)
     unique, inverse = torch.unique(torch.cat(timesteps), sorted=True, return_inverse=True)
     return PackedBatch(
         layouts=list(layouts),
         offsets=offsets,
         total_rows=offset,
         cu_seqlens=cu,
-        max_seqlen=max_seqlen,
         video_rows=torch.cat(video),
         audio_rows=torch.cat(audio),
         text_rows=torch.cat(text),
         refiner_rows=refiner_offset,
         refiner_text_rows=torch.cat(refiner_text),
         refiner_cu_seqlens=refiner_cu,
-        refiner_max_seqlen=refiner_max,
         position_ids=torch.cat(positions),
         token_tags=torch.cat(tags),
         unique_timesteps=unique,

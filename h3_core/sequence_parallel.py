@@ -88,6 +88,7 @@ DEFAULT_TIMEOUT_S = 60.0  # in-process users (benchmarks, tests)
 START_TIMEOUT_S = 1800.0  # loading the weights and compiling, per start of the workers
 STOP_WAIT_S = 10.0  # longest wait for a killed or closing worker to be reaped
 PARENT_POLL_S = 0.5  # how often a worker checks that the driver's process still exists
+EXIT_GRACE_S = 2.0  # after a failed collective: how long to wait for the rank whose exit caused it
 FAULTS = ("exit", "hang", "raise")  # SequenceParallelDiT.inject_fault (tests only)
 
 Exchange = Callable[[torch.Tensor], torch.Tensor]  # all-to-all: [sp, ...] -> [sp, ...] (chunk i to rank i)
@@ -500,6 +501,14 @@ def _stop_running() -> None:
         driver.stop()
 
 
+def exit_of(worker: Worker, when: str) -> WorkerLost:
+    """The WorkerLost naming `worker`'s exit code (its process reaped first, 1 s at most)."""
+    worker.process.join(1.0)
+    return WorkerLost(
+        f"sequence-parallel rank {worker.rank} ({worker.device}) exited with code {worker.process.exitcode} {when}"
+    )
+
+
 class SequenceParallelDiT:
     """Runs H3DiT.forward over `sp_degree` worker processes, one per rank (module docstring).
     Used as an Engine's `dit`: call it like H3DiT.forward; `cfg` and `device` as H3DiT's.
@@ -675,8 +684,19 @@ class SequenceParallelDiT:
             )
             for worker in waiting:
                 if worker.conn in ready or worker.process.sentinel in ready:
-                    replies[worker.rank] = self.receive(worker, when)
+                    try:
+                        replies[worker.rank] = self.receive(worker, when)
+                    except WorkerLost as lost:
+                        raise self.exited([w for w in waiting if w is not worker], when) or lost from None
         return [replies[worker.rank] for worker in self.workers]
+
+    def exited(self, workers: list[Worker], when: str) -> WorkerLost | None:
+        """A rank's failed collective is most often the echo of another rank's exit, which its
+        process sentinel may show a moment later: the first of `workers` that has exited within
+        EXIT_GRACE_S, as the WorkerLost to report (the cause, not the echo), or None."""
+        if workers:
+            multiprocessing.connection.wait([worker.process.sentinel for worker in workers], EXIT_GRACE_S)
+        return next((exit_of(worker, when) for worker in workers if not worker.process.is_alive()), None)
 
     def receive(self, worker: Worker, when: str) -> tuple:
         """The worker's reply, read when its pipe or its process sentinel is ready."""
@@ -691,10 +711,7 @@ class SequenceParallelDiT:
                 raise WorkerFailed(f"sequence-parallel {reply[1]}")
             if reply is not None:
                 return reply
-        worker.process.join(1.0)
-        raise WorkerLost(
-            f"sequence-parallel rank {worker.rank} ({worker.device}) exited with code {worker.process.exitcode} {when}"
-        )
+        raise exit_of(worker, when)
 
     def stop(self) -> None:
         """Kill every worker (SIGKILL) and reap it."""

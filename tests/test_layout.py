@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from h3_core import layout as L
-from h3_core.model.attention import check_cu_seqlens
+from h3_core.model.attention import Documents, check_cu_seqlens
 from h3_core.sampling import euler_step, sigma_schedule
 
 
@@ -67,7 +67,7 @@ def test_pack_requests_cu_seqlens_and_timesteps():
     batch = L.pack_requests([a, exact, b], [0.25, 0.5, 0.75], [0.5, 0.0, 1.0])
     assert batch.cu_seqlens.dtype == torch.int32
     assert batch.cu_seqlens.tolist() == [0, 66, 128, 192, 317, 320]
-    assert batch.max_seqlen == 125 and isinstance(batch.max_seqlen, int)
+    assert Documents(batch.cu_seqlens, batch.total_rows, "cpu").max_seqlen == 125
     assert batch.offsets == [0, 128, 192] and batch.total_rows == 320
     assert batch.refiner_cu_seqlens.tolist() == [0, 46, 64, 108, 128, 137, 192]
     assert batch.unique_timesteps.tolist() == [0.0, 0.25, 0.5, 0.75, 1.0]

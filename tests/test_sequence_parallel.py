@@ -152,7 +152,7 @@ def test_arena_round_trip_and_growth():
     carried = arena.carried(arena.pack((batch, video, "label", None)), seen=0)
     assert carried[0] is arena.block and arena.generation == 1  # the block travels once
     (got_batch, got_video, label, nothing), block = Arena.unpack(carried, block)
-    assert (label, nothing, got_batch.layouts, got_batch.max_seqlen) == ("label", None, batch.layouts, batch.max_seqlen)
+    assert (label, nothing, got_batch.layouts, got_batch.total_rows) == ("label", None, batch.layouts, batch.total_rows)
     assert torch.equal(got_video, video) and torch.equal(got_batch.cu_seqlens, batch.cu_seqlens)
     assert got_batch.cu_seqlens.dtype == torch.int32 and got_batch.position_ids.dtype == torch.float64
     again = arena.carried(arena.pack((text,)), seen=1)
