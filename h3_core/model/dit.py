@@ -399,9 +399,7 @@ class H3DiT(nn.Module):
         """
         if self.graphs is not None and batch.total_rows <= self.graphs.max_rows:
             return self.graphs(video, audio, text, batch)
-        device = self.device
-        timesteps, inverse = batch.unique_timesteps.to(device), batch.inverse_indices.to(device)
-        return self.forward_rows(video, audio, text, timesteps, inverse, self.pack_rows(batch))
+        return self.forward_rows(video, audio, text, *self.device_batch(batch))
 
     def forward_rows(
         self,
@@ -420,6 +418,12 @@ class H3DiT(nn.Module):
             e.x, e.t_emb, e.mod_index, e.timestep_index, self.attention, rows.documents, rows.rope
         )
         return video_out[rows.video_rows], audio_out[rows.audio_rows]
+
+    def device_batch(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor, PackRows]:
+        """What forward_rows and embed_rows take of `batch`, on the DiT's device: its unique
+        timesteps (float32 [M]), each row's index into them (int64 [S]) and its PackRows."""
+        device = self.device
+        return batch.unique_timesteps.to(device), batch.inverse_indices.to(device), self.pack_rows(batch)
 
     def pack_rows(self, batch: PackedBatch) -> PackRows:
         """The batch's layout-determined tensors on the DiT's device (PackRows), with its
@@ -441,9 +445,7 @@ class H3DiT(nn.Module):
         """The part of `forward` before the blocks, over the whole pack (arguments as forward's);
         see embed_rows. Sequence-parallel ranks (h3_core.sequence_parallel) run it unchanged,
         each over the whole pack."""
-        device = self.device
-        timesteps, inverse = batch.unique_timesteps.to(device), batch.inverse_indices.to(device)
-        return self.embed_rows(video, audio, text, timesteps, inverse, self.pack_rows(batch))
+        return self.embed_rows(video, audio, text, *self.device_batch(batch))
 
     def embed_rows(
         self,
