@@ -30,6 +30,11 @@ pytestmark = pytest.mark.filterwarnings("ignore:The Sora API is scheduled to per
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
+def api_error(code: str, message: str, param: str | None = None) -> dict:
+    """The OpenAI-style error object the front end answers with (the body's `error`)."""
+    return {"message": f"{code}: {message}", "type": "invalid_request_error", "param": param, "code": code}
+
+
 # ---- without a server ------------------------------------------------------------------------
 
 
@@ -96,14 +101,7 @@ def test_bad_create_fields_are_invalid_arg(sent, message, param):
         parse_create(sent, "h3")
     assert (refused.value.status, refused.value.body()) == (
         400,
-        {
-            "error": {
-                "message": f"INVALID_ARG: {message}",
-                "type": "invalid_request_error",
-                "param": param,
-                "code": "INVALID_ARG",
-            }
-        },
+        {"error": api_error("INVALID_ARG", message, param)},
     )
 
 
@@ -340,12 +338,7 @@ def test_delete_removes_a_video_and_its_files(sdk, front_end):
     for call in (sdk.videos.retrieve, sdk.videos.delete, sdk.videos.download_content):
         with pytest.raises(openai.NotFoundError) as missing:
             call(video.id)
-        assert missing.value.body == {
-            "message": f"NOT_FOUND: no video with id {video.id!r}",
-            "type": "invalid_request_error",
-            "param": None,
-            "code": "NOT_FOUND",
-        }
+        assert missing.value.body == api_error("NOT_FOUND", f"no video with id {video.id!r}")
 
 
 LONG = {"prompt": "a long one", "extra_body": {"num_frames": 22, "num_inference_steps": 400, "seed": 1}}
@@ -416,14 +409,7 @@ def test_bad_input_is_refused_and_creates_nothing(sdk, front_end):
         response = httpx2.post(url, json=body, headers=AUTH)
         assert (response.status_code, response.json()) == (
             400,
-            {
-                "error": {
-                    "message": f"INVALID_ARG: {message}",
-                    "type": "invalid_request_error",
-                    "param": param,
-                    "code": "INVALID_ARG",
-                }
-            },
+            {"error": api_error("INVALID_ARG", message, param)},
         ), body
     # the SDK's multipart, with a file: refused by name
     with pytest.raises(openai.BadRequestError) as refused:
@@ -490,12 +476,7 @@ def test_bad_input_is_refused_and_creates_nothing(sdk, front_end):
         assert (response.status_code, response.headers["www-authenticate"], response.json()["error"]) == (
             401,
             "Bearer",
-            {
-                "message": "UNAUTHORIZED: a valid API key is required: send Authorization: Bearer <key>",
-                "type": "invalid_request_error",
-                "param": None,
-                "code": "UNAUTHORIZED",
-            },
+            api_error("UNAUTHORIZED", "a valid API key is required: send Authorization: Bearer <key>"),
         )
     assert [v.id for v in sdk.videos.list(limit=100)] == before
 
