@@ -271,9 +271,9 @@ def test_field_case_c6_a_dead_or_stalled_dit_is_visible_and_the_launcher_restart
             launcher.wait()
 
 
-def test_field_case_c7_perf_analyzer_latency_is_the_final_responses(server, tmp_path):
-    data, export = tmp_path / "input.json", tmp_path / "profile.json"
-    data.write_text(json.dumps({"data": [{"PROMPT": ["a red ball"], "NUM_INFERENCE_STEPS": [6]}]}))
+def perf_analyzer_c7(server, data, export) -> subprocess.CompletedProcess:
+    """perf_analyzer streaming h3_pipeline at concurrency 2 (6 requests of `data`, progress every
+    step), its profile exported to `export`; asserts that it exited 0."""
     run = subprocess.run(
         [
             str(ROOT / "scripts" / "perf_analyzer.sh"),
@@ -305,6 +305,19 @@ def test_field_case_c7_perf_analyzer_latency_is_the_final_responses(server, tmp_
         timeout=300,
     )
     assert run.returncode == 0, run.stdout + run.stderr
+    return run
+
+
+def test_field_case_c7_perf_analyzer_latency_is_the_final_responses(server, tmp_path):
+    data, export = tmp_path / "input.json", tmp_path / "profile.json"
+    data.write_text(json.dumps({"data": [{"PROMPT": ["a red ball"], "NUM_INFERENCE_STEPS": [6]}]}))
+    # perf_analyzer 2.51 once left the export empty while exiting 0 and printing its latency (a
+    # fresh-clone CI run, 2026-12-01; reruns were fine): such a run is made once more
+    for _ in range(2):
+        run = perf_analyzer_c7(server, data, export)
+        if export.exists() and export.stat().st_size > 0:
+            break
+    assert export.exists() and export.stat().st_size > 0, run.stdout + run.stderr
     latency_us = float(re.search(r"Concurrency: 2, throughput: \S+ infer/sec, latency (\d+) usec", run.stdout).group(1))
     # the export holds the binary outputs as raw bytes: not UTF-8, control characters in strings
     profile = json.loads(export.read_bytes().decode("utf-8", "replace"), strict=False)
