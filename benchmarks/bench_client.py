@@ -10,7 +10,9 @@ Request i is due at its arrival time: all at t = 0 by default
 --seed), or one every --arrival-interval seconds. A due request waits for a --max-concurrency
 slot (0 = no limit; default 1 like the upstream client), is then submitted from its own thread
 through client.api.H3Client, and the slot is freed when its stream ends. --warmup-requests run
-one at a time before the measured phase and are not recorded. Nothing is sent unless the server
+one at a time before the measured phase and are not recorded; warm-up request i has measured
+request i's prompt and the command line's shape, so without --mix the measured requests' packed
+layouts (on a GPU the DiT captures a CUDA graph per layout at first use) are warm. Nothing is sent unless the server
 at --url answers ready first; stderr then shows a progress bar of the measured requests.
 
 Per request the client records (seconds from the first measured submit): submit, first step
@@ -232,7 +234,7 @@ def run_benchmark(args) -> tuple[list[RequestRecord], float | None]:
         warm = RequestRecord(
             index=i,
             request_id=f"bench-{run_id}-warmup-{i}",
-            prompt=f"Warm-up prompt {i} for benchmarking diffusion models",
+            prompt=PROMPT_TEMPLATE.format(i=i),  # the measured prompts' lengths: their layouts (and graphs) warm
         )
         run_request(
             client, args, warm, time.perf_counter(), args.steps if args.warmup_steps is None else args.warmup_steps

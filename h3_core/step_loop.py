@@ -14,13 +14,19 @@ here, and tests drive it without a server:
 2. Step boundary (`end_cancelled`): jobs cancelled by id, natively cancelled by their client, past
    their deadline, or all of them while the server drains, end with a final `Ended` (CANCELLED).
 3. The pack: `Scheduler.schedule()` (h3_core/scheduler.py) picks the jobs this step advances.
-4. ONE packed forward for them (`step`); if it raises or returns non-finite values it is retried
-   one job at a time so only the offending job fails (INTERNAL). Progress, previews and each
-   output's final latents (`Result`) follow. In execution mode "request" the first job of the
-   pack instead runs to completion within the execute.
-5. A waiting job whose queue position changed gets a progress event (when it asked for
-   progress); a job that got no event in the step gets a `Heartbeat` (h3_vae uses it to notice
-   a client that is gone and cancel its request).
+4. ONE packed forward for them, launched with each state's Euler update queued after it
+   (`launch`; a forward that raises is retried one job at a time so only the offending job fails,
+   INTERNAL). On a GPU nothing waits for the device there: the step launched at the previous
+   boundary is settled only now (`settle`: its finiteness flags are read, a job with a
+   non-finite velocity fails alone, progress, previews and each output's final latents
+   (`Result`) are sent), so the host's work of one step (packing, Triton's calls) overlaps the
+   device's forward of the next. The step launched last is settled before the execute ends, so
+   every execute's events are complete when it returns. In execution mode "request" the first
+   job of the pack instead runs to completion within the execute.
+5. After each settled step (and at a boundary without one), a waiting job whose queue position
+   changed gets a progress event (when it asked for progress); a job that got no event since
+   the last such pass gets a `Heartbeat` (h3_vae uses it to notice a client that is gone and
+   cancel its request).
 6. In step mode the execute repeats 2-5 while nothing new is headed for the DiT and its budget
    allows (`another_step`, DitSettings.execute_budget_s), so the Triton round trip and the work
    of 1 are paid once for several steps. Newcomers and control requests reach the DiT only
@@ -214,7 +220,24 @@ class Job(scheduler.Job):
     queue_position: int | None = None  # last reported position (progress events)
     absent: int = 0  # executes in a row without delivery
     cancel_reason: str | None = None
-    preview: torch.Tensor | None = None  # due with the next progress event
+
+
+@dataclass
+class InFlight:
+    """A packed step launched and not yet settled (StepLoop.launch, StepLoop.settle).
+
+    jobs: the jobs it advances, in pack order; steps: job -> the step it takes (1-based);
+    finite: bool [states of jobs, in order] on the engine's device, whether each state's
+    velocity is finite (read when the step settles); previews: job -> uint8 [Hl, Wl, 3] on the
+    CPU, due with the step's progress; start: clock seconds when it was launched; rows: packed
+    rows of its forward."""
+
+    jobs: list[Job]
+    steps: dict[Job, int]
+    finite: torch.Tensor | None
+    previews: dict[Job, torch.Tensor]
+    start: float
+    rows: int
 
 
 # -- metrics ------------------------------------------------------------------------------------
@@ -420,6 +443,9 @@ class StepLoop:
             settings.aging_s,
         )
         self.jobs: dict[object, Job] = {}  # live jobs by correlation id
+        self.in_flight: InFlight | None = None  # the step launched last, until it settles
+        self.settled_at = -math.inf  # clock seconds when the last step settled
+        self.answered: set[int] = set()  # ids of the handles that got an event since the last `answer`
         self.dropped = BoundedMemory()  # correlation id -> (request id, cause): forgotten without an answer
         self.draining = False
         # announcements (h3_core.registry): how many are accounted for (arrived here, or written
@@ -444,11 +470,16 @@ class StepLoop:
         """One execute() over every live request: the announcements so far
         (`note_announcements`), the arrivals (step 1 of the module docstring) and the cancels
         other instances took (`Registry.boundary`), then step boundaries and steps (steps 2-5)
-        while `another_step` allows. Events are passed to `send` as they happen (progress
-        streams while the execute runs). Returns the handles of the requests to reschedule
-        (still live)."""
+        while `another_step` allows, then the settling of the step launched last. Events are
+        passed to `send` as they happen (progress streams while the execute runs). Returns the
+        handles of the requests to reschedule (still live)."""
         self.metrics.set("h3_heartbeat_timestamp_seconds", time.time())
         self.metrics.set("h3_execute_in_progress", 1)
+
+        def send_and_note(event: Event) -> None:
+            self.answered.add(id(event.handle))
+            send(event)
+
         try:
             start = self.clock()
             self.note_announcements(arrivals)
@@ -459,10 +490,13 @@ class StepLoop:
             self.drop_vanished(present)
             while True:
                 boundary = self.clock()
-                stepped = self.boundary_and_step(present, send)
+                stepped = self.boundary_and_step(present, send_and_note)
                 present = [job for job in present if job.key in self.jobs]
                 if not (stepped and present and self.another_step(start, boundary, present)):
                     break
+            if self.settle(send_and_note):
+                self.answer(present, send_and_note)
+            present = [job for job in present if job.key in self.jobs]
             self.metrics.set("h3_waiting_requests", len(self.scheduler.line))
             self.metrics.set("h3_active_requests", len(self.scheduler.pack))
             self.metrics.set("h3_device_memory_bytes", device_memory_bytes(self.engine.device))
@@ -471,35 +505,45 @@ class StepLoop:
         return [job.handle for job in present]
 
     def boundary_and_step(self, present: list[Job], send: Send) -> bool:
-        """One step boundary and step over the jobs Triton delivered in this execute: end the
-        cancelled ones (`end_cancelled`), let the policy pick the pack, run it (`step`; in
-        execution mode "request" its first job to completion), then send each live job that
-        waits its new queue position (if it asked for progress) and a `Heartbeat` to each that
-        got no event. Returns whether a forward ran."""
-        answered = set()
-
-        def send_and_note(event: Event) -> None:
-            answered.add(id(event.handle))
-            send(event)
-
-        self.end_cancelled(present, send_and_note)
+        """One step boundary over the jobs Triton delivered in this execute: end the cancelled
+        ones (`end_cancelled`), let the policy pick the pack and launch it (`launch`), then
+        settle the step launched at the previous boundary (`settle`) and `answer` the jobs.
+        In execution mode "request" the pack's first job runs to completion, each of its steps
+        launched before the previous one settles; its last step settles when the execute ends.
+        Returns whether a forward was launched."""
+        self.end_cancelled(present, send)
         pack = [job for job in self.scheduler.schedule(self.clock()) if job in present]
         if pack and self.settings.execution_mode == "request":
             running = pack[:1]
             while running:
-                running = self.step(running, send_and_note)
-        elif pack:
-            self.step(pack, send_and_note)
-        for job in present:
-            if job.key not in self.jobs:
-                continue  # answered with its final event
-            position = self.scheduler.queue_position(job)
-            if job.progress_every and position > 0 and position != job.queue_position:
-                send_and_note(Progress(job.handle, job.request_id, job.step_index, job.total_steps, position))
-            if id(job.handle) not in answered:
-                send(Heartbeat(job.handle, job.request_id))
-            job.queue_position = position
+                flight = self.launch(running, send)
+                self.settle(send)
+                self.in_flight = flight
+                running = [job for job in flight.jobs if not job.finished and self.jobs.get(job.key) is job]
+            return True
+        flight = self.launch(pack, send) if pack else None
+        settled = self.settle(send)
+        self.in_flight = flight
+        if settled or not pack:
+            self.answer(present, send)
         return bool(pack)
+
+    def answer(self, present: list[Job], send: Send) -> None:
+        """After a step settled, or at a boundary without a step: send each present job that
+        waits its new queue position (if it asked for progress) and a `Heartbeat` to each live
+        one that got no event since the last answer (ids in self.answered, which `send` adds to
+        and this clears)."""
+        for job in present:
+            if self.jobs.get(job.key) is not job:
+                continue  # answered with its final event
+            if not job.finished:  # a job whose last step is in flight has left the scheduler
+                position = self.scheduler.queue_position(job)
+                if job.progress_every and position > 0 and position != job.queue_position:
+                    send(Progress(job.handle, job.request_id, job.step_index, job.total_steps, position))
+                job.queue_position = position
+            if id(job.handle) not in self.answered:
+                send(Heartbeat(job.handle, job.request_id))
+        self.answered.clear()
 
     def note_announcements(self, arrivals: list[Arrival]) -> None:
         """At the start of an execute: record the registry's count of announcements (requests
@@ -763,8 +807,8 @@ class StepLoop:
         all of them once the server drains."""
         now = self.clock()
         for job in present:
-            if job.key not in self.jobs:
-                continue
+            if job.key not in self.jobs or job.finished:
+                continue  # gone, or its last step is in flight: its result follows when it settles
             reason = "cancelled because the server is shutting down" if self.draining else job.cancel_reason
             if reason is None and job.is_cancelled():
                 reason = "cancelled by the client"
@@ -783,16 +827,18 @@ class StepLoop:
 
     # -- the step ----------------------------------------------------------------------------
 
-    def step(self, pack: list[Job], send: Send) -> list[Job]:
-        """One packed forward for `pack`, then progress, previews and results. A forward that
-        raises or returns non-finite values is retried one job at a time, so only the offending
-        job fails (INTERNAL). Returns the jobs of the pack still running."""
-        start = self.clock()
-        states = [state for job in pack for state in job.states]
+    def launch(self, pack: list[Job], send: Send) -> InFlight:
+        """Launch one packed forward for `pack` and queue each state's Euler update after it. On
+        a GPU nothing here waits for the device (a preview due at this step is the exception),
+        so the caller can settle the previous step while this one runs. A forward that raises
+        is retried one job at a time, so only the offending job fails (INTERNAL). A job whose
+        last step this is leaves the scheduler now; its result follows when the step settles.
+        Returns the step in flight, for `settle`."""
+        start, pack = self.clock(), list(pack)
         for job in pack:
             job.status = Status.RUNNING
             job.first_step_s = job.first_step_s or start
-            job.largest_pack = max(job.largest_pack, len(states))
+            job.largest_pack = max(job.largest_pack, sum(len(job.states) for job in pack))
         try:
             velocities = self.forward(pack)
         except Exception:  # noqa: BLE001 - retried one job at a time below
@@ -804,36 +850,80 @@ class StepLoop:
                     self.metrics.increment("h3_failures_total")
                     self.end(job, send, Status.FAILED, "INTERNAL", f"denoise step {job.step_index + 1} failed: {error}")
                     pack.remove(job)
-        end = self.clock()
-        states = [state for job in pack for state in job.states]
-        self.metrics.observe("h3_step_seconds", end - start)
-        self.metrics.observe("h3_pack_requests", len(states))
-        self.metrics.observe("h3_pack_rows", sum(state.rows for state in states))
+        finite = (
+            torch.stack([torch.isfinite(video).all() & torch.isfinite(audio).all() for video, audio in velocities])
+            if velocities
+            else None
+        )
+        flight = InFlight(
+            pack,
+            {job: job.step_index + 1 for job in pack},
+            finite,
+            {},
+            start,
+            sum(state.rows for job in pack for state in job.states),
+        )
         velocity_of = iter(velocities)
         for job in pack:
             for state in job.states:
                 velocity = next(velocity_of)
                 if job.preview_every and state.output_index == 0 and (state.step_index + 1) % job.preview_every == 0:
-                    job.preview = preview_frame(state, velocity[0])
+                    flight.previews[job] = preview_frame(state, velocity[0])
                 self.engine.update(state, velocity)
-            if job.step_index == 1:
+            if job.finished:
+                self.scheduler.remove(job)
+        return flight
+
+    def settle(self, send: Send) -> bool:
+        """Settle the step in flight, if any: read its finiteness flags (on a GPU this waits for
+        its forward), end each job with a non-finite velocity (INTERNAL; its update is undone
+        in the step count, and its neighbours keep theirs: no row of one document reaches
+        another's, which is what makes packing bitwise, h3_spec §2.5), then send progress,
+        previews and the results of jobs whose last step it was. Jobs that ended while it was
+        in flight are skipped. Returns whether a step was settled."""
+        flight, self.in_flight = self.in_flight, None
+        if flight is None:
+            return False
+        try:
+            finite = flight.finite.tolist() if flight.finite is not None else []
+        except Exception as error:  # noqa: BLE001 - a device error surfaces here; the pack fails
+            finite = [False] * sum(len(job.states) for job in flight.jobs)
+            failure = f"{type(error).__name__}: {error}"
+        else:
+            failure = None
+        end = self.clock()
+        self.metrics.observe("h3_step_seconds", end - max(flight.start, self.settled_at))
+        self.metrics.observe("h3_pack_requests", len(finite))
+        self.metrics.observe("h3_pack_rows", flight.rows)
+        self.settled_at = end
+        flags = iter(finite)
+        for job in flight.jobs:
+            ok, step = all([next(flags) for _ in job.states]), flight.steps[job]
+            if self.jobs.get(job.key) is not job:
+                continue  # ended while in flight (cancelled, past its deadline, draining)
+            if not ok:
+                for state in job.states:
+                    state.step_index = step - 1
+                self.metrics.increment("h3_failures_total")
+                cause = failure or f"non-finite velocity for request {job.request_id}"
+                self.end(job, send, Status.FAILED, "INTERNAL", f"denoise step {step} failed: {cause}")
+                continue
+            if step == 1:
                 self.metrics.observe("h3_time_to_first_step_seconds", end - job.arrival_s)
             job.last_step_s = end
-            step = job.step_index
+            preview = flight.previews.get(job)
             if (
                 job.progress_every and (step % job.progress_every == 0 or step == job.total_steps)
-            ) or job.preview is not None:
-                send(Progress(job.handle, job.request_id, step, job.total_steps, 0, job.preview))
-                job.preview = None
-            if job.finished:
+            ) or preview is not None:
+                send(Progress(job.handle, job.request_id, step, job.total_steps, 0, preview))
+            if step == job.total_steps:
                 self.results(job, send)
-        return [job for job in pack if job.key in self.jobs]
+        return True
 
     def forward(self, jobs: list[Job]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """engine.denoise_step for the jobs' states (velocities on the engine's device), raising
-        ValueError on non-finite velocities; the check reads one flag per state in one transfer
-        (the step's one synchronisation on a GPU). Injected faults (see check_fault) act here, at
-        a job's first step."""
+        """engine.denoise_step for the jobs' states: velocities on the engine's device (on a GPU
+        the forward may still run when this returns). Injected faults (see check_fault) act
+        here, at a job's first step: "nan" makes its velocities non-finite (found by `settle`)."""
         for job in jobs:
             fault = job.fault if job.step_index == 0 else None
             if fault == "raise":
@@ -848,15 +938,10 @@ class StepLoop:
         states = [state for job in jobs for state in job.states]
         velocities = self.engine.denoise_step(states)
         nan = {id(state) for job in jobs if job.fault == "nan" and job.step_index == 0 for state in job.states}
-        velocities = [
+        return [
             (torch.full_like(video, float("nan")), audio) if id(state) in nan else (video, audio)
             for state, (video, audio) in zip(states, velocities, strict=True)
         ]
-        finite = torch.stack([torch.isfinite(video).all() & torch.isfinite(audio).all() for video, audio in velocities])
-        for state, ok in zip(states, finite.tolist(), strict=True):
-            if not ok:
-                raise ValueError(f"non-finite velocity for request {state.request_id}")
-        return velocities
 
     # -- endings -----------------------------------------------------------------------------
 

@@ -498,8 +498,59 @@ def test_an_execute_takes_steps_while_they_fit_its_budget(engine, monkeypatch):
         [("Progress", 3), ("Progress", 4)],
         [("Progress", 5), ("Result", None)],
     ]
-    assert client.loop.metrics.observed["h3_step_seconds"] == [1.0] * 5
+    # A step's seconds run from its launch (or the previous step's settling, if later) to its
+    # settling. The fake forward spends its 1 s on the host while launching, so within an
+    # execute the first step settles after the second's launch (2 s) and the second at once.
+    assert client.loop.metrics.observed["h3_step_seconds"] == [2.0, 0.0, 2.0, 0.0, 1.0]
     assert_solo(engine, client.of("lone", Result)[0], 5, 1)
+
+
+def test_each_step_is_launched_before_the_previous_one_settles(engine, monkeypatch):
+    """Within an execute, step n+1 is launched (its forward queued) before step n settles (its
+    finiteness read, its events sent), so on a GPU the host's work overlaps the next forward;
+    the step launched last settles before the execute returns. A job without progress gets one
+    Heartbeat per settled step, as many as in lockstep, and the solo result."""
+    clock = Clock()
+    client = Client(make_loop(engine, clock, execute_budget_s=2.5))
+    order = []
+    timed_forwards(monkeypatch, client.loop, clock, before=lambda n: order.append(f"launch {n + 1}"))
+    client.send("watched", steps=4, seed=1, parameters={"progress_every": 1})
+    client.send("quiet", steps=4, seed=2)
+    per_execute = []
+    while client.live:
+        sent = client.iterate()
+        order.append("execute returns")
+        per_execute.append([(type(e).__name__, e.request_id, getattr(e, "step", None)) for e in sent])
+    assert per_execute == [
+        [("Progress", "watched", 1), ("Heartbeat", "quiet", None)]
+        + [("Progress", "watched", 2), ("Heartbeat", "quiet", None)],
+        [("Progress", "watched", 3), ("Heartbeat", "quiet", None)]
+        + [("Progress", "watched", 4), ("Result", "watched", None), ("Result", "quiet", None)],
+    ]
+    assert order == ["launch 1", "launch 2", "execute returns", "launch 3", "launch 4", "execute returns"]
+    assert_solo(engine, client.of("watched", Result)[0], 4, 1)
+    assert_solo(engine, client.of("quiet", Result)[0], 4, 2)
+
+
+def test_a_non_finite_step_found_after_the_next_launch_fails_only_its_request(engine, monkeypatch):
+    """The "nan" fault's step 1 settles after step 2 was launched with the offender in the pack:
+    the offender ends at step 1 (its later launch is discarded), the neighbour keeps the
+    velocities of the packed forwards and its solo result."""
+    clock = Clock()
+    client = Client(make_loop(engine, clock, execute_budget_s=100.0, allow_fault_injection=True))
+    log = timed_forwards(monkeypatch, client.loop, clock)
+    client.send("good", steps=3, seed=8)
+    client.send("bad", steps=3, seed=9, parameters={"inject_fault": "nan"})
+    client.run()
+    assert [ids for _, ids in log] == [["good", "bad"], ["good", "bad"], ["good"]]
+    (ended,) = client.of("bad", Ended)
+    assert (ended.code, ended.message, ended.step) == (
+        "INTERNAL",
+        "denoise step 1 failed: non-finite velocity for request bad",
+        0,
+    )
+    assert_solo(engine, client.of("good", Result)[0], 3, 8)
+    assert client.loop.metrics.values["h3_failures_total"] == 1
 
 
 def test_a_newcomer_joins_at_the_first_step_of_the_next_execute(engine, monkeypatch):
