@@ -16,13 +16,14 @@ here, and tests drive it without a server:
 3. The pack: `Scheduler.schedule()` (h3_core/scheduler.py) picks the jobs this step advances.
 4. ONE packed forward for them, launched with each state's Euler update queued after it
    (`launch`; a forward that raises is retried one job at a time so only the offending job fails,
-   INTERNAL). On a GPU nothing waits for the device there: the step launched at the previous
-   boundary is settled only now (`settle`: its finiteness flags are read, a job with a
-   non-finite velocity fails alone, progress, previews and each output's final latents
-   (`Result`) are sent), so the host's work of one step (packing, Triton's calls) overlaps the
-   device's forward of the next. The step launched last is settled before the execute ends, so
-   every execute's events are complete when it returns. In execution mode "request" the first
-   job of the pack instead runs to completion within the execute.
+   INTERNAL), then settled (`settle`: its finiteness flags are read, a job with a non-finite
+   velocity fails alone, progress, previews and each output's final latents (`Result`) are
+   sent). Nothing in `launch` waits for a GPU, so while steps are short (OVERLAP_MAX_STEP_S) a
+   step settles only after the next one is launched, and the host's work of one step (packing,
+   Triton's calls) overlaps the device's forward of the next (`advance`). The step launched last
+   settles before the execute ends, so every execute's events are complete when it returns. In
+   execution mode "request" the first job of the pack instead runs to completion within the
+   execute.
 5. After each settled step (and at a boundary without one), a waiting job whose queue position
    changed gets a progress event (when it asked for progress); a job that got no event since
    the last such pass gets a `Heartbeat` (h3_vae uses it to notice a client that is gone and
@@ -33,14 +34,16 @@ here, and tests drive it without a server:
    between executes, so the ones that are announced (h3_core.registry: h3_encoder announces each
    request it passes on, h3_vae each cancel for a gone client, the registry each cancel of a
    request on another instance) end the execute at the next step boundary and wait at most the
-   step in flight (`note_announcements`); unannounced ones (a client's own cancel by id, a
+   step in flight (`note_announcements`; while steps overlap, also the one launched behind it,
+   shorter than OVERLAP_MAX_STEP_S); unannounced ones (a client's own cancel by id, a
    direct call of h3_dit) wait at most the budget plus one step. Then every job still live is
    rescheduled.
 
 A job's lifecycle is `Status`: WAITING (admitted, no step yet or preempted) -> RUNNING -> FINISHED,
 CANCELLED or FAILED. All per-request state lives in the Job and its RequestStates; the loop keeps
 only the map of live jobs, two bounded memories of ids (ids cancelled before their request
-arrived; ids that finished recently) and its count of the registry's announcements.
+arrived; ids that finished recently), its count of the registry's announcements and the step in
+flight (`InFlight`, between its launch and its settling).
 """
 
 import json
@@ -83,6 +86,12 @@ VANISHED_EXECUTES = 3  # a job missing from this many executes in a row was drop
 # for h3_dit: the ensemble's hand-over from h3_encoder (2.6 ms for 4 MB of text embeddings on the
 # 2-core CPU, docs/triton_2.51_notes.md), or h3_vae's call with a cancel; with a wide margin.
 ANNOUNCED_TRANSIT_S = 0.1
+# Steps overlap (the next one is launched before the previous one settles) while the last settled
+# step took less than this. The overlap hides the host's work of a step (about 1.7 ms on the H200
+# host at 128 rows: packing, Triton's calls; docs/benchmarks.md, issue 16), 3 % or more of a step
+# below 50 ms; in exchange a newcomer or a cancel waits for one step more, at most 50 ms here.
+# Longer steps settle before their boundary ends (lockstep), so no one waits a long step more.
+OVERLAP_MAX_STEP_S = 0.05
 WORKER_FAULTS = ("worker_exit", "worker_hang", "worker_raise")  # inject_fault for sequence-parallel workers
 JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
 
@@ -227,14 +236,17 @@ class InFlight:
     """A packed step launched and not yet settled (StepLoop.launch, StepLoop.settle).
 
     jobs: the jobs it advances, in pack order; steps: job -> the step it takes (1-based);
-    finite: bool [states of jobs, in order] on the engine's device, whether each state's
-    velocity is finite (read when the step settles); previews: job -> uint8 [Hl, Wl, 3] on the
-    CPU, due with the step's progress; start: clock seconds when it was launched; rows: packed
-    rows of its forward."""
+    finite: bool [states of jobs, in order] on the CPU, whether each state's velocity is
+    finite; on a GPU it is filled by a copy queued right after the forward, and `copied` (a
+    CUDA event recorded after that copy) tells when it may be read: waiting for the event
+    waits for this step only, not for the next one queued behind it (reading a device tensor
+    would). previews: job -> uint8 [Hl, Wl, 3] on the CPU, due with the step's progress; start:
+    clock seconds when it was launched; rows: packed rows of its forward."""
 
     jobs: list[Job]
     steps: dict[Job, int]
     finite: torch.Tensor | None
+    copied: torch.cuda.Event | None
     previews: dict[Job, torch.Tensor]
     start: float
     rows: int
@@ -445,6 +457,7 @@ class StepLoop:
         self.jobs: dict[object, Job] = {}  # live jobs by correlation id
         self.in_flight: InFlight | None = None  # the step launched last, until it settles
         self.settled_at = -math.inf  # clock seconds when the last step settled
+        self.last_step_s = math.inf  # seconds of the last settled step (OVERLAP_MAX_STEP_S)
         self.answered: set[int] = set()  # ids of the handles that got an event since the last `answer`
         self.dropped = BoundedMemory()  # correlation id -> (request id, cause): forgotten without an answer
         self.draining = False
@@ -506,27 +519,35 @@ class StepLoop:
 
     def boundary_and_step(self, present: list[Job], send: Send) -> bool:
         """One step boundary over the jobs Triton delivered in this execute: end the cancelled
-        ones (`end_cancelled`), let the policy pick the pack and launch it (`launch`), then
-        settle the step launched at the previous boundary (`settle`) and `answer` the jobs.
-        In execution mode "request" the pack's first job runs to completion, each of its steps
-        launched before the previous one settles; its last step settles when the execute ends.
+        ones (`end_cancelled`), let the policy pick the pack and `advance` it (launch its step;
+        settle the one in flight), then `answer` the jobs after a settled step. In execution
+        mode "request" the pack's first job runs to completion and the jobs are answered once.
         Returns whether a forward was launched."""
         self.end_cancelled(present, send)
         pack = [job for job in self.scheduler.schedule(self.clock()) if job in present]
         if pack and self.settings.execution_mode == "request":
             running = pack[:1]
             while running:
-                flight = self.launch(running, send)
-                self.settle(send)
-                self.in_flight = flight
+                flight, _ = self.advance(running, send)
                 running = [job for job in flight.jobs if not job.finished and self.jobs.get(job.key) is job]
+            self.settle(send)
+            self.answer(present, send)
             return True
-        flight = self.launch(pack, send) if pack else None
-        settled = self.settle(send)
-        self.in_flight = flight
+        settled = self.advance(pack, send)[1] if pack else self.settle(send)
         if settled or not pack:
             self.answer(present, send)
         return bool(pack)
+
+    def advance(self, pack: list[Job], send: Send) -> tuple[InFlight, bool]:
+        """Launch `pack`'s step, then settle the previous one if it is still in flight (the two
+        overlap while steps are short, OVERLAP_MAX_STEP_S); after a long step, settle this one
+        too. Returns the launched step and whether a step was settled."""
+        flight = self.launch(pack, send)
+        settled = self.settle(send)
+        self.in_flight = flight
+        if self.last_step_s >= OVERLAP_MAX_STEP_S:
+            settled = self.settle(send) or settled
+        return flight, settled
 
     def answer(self, present: list[Job], send: Send) -> None:
         """After a step settled, or at a boundary without a step: send each present job that
@@ -575,7 +596,7 @@ class StepLoop:
         to this execute's successor, and no announcement came since the execute started (one
         pread, Registry.announcements). So an announced newcomer or control request waits at
         most the step in flight (and the next one, if it reached Triton only as this execute
-        began); an unannounced one waits at most the budget, or one step where a step alone is
+        began, or if it was launched behind a short step, `advance`); an unannounced one waits at most the budget, or one step where a step alone is
         longer. The Triton round trip between executes and the per-execute work (arrivals, the
         registry) are paid once per execute."""
         now = self.clock()
@@ -850,15 +871,20 @@ class StepLoop:
                     self.metrics.increment("h3_failures_total")
                     self.end(job, send, Status.FAILED, "INTERNAL", f"denoise step {job.step_index + 1} failed: {error}")
                     pack.remove(job)
-        finite = (
-            torch.stack([torch.isfinite(video).all() & torch.isfinite(audio).all() for video, audio in velocities])
-            if velocities
-            else None
-        )
+        finite, copied = None, None
+        if velocities:
+            flags = torch.stack(
+                [torch.isfinite(video).all() & torch.isfinite(audio).all() for video, audio in velocities]
+            )
+            finite = flags.to("cpu", non_blocking=True)  # into pinned memory on a GPU
+            if flags.is_cuda:
+                copied = torch.cuda.Event()
+                copied.record()
         flight = InFlight(
             pack,
             {job: job.step_index + 1 for job in pack},
             finite,
+            copied,
             {},
             start,
             sum(state.rows for job in pack for state in job.states),
@@ -876,7 +902,7 @@ class StepLoop:
 
     def settle(self, send: Send) -> bool:
         """Settle the step in flight, if any: read its finiteness flags (on a GPU this waits for
-        its forward), end each job with a non-finite velocity (INTERNAL; its update is undone
+        its forward, InFlight.copied), end each job with a non-finite velocity (INTERNAL; its update is undone
         in the step count, and its neighbours keep theirs: no row of one document reaches
         another's, which is what makes packing bitwise, h3_spec §2.5), then send progress,
         previews and the results of jobs whose last step it was. Jobs that ended while it was
@@ -885,6 +911,8 @@ class StepLoop:
         if flight is None:
             return False
         try:
+            if flight.copied is not None:
+                flight.copied.synchronize()
             finite = flight.finite.tolist() if flight.finite is not None else []
         except Exception as error:  # noqa: BLE001 - a device error surfaces here; the pack fails
             finite = [False] * sum(len(job.states) for job in flight.jobs)
@@ -892,7 +920,8 @@ class StepLoop:
         else:
             failure = None
         end = self.clock()
-        self.metrics.observe("h3_step_seconds", end - max(flight.start, self.settled_at))
+        self.last_step_s = end - max(flight.start, self.settled_at)
+        self.metrics.observe("h3_step_seconds", self.last_step_s)
         self.metrics.observe("h3_pack_requests", len(finite))
         self.metrics.observe("h3_pack_rows", flight.rows)
         self.settled_at = end

@@ -465,17 +465,18 @@ def test_native_cancellation_is_asked_only_of_live_jobs_at_their_step_boundary(e
 # -- several steps per execute (execute_budget_s) ----------------------------------------------
 
 
-def timed_forwards(monkeypatch, loop: StepLoop, clock: Clock, before=None) -> list:
-    """Make every packed forward of `loop` take 1 s on the fake clock. Returns the log of
-    forwards, (clock at its start, request ids of its pack) each; before(n), if given, runs at
-    the start of the n-th forward (n from 0)."""
+def timed_forwards(monkeypatch, loop: StepLoop, clock: Clock, before=None, seconds: float = 1.0) -> list:
+    """Make every packed forward of `loop` take `seconds` (1 s: steps in lockstep,
+    OVERLAP_MAX_STEP_S) on the fake clock. Returns the log of forwards, (clock at its start,
+    request ids of its pack) each; before(n), if given, runs at the start of the n-th forward
+    (n from 0)."""
     forward, log = loop.forward, []
 
     def timed(jobs):
         if before is not None:
             before(len(log))
         log.append((clock.now, [job.request_id for job in jobs]))
-        clock.now += 1.0
+        clock.now += seconds
         return forward(jobs)
 
     monkeypatch.setattr(loop, "forward", timed)
@@ -498,58 +499,68 @@ def test_an_execute_takes_steps_while_they_fit_its_budget(engine, monkeypatch):
         [("Progress", 3), ("Progress", 4)],
         [("Progress", 5), ("Result", None)],
     ]
-    # A step's seconds run from its launch (or the previous step's settling, if later) to its
-    # settling. The fake forward spends its 1 s on the host while launching, so within an
-    # execute the first step settles after the second's launch (2 s) and the second at once.
-    assert client.loop.metrics.observed["h3_step_seconds"] == [2.0, 0.0, 2.0, 0.0, 1.0]
+    assert client.loop.metrics.observed["h3_step_seconds"] == [1.0] * 5
     assert_solo(engine, client.of("lone", Result)[0], 5, 1)
 
 
-def test_each_step_is_launched_before_the_previous_one_settles(engine, monkeypatch):
-    """Within an execute, step n+1 is launched (its forward queued) before step n settles (its
-    finiteness read, its events sent), so on a GPU the host's work overlaps the next forward;
-    the step launched last settles before the execute returns. A job without progress gets one
-    Heartbeat per settled step, as many as in lockstep, and the solo result."""
+def test_short_steps_overlap_long_steps_run_in_lockstep(engine, monkeypatch):
+    """10 ms steps (below OVERLAP_MAX_STEP_S), 25 ms budget: 2 steps an execute. After the first
+    step (in lockstep: no step time is known yet), each step is launched before the previous one
+    settles, and the step launched last settles before the execute returns. Events are those
+    of lockstep: one progress or Heartbeat per settled step, then the solo results."""
     clock = Clock()
-    client = Client(make_loop(engine, clock, execute_budget_s=2.5))
-    order = []
-    timed_forwards(monkeypatch, client.loop, clock, before=lambda n: order.append(f"launch {n + 1}"))
+    loop = make_loop(engine, clock, execute_budget_s=0.025)
+    client, order = Client(loop), []
+    timed_forwards(monkeypatch, loop, clock, before=lambda n: order.append(f"launch {n + 1}"), seconds=0.01)
+    settle = loop.settle
+    monkeypatch.setattr(loop, "settle", lambda send: (loop.in_flight and order.append("settle")) or settle(send))
     client.send("watched", steps=4, seed=1, parameters={"progress_every": 1})
     client.send("quiet", steps=4, seed=2)
     per_execute = []
     while client.live:
         sent = client.iterate()
-        order.append("execute returns")
+        order.append("returns")
         per_execute.append([(type(e).__name__, e.request_id, getattr(e, "step", None)) for e in sent])
+    assert order == ["launch 1", "settle", "launch 2", "settle", "returns"] + [
+        "launch 3",
+        "launch 4",
+        "settle",
+        "settle",
+        "returns",
+    ]
     assert per_execute == [
         [("Progress", "watched", 1), ("Heartbeat", "quiet", None)]
         + [("Progress", "watched", 2), ("Heartbeat", "quiet", None)],
         [("Progress", "watched", 3), ("Heartbeat", "quiet", None)]
         + [("Progress", "watched", 4), ("Result", "watched", None), ("Result", "quiet", None)],
     ]
-    assert order == ["launch 1", "launch 2", "execute returns", "launch 3", "launch 4", "execute returns"]
+    # a step's seconds run from its launch, or the previous settling if later, to its settling;
+    # the fake forward spends its 10 ms on the host while launching, so step 3 settles after
+    # step 4's launch (20 ms) and step 4 at once: the sum is the time spent stepping
+    assert loop.metrics.observed["h3_step_seconds"] == pytest.approx([0.01, 0.01, 0.02, 0.0], abs=1e-9)
     assert_solo(engine, client.of("watched", Result)[0], 4, 1)
     assert_solo(engine, client.of("quiet", Result)[0], 4, 2)
 
 
 def test_a_non_finite_step_found_after_the_next_launch_fails_only_its_request(engine, monkeypatch):
-    """The "nan" fault's step 1 settles after step 2 was launched with the offender in the pack:
-    the offender ends at step 1 (its later launch is discarded), the neighbour keeps the
-    velocities of the packed forwards and its solo result."""
+    """Steps overlap: the "nan" fault's step 1 settles after step 2 was launched with the
+    offender in the pack. The offender ends at step 1 (its later launch is discarded); the
+    neighbour keeps the velocities of the packed forwards and its solo result."""
     clock = Clock()
-    client = Client(make_loop(engine, clock, execute_budget_s=100.0, allow_fault_injection=True))
-    log = timed_forwards(monkeypatch, client.loop, clock)
-    client.send("good", steps=3, seed=8)
+    client = Client(make_loop(engine, clock, execute_budget_s=0.025, allow_fault_injection=True))
+    log = timed_forwards(monkeypatch, client.loop, clock, seconds=0.01)
+    client.send("good", steps=5, seed=8)
+    client.iterate()  # 2 steps: the step time is known, steps overlap from here
     client.send("bad", steps=3, seed=9, parameters={"inject_fault": "nan"})
     client.run()
-    assert [ids for _, ids in log] == [["good", "bad"], ["good", "bad"], ["good"]]
+    assert [sorted(ids) for _, ids in log] == [["good"]] * 2 + [["bad", "good"]] * 2 + [["good"]]
     (ended,) = client.of("bad", Ended)
     assert (ended.code, ended.message, ended.step) == (
         "INTERNAL",
         "denoise step 1 failed: non-finite velocity for request bad",
         0,
     )
-    assert_solo(engine, client.of("good", Result)[0], 3, 8)
+    assert_solo(engine, client.of("good", Result)[0], 5, 8)
     assert client.loop.metrics.values["h3_failures_total"] == 1
 
 
