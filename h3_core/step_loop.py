@@ -35,7 +35,7 @@ here, and tests drive it without a server:
    request it passes on, h3_vae each cancel for a gone client, the registry each cancel of a
    request on another instance) end the execute at the next step boundary and wait at most the
    step in flight (`note_announcements`; while steps overlap, also the one launched behind it,
-   shorter than OVERLAP_MAX_STEP_S); unannounced ones (a client's own cancel by id, a
+   OVERLAP_MAX_STEP_S); unannounced ones (a client's own cancel by id, a
    direct call of h3_dit) wait at most the budget plus one step. Then every job still live is
    rescheduled.
 
@@ -89,8 +89,9 @@ ANNOUNCED_TRANSIT_S = 0.1
 # Steps overlap (the next one is launched before the previous one settles) while the last settled
 # step took less than this. The overlap hides the host's work of a step (about 1.7 ms on the H200
 # host at 128 rows: packing, Triton's calls; docs/benchmarks.md, issue 16), 3 % or more of a step
-# below 50 ms; in exchange a newcomer or a cancel waits for one step more, at most 50 ms here.
-# Longer steps settle before their boundary ends (lockstep), so no one waits a long step more.
+# below 50 ms; in exchange an announced newcomer or cancel may wait for the step launched behind
+# the one in flight too. Longer steps settle before their boundary ends (lockstep), so after a
+# long step no one waits a step more.
 OVERLAP_MAX_STEP_S = 0.05
 WORKER_FAULTS = ("worker_exit", "worker_hang", "worker_raise")  # inject_fault for sequence-parallel workers
 JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
@@ -495,6 +496,10 @@ class StepLoop:
 
         try:
             start = self.clock()
+            # a step left in flight by an execute that raised: its events are not sent (its jobs'
+            # handles may be gone); its jobs go on, and one whose last step it was gets its
+            # results at its next step boundary (end_cancelled)
+            self.in_flight = None
             self.note_announcements(arrivals)
             present = [job for arrival in arrivals if (job := self.arrive(arrival, send)) is not None]
             for request_id in self.registry.boundary([job.request_id for job in self.jobs.values()], self.load()):
@@ -507,7 +512,7 @@ class StepLoop:
                 present = [job for job in present if job.key in self.jobs]
                 if not (stepped and present and self.another_step(start, boundary, present)):
                     break
-            if self.settle(send_and_note):
+            if self.settle_in_flight(send_and_note):
                 self.answer(present, send_and_note)
             present = [job for job in present if job.key in self.jobs]
             self.metrics.set("h3_waiting_requests", len(self.scheduler.line))
@@ -530,10 +535,10 @@ class StepLoop:
             while running:
                 flight, _ = self.advance(running, send)
                 running = [job for job in flight.jobs if not job.finished and self.jobs.get(job.key) is job]
-            self.settle(send)
+            self.settle_in_flight(send)
             self.answer(present, send)
             return True
-        settled = self.advance(pack, send)[1] if pack else self.settle(send)
+        settled = self.advance(pack, send)[1] if pack else self.settle_in_flight(send)
         if settled or not pack:
             self.answer(present, send)
         return bool(pack)
@@ -542,12 +547,17 @@ class StepLoop:
         """Launch `pack`'s step, then settle the previous one if it is still in flight (the two
         overlap while steps are short, OVERLAP_MAX_STEP_S); after a long step, settle this one
         too. Returns the launched step and whether a step was settled."""
-        flight = self.launch(pack, send)
-        settled = self.settle(send)
-        self.in_flight = flight
+        previous, self.in_flight = self.in_flight, self.launch(pack, send)
+        flight = self.in_flight
+        settled = self.settle(previous, send)
         if self.last_step_s >= OVERLAP_MAX_STEP_S:
-            settled = self.settle(send) or settled
+            settled = self.settle_in_flight(send) or settled
         return flight, settled
+
+    def settle_in_flight(self, send: Send) -> bool:
+        """Settle the step in flight, if any (`settle`). Returns whether there was one."""
+        flight, self.in_flight = self.in_flight, None
+        return self.settle(flight, send)
 
     def answer(self, present: list[Job], send: Send) -> None:
         """After a step settled, or at a boundary without a step: send each present job that
@@ -596,9 +606,10 @@ class StepLoop:
         to this execute's successor, and no announcement came since the execute started (one
         pread, Registry.announcements). So an announced newcomer or control request waits at
         most the step in flight (and the next one, if it reached Triton only as this execute
-        began, or if it was launched behind a short step, `advance`); an unannounced one waits at most the budget, or one step where a step alone is
-        longer. The Triton round trip between executes and the per-execute work (arrivals, the
-        registry) are paid once per execute."""
+        began, or if it was launched behind a short step: `advance`); an unannounced one waits
+        at most the budget, or one step where a step alone is longer. The Triton round trip
+        between executes and the per-execute work (arrivals, the registry) are paid once per
+        execute."""
         now = self.clock()
         elapsed, last_step = now - start, now - boundary
         return (
@@ -828,8 +839,12 @@ class StepLoop:
         all of them once the server drains."""
         now = self.clock()
         for job in present:
-            if job.key not in self.jobs or job.finished:
-                continue  # gone, or its last step is in flight: its result follows when it settles
+            if job.key not in self.jobs:
+                continue
+            if job.finished:  # its last step is in flight (its results follow when it settles) or
+                if self.in_flight is None or job not in self.in_flight.steps:  # was lost with an execute
+                    self.results(job, send)
+                continue
             reason = "cancelled because the server is shutting down" if self.draining else job.cancel_reason
             if reason is None and job.is_cancelled():
                 reason = "cancelled by the client"
@@ -850,10 +865,14 @@ class StepLoop:
 
     def launch(self, pack: list[Job], send: Send) -> InFlight:
         """Launch one packed forward for `pack` and queue each state's Euler update after it. On
-        a GPU nothing here waits for the device (a preview due at this step is the exception),
-        so the caller can settle the previous step while this one runs. A forward that raises
-        is retried one job at a time, so only the offending job fails (INTERNAL). A job whose
-        last step this is leaves the scheduler now; its result follows when the step settles.
+        a GPU nothing here waits for this step's forward (a preview due at this step is the
+        exception); the pack's small host-to-device copies wait for the step queued before, so
+        what runs beside a forward is the previous step's settling, the answer pass, the next
+        boundary and the packing. A forward that raises is retried one job at a time, so only
+        the offending job fails (INTERNAL). A state's velocity that is not finite is applied as
+        zero, so no non-finite latent enters a later forward before `settle` fails its job
+        (with flex attention a masked NaN would reach the other documents). A job whose last
+        step this is leaves the scheduler now; its result follows when the step settles.
         Returns the step in flight, for `settle`."""
         start, pack = self.clock(), list(pack)
         for job in pack:
@@ -879,7 +898,11 @@ class StepLoop:
             finite = flags.to("cpu", non_blocking=True)  # into pinned memory on a GPU
             if flags.is_cuda:
                 copied = torch.cuda.Event()
-                copied.record()
+                copied.record(torch.cuda.current_stream(flags.device))
+            velocities = [
+                (torch.where(ok, video, 0.0), torch.where(ok, audio, 0.0))
+                for ok, (video, audio) in zip(flags, velocities, strict=True)
+            ]
         flight = InFlight(
             pack,
             {job: job.step_index + 1 for job in pack},
@@ -900,14 +923,13 @@ class StepLoop:
                 self.scheduler.remove(job)
         return flight
 
-    def settle(self, send: Send) -> bool:
-        """Settle the step in flight, if any: read its finiteness flags (on a GPU this waits for
-        its forward, InFlight.copied), end each job with a non-finite velocity (INTERNAL; its update is undone
-        in the step count, and its neighbours keep theirs: no row of one document reaches
-        another's, which is what makes packing bitwise, h3_spec §2.5), then send progress,
-        previews and the results of jobs whose last step it was. Jobs that ended while it was
-        in flight are skipped. Returns whether a step was settled."""
-        flight, self.in_flight = self.in_flight, None
+    def settle(self, flight: InFlight | None, send: Send) -> bool:
+        """Settle `flight` (None: nothing to do): read its finiteness flags (on a GPU this waits
+        for its forward, InFlight.copied), end each job with a non-finite velocity (INTERNAL;
+        the step is undone in its step count), then send progress, previews and the results of
+        jobs whose last step it was (a result's copy to the CPU waits for the step queued
+        behind, if any). Jobs that ended while it was in flight are skipped. Returns whether a
+        step was settled."""
         if flight is None:
             return False
         try:

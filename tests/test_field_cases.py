@@ -237,7 +237,12 @@ def test_field_case_c6_a_dead_or_stalled_dit_is_visible_and_the_launcher_restart
             "Stream removed (Socket closed)",
         )
         urls = launcher_urls(log, count=2)
-        assert f"the h3_dit process (pid {dit}) is gone: restarting tritonserver" in log.read_text()
+        # the launcher sees the stub gone, or tritonserver aborting first (Triton 2.51 sometimes
+        # aborts, SIGABRT, when a stub dies mid-response; seen once under load, 2026-12-01)
+        assert re.search(
+            rf"(the h3_dit process \(pid {dit}\) is gone|tritonserver exited with code -6): restarting tritonserver",
+            log.read_text(),
+        )
         assert client.generate("after the restart", num_inference_steps=2)[0].info["num_frames"] == 22
         # 2. a step stalls inside the DiT: Triton notices nothing, the heartbeat stops
         pending = start(client, outcome, "stalled", prompt="stalled", num_inference_steps=3, inject_fault="slow:60")
@@ -314,6 +319,7 @@ def test_field_case_c7_perf_analyzer_latency_is_the_final_responses(server, tmp_
     # perf_analyzer 2.51 once left the export empty while exiting 0 and printing its latency (a
     # fresh-clone CI run, 2026-12-01; reruns were fine): such a run is made once more
     for _ in range(2):
+        export.unlink(missing_ok=True)  # perf_analyzer refuses an export path that exists
         run = perf_analyzer_c7(server, data, export)
         if export.exists() and export.stat().st_size > 0:
             break

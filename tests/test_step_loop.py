@@ -513,7 +513,9 @@ def test_short_steps_overlap_long_steps_run_in_lockstep(engine, monkeypatch):
     client, order = Client(loop), []
     timed_forwards(monkeypatch, loop, clock, before=lambda n: order.append(f"launch {n + 1}"), seconds=0.01)
     settle = loop.settle
-    monkeypatch.setattr(loop, "settle", lambda send: (loop.in_flight and order.append("settle")) or settle(send))
+    monkeypatch.setattr(
+        loop, "settle", lambda flight, send: (flight and order.append("settle")) or settle(flight, send)
+    )
     client.send("watched", steps=4, seed=1, parameters={"progress_every": 1})
     client.send("quiet", steps=4, seed=2)
     per_execute = []
@@ -542,10 +544,17 @@ def test_short_steps_overlap_long_steps_run_in_lockstep(engine, monkeypatch):
     assert_solo(engine, client.of("quiet", Result)[0], 4, 2)
 
 
-def test_a_non_finite_step_found_after_the_next_launch_fails_only_its_request(engine, monkeypatch):
+@pytest.mark.parametrize("attention", ["sdpa", "flex"])
+def test_a_non_finite_step_found_after_the_next_launch_fails_only_its_request(engine, monkeypatch, attention):
     """Steps overlap: the "nan" fault's step 1 settles after step 2 was launched with the
-    offender in the pack. The offender ends at step 1 (its later launch is discarded); the
-    neighbour keeps the velocities of the packed forwards and its solo result."""
+    offender in the pack. The offender ends at step 1 (its later launch is discarded); its
+    non-finite velocity was applied as zero, so nothing non-finite entered step 2, where flex
+    attention's masked softmax would have carried it into the neighbour's rows. The neighbour
+    keeps its solo result."""
+    if attention == "flex":
+        dit = H3DiT(get_config("tiny"), row_tile=64, attention_backend="flex")
+        init_weights(dit, 0)
+        engine = Engine(dit.eval(), None, None)
     clock = Clock()
     client = Client(make_loop(engine, clock, execute_budget_s=0.025, allow_fault_injection=True))
     log = timed_forwards(monkeypatch, client.loop, clock, seconds=0.01)
@@ -562,6 +571,41 @@ def test_a_non_finite_step_found_after_the_next_launch_fails_only_its_request(en
     )
     assert_solo(engine, client.of("good", Result)[0], 5, 8)
     assert client.loop.metrics.values["h3_failures_total"] == 1
+
+
+def test_an_execute_that_raises_loses_no_request(engine, monkeypatch):
+    """Sending a response raises (as Triton may for a request it gave up) while x's last step is
+    in flight behind y's step 2: the execute fails. Triton delivers both again; the step that
+    was in flight is not settled (its events are lost with the execute), x gets its results at
+    its next step boundary and y runs on, both with their solo outputs."""
+    clock = Clock()
+    loop = make_loop(engine, clock, execute_budget_s=100.0)
+    client = Client(loop)
+    log = timed_forwards(monkeypatch, loop, clock, seconds=0.01)
+    client.send("x", steps=3, seed=1)
+    client.send("y", steps=5, seed=2, parameters={"progress_every": 1})
+    iterate = loop.iterate
+
+    def refusing_y_at_step_2(arrivals, send):
+        def send_or_raise(event):
+            if isinstance(event, Progress) and (event.request_id, event.step) == ("y", 2):
+                raise RuntimeError("response refused")
+            send(event)
+
+        return iterate(arrivals, send_or_raise)
+
+    monkeypatch.setattr(loop, "iterate", refusing_y_at_step_2)
+    with pytest.raises(RuntimeError, match="response refused"):
+        client.iterate()
+    assert len(log) == 3 and loop.in_flight is not None  # x's last step and y's third
+    for arrival in client.live.values():
+        arrival.new = False  # Triton delivers the two sequences again
+    monkeypatch.setattr(loop, "iterate", iterate)
+    client.run()
+    assert [ids for _, ids in log[3:]] == [["y"], ["y"]]
+    assert_solo(engine, client.of("x", Result)[0], 3, 1)
+    assert_solo(engine, client.of("y", Result)[0], 5, 2)
+    assert not loop.jobs
 
 
 def test_a_newcomer_joins_at_the_first_step_of_the_next_execute(engine, monkeypatch):
