@@ -18,9 +18,10 @@ here, and tests drive it without a server:
    (`launch`; a forward that raises is retried one job at a time so only the offending job fails,
    INTERNAL), then settled (`settle`: its finiteness flags are read, a job with a non-finite
    velocity fails alone, progress, previews and each output's final latents (`Result`) are
-   sent). Nothing in `launch` waits for a GPU, so while steps are short (OVERLAP_MAX_STEP_S) a
-   step settles only after the next one is launched, and the host's work of one step (packing,
-   Triton's calls) overlaps the device's forward of the next (`advance`). The step launched last
+   sent). Nothing in `launch` waits for its own forward on a GPU, so while steps are short
+   (OVERLAP_MAX_STEP_S) a step settles only after the next one is launched, and the host's work
+   of one step (settling, Triton's calls, packing) overlaps the device's forward of the next
+   (`advance`). The step launched last
    settles before the execute ends, so every execute's events are complete when it returns. In
    execution mode "request" the first job of the pack instead runs to completion within the
    execute.
@@ -242,7 +243,7 @@ class InFlight:
     CUDA event recorded after that copy) tells when it may be read: waiting for the event
     waits for this step only, not for the next one queued behind it (reading a device tensor
     would). previews: job -> uint8 [Hl, Wl, 3] on the CPU, due with the step's progress; start:
-    clock seconds when it was launched; rows: packed rows of its forward."""
+    clock seconds when it was launched."""
 
     jobs: list[Job]
     steps: dict[Job, int]
@@ -250,7 +251,6 @@ class InFlight:
     copied: torch.cuda.Event | None
     previews: dict[Job, torch.Tensor]
     start: float
-    rows: int
 
 
 # -- metrics ------------------------------------------------------------------------------------
@@ -547,8 +547,8 @@ class StepLoop:
         """Launch `pack`'s step, then settle the previous one if it is still in flight (the two
         overlap while steps are short, OVERLAP_MAX_STEP_S); after a long step, settle this one
         too. Returns the launched step and whether a step was settled."""
-        previous, self.in_flight = self.in_flight, self.launch(pack, send)
-        flight = self.in_flight
+        flight = self.launch(pack, send)
+        previous, self.in_flight = self.in_flight, flight
         settled = self.settle(previous, send)
         if self.last_step_s >= OVERLAP_MAX_STEP_S:
             settled = self.settle_in_flight(send) or settled
@@ -875,10 +875,11 @@ class StepLoop:
         step this is leaves the scheduler now; its result follows when the step settles.
         Returns the step in flight, for `settle`."""
         start, pack = self.clock(), list(pack)
+        outputs = sum(len(job.states) for job in pack)
         for job in pack:
             job.status = Status.RUNNING
             job.first_step_s = job.first_step_s or start
-            job.largest_pack = max(job.largest_pack, sum(len(job.states) for job in pack))
+            job.largest_pack = max(job.largest_pack, outputs)
         try:
             velocities = self.forward(pack)
         except Exception:  # noqa: BLE001 - retried one job at a time below
@@ -910,7 +911,6 @@ class StepLoop:
             copied,
             {},
             start,
-            sum(state.rows for job in pack for state in job.states),
         )
         velocity_of = iter(velocities)
         for job in pack:
@@ -945,7 +945,7 @@ class StepLoop:
         self.last_step_s = end - max(flight.start, self.settled_at)
         self.metrics.observe("h3_step_seconds", self.last_step_s)
         self.metrics.observe("h3_pack_requests", len(finite))
-        self.metrics.observe("h3_pack_rows", flight.rows)
+        self.metrics.observe("h3_pack_rows", sum(state.rows for job in flight.jobs for state in job.states))
         self.settled_at = end
         flags = iter(finite)
         for job in flight.jobs:
