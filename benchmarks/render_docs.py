@@ -1,0 +1,468 @@
+"""The docs' measured tables, rendered from the results files in benchmarks/results/.
+
+README.md and docs/*.md hold generated blocks between marker comments:
+
+    <!-- generated: NAME -->
+    ...rendered markdown...
+    <!-- end generated -->
+
+NAME is one of BLOCKS (its first word is the results file the block reads, e.g. `h200 headline`
+reads benchmarks/results/h200.json). A block whose start marker is followed by a newline is a
+table (or paragraph); a block on one line is an inline figure inside prose. Every table names the
+hardware, the command and the date of its figures from the results file's own fields; figures of
+a merged file (h200.json, written by bench_report.py --merge-into) are credited to the source
+file of that merge whose `summary` holds the same value, found through `summary_history`.
+
+    python benchmarks/render_docs.py           # rewrite the blocks in place
+    python benchmarks/render_docs.py --check   # print the diff, exit 1 when a doc is out of date
+
+The docs' targets (>= 0.75 etc.) are the issues' acceptance targets, kept here in TARGETS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import operator
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = Path("benchmarks/results")
+DOC_PATTERNS = ("README.md", "docs/*.md")
+BLOCK = re.compile(r"<!-- generated: (?P<name>[^>]*?) -->(?P<body>.*?)<!-- end generated -->", re.DOTALL)
+START = re.compile(r"<!-- generated: (?P<name>[^>]*?) -->")
+
+# key: (what it measures, comparison, target, value format)
+TARGETS: dict[str, tuple[str, str, float | bool, str]] = {
+    "step_mfu": ("16,384-row step: model FLOP/s over the probe's bf16 matmul rate", ">=", 0.75, "{:.3f}"),
+    "fused_over_separate_3x16384": (
+        "one 3 x 16,384-row step over three separate ones (kernel time)",
+        "<=",
+        1.0,
+        "{:.3f}",
+    ),
+    "roofline_ratio_max": ("step time over its roofline floor, worst pack", "<=", 2.0, "{:.2f}"),
+    "small_step_ms_128": ("128-row step, ms", "<=", 5.0, "{:.2f}"),
+    "pack8_speedup_256_rows_e": ("8 packed 256-row requests vs one at a time: throughput", ">=", 2.0, "{:.2f}"),
+    "pack8_min_speedup_e": ("packing gain, lowest over 128 to 16,384 rows", ">=", 0.98, "{:.3f}"),
+    "bitwise_solo_packed_request": ("solo == packed == request mode, torch.equal", "==", True, "{}"),
+    "step4_over_request_throughput_c": ("(c) step mode 4 slots / request mode: throughput", ">=", 1.0, "{:.4f}"),
+    "default_over_request_mean_latency_d": ("(d) default policy / request mode: mean latency", "<=", 1.05, "{:.3f}"),
+    "request_over_default_time_to_first_step_d": (
+        "(d) request mode / default policy: mean time to first step",
+        ">=",
+        5.0,
+        "{:.2f}",
+    ),
+    "server_overhead_fraction_f": ("(f) served / in-process step - 1, 16,384 rows", "<=", 0.01, "{:.4f}"),
+    "server_overhead_ms_128": ("(f) served - in-process step, 128 rows, ms", "<=", 1.0, "{:.2f}"),
+}
+COMPARE = {">=": operator.ge, "<=": operator.le, "==": operator.eq}
+
+# key: (measurement, our figure's format, the reference's figure: vllm-omni on H100s, 33 B, h3_spec §5.11)
+HEADLINE: dict[str, tuple[str, str, str]] = {
+    "pack8_speedup_256_rows_e": ("8 packed vs one at a time, 256-row requests: throughput", "{:.2f}x", "not measured"),
+    "pack8_min_speedup_e": (
+        "8 packed vs one at a time, lowest over 128 to 16,384 rows (4 packed at 16,384): throughput",
+        "{:.2f}x",
+        "1.03x at 16,384 rows (4 packed, step cost 3.90x)",
+    ),
+    "step_mfu": ("16,384-row step: model FLOP/s over the measured bf16 matmul rate", "{:.3f}", "not measured"),
+    "small_step_ms_128": ("128-row step", "{:.2f} ms", "not measured"),
+    "request_over_default_time_to_first_step_d": (
+        "10 requests every 5 s, default policy vs run to completion: mean time to first step",
+        "{:.2f}x lower",
+        "not measured",
+    ),
+    "default_over_request_mean_latency_d": ("same: mean latency", "{:.3f}x", "2x (step mode)"),
+    "step4_over_request_throughput_c": (
+        "4 requests at concurrency 4, step mode 4 slots vs request mode: throughput",
+        "{:.3f}",
+        "0.96",
+    ),
+    "server_overhead_fraction_f": ("served step vs in-process step, 16,384 rows", "{:+.2%}", "not measured"),
+    "server_overhead_ms_128": ("same, 128 rows", "{:+.2f} ms", "not measured"),
+}
+
+
+def load(root: Path, name: str) -> dict:
+    """benchmarks/results/<name>.json under `root`, parsed. Raises FileNotFoundError."""
+    return json.loads((root / RESULTS / f"{name}.json").read_text())
+
+
+def provenance(document: dict, path: str) -> str:
+    """'hardware, torch T, date: `command` (path)' from a results document's own fields."""
+    torch = f", torch {document['torch']}" if "torch" in document else ""
+    return f"{document['hardware']}{torch}, {document['date']}: `{document['command']}` (`{path}`)"
+
+
+class Sources:
+    """Numbered footnotes naming where each figure of a table was measured."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def cite(self, line: str) -> str:
+        """The footnote mark '[n]' for `line`, adding it on first use."""
+        if line not in self.lines:
+            self.lines.append(line)
+        return f"[{self.lines.index(line) + 1}]"
+
+    def render(self) -> list[str]:
+        return ["", *(f"[{n}] {line}  " for n, line in enumerate(self.lines, 1))]
+
+
+def key_source(root: Path, merged: dict, key: str) -> str:
+    """The provenance of merged["summary"][key]: the latest source file of merged's
+    `summary_history` whose own summary holds the same value. Raises ValueError when none does
+    (the merged summary no longer agrees with the files it was merged from)."""
+    value = merged["summary"][key]
+    for entry in reversed(merged.get("summary_history", [])):
+        for source in reversed(entry["sources"]):
+            document = json.loads((root / source["file"]).read_text())
+            if document.get("summary", {}).get(key) == value:
+                return provenance(document, source["file"])
+    raise ValueError(f"no source in summary_history holds summary[{key!r}] = {value!r}")
+
+
+def history(merged: dict, key: str) -> list[tuple[dict, object, object]]:
+    """(summary_history entry, value before, value after) for each merge that replaced `key`,
+    oldest first; the last one's 'after' is the current summary value."""
+    changes = [
+        (entry, entry["replaced"][key]) for entry in merged.get("summary_history", []) if key in entry["replaced"]
+    ]
+    afters = [before for _, before in changes[1:]] + [merged["summary"][key]]
+    return [(entry, before, after) for (entry, before), after in zip(changes, afters[: len(changes)], strict=True)]
+
+
+def _value(key: str, value) -> str:
+    """A summary value as the docs print it: TARGETS' format for its keys, else 4 significant
+    digits for a float."""
+    if key in TARGETS:
+        return TARGETS[key][3].format(value).lower()
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def h200_headline(root: Path) -> str:
+    """README's headline table: HEADLINE's keys of h200.json's summary, each with its source."""
+    merged, sources = load(root, "h200"), Sources()
+    lines = [
+        "| measurement | ours | reference (vllm-omni, H100s, 33 B) | measured |",
+        "|---|---|---|---|",
+    ]
+    for key, (label, spec, reference) in HEADLINE.items():
+        mark = sources.cite(key_source(root, merged, key))
+        lines.append(f"| {label} (`{key}`) | {spec.format(merged['summary'][key])} | {reference} | {mark} |")
+    return "\n".join(lines + sources.render())
+
+
+def h200_targets(root: Path) -> str:
+    """Every TARGETS key of h200.json's summary: the target, the value, met or not, the source."""
+    merged, sources = load(root, "h200"), Sources()
+    lines = ["| key | what | target | value | met | measured |", "|---|---|---|---:|---|---|"]
+    for key, (what, comparison, target, _) in TARGETS.items():
+        value = merged["summary"][key]
+        met = "yes" if COMPARE[comparison](value, target) else "**no**"
+        mark = sources.cite(key_source(root, merged, key))
+        lines.append(
+            f"| `{key}` | {what} | {comparison} {_value(key, target)} | {_value(key, value)} | {met} | {mark} |"
+        )
+    return "\n".join(lines + sources.render())
+
+
+def h200_history(root: Path) -> str:
+    """h200.json's summary_history: every replaced value, with the merge's date and sources."""
+    merged = load(root, "h200")
+    lines = ["| merged | key | before | after | merged from |", "|---|---|---:|---:|---|"]
+    for key in merged["summary"]:
+        for entry, before, after in history(merged, key):
+            files = ", ".join(f"`{Path(source['file']).name}`" for source in entry["sources"])
+            lines.append(f"| {entry['merged']} | `{key}` | {_value(key, before)} | {_value(key, after)} | {files} |")
+    return "\n".join(lines)
+
+
+def engine_step(root: Path) -> str:
+    """(a): step time of 1-4 packed 16,384-row requests against the matmul probe."""
+    document = load(root, "engine_bench_h200")
+    rate = document["matmul_flops_per_s"]
+    steps = document["a_step"]
+    one = steps["1"]["seconds"]
+    lines = [
+        f"{provenance(document, 'benchmarks/results/engine_bench_h200.json')}; matmul probe "
+        f"{rate / 1e12:.1f} TFLOP/s (the higher of {len(document['matmul_probes_flops_per_s'])} 8192^3 bf16 probes).",
+        "",
+        "| requests | rows | step ms | per-request cost | model TFLOP/s | of matmul rate |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for count, step in steps.items():
+        cost = step["seconds"] / int(count) / one
+        tflops = step["flops"] / step["seconds"] / 1e12
+        lines.append(
+            f"| {count} | {step['rows']:,} | {step['seconds'] * 1e3:,.1f} | {cost:.2f}x | {tflops:.1f} "
+            f"| {step['mfu']:.1%} |"
+        )
+    return "\n".join(lines)
+
+
+def engine_fused(root: Path) -> str:
+    """(b): one fused 3-request forward over three separate ones, GPU kernel time and wall."""
+    document = load(root, "engine_bench_h200")
+    lines = [
+        provenance(document, "benchmarks/results/engine_bench_h200.json") + ", interleaved runs:",
+        "",
+        "| run | 3 separate ms | fused ms | fused / separate (kernels) | fused / separate (wall) |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for number, run in enumerate(document["b_fused_vs_separate"], 1):
+        lines.append(
+            f"| {number} | {run['separate_ms']:,.1f} | {run['fused_ms']:,.1f} | {run['fused_over_separate']:.3f} "
+            f"| {run['fused_over_separate_wall']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def engine_packing(root: Path) -> str:
+    """(e): N requests packed per step against one at a time, per request size."""
+    document = load(root, "engine_bench_h200")
+    lines = [
+        provenance(document, "benchmarks/results/engine_bench_h200.json") + ":",
+        "",
+        "| rows per request | one request ms | packed | packed ms | throughput ratio |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for rows, point in document["e_packing_curve"].items():
+        lines.append(
+            f"| {int(rows):,} | {point['one_s'] * 1e3:,.2f} | {point['packed']} | {point['packed_s'] * 1e3:,.2f} "
+            f"| {point['speedup']:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def engine_roofline(root: Path) -> str:
+    """The roofline section: step and kernel time per pack against max(weight read, FLOPs)."""
+    document = load(root, "engine_bench_h200")
+    lines = [
+        provenance(document, "benchmarks/results/engine_bench_h200.json") + ":",
+        "",
+        "| pack | rows | step ms | GPU kernel ms | launches | floor ms | bound | step / floor |",
+        "|---|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for pack, point in document["roofline"].items():
+        count, rows = pack.split("x")
+        lines.append(
+            f"| {count} x {int(rows):,} | {point['rows']:,} | {point['seconds'] * 1e3:,.2f} "
+            f"| {point['kernel_ms']:,.2f} | {point['launches']} | {point['floor_seconds'] * 1e3:,.2f} "
+            f"| {point['bound']} | {point['over_floor']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def engine_attention(root: Path) -> str:
+    """flash_attn4 in the DiT: step time with `auto` attention over `sdpa`, interleaved runs."""
+    path = "benchmarks/results/engine_bench_h200_flash_attn4.json"
+    document = load(root, "engine_bench_h200_flash_attn4")
+    lines = [
+        f"{provenance(document, path)}, flash-attn-4 {document['flash_attn_4']}:",
+        "",
+        "| step | sdpa ms (median) | auto ms (median) | auto / sdpa |",
+        "|---|---:|---:|---:|",
+    ]
+    for count in ("1", "3"):
+        runs = document["attention_step"][count]
+        sdpa, auto = (sorted(runs[name])[len(runs[name]) // 2] * 1e3 for name in ("sdpa", "auto"))
+        ratio = document["attention_step"][f"{count}_over_sdpa"]["auto"]
+        lines.append(f"| {count} x 16,384 rows | {sdpa:,.2f} | {auto:,.2f} | **{ratio:.3f}** |")
+    return "\n".join(lines)
+
+
+def served_runs(root: Path, name: str, runs: tuple[str, ...]) -> str:
+    """A served_bench results file's client runs: traffic, latency and first-step figures (the
+    client's summary; p95 is its nearest rank)."""
+    path = f"benchmarks/results/{name}.json"
+    document = load(root, name)
+    lines = [
+        provenance(document, path) + ":",
+        "",
+        "| run | wall s | req/min | mean latency s | p95 latency s | mean first step s | max first step s "
+        "| step interval s | peak pack |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for run in runs:
+        summary = document["runs"][run]["summary"]
+        latency, first = summary["latency_s"], summary["time_to_first_step_s"]
+        lines.append(
+            f"| `{run}` | {summary['wall_s']:.2f} | {summary['throughput_req_per_min']:.2f} | {latency['mean']:.2f} "
+            f"| {latency['p95']:.2f} | {first['mean']:.2f} | {first['max']:.2f} "
+            f"| {summary['step_interval_s']['mean']:.3f} | {summary['peak_pack_size']} |"
+        )
+    return "\n".join(lines)
+
+
+def served_c(root: Path) -> str:
+    """(c) of the final served run: 3 interleaved pairs of request mode and step mode, 4 slots."""
+    name = "served_bench_h200_issue16_final_c"
+    document = load(root, name)
+    pairs = document["c_step4_over_request_pairs"]
+    ratios = ", ".join(f"{ratio:.4f}" for ratio in pairs["runs"])
+    return (
+        served_runs(root, name, tuple(document["runs"]))
+        + f"\n\nStep mode 4 slots / request mode, throughput per pair: {ratios}; median **{pairs['median']:.4f}**."
+    )
+
+
+def served_f(root: Path) -> str:
+    """(f) of the final served run: the step loop in-process against the served step interval."""
+    path = "benchmarks/results/served_bench_h200_issue16_final_fd.json"
+    document = load(root, "served_bench_h200_issue16_final_fd")
+    lines = [
+        provenance(document, path) + ":",
+        "",
+        "| rows | steps | in-process ms (16 threads) | in-process ms (1 thread) | in-process ms, synchronised "
+        "every step | served ms | served - in-process ms |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for part in ("in_process", "in_process_128"):
+        loop = document[part]
+        served, alone = loop["served_seconds_per_step"] * 1e3, loop["seconds_per_step"] * 1e3
+        lines.append(
+            f"| {loop['rows']:,} | {loop['steps']} | {alone:.2f} | {loop['seconds_per_step_1_thread'] * 1e3:.2f} "
+            f"| {loop['seconds_per_step_synced'] * 1e3:.2f} | {served:.2f} | {served - alone:+.2f} |"
+        )
+    return "\n".join(lines)
+
+
+SEQUENCE_PARALLEL = ("h200x2_sequence_parallel", "h200x2_sequence_parallel_inductor_deterministic")
+
+
+def sequence_parallel_bitwise(root: Path) -> str:
+    """sp_degree 2 against 1 on two GPUs: each check's max abs difference, per results file."""
+    documents = [load(root, name) for name in SEQUENCE_PARALLEL]
+    header = " | ".join(f"`{name}.json`" for name in SEQUENCE_PARALLEL)
+    lines = [f"| sp_degree 2 vs 1 | {header} |", "|---|" + "---:|" * len(documents)]
+    checks = dict.fromkeys(
+        (part, check) for document in documents for part in document["bitwise"] for check in document["bitwise"][part]
+    )
+    for part, check in checks:
+        cells = []
+        for document in documents:
+            result = document["bitwise"].get(part, {}).get(check)
+            cells.append("-" if result is None else "equal" if result["equal"] else f"{result['max_abs_diff']:.4f}")
+        lines.append(f"| {part.replace('_', ' ')}: {check} | {' | '.join(cells)} |")
+    sources = [
+        f"`{name}.json`: {provenance(document, f'benchmarks/results/{name}.json')}  "
+        for document, name in zip(documents, SEQUENCE_PARALLEL, strict=True)
+    ]
+    return "\n".join(lines + ["", "Max abs difference (`equal`: torch.equal, `-`: not measured there).  ", *sources])
+
+
+def sequence_parallel_max_diff(root: Path) -> str:
+    """Inline: the largest max abs difference of sp_degree 2 against 1 over every check and file."""
+    return f"{max_diff(root):.3f}"
+
+
+def max_diff(root: Path) -> float:
+    """The largest `max_abs_diff` over every bitwise check of the SEQUENCE_PARALLEL files."""
+    return max(
+        result["max_abs_diff"]
+        for name in SEQUENCE_PARALLEL
+        for part in load(root, name)["bitwise"].values()
+        for result in part.values()
+    )
+
+
+BLOCKS: dict[str, Callable[[Path], str]] = {
+    "h200 headline": h200_headline,
+    "h200 targets": h200_targets,
+    "h200 summary_history": h200_history,
+    "engine_bench_h200 step": engine_step,
+    "engine_bench_h200 fused": engine_fused,
+    "engine_bench_h200 packing": engine_packing,
+    "engine_bench_h200 roofline": engine_roofline,
+    "engine_bench_h200_flash_attn4 attention": engine_attention,
+    "served_bench_h200_issue16_final_c runs": served_c,
+    "served_bench_h200_issue16_final_fd d": lambda root: served_runs(
+        root, "served_bench_h200_issue16_final_fd", ("d_request", "d_fifo", "d_srpt")
+    ),
+    "served_bench_h200_issue16_final_fd f": served_f,
+    "h200x2_sequence_parallel bitwise": sequence_parallel_bitwise,
+    "h200x2_sequence_parallel max_abs_diff": sequence_parallel_max_diff,
+}
+
+
+def render(text: str, root: Path, where: str = "text") -> str:
+    """`text` with every generated block's body replaced by BLOCKS[name](root): a block whose
+    marker ends its line gets '\\n' + table + '\\n', an inline one the figure alone. Raises
+    ValueError for an unknown block name, a start marker without its end marker, or an inline
+    block whose rendering spans lines (`where` names the document in the message)."""
+    for match in START.finditer(text):
+        if not BLOCK.match(text, match.start()):
+            raise ValueError(f"{where}: <!-- generated: {match['name']} --> has no <!-- end generated -->")
+
+    def replace(match: re.Match) -> str:
+        name = match["name"]
+        if name not in BLOCKS:
+            raise ValueError(f"{where}: unknown generated block {name!r}; known: {', '.join(BLOCKS)}")
+        rendered = BLOCKS[name](root)
+        if match["body"].startswith("\n"):
+            rendered = f"\n{rendered}\n"
+        elif "\n" in rendered:
+            raise ValueError(f"{where}: inline block {name!r} renders more than one line")
+        return f"<!-- generated: {name} -->{rendered}<!-- end generated -->"
+
+    return BLOCK.sub(replace, text)
+
+
+def documents(root: Path) -> list[Path]:
+    """README.md and docs/*.md under `root`, sorted."""
+    return sorted(path for pattern in DOC_PATTERNS for path in root.glob(pattern))
+
+
+def stale(root: Path) -> dict[str, str]:
+    """{document path relative to root: unified diff} for each document whose generated blocks
+    differ from their rendering; empty when every doc agrees with its results files."""
+    diffs = {}
+    for path in documents(root):
+        name = str(path.relative_to(root))
+        text = path.read_text()
+        rendered = render(text, root, name)
+        if rendered != text:
+            lines = difflib.unified_diff(
+                text.splitlines(keepends=True), rendered.splitlines(keepends=True), name, f"{name} (rendered)"
+            )
+            diffs[name] = "".join(lines)
+    return diffs
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Rewrite the generated blocks (or with --check only report them); returns the exit status:
+    1 when --check finds a stale document, else 0."""
+    parser = argparse.ArgumentParser(description="Render the docs' measured tables from benchmarks/results.")
+    parser.add_argument("--check", action="store_true", help="print the diff and exit 1 when a doc is stale")
+    parser.add_argument("--root", type=Path, default=ROOT, help="repository root (default: this checkout)")
+    args = parser.parse_args(argv)
+    if args.check:
+        diffs = stale(args.root)
+        for diff in diffs.values():
+            print(diff, end="")
+        if diffs:
+            print(
+                f"render_docs.py: {len(diffs)} document(s) differ from benchmarks/results: run "
+                "python benchmarks/render_docs.py",
+                file=sys.stderr,
+            )
+        return 1 if diffs else 0
+    for path in documents(args.root):
+        text = path.read_text()
+        rendered = render(text, args.root, str(path.relative_to(args.root)))
+        if rendered != text:
+            path.write_text(rendered)
+            print(f"wrote {path.relative_to(args.root)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
