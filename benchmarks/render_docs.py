@@ -335,6 +335,29 @@ def served_f(root: Path) -> str:
     return "\n".join(lines)
 
 
+def full_model_runs(root: Path) -> str:
+    """The full-size DiT served on one GPU: runs A and B from h200_full_model.json's summary (s/step
+    and rows/step from the DiT's /metrics counters, peak GiB from nvidia-smi)."""
+    path = "benchmarks/results/h200_full_model.json"
+    document = load(root, "h200_full_model")
+    summary = document["summary"]
+    lines = [
+        provenance(document, path) + ":",
+        "",
+        "| run | requests | wall s | mean latency s | max latency s | s/step | rows/step | peak GiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for run in ("a", "b"):
+        client = document["runs"][f"run_{run}"]["summary"]
+        lines.append(
+            f"| run_{run} | {client['num_requests']} | {summary[f'run_{run}_wall_s']:.2f} "
+            f"| {summary[f'run_{run}_latency_s']:.2f} | {client['latency_s']['max']:.2f} "
+            f"| {summary[f'run_{run}_seconds_per_step']:.3f} | {summary[f'run_{run}_rows_per_step']:,.0f} "
+            f"| {summary[f'peak_gpu_memory_gib_{run}']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
 SEQUENCE_PARALLEL = ("h200x2_sequence_parallel", "h200x2_sequence_parallel_inductor_deterministic")
 
 
@@ -388,6 +411,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
         root, "served_bench_h200_issue16_final_fd", ("d_request", "d_fifo", "d_srpt")
     ),
     "served_bench_h200_issue16_final_fd f": served_f,
+    "h200_full_model runs": full_model_runs,
     "h200x2_sequence_parallel bitwise": sequence_parallel_bitwise,
     "h200x2_sequence_parallel max_abs_diff": sequence_parallel_max_diff,
 }
