@@ -62,7 +62,6 @@ INFO_KINDS = ("progress", "result", "error", "cancel", "heartbeat")
 CANCEL_STATES = ("cancelled", "finished", "unknown")
 EARLY_CANCEL_SECONDS = 600.0
 MAX_REQUEST_ID_CHARS = 256  # request ids (the client's, or a cancel's target) are at most this long
-MAX_PRIORITY = 100  # request_priority lies in -MAX_PRIORITY..MAX_PRIORITY
 
 # Request parameters a client may set, with their JSON types. Triton's reserved `priority`,
 # `timeout` and `sequence_*` are ignored (never used by h3-triton).

@@ -12,10 +12,22 @@ the job and it resumes at the same step later. The policies (docs/scheduling.md 
   every step (processor sharing). The admitted jobs are always the oldest ones, so the pack is
   recomputed from arrival order at every boundary.
 - `srpt`: shortest remaining processing time with preemption at step boundaries. Jobs are ranked
-  by (higher effective priority, newcomer before started job, less remaining work = remaining
-  steps x rows, earlier arrival); effective priority = priority + floor(age / aging_s), so every
-  aging_s seconds since its arrival lift a job one level and no job starves. The first-ranked job always
-  runs; the others join in rank order while the pack stays within row_budget rows.
+  by (higher priority, newcomer before started job, less remaining work = remaining steps x
+  rows, earlier arrival). The first-ranked job always runs; the others join in rank order
+  while the pack stays within row_budget rows.
+
+The longest wait (every policy): a job that has waited max_wait_s seconds or more for a step
+(since its arrival, or since the last schedule() that packed it, so preempted jobs count too)
+is overdue. Overdue jobs rank before every other job whatever their priority, the longest
+waiting first (then earlier arrival); the policy orders the rest as above. The first-ranked job
+always runs (add() refuses a job that cannot fit one forward alone) and a packed job's wait
+restarts, which puts it behind every job already overdue, so a job is packed at most k + 1
+boundaries after it becomes overdue, k being the jobs overdue before it (at most max_num_seqs +
+max_waiting - 1). Bound: from its arrival to its first step, and between two of its steps, a
+job waits at most max_wait_s plus k + 1 steps; with one overdue job at a time, as under a
+stream of higher-priority newcomers, max_wait_s plus one step. So no priority holds a job back
+for longer, and a large job passed over by smaller ones still advances. Under `request` and
+`fifo` overdue jobs interleave single steps with the policy's order.
 
 Admission (every policy): the scheduler holds at most max_num_seqs + max_waiting live jobs (one
 full pack of single-output jobs plus max_waiting waiting); a newcomer finding that many is refused
@@ -44,7 +56,7 @@ from .registry import DitLoad
 
 POLICIES = ("request", "fifo", "srpt")
 DEFAULT_POLICY = "srpt"
-DEFAULT_AGING_S = 60.0
+DEFAULT_MAX_WAIT_S = 30.0
 
 
 class Overloaded(Exception):
@@ -101,10 +113,10 @@ class Scheduler:
         row_budget: `srpt` only: rows a pack may reach when jobs join the first-ranked one;
             None means max_batch_rows. Set it where the measured step cost stops being flat
             (docs/scheduling.md).
-        aging_s: `srpt` only: seconds of age that raise a job's effective priority by one;
-            math.inf turns aging off.
-    Raises ValueError for an unknown policy, a row_budget outside 1..max_batch_rows or an
-    aging_s <= 0.
+        max_wait_s: every policy: seconds a job may wait for a step before it ranks before
+            every job that has not waited that long (the longest wait, module docstring).
+    Raises ValueError for an unknown policy, a row_budget outside 1..max_batch_rows or a
+    max_wait_s that is not finite > 0.
     """
 
     def __init__(
@@ -114,18 +126,19 @@ class Scheduler:
         max_waiting: int,
         policy: str = DEFAULT_POLICY,
         row_budget: int | None = None,
-        aging_s: float = DEFAULT_AGING_S,
+        max_wait_s: float = DEFAULT_MAX_WAIT_S,
     ):
         if policy not in POLICIES:
             raise ValueError(f"scheduling_policy={policy!r} is not one of {', '.join(POLICIES)}")
         row_budget = max_batch_rows if row_budget is None else row_budget
         if not 1 <= row_budget <= max_batch_rows:
             raise ValueError(f"row_budget={row_budget} is out of range: allowed 1..{max_batch_rows} (max_batch_rows)")
-        if not aging_s > 0:
-            raise ValueError(f"aging_s={aging_s} is out of range: allowed > 0")
+        if not 0 < max_wait_s < math.inf:
+            raise ValueError(f"max_wait_s={max_wait_s} is out of range: allowed finite > 0 seconds")
         self.max_num_seqs, self.max_batch_rows, self.max_waiting = max_num_seqs, max_batch_rows, max_waiting
-        self.policy, self.row_budget, self.aging_s = policy, row_budget, aging_s
+        self.policy, self.row_budget, self.max_wait_s = policy, row_budget, max_wait_s
         self.jobs: list[Job] = []  # live jobs in arrival order
+        self.waiting_since: dict[Job, float] = {}  # live job -> its arrival_s, then the last schedule() packing it
         self.pack: list[Job] = []  # the jobs the last schedule() returned
         self.line: list[Job] = []  # the other live jobs, next in line first
 
@@ -141,28 +154,38 @@ class Scheduler:
         if len(self.jobs) >= self.max_num_seqs + self.max_waiting:
             raise Overloaded(DitLoad(len(self.jobs), self.max_num_seqs, self.max_waiting).message())
         self.jobs.append(job)
+        self.waiting_since[job] = job.arrival_s
         self.line.append(job)
 
     def schedule(self, now: float | None = None) -> list[Job]:
         """The jobs this step advances (at most max_num_seqs documents and max_batch_rows rows),
-        chosen by the policy at time `now` (seconds, the jobs' arrival_s clock; None reads
-        time.monotonic()). Jobs left out keep their state and wait."""
+        chosen at time `now` (seconds, the jobs' arrival_s clock; None reads time.monotonic()):
+        the overdue jobs first (the longest wait, module docstring), then the policy's order.
+        Jobs left out keep their state and wait; the packed ones' wait restarts at `now`."""
         now = time.monotonic() if now is None else now
+        overdue = sorted(
+            (job for job in self.jobs if now - self.waiting_since[job] >= self.max_wait_s),
+            key=lambda job: (self.waiting_since[job], job.arrival_s),
+        )
+        rest = [job for job in self.jobs if job not in overdue]  # arrival order
+        if self.policy == "srpt":
+            rest.sort(key=self._rank)
+        ranked = overdue + rest
         if self.policy == "request":
-            ranked, self.pack = self.jobs, self.jobs[:1]
+            self.pack = ranked[:1]
         elif self.policy == "fifo":
-            ranked = self.jobs
             self.pack = self._fill(ranked, self.max_batch_rows, stop_at_misfit=True)
         else:
-            ranked = sorted(self.jobs, key=lambda job: self._rank(job, now))
             self.pack = self._fill(ranked, self.row_budget, stop_at_misfit=False)
+        for job in self.pack:
+            self.waiting_since[job] = now
         self.line = [job for job in ranked if job not in self.pack]
         return list(self.pack)
 
-    def _rank(self, job: Job, now: float) -> tuple:
+    @staticmethod
+    def _rank(job: Job) -> tuple:
         """srpt sort key: smaller runs first."""
-        effective_priority = job.priority + math.floor((now - job.arrival_s) / self.aging_s)
-        return (-effective_priority, job.step_index > 0, job.remaining_work, job.arrival_s)
+        return (-job.priority, job.step_index > 0, job.remaining_work, job.arrival_s)
 
     def _fill(self, ranked: list[Job], row_limit: int, stop_at_misfit: bool) -> list[Job]:
         """The first job, then later ones in order while the pack stays within max_num_seqs
@@ -184,6 +207,7 @@ class Scheduler:
         for queue in (self.jobs, self.pack, self.line):
             if job in queue:
                 queue.remove(job)
+        self.waiting_since.pop(job, None)
 
     def queue_position(self, job: Job) -> int:
         """0 for a job in the current pack, else k for the k-th job in line (policy order as of

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from .protocol import DIT_MODEL, ENCODER_MODEL, VAE_MODEL
 from .request import RequestLimits
-from .scheduler import DEFAULT_AGING_S, DEFAULT_POLICY, POLICIES
+from .scheduler import DEFAULT_MAX_WAIT_S, DEFAULT_POLICY, POLICIES
 
 CONTROL_SLOTS = 2  # h3_dit sequence slots kept for cancel requests (max_batch_size = seqs + waiting + 2)
 # Seconds one h3_dit execute() may keep taking steps (execute_budget_s) while nothing is headed
@@ -129,19 +129,22 @@ class DitSettings:
     h3_core.step_loop.StepLoop.another_step; 0 = one step per execute; announced newcomers and
     cancels wait at most the step in flight, unannounced ones such as a client's own cancel by
     id up to this long plus one step, as they reach the DiT only between executes),
-    scheduling_policy / row_budget (rows) / aging_s (seconds) (h3_core.scheduler), max_num_seqs
-    (documents per forward), max_waiting (live requests beyond a full pack), max_batch_rows
-    (rows per forward and per request). Request limits: max_height, max_width
-    (pixels), max_num_frames, max_steps, max_outputs, max_request_mb (MiB,
-    h3_core.request.request_memory_mb). allow_fault_injection: lets the test-only request
-    parameter inject_fault act.
+    scheduling_policy / row_budget (rows) (h3_core.scheduler), max_wait_s (seconds a request may
+    wait for a step before it ranks before every request that has not waited that long, under
+    every policy: the longest wait, h3_core.scheduler), priority_max (request_priority lies in
+    -priority_max..priority_max), max_num_seqs (documents per forward), max_waiting (live
+    requests beyond a full pack), max_batch_rows (rows per forward and per request). Request
+    limits: max_height, max_width (pixels), max_num_frames, max_steps, max_outputs,
+    max_request_mb (MiB, h3_core.request.request_memory_mb). allow_fault_injection: lets the
+    test-only request parameter inject_fault act.
 
     Rules checked by check(): execution_mode in EXECUTION_MODES, scheduling_policy in POLICIES,
-    1 <= row_budget <= max_batch_rows, aging_s > 0, execute_budget_s >= 0, positive sizes, and
-    (with Triton's max_batch_size) max_batch_size == max_num_seqs + max_waiting + CONTROL_SLOTS,
-    (with its max_sequence_idle_microseconds as idle_s) execute_budget_s < idle_s / 2: an execute
-    lasts about its budget, and longer only by the step that ends it, which the sized idle timeout
-    exceeds several times (server.sizing.idle_timeout)."""
+    1 <= row_budget <= max_batch_rows, max_wait_s finite > 0, priority_max >= 0,
+    execute_budget_s >= 0, positive sizes, and (with Triton's max_batch_size) max_batch_size ==
+    max_num_seqs + max_waiting + CONTROL_SLOTS, (with its max_sequence_idle_microseconds as
+    idle_s) execute_budget_s < idle_s / 2: an execute lasts about its budget, and longer only by
+    the step that ends it, which the sized idle timeout exceeds several times
+    (server.sizing.idle_timeout)."""
 
     MODEL = DIT_MODEL
     cpu_threads: int = 1
@@ -154,7 +157,8 @@ class DitSettings:
     execute_budget_s: float = EXECUTE_BUDGET_S
     scheduling_policy: str = DEFAULT_POLICY
     row_budget: int = RequestLimits.max_rows
-    aging_s: float = DEFAULT_AGING_S
+    max_wait_s: float = DEFAULT_MAX_WAIT_S
+    priority_max: int = 100
     max_num_seqs: int = 4
     max_waiting: int = 8
     max_batch_rows: int = RequestLimits.max_rows
@@ -189,15 +193,18 @@ class DitSettings:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"h3_dit parameter {name}={getattr(self, name)} is out of range: allowed >= 1")
-        if self.max_waiting < 0:
-            raise ValueError(f"h3_dit parameter max_waiting={self.max_waiting} is out of range: allowed >= 0")
+        for name in ("max_waiting", "priority_max"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"h3_dit parameter {name}={getattr(self, name)} is out of range: allowed >= 0")
         if not 1 <= self.row_budget <= self.max_batch_rows:
             raise ValueError(
                 f"h3_dit parameter row_budget={self.row_budget} is out of range: allowed "
                 f"1..{self.max_batch_rows} (max_batch_rows)"
             )
-        if not (self.aging_s > 0 and not math.isnan(self.aging_s)):
-            raise ValueError(f"h3_dit parameter aging_s={self.aging_s} is out of range: allowed > 0")
+        if not 0 < self.max_wait_s < math.inf:
+            raise ValueError(
+                f"h3_dit parameter max_wait_s={self.max_wait_s} is out of range: allowed finite > 0 seconds"
+            )
         if not (0 <= self.execute_budget_s < math.inf):
             raise ValueError(
                 f"h3_dit parameter execute_budget_s={self.execute_budget_s} is out of range: allowed finite >= 0"

@@ -70,7 +70,6 @@ from .protocol import (
     CANCEL_FIELD,
     EARLY_CANCEL_SECONDS,
     INT_INPUTS,
-    MAX_PRIORITY,
     MAX_REQUEST_ID_CHARS,
     REQUEST_FIELDS,
     check_request_parameters,
@@ -453,7 +452,7 @@ class StepLoop:
             settings.max_waiting,
             settings.scheduling_policy,
             settings.row_budget,
-            settings.aging_s,
+            settings.max_wait_s,
         )
         self.jobs: dict[object, Job] = {}  # live jobs by correlation id
         self.in_flight: InFlight | None = None  # the step launched last, until it settles
@@ -770,9 +769,9 @@ class StepLoop:
         since_received = 0.0 if received is None else max(0.0, time.time() - received)
         if len(arrival.request_id) > MAX_REQUEST_ID_CHARS:
             raise ValueError(f"request id has {len(arrival.request_id)} characters: allowed 1..{MAX_REQUEST_ID_CHARS}")
-        priority = parameters.get("request_priority", 0)
-        if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
-            raise ValueError(f"request_priority={priority} is out of range: allowed {-MAX_PRIORITY}..{MAX_PRIORITY}")
+        priority, limit = parameters.get("request_priority", 0), self.settings.priority_max
+        if not -limit <= priority <= limit:
+            raise ValueError(f"request_priority={priority} is out of range: allowed {-limit}..{limit} (priority_max)")
         request_id = arrival.request_id or f"h3-{secrets.token_hex(8)}"
         generation = GenerationRequest(prompt="(encoded)", request_id=request_id, **values)
         states = self.engine.prepare(generation, text)

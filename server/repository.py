@@ -391,6 +391,10 @@ COMMENTS = {
         "DiT (0 = one step per execute): the Triton round trip between executes is paid once for them; newcomers "
         "and h3_vae's cancels are announced and wait at most the step in flight, a client's own cancel by id up "
         "to this long plus one step",
+        "max_wait_s": "seconds a request may wait for a step (since its arrival or its last step) before it ranks "
+        "before every request that has not waited that long, whatever the policy and the priorities: the longest "
+        "wait, h3_core.scheduler",
+        "priority_max": "request_priority lies in -priority_max..priority_max (higher runs first under srpt)",
         "sp_degree": "devices each packed forward runs on (sequence parallelism, h3_core.sequence_parallel): 1 = in "
         "this instance's process; N > 1 = N worker processes this instance starts, on cuda its own GPU and the next "
         "N - 1; N must divide the config's attention heads",

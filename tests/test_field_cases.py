@@ -508,3 +508,25 @@ def test_field_case_c16_a_deadline_ends_cancelled_with_nothing_delivered_or_comp
     (result,) = client.generate("nothing in the way", num_inference_steps=30, deadline_s=60)
     assert result.info["num_inference_steps"] == 30 and len(result.video_mp4) > 0
     assert server.h3_metrics()["h3_deadline_expiries_total"] == expiries + 1
+
+
+def test_a_top_priority_request_cannot_hold_a_priority_0_one_back_past_max_wait_s(tmp_path):
+    """One document a forward, max_wait_s 0.5 s: a priority-100 request of 2,000 steps runs, a
+    priority-0 request of 2 steps arrives. srpt ranks the newcomer behind it, so without the
+    longest wait it would wait for all 2,000 steps; it gets each of its steps after waiting
+    0.5 s and finishes while the long request is still running (the cancel finds it live)."""
+    repo = model_repository_copy(tmp_path / "repo", max_num_seqs="1", max_wait_s="0.5", max_steps="2000")
+    with TritonServer(repo, free_ports=True, log_file=tmp_path / "server.log") as server:
+        client, outcome = H3Client(server.grpc_url, idle_timeout_s=120), {}
+        blocker = start(
+            client, outcome, "top", prompt="top", num_inference_steps=2000, request_priority=100, request_id="top"
+        )
+        assert wait_until(lambda: server.h3_metrics()["h3_active_requests"] == 1, 60)
+        progress = []
+        (result,) = client.generate(
+            "priority 0", num_inference_steps=2, progress_every=1, on_progress=lambda *p: progress.append(p)
+        )
+        assert client.cancel("top") == "cancelled"
+        blocker.join(60)
+    assert result.info["num_inference_steps"] == 2 and [p[:2] for p in progress if p[0] > 0] == [(1, 2), (2, 2)]
+    assert isinstance(outcome["top"], H3Error) and outcome["top"].code == "CANCELLED"

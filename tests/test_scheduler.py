@@ -104,21 +104,73 @@ def test_srpt_priority_runs_first_despite_more_work():
     assert [scheduler.queue_position(scheduler.jobs[i]) for i in range(3)] == [2, 0, 1]
 
 
-@pytest.mark.parametrize("aging_s, large_steps", [(5.0, list(range(5, 15))), (math.inf, [])])
-def test_aging_lets_a_large_job_finish_under_an_endless_stream_of_small_ones(aging_s, large_steps):
-    """One small 1-step job arrives at every step; each would take the step before the large one
-    (newcomer, less work). After aging_s = 5 s the large job outranks every newcomer and runs
-    its 10 steps back to back; without aging it never runs."""
-    scheduler = Scheduler(max_num_seqs=1, max_batch_rows=100, max_waiting=1000, aging_s=aging_s)
-    large = job("large", 100, 10)
-    scheduler.add(large)
-    ran = []
-    for now in range(100):
-        scheduler.add(job(f"small{now}", 10, 1, arrival_s=float(now)))
-        if step(scheduler, float(now)) == ["large"]:
-            ran.append(now)
-    assert ran == large_steps
-    assert large.finished == (aging_s == 5.0)
+def steps_of(scheduler, arrivals, boundaries):
+    """Step boundaries 0, 1, 2, ... (1 s steps, `boundaries` of them); arrivals[k] join before
+    boundary k. Returns {name: [boundaries at which its job was packed]}."""
+    packed = {}
+    for now in range(boundaries):
+        for j in arrivals.get(now, []):
+            scheduler.add(j)
+        for name in step(scheduler, float(now)):
+            packed.setdefault(name, []).append(now)
+    return packed
+
+
+@pytest.mark.parametrize("priority", [0, -100])
+@pytest.mark.parametrize("max_wait_s, victim_steps", [(5.0, [6, 11, 16]), (1000.0, None)])
+def test_a_stream_of_top_priorities_cannot_hold_a_job_back_past_max_wait_s(priority, max_wait_s, victim_steps):
+    """srpt, 2 documents a forward: a priority-100 newcomer of one step arrives at every boundary
+    and a priority-100 job of 60 steps takes the other place. The victim (3 steps, arriving at
+    0.5 s) outranks neither, so without the longest wait it never runs. With max_wait_s = 5 s
+    it is overdue at 5.5 s and first-ranked at boundary 6 (max_wait_s plus less than one step),
+    then again 5 s after each of its steps; the newcomers still run at their arrival."""
+    scheduler = Scheduler(max_num_seqs=2, max_batch_rows=100, max_waiting=8, max_wait_s=max_wait_s)
+    arrivals = {now: [job(f"top{now}", 10, 1, arrival_s=float(now), priority=100)] for now in range(60)}
+    arrivals[0].append(job("long", 10, 60, priority=100))
+    arrivals[1] = [job("victim", 10, 3, arrival_s=0.5, priority=priority)] + arrivals[1]
+    packed = steps_of(scheduler, arrivals, 60)
+    assert packed.get("victim") == victim_steps
+    assert all(packed[f"top{now}"] == [now] for now in range(60))
+    assert len(packed["long"]) == 60 - (3 if victim_steps else 0)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_the_longest_wait_holds_under_every_policy(policy):
+    """Two priority-1 jobs of 60 steps arrive first; under request the first runs alone, under
+    fifo the two fill the 2-document pack, under srpt they outrank the victim. Each job left
+    out gets a step max_wait_s = 5 s after its previous one (or its arrival), the longest
+    waiting first: the second long job at 5 (request) and the victim at 6, 11 and 16."""
+    scheduler = Scheduler(max_num_seqs=2, max_batch_rows=100, max_waiting=8, policy=policy, max_wait_s=5.0)
+    first, second = job("first", 10, 60, priority=1), job("second", 10, 60, priority=1)
+    packed = steps_of(scheduler, {0: [first, second], 1: [job("victim", 10, 3, arrival_s=0.5)]}, 20)
+    assert packed["victim"] == [6, 11, 16]
+    gaps = [b - a for name in ("first", "second") for a, b in zip(packed[name], packed[name][1:], strict=False)]
+    assert max(gaps) <= 6 and scheduler.line == ([second] if policy == "request" else [])
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("max_wait_s, bounded", [(4.0, True), (1000.0, False)])
+def test_under_overload_every_wait_stays_within_max_wait_s_plus_one_step_per_live_job(policy, max_wait_s, bounded):
+    """Two arrivals at every boundary (priorities 100 and -100, 1-8 steps) keep the scheduler at
+    its capacity of 2 + 4 jobs (the rest are refused), so several jobs are overdue at once: a
+    job then waits for the ones overdue before it, one step each. Every wait for a step (since
+    arrival or the previous step) stays within max_wait_s + (max_num_seqs + max_waiting) steps;
+    without the longest wait it does not."""
+    scheduler = Scheduler(max_num_seqs=2, max_batch_rows=100, max_waiting=4, policy=policy, max_wait_s=max_wait_s)
+    waiting_since, longest = {}, 0.0
+    for now in range(200):
+        for k, priority in enumerate((100, -100)):
+            newcomer = job(f"{now}-{k}", 10 + 40 * k, 1 + (3 * now + k) % 8, arrival_s=float(now), priority=priority)
+            try:
+                scheduler.add(newcomer)
+                waiting_since[newcomer.request_id] = float(now)
+            except Overloaded:
+                pass
+        for name in step(scheduler, float(now)):
+            longest = max(longest, now - waiting_since[name])
+            waiting_since[name] = float(now)
+    longest = max([longest] + [200 - since for name, since in waiting_since.items() if name in names(scheduler.jobs)])
+    assert (longest <= 4.0 + 6) == bounded, longest
 
 
 def test_mixed_sizes_frame_counts_and_step_counts_cobatch():
@@ -230,9 +282,10 @@ def test_bad_constructor_arguments():
     with pytest.raises(ValueError) as error:
         Scheduler(4, 100, 8, row_budget=101)
     assert str(error.value) == "row_budget=101 is out of range: allowed 1..100 (max_batch_rows)"
-    with pytest.raises(ValueError) as error:
-        Scheduler(4, 100, 8, aging_s=0.0)
-    assert str(error.value) == "aging_s=0.0 is out of range: allowed > 0"
+    for max_wait_s in (0.0, math.inf, math.nan):
+        with pytest.raises(ValueError) as error:
+            Scheduler(4, 100, 8, max_wait_s=max_wait_s)
+        assert str(error.value) == f"max_wait_s={max_wait_s} is out of range: allowed finite > 0 seconds"
     assert Scheduler(4, 100, 8).row_budget == 100
 
 

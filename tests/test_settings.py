@@ -43,6 +43,12 @@ def test_the_dit_limits_are_the_request_limits():
         ({"execution_mode": "batch"}, "h3_dit parameter execution_mode='batch' is not one of ('step', 'request')"),
         ({"row_budget": "5000"}, "h3_dit parameter row_budget=5000 is out of range: allowed 1..4096 (max_batch_rows)"),
         ({"max_num_seqs": "0"}, "h3_dit parameter max_num_seqs=0 is out of range: allowed >= 1"),
+        ({"max_wait_s": "0"}, "h3_dit parameter max_wait_s=0.0 is out of range: allowed finite > 0 seconds"),
+        ({"max_wait_s": "inf"}, "h3_dit parameter max_wait_s=inf is out of range: allowed finite > 0 seconds"),
+        ({"max_wait_s": "nan"}, "h3_dit parameter max_wait_s=nan is out of range: allowed finite > 0 seconds"),
+        ({"max_wait_s": "soon"}, "h3_dit parameter max_wait_s='soon' is not a valid float"),
+        ({"priority_max": "-1"}, "h3_dit parameter priority_max=-1 is out of range: allowed >= 0"),
+        ({"priority_max": "1.5"}, "h3_dit parameter priority_max='1.5' is not a valid int"),
         ({"execute_budget_s": "-0.5"}, "h3_dit parameter execute_budget_s=-0.5 is out of range: allowed finite >= 0"),
         ({"execute_budget_s": "nan"}, "h3_dit parameter execute_budget_s=nan is out of range: allowed finite >= 0"),
         (
@@ -61,6 +67,13 @@ def test_bad_dit_parameters_are_refused_at_load(change, message):
     with pytest.raises(ValueError) as error:
         DitSettings.from_parameters(parameters, max_batch_size)
     assert str(error.value).startswith(message)
+
+
+def test_the_longest_wait_and_the_priority_range_are_read_from_the_parameters():
+    parameters, max_batch_size = shipped("h3_dit")
+    assert (parameters["max_wait_s"], parameters["priority_max"]) == ("30.0", "100")
+    settings = DitSettings.from_parameters({**parameters, "max_wait_s": "2.5", "priority_max": "0"}, max_batch_size)
+    assert (settings.max_wait_s, settings.priority_max) == (2.5, 0)
 
 
 def test_an_execute_budget_of_half_the_idle_timeout_or_more_is_refused_at_load():

@@ -434,14 +434,25 @@ def test_a_cancel_landing_during_the_last_step_wins_over_the_result(engine, tmp_
 
 
 @pytest.mark.parametrize(
-    "request_id, parameters, message",
+    "request_id, parameters, settings, message",
     [
-        ("x" * 257, {}, "request id has 257 characters: allowed 1..256"),
-        ("prio", {"request_priority": 101}, "request_priority=101 is out of range: allowed -100..100"),
+        ("x" * 257, {}, {}, "request id has 257 characters: allowed 1..256"),
+        (
+            "prio",
+            {"request_priority": 101},
+            {},
+            "request_priority=101 is out of range: allowed -100..100 (priority_max)",
+        ),
+        (
+            "prio",
+            {"request_priority": -3},
+            {"priority_max": 2},
+            "request_priority=-3 is out of range: allowed -2..2 (priority_max)",
+        ),
     ],
 )
-def test_ids_and_priorities_are_bounded(engine, request_id, parameters, message):
-    client = Client(make_loop(engine))
+def test_ids_and_priorities_are_bounded(engine, request_id, parameters, settings, message):
+    client = Client(make_loop(engine, **settings))
     client.send(request_id, steps=1, parameters=parameters)
     (refused,) = client.iterate()
     assert (refused.code, refused.message) == ("INVALID_ARG", message)
