@@ -25,6 +25,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -209,7 +210,11 @@ class H3Client:
     H3Error("TIMEOUT", ...) naming the limit.
 
     Calls stream over gRPC channels the client keeps for CHANNEL_MAX_AGE_S (one per concurrent
-    call); close() closes them.
+    call); close(), or leaving a `with H3Client(...) as client:` block, closes them. Every call
+    stops its stream and closes its channel (or keeps it for the next call, after a final
+    response) before it returns or raises, KeyboardInterrupt and exceptions from the callbacks
+    included: nothing is left to garbage collection, where tritonclient's finalizer closes the
+    channel and can deadlock (grpc's Channel._close waiting on a condition whose lock is held).
 
     Raises ValueError for a url with a scheme or a limit <= 0, TypeError for a limit that is not
     a number.
@@ -224,6 +229,12 @@ class H3Client:
         self.idle_timeout_s, self.total_timeout_s = idle_timeout_s, total_timeout_s
         self._idle: dict[str, list[tuple[float, grpcclient.InferenceServerClient]]] = {}  # target -> (born, client)
         self._lock = threading.Lock()
+
+    def __enter__(self) -> "H3Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def close(self) -> None:
         """Close the channels kept for reuse (calls still running keep theirs until they end)."""
@@ -334,11 +345,14 @@ class H3Client:
             total = None
         results, progress, previews, ended = [], [], [], None
         request_id = request_id or f"h3c-{uuid.uuid4().hex}"
-        for result in self._stream(protocol.PIPELINE_MODEL, inputs, outputs, parameters, request_id, total):
-            try:
-                results += self._read(result, progress, previews, on_progress, on_preview)
-            except H3Error as error:  # ended early; read on to the stream's final response
-                ended = error
+        # closing(): a callback's exception (or KeyboardInterrupt) leaves the loop with the stream
+        # still open; it is stopped here, not when the suspended generator is collected
+        with closing(self._stream(protocol.PIPELINE_MODEL, inputs, outputs, parameters, request_id, total)) as stream:
+            for result in stream:
+                try:
+                    results += self._read(result, progress, previews, on_progress, on_preview)
+                except H3Error as error:  # ended early; read on to the stream's final response
+                    ended = error
         if ended is not None:
             raise ended
         return sorted(results, key=lambda r: r.info["output_index"])
@@ -379,7 +393,8 @@ class H3Client:
         text = grpcclient.InferInput(protocol.TEXT_EMBEDS, [1, 0, 0], "FP32")
         text.set_data_from_numpy(np.zeros((1, 0, 0), dtype=np.float32))
         requested = [grpcclient.InferRequestedOutput(protocol.INFO)]
-        final = list(self._stream(protocol.DIT_MODEL, [text, control], requested, {}, "", None, address))
+        with closing(self._stream(protocol.DIT_MODEL, [text, control], requested, {}, "", None, address)) as stream:
+            final = list(stream)
         answer = json.loads(final[0].as_numpy(protocol.INFO).reshape(-1)[0])
         if answer.get("state") not in protocol.CANCEL_STATES:
             raise H3Error("UNKNOWN", f"the cancel answer has no state in {protocol.CANCEL_STATES}: {answer}")
@@ -406,7 +421,8 @@ class H3Client:
         ended is closed with cancel_requests=True, which frees the client (Triton 2.51 then
         counts the ensemble request as in flight until it exits). target: where to stream (default:
         the url); its channel is kept for the next call when the stream ended with its final
-        response, else closed."""
+        response, else closed, on every way out (an exception, KeyboardInterrupt, or the
+        generator's close())."""
         responses: queue.Queue = queue.Queue()
         target = target or self.url
         born, client = self._connection(target)
@@ -448,12 +464,17 @@ class H3Client:
                 reusable = ended
                 yield result
         finally:
-            client.stop_stream(cancel_requests=not ended)
-            if reusable:
-                with self._lock:
-                    self._idle.setdefault(target, []).append((born, client))
-            else:
-                client.close()
+            try:
+                client.stop_stream(cancel_requests=not ended)
+            except BaseException:
+                reusable = False
+                raise
+            finally:
+                if reusable:
+                    with self._lock:
+                        self._idle.setdefault(target, []).append((born, client))
+                else:
+                    client.close()
 
     def _cancel_after_timeout(self, request_id: str, responses: queue.Queue) -> bool:
         """Cancel a timed-out request by id; True once its stream has ended (error or final)."""

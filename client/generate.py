@@ -3,20 +3,62 @@
     python -m client.generate --prompt "a red ball rolls to the left" --out out/clip.mp4
 
 The server's gRPC endpoint comes from --url, else $H3_GRPC_URL, else 127.0.0.1:8001. A progress
-bar follows the denoise steps. Ctrl-C cancels the request on the server (by its id) and waits
-briefly for the cancelled final response before closing the stream. Exit status: 0 written,
-1 the server refused or failed the request or a timeout expired, 2 bad flags (the usage and one
-error line on stderr, no traceback, nothing sent), 130 cancelled with Ctrl-C.
+bar follows the denoise steps. Exit status: 0 written, 1 the server refused or failed the request
+or a timeout expired, 2 bad flags (the usage and one error line on stderr, no traceback, nothing
+sent), 130 stopped with Ctrl-C.
+
+Ctrl-C (SIGINT) is noticed from the moment this module runs, while its imports load too, and never
+raises KeyboardInterrupt (no traceback). The program ends with one line:
+  before the request was sent: "interrupted before the request was sent" (status 130);
+  while the request runs: it cancels the request on the server by its id and waits up to
+    STOP_WAIT_S seconds for the request's final response: "cancelled on the server: <the
+    server's message>" (130), or else "could not cancel request <id> on the server: <error>" or
+    "no final response for request <id> ..." (130);
+  a result that arrives all the same (Ctrl-C while the request's clip was decoded) or had arrived
+    is written: "the result arrived; wrote ..." (0); Ctrl-C after that line changes nothing.
+The program closes every gRPC client and stream it opened and leaves with os._exit, skipping the
+interpreter's shutdown (which would close channels from finalizers and join the thread of a
+stream still open, either of which can block for ever), and the first Ctrl-C starts a watchdog
+that ends the process with status 130 HARD_EXIT_S later, whatever it is doing then.
 """
+
+# ruff: noqa: E402
+# (the SIGINT handler is installed before the heavy imports, which take a second or more)
+
+import os
+import signal
+import sys
+import threading
+
+STOP_WAIT_S = 30.0  # after Ctrl-C: the longest wait for the final response (a step boundary, or a decode)
+HARD_EXIT_S = STOP_WAIT_S + 15.0  # after the first Ctrl-C: the process ends by then, whatever it is doing
+INTERRUPTED = threading.Event()  # set by Ctrl-C when run as a program (on_sigint)
+
+
+def hard_exit() -> None:
+    """End the process at once with status 130, saying so on stderr (on_sigint's watchdog)."""
+    print(f"exiting: still not stopped {HARD_EXIT_S:g} s after Ctrl-C", file=sys.stderr, flush=True)
+    os._exit(130)
+
+
+def on_sigint(signum, frame) -> None:
+    """The program's SIGINT handler: the first Ctrl-C sets INTERRUPTED (main() then stops the
+    request) and starts a daemon thread that calls hard_exit() HARD_EXIT_S seconds later; later
+    ones change nothing."""
+    if not INTERRUPTED.is_set():
+        INTERRUPTED.set()
+        watchdog = threading.Timer(HARD_EXIT_S, hard_exit)
+        watchdog.daemon = True
+        watchdog.start()
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, on_sigint)
 
 import argparse
 import io
 import math
-import os
-import signal
-import sys
 import tempfile
-import threading
 import time
 import uuid
 import wave
@@ -168,11 +210,43 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the command line `argv` (sys.argv[1:] when None); returns the exit status."""
+def stop_request(url: str, request_id: str, worker: threading.Thread, outcome: dict) -> str | None:
+    """After Ctrl-C while `worker` runs the request: cancel it by id (through a client of its own
+    whose idle timeout is CANCEL_WAIT_S seconds) and wait for the worker until STOP_WAIT_S seconds
+    after the call. Returns the line to print, or None when the worker's results arrived (outcome["results"];
+    outcome["error"] holds its H3Error)."""
+    deadline = time.monotonic() + STOP_WAIT_S
+    try:
+        with H3Client(url, idle_timeout_s=CANCEL_WAIT_S) as canceller:
+            answer, failure = canceller.cancel(request_id), None
+    except H3Error as error:
+        answer, failure = None, error
+    if failure is None:
+        worker.join(max(0.0, deadline - time.monotonic()))
+    if worker.is_alive():
+        if failure is not None:
+            return f"could not cancel request {request_id} on the server: {failure}"
+        return (
+            f"no final response for request {request_id} within {STOP_WAIT_S:g} s of Ctrl-C (the cancel "
+            f"answered {answer!r}); it may still run on the server"
+        )
+    error = outcome.get("error")
+    if error is None:
+        return None
+    if error.code == "CANCELLED":
+        return f"cancelled on the server: {error.message}"
+    return f"interrupted; request {request_id} ended with {error}"
+
+
+def main(argv: list[str] | None = None, interrupted: threading.Event = INTERRUPTED) -> int:
+    """Run the command line `argv` (sys.argv[1:] when None); returns the exit status. interrupted:
+    Ctrl-C (on_sigint sets INTERRUPTED when run as a program); once it is set, main() stops as
+    the module docstring says."""
     args = parse_args(argv)
-    client = H3Client(args.url, idle_timeout_s=args.idle_timeout, total_timeout_s=args.total_timeout)
-    request_id, outcome, bar = args.request_id or f"cli-{uuid.uuid4()}", {}, {}
+    if interrupted.is_set():
+        print("interrupted before the request was sent", file=sys.stderr)
+        return 130
+    request_id, outcome, bar, stopped = args.request_id or f"cli-{uuid.uuid4()}", {}, {}, None
 
     def on_progress(step: int, total: int, position: int) -> None:
         if "bar" not in bar:  # made at the first progress response: none when the connection fails
@@ -183,46 +257,40 @@ def main(argv: list[str] | None = None) -> int:
         if step == total:
             progress.set_description("denoised, decoding")
 
-    def run() -> None:
-        try:
-            outcome["results"] = client.generate(
-                os.fsencode(args.prompt),  # the bytes as given; the server refuses bad UTF-8
-                height=args.height,
-                width=args.width,
-                num_frames=args.num_frames,
-                num_inference_steps=args.steps,
-                seed=args.seed,
-                num_outputs=args.num_outputs,
-                progress_every=1,
-                preview_every=args.preview_every or (1 if args.preview_dir is not None else 0),
-                deadline_s=args.deadline,
-                request_priority=args.priority,
-                request_id=request_id,
-                return_audio=args.wav is not None,
-                on_progress=on_progress,
-            )
-        except H3Error as error:
-            outcome["error"] = error
-
     start = time.perf_counter()
-    interrupted = threading.Event()
-    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())  # no KeyboardInterrupt inside gRPC
-    try:
-        worker = threading.Thread(target=run, daemon=True)
+    with H3Client(args.url, idle_timeout_s=args.idle_timeout, total_timeout_s=args.total_timeout) as client:
+
+        def run() -> None:
+            try:
+                outcome["results"] = client.generate(
+                    os.fsencode(args.prompt),  # the bytes as given; the server refuses bad UTF-8
+                    height=args.height,
+                    width=args.width,
+                    num_frames=args.num_frames,
+                    num_inference_steps=args.steps,
+                    seed=args.seed,
+                    num_outputs=args.num_outputs,
+                    progress_every=1,
+                    preview_every=args.preview_every or (1 if args.preview_dir is not None else 0),
+                    deadline_s=args.deadline,
+                    request_priority=args.priority,
+                    request_id=request_id,
+                    return_audio=args.wav is not None,
+                    on_progress=on_progress,
+                )
+            except H3Error as error:
+                outcome["error"] = error
+
+        worker = threading.Thread(target=run, daemon=True)  # the main thread stays free for Ctrl-C
         worker.start()
         while worker.is_alive() and not interrupted.is_set():
             worker.join(0.1)
-    finally:
-        signal.signal(signal.SIGINT, previous)
+        if worker.is_alive():
+            stopped = stop_request(args.url, request_id, worker, outcome)
     if "bar" in bar:
         bar["bar"].close()
-    if interrupted.is_set():
-        try:
-            print(f"cancelling {request_id}: {client.cancel(request_id)}", file=sys.stderr)
-        except H3Error as error:
-            print(f"cancelling {request_id} failed: {error}", file=sys.stderr)
-        worker.join(CANCEL_WAIT_S)
-        print(f"cancelled: {outcome.get('error', f'no final response within {CANCEL_WAIT_S:g} s')}", file=sys.stderr)
+    if stopped is not None:
+        print(stopped, file=sys.stderr)
         return 130
     if "error" in outcome:
         print(f"error: {outcome['error']}", file=sys.stderr)
@@ -250,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     info = results[0].info
     seeds = ", ".join(str(result.info["seed"]) for result in results)
     print(
+        f"{'the result arrived; ' if interrupted.is_set() else ''}"
         f"wrote {', '.join(written)} ({info['num_frames']} frames {info['width']}x{info['height']}, "
         f"{info['num_inference_steps']} steps) in {time.perf_counter() - start:.2f} s, "
         f"seed{'s' if len(results) > 1 else ''} {seeds}"
@@ -258,4 +327,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()  # bad flags end in SystemExit(2) before any gRPC client exists
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # no interpreter shutdown (module docstring)

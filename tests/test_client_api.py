@@ -149,14 +149,17 @@ FINAL = FakeResult({}, final=True)  # the empty final response that closes a str
 
 class FakeTriton:
     """Stands in for tritonclient.grpc.InferenceServerClient (install(monkeypatch) puts it in
-    client.api). An h3_pipeline stream plays `script`, a list of (seconds to wait, FakeResult);
-    a cancel sent to h3_dit answers INFO {"kind": "cancel", "state": cancel_state} (no "state" when
-    None) and ends the running script with a CANCELLED final response. Records each request
-    (`requests`) and each stop_stream's cancel_requests (`stopped`)."""
+    client.api). An h3_pipeline stream plays `script`, a list of (seconds to wait, FakeResult, or
+    a threading.Event that it sets then: a Ctrl-C); a cancel sent to h3_dit answers INFO
+    {"kind": "cancel", "state": cancel_state} (no "state" when None), ends the wait in progress
+    and, when cancel_state is "cancelled", ends the running script with a CANCELLED final response.
+    Records each request (`requests`), each stop_stream's cancel_requests (`stopped`) and the
+    number of clients made and closed (`made`, `closed`)."""
 
     def __init__(self, script, cancel_state: str | None = "cancelled"):
         self.script, self.cancel_state = script, cancel_state
         self.requests, self.stopped, self.cancelled = [], [], threading.Event()
+        self.made = self.closed = 0
 
     def install(self, monkeypatch) -> "FakeTriton":
         monkeypatch.setattr(api.grpcclient, "InferenceServerClient", lambda url, channel_args: FakeStream(self))
@@ -166,6 +169,7 @@ class FakeTriton:
 class FakeStream:
     def __init__(self, triton: FakeTriton):
         self.triton, self.stop = triton, threading.Event()
+        triton.made += 1
 
     def start_stream(self, callback):
         self.callback, self.stop = callback, threading.Event()  # a kept client streams again
@@ -191,11 +195,15 @@ class FakeStream:
             threading.Thread(target=self.play, args=(request_id,), daemon=True).start()
 
     def play(self, request_id: str) -> None:
+        stops = self.triton.cancel_state == "cancelled"
         for delay, result in self.triton.script:
-            if self.triton.cancelled.wait(delay) or self.stop.is_set():
+            if self.triton.cancelled.wait(delay) and stops or self.stop.is_set():
                 break
-            self.callback(result, None)
-        if self.triton.cancelled.is_set() and not self.stop.is_set():
+            if isinstance(result, threading.Event):
+                result.set()
+            else:
+                self.callback(result, None)
+        if self.triton.cancelled.is_set() and stops and not self.stop.is_set():
             self.callback(
                 response(
                     "error",
@@ -212,7 +220,7 @@ class FakeStream:
         self.stop.set()
 
     def close(self):
-        pass
+        self.triton.closed += 1
 
 
 def results_script(num_outputs: int = 1, preview=None) -> list:
@@ -334,6 +342,33 @@ def test_deadline_sets_the_total_timeout_with_a_margin(monkeypatch):
     assert fake.requests[0].parameters == {"progress_every": 1, "deadline_s": 0.1}
 
 
+class Interrupt(BaseException):
+    """Stands in for KeyboardInterrupt (which pytest would take as the user stopping it)."""
+
+
+@pytest.mark.parametrize("raised", [Interrupt, KeyboardInterrupt, ValueError])
+def test_a_callback_that_raises_leaves_no_stream_open(monkeypatch, raised):
+    # the exception leaves generate() with the stream stopped (cancel_requests=True) and the client
+    # closed, before the call returns: nothing left for the garbage collector
+    fake = FakeTriton(results_script()).install(monkeypatch)
+
+    def on_progress(step, total, position):
+        raise raised("from on_progress" if raised is not KeyboardInterrupt else None)
+
+    with pytest.raises(raised):
+        H3Client("fake:1").generate("a", progress_every=1, on_progress=on_progress)
+    assert (fake.stopped, fake.made, fake.closed) == ([True], 1, 1)
+
+
+def test_the_client_as_a_context_manager_closes_its_kept_channels(monkeypatch):
+    fake = FakeTriton(results_script()).install(monkeypatch)
+    with H3Client("fake:1") as client:
+        client.generate("a")
+        client.generate("a")  # on the kept channel
+        assert (fake.stopped, fake.made, fake.closed) == ([False, False], 1, 0)
+    assert fake.closed == 1
+
+
 # ---- python -m client.generate ------------------------------------------------------------------
 
 
@@ -450,3 +485,47 @@ def test_generate_cli_writes_every_output_wav_and_preview(monkeypatch, tmp_path,
 def test_a_url_without_a_valid_port_is_refused(url):
     with pytest.raises(ValueError, match=r"^url must be host:port with a port in 1\.\.65535, got "):
         H3Client(url)
+
+
+# ---- Ctrl-C in python -m client.generate (tests/test_cli_ctrl_c.py: the program, SIGINT) --------
+
+CLI_FLAGS = ["--prompt", "a", "--request-id", "cli-test", "--url", "fake:1"]
+
+
+def test_ctrl_c_before_the_request_is_sent_sends_nothing(monkeypatch, tmp_path, capsys):
+    fake = FakeTriton(results_script()).install(monkeypatch)
+    pressed = threading.Event()
+    pressed.set()
+    assert main([*CLI_FLAGS, "--out", str(tmp_path / "x.mp4")], interrupted=pressed) == 130
+    assert capsys.readouterr().err.splitlines() == ["interrupted before the request was sent"]
+    assert (fake.requests, fake.made, list(tmp_path.iterdir())) == ([], 0, [])
+
+
+def test_ctrl_c_during_the_steps_cancels_on_the_server(monkeypatch, tmp_path, capsys):
+    pressed = threading.Event()
+    progress, _, result, final = results_script()  # progress after steps 1 and 2, the result, the final response
+    fake = FakeTriton([progress, (0, pressed), (60, result[1]), final]).install(monkeypatch)  # 60 s: until the cancel
+    assert main([*CLI_FLAGS, "--out", str(tmp_path / "x.mp4")], interrupted=pressed) == 130
+    messages = [line for line in capsys.readouterr().err.splitlines() if line and not line.startswith("denois")]
+    assert messages == ["cancelled on the server: request cli-test cancelled by request at step 1 of 2"]
+    assert [(r.model, r.request_id) for r in fake.requests] == [
+        (protocol.PIPELINE_MODEL, "cli-test"),
+        (protocol.DIT_MODEL, ""),
+    ]
+    assert fake.made == fake.closed == 2 and list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_during_the_decode_writes_the_result_that_arrives(monkeypatch, tmp_path, capsys):
+    pressed = threading.Event()
+    first, second, result, final = results_script()
+    script = [first, second, (0, pressed), (60, result[1]), final]  # the result comes after the cancel's answer
+    fake = FakeTriton(script, cancel_state="finished").install(monkeypatch)
+    assert main([*CLI_FLAGS, "--out", str(tmp_path / "x.mp4")], interrupted=pressed) == 0
+    captured = capsys.readouterr()
+    assert [line for line in captured.err.splitlines() if line and not line.startswith("denois")] == []
+    (line,) = captured.out.splitlines()
+    wrote = rf"wrote {re.escape(str(tmp_path))}/x\.mp4 \(22 frames 96x64, 2 steps\) in \d+\.\d\d s, seed 7"
+    assert re.fullmatch(f"the result arrived; {wrote}", line)
+    assert (tmp_path / "x.mp4").read_bytes() == b"mp4-0"
+    assert [r.model for r in fake.requests] == [protocol.PIPELINE_MODEL, protocol.DIT_MODEL]
+    assert fake.made == fake.closed == 2

@@ -1,11 +1,9 @@
-"""End-to-end: request execution mode, native cancellation on h3_dit, the CLI's Ctrl-C."""
+"""End-to-end: request execution mode, native cancellation on h3_dit, cancel by id when every place
+is taken (the CLI's Ctrl-C: tests/test_cli_ctrl_c.py)."""
 
 import json
 import queue
 import re
-import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -17,7 +15,7 @@ import tritonclient.grpc as grpcclient
 from client.api import H3Client
 from server.process import TritonServer
 
-from .serving import ROOT, generate_in_thread, idle_metrics, model_repository_copy
+from .serving import generate_in_thread, idle_metrics, model_repository_copy
 from .test_serving_control import metric
 
 REQUEST = dict(
@@ -119,39 +117,6 @@ def test_native_grpc_cancel_on_h3_dit(server, client):
     client.generate("after the cancel", num_inference_steps=5, seed=1)
     assert metric(server, "h3_cancellations_total") == before + 1
     assert idle_metrics(server)["h3_active_requests"] == 0
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="SIGINT delivery as on Linux")
-def test_cli_ctrl_c_cancels_on_the_server(server, tmp_path):
-    before = metric(server, "h3_cancellations_total") or 0
-    cli = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "client.generate",
-            "--prompt",
-            "long",
-            "--steps",
-            "400",
-            "--out",
-            str(tmp_path / "x.mp4"),
-            "--url",
-            server.grpc_url,
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 60
-    while (metric(server, "h3_active_requests") or 0) < 1 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    cli.send_signal(signal.SIGINT)
-    _, stderr = cli.communicate(timeout=60)
-    assert cli.returncode == 130, stderr
-    assert "cancelled: CANCELLED: request cli-" in stderr
-    assert metric(server, "h3_cancellations_total") == before + 1
-    assert not (tmp_path / "x.mp4").exists()
 
 
 def test_cancel_works_when_every_place_is_taken(tmp_path):
