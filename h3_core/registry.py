@@ -19,13 +19,14 @@ with what the holder of the request does:
 - finish(id, load): forget a live id, remember it as finished, publish the instance's load without
   it; True when its cancel flag was set.
 
-Storage (DATABASE_FILE, WAL journal, a busy timeout of BUSY_TIMEOUT_S): one row per id in each of
-the tables `live` (id -> instance, indexed by instance), `cancels` and `finished` (id -> registry
-clock at the cancel / the end, indexed by time), and one row per instance in `loads`. Each write
-transaction first forgets the cancels and finished ids older than EARLY_CANCEL_SECONDS; each memory
-keeps its IDS_REMEMBERED newest ids. So a call costs index lookups, not a pass over the memories.
-A store SQLite cannot read is refused when the Registry opens it (RuntimeError naming the file);
-it is never reset, which would forget live ids and cancels.
+Storage (DATABASE_FILE; WAL journal; synchronous=OFF, so no fsync: a commit survives a crash of
+the process, not of the machine, which ends the server anyway; a busy timeout of BUSY_TIMEOUT_S):
+one row per id in each of the tables `live` (id -> instance, indexed by instance), `cancels` and
+`finished` (id -> registry clock at the cancel / the end, indexed by time), and one row per
+instance in `loads`. Each write transaction first forgets the cancels and finished ids older than
+EARLY_CANCEL_SECONDS; each memory keeps its IDS_REMEMBERED newest ids. So a call costs index
+lookups, not a pass over the memories. A store SQLite cannot read is refused when a Registry opens
+it (RuntimeError naming the file); it is never reset, which would forget live ids and cancels.
 
 Announcements: a cheap signal that something new is headed for the DiT, so that an execute()
 stops taking steps (h3_core.step_loop.StepLoop.another_step) when a newcomer or a control request
@@ -157,7 +158,7 @@ class Registry:
         self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
         try:
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")  # the WAL's own: no fsync per commit
+            self._db.execute("PRAGMA synchronous=OFF")  # no fsync: the store lives and dies with its server
             self._db.executescript(SCHEMA)
             problems = [row[0] for row in self._db.execute("PRAGMA quick_check")]
         except sqlite3.DatabaseError as error:
