@@ -1,12 +1,13 @@
-"""The requests of every h3_dit instance of one server, shared through one JSON file under a
-file lock: which request ids are live and on which instance, cancels by id, ids that finished
-recently, and each instance's load. Triton-free.
+"""The requests of every h3_dit instance of one server, shared through one SQLite database:
+which request ids are live and on which instance, cancels by id, ids that finished recently, and
+each instance's load. Triton-free.
 
 Why: with several DiT instances (one per GPU) a cancel-by-id control request lands on any one
 of them, so the answer and the effect must not depend on where it lands; and h3_encoder refuses
 newcomers early when every instance is full (Triton's backlog in front of the DiT is unbounded
-and invisible). Every operation reads, changes and writes the file under an exclusive fcntl
-lock, so an answer is always consistent with what the holder of the request does:
+and invisible). Every operation is one short SQLite transaction (writers take SQLite's write lock
+with BEGIN IMMEDIATE, shared by every process of the server), so an answer is always consistent
+with what the holder of the request does:
 
 - cancel(id): live on any instance -> "cancelled" (flag set; the holder ends it with CANCELLED
   at its next step boundary, or instead of its result if the flag lands during its last step);
@@ -18,43 +19,72 @@ lock, so an answer is always consistent with what the holder of the request does
 - finish(id, load): forget a live id, remember it as finished, publish the instance's load without
   it; True when its cancel flag was set.
 
+Storage (DATABASE_FILE; WAL journal; synchronous=OFF, so no fsync: a commit survives a crash of
+the process, not of the machine, which ends the server anyway; a busy timeout of BUSY_TIMEOUT_S):
+one row per id in each of the tables `live` (id -> instance, indexed by instance), `cancels` and
+`finished` (id -> registry clock at the cancel / the end, indexed by time), and one row per
+instance in `loads`. Each write transaction first forgets the cancels and finished ids older than
+EARLY_CANCEL_SECONDS; each memory keeps its IDS_REMEMBERED newest ids. So a call costs index
+lookups, not a pass over the memories. A store SQLite cannot read is refused when a Registry opens
+it (RuntimeError naming the file); it is never reset, which would forget live ids and cancels.
+
 Announcements: a cheap signal that something new is headed for the DiT, so that an execute()
 stops taking steps (h3_core.step_loop.StepLoop.another_step) when a newcomer or a control request
 waits for the next one. h3_encoder announces every generation request it passes on, h3_vae
 before it sends a cancel control request for a gone client, and cancel() when it flags a request
 live on another instance (that instance reads the flag at its next execute). `announce()` adds to
 a counter and stamps the time (this registry's clock; cancel() adds to the counter alone, as
-nothing travels) in ANNOUNCEMENTS_FILE: 16 bytes rewritten under the lock, so no announcement is
-lost (no mtime granularity) and the storage stays bounded. `announcements()` and
-`seconds_since_announcement()` read it without the lock (one pread, a few microseconds: the DiT
+nothing travels) in ANNOUNCEMENTS_FILE: 16 bytes rewritten inside a write transaction, so no
+announcement is lost (no mtime granularity) and the storage stays bounded. `announcements()` and
+`seconds_since_announcement()` read it without any lock (one pread, a few microseconds: the DiT
 asks at every step boundary). A read that races a write may see a mix of the two values: any
 value other than the one the execute started with stops it, and one equal to it is corrected by
 the next read, one step later.
 
 The folder is one per tritonserver process (the model stubs are its children and share
-os.getppid()): `<tmp>/h3-triton-<server pid>-<its start time>/registry.json`, removed when the
-last DiT instance leaves; its memories are bounded by IDS_REMEMBERED and EARLY_CANCEL_SECONDS,
-ids by protocol.MAX_REQUEST_ID_CHARS (checked in the step loop).
+os.getppid()): `<tmp>/h3-triton-<server pid>-<its start time>/`. Nothing in it is deleted while
+the server runs (a file deleted under a process that has it open would split the registry in
+two); server_folder() removes the folders of servers that are gone (a pid that no longer runs the
+process of that start time), so the next server start cleans up after a SIGKILLed one. Its
+memories are bounded by IDS_REMEMBERED and EARLY_CANCEL_SECONDS, ids by
+protocol.MAX_REQUEST_ID_CHARS (checked in the step loop).
 """
 
-import fcntl
 import json
 import math
 import os
+import re
 import shutil
+import sqlite3
 import struct
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from .protocol import EARLY_CANCEL_SECONDS
 
 IDS_REMEMBERED = 1024  # bound on each memory of ids (early cancels, finished ids)
-ANNOUNCEMENTS_FILE = "announcements"  # beside registry.json
+DATABASE_FILE = "registry.sqlite3"
+BUSY_TIMEOUT_S = 30.0  # how long a call waits for another process's write transaction
+ANNOUNCEMENTS_FILE = "announcements"  # beside DATABASE_FILE
 ANNOUNCEMENT = struct.Struct("<Qd")  # how many announcements so far, the registry clock at the last one
+SERVER_FOLDER = re.compile(r"h3-triton-(\d+)-(\d+)")  # <server pid>-<its start time in clock ticks>
+MEMORIES = ("cancels", "finished")  # the tables of remembered ids: request_id -> registry clock
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS live (request_id TEXT PRIMARY KEY, instance TEXT NOT NULL) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS live_by_instance ON live (instance);
+CREATE TABLE IF NOT EXISTS cancels (request_id TEXT PRIMARY KEY, at REAL NOT NULL) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS cancels_by_time ON cancels (at, request_id);
+CREATE TABLE IF NOT EXISTS finished (request_id TEXT PRIMARY KEY, at REAL NOT NULL) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS finished_by_time ON finished (at, request_id);
+CREATE TABLE IF NOT EXISTS loads (
+    instance TEXT PRIMARY KEY, held INTEGER NOT NULL, max_num_seqs INTEGER NOT NULL, max_waiting INTEGER NOT NULL
+) WITHOUT ROWID;
+"""
 
 
 @dataclass(frozen=True)
@@ -77,119 +107,171 @@ class DitLoad:
         )
 
 
+def _start_time(pid: int) -> str | None:
+    """The start time of process `pid` in clock ticks since boot (/proc/<pid>/stat field 22,
+    proc(5)); None when no such process runs (gone, or a zombie)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return None
+    return None if fields[0] in ("Z", "X") else fields[19]  # fields[0] is field 3, the state
+
+
+def remove_dead_server_folders(parent: Path) -> None:
+    """Remove the folders `h3-triton-<pid>-<start time>` in `parent` whose server is gone: no
+    process `pid` runs, or one that started at another time (the pid was reused). Other names are
+    left alone; a live server's folder is kept."""
+    for folder in parent.glob("h3-triton-*"):
+        match = SERVER_FOLDER.fullmatch(folder.name)
+        if match and folder.is_dir() and _start_time(int(match[1])) != match[2]:
+            shutil.rmtree(folder, ignore_errors=True)  # another start may be removing it too
+
+
 def server_folder(server_pid: int | None = None) -> Path:
     """The shared folder of the tritonserver with pid `server_pid` (None: the calling model
     stub's parent, the server): `<tmp>/h3-triton-<pid>-<its start time in clock ticks>`, so a
-    later process that reuses the pid never meets a dead server's ids."""
+    later process that reuses the pid never meets a dead server's ids. The folders of dead
+    servers beside it are removed first (remove_dead_server_folders): each model stub calls this
+    as it starts. Raises ProcessLookupError when no process `server_pid` runs."""
     pid = os.getppid() if server_pid is None else server_pid
-    started = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]  # field 22, starttime
-    return Path(tempfile.gettempdir()) / f"h3-triton-{pid}-{started}"
+    started = _start_time(pid)
+    if started is None:
+        raise ProcessLookupError(f"no process {pid} runs: it has no registry folder")
+    parent = Path(tempfile.gettempdir())
+    remove_dead_server_folders(parent)
+    return parent / f"h3-triton-{pid}-{started}"
 
 
 class Registry:
-    """The shared registry in `folder` as seen by DiT instance `instance` ("" for a reader
-    such as the encoder). clock: wall seconds (time.time; instances share it)."""
+    """The shared registry in `folder` (created if missing) as seen by DiT instance `instance`
+    ("" for a reader such as the encoder). clock: wall seconds (time.time; instances share it).
+    One SQLite connection per Registry, used by one thread at a time.
+
+    Raises RuntimeError naming DATABASE_FILE's path when SQLite cannot read it (not a database,
+    a damaged one: sqlite3.DatabaseError, chained); the file is left as it is."""
 
     def __init__(self, folder: Path, instance: str = "", clock: Callable[[], float] = time.time):
         self.folder, self.instance, self.clock = Path(folder), instance, clock
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.path = self.folder / "registry.json"
+        self.path = self.folder / DATABASE_FILE
+        self._thread_lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=OFF")  # no fsync: the store lives and dies with its server
+            self._db.executescript(SCHEMA)
+            problems = [row[0] for row in self._db.execute("PRAGMA quick_check")]
+        except sqlite3.DatabaseError as error:
+            self._db.close()
+            raise RuntimeError(f"the registry {self.path} is unreadable: {error}") from error
+        if problems != ["ok"]:
+            self._db.close()
+            raise RuntimeError(f"the registry {self.path} is damaged: {'; '.join(problems)}")
 
     @contextmanager
-    def _lock(self):
-        """The registry's exclusive lock, held for the block."""
-        self.folder.mkdir(parents=True, exist_ok=True)  # again: the last DiT instance to leave removes it
-        with open(self.folder / "registry.lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            yield
-
-    @contextmanager
-    def _state(self, write: bool = True):
-        """The registry's content under the lock, expired memories dropped; written back when
-        `write`."""
-        with self._lock():
+    def _transaction(self):
+        """One write transaction, held for the block (BEGIN IMMEDIATE: SQLite's write lock, which
+        every process of the server shares; rolled back when the block raises). Memories older
+        than EARLY_CANCEL_SECONDS are forgotten first. Yields the registry clock's now."""
+        with self._thread_lock:
+            self._db.execute("BEGIN IMMEDIATE")
             try:
-                state = json.loads(self.path.read_text()) if self.path.exists() else {}
-            except ValueError:
-                state = {}
-            for name in ("live", "cancels", "finished", "loads"):
-                state.setdefault(name, {})
-            now = self.clock()
-            for name in ("cancels", "finished"):
-                kept = sorted((t, k) for k, t in state[name].items() if now - t < EARLY_CANCEL_SECONDS)[
-                    -IDS_REMEMBERED:
-                ]
-                state[name] = {k: t for t, k in kept}
-            yield state, now
-            if write:
-                temporary = self.path.with_suffix(".tmp")
-                temporary.write_text(json.dumps(state))
-                os.replace(temporary, self.path)
+                now = self.clock()
+                for memory in MEMORIES:
+                    self._db.execute(f"DELETE FROM {memory} WHERE at <= ?", (now - EARLY_CANCEL_SECONDS,))
+                yield now
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _remember(self, memory: str, request_id: str, now: float) -> None:
+        """Remember `request_id` at `now` in `memory` (one of MEMORIES), keeping its
+        IDS_REMEMBERED newest ids (ties by id); the caller holds a write transaction."""
+        self._db.execute(f"INSERT OR REPLACE INTO {memory} VALUES (?, ?)", (request_id, now))
+        self._db.execute(
+            f"DELETE FROM {memory} WHERE request_id IN "
+            f"(SELECT request_id FROM {memory} ORDER BY at DESC, request_id DESC LIMIT -1 OFFSET ?)",
+            (IDS_REMEMBERED,),
+        )
+
+    def _has(self, table: str, request_id: str) -> bool:
+        return self._db.execute(f"SELECT 1 FROM {table} WHERE request_id = ?", (request_id,)).fetchone() is not None
+
+    def _publish(self, load: DitLoad) -> None:
+        """Record this instance's load; the caller holds a write transaction."""
+        self._db.execute(
+            "INSERT OR REPLACE INTO loads VALUES (?, ?, ?, ?)",
+            (self.instance, load.held, load.max_num_seqs, load.max_waiting),
+        )
 
     def cancel(self, request_id: str) -> str:
         """Cancel by id; returns one of protocol.CANCEL_STATES (see the module docstring). A
         request live on another instance is announced: its holder reads the flag at its next
         execute, which the announcement brings forward."""
-        with self._state() as (state, now):
-            if request_id in state["live"]:
-                state["cancels"][request_id] = now
-                if state["live"][request_id] != self.instance:
+        with self._transaction() as now:
+            holder = self._db.execute("SELECT instance FROM live WHERE request_id = ?", (request_id,)).fetchone()
+            if holder is not None:
+                self._remember("cancels", request_id, now)
+                if holder[0] != self.instance:
                     self._add_announcements(1, stamp=False)  # nothing travels: the flag is here already
                 return "cancelled"
-            if request_id in state["finished"]:
+            if self._has("finished", request_id):
                 return "finished"
-            state["cancels"][request_id] = now
+            self._remember("cancels", request_id, now)
             return "unknown"
 
     def admit(self, request_id: str) -> bool:
         """Register a newcomer's id on this instance. Returns True when a cancel was waiting for
         it (the id is then not registered: the request ends before it starts). Raises ValueError
         when the id is live on some instance."""
-        with self._state() as (state, now):
-            if request_id in state["live"]:
+        with self._transaction() as now:
+            if self._has("live", request_id):
                 raise ValueError(f"request id {request_id!r} is already running; ids must be unique")
-            if state["cancels"].pop(request_id, None) is not None:
-                state["finished"][request_id] = now
+            if self._db.execute("DELETE FROM cancels WHERE request_id = ?", (request_id,)).rowcount:
+                self._remember("finished", request_id, now)
                 return True
-            state["live"][request_id] = self.instance
+            self._db.execute("INSERT INTO live VALUES (?, ?)", (request_id, self.instance))
             return False
 
     def boundary(self, request_ids: list[str], load: DitLoad) -> set[str]:
         """At a step boundary: publish this instance's load; return which of its live ids have
-        been cancelled."""
-        with self._state() as (state, _):
-            state["loads"][self.instance] = asdict(load)
-            return {request_id for request_id in request_ids if request_id in state["cancels"]}
+        been cancelled (one primary-key lookup per id in `request_ids`)."""
+        with self._transaction():
+            self._publish(load)
+            rows = self._db.execute(
+                "SELECT cancels.request_id FROM json_each(?) AS ids JOIN cancels ON cancels.request_id = ids.value",
+                (json.dumps(request_ids),),
+            )
+            return {row[0] for row in rows}
 
     def finish(self, request_id: str, load: DitLoad | None = None) -> bool:
         """Forget a live id of this instance and remember it as finished; publish `load` (this
         instance's load without the request) when given, so that the encoder's refusal does not
         wait for the next execute. Returns whether its cancel flag was set."""
-        with self._state() as (state, now):
-            state["live"].pop(request_id, None)
+        with self._transaction() as now:
+            self._db.execute("DELETE FROM live WHERE request_id = ?", (request_id,))
             if load is not None:
-                state["loads"][self.instance] = asdict(load)
-            state["finished"][request_id] = now
-            return state["cancels"].pop(request_id, None) is not None
+                self._publish(load)
+            self._remember("finished", request_id, now)
+            return self._db.execute("DELETE FROM cancels WHERE request_id = ?", (request_id,)).rowcount > 0
 
     def leave(self) -> None:
-        """This instance stops (model unload): its load and live ids are removed; the last
-        instance to leave removes the registry's files."""
-        with self._state() as (state, _):
-            state["loads"].pop(self.instance, None)
-            state["live"] = {k: v for k, v in state["live"].items() if v != self.instance}
-            last = not state["loads"]
-        if last:
-            shutil.rmtree(self.folder, ignore_errors=True)
+        """This instance stops (model unload): its load and live ids are removed. Nothing is
+        deleted from the folder (other processes may have the database open); the folder goes
+        when the server is gone (remove_dead_server_folders, at the next start)."""
+        with self._transaction():
+            self._db.execute("DELETE FROM loads WHERE instance = ?", (self.instance,))
+            self._db.execute("DELETE FROM live WHERE instance = ?", (self.instance,))
 
     def announce(self, count: int = 1) -> None:
         """Announce `count` requests headed for the DiT (see the module docstring)."""
-        with self._lock():
+        with self._transaction():
             self._add_announcements(count)
 
     def _add_announcements(self, count: int, stamp: bool = True) -> None:
         """Add `count` to the counter and, with `stamp`, record the time (a request is on its
-        way); the caller holds the lock."""
+        way); the caller holds a write transaction, which serialises the writers."""
         fd = os.open(self.folder / ANNOUNCEMENTS_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             total, last = self._unpack(os.pread(fd, ANNOUNCEMENT.size, 0))
@@ -198,7 +280,7 @@ class Registry:
             os.close(fd)
 
     def _read_announcements(self) -> tuple[int, float]:
-        """(announcements so far, registry clock at the last one), without the lock; (0, -inf)
+        """(announcements so far, registry clock at the last one), without any lock; (0, -inf)
         before the first one."""
         try:
             fd = os.open(self.folder / ANNOUNCEMENTS_FILE, os.O_RDONLY)
@@ -224,9 +306,9 @@ class Registry:
 
     def refusal(self) -> str | None:
         """The UNAVAILABLE message when every DiT instance that reported is full (the emptiest
-        one's), else None (also when none has reported yet)."""
-        with self._state(write=False) as (state, _):
-            loads = [DitLoad(**load) for load in state["loads"].values()]
+        one's), else None (also when none has reported yet). One read, no write lock."""
+        with self._thread_lock:
+            loads = [DitLoad(*row) for row in self._db.execute("SELECT held, max_num_seqs, max_waiting FROM loads")]
         if not loads or not all(load.full for load in loads):
             return None
         return min(loads, key=lambda load: load.held).message()

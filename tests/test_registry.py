@@ -1,14 +1,21 @@
 """h3_core.registry: the request ids, cancels and loads shared by a server's DiT instances."""
 
+import multiprocessing
+import os
+import re
+import signal
+import sqlite3
 import subprocess
 import sys
+import tempfile
+from contextlib import closing
 from pathlib import Path
 
 import pytest
 
 from h3_core import registry as registry_module
 from h3_core.protocol import EARLY_CANCEL_SECONDS
-from h3_core.registry import DitLoad, Registry
+from h3_core.registry import DitLoad, Registry, server_folder
 from h3_core.scheduler import Job, Overloaded, Scheduler
 from h3_core.simulate import SimState
 
@@ -44,8 +51,12 @@ def test_memories_are_bounded(tmp_path, monkeypatch):
     for k in range(13):
         clock.now += 0.001
         registry.cancel(f"id-{k}")
-    with registry._state(write=False) as (state, _):
-        assert sorted(state["cancels"]) == sorted(f"id-{k}" for k in range(5, 13))
+    # the 8 newest early cancels wait for their ids; the 5 oldest were forgotten
+    assert [registry.admit(f"id-{k}") for k in range(13)] == [False] * 5 + [True] * 8
+    for k in range(13):
+        clock.now += 0.001
+        registry.finish(f"done-{k}")
+    assert [registry.cancel(f"done-{k}") for k in range(13)] == ["unknown"] * 5 + ["finished"] * 8
 
 
 def test_the_encoder_is_refused_only_when_every_instance_is_full(tmp_path):
@@ -68,15 +79,25 @@ def test_the_scheduler_refuses_with_the_same_words():
     assert str(error.value) == DitLoad(1, 1, 0).message()
 
 
-def test_the_last_instance_to_leave_removes_the_folder(tmp_path):
+def test_leaving_forgets_the_instance_and_deletes_nothing(tmp_path):
+    """leave() removes the instance's load and live ids; the store stays (another process may be
+    inside a transaction), and so do the memories: a dead server's folder goes at the next start."""
     folder = tmp_path / "h3-triton-1-2"
-    first, second = Registry(folder, "h3_dit_0_0"), Registry(folder, "h3_dit_0_1")
-    first.boundary([], DitLoad(0, 4, 8))
-    second.boundary([], DitLoad(0, 4, 8))
+    first, second, encoder = Registry(folder, "h3_dit_0_0"), Registry(folder, "h3_dit_0_1"), Registry(folder)
+    assert first.admit("a") is False and second.admit("b") is False
+    first.boundary(["a"], DitLoad(1, 1, 0))
+    second.boundary(["b"], DitLoad(2, 2, 0))
+    assert encoder.refusal() == DitLoad(1, 1, 0).message()  # the emptiest full instance's
     first.leave()
-    assert (folder / "registry.json").is_file()
+    assert encoder.refusal() == DitLoad(2, 2, 0).message()
+    assert second.cancel("a") == "unknown"  # "a" left with its instance; the cancel waits for it
     second.leave()
-    assert not folder.exists()
+    assert encoder.refusal() is None
+    assert sorted(path.name for path in folder.iterdir() if not path.name.endswith(("-wal", "-shm"))) == [
+        registry_module.DATABASE_FILE
+    ]
+    again = Registry(folder, "h3_dit_0_0")
+    assert again.admit("b") is False and again.admit("a") is True
 
 
 def test_a_finished_request_publishes_the_load_without_it(tmp_path):
@@ -135,3 +156,99 @@ def test_concurrent_announcers_lose_nothing(tmp_path):
     assert [announcer.wait(60) for announcer in announcers] == [0] * 4
     assert registry.announcements() == 4 * 2 * 150 + 2 * 100
     assert max(seen) <= registry.announcements() and seen[-1] >= 200
+
+
+# -- the store: damage, concurrent writers, dead servers' folders -------------------------------
+
+
+def test_a_store_sqlite_cannot_read_is_refused_naming_the_file(tmp_path):
+    path = tmp_path / "text" / Registry(tmp_path / "first", "h3_dit_0").path.name
+    path.parent.mkdir()
+    path.write_bytes(b'{"live": {"a": "h3_dit_0"}, "canc')  # a JSON store cut short
+    with pytest.raises(
+        RuntimeError, match=f"^the registry {re.escape(str(path))} is unreadable: file is not a database$"
+    ):
+        Registry(path.parent, "h3_dit_0")
+    assert path.read_bytes() == b'{"live": {"a": "h3_dit_0"}, "canc'  # left as it is, not reset
+
+    damaged = tmp_path / "damaged" / registry_module.DATABASE_FILE
+    damaged.parent.mkdir()
+    with closing(sqlite3.connect(damaged)) as db, db:
+        db.executescript(registry_module.SCHEMA)
+        db.executemany("INSERT INTO cancels VALUES (?, ?)", [(f"id-{k:04d}", float(k)) for k in range(500)])
+    data = bytearray(damaged.read_bytes())
+    data[4096:8192] = b"\xa5" * 4096  # page 2, the root of the first table
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(RuntimeError, match=f"^the registry {re.escape(str(damaged))} is (unreadable|damaged): "):
+        Registry(damaged.parent, "h3_dit_0")
+
+
+def write_through_one_instance(folder: Path, instance: int, each: int) -> None:
+    """Instance `instance` of a server in a process of its own: `each` requests admitted, stepped
+    and finished, each announced, plus `each` early cancels; then it leaves."""
+    registry = Registry(folder, f"h3_dit_{instance}")
+    for k in range(each):
+        request_id = f"{instance}-{k}"
+        registry.announce()
+        assert registry.admit(request_id) is False
+        assert registry.boundary([request_id], DitLoad(1, 4, 8)) == set()
+        assert registry.finish(request_id, DitLoad(0, 4, 8)) is False
+        assert registry.cancel(f"early-{request_id}") == "unknown"
+    registry.leave()
+
+
+def test_concurrent_writers_lose_no_update(tmp_path):
+    """4 instances in processes of their own write at once and leave: every finished id, early
+    cancel and announcement of every one of them is there afterwards."""
+    processes = [
+        multiprocessing.get_context("fork").Process(target=write_through_one_instance, args=(tmp_path, instance, 60))
+        for instance in range(4)
+    ]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(120)
+    assert [process.exitcode for process in processes] == [0] * 4
+    registry = Registry(tmp_path, "h3_dit_4")
+    ids = [f"{instance}-{k}" for instance in range(4) for k in range(60)]
+    assert [registry.cancel(request_id) for request_id in ids] == ["finished"] * 240
+    assert [registry.admit(f"early-{request_id}") for request_id in ids] == [True] * 240
+    assert registry.announcements() == 240
+    assert registry.refusal() is None
+
+
+SERVER = """
+import os, time
+from h3_core.registry import Registry, server_folder
+Registry(server_folder(os.getpid()), "h3_dit_0").admit("a")
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_dead_servers_folder_is_removed_at_the_next_start(tmp_path, monkeypatch):
+    """Two servers' registries in TMPDIR; one server is SIGKILLed. The next start (server_folder)
+    removes its folder and that of a pid reused by another process, keeps the live one's and other
+    names."""
+    root = Path(__file__).resolve().parents[1]
+    environment = {**os.environ, "TMPDIR": str(tmp_path)}
+    dead, live = (
+        subprocess.Popen([sys.executable, "-c", SERVER], cwd=root, env=environment, stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    )
+    try:
+        assert (dead.stdout.readline(), live.stdout.readline()) == ("ready\n", "ready\n")
+        dead.kill()
+        assert dead.wait(60) == -signal.SIGKILL
+        [live_folder] = tmp_path.glob(f"h3-triton-{live.pid}-*")
+        assert len(list(tmp_path.glob(f"h3-triton-{dead.pid}-*"))) == 1
+        (tmp_path / f"h3-triton-{os.getpid()}-1").mkdir()  # this pid, another start time
+        (tmp_path / "h3-triton-notes").mkdir()
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+        mine = server_folder(os.getpid())
+        assert sorted(path.name for path in tmp_path.iterdir()) == sorted([live_folder.name, "h3-triton-notes"])
+        assert (live_folder / registry_module.DATABASE_FILE).is_file()
+        assert mine.parent == tmp_path and mine.name.startswith(f"h3-triton-{os.getpid()}-")
+    finally:
+        live.kill()
+        live.wait(60)
