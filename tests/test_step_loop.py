@@ -75,7 +75,17 @@ class Client:
     def __init__(self, loop: StepLoop):
         self.loop, self.live, self.events, self.keys = loop, {}, [], iter(range(1, 10**6))
 
-    def send(self, request_id: str, steps: int = 3, seed: int = 1, parameters: dict | None = None, **extra) -> str:
+    def send(
+        self,
+        request_id: str,
+        steps: int = 3,
+        seed: int = 1,
+        parameters: dict | None = None,
+        text_embeds: np.ndarray | None = None,
+        **extra,
+    ) -> str:
+        """Queue a new request: REQUEST fields 64x32x5 unless extra overrides them, TEXT_EMBEDS
+        float32 [1, L, text_dim] (text(seed) unless given)."""
         key = next(self.keys)
         self.live[key] = Arrival(
             handle=key,
@@ -83,7 +93,7 @@ class Client:
             request_id=request_id,
             new=True,
             request_json=fields(steps, seed, **extra),
-            text_embeds=text(seed),
+            text_embeds=text(seed) if text_embeds is None else text_embeds,
             parameters_json=json.dumps(parameters or {}),
         )
         return request_id
