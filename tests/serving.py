@@ -91,7 +91,7 @@ def generate_in_thread(client, outcome: dict, key, **kwargs) -> threading.Thread
     return thread
 
 
-def idle_metrics(server, timeout_s: float = 10.0) -> dict:
+def idle_metrics(server, timeout_s: float = 60.0) -> dict:
     """server.h3_metrics() once h3_dit reports no active and no waiting request, or after
     timeout_s. h3_dit sets those gauges at the end of an execute(), after the final responses
     it sent there, so a client can see its stream end just before they change."""

@@ -3,13 +3,16 @@ import itertools
 import pytest
 import torch
 
+from h3_core import layout as L
 from h3_core.checkpoint import init_weights
 from h3_core.config import get_config
 from h3_core.encoder import TextEncoder
-from h3_core.engine import Engine
+from h3_core.engine import Engine, decode_clip
 from h3_core.model import H3DiT
 from h3_core.request import GenerationRequest, RequestLimits
+from h3_core.step_loop import Result
 from h3_core.vae import create_vaes
+from tests.test_step_loop import Client, make_loop
 
 
 @pytest.fixture(scope="module")
@@ -47,11 +50,35 @@ def assert_same(a, b):
 
 
 def test_request_mode_equals_step_mode(engine):
+    """Request mode (Engine.generate: one request stepped alone to completion, then decoded)
+    against step mode as h3_dit runs it (StepLoop, one packed step per execute, a neighbour
+    joining at step 2), decoded from the Result's latents as h3_vae does (decode_clip)."""
     request = REQUESTS[0]
-    ((state, frames, audio),) = engine.generate(request)
-    stepped = solo(engine, request)
-    assert_same(state, stepped)
-    frames2, audio2 = engine.decode(stepped)
+    text_embeds = engine.encode_prompt(request.prompt)
+    ((state, frames, audio),) = engine.generate(request, text_embeds)
+    client = Client(make_loop(engine))
+    shape = dict(height=request.height, width=request.width, num_frames=request.num_frames)
+    client.send("a", request.num_inference_steps, request.seed, text_embeds=text_embeds[None].numpy(), **shape)
+    client.iterate()
+    client.iterate()
+    neighbour = REQUESTS[1]
+    client.send(
+        "b",
+        neighbour.num_inference_steps,
+        neighbour.seed,
+        text_embeds=engine.encode_prompt(neighbour.prompt)[None].numpy(),
+        height=neighbour.height,
+        width=neighbour.width,
+        num_frames=neighbour.num_frames,
+    )
+    client.run()
+    (stepped,) = client.of("a", Result)
+    assert stepped.info["largest_pack"] == 2 and stepped.info["num_inference_steps"] == 5
+    assert torch.equal(stepped.video_latent, L.unpatchify_video(state.video_latents, state.layout))
+    assert torch.equal(stepped.audio_latent, L.audio_rows_to_latent(state.audio_latents, state.layout))
+    frames2, audio2 = decode_clip(
+        engine.video_vae, engine.audio_vae, request.num_frames, stepped.video_latent, stepped.audio_latent
+    )
     assert torch.equal(frames, frames2) and torch.equal(audio, audio2)
     assert frames.dtype == torch.uint8 and frames.shape == (22, 64, 96, 3)
     assert audio.dtype == torch.float32 and audio.shape == (2, 29333)  # 22 / 24 s at 32 kHz

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import http.server
 import os
+import re
 import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -106,10 +106,12 @@ def test_failing_initialize_fails_fast_with_the_model_message(tmp_path: Path) ->
     _write_model(repo, "add_one", ADD_ONE_CONFIG, ADD_ONE_MODEL)
     _write_model(repo, "bad_model", ADD_ONE_CONFIG, BAD_MODEL)
     server = TritonServer(repo, free_ports=True, timeout=90)
-    t0 = time.monotonic()
     with pytest.raises(LaunchError) as info:
         server.start()
-    assert time.monotonic() - t0 < 60, "the launcher waited instead of failing fast"
+    # failed on the model's error, not on the 90 s readiness timeout ("tritonserver not ready after 90 s")
+    assert re.match(
+        r"(tritonserver exited with code \d+ before it became ready|models failed to load: )", str(info.value)
+    )
     assert "deliberate test failure 4711" in str(info.value)
     assert "bad_model" in str(info.value)
     assert _gone(server.pid)

@@ -75,7 +75,17 @@ class Client:
     def __init__(self, loop: StepLoop):
         self.loop, self.live, self.events, self.keys = loop, {}, [], iter(range(1, 10**6))
 
-    def send(self, request_id: str, steps: int = 3, seed: int = 1, parameters: dict | None = None, **extra) -> str:
+    def send(
+        self,
+        request_id: str,
+        steps: int = 3,
+        seed: int = 1,
+        parameters: dict | None = None,
+        text_embeds: np.ndarray | None = None,
+        **extra,
+    ) -> str:
+        """Queue a new request: REQUEST fields 64x32x5 unless extra overrides them, TEXT_EMBEDS
+        float32 [1, L, text_dim] (text(seed) unless given)."""
         key = next(self.keys)
         self.live[key] = Arrival(
             handle=key,
@@ -83,7 +93,7 @@ class Client:
             request_id=request_id,
             new=True,
             request_json=fields(steps, seed, **extra),
-            text_embeds=text(seed),
+            text_embeds=text(seed) if text_embeds is None else text_embeds,
             parameters_json=json.dumps(parameters or {}),
         )
         return request_id
@@ -240,14 +250,16 @@ def test_a_deadline_ends_the_request_at_the_next_step_boundary_with_one_log_line
 
 
 def test_a_deadline_counts_from_the_arrival_at_the_encoder(engine):
-    """received_unix_s (written by h3_encoder) 1 s ago: a 1.5 s deadline leaves 0.5 s at the DiT."""
+    """received_unix_s (written by h3_encoder, wall-clock) 1 s ago: a 30 s deadline leaves 29 s at
+    the DiT, so it has expired 29.5 s after the arrival there (29 s of margin for the real time
+    between send and parse)."""
     clock = Clock()
     client = Client(make_loop(engine, clock))
-    client.send("queued", steps=10, seed=1, parameters={"deadline_s": 1.5}, received_unix_s=time.time() - 1.0)
+    client.send("queued", steps=10, seed=1, parameters={"deadline_s": 30}, received_unix_s=time.time() - 1.0)
     client.iterate()
-    clock.now += 0.6
+    clock.now += 29.5
     client.iterate()
-    assert client.of("queued", Ended)[0].message == "request queued deadline of 1.5 s expired at step 1 of 10"
+    assert client.of("queued", Ended)[0].message == "request queued deadline of 30 s expired at step 1 of 10"
 
 
 def test_a_request_triton_withholds_is_dropped_and_ended_if_it_comes_back(engine):
