@@ -3,13 +3,13 @@ import itertools
 import pytest
 import torch
 
-from h3_core.checkpoint import init_weights
 from h3_core.config import get_config
-from h3_core.encoder import TextEncoder
-from h3_core.engine import Engine
+from h3_core.diffusion.engine import Engine
+from h3_core.diffusion.request import GenerationRequest, RequestLimits
 from h3_core.model import H3DiT
-from h3_core.request import GenerationRequest, RequestLimits
-from h3_core.vae import create_vaes
+from h3_core.model.encoder import TextEncoder
+from h3_core.model.initialization import init_weights
+from h3_core.model.vae import create_vaes
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,10 @@ import torch
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from h3_core.checkpoint_setup import DEFAULT_ROOT
-from h3_core.encoder import TextEncoder
-from h3_core.engine import load_engine
-from h3_core.request import GenerationRequest, RequestLimits, request_memory_mb
+from h3_core.diffusion.request import GenerationRequest, RequestLimits, request_memory_mb
+from h3_core.factory import load_engine
+from h3_core.model.encoder import TextEncoder
+from h3_core.weights.checkpoint_setup import DEFAULT_ROOT
 from server.launch import _parser
 from server.process import TritonServer
 

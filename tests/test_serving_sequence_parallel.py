@@ -1,5 +1,5 @@
 """End to end (issue 17 on the CPU): h3_dit with sp_degree 2, its packed steps run by 2 worker
-processes over gloo (tiny config, h3_core.sequence_parallel), against the session server's one.
+processes over gloo (tiny config, h3_core.parallel.workers), against the session server's one.
 
 Outputs (FRAMES, AUDIO) of co-batched requests equal those of the same requests served alone by
 the one-process DiT, byte for byte; a worker that exits mid-step is replaced and the step
@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from client.api import H3Client, H3Error
-from h3_core.engine import load_engine
-from h3_core.registry import Registry
-from h3_core.settings import DitSettings
-from h3_core.step_loop import Arrival, Refused, StepLoop
+from h3_core.factory import load_engine
+from h3_core.serving.registry import Registry
+from h3_core.serving.settings import DitSettings
+from h3_core.serving.step_loop import Arrival, Refused, StepLoop
 from server.process import TritonServer
 
 from .serving import generate_in_thread as start

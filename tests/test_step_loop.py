@@ -1,4 +1,4 @@
-"""h3_core.step_loop without a server: plain Arrivals in, events out, a fake clock.
+"""h3_core.serving.step_loop without a server: plain Arrivals in, events out, a fake clock.
 
 Every request's final latents are compared with torch.equal to the same request run alone
 (Engine.prepare + denoise_step + update), so co-batching, cancellation, failures and deadlines
@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 import torch
 
-from h3_core import layout as L
-from h3_core.checkpoint import init_weights
 from h3_core.config import get_config
-from h3_core.engine import Engine
+from h3_core.diffusion import layout as L
+from h3_core.diffusion.engine import Engine
+from h3_core.diffusion.request import GenerationRequest
 from h3_core.model import H3DiT
-from h3_core.registry import Registry
-from h3_core.request import GenerationRequest
-from h3_core.settings import DitSettings
-from h3_core.step_loop import (
+from h3_core.model.initialization import init_weights
+from h3_core.serving.registry import Registry
+from h3_core.serving.settings import DitSettings
+from h3_core.serving.step_loop import (
     ANNOUNCED_TRANSIT_S,
     VANISHED_EXECUTES,
     Arrival,
@@ -702,7 +702,7 @@ def test_an_execute_takes_one_step_while_triton_withholds_a_live_job(engine, mon
     assert_solo(engine, client.of("kept", Result)[0], 10, 1)
 
 
-# -- several steps per execute while nothing is announced (h3_core.registry) -------------------
+# -- several steps per execute while nothing is announced (h3_core.serving.registry) -------------------
 
 
 def steps_per_execute(client: Client, log: list, executes: int) -> list[int]:

@@ -55,8 +55,8 @@ sys.path.insert(0, {str(find_tritonserver()[1] / "python")!r})
 for name in ("h3_vae", "h3_dit"):
     spec = importlib.util.spec_from_file_location(name, f"model_repository/{{name}}/1/model.py")
     spec.loader.exec_module(importlib.util.module_from_spec(spec))
-from h3_core.settings import DitSettings
-from h3_core.step_loop import Arrival, StepLoop
+from h3_core.serving.settings import DitSettings
+from h3_core.serving.step_loop import Arrival, StepLoop
 print(StepLoop.parse.__globals__["MP4_AVAILABLE"])
 loop = StepLoop.__new__(StepLoop)  # no engine: parse must refuse before using it
 loop.settings = DitSettings()

@@ -32,7 +32,7 @@ here, and tests drive it without a server:
 6. In step mode the execute repeats 2-5 while nothing new is headed for the DiT and its budget
    allows (`another_step`, DitSettings.execute_budget_s), so the Triton round trip and the work
    of 1 are paid once for several steps. Newcomers and control requests reach the DiT only
-   between executes, so the ones that are announced (h3_core.registry: h3_encoder announces each
+   between executes, so the ones that are announced (h3_core.serving.registry: h3_encoder announces each
    request it passes on, h3_vae each cancel for a gone client, the registry each cancel of a
    request on another instance) end the execute at the next step boundary and wait at most the
    step in flight (`note_announcements`; while steps overlap, also the one launched behind it,
@@ -62,11 +62,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import layout as L
-from . import scheduler
-from .engine import Engine, preview_frame
-from .media import MP4_AVAILABLE
-from .protocol import (
+from ..diffusion import layout as L
+from ..diffusion.engine import Engine, preview_frame
+from ..diffusion.request import GenerationRequest
+from ..media import MP4_AVAILABLE
+from ..protocol import (
     CANCEL_FIELD,
     EARLY_CANCEL_SECONDS,
     INT_INPUTS,
@@ -75,15 +75,15 @@ from .protocol import (
     REQUEST_FIELDS,
     check_request_parameters,
 )
-from .registry import IDS_REMEMBERED, DitLoad, Registry
-from .request import GenerationRequest
-from .scheduler import Overloaded, Scheduler
+from . import scheduler
+from .registry import IDS_REMEMBERED, Registry
+from .scheduler import DitLoad, Overloaded, Scheduler
 from .settings import DitSettings
 
 log = logging.getLogger("h3_dit")
 
 VANISHED_EXECUTES = 3  # a job missing from this many executes in a row was dropped by Triton
-# Seconds an announced request may take from its announcement (h3_core.registry) to Triton's queue
+# Seconds an announced request may take from its announcement (h3_core.serving.registry) to Triton's queue
 # for h3_dit: the ensemble's hand-over from h3_encoder (2.6 ms for 4 MB of text embeddings on the
 # 2-core CPU, docs/triton_2.51_notes.md), or h3_vae's call with a cancel; with a wide margin.
 ANNOUNCED_TRANSIT_S = 0.1
@@ -462,7 +462,7 @@ class StepLoop:
         self.answered: set[int] = set()  # ids of the handles that got an event since the last `answer`
         self.dropped = BoundedMemory()  # correlation id -> (request id, cause): forgotten without an answer
         self.draining = False
-        # announcements (h3_core.registry): how many are accounted for (arrived here, or written
+        # announcements (h3_core.serving.registry): how many are accounted for (arrived here, or written
         # off), the count when this execute started, and whether one may still be on its way
         self.announced = registry.announcements()
         self.execute_announcements = self.announced
@@ -578,7 +578,7 @@ class StepLoop:
 
     def note_announcements(self, arrivals: list[Arrival]) -> None:
         """At the start of an execute: record the registry's count of announcements (requests
-        headed for the DiT, h3_core.registry), which `another_step` compares with, and whether
+        headed for the DiT, h3_core.serving.registry), which `another_step` compares with, and whether
         an announced request may still be on its way. Triton hands an execute the requests it
         holds when the execute starts; one announced just before that may reach Triton just
         after, and then waits for the next execute: this one takes one step only. Announcements
@@ -811,7 +811,7 @@ class StepLoop:
 
     def cancel_by_id(self, handle, target: str) -> CancelAnswer:
         """A cancel-by-id control request, answered through the registry (whichever instance
-        holds the target): "cancelled", "finished" or "unknown" (h3_core.registry). A target on
+        holds the target): "cancelled", "finished" or "unknown" (h3_core.serving.registry). A target on
         this instance leaves at this execute's next step boundary."""
         state = self.registry.cancel(target)
         for job in self.jobs.values():

@@ -76,10 +76,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .config import ROW_ALIGN, DiTConfig, get_config
-from .layout import PackedBatch
-from .model.attention import AttentionFn
-from .model.dit import H3DiT
+from ..config import ROW_ALIGN, DiTConfig, get_config
+from ..model.attention import AttentionFn
+from ..model.dit import H3DiT
+from ..model.packed import PackedBatch
 
 log = logging.getLogger("h3_dit.sequence_parallel")
 
@@ -371,9 +371,9 @@ def load_worker(spec: WorkerSpec) -> H3DiT:
     """This rank's DiT on its device as load_engine makes it (bitwise cuBLAS setting, weights,
     compiled blocks on CUDA), warmed up alone: the compilation and first-use set-up happen before
     the process group exists, so no rendezvous or collective waits on another rank's compiler."""
-    from .checkpoint import load_dit
-    from .engine import Engine
-    from .model.dit import use_bitwise_cublas
+    from ..diffusion.engine import Engine
+    from ..model.dit import use_bitwise_cublas
+    from ..weights.checkpoint import load_dit
 
     torch.set_num_threads(spec.cpu_threads)
     device = torch.device(spec.device)
@@ -515,7 +515,7 @@ class SequenceParallelDiT:
 
     Args:
         cfg: the DiT config (its heads must divide by sp_degree).
-        source: the weight source every worker loads (h3_core.checkpoint.load_dit).
+        source: the weight source every worker loads (h3_core.weights.checkpoint.load_dit).
         device: the instance's device: where the driver keeps latents and returns velocities,
             and the first rank's (rank_devices gives the others).
         sp_degree: ranks (>= 2 in serving; 1 runs one worker, for tests).
@@ -619,7 +619,7 @@ class SequenceParallelDiT:
         self.starts += 1
         began = time.monotonic()
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["h3_core.sequence_parallel"])
+        context.set_forkserver_preload(["h3_core.parallel.workers"])
         if not os.path.basename(sys.executable).startswith("python"):  # an embedding program, not Python
             context.set_executable(shutil.which("python3") or sys.executable)
         for rank, device in enumerate(self.devices):
