@@ -80,7 +80,7 @@ from h3_core.diffusion import layout as L  # noqa: E402 - after the sys.path set
 from h3_core.diffusion.request import GenerationRequest, RequestLimits  # noqa: E402 - after the sys.path set-up above
 from h3_core.factory import load_engine  # noqa: E402 - after the sys.path set-up above
 from h3_core.model.attention import sdpa_document  # noqa: E402 - after the sys.path set-up above
-from h3_core.parallel.workers import Shares  # noqa: E402 - after the sys.path set-up above
+from h3_core.parallel.ulysses import Shares  # noqa: E402 - after the sys.path set-up above
 
 TEXT_LEN = 45  # tokens of "Random prompt {i} for benchmarking diffusion models" with the bench encoder
 WEIGHTS = "random:0"  # h3_core.weights.checkpoint: the DiT drawn with seed 0 on each device, the VAEs with seed 1

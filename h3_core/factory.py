@@ -11,8 +11,9 @@ from .diffusion.engine import DEFAULT_LIMITS, Engine
 from .diffusion.request import RequestLimits
 from .model import H3DiT
 from .model.dit import use_bitwise_cublas
+from .parallel.ulysses import check_sp_degree
 from .parallel.workers import DEFAULT_TIMEOUT_S as DEFAULT_SP_TIMEOUT_S
-from .parallel.workers import SequenceParallelDiT, check_sp_degree
+from .parallel.workers import SequenceParallelDiT
 from .weights.checkpoint import load_dit
 from .weights.vae_hook import load_vaes
 

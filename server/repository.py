@@ -41,7 +41,8 @@ from h3_core.config import get_config
 from h3_core.diffusion.layout import make_layout
 from h3_core.diffusion.request import request_memory_mb
 from h3_core.model.encoder import QWEN3VL_H3_LAYER, minilm_path, text_width, weight_bytes
-from h3_core.parallel.workers import SP_TIMEOUT_FRACTION, check_sp_degree
+from h3_core.parallel.ulysses import check_sp_degree
+from h3_core.parallel.workers import SP_TIMEOUT_FRACTION
 from h3_core.serving.settings import CONTROL_SLOTS, DitSettings, EncoderSettings, VaeSettings
 from h3_core.weights.checkpoint import (
     AUDIO_VAE_FILE,

@@ -22,14 +22,8 @@ from h3_core.config import get_config
 from h3_core.diffusion import layout as L
 from h3_core.factory import load_engine
 from h3_core.model import H3DiT
-from h3_core.parallel.workers import (
-    Arena,
-    SequenceParallelDiT,
-    Shares,
-    WorkerFailed,
-    forward_share,
-    rank_devices,
-)
+from h3_core.parallel.ulysses import Shares, forward_share
+from h3_core.parallel.workers import Arena, SequenceParallelDiT, WorkerFailed, rank_devices
 from h3_core.weights.checkpoint import load_dit
 from server.repository import InstanceGroup, config_texts, plan
 from server.sizing import Machine

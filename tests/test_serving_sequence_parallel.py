@@ -15,9 +15,10 @@ import pytest
 
 from client.api import H3Client, H3Error
 from h3_core.factory import load_engine
+from h3_core.serving.events import Arrival, Refused
 from h3_core.serving.registry import Registry
 from h3_core.serving.settings import DitSettings
-from h3_core.serving.step_loop import Arrival, Refused, StepLoop
+from h3_core.serving.step_loop import StepLoop
 from server.process import TritonServer
 
 from .serving import generate_in_thread as start

@@ -23,19 +23,11 @@ import triton_python_backend_utils as pb_utils
 from h3_core.factory import load_engine
 from h3_core.parallel.workers import SP_TIMEOUT_FRACTION
 from h3_core.protocol import AUDIO_LATENT, REQUEST, TEXT_EMBEDS, VIDEO_LATENT
+from h3_core.serving.events import Arrival, CancelAnswer, Ended, Heartbeat, Progress, Refused, Result
+from h3_core.serving.metrics import METRICS
 from h3_core.serving.registry import Registry, server_folder
 from h3_core.serving.settings import DitSettings
-from h3_core.serving.step_loop import (
-    METRICS,
-    Arrival,
-    CancelAnswer,
-    Ended,
-    Heartbeat,
-    Progress,
-    Refused,
-    Result,
-    StepLoop,
-)
+from h3_core.serving.step_loop import StepLoop
 from h3_core.weights.checkpoint import source_seed
 from server.adapter import error_response, json_tensor, model_parameters, resolve_path, set_threads
 

@@ -36,10 +36,10 @@ from h3_core.protocol import (
     VIDEO_LATENT,
     check_request_parameters,
 )
+from h3_core.serving.metrics import end_line
 from h3_core.serving.ordered_pool import OrderedPool
 from h3_core.serving.registry import IDS_REMEMBERED, Registry, server_folder
 from h3_core.serving.settings import VaeSettings
-from h3_core.serving.step_loop import end_line
 from h3_core.weights.checkpoint import source_seed
 from h3_core.weights.vae_hook import load_vaes
 from server.adapter import error_response, json_tensor, model_parameters, resolve_path, set_threads
