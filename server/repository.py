@@ -392,7 +392,7 @@ COMMENTS = {
         "DiT (0 = one step per execute): the Triton round trip between executes is paid once for them; newcomers "
         "and h3_vae's cancels are announced and wait at most the step in flight, a client's own cancel by id up "
         "to this long plus one step",
-        "sp_degree": "devices each packed forward runs on (sequence parallelism, h3_core.parallel.workers): 1 = in "
+        "sp_degree": "devices each packed forward runs on (sequence parallelism, h3_core.parallel): 1 = in "
         "this instance's process; N > 1 = N worker processes this instance starts, on cuda its own GPU and the next "
         "N - 1; N must divide the config's attention heads",
     },
@@ -596,7 +596,7 @@ def config_texts(repository: Repository) -> dict[str, str]:
     slots = (
         f"max_batch_size = sequence slots = max_num_seqs + max_waiting + {CONTROL_SLOTS} control slots "
         f"({dit.max_num_seqs} + {dit.max_waiting} + {CONTROL_SLOTS}): the scheduler holds at most max_num_seqs + "
-        "max_waiting requests (h3_core/scheduler.py, Admission). Requests beyond the slots wait in Triton's "
+        "max_waiting requests (h3_core/serving/scheduler.py, Admission). Requests beyond the slots wait in Triton's "
         "backlog, which the model cannot see."
     )
     dit_text = (

@@ -1,4 +1,4 @@
-"""Sequence parallelism (h3_core.parallel.workers, issue 17) on the CPU, in-process.
+"""Sequence parallelism (h3_core.parallel, issue 17) on the CPU, in-process.
 
 The split and the Ulysses attention: every rank of 2, 4 or 8 run as a thread of this process
 (an all-to-all through a barrier), for packs whose documents fall every way across the ranks;

@@ -4,7 +4,7 @@
         --captions build/demo/caption_states.safetensors --config demo \
         --seconds 240 --total-seconds 240 [--batch 256] [--device cuda]
 
-Objective (the sampler's convention, h3_core/sampling.py): for clean latent rows x0 and noise n,
+Objective (the sampler's convention, h3_core/diffusion/sampling.py): for clean latent rows x0 and noise n,
 x_t = (1 - sigma) x0 + sigma n, the model gets t = 1 - sigma and is trained to output the
 velocity v = x0 - n (MSE, video and audio rows averaged separately and summed). sigma is drawn
 like the sampler's shifted schedule (sampling.shift_sigma): u ~ U(0, 1) once per clip,

@@ -443,7 +443,7 @@ class H3DiT(nn.Module):
 
     def embed(self, video: torch.Tensor, audio: torch.Tensor, text: torch.Tensor, batch: PackedBatch) -> "Embedded":
         """The part of `forward` before the blocks, over the whole pack (arguments as forward's);
-        see embed_rows. Sequence-parallel ranks (h3_core.parallel.workers) run it unchanged,
+        see embed_rows. Sequence-parallel ranks (h3_core.parallel.ulysses) run it unchanged,
         each over the whole pack."""
         return self.embed_rows(video, audio, text, *self.device_batch(batch))
 

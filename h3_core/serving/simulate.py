@@ -38,7 +38,7 @@ from pathlib import Path
 
 from .scheduler import DEFAULT_POLICY, POLICIES, Job, Scheduler
 
-ROOT_RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"  # benchmark results files
+ROOT_RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"  # benchmark results files
 LARGE_ROWS = 16_384  # 672x384, 4 s at 24 fps (h3_spec §4.4)
 SMALL_ROWS = 1_280
 

@@ -28,7 +28,6 @@ the tensor names; transformer/ holds the official one:
 """
 
 import json
-import math
 import re
 from contextlib import ExitStack
 from pathlib import Path

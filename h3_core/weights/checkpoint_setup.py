@@ -13,16 +13,16 @@ values differ from a CPU draw, see h3_core.model.initialization.init_weights).
 import argparse
 from pathlib import Path
 
-from .checkpoint import AUDIO_VAE_FILE, DIT_FILE, VAE_SEED_OFFSET, VIDEO_VAE_FILE, save_weights
-from ..model.initialization import init_weights
 from ..config import get_config
 from ..model import H3DiT
+from ..model.initialization import init_weights
 from ..model.vae import create_vaes
+from .checkpoint import AUDIO_VAE_FILE, DIT_FILE, VAE_SEED_OFFSET, VIDEO_VAE_FILE, save_weights
 
 DIT_SEED = 0
 VAE_SEED = DIT_SEED + VAE_SEED_OFFSET  # so the folder holds the weights of the source random:DIT_SEED
 CHECKPOINT_FILES = (DIT_FILE, VIDEO_VAE_FILE, AUDIO_VAE_FILE)
-DEFAULT_ROOT = Path(__file__).resolve().parents[1] / "checkpoints"
+DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "checkpoints"
 
 
 def create_checkpoint(config_name: str, folder: str | Path, force: bool = False, device: str = "cpu") -> bool:

@@ -25,11 +25,11 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen3VLConfig, Qwen3VLForConditionalGeneration
 from transformers.utils.logging import disable_progress_bar
 
-from .checkpoint import TRANSFORMER_FOLDER, VAE_SEED_OFFSET, save_official_transformer
-from ..model.initialization import init_weights
 from ..config import get_config
 from ..model import H3DiT
+from ..model.initialization import init_weights
 from ..model.vae import create_vaes
+from .checkpoint import TRANSFORMER_FOLDER, VAE_SEED_OFFSET, save_official_transformer
 from .vae_hook import write_official_vaes
 
 TEXT_ENCODER, TOKENIZER = "text_encoder", "tokenizer"
@@ -153,7 +153,8 @@ def write_synthetic_checkpoint(folder: str | Path, config_name: str = "tiny", se
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m h3_core.weights.official_checkpoint", description="Write a synthetic official-layout checkpoint."
+        prog="python -m h3_core.weights.official_checkpoint",
+        description="Write a synthetic official-layout checkpoint.",
     )
     parser.add_argument("folder", type=Path, help="new (or empty) folder to write")
     parser.add_argument("--config", default="tiny", help="DiT config (h3_core.config): its sizes and text width")

@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from h3_core.weights.checkpoint import load_weights
 from h3_core.model.vae import AudioVAE, VideoVAE, groups_to_frames
+from h3_core.weights.checkpoint import load_weights
 
 WEIGHTS_FILE = "model.safetensors"
 

@@ -39,16 +39,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import remote_vae_modeling
-from .checkpoint import (
-    AUDIO_VAE_FILE,
-    VAE_SEED_OFFSET,
-    VIDEO_VAE_FILE,
-    load_weights,
-    read_json_object,
-    save_weights,
-    source_seed,
-)
 from ..config import AUDIO_HOP, AUDIO_LATENT_CHANNELS, VIDEO_LATENT_CHANNELS, VIDEO_SPATIAL_DOWNSAMPLE
 from ..model.vae import (
     AudioVAE,
@@ -58,6 +48,16 @@ from ..model.vae import (
     create_vaes,
     frames_to_uint8,
     num_video_frames,
+)
+from . import remote_vae_modeling
+from .checkpoint import (
+    AUDIO_VAE_FILE,
+    VAE_SEED_OFFSET,
+    VIDEO_VAE_FILE,
+    load_weights,
+    read_json_object,
+    save_weights,
+    source_seed,
 )
 
 VIDEO_FOLDER, AUDIO_FOLDER = "video_vae", "audio_vae"

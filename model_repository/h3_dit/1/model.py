@@ -4,7 +4,7 @@ Each execute() receives every live sequence (Triton's iterative sequence batcher
 turns each request into a step_loop.Arrival, runs one StepLoop.iterate (in step mode as many
 steps as execute_budget_s allows), sends the events it produces as they come and reschedules the
 requests still running. The step loop (admission, cancel by id, deadlines, the pack, the packed
-forward and its retry, results) is in h3_core/step_loop.py and runs without Triton.
+forward and its retry, results) is in h3_core/serving/step_loop.py and runs without Triton.
 
 With sp_degree > 1 the engine's DiT runs in worker processes this instance starts, on the CPU
 or on its GPU and the next ones (h3_core.parallel.workers); finalize() stops them.
