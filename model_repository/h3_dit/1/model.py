@@ -1,7 +1,7 @@
 """h3_dit: the decoupled iterative DiT model, an adapter over h3_core.serving.step_loop.StepLoop.
 
 Each execute() receives every live sequence (Triton's iterative sequence batcher). The adapter
-turns each request into a step_loop.Arrival, runs one StepLoop.iterate (in step mode as many
+turns each request into an h3_core.serving.events.Arrival, runs one StepLoop.iterate (in step mode as many
 steps as execute_budget_s allows), sends the events it produces as they come and reschedules the
 requests still running. The step loop (admission, cancel by id, deadlines, the pack, the packed
 forward and its retry, results) is in h3_core/serving/step_loop.py and runs without Triton.
@@ -38,7 +38,7 @@ EMPTY_PREVIEW = np.zeros((1, 0, 0, 3), dtype=np.uint8)
 
 
 class TritonMetrics:
-    """The step loop's metrics (step_loop.METRICS) published on Triton's /metrics endpoint, one
+    """The step loop's metrics (h3_core.serving.metrics.METRICS) published on Triton's /metrics endpoint, one
     series per DiT instance (`labels`: model, instance, and gpu on a GPU instance): sum over
     the series for the server's totals."""
 
