@@ -104,7 +104,8 @@ class InFlight:
 
 
 class StepLoop(Admission):
-    """The DiT's step loop over an Engine (see the module docstring).
+    """The DiT's step loop over an Engine (see the module docstring). Its arrival methods (arrive,
+    refuse, admit, refuse_reused_key) are its base class's, Admission (h3_core.serving.admission).
 
     Args:
         engine: the Engine (DiT only; decoding happens in h3_vae).
