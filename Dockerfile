@@ -38,7 +38,7 @@ COPY weights weights
 # model_repository/, and that user.
 RUN pip install --no-cache-dir --no-deps -e . --config-settings editable_mode=compat \
  && python -c "from server.environment import ensure_python_stub as stub, libpython_dir; stub(); libpython_dir()" \
- && python -m h3_core.checkpoint_setup --configs tiny \
+ && python -m h3_core.weights.checkpoint_setup --configs tiny \
  && groupadd --gid 1000 h3 \
  && useradd --create-home --uid 1000 --gid 1000 h3
 USER 1000:1000

@@ -51,7 +51,7 @@ serve-api: setup
 # checkpoint (its VAEs are remote code: README "Serving the official MiniMax-H3 checkpoint")
 serve-gpu: setup
 ifeq ($(CHECKPOINT),)
-	$(PY) -m h3_core.checkpoint_setup --configs $(CONFIG) --device cuda
+	$(PY) -m h3_core.weights.checkpoint_setup --configs $(CONFIG) --device cuda
 endif
 ifeq ($(ENCODER),$(BENCH_ENCODER))
 	test -f $(ENCODER)/model.safetensors || $(PY) benchmarks/bench_text_encoder.py $(ENCODER) --width 5120

@@ -41,11 +41,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from engine_bench import make_states, matmul_rate, step_flops, timed  # noqa: E402 - after the sys.path set-up above
 
-from h3_core.checkpoint import init_weights  # noqa: E402 - after the sys.path set-up above
 from h3_core.config import get_config  # noqa: E402 - after the sys.path set-up above
-from h3_core.engine import Engine  # noqa: E402 - after the sys.path set-up above
+from h3_core.diffusion.engine import Engine  # noqa: E402 - after the sys.path set-up above
+from h3_core.diffusion.request import RequestLimits  # noqa: E402 - after the sys.path set-up above
 from h3_core.model import H3DiT  # noqa: E402 - after the sys.path set-up above
-from h3_core.request import RequestLimits  # noqa: E402 - after the sys.path set-up above
+from h3_core.model.initialization import init_weights  # noqa: E402 - after the sys.path set-up above
 
 VARIANTS = {
     "tile4096": {"row_tile": 4096, "workspace": None, "compile": False},

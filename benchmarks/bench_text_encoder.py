@@ -4,7 +4,7 @@
 
 The `bench` and `h3` DiTs read text states of width 5120 (h3_spec §4.1), which the bundled
 MiniLM (width 384) does not give, and a GPU host without internet has no pretrained encoder of
-that width. This writes a Hugging Face folder that h3_core.encoder.TextEncoder (and so the
+that width. This writes a Hugging Face folder that h3_core.model.encoder.TextEncoder (and so the
 h3_encoder model's `encoder_path` parameter) loads like any other: a BERT with one layer of
 width `--width` (heads of 64 dims, MLP width = width), random weights from torch's seeded
 initialisation, saved as model.safetensors, and a character-level WordPiece vocabulary

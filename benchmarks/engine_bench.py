@@ -4,7 +4,7 @@ and bitwise parity of the served DiT (issues 7 and 16).
     PYTHONUNBUFFERED=1 python benchmarks/engine_bench.py --out DIR [--sections a b e roofline bitwise attention]
         [--attention NAME]
 
-The DiT is built as the server builds it (h3_core.engine.load_engine, what h3_dit runs): on CUDA
+The DiT is built as the server builds it (h3_core.factory.load_engine, what h3_dit runs): on CUDA
 use_bitwise_cublas() first (CUBLAS_WORKSPACE_CONFIG=:0:0, set here before the process's first CUDA
 GEMM, the matmul probe included), the default row tile (one GEMM per linear on CUDA, 64-row tiles
 on the CPU), weights from `random:0` (init_weights(dit, 0) on the DiT's device) and, on CUDA,
@@ -70,10 +70,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from h3_core.config import get_config  # noqa: E402 - after the sys.path set-up above
-from h3_core.engine import Engine, load_engine  # noqa: E402 - after the sys.path set-up above
+from h3_core.diffusion.engine import Engine  # noqa: E402 - after the sys.path set-up above
+from h3_core.diffusion.request import GenerationRequest, RequestLimits  # noqa: E402 - after the sys.path set-up above
+from h3_core.factory import load_engine  # noqa: E402 - after the sys.path set-up above
 from h3_core.model.attention import get_attention_backend, installed_version  # noqa: E402 - after the sys.path set-up above
 from h3_core.model.dit import use_bitwise_cublas  # noqa: E402 - after the sys.path set-up above
-from h3_core.request import GenerationRequest, RequestLimits  # noqa: E402 - after the sys.path set-up above
 
 # Packing curve: padded rows per request -> (height, width, num_frames) of a request whose padded
 # length make_states(seq_len=rows) pins to that many rows (its used rows stay those of the shape).

@@ -17,7 +17,7 @@ shape warms it up, then, in this order:
            text encoder at its real size is built in a process of its own on cuda:0: transformers'
            Qwen3-VL text decoder (hidden 5120, 64 heads, 8 KV heads, head_dim 128, MLP 25600, vocab
            151,936, M-RoPE theta 5e6, sections [24, 20, 20] interleaved) cut to its first 50 decoder
-           layers, final norm replaced by the identity (h3_core.encoder.load_qwen3vl_text), seeded
+           layers, final norm replaced by the identity (h3_core.model.encoder.load_qwen3vl_text), seeded
            random weights; its parameters and bytes, one encode each of a 9- and a 256-token prompt
            (random ids, all-ones mask; the median of 3 after a warm-up), and the device's used
            memory with DiT server + Qwen3-VL resident. The process ends before run b;
@@ -67,14 +67,14 @@ from bench_text_encoder import write_bench_text_encoder  # noqa: E402 - after th
 from served_bench import FULL_PACK_DIT, without_machine_paths  # noqa: E402 - after the sys.path set-up above
 
 from h3_core.config import get_config  # noqa: E402 - after the sys.path set-up above
-from h3_core.encoder import QWEN3VL_H3_LAYER  # noqa: E402 - after the sys.path set-up above
 from h3_core.model import H3DiT  # noqa: E402 - after the sys.path set-up above
+from h3_core.model.encoder import QWEN3VL_H3_LAYER  # noqa: E402 - after the sys.path set-up above
 from server.process import TritonServer, metric_samples, read_metrics, stub_pids  # noqa: E402 - after the sys.path set-up above
 from server.repository import plan, write_repository  # noqa: E402 - after the sys.path set-up above
 from server.sizing import dit_weight_bytes  # noqa: E402 - after the sys.path set-up above
 
 MIB, GIB = 2**20, 2**30
-WEIGHTS = "random:0"  # h3_core.checkpoint: DiT init_weights(seed 0), VAEs create_vaes(1), drawn at load
+WEIGHTS = "random:0"  # h3_core.weights.checkpoint: DiT init_weights(seed 0), VAEs create_vaes(1), drawn at load
 REFERENCE_RUN_B_WALL_S = 174.8  # 2 x H100, TP2, 4 requests of 30 steps at concurrency 4 (docs/benchmarks.md)
 SERVER_TIMEOUT_S = 900.0  # 33 B parameters drawn on the GPU at load
 SAMPLE_INTERVAL_S = 0.5
@@ -109,7 +109,7 @@ class Qwen3VLDims:
 
 # h3_spec §4.1: MiniMax-H3's text encoder (the Qwen3-VL 32B dims), cut to the 50 layers H3 reads
 QWEN3VL_H3 = Qwen3VLDims(5120, 64, 8, 128, 25600, 151936, QWEN3VL_H3_LAYER, 5e6, (24, 20, 20), 262144)
-# the CPU smoke's: h3_core.official_checkpoint.write_random_qwen3vl's tiny dims, the same 50 layers
+# the CPU smoke's: h3_core.weights.official_checkpoint.write_random_qwen3vl's tiny dims, the same 50 layers
 QWEN3VL_TINY = Qwen3VLDims(64, 4, 2, 32, 128, 263, QWEN3VL_H3_LAYER, 5e6, (6, 5, 5), 4096)
 
 
@@ -247,7 +247,7 @@ def qwen3vl_text_config(dims: Qwen3VLDims):
 
 def build_qwen3vl_text(dims: Qwen3VLDims, device: str) -> torch.nn.Module:
     """The Qwen3-VL text decoder of `dims` (already cut: num_hidden_layers layers), built as
-    h3_core.encoder.load_qwen3vl_text builds it (AutoModel.from_config under the device, bf16, the
+    h3_core.model.encoder.load_qwen3vl_text builds it (AutoModel.from_config under the device, bf16, the
     final norm replaced by the identity: its last_hidden_state is the residual stream H3 reads),
     with transformers' own random initialisation instead of checkpoint tensors, in eval mode."""
     from transformers import AutoModel

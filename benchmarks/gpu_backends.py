@@ -36,9 +36,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from h3_core import layout as L  # noqa: E402 - after the sys.path set-up above
-from h3_core.checkpoint import init_weights  # noqa: E402 - after the sys.path set-up above
 from h3_core.config import AUDIO_ROW_WIDTH, VIDEO_ROW_WIDTH, get_config  # noqa: E402 - after the sys.path set-up above
+from h3_core.diffusion import layout as L  # noqa: E402 - after the sys.path set-up above
 from h3_core.model import H3DiT  # noqa: E402 - after the sys.path set-up above
 from h3_core.model.attention import (  # noqa: E402 - after the sys.path set-up above
     BACKENDS,
@@ -49,6 +48,7 @@ from h3_core.model.attention import (  # noqa: E402 - after the sys.path set-up 
     unavailable_reason,
 )
 from h3_core.model.dit import Linear, use_bitwise_cublas  # noqa: E402 - after the sys.path set-up above
+from h3_core.model.initialization import init_weights  # noqa: E402 - after the sys.path set-up above
 
 
 @dataclass(frozen=True)

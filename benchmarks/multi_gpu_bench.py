@@ -36,10 +36,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from served_bench import FULL_PACK_DIT, GPU, TEXT_LEN, prepare_weights, without_machine_paths  # noqa: E402 - after the sys.path set-up above
 
-from h3_core.engine import load_engine  # noqa: E402 - after the sys.path set-up above
-from h3_core.layout import audio_latent_frames, latent_frames  # noqa: E402 - after the sys.path set-up above
-from h3_core.request import GenerationRequest, RequestLimits  # noqa: E402 - after the sys.path set-up above
-from h3_core.vae_hook import load_vaes  # noqa: E402 - after the sys.path set-up above
+from h3_core.config import audio_latent_frames, latent_frames  # noqa: E402 - after the sys.path set-up above
+from h3_core.diffusion.request import GenerationRequest, RequestLimits  # noqa: E402 - after the sys.path set-up above
+from h3_core.factory import load_engine  # noqa: E402 - after the sys.path set-up above
+from h3_core.weights.vae_hook import load_vaes  # noqa: E402 - after the sys.path set-up above
 from server.process import TritonServer, metric_samples, read_metrics  # noqa: E402 - after the sys.path set-up above
 from server.repository import plan, write_repository  # noqa: E402 - after the sys.path set-up above
 

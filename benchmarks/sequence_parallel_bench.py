@@ -1,5 +1,5 @@
 """Sequence parallelism measured (issue 17): one DiT step over sp_degree GPUs (Ulysses,
-h3_core.sequence_parallel) against one GPU, in-process and through tritonserver, with the bitwise
+h3_core.parallel.workers) against one GPU, in-process and through tritonserver, with the bitwise
 checks in the same run.
 
     PYTHONUNBUFFERED=1 python3 benchmarks/sequence_parallel_bench.py --out DIR [--work DIR]
@@ -58,7 +58,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 # Imports that load transformers (the servers' part) are made where they are used: every worker
-# process of h3_core.sequence_parallel imports this script again (multiprocessing's start methods
+# process of h3_core.parallel.workers imports this script again (multiprocessing's start methods
 # other than fork import the parent's __main__), and a restart would pay them.
 # NVLink multicast stays off (the GPU machines' rule; NCCL all-to-all does not use it anyway):
 # set before torch loads NCCL, inherited by the workers and the servers started here.
@@ -75,15 +75,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from h3_core import layout as L  # noqa: E402 - after the sys.path set-up above
 from h3_core.config import get_config  # noqa: E402 - after the sys.path set-up above
-from h3_core.engine import load_engine  # noqa: E402 - after the sys.path set-up above
+from h3_core.diffusion import layout as L  # noqa: E402 - after the sys.path set-up above
+from h3_core.diffusion.request import GenerationRequest, RequestLimits  # noqa: E402 - after the sys.path set-up above
+from h3_core.factory import load_engine  # noqa: E402 - after the sys.path set-up above
 from h3_core.model.attention import sdpa_document  # noqa: E402 - after the sys.path set-up above
-from h3_core.request import GenerationRequest, RequestLimits  # noqa: E402 - after the sys.path set-up above
-from h3_core.sequence_parallel import Shares  # noqa: E402 - after the sys.path set-up above
+from h3_core.parallel.ulysses import Shares  # noqa: E402 - after the sys.path set-up above
 
 TEXT_LEN = 45  # tokens of "Random prompt {i} for benchmarking diffusion models" with the bench encoder
-WEIGHTS = "random:0"  # h3_core.checkpoint: the DiT drawn with seed 0 on each device, the VAEs with seed 1
+WEIGHTS = "random:0"  # h3_core.weights.checkpoint: the DiT drawn with seed 0 on each device, the VAEs with seed 1
 PACKED = 4  # requests in the larger pack
 RESULT = "sequence_parallel_bench.json"
 

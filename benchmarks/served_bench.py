@@ -36,7 +36,7 @@ Every client run also records the /metrics deltas of h3_step_seconds and h3_pack
 listed under "skipped", when the seconds spent so far plus the longest run so far would pass the
 budget; every finished run is saved at once, so a call cut short keeps what it measured.
 --h3-dit KEY=VALUE sets an h3_dit parameter in every run (e.g. execute_budget_s=0), recorded.
-On CUDA: the `bench` DiT (bf16, seed-0 weights drawn on the GPU by h3_core.checkpoint_setup),
+On CUDA: the `bench` DiT (bf16, seed-0 weights drawn on the GPU by h3_core.weights.checkpoint_setup),
 672x384, 209 frames (16,384 rows), DiT and VAEs on the GPU, the benchmark text encoder of width
 5120 (benchmarks/bench_text_encoder.py, on the CPU), return_mp4=false (no PyAV needed).
 On the CPU the same code runs the `tiny` model with small counts as a smoke test (c_repeats 1).
@@ -63,11 +63,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from h3_core.checkpoint_setup import create_checkpoint  # noqa: E402 - after the sys.path set-up above
-from h3_core.engine import load_engine  # noqa: E402 - after the sys.path set-up above
+from h3_core.diffusion.request import GenerationRequest, RequestLimits  # noqa: E402 - after the sys.path set-up above
+from h3_core.factory import load_engine  # noqa: E402 - after the sys.path set-up above
 from h3_core.model.dit import use_bitwise_cublas  # noqa: E402 - after the sys.path set-up above
-from h3_core.request import GenerationRequest, RequestLimits  # noqa: E402 - after the sys.path set-up above
-from h3_core.scheduler import DEFAULT_POLICY  # noqa: E402 - after the sys.path set-up above
+from h3_core.serving.scheduler import DEFAULT_POLICY  # noqa: E402 - after the sys.path set-up above
+from h3_core.weights.checkpoint_setup import create_checkpoint  # noqa: E402 - after the sys.path set-up above
 from server.process import TritonServer, metric_samples, read_metrics  # noqa: E402 - after the sys.path set-up above
 from server.repository import plan, write_repository  # noqa: E402 - after the sys.path set-up above
 

@@ -1,10 +1,12 @@
 """Model configurations and media constants (h3_spec §1.1, §4, §8).
 
 One dataclass describes every DiT size, from `tiny` (CI) and `demo` (the trained demo model)
-to the full 50-layer `h3`. The media constants are fixed by the H3 design and shared by the
-layout, the VAEs and the writer.
+to the full 50-layer `h3`. The media constants, and the clip lengths they imply (17n+5 frames,
+5n+2 video latents, audio latents and samples), are fixed by the H3 design and shared by the
+request, the layout, the VAEs and the writer.
 """
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -24,6 +26,29 @@ VIDEO_ROW_WIDTH = VIDEO_LATENT_CHANNELS * PATCH * PATCH  # 96
 AUDIO_ROW_WIDTH = AUDIO_LATENT_CHANNELS  # 32
 ROW_ALIGN = 64  # every request's packed length is a multiple of this (h3_spec §2.1)
 CANVAS_MULTIPLE = 32  # height and width must be multiples of this (h3_spec §4.2)
+
+
+def align_num_frames(num_frames: int) -> int:
+    """Smallest 17n+5 frame count >= num_frames (h3_spec §4.2). align(200) = 209."""
+    if num_frames <= 5:
+        return 5
+    return 5 + 17 * math.ceil((num_frames - 5) / 17)
+
+
+def latent_frames(num_frames: int) -> int:
+    """Video latent frames T_lat = 5n+2 for an (aligned up) frame count. T_lat(209) = 62."""
+    aligned = align_num_frames(num_frames)
+    return (aligned - 5) // 17 * 5 + 2
+
+
+def audio_latent_frames(num_frames: int) -> int:
+    """Audio latents per stereo channel: round(num_frames / 24 fps x 40 Hz). T_a(209) = 348."""
+    return round(num_frames / FPS * AUDIO_LATENT_RATE)
+
+
+def audio_num_samples(num_frames: int) -> int:
+    """Waveform samples per channel of a clip of num_frames frames: num_frames / 24 s at 32 kHz."""
+    return round(num_frames * AUDIO_SAMPLE_RATE / FPS)
 
 
 @dataclass(frozen=True)

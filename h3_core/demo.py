@@ -14,11 +14,11 @@ import re
 import time
 from pathlib import Path
 
-from .checkpoint_setup import DEFAULT_ROOT, create_checkpoint
 from .config import get_config
-from .engine import load_engine
+from .diffusion.request import GenerationRequest
+from .factory import load_engine
 from .media import write_mp4
-from .request import GenerationRequest
+from .weights.checkpoint_setup import DEFAULT_ROOT, create_checkpoint
 
 TRAINED = {"demo": Path(__file__).resolve().parents[1] / "weights" / "demo"}  # config -> shipped weights
 

@@ -1,6 +1,6 @@
 """The wire contract of h3-triton: model and tensor names, request fields and parameters, error
-codes and the INFO kinds. Plain Python (no torch, no numpy, no Triton): the client, the Triton
-models and the tests import it, and the client installs without torch.
+codes, the INFO kinds and the prompt rule (check_prompt). Plain Python (no torch, no numpy, no
+Triton): the client, the Triton models and the tests import it, and the client installs without torch.
 
 Request flow (the ensemble `h3_pipeline`): PROMPT + the optional INT64 inputs -> h3_encoder ->
 TEXT_EMBEDS + REQUEST (JSON) -> h3_dit (iterative, decoupled: progress, previews, then one result
@@ -9,6 +9,7 @@ per output) -> VIDEO_LATENT + AUDIO_LATENT + INFO -> h3_vae -> VIDEO_MP4, FRAMES
 
 import json
 import re
+import unicodedata
 
 PIPELINE_MODEL = "h3_pipeline"  # the entry point clients call
 ENCODER_MODEL = "h3_encoder"
@@ -101,3 +102,37 @@ def check_request_parameters(raw: str) -> dict:
     if deadline_s is not None and not deadline_s > 0:
         raise ValueError(f"deadline_s={deadline_s} is out of range: allowed > 0 seconds")
     return parameters
+
+
+BYTE_ORDER_MARK = "\ufeff"  # dropped once from the start of a prompt (a decoder may leave it there)
+# Unicode general categories of characters that show nothing: separators (Zs space, Zl line,
+# Zp paragraph), controls (Cc: tab, newline, ...) and format characters (Cf: U+200B zero-width
+# space, U+200D zero-width joiner, U+FEFF, bidi marks, ...).
+INVISIBLE_CATEGORIES = frozenset({"Zs", "Zl", "Zp", "Cc", "Cf", "Mn", "Me"})  # + marks that only combine
+# default-ignorable or blank characters of other categories (Unicode DerivedCoreProperties, and the
+# blank braille pattern): Hangul fillers, variation selectors, U+2800
+INVISIBLE_CHARACTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800") | frozenset(map(chr, range(0xFE00, 0xFE10)))
+SHOWN_PROMPT_CHARS = 32  # an error message quotes at most this many characters of a prompt
+
+
+def _shown(prompt: str) -> str:
+    if len(prompt) <= SHOWN_PROMPT_CHARS:
+        return repr(prompt)
+    return f"{prompt[:SHOWN_PROMPT_CHARS]!r}... ({len(prompt)} characters)"
+
+
+def check_prompt(prompt: str) -> str:
+    """The one prompt rule, applied by validate_request and by the text encoder.
+
+    Returns the prompt the text encoder reads: `prompt` without one leading byte-order mark
+    (U+FEFF); nothing else is changed. Raises ValueError "prompt must be a non-empty string, got
+    ..." if `prompt` is not a str or is empty, and "prompt must contain visible characters, got
+    ..." (the prompt's repr, cut after SHOWN_PROMPT_CHARS characters) if every character is in
+    INVISIBLE_CATEGORIES or INVISIBLE_CHARACTERS, e.g. only spaces, newlines, zero-width spaces,
+    byte-order marks, lone combining marks or Hangul fillers.
+    """
+    if not isinstance(prompt, str) or not prompt:
+        raise ValueError(f"prompt must be a non-empty string, got {prompt!r}")
+    if all(unicodedata.category(char) in INVISIBLE_CATEGORIES or char in INVISIBLE_CHARACTERS for char in prompt):
+        raise ValueError(f"prompt must contain visible characters, got {_shown(prompt)}")
+    return prompt.removeprefix(BYTE_ORDER_MARK)

@@ -7,7 +7,7 @@
 #   3. Debian libb64-0d for perf_analyzer, chromium + chromium-driver for the page test, prometheus
 #      (promtool) for the deploy/k8s tests (apt-get, only if missing; sudo only when not root)
 #   4. the python backend stub for the venv's Python copied into pytriton's backends/python/
-#   5. python -m h3_core.checkpoint_setup (seeded weights under checkpoints/), if that module exists
+#   5. python -m h3_core.weights.checkpoint_setup (seeded weights under checkpoints/), if that module exists
 # Downloads only from the configured PyPI index and Debian apt.
 set -euo pipefail
 
@@ -126,11 +126,11 @@ else
 fi
 
 # ---- 5. seeded weights -----------------------------------------------------------------------
-if [ -f h3_core/checkpoint_setup.py ] || [ -f h3_core/checkpoint_setup/__main__.py ]; then
-    log "python -m h3_core.checkpoint_setup"
-    "$VPY" -m h3_core.checkpoint_setup
+if [ -f h3_core/weights/checkpoint_setup.py ] || [ -f h3_core/weights/checkpoint_setup/__main__.py ]; then
+    log "python -m h3_core.weights.checkpoint_setup"
+    "$VPY" -m h3_core.weights.checkpoint_setup
 else
-    log "h3_core.checkpoint_setup does not exist yet; skipping the weights step"
+    log "h3_core.weights.checkpoint_setup does not exist yet; skipping the weights step"
 fi
 
 log "done in $((SECONDS - START)) s"

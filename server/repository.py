@@ -7,7 +7,7 @@ benchmarks' copies (benchmarks/served_bench.py) and the GPU repositories (`make 
                                 [--gpus all|0,1] [--dit-instances N] [--set MODEL.KEY=VALUE ...] [--unsized]
     python -m server.repository model_repository --unsized     # rewrites the shipped repository
 
-A repository is a `Repository`: the settings of h3_encoder, h3_dit and h3_vae (h3_core.settings;
+A repository is a `Repository`: the settings of h3_encoder, h3_dit and h3_vae (h3_core.serving.settings;
 each config.pbtxt gets every key of its model's `parameters`), each model's instance group
 (`instance_groups`, the one function that places the models) and h3_dit's
 max_sequence_idle_microseconds; h3_dit's max_batch_size is its sequence slots. `plan` builds one
@@ -37,7 +37,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from h3_core.checkpoint import (
+from h3_core.config import get_config
+from h3_core.diffusion.layout import make_layout
+from h3_core.diffusion.request import request_memory_mb
+from h3_core.model.encoder import QWEN3VL_H3_LAYER, minilm_path, text_width, weight_bytes
+from h3_core.parallel.ulysses import check_sp_degree
+from h3_core.parallel.workers import SP_TIMEOUT_FRACTION
+from h3_core.serving.settings import CONTROL_SLOTS, DitSettings, EncoderSettings, VaeSettings
+from h3_core.weights.checkpoint import (
     AUDIO_VAE_FILE,
     DIT_FILE,
     TRANSFORMER_FOLDER,
@@ -46,14 +53,8 @@ from h3_core.checkpoint import (
     official_tensor_files,
     source_seed,
 )
-from h3_core.config import get_config
-from h3_core.encoder import QWEN3VL_H3_LAYER, minilm_path, text_width, weight_bytes
-from h3_core.layout import make_layout
-from h3_core.official_checkpoint import TEXT_ENCODER, TOKENIZER, is_official
-from h3_core.request import request_memory_mb
-from h3_core.sequence_parallel import SP_TIMEOUT_FRACTION, check_sp_degree
-from h3_core.settings import CONTROL_SLOTS, DitSettings, EncoderSettings, VaeSettings
-from h3_core.vae_hook import check_official_vaes, is_official_vae_folder
+from h3_core.weights.official_checkpoint import TEXT_ENCODER, TOKENIZER, is_official
+from h3_core.weights.vae_hook import check_official_vaes, is_official_vae_folder
 
 from . import sizing
 from .options import DEVICES, add_arguments
@@ -63,7 +64,7 @@ SHIPPED = ROOT / "model_repository"
 DEMO_WEIGHTS = ROOT / "weights" / "demo"
 SETTINGS = {cls.MODEL: cls for cls in (EncoderSettings, DitSettings, VaeSettings)}
 PIPELINE = "h3_pipeline"
-MINILM_WIDTH = 384  # width of the token states of h3_core.encoder's default text encoder
+MINILM_WIDTH = 384  # width of the token states of h3_core.model.encoder's default text encoder
 CPU_GROUP, GPU_GROUP = "KIND_CPU", "KIND_GPU"
 
 
@@ -105,7 +106,7 @@ def instance_groups(
     steps over sp_degree worker processes when sp_degree > 1), one h3_encoder and one h3_vae.
     cuda: the GPUs in groups of sp_degree consecutive indices, one h3_dit instance on the first
     GPU of each group (count 1 with the gpus list means one instance per listed GPU), which
-    drives its group (h3_core.sequence_parallel.rank_devices: its own GPU and the next
+    drives its group (h3_core.parallel.workers.rank_devices: its own GPU and the next
     sp_degree - 1), so instances x sp_degree = GPUs; one KIND_GPU h3_encoder and h3_vae on
     gpus[0] (h3_encoder has no device setting: it computes on the CPU wherever its instance is
     placed).
@@ -183,7 +184,7 @@ def plan(
     divide the config's heads) makes each h3_dit instance drive that many devices
     (instance_groups places them; cpu_threads counts each instance's workers).
     Raises ValueError for an unknown config, device, model or key, a value the settings refuse
-    (h3_core.settings messages), bad GPUs or instances, a text encoder of another width than the
+    (h3_core.serving.settings messages), bad GPUs or instances, a text encoder of another width than the
     config's text_dim (check_text_width), or a GPU where the DiT does not fit."""
     cfg = get_config(config)
     unknown = sorted(set(overrides or {}) - set(SETTINGS))
@@ -310,7 +311,7 @@ def plan(
 
 def check_text_width(config: str, encoder_path: str) -> None:
     """Raise ValueError when the text encoder at `encoder_path` ("" = MiniLM-L6, MINILM_WIDTH wide;
-    a folder: h3_core.encoder.text_width, when it has a config.json) gives states of another
+    a folder: h3_core.model.encoder.text_width, when it has a config.json) gives states of another
     width than the DiT config's text_dim: every request would fail."""
     text_dim = get_config(config).text_dim
     if not encoder_path:
@@ -393,9 +394,9 @@ COMMENTS = {
         "to this long plus one step",
         "max_wait_s": "seconds a request may wait for a step (since its arrival or its last step) before it ranks "
         "before every request that has not waited that long, whatever the policy and the priorities: the longest "
-        "wait, h3_core.scheduler",
+        "wait, h3_core.serving.scheduler",
         "priority_max": "request_priority lies in -priority_max..priority_max (higher runs first under srpt)",
-        "sp_degree": "devices each packed forward runs on (sequence parallelism, h3_core.sequence_parallel): 1 = in "
+        "sp_degree": "devices each packed forward runs on (sequence parallelism, h3_core.parallel): 1 = in "
         "this instance's process; N > 1 = N worker processes this instance starts, on cuda its own GPU and the next "
         "N - 1; N must divide the config's attention heads",
     },
@@ -451,7 +452,7 @@ DIT_INTRO = """\
 # The H3 DiT with diffusion continuous batching. Decoupled; Triton's iterative sequence batcher
 # hands every live request to each execute(), which runs packed steps, each ONE forward for the
 # requests the scheduling policy advances, as many as fit execute_budget_s while no newcomer or
-# cancel is announced (h3_core.registry), and reschedules the unfinished ones.
+# cancel is announced (h3_core.serving.registry), and reschedules the unfinished ones.
 #
 # REQUEST is JSON: the request fields present (height, width, num_frames, num_inference_steps,
 # seed, num_outputs) and encode_seconds (the keys h3_encoder writes; any other key is refused), or
@@ -586,8 +587,8 @@ def _request_mb_comment(dit: DitSettings, encoder: EncoderSettings) -> str:
     one = request_memory_mb(dit.max_height, dit.max_width, dit.max_num_frames, rows, hidden)
     every = request_memory_mb(dit.max_height, dit.max_width, dit.max_num_frames, rows * dit.max_outputs, hidden)
     return (
-        f"estimated peak MiB one request may add (h3_core.request.request_memory_mb: DiT rows + one output's VAE "
-        f"decode); the largest canvas the limits above allow ({dit.max_width} x {dit.max_height} px, "
+        "estimated peak MiB one request may add (h3_core.diffusion.request.request_memory_mb: DiT rows + one "
+        f"output's VAE decode); the largest canvas the limits above allow ({dit.max_width} x {dit.max_height} px, "
         f"{dit.max_num_frames} frames, a {encoder.max_tokens}-token prompt: {rows:,} rows) needs {one} with one "
         f"output, {every} with {dit.max_outputs}"
     )
@@ -599,7 +600,7 @@ def config_texts(repository: Repository) -> dict[str, str]:
     slots = (
         f"max_batch_size = sequence slots = max_num_seqs + max_waiting + {CONTROL_SLOTS} control slots "
         f"({dit.max_num_seqs} + {dit.max_waiting} + {CONTROL_SLOTS}): the scheduler holds at most max_num_seqs + "
-        "max_waiting requests (h3_core/scheduler.py, Admission). Requests beyond the slots wait in Triton's "
+        "max_waiting requests (h3_core/serving/scheduler.py, Admission). Requests beyond the slots wait in Triton's "
         "backlog, which the model cannot see."
     )
     dit_text = (
@@ -670,7 +671,7 @@ def write_repository(target: str | Path, repository: Repository) -> Path:
 
 def check_checkpoint(dit: DitSettings, vae: VaeSettings, encoder: EncoderSettings) -> None:
     """Refuse, before a repository is written, what h3_dit, h3_vae or h3_encoder would refuse at
-    load (weight sources: h3_core.checkpoint's module docstring; a relative folder is relative to
+    load (weight sources: h3_core.weights.checkpoint's module docstring; a relative folder is relative to
     ROOT), so that the launcher stops in seconds with one line:
     - random:SEED: nothing to check (a malformed one raises ValueError naming the allowed form);
     - a folder that does not exist, or holds neither layout: FileNotFoundError saying so and naming
@@ -685,7 +686,7 @@ def check_checkpoint(dit: DitSettings, vae: VaeSettings, encoder: EncoderSetting
     Raises FileNotFoundError or ValueError with the message of the first problem."""
 
     def seeded(folder: Path) -> str:
-        command = f"python -m h3_core.checkpoint_setup --configs {dit.config_name} --root"
+        command = f"python -m h3_core.weights.checkpoint_setup --configs {dit.config_name} --root"
         if folder.name == dit.config_name:
             return f"seeded random weights: {command} {folder.parent}"
         return f"seeded random weights: {command} DIR writes them to DIR/{dit.config_name}"
@@ -700,9 +701,9 @@ def check_checkpoint(dit: DitSettings, vae: VaeSettings, encoder: EncoderSetting
         if not any(layouts) and not (folder / VIDEO_VAE_FILE).is_file():
             raise FileNotFoundError(
                 f"{folder} is not a checkpoint: it holds neither {DIT_FILE}, {VIDEO_VAE_FILE} and {AUDIO_VAE_FILE} "
-                f"(python -m h3_core.checkpoint_setup writes seeded random ones) nor an official MiniMax-H3 "
+                f"(python -m h3_core.weights.checkpoint_setup writes seeded random ones) nor an official MiniMax-H3 "
                 f"checkpoint's transformer/, text_encoder/, tokenizer/, video_vae/ and audio_vae/ (python -m "
-                f"h3_core.official_checkpoint writes a synthetic one); or serve seeded random weights with "
+                f"h3_core.weights.official_checkpoint writes a synthetic one); or serve seeded random weights with "
                 f"--checkpoint random:0"
             )
         return folder

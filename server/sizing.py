@@ -13,7 +13,7 @@ packed DiT sequence.
   bytes of every parameter and buffer (h3_core.model.H3DiT on the meta device; about parameters x 2
   in bf16). Reserve, on the GPU that holds h3_vae and h3_encoder: decode_workers x the video VAE
   decode of the largest canvas the limits allow (request_memory_mb's decode term), plus the text
-  encoder's weights (h3_core.encoder.weight_bytes: 50.3 GB for MiniMax-H3's Qwen3-VL cut to 50
+  encoder's weights (h3_core.model.encoder.weight_bytes: 50.3 GB for MiniMax-H3's Qwen3-VL cut to 50
   layers). bytes_per_row_and_width: GPU_BF16_BYTES_PER_ROW_AND_WIDTH, measured on an H200, scaled
   by the config's dtype bytes / 2.
 - max_sequence_idle_microseconds: longer than the longest execute() (see idle_timeout).
@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from h3_core.config import ROW_ALIGN, DiTConfig
-from h3_core.request import request_memory_mb
+from h3_core.diffusion.request import request_memory_mb
 
 from .options import DEVICES
 
@@ -45,7 +45,7 @@ MAX_BATCH_ROWS = 65_536  # rows of one packed forward at most (4 x the 16,384-ro
 H200_STEP_S, H200_STEP_ROWS, H200_STEP_LAYERS = 0.355, 16_384, 8
 MIN_IDLE_S = 60.0  # today's CPU value, and the floor everywhere
 # h3_dit's execute_budget_s on cuda: seconds one execute() keeps taking steps while nothing is
-# announced for the DiT (h3_core.step_loop.StepLoop.another_step). Each execute costs a Triton
+# announced for the DiT (h3_core.serving.step_loop.StepLoop.another_step). Each execute costs a Triton
 # round trip of about 6 ms on the H200 host (docs/benchmarks.md, served vs request mode). An
 # execute takes another step while its time so far plus the last step's stays under the budget,
 # so it lasts at least half the budget and the round trip costs at most 6 ms / 0.5 s = 1.2% of

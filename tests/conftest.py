@@ -9,7 +9,7 @@ import pytest  # noqa: E402 - after the sys.path set-up above
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
     """One tritonserver (tiny config, CPU, max_steps 400) shared by the end-to-end tests."""
-    from h3_core.checkpoint_setup import DEFAULT_ROOT, create_checkpoint
+    from h3_core.weights.checkpoint_setup import DEFAULT_ROOT, create_checkpoint
     from server.process import TritonServer
     from tests.serving import model_repository_copy
 

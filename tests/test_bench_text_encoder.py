@@ -1,5 +1,5 @@
 """benchmarks/bench_text_encoder.py: the weight-free benchmark encoder loads through
-h3_core.encoder.TextEncoder with the asked width, tokenizes per character and is seeded."""
+h3_core.model.encoder.TextEncoder with the asked width, tokenizes per character and is seeded."""
 
 import json
 import sys
@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from h3_core.encoder import TextEncoder
+from h3_core.model.encoder import TextEncoder
 
 from .serving import ROOT
 

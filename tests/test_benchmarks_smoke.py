@@ -120,7 +120,7 @@ def test_engine_bench_bitwise_check_sees_a_pack_dependent_step():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import engine_bench
 
-    from h3_core.engine import load_engine
+    from h3_core.factory import load_engine
 
     engine = load_engine("tiny", "random:0", "cpu", with_encoder=False, with_vaes=False)
     packs = {"2x128": [128, 128]}
@@ -169,7 +169,7 @@ def check_summary(name: str, document: dict, steps: int) -> None:
 
 
 def test_served_bench_cpu_smoke(tmp_path):
-    from h3_core.checkpoint_setup import DEFAULT_ROOT, create_checkpoint
+    from h3_core.weights.checkpoint_setup import DEFAULT_ROOT, create_checkpoint
 
     create_checkpoint("tiny", DEFAULT_ROOT / "tiny")  # the CPU setting serves checkpoints/tiny
     out, work = tmp_path / "out", tmp_path / "work"

@@ -5,18 +5,18 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from h3_core.checkpoint import (
+from h3_core.config import get_config
+from h3_core.model import H3DiT
+from h3_core.model.initialization import init_weights
+from h3_core.weights.checkpoint import (
     diffusers_config,
     grouped_to_qkv,
-    init_weights,
     load_dit,
     load_weights,
     official_sources,
     save_official_transformer,
     save_weights,
 )
-from h3_core.config import get_config
-from h3_core.model import H3DiT
 
 
 @pytest.fixture(scope="module")

@@ -14,25 +14,19 @@ import venv
 
 from .serving import ROOT
 
-NOT_PACKAGED = shutil.ignore_patterns(
-    ".git",
-    ".venv",
-    "__pycache__",
-    "*.egg-info",
-    "build",
-    "checkpoints",
-    "out",
-    "weights",
-    "docs",
-    "tests",
-    "benchmarks",
-    "model_repository",
-)
+BUILD_LEFTOVERS = shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.egg-info", "build")  # anywhere
+NOT_PACKAGED = {"checkpoints", "out", "weights", "docs", "tests", "benchmarks", "model_repository"}  # top level only
+
+
+def not_packaged(folder: str, names: list[str]) -> set[str]:
+    """copytree's ignore: build leftovers anywhere, and the top-level folders the package does not
+    hold (h3_core/weights/ is packaged; the top-level weights/ is not)."""
+    return BUILD_LEFTOVERS(folder, names) | (NOT_PACKAGED & set(names) if folder == str(ROOT) else set())
 
 
 def test_the_client_extra_installs_and_runs_without_torch(tmp_path):
     source, env_dir = tmp_path / "h3-triton", tmp_path / "venv"
-    shutil.copytree(ROOT, source, ignore=NOT_PACKAGED)
+    shutil.copytree(ROOT, source, ignore=not_packaged)
     venv.EnvBuilder(with_pip=False).create(env_dir)
     python = str(env_dir / "bin" / "python")
     env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}

@@ -8,12 +8,14 @@ from pathlib import Path
 import pytest
 
 from client.api import H3Client
-from h3_core.checkpoint import init_weights, load_weights
 from h3_core.config import get_config
-from h3_core.encoder import TextEncoder
-from h3_core.engine import Engine, load_vaes
+from h3_core.diffusion.engine import Engine
+from h3_core.diffusion.request import RequestLimits
 from h3_core.model import H3DiT
-from h3_core.request import RequestLimits
+from h3_core.model.encoder import TextEncoder
+from h3_core.model.initialization import init_weights
+from h3_core.weights.checkpoint import load_weights
+from h3_core.weights.vae_hook import load_vaes
 from server.process import TritonServer
 from server.repository import DEMO_WEIGHTS, plan, write_repository
 

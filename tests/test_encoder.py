@@ -7,8 +7,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from h3_core.encoder import TextEncoder, minilm_path
-from h3_core.request import GenerationRequest, RequestLimits, check_prompt, validate_request
+from h3_core.diffusion.request import GenerationRequest, RequestLimits, validate_request
+from h3_core.model.encoder import TextEncoder, minilm_path
+from h3_core.protocol import check_prompt
 
 PROMPT = "a red ball rolls to the left while a low tone plays"
 REPO = Path(__file__).resolve().parents[1]
@@ -83,7 +84,7 @@ def test_offline_env_loads_local_files_only(encoder, tmp_path):
     # A fresh process with the hub offline and an empty HF cache gives the same states.
     out = tmp_path / "states.safetensors"
     script = (
-        "import sys; from safetensors.torch import save_file; from h3_core.encoder import TextEncoder; "
+        "import sys; from safetensors.torch import save_file; from h3_core.model.encoder import TextEncoder; "
         "save_file({'s': TextEncoder().encode(sys.argv[1])}, sys.argv[2])"
     )
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))

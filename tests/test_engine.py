@@ -3,15 +3,15 @@ import itertools
 import pytest
 import torch
 
-from h3_core import layout as L
-from h3_core.checkpoint import init_weights
 from h3_core.config import get_config
-from h3_core.encoder import TextEncoder
-from h3_core.engine import Engine, decode_clip
+from h3_core.diffusion import layout as L
+from h3_core.diffusion.engine import Engine
+from h3_core.diffusion.request import GenerationRequest, RequestLimits
 from h3_core.model import H3DiT
-from h3_core.request import GenerationRequest, RequestLimits
-from h3_core.step_loop import Result
-from h3_core.vae import create_vaes
+from h3_core.model.encoder import TextEncoder
+from h3_core.model.initialization import init_weights
+from h3_core.model.vae import create_vaes, decode_clip
+from h3_core.serving.events import Result
 from tests.test_step_loop import Client, make_loop
 
 

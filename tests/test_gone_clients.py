@@ -9,7 +9,7 @@ step it reached. Bound: GONE_BOUND_STEPS steps after the last step its client sa
 128 x 128 x 121 frames, so that a packed step of the three (about 0.1 s or more on the CPU) is
 long against the way back from h3_vae to h3_dit (a few ms); with much faster steps the bound
 holds in time (a few of those round trips), not in steps. With h3_dit's executes allowed to take
-steps for 20 s (execute_budget_s), h3_vae announces each cancel (h3_core.registry), which ends the
+steps for 20 s (execute_budget_s), h3_vae announces each cancel (h3_core.serving.registry), which ends the
 execute in flight after its step; h3_vae sends its cancels one at a time, each waiting for its
 answer, and there each answer also waits for an execute to end, so every other client's cancel
 sent before this one may hold it back one more step: the bound is GONE_BOUND_STEPS plus the
@@ -27,7 +27,7 @@ import pytest
 from .serving import ROOT, idle_metrics, model_repository_copy
 
 # the step in flight to the client, the one running at detection, one more before the cancel lands,
-# and one launched ahead while steps are short (h3_core.step_loop.OVERLAP_MAX_STEP_S)
+# and one launched ahead while steps are short (h3_core.serving.step_loop.OVERLAP_MAX_STEP_S)
 GONE_BOUND_STEPS = 4
 CLIENT = """
 import sys, time, numpy as np, tritonclient.grpc as g

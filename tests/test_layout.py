@@ -3,9 +3,10 @@ import math
 import pytest
 import torch
 
-from h3_core import layout as L
+from h3_core.config import align_num_frames, audio_latent_frames, audio_num_samples, latent_frames
+from h3_core.diffusion import layout as L
+from h3_core.diffusion.sampling import euler_step, sigma_schedule
 from h3_core.model.attention import Documents, check_cu_seqlens
-from h3_core.sampling import euler_step, sigma_schedule
 
 
 def test_shape_math_benchmark_request():
@@ -13,13 +14,13 @@ def test_shape_math_benchmark_request():
     lay = L.make_layout(9, 384, 672, 209)
     assert (lay.latent_t, lay.latent_h, lay.latent_w, lay.audio_t) == (62, 24, 42, 348)
     assert (lay.video_rows, lay.audio_rows, lay.used, lay.seq_len) == (15624, 696, 16329, 16384)
-    assert L.audio_num_samples(209) == 278667  # 209 / 24 s at 32 kHz
+    assert audio_num_samples(209) == 278667  # 209 / 24 s at 32 kHz
 
 
 def test_frame_alignment_and_latent_counts():
-    assert [L.align_num_frames(f) for f in (1, 5, 6, 22, 23, 200, 209)] == [5, 5, 22, 22, 39, 209, 209]
-    assert [L.latent_frames(f) for f in (1, 5, 22, 39, 200, 209)] == [2, 2, 7, 12, 62, 62]
-    assert L.audio_latent_frames(22) == 37 and L.audio_latent_frames(209) == 348
+    assert [align_num_frames(f) for f in (1, 5, 6, 22, 23, 200, 209)] == [5, 5, 22, 22, 39, 209, 209]
+    assert [latent_frames(f) for f in (1, 5, 22, 39, 200, 209)] == [2, 2, 7, 12, 62, 62]
+    assert audio_latent_frames(22) == 37 and audio_latent_frames(209) == 348
 
 
 def test_tiny_layout_and_seq_len_pinning():

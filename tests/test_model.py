@@ -3,11 +3,12 @@ import math
 import pytest
 import torch
 
-from h3_core import layout as L
-from h3_core.checkpoint import init_weights, load_weights, save_weights
 from h3_core.config import get_config
+from h3_core.diffusion import layout as L
 from h3_core.model import H3DiT
+from h3_core.model.initialization import init_weights
 from h3_core.model.rope import apply_rope, rope_table
+from h3_core.weights.checkpoint import load_weights, save_weights
 
 
 @pytest.fixture(scope="module")

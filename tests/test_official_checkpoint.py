@@ -1,4 +1,4 @@
-"""A synthetic checkpoint in the official MiniMax-H3 layout (h3_core.official_checkpoint: tiny DiT
+"""A synthetic checkpoint in the official MiniMax-H3 layout (h3_core.weights.official_checkpoint: tiny DiT
 in diffusers names, a 52-layer random Qwen3-VL cut at layer 50, its tokenizer, our VAEs behind the
 remote-code hook) served end to end through tritonserver on the CPU, equal bit for bit to the
 same models run in-process."""
@@ -12,11 +12,11 @@ import torch
 import tritonclient.grpc as grpcclient
 
 from client.api import H3Client
-from h3_core.encoder import QWEN3VL_H3_LAYER, TextEncoder
-from h3_core.engine import load_engine
-from h3_core.official_checkpoint import QWEN3VL_LAYERS, TEXT_ENCODER, TOKENIZER, write_synthetic_checkpoint
+from h3_core.diffusion.request import GenerationRequest
+from h3_core.factory import load_engine
+from h3_core.model.encoder import QWEN3VL_H3_LAYER, TextEncoder
 from h3_core.protocol import PROMPT, TEXT_EMBEDS
-from h3_core.request import GenerationRequest
+from h3_core.weights.official_checkpoint import QWEN3VL_LAYERS, TEXT_ENCODER, TOKENIZER, write_synthetic_checkpoint
 from server.process import TritonServer
 from server.repository import check_checkpoint, plan, write_repository
 from tests.serving import tensor

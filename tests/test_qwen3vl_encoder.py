@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import Qwen3VLForConditionalGeneration
 
-from h3_core.encoder import TextEncoder, text_width, weight_bytes
-from h3_core.official_checkpoint import write_byte_tokenizer, write_random_qwen3vl
+from h3_core.model.encoder import TextEncoder, text_width, weight_bytes
+from h3_core.weights.official_checkpoint import write_byte_tokenizer, write_random_qwen3vl
 
 PROMPT = "a red ball rolls"  # 16 bytes -> 16 tokens of the byte-level tokenizer
 

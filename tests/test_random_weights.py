@@ -3,14 +3,15 @@ import re
 import pytest
 import torch
 
-from h3_core.checkpoint import init_weights, load_dit, source_seed
-from h3_core.checkpoint_setup import create_checkpoint
 from h3_core.config import get_config
-from h3_core.engine import load_engine
+from h3_core.factory import load_engine
 from h3_core.model import H3DiT
-from h3_core.settings import DitSettings, EncoderSettings, VaeSettings
-from h3_core.vae import create_vaes
-from h3_core.vae_hook import load_vaes
+from h3_core.model.initialization import init_weights
+from h3_core.model.vae import create_vaes
+from h3_core.serving.settings import DitSettings, EncoderSettings, VaeSettings
+from h3_core.weights.checkpoint import load_dit, source_seed
+from h3_core.weights.checkpoint_setup import create_checkpoint
+from h3_core.weights.vae_hook import load_vaes
 from server import repository as R
 
 from .test_repository import parameters
@@ -103,7 +104,7 @@ def test_check_checkpoint_names_the_first_missing_native_file_of_each_source(tmp
     )
     message = (
         f"{tmp_path / 'tiny' / 'audio_vae.safetensors'} not found; seeded random weights: "
-        f"python -m h3_core.checkpoint_setup --configs tiny --root {tmp_path}"
+        f"python -m h3_core.weights.checkpoint_setup --configs tiny --root {tmp_path}"
     )
     with pytest.raises(FileNotFoundError, match=f"^{re.escape(message)}$"):
         R.check_checkpoint(

@@ -1,4 +1,4 @@
-"""h3_core.registry: the request ids, cancels and loads shared by a server's DiT instances."""
+"""h3_core.serving.registry: the request ids, cancels and loads shared by a server's DiT instances."""
 
 import multiprocessing
 import os
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from h3_core import registry as registry_module
 from h3_core.protocol import EARLY_CANCEL_SECONDS
-from h3_core.registry import DitLoad, Registry, server_folder
-from h3_core.scheduler import Job, Overloaded, Scheduler
-from h3_core.simulate import SimState
+from h3_core.serving import registry as registry_module
+from h3_core.serving.registry import Registry, server_folder
+from h3_core.serving.scheduler import DitLoad, Job, Overloaded, Scheduler
+from h3_core.serving.simulate import SimState
 
 
 class Clock:
@@ -133,7 +133,7 @@ def test_announcements_count_exactly_and_stamp_the_time(tmp_path):
 
 ANNOUNCER = """
 import sys, threading
-from h3_core.registry import Registry
+from h3_core.serving.registry import Registry
 registry, each = Registry(sys.argv[1]), int(sys.argv[2])
 threads = [threading.Thread(target=lambda: [registry.announce() for _ in range(each)]) for _ in range(2)]
 for thread in threads:
@@ -219,7 +219,7 @@ def test_concurrent_writers_lose_no_update(tmp_path):
 
 SERVER = """
 import os, time
-from h3_core.registry import Registry, server_folder
+from h3_core.serving.registry import Registry, server_folder
 Registry(server_folder(os.getpid()), "h3_dit_0").admit("a")
 print("ready", flush=True)
 time.sleep(600)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from h3_core.settings import DitSettings, EncoderSettings, VaeSettings
+from h3_core.serving.settings import DitSettings, EncoderSettings, VaeSettings
 from server import launch
 from server import repository as R
 from server.sizing import GPU_EXECUTE_BUDGET_S, Machine
@@ -296,7 +296,7 @@ def test_the_cli_writes_the_demo_repository_and_says_what_it_sized(tmp_path, cap
         (
             ["--config", "demo"],
             f"checkpoint folder {R.ROOT / 'checkpoints' / 'demo'} does not exist; seeded random weights: python -m "
-            "h3_core.checkpoint_setup --configs demo --root ",
+            "h3_core.weights.checkpoint_setup --configs demo --root ",
         ),
     ],
 )

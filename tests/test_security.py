@@ -11,10 +11,10 @@ import torch
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from h3_core.checkpoint_setup import DEFAULT_ROOT
-from h3_core.encoder import TextEncoder
-from h3_core.engine import load_engine
-from h3_core.request import GenerationRequest, RequestLimits, request_memory_mb
+from h3_core.diffusion.request import GenerationRequest, RequestLimits, request_memory_mb
+from h3_core.factory import load_engine
+from h3_core.model.encoder import TextEncoder
+from h3_core.weights.checkpoint_setup import DEFAULT_ROOT
 from server.launch import _parser
 from server.process import TritonServer
 
@@ -25,7 +25,7 @@ UNSAFE_LOADING = re.compile(r"\bpickle\b|torch\.load|np\.load|numpy\.load|allow_
 # The one place pickle is allowed: sequence parallelism's messages between an h3_dit process and the
 # worker processes it forked, over their own multiprocessing pipes (what multiprocessing does with
 # every object it sends); it never reads a file or the network. Every other module stays pickle-free.
-PICKLE_BETWEEN_OWN_PROCESSES = ("h3_core/sequence_parallel.py",)
+PICKLE_BETWEEN_OWN_PROCESSES = ("h3_core/parallel/workers.py",)
 SAFE_WEIGHTS = (".safetensors",)
 WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".npy", ".npz", ".safetensors")
 

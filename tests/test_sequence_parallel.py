@@ -1,4 +1,4 @@
-"""Sequence parallelism (h3_core.sequence_parallel, issue 17) on the CPU, in-process.
+"""Sequence parallelism (h3_core.parallel, issue 17) on the CPU, in-process.
 
 The split and the Ulysses attention: every rank of 2, 4 or 8 run as a thread of this process
 (an all-to-all through a barrier), for packs whose documents fall every way across the ranks;
@@ -18,19 +18,13 @@ import threading
 import pytest
 import torch
 
-from h3_core import layout as L
-from h3_core.checkpoint import load_dit
 from h3_core.config import get_config
-from h3_core.engine import load_engine
+from h3_core.diffusion import layout as L
+from h3_core.factory import load_engine
 from h3_core.model import H3DiT
-from h3_core.sequence_parallel import (
-    Arena,
-    SequenceParallelDiT,
-    Shares,
-    WorkerFailed,
-    forward_share,
-    rank_devices,
-)
+from h3_core.parallel.ulysses import Shares, forward_share
+from h3_core.parallel.workers import Arena, SequenceParallelDiT, WorkerFailed, rank_devices
+from h3_core.weights.checkpoint import load_dit
 from server.repository import InstanceGroup, config_texts, plan
 from server.sizing import Machine
 
@@ -342,7 +336,7 @@ def test_a_driver_that_ends_without_closing_its_workers_exits_at_once():
     script = (
         "import torch\n"
         "from h3_core.config import get_config\n"
-        "from h3_core.sequence_parallel import SequenceParallelDiT\n"
+        "from h3_core.parallel.workers import SequenceParallelDiT\n"
         "torch.set_num_threads(1)\n"
         "runner = SequenceParallelDiT(get_config('tiny'), 'random:0', 'cpu', 2)\n"
         "raise SystemExit('ends without closing its workers')\n"

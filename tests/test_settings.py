@@ -1,11 +1,11 @@
-"""h3_core.settings: each served model's settings from its config.pbtxt parameters."""
+"""h3_core.serving.settings: each served model's settings from its config.pbtxt parameters."""
 
 import re
 from pathlib import Path
 
 import pytest
 
-from h3_core.settings import DitSettings, EncoderSettings, VaeSettings
+from h3_core.serving.settings import DitSettings, EncoderSettings, VaeSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMETER = re.compile(r'key: "([^"]+)" value: \{ string_value: "([^"]*)" \}')

@@ -1,4 +1,4 @@
-"""h3_core.step_loop without a server: plain Arrivals in, events out, a fake clock.
+"""h3_core.serving.step_loop without a server: plain Arrivals in, events out, a fake clock.
 
 Every request's final latents are compared with torch.equal to the same request run alone
 (Engine.prepare + denoise_step + update), so co-batching, cancellation, failures and deadlines
@@ -15,26 +15,19 @@ import numpy as np
 import pytest
 import torch
 
-from h3_core import layout as L
-from h3_core.checkpoint import init_weights
 from h3_core.config import get_config
-from h3_core.engine import Engine
+from h3_core.diffusion import layout as L
+from h3_core.diffusion.engine import Engine
+from h3_core.diffusion.request import GenerationRequest
 from h3_core.model import H3DiT
-from h3_core.registry import Registry
-from h3_core.request import GenerationRequest
-from h3_core.settings import DitSettings
-from h3_core.step_loop import (
-    ANNOUNCED_TRANSIT_S,
-    VANISHED_EXECUTES,
-    Arrival,
-    CancelAnswer,
-    Ended,
-    MetricsRecord,
-    Progress,
-    Refused,
-    Result,
-    StepLoop,
-)
+from h3_core.model.initialization import init_weights
+from h3_core.serving import admission
+from h3_core.serving.admission import VANISHED_EXECUTES
+from h3_core.serving.events import Arrival, CancelAnswer, Ended, Progress, Refused, Result
+from h3_core.serving.metrics import MetricsRecord
+from h3_core.serving.registry import Registry
+from h3_core.serving.settings import DitSettings
+from h3_core.serving.step_loop import ANNOUNCED_TRANSIT_S, StepLoop
 
 TEXT_LEN = 3
 TEXT_DIM = get_config("tiny").text_dim
@@ -325,14 +318,14 @@ def test_assigned_request_ids_are_unguessable(engine):
 def test_an_unexpected_admission_error_refuses_only_that_request(engine, caplog, monkeypatch):
     loop = make_loop(engine)
     client = Client(loop)
-    original = loop.parse
+    original = admission.parse
 
-    def parse(arrival, fields, now):
+    def parse(arrival, fields, now, engine, settings):
         if arrival.request_id == "odd":
             raise IndexError("tuple index out of range\nsecond line")
-        return original(arrival, fields, now)
+        return original(arrival, fields, now, engine, settings)
 
-    monkeypatch.setattr(loop, "parse", parse)
+    monkeypatch.setattr(admission, "parse", parse)
     client.send("odd", steps=1, seed=1)
     client.send("fine", steps=1, seed=2)
     with caplog.at_level(logging.ERROR, logger="h3_dit"):
@@ -725,7 +718,7 @@ def test_an_execute_takes_one_step_while_triton_withholds_a_live_job(engine, mon
     assert_solo(engine, client.of("kept", Result)[0], 10, 1)
 
 
-# -- several steps per execute while nothing is announced (h3_core.registry) -------------------
+# -- several steps per execute while nothing is announced (h3_core.serving.registry) -------------------
 
 
 def steps_per_execute(client: Client, log: list, executes: int) -> list[int]:

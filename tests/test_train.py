@@ -8,10 +8,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from h3_core import layout as L
-from h3_core.checkpoint import init_weights
-from h3_core.config import get_config
+from h3_core.config import audio_num_samples, get_config
+from h3_core.diffusion import layout as L
 from h3_core.model import H3DiT
+from h3_core.model.initialization import init_weights
 from training import data, dit_train, measure, state, text_states, vae_train
 from training.loop import lr_at, read_loss_csv
 
@@ -33,7 +33,7 @@ def test_generator_is_seeded_and_measurements_recover_every_attribute():
     assert frames.shape == (len(clips), 22, 64, 96, 3) and frames.dtype == torch.uint8
     assert audio.shape == (len(clips), 2, 29600)
     assert torch.equal(frames, data.render_video(clips))
-    for clip, f, a in zip(clips, frames.numpy(), audio[:, :, : L.audio_num_samples(22)].numpy(), strict=True):
+    for clip, f, a in zip(clips, frames.numpy(), audio[:, :, : audio_num_samples(22)].numpy(), strict=True):
         assert all(measure.score(clip, f, a)["correct"].values()), clip
 
 

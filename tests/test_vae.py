@@ -3,8 +3,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from h3_core import config
-from h3_core.checkpoint import load_weights, save_weights
-from h3_core.vae import (
+from h3_core.model.vae import (
     VideoVAE,
     create_vaes,
     frames_to_groups,
@@ -12,6 +11,7 @@ from h3_core.vae import (
     num_video_frames,
     num_video_latents,
 )
+from h3_core.weights.checkpoint import load_weights, save_weights
 
 
 @pytest.fixture(scope="module")

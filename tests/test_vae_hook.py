@@ -7,16 +7,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from h3_core import remote_vae_modeling
-from h3_core.checkpoint import init_weights, save_official_transformer, save_weights
 from h3_core.config import get_config
-from h3_core.engine import load_engine
+from h3_core.diffusion.request import GenerationRequest
+from h3_core.factory import load_engine
 from h3_core.model import H3DiT
-from h3_core.official_checkpoint import write_byte_tokenizer, write_random_qwen3vl
-from h3_core.request import GenerationRequest
-from h3_core.settings import DitSettings, EncoderSettings, VaeSettings
-from h3_core.vae import create_vaes
-from h3_core.vae_hook import load_vaes, write_official_vaes
+from h3_core.model.initialization import init_weights
+from h3_core.model.vae import create_vaes
+from h3_core.serving.settings import DitSettings, EncoderSettings, VaeSettings
+from h3_core.weights import remote_vae_modeling
+from h3_core.weights.checkpoint import save_official_transformer, save_weights
+from h3_core.weights.official_checkpoint import write_byte_tokenizer, write_random_qwen3vl
+from h3_core.weights.vae_hook import load_vaes, write_official_vaes
 from server import repository as R
 
 REFUSAL = (
@@ -27,7 +28,7 @@ REFUSAL = (
 # Hook variants for the output-shape rules, written next to the copied modeling_h3_vae.py.
 CUSTOM_MODULE = """
 import torch
-from h3_core.remote_vae_modeling import H3AudioDecoder, H3VideoDecoder
+from h3_core.weights.remote_vae_modeling import H3AudioDecoder, H3VideoDecoder
 
 
 class Output:

@@ -15,7 +15,7 @@ from openai.types import Video
 from PIL import Image
 
 from client.generate import wav_bytes
-from h3_core.registry import DitLoad
+from h3_core.serving.scheduler import DitLoad
 from server.environment import pick_free_ports
 from server.videos_api.app import Settings, create_app
 from server.videos_api.fields import CREATE_FIELDS, error_from_server, parse_create

@@ -55,14 +55,14 @@ sys.path.insert(0, {str(find_tritonserver()[1] / "python")!r})
 for name in ("h3_vae", "h3_dit"):
     spec = importlib.util.spec_from_file_location(name, f"model_repository/{{name}}/1/model.py")
     spec.loader.exec_module(importlib.util.module_from_spec(spec))
-from h3_core.settings import DitSettings
-from h3_core.step_loop import Arrival, StepLoop
-print(StepLoop.parse.__globals__["MP4_AVAILABLE"])
-loop = StepLoop.__new__(StepLoop)  # no engine: parse must refuse before using it
-loop.settings = DitSettings()
+from h3_core.serving.admission import parse
+from h3_core.serving.events import Arrival
+from h3_core.serving.settings import DitSettings
+print(parse.__globals__["MP4_AVAILABLE"])
+settings = DitSettings()
 for parameters in ({{}}, {{"return_mp4": True}}, {{"return_mp4": False, "progress_every": -1}}):
-    try:
-        loop.parse(Arrival(handle=1, key=1, new=True, parameters_json=json.dumps(parameters)), {{}}, 0.0)
+    try:  # no engine: parse must refuse before using it
+        parse(Arrival(handle=1, key=1, new=True, parameters_json=json.dumps(parameters)), {{}}, 0.0, None, settings)
     except ValueError as error:
         print(error)
 """)

@@ -22,8 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from h3_core.config import AUDIO_HOP, AUDIO_SAMPLE_RATE, FPS
-from h3_core.layout import audio_latent_frames
+from h3_core.config import AUDIO_HOP, AUDIO_SAMPLE_RATE, FPS, audio_latent_frames
 
 HEIGHT, WIDTH, NUM_FRAMES = 64, 96, 22
 AUDIO_SAMPLES = audio_latent_frames(NUM_FRAMES) * AUDIO_HOP  # 29,600: whole audio latents

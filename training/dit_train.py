@@ -4,7 +4,7 @@
         --captions build/demo/caption_states.safetensors --config demo \
         --seconds 240 --total-seconds 240 [--batch 256] [--device cuda]
 
-Objective (the sampler's convention, h3_core/sampling.py): for clean latent rows x0 and noise n,
+Objective (the sampler's convention, h3_core/diffusion/sampling.py): for clean latent rows x0 and noise n,
 x_t = (1 - sigma) x0 + sigma n, the model gets t = 1 - sigma and is trained to output the
 velocity v = x0 - n (MSE, video and audio rows averaged separately and summed). sigma is drawn
 like the sampler's shifted schedule (sampling.shift_sigma): u ~ U(0, 1) once per clip,
@@ -27,7 +27,7 @@ output heads zeroed (adaLN-zero: each block starts as the identity, the output a
 (lr 5e-4, warm-up + cosine over --total-seconds, weight decay 0.01, clip 1.0), bf16 autocast on
 CUDA. State every --save-every seconds; the optimizer moments are stored in bfloat16.
 
-At the end it samples the held-out captions with the engine (h3_core.engine.Engine: Euler, 8
+At the end it samples the held-out captions with the engine (h3_core.diffusion.engine.Engine: Euler, 8
 steps, seed 0, the inference forward), decodes and scores them (evaluate.generate and
 evaluate.report), and writes <work>/dit_eval.json: a quick check on the training machine; the
 evaluation of the shipped weights is evaluate.py's, with the real text encoder.
@@ -42,14 +42,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from h3_core import layout as L
-from h3_core.checkpoint import init_weights
 from h3_core.config import AUDIO_LATENT_CHANNELS, AUDIO_ROW_WIDTH, VIDEO_ROW_WIDTH, get_config
-from h3_core.engine import Engine, load_vaes
+from h3_core.diffusion import layout as L
+from h3_core.diffusion.engine import Engine
+from h3_core.diffusion.sampling import DEFAULT_AUDIO_SHIFT, DEFAULT_VIDEO_SHIFT, shift_sigma
 from h3_core.model import H3DiT
+from h3_core.model.initialization import init_weights
 from h3_core.model.rope import rope_table
-from h3_core.sampling import DEFAULT_AUDIO_SHIFT, DEFAULT_VIDEO_SHIFT, shift_sigma
-from h3_core.vae import AudioVAE, VideoVAE
+from h3_core.model.vae import AudioVAE, VideoVAE
+from h3_core.weights.vae_hook import load_vaes
 
 from . import data, evaluate, text_states
 from .loop import Run

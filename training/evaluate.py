@@ -3,7 +3,7 @@
     python -m training.evaluate [--clips 36] [--steps 8] [--pack 4] [--out out/eval] \
         [--config demo] [--weights weights/demo]
 
-Loads the engine (h3_core.engine.load_engine: the DiT, both VAEs and the MiniLM text encoder)
+Loads the engine (h3_core.factory.load_engine: the DiT, both VAEs and the MiniLM text encoder)
 for `--config` with the weights folder `--weights`, generates one clip per held-out combination
 (data.HELD_OUT: attribute combinations never trained on, seed 0, the 64 x 96 x 22 canvas) with
 `--pack` requests co-batched in each DiT forward, as the server's step loop packs them (a
@@ -25,9 +25,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from h3_core.engine import Engine, load_engine
+from h3_core.diffusion.engine import Engine
+from h3_core.diffusion.request import GenerationRequest
+from h3_core.factory import load_engine
 from h3_core.media import write_mp4
-from h3_core.request import GenerationRequest
 
 from . import data, measure
 

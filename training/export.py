@@ -13,9 +13,9 @@ import argparse
 import shutil
 from pathlib import Path
 
-from h3_core.checkpoint import save_weights
 from h3_core.config import get_config
 from h3_core.model import H3DiT
+from h3_core.weights.checkpoint import save_weights
 
 from .loop import read_loss_csv
 from .state import load_state

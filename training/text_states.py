@@ -21,7 +21,7 @@ from . import data
 
 
 def compute(out: Path) -> None:
-    from h3_core.encoder import TextEncoder
+    from h3_core.model.encoder import TextEncoder
 
     train = data.train_captions()
     held = [clip.caption for clip in data.held_out_clips()]

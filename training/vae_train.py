@@ -1,4 +1,4 @@
-"""Train the video and audio VAEs (h3_core.vae) on the procedural clips; resumable.
+"""Train the video and audio VAEs (h3_core.model.vae) on the procedural clips; resumable.
 
     python -m training.vae_train --work build/demo/train --which video audio \
         --seconds 600 --total-seconds 600 [--device cpu]
@@ -24,8 +24,9 @@ from pathlib import Path
 
 import torch
 
-from h3_core.checkpoint import init_weights, save_weights
-from h3_core.vae import AudioVAE, VideoVAE, frames_to_groups
+from h3_core.model.initialization import init_weights
+from h3_core.model.vae import AudioVAE, VideoVAE, frames_to_groups
+from h3_core.weights.checkpoint import save_weights
 
 from . import data, measure
 from .loop import Run
@@ -166,8 +167,8 @@ def train(
 def roundtrip_report(work: Path, device, clips: list[data.Clip]) -> dict:
     """Encode and decode `clips` with the trained VAEs of `work`; measure.score the results and
     report the attribute accuracy and the PSNR of the video (dB over the frame)."""
-    from h3_core.checkpoint import load_weights
-    from h3_core.layout import audio_num_samples
+    from h3_core.config import audio_num_samples
+    from h3_core.weights.checkpoint import load_weights
 
     video_vae, audio_vae = VideoVAE().to(device), AudioVAE().to(device)
     load_weights(video_vae, work / "video_vae.safetensors")

@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import AUDIO_ROW_WIDTH, ROW_ALIGN, VIDEO_ROW_WIDTH, DiTConfig
-from ..layout import PackedBatch
 from .attention import AttentionFn, Documents, get_attention_backend
+from .packed import PackedBatch
 from .rope import apply_rope, rope_table
 
 # Default row tiles, bitwise solo == co-batched: 64 rows on the CPU; on CUDA none (one GEMM per
@@ -443,7 +443,7 @@ class H3DiT(nn.Module):
 
     def embed(self, video: torch.Tensor, audio: torch.Tensor, text: torch.Tensor, batch: PackedBatch) -> "Embedded":
         """The part of `forward` before the blocks, over the whole pack (arguments as forward's);
-        see embed_rows. Sequence-parallel ranks (h3_core.sequence_parallel) run it unchanged,
+        see embed_rows. Sequence-parallel ranks (h3_core.parallel.ulysses) run it unchanged,
         each over the whole pack."""
         return self.embed_rows(video, audio, text, *self.device_batch(batch))
 

@@ -1,13 +1,13 @@
-"""h3_dit: the decoupled iterative DiT model, an adapter over h3_core.step_loop.StepLoop.
+"""h3_dit: the decoupled iterative DiT model, an adapter over h3_core.serving.step_loop.StepLoop.
 
 Each execute() receives every live sequence (Triton's iterative sequence batcher). The adapter
-turns each request into a step_loop.Arrival, runs one StepLoop.iterate (in step mode as many
+turns each request into an h3_core.serving.events.Arrival, runs one StepLoop.iterate (in step mode as many
 steps as execute_budget_s allows), sends the events it produces as they come and reschedules the
 requests still running. The step loop (admission, cancel by id, deadlines, the pack, the packed
-forward and its retry, results) is in h3_core/step_loop.py and runs without Triton.
+forward and its retry, results) is in h3_core/serving/step_loop.py and runs without Triton.
 
 With sp_degree > 1 the engine's DiT runs in worker processes this instance starts, on the CPU
-or on its GPU and the next ones (h3_core.sequence_parallel); finalize() stops them.
+or on its GPU and the next ones (h3_core.parallel.workers); finalize() stops them.
 
 SIGUSR1 (sent by server.launch before it stops the server) starts draining: at the next step
 boundary every job ends with CANCELLED and newcomers are refused with UNAVAILABLE:.
@@ -20,13 +20,15 @@ import signal
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from h3_core.checkpoint import source_seed
-from h3_core.engine import load_engine
+from h3_core.factory import load_engine
+from h3_core.parallel.workers import SP_TIMEOUT_FRACTION
 from h3_core.protocol import AUDIO_LATENT, REQUEST, TEXT_EMBEDS, VIDEO_LATENT
-from h3_core.registry import Registry, server_folder
-from h3_core.sequence_parallel import SP_TIMEOUT_FRACTION
-from h3_core.settings import DitSettings
-from h3_core.step_loop import METRICS, Arrival, CancelAnswer, Ended, Heartbeat, Progress, Refused, Result, StepLoop
+from h3_core.serving.events import Arrival, CancelAnswer, Ended, Heartbeat, Progress, Refused, Result
+from h3_core.serving.metrics import METRICS
+from h3_core.serving.registry import Registry, server_folder
+from h3_core.serving.settings import DitSettings
+from h3_core.serving.step_loop import StepLoop
+from h3_core.weights.checkpoint import source_seed
 from server.adapter import error_response, json_tensor, model_parameters, resolve_path, set_threads
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -36,7 +38,7 @@ EMPTY_PREVIEW = np.zeros((1, 0, 0, 3), dtype=np.uint8)
 
 
 class TritonMetrics:
-    """The step loop's metrics (step_loop.METRICS) published on Triton's /metrics endpoint, one
+    """The step loop's metrics (h3_core.serving.metrics.METRICS) published on Triton's /metrics endpoint, one
     series per DiT instance (`labels`: model, instance, and gpu on a GPU instance): sum over
     the series for the server's totals."""
 

@@ -1,7 +1,7 @@
 """h3_encoder: PROMPT -> TEXT_EMBEDS, the optional INT64 inputs -> REQUEST JSON (an adapter over
-h3_core.encoder). The request parameters and the inputs' shapes are checked before the prompt
+h3_core.model.encoder). The request parameters and the inputs' shapes are checked before the prompt
 is encoded, so a malformed request costs no encoder time; when every h3_dit instance is full
-(h3_core.registry) the request is refused with UNAVAILABLE before encoding. The requests passed
+(h3_core.serving.registry) the request is refused with UNAVAILABLE before encoding. The requests passed
 on to h3_dit are announced in the registry as the execute ends (Registry.announce), so that an
 h3_dit execute taking several steps ends at its next step boundary and takes them in."""
 
@@ -9,11 +9,11 @@ import time
 
 import triton_python_backend_utils as pb_utils
 
-from h3_core.encoder import TextEncoder
+from h3_core.model.encoder import TextEncoder
 from h3_core.protocol import INT_INPUTS, PROMPT, REQUEST, TEXT_EMBEDS, check_request_parameters
-from h3_core.registry import Registry, server_folder
-from h3_core.scheduler import Overloaded
-from h3_core.settings import EncoderSettings
+from h3_core.serving.registry import Registry, server_folder
+from h3_core.serving.scheduler import Overloaded
+from h3_core.serving.settings import EncoderSettings
 from server.adapter import error_response, json_tensor, model_parameters, set_threads
 
 
@@ -51,7 +51,7 @@ class TritonPythonModel:
     def encode(self, request):
         """One request -> TEXT_EMBEDS float32 [1, L, text_dim] + REQUEST. Raises ValueError
         naming the input or parameter for a malformed request, Overloaded when every h3_dit
-        instance is full (h3_core.registry)."""
+        instance is full (h3_core.serving.registry)."""
         start, received = time.perf_counter(), time.time()
         check_request_parameters(request.parameters())
         tensor = pb_utils.get_input_tensor_by_name(request, PROMPT)

@@ -1,9 +1,9 @@
 """h3_vae: VIDEO_LATENT + AUDIO_LATENT + INFO -> VIDEO_MP4 (+ FRAMES, AUDIO on request) and INFO
-with the decode time (an adapter over h3_core.engine.decode_clip and h3_core.media).
+with the decode time (an adapter over h3_core.model.vae.decode_clip and h3_core.media).
 
 Decoupled: every h3_dit response reaches this model through the ensemble; one without latents
 (progress, an early end, a cancel answer) is answered at once with empty outputs, and one with
-latents is decoded on a pool of `decode_workers` threads (h3_core.ordered_pool: one request's
+latents is decoded on a pool of `decode_workers` threads (h3_core.serving.ordered_pool: one request's
 outputs in order, different requests in parallel), so no response waits behind another
 request's decode; a heartbeat is answered with a final flag and no response (the client sees
 nothing), a result with its response and then the final flag. Everything that touches the stub
@@ -24,11 +24,9 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
-from h3_core.checkpoint import source_seed
-from h3_core.engine import decode_clip
-from h3_core.layout import audio_latent_frames, latent_frames
+from h3_core.config import audio_latent_frames, latent_frames
 from h3_core.media import encode_mp4
-from h3_core.ordered_pool import OrderedPool
+from h3_core.model.vae import decode_clip
 from h3_core.protocol import (
     AUDIO_LATENT,
     CANCEL_FIELD,
@@ -38,10 +36,12 @@ from h3_core.protocol import (
     VIDEO_LATENT,
     check_request_parameters,
 )
-from h3_core.registry import IDS_REMEMBERED, Registry, server_folder
-from h3_core.settings import VaeSettings
-from h3_core.step_loop import end_line
-from h3_core.vae_hook import load_vaes
+from h3_core.serving.metrics import end_line
+from h3_core.serving.ordered_pool import OrderedPool
+from h3_core.serving.registry import IDS_REMEMBERED, Registry, server_folder
+from h3_core.serving.settings import VaeSettings
+from h3_core.weights.checkpoint import source_seed
+from h3_core.weights.vae_hook import load_vaes
 from server.adapter import error_response, json_tensor, model_parameters, resolve_path, set_threads
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL

@@ -1,13 +1,13 @@
 """The official MiniMax-H3 checkpoint layout, and a synthetic checkpoint in it.
 
-    python -m h3_core.official_checkpoint DIR [--config tiny] [--seed 0]
+    python -m h3_core.weights.official_checkpoint DIR [--config tiny] [--seed 0]
 
 An official checkpoint is one folder (h3_spec §1.3, §4):
 
     transformer/   the DiT: config.json (diffusers keys) + diffusion_pytorch_model*.safetensors
     text_encoder/  Qwen3-VL (config.json model_type "qwen3_vl" + model*.safetensors)
     tokenizer/     its Qwen2 tokenizer (tokenizer.json + tokenizer_config.json)
-    video_vae/     remote code: config.json auto_map + a Python module + weights (h3_core.vae_hook)
+    video_vae/     remote code: config.json auto_map + a Python module + weights (h3_core.weights.vae_hook)
     audio_vae/     the same for the audio VAE
 
 The command writes such a folder with seeded random weights, nothing downloaded: the DiT of
@@ -25,10 +25,11 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen3VLConfig, Qwen3VLForConditionalGeneration
 from transformers.utils.logging import disable_progress_bar
 
-from .checkpoint import TRANSFORMER_FOLDER, VAE_SEED_OFFSET, init_weights, save_official_transformer
-from .config import get_config
-from .model import H3DiT
-from .vae import create_vaes
+from ..config import get_config
+from ..model import H3DiT
+from ..model.initialization import init_weights
+from ..model.vae import create_vaes
+from .checkpoint import TRANSFORMER_FOLDER, VAE_SEED_OFFSET, save_official_transformer
 from .vae_hook import write_official_vaes
 
 TEXT_ENCODER, TOKENIZER = "text_encoder", "tokenizer"
@@ -75,7 +76,7 @@ def write_random_qwen3vl(
     decoder of `num_layers` layers and hidden size `width`, 4 query heads and 2 key/value heads of
     32 dims, MLP 128, interleaved M-RoPE sections (6, 5, 5) at theta 5e6 like Qwen3-VL; a
     one-block vision tower) to `folder` (config.json, model.safetensors in `dtype`), values from
-    h3_core.checkpoint.init_weights(model, seed). Its vocabulary is write_byte_tokenizer's.
+    h3_core.model.initialization.init_weights(model, seed). Its vocabulary is write_byte_tokenizer's.
     Raises ValueError if width is not a positive multiple of 32."""
     if width <= 0 or width % 32:
         raise ValueError(f"width must be a positive multiple of 32, got {width}")
@@ -126,7 +127,7 @@ def write_synthetic_checkpoint(folder: str | Path, config_name: str = "tiny", se
     save_official_transformer, shards of SHARD_BYTES), a random Qwen3-VL of the DiT's text width
     with QWEN3VL_LAYERS layers in bf16 (write_random_qwen3vl, seed), write_byte_tokenizer, and
     create_vaes(seed + 1) behind the remote-code hook (vae_hook.write_official_vaes) -- the
-    same DiT and VAE values as `python -m h3_core.checkpoint_setup` writes for seed 0.
+    same DiT and VAE values as `python -m h3_core.weights.checkpoint_setup` writes for seed 0.
 
     Raises ValueError for an unknown config or one of more than MAX_SYNTHETIC_PARAMETERS parameters;
     FileExistsError when `folder` exists and is not empty."""
@@ -152,7 +153,8 @@ def write_synthetic_checkpoint(folder: str | Path, config_name: str = "tiny", se
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m h3_core.official_checkpoint", description="Write a synthetic official-layout checkpoint."
+        prog="python -m h3_core.weights.official_checkpoint",
+        description="Write a synthetic official-layout checkpoint.",
     )
     parser.add_argument("folder", type=Path, help="new (or empty) folder to write")
     parser.add_argument("--config", default="tiny", help="DiT config (h3_core.config): its sizes and text width")
@@ -161,7 +163,7 @@ def main() -> None:
     try:
         folder = write_synthetic_checkpoint(args.folder, args.config, args.seed)
     except (ValueError, FileExistsError) as error:
-        parser.exit(2, f"python -m h3_core.official_checkpoint: {error}\n")
+        parser.exit(2, f"python -m h3_core.weights.official_checkpoint: {error}\n")
     print(f"synthetic official checkpoint ({args.config}, seed {args.seed}) written to {folder}")
     print(
         f"serve it: python -m server.launch --config {args.config} --checkpoint {folder} "

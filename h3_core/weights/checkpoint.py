@@ -4,7 +4,7 @@ sources.
 Only safetensors is used (no pickle anywhere). Loading is strict: a missing, unexpected or
 mis-shaped tensor raises ValueError naming the tensor.
 
-A DiT weight source (`load_dit`; DitSettings.checkpoint_dir, engine.load_engine, the writer's
+A DiT weight source (`load_dit`; DitSettings.checkpoint_dir, factory.load_engine, the writer's
 --checkpoint) is one string:
 - a native folder holding dit.safetensors (DIT_FILE; checkpoint_setup writes one);
 - an official MiniMax-H3 checkpoint folder, told apart by its `transformer/` folder: a diffusers
@@ -14,7 +14,7 @@ A DiT weight source (`load_dit`; DitSettings.checkpoint_dir, engine.load_engine,
   file (`save_official_transformer` writes one);
 - `random:SEED` (SEED an integer in 0..MAX_SEED): `init_weights(dit, SEED)` on the DiT's device,
   no file; for the VAEs the same string means create_vaes(SEED + VAE_SEED_OFFSET)
-  (h3_core.vae_hook), so `random:0` is what checkpoint_setup writes, drawn on the same device. A
+  (h3_core.weights.vae_hook), so `random:0` is what checkpoint_setup writes, drawn on the same device. A
   folder whose name starts with "random:" cannot be a source.
 
 DiT tensors come in two layouts (h3_spec §1.3); dit.safetensors may hold either, told apart by
@@ -28,7 +28,6 @@ the tensor names; transformer/ holds the official one:
 """
 
 import json
-import math
 import re
 from contextlib import ExitStack
 from pathlib import Path
@@ -38,8 +37,9 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .config import AUDIO_LATENT_CHANNELS, CONFIGS, PATCH, VIDEO_LATENT_CHANNELS, DiTConfig
-from .model import H3DiT
+from ..config import AUDIO_LATENT_CHANNELS, CONFIGS, PATCH, VIDEO_LATENT_CHANNELS, DiTConfig
+from ..model import H3DiT
+from ..model.initialization import init_weights
 
 DIT_FILE, VIDEO_VAE_FILE, AUDIO_VAE_FILE = "dit.safetensors", "video_vae.safetensors", "audio_vae.safetensors"
 RANDOM_PREFIX = "random:"
@@ -71,35 +71,6 @@ OFFICIAL_RENAMES = (
     (r"^final_layer\.audio_out\.", "audio_proj_out."),
 )
 QKV_WEIGHT, FC1_WEIGHT = "attn.qkv_proj.weight", "mlp.fc1.weight"
-
-
-def init_weights(module: nn.Module, seed: int) -> None:
-    """Fill every parameter of `module` deterministically from `seed`, in parameter-name order.
-
-    Matrices and convolution kernels (dim >= 2) get N(0, 1/fan_in) (fan_in = numel / out
-    features), so activations stay O(1) at every width; norm weights (names containing "norm")
-    get 1; other vectors (biases) get N(0, 0.02^2). Nothing is zero, so outputs depend on the
-    timestep and the modality (h3_spec §1.6, §8); norm biases are treated like other biases. The
-    random numbers come from one torch.Generator on the parameters' device (CPU values differ from CUDA values).
-    """
-    params = dict(module.named_parameters())
-    if not params:
-        return
-    device = next(iter(params.values())).device
-    if device.type == "meta":
-        return
-    generator = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        for name in sorted(params):
-            p = params[name]
-            if p.dim() >= 2:
-                std = 1.0 / math.sqrt(p.numel() // p.shape[0])
-                values = torch.randn(p.shape, generator=generator, device=device) * std
-            elif "norm" in name and name.endswith("weight"):
-                values = torch.ones(p.shape, device=device)
-            else:
-                values = torch.randn(p.shape, generator=generator, device=device) * 0.02
-            p.copy_(values.to(p.dtype))
 
 
 def save_weights(module: nn.Module, path: str | Path) -> None:

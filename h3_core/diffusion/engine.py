@@ -7,25 +7,19 @@ All per-request state lives in RequestState; the Engine holds only the models.
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
+from ..config import AUDIO_LATENT_CHANNELS, VIDEO_LATENT_CHANNELS
+from ..model import H3DiT
+from ..model.vae import AudioVAE, VideoVAE, decode_clip
 from . import layout as L
-from .checkpoint import load_dit
-from .config import AUDIO_CHANNELS, AUDIO_LATENT_CHANNELS, VIDEO_LATENT_CHANNELS, get_config
-from .model import H3DiT
-from .model.dit import use_bitwise_cublas
 from .request import GenerationRequest, RequestLimits, random_seed, request_memory_mb, validate_request
 from .sampling import euler_step, sigma_schedule
-from .sequence_parallel import DEFAULT_TIMEOUT_S as DEFAULT_SP_TIMEOUT_S
-from .sequence_parallel import SequenceParallelDiT, check_sp_degree
-from .vae import AudioVAE, VideoVAE
-from .vae_hook import load_vaes
 
 if TYPE_CHECKING:
-    from .encoder import TextEncoder
+    from ..model.encoder import TextEncoder
 
 
 DEFAULT_LIMITS = RequestLimits()  # the shipped CPU repository's limits
@@ -85,8 +79,9 @@ class Engine:
     """Runs the H3 models for any number of request states.
 
     Args:
-        dit: the DiT (its device is the engine's device): an H3DiT, or a SequenceParallelDiT
-            running it over several devices (h3_core.sequence_parallel).
+        dit: the DiT forward (its device is the engine's device): an H3DiT, or an object called
+            like H3DiT.forward with its `cfg` and `device`, e.g. a SequenceParallelDiT running it
+            over several devices (h3_core.parallel; h3_core.factory.load_engine picks one).
         video_vae, audio_vae: decoders, or None where decoding happens elsewhere (Triton's h3_vae).
         encoder: the text encoder, or None when text states arrive precomputed (Triton).
         limits: request limits checked in prepare().
@@ -94,7 +89,7 @@ class Engine:
 
     def __init__(
         self,
-        dit: H3DiT | SequenceParallelDiT,
+        dit: H3DiT,
         video_vae: VideoVAE | None,
         audio_vae: AudioVAE | None,
         encoder: "TextEncoder | None" = None,
@@ -115,9 +110,11 @@ class Engine:
         return time.perf_counter() - start
 
     def close(self) -> None:
-        """Stop the DiT's worker processes when it runs sequence-parallel (nothing otherwise)."""
-        if isinstance(self.dit, SequenceParallelDiT):
-            self.dit.close()
+        """Stop the DiT's worker processes when it runs sequence-parallel (its `close`; an H3DiT
+        has none: nothing to do)."""
+        close = getattr(self.dit, "close", None)
+        if close is not None:
+            close()
 
     def encode_prompt(self, prompt: str) -> torch.Tensor:
         """Text states float32 [L, text_dim] of the prompt. Raises ValueError for bad prompts."""
@@ -255,74 +252,3 @@ def preview_frame(state: RequestState, video_velocity: torch.Tensor) -> torch.Te
     latent = L.unpatchify_video(x0, state.layout)[:, state.layout.latent_t // 2]  # [24, Hl, Wl]
     rgb = torch.einsum("chw,cd->hwd", latent, PREVIEW_PROJECTION.to(latent.device))
     return ((rgb * 0.5 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8).cpu()
-
-
-def decode_clip(
-    video_vae: VideoVAE, audio_vae: AudioVAE, num_frames: int, video_latent: torch.Tensor, audio_latent: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Final latents -> (frames uint8 [num_frames, H, W, 3], audio float32 [2, samples]); see
-    Engine.decode. video_latent: float32 [24, T_lat, Hl, Wl] with T_lat = latent_frames(num_frames);
-    audio_latent: float32 [2, 32, T_a] with T_a = audio_latent_frames(num_frames). Shared by the
-    engine and the Triton VAE model. Raises ValueError for latents that do not fit num_frames."""
-    if video_latent.dim() != 4 or video_latent.shape[1] != L.latent_frames(num_frames):
-        raise ValueError(
-            f"video latent has shape {tuple(video_latent.shape)}; num_frames={num_frames} needs "
-            f"[{VIDEO_LATENT_CHANNELS}, {L.latent_frames(num_frames)}, Hl, Wl]"
-        )
-    audio_shape = (AUDIO_CHANNELS, AUDIO_LATENT_CHANNELS, L.audio_latent_frames(num_frames))
-    if tuple(audio_latent.shape) != audio_shape:
-        raise ValueError(
-            f"audio latent has shape {tuple(audio_latent.shape)}; num_frames={num_frames} needs {list(audio_shape)}"
-        )
-    frames = video_vae.decode(video_latent)[:num_frames]
-    audio = audio_vae.decode(audio_latent)
-    samples = L.audio_num_samples(num_frames)
-    audio = torch.nn.functional.pad(audio[:, :samples], (0, max(0, samples - audio.shape[1])))
-    return frames, audio
-
-
-def load_engine(
-    config_name: str,
-    source: str | Path,
-    device: str = "cpu",
-    attention_backend: str = "sdpa",
-    with_encoder: bool = True,
-    with_vaes: bool = True,
-    limits: RequestLimits = DEFAULT_LIMITS,
-    trust_remote_code: bool = False,
-    sp_degree: int = 1,
-    sp_timeout_s: float = DEFAULT_SP_TIMEOUT_S,
-) -> Engine:
-    """Build an Engine from a weight source (h3_core.checkpoint's module docstring): a native
-    folder (dit.safetensors, video_vae.safetensors, audio_vae.safetensors; see checkpoint_setup),
-    an official checkpoint folder (transformer/, video_vae/, audio_vae/; its VAEs run only with
-    trust_remote_code, h3_core.vae_hook) or `random:SEED`. The DiT uses its device's bitwise
-    GEMM setting (h3_core.model.dit); on CUDA its blocks are compiled (H3DiT.compile_blocks; the
-    first step, Engine.warm_up, pays the compilation) and small packs replay CUDA graphs
-    (H3DiT.use_cuda_graphs). with_encoder / with_vaes False leave
-    those parts out (the Triton DiT needs neither). sp_degree > 1 runs the DiT in that many
-    worker processes (h3_core.sequence_parallel: on the CPU, or on the consecutive GPUs from
-    `device`), each of them loading the weights, with sp_timeout_s seconds as their step and
-    collective timeout.
-    Raises ValueError / FileNotFoundError as checkpoint.load_dit and vae_hook.load_vaes;
-    ValueError for an sp_degree that does not divide the heads or GPUs that are not there, and
-    sequence_parallel.WorkerFailed / WorkerLost for workers that cannot start."""
-    cuda = torch.device(device).type == "cuda"
-    if cuda:
-        use_bitwise_cublas()
-    cfg = get_config(config_name)
-    check_sp_degree(cfg, sp_degree)
-    if sp_degree > 1:
-        dit = SequenceParallelDiT(cfg, str(source), device, sp_degree, attention_backend, sp_timeout_s)
-    else:
-        dit = H3DiT(cfg, attention_backend=attention_backend, device=device)
-        load_dit(dit, source)
-        if cuda:
-            dit.compile_blocks()
-            dit.use_cuda_graphs()
-        dit.eval()
-    video_vae, audio_vae = load_vaes(source, device, trust_remote_code) if with_vaes else (None, None)
-    if with_encoder:
-        from .encoder import TextEncoder  # imported here: a GPU host without MiniLM can run the DiT
-    encoder = TextEncoder() if with_encoder else None
-    return Engine(dit, video_vae, audio_vae, encoder, limits)

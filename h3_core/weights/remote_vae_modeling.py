@@ -1,11 +1,11 @@
-"""Our VAE decoders behind h3_core.vae_hook's contract: the remote code of a synthetic official
+"""Our VAE decoders behind h3_core.weights.vae_hook's contract: the remote code of a synthetic official
 checkpoint. vae_hook.write_official_vaes copies this file into the checkpoint's video_vae/ and
 audio_vae/ folders as modeling_h3_vae.py, with config.json naming H3VideoDecoder or
 H3AudioDecoder in auto_map and holding the latents_mean / latents_std of the VAE, and the
 decoder's weights in model.safetensors (tensor names decoder.*).
 
 The classes decode the raw latents that the hook has already de-normalised
-(z = z_model * latents_std + latents_mean, h3_spec §4.2, §4.3) with h3_core.vae's decoders, so the
+(z = z_model * latents_std + latents_mean, h3_spec §4.2, §4.3) with h3_core.model.vae's decoders, so the
 hook's output equals VideoVAE.decode / AudioVAE.decode of the normalised latents bit for bit. The
 file needs h3_core importable (it is this project's stand-in for the official modeling file).
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from h3_core.checkpoint import load_weights
-from h3_core.vae import AudioVAE, VideoVAE, groups_to_frames
+from h3_core.model.vae import AudioVAE, VideoVAE, groups_to_frames
+from h3_core.weights.checkpoint import load_weights
 
 WEIGHTS_FILE = "model.safetensors"
 

@@ -9,13 +9,13 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from .protocol import DIT_MODEL, ENCODER_MODEL, VAE_MODEL
-from .request import RequestLimits
+from ..diffusion.request import RequestLimits
+from ..protocol import DIT_MODEL, ENCODER_MODEL, VAE_MODEL
 from .scheduler import DEFAULT_MAX_WAIT_S, DEFAULT_POLICY, POLICIES
 
 CONTROL_SLOTS = 2  # h3_dit sequence slots kept for cancel requests (max_batch_size = seqs + waiting + 2)
 # Seconds one h3_dit execute() may keep taking steps (execute_budget_s) while nothing is headed
-# for the DiT (h3_core.step_loop.StepLoop.another_step). Every execute costs a Triton round trip
+# for the DiT (h3_core.serving.step_loop.StepLoop.another_step). Every execute costs a Triton round trip
 # and the loop's per-execute work (about 2.3 ms on the 2-core CPU against a 5 ms tiny step of
 # 128 rows); 0.03 s shares it among 5 such steps. Announced newcomers and cancels (through the
 # encoder, h3_vae's cancels for gone clients) end an execute at its next step boundary whatever
@@ -69,7 +69,7 @@ class EncoderSettings:
     MiniLM-L6 package folder; a Qwen3-VL folder such as an official checkpoint's text_encoder/);
     tokenizer_path ("" = encoder_path); device ("cpu", "cuda", "cuda:N"); hidden_layer (index into
     hidden_states: -1 = last for MiniLM, the number of decoder layers run for Qwen3-VL, 50 for
-    H3, h3_core.encoder); max_tokens (prompt tokens, special tokens included); max_prompt_bytes
+    H3, h3_core.model.encoder); max_tokens (prompt tokens, special tokens included); max_prompt_bytes
     (UTF-8 bytes)."""
 
     MODEL = ENCODER_MODEL
@@ -95,7 +95,7 @@ class VaeSettings:
     official checkpoint's video_vae/ and audio_vae/ folders; relative to the folder above the model
     repository); device ("cpu", "cuda", "cuda:N"); decode_workers (threads decoding different
     requests at once, >= 1; docs/reliability.md measures them); trust_remote_code (run the Python
-    code an official checkpoint's VAE folders ship, h3_core.vae_hook; off by default)."""
+    code an official checkpoint's VAE folders ship, h3_core.weights.vae_hook; off by default)."""
 
     MODEL = VAE_MODEL
     cpu_threads: int = 1
@@ -120,22 +120,22 @@ class VaeSettings:
 class DitSettings:
     """h3_dit. Model: config_name, checkpoint_dir, device, attention_backend, cpu_threads,
     sp_degree (devices one instance runs each packed forward on, sequence parallelism through
-    worker processes, h3_core.sequence_parallel: 1 = in the instance's own process; on cuda the
+    worker processes, h3_core.parallel.workers: 1 = in the instance's own process; on cuda the
     instance's GPU and the next sp_degree - 1; it must divide the config's attention heads,
     checked at load and by the writer).
     Step loop: execution_mode ("step": packed steps, each over the requests the policy picks;
     "request": run to completion), execute_budget_s (step mode: seconds one execute() may keep
     taking steps while nothing announced is headed for the DiT,
-    h3_core.step_loop.StepLoop.another_step; 0 = one step per execute; announced newcomers and
+    h3_core.serving.step_loop.StepLoop.another_step; 0 = one step per execute; announced newcomers and
     cancels wait at most the step in flight, unannounced ones such as a client's own cancel by
     id up to this long plus one step, as they reach the DiT only between executes),
-    scheduling_policy / row_budget (rows) (h3_core.scheduler), max_wait_s (seconds a request may
+    scheduling_policy / row_budget (rows) (h3_core.serving.scheduler), max_wait_s (seconds a request may
     wait for a step before it ranks before every request that has not waited that long, under
-    every policy: the longest wait, h3_core.scheduler), priority_max (request_priority lies in
+    every policy: the longest wait, h3_core.serving.scheduler), priority_max (request_priority lies in
     -priority_max..priority_max), max_num_seqs (documents per forward), max_waiting (live
     requests beyond a full pack), max_batch_rows (rows per forward and per request). Request
     limits: max_height, max_width (pixels), max_num_frames, max_steps, max_outputs,
-    max_request_mb (MiB, h3_core.request.request_memory_mb). allow_fault_injection: lets the
+    max_request_mb (MiB, h3_core.diffusion.request.request_memory_mb). allow_fault_injection: lets the
     test-only request parameter inject_fault act.
 
     Rules checked by check(): execution_mode in EXECUTION_MODES, scheduling_policy in POLICIES,

@@ -1,41 +1,6 @@
 """Sequence parallelism: one packed DiT forward over sp_degree devices (Ulysses), run by worker
 processes that one DiT instance starts and supervises (issue 17; h3_spec §1.2, §2.5-2.6, §5.3).
-
-The split. A pack holds S rows, S a multiple of 64 (every request is padded to a multiple of
-ROW_ALIGN, h3_spec §2.1). Rank r of sp holds the rows [r x share, (r + 1) x share), share = S / sp
-rounded up to a multiple of 64 (`Shares`); the pack is padded with zero rows to sp x share, so a
-last share may be part padding or all padding (an "empty" tail share). Documents (requests) are
-cut wherever the boundaries fall: a rank may hold several small documents, part of one, or parts
-of two.
-
-One step, on every rank at once (`forward_share`):
-1. H3DiT.embed over the WHOLE pack, then the rank keeps its share of the rows. This part is
-   replicated rather than split: it is under 1 % of a step (two thin patch projections, the
-   2-block token refiner over the text rows only, one 1-row time embedding per timestep, the
-   RoPE table), the refiner's documents are the requests' text blocks, which do not follow the
-   row split, and being the same code over the same data it gives every rank the bits one
-   device computes, with no collective before the first block.
-2. The blocks on the share. Everything in a block is row-wise except attention, which
-   `ulysses_attention` runs as: an all-to-all that gives each rank ALL rows for heads / sp of the
-   heads, per-document attention over them with the pack's own cu_seqlens and the configured
-   backend, and an all-to-all back. Two all-to-alls per layer, nothing else is exchanged.
-3. The final layer on the share (row-wise); each rank sends the driver its share's video and
-   audio rows, which the driver concatenates in rank order (the pack's video and audio rows are
-   in ascending row order, so this is the pack's order).
-
-Parity with one device. On the CPU bitwise equal (tests/test_sequence_parallel.py, the end-to-end
-test in tests/test_serving_sequence_parallel.py): share boundaries are multiples of 64, so each
-rank's 64-row GEMM tiles are the ones the whole pack runs, and a head's attention over a document
-is the same call on the same rows whatever other heads share it. Measured exception there: with
-more than one torch thread, SDPA over ONE head of a short document (7-10 rows) differed by up to
-2.4e-7 from the same head among others (one head per rank: sp_degree = heads); with cpu_threads 1,
-the shipped setting, every case tried is bitwise. On CUDA NOT bitwise: on two H200s
-(benchmarks/sequence_parallel_bench.py, benchmarks/results/h200x2_sequence_parallel*.json) sp_degree
-2 against 1 differed by up to 0.026 max abs in a step's velocities and 0.011 in the latents after
-30 steps, with Inductor's deterministic mode too, although every GEMM is row-invariant there (one
-GEMM per linear with the cuBLAS workspace off, h3_core.model.dit) and attention over a subset of
-the heads measured bitwise; docs/parity.md has every check. Solo == co-batched holds within one
-sp_degree (the same code runs for every pack).
+The split of a pack and one rank's step: h3_core.parallel.ulysses; the processes: here.
 
 Processes. `SequenceParallelDiT` is the Engine's `dit` in the DiT instance's own process (the
 driver): it holds no weights and never takes part in a collective. It starts one worker process
@@ -52,7 +17,7 @@ stuck in a collective or a CUDA call reads no pipe), starts new ones and retries
 a second loss raises WorkerLost. An exception in a rank's own computation (not in a collective)
 raises WorkerFailed without a retry, after the workers were killed and restarted (its peers may
 wait in a collective). Either error reaches the step loop as a failed forward, which retries one
-request at a time (h3_core/step_loop.py, StepLoop.step), so a request fails only when its own
+request at a time (h3_core/serving/step_loop.py, StepLoop.launch), so a request fails only when its own
 forward fails. h3_dit sets timeout_s to a quarter of max_sequence_idle_microseconds
 (SP_TIMEOUT_FRACTION): detection, a restart and the retried step must fit in that timeout, or
 Triton reaps the live sequences. Workers exit when the driver's process is gone (a watchdog
@@ -73,16 +38,17 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from .config import ROW_ALIGN, DiTConfig, get_config
-from .layout import PackedBatch
-from .model.attention import AttentionFn
-from .model.dit import H3DiT
+from ..config import DiTConfig, get_config
+from ..diffusion.engine import Engine
+from ..model.dit import H3DiT, use_bitwise_cublas
+from ..model.packed import PackedBatch
+from ..weights.checkpoint import load_dit
+from .ulysses import check_sp_degree, forward_share
 
 log = logging.getLogger("h3_dit.sequence_parallel")
 
@@ -93,20 +59,6 @@ STOP_WAIT_S = 10.0  # longest wait for a killed or closing worker to be reaped
 PARENT_POLL_S = 0.5  # how often a worker checks that the driver's process still exists
 EXIT_GRACE_S = 2.0  # after a failed collective: how long to wait for the rank whose exit caused it
 FAULTS = ("exit", "hang", "raise")  # SequenceParallelDiT.inject_fault (tests only)
-
-Exchange = Callable[[torch.Tensor], torch.Tensor]  # all-to-all: [sp, ...] -> [sp, ...] (chunk i to rank i)
-
-
-def check_sp_degree(cfg: DiTConfig, sp_degree: int) -> None:
-    """Raise ValueError unless sp_degree >= 1 divides the config's attention heads (Ulysses gives
-    each rank heads / sp_degree of them)."""
-    if sp_degree < 1:
-        raise ValueError(f"h3_dit parameter sp_degree={sp_degree} is out of range: allowed >= 1")
-    if cfg.num_heads % sp_degree:
-        raise ValueError(
-            f"h3_dit parameter sp_degree={sp_degree} does not divide the {cfg.num_heads} attention heads of "
-            f"config {cfg.name}: choose a divisor of {cfg.num_heads}"
-        )
 
 
 def rank_devices(device: str | torch.device, sp_degree: int) -> list[str]:
@@ -124,103 +76,6 @@ def rank_devices(device: str | torch.device, sp_degree: int) -> list[str]:
             f"but {visible} are visible"
         )
     return [f"cuda:{first + rank}" for rank in range(sp_degree)]
-
-
-# -- the split and the step of one rank --------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Shares:
-    """How a pack of `rows` rows (a multiple of 64) is split over `world` ranks: rank r holds
-    the padded rows [r x share, (r + 1) x share); rows >= `rows` are zero padding."""
-
-    rows: int
-    world: int
-
-    @property
-    def share(self) -> int:
-        """Rows per rank: rows / world rounded up to a multiple of ROW_ALIGN."""
-        return -(-self.rows // (self.world * ROW_ALIGN)) * ROW_ALIGN
-
-    @property
-    def padded(self) -> int:
-        return self.world * self.share
-
-    def bounds(self, rank: int) -> tuple[int, int]:
-        """(first, end) padded rows of `rank`."""
-        return rank * self.share, (rank + 1) * self.share
-
-    def take(self, rank: int, tensor: torch.Tensor) -> torch.Tensor:
-        """A new tensor holding `rank`'s share of `tensor` [rows, ...] (zeros past `rows`)."""
-        first, end = self.bounds(rank)
-        part = tensor.new_zeros(self.share, *tensor.shape[1:])
-        kept = max(0, min(end, self.rows) - first)
-        part[:kept] = tensor[first : first + kept]
-        return part
-
-
-def ulysses_attention(exchange: Exchange, shares: Shares, backend: AttentionFn) -> AttentionFn:
-    """An AttentionFn for the blocks of one rank: q, k, v [share, heads, head_dim] of the rank's
-    rows -> all-to-all -> [padded rows, heads / sp] -> `backend` per document over the pack's rows
-    (its Documents are the whole pack's) -> all-to-all back ->
-    [share, heads, head_dim] in q's dtype. Padding rows (>= shares.rows) get zeros."""
-    world, share = shares.world, shares.share
-
-    def attention(q, k, v, documents):
-        heads, head_dim = q.shape[1], q.shape[2]
-        mine = heads // world
-        # chunk j = my rows' q, k, v for heads [j x mine, (j + 1) x mine): [world, 3, share, mine, head_dim]
-        send = torch.stack((q, k, v)).view(3, share, world, mine, head_dim).permute(2, 0, 1, 3, 4).contiguous()
-        received = exchange(send)  # chunk i = rank i's rows for my heads
-        q, k, v = received.permute(1, 0, 2, 3, 4).reshape(3, world * share, mine, head_dim)[:, : shares.rows]
-        out = q.new_zeros(world * share, mine, head_dim)
-        out[: shares.rows] = backend(q, k, v, documents)
-        back = exchange(out.view(world, share, mine, head_dim))  # chunk j = my rows for rank j's heads
-        return back.permute(1, 0, 2, 3).reshape(share, heads, head_dim)
-
-    return attention
-
-
-@torch.inference_mode()
-def forward_share(
-    dit: H3DiT,
-    video: torch.Tensor,
-    audio: torch.Tensor,
-    text: torch.Tensor,
-    batch: PackedBatch,
-    rank: int,
-    world: int,
-    exchange: Exchange,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rank `rank`'s part of one packed forward (the module docstring's steps 1-3); every rank of
-    the `world` calls it at once with the same arguments but its rank and exchange.
-
-    Args:
-        dit: this rank's H3DiT (weights equal on every rank).
-        video, audio, text, batch: the whole pack, as H3DiT.forward takes them (any device).
-        exchange: the all-to-all among the ranks ([world, ...] in, [world, ...] out).
-    Returns:
-        (video float32 [v, 96], audio float32 [a, 32]): the velocities of the pack's video and audio
-        rows that lie in this rank's share, in row order, on the rank's device.
-    """
-    e = dit.embed(*(t.to(dit.device) for t in (video, audio, text)), batch)
-    shares = Shares(batch.total_rows, world)
-    attention = ulysses_attention(exchange, shares, dit.attention)
-    video_out, audio_out = dit.transformer(
-        shares.take(rank, e.x),
-        e.t_emb,
-        shares.take(rank, e.mod_index),
-        shares.take(rank, e.timestep_index),
-        attention,
-        e.rows.documents,
-        shares.take(rank, e.rows.rope),
-    )
-    first, end = shares.bounds(rank)
-
-    def local(rows: torch.Tensor) -> torch.Tensor:
-        return rows[(rows >= first) & (rows < end)] - first
-
-    return video_out[local(e.rows.video_rows)], audio_out[local(e.rows.audio_rows)]
 
 
 # -- messages through shared memory ----------------------------------------------------------------
@@ -374,10 +229,6 @@ def load_worker(spec: WorkerSpec) -> H3DiT:
     """This rank's DiT on its device as load_engine makes it (bitwise cuBLAS setting, weights,
     compiled blocks on CUDA), warmed up alone: the compilation and first-use set-up happen before
     the process group exists, so no rendezvous or collective waits on another rank's compiler."""
-    from .checkpoint import load_dit
-    from .engine import Engine
-    from .model.dit import use_bitwise_cublas
-
     torch.set_num_threads(spec.cpu_threads)
     device = torch.device(spec.device)
     if device.type == "cuda":
@@ -518,7 +369,7 @@ class SequenceParallelDiT:
 
     Args:
         cfg: the DiT config (its heads must divide by sp_degree).
-        source: the weight source every worker loads (h3_core.checkpoint.load_dit).
+        source: the weight source every worker loads (h3_core.weights.checkpoint.load_dit).
         device: the instance's device: where the driver keeps latents and returns velocities,
             and the first rank's (rank_devices gives the others).
         sp_degree: ranks (>= 2 in serving; 1 runs one worker, for tests).
@@ -622,7 +473,7 @@ class SequenceParallelDiT:
         self.starts += 1
         began = time.monotonic()
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["h3_core.sequence_parallel"])
+        context.set_forkserver_preload(["h3_core.parallel.workers"])
         if not os.path.basename(sys.executable).startswith("python"):  # an embedding program, not Python
             context.set_executable(shutil.which("python3") or sys.executable)
         for rank, device in enumerate(self.devices):

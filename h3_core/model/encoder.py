@@ -23,7 +23,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModel, AutoTokenizer
 
-from h3_core.request import check_prompt
+from h3_core.protocol import check_prompt
 
 QWEN3VL = "qwen3_vl"
 QWEN3VL_H3_LAYER = 50  # h3_spec §4.1: H3 conditions on hidden_states[50]
@@ -206,7 +206,7 @@ class TextEncoder:
 
     def count_tokens(self, prompt: str) -> int:
         """Number of tokens `encode(prompt)` returns (special tokens included), without the
-        max_tokens check. Raises ValueError as h3_core.request.check_prompt does (not a string,
+        max_tokens check. Raises ValueError as h3_core.protocol.check_prompt does (not a string,
         empty, or no visible character)."""
         return len(self._token_ids(prompt))
 
@@ -214,7 +214,7 @@ class TextEncoder:
     def encode(self, prompt: str) -> torch.Tensor:
         """Token hidden states float32 [L, width] on the model's device, L = count_tokens(prompt).
 
-        The prompt, less one leading byte-order mark (h3_core.request.check_prompt), is
+        The prompt, less one leading byte-order mark (h3_core.protocol.check_prompt), is
         tokenized (with the model's special tokens, [CLS] ... [SEP] for MiniLM; verbatim for
         Qwen3-VL) and run alone with an all-ones attention mask; row i is token i's state at
         `hidden_layer` (class docstring).

@@ -1,8 +1,8 @@
-"""The VAEs of a weight source (h3_core.checkpoint's module docstring), and the hook that runs the
+"""The VAEs of a weight source (h3_core.weights.checkpoint's module docstring), and the hook that runs the
 remote-code VAEs an official MiniMax-H3 checkpoint ships.
 
 `load_vaes(source, device, trust_remote_code)` gives a (video, audio) pair with VideoVAE.decode's
-and AudioVAE.decode's signatures and errors (engine.decode_clip takes either) from:
+and AudioVAE.decode's signatures and errors (h3_core.model.vae.decode_clip takes either) from:
 - a native folder: video_vae.safetensors and audio_vae.safetensors (our VideoVAE / AudioVAE);
 - `random:SEED`: create_vaes(SEED + 1), drawn on the CPU (what checkpoint_setup writes for SEED 0);
 - an official checkpoint folder, told apart by a `video_vae/` or `audio_vae/` folder: the code
@@ -10,7 +10,7 @@ and AudioVAE.decode's signatures and errors (engine.decode_clip takes either) fr
   else ValueError names the folder and the parameter.
 
 Hook contract, for each of video_vae/ and audio_vae/ (write_official_vaes writes such folders
-with h3_core.remote_vae_modeling as their module):
+with h3_core.weights.remote_vae_modeling as their module):
 1. config.json holds "auto_map": {"AutoModel": "<module file stem>.<ClassName>"} (the Hugging Face
    key) and "latents_mean", "latents_std": 24 numbers for video, 32 for audio.
 2. <folder>/<module file stem>.py is imported from the folder itself, as a module of a package
@@ -39,6 +39,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..config import AUDIO_HOP, AUDIO_LATENT_CHANNELS, VIDEO_LATENT_CHANNELS, VIDEO_SPATIAL_DOWNSAMPLE
+from ..model.vae import (
+    AudioVAE,
+    VideoVAE,
+    check_audio_latent,
+    check_video_latent,
+    create_vaes,
+    frames_to_uint8,
+    num_video_frames,
+)
 from . import remote_vae_modeling
 from .checkpoint import (
     AUDIO_VAE_FILE,
@@ -48,16 +58,6 @@ from .checkpoint import (
     read_json_object,
     save_weights,
     source_seed,
-)
-from .config import AUDIO_HOP, AUDIO_LATENT_CHANNELS, VIDEO_LATENT_CHANNELS, VIDEO_SPATIAL_DOWNSAMPLE
-from .vae import (
-    AudioVAE,
-    VideoVAE,
-    check_audio_latent,
-    check_video_latent,
-    create_vaes,
-    frames_to_uint8,
-    num_video_frames,
 )
 
 VIDEO_FOLDER, AUDIO_FOLDER = "video_vae", "audio_vae"

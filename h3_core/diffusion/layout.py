@@ -11,45 +11,22 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import (
+from ..config import (
     AUDIO_CHANNELS,
-    AUDIO_LATENT_RATE,
-    AUDIO_SAMPLE_RATE,
-    FPS,
     FRAMES_PER_LATENT,
     PATCH,
     ROW_ALIGN,
     VIDEO_LATENT_CHANNELS,
     VIDEO_SPATIAL_DOWNSAMPLE,
+    audio_latent_frames,
+    latent_frames,
 )
+from ..model.packed import PackedBatch
 
 FRAME_TIME = 5.0 / 3.0  # RoPE time units per video frame: one unit = one 40 Hz audio latent
 SPATIAL_EXTENT = 32.0  # RoPE spatial coordinates span about this range (h3_spec §2.3)
 
 TAG_PAD, TAG_VIDEO, TAG_TEXT, TAG_AUDIO = -1, 0, 1, 2  # token tags; also the AdaLN modality
-
-
-def align_num_frames(num_frames: int) -> int:
-    """Smallest 17n+5 frame count >= num_frames (h3_spec §4.2). align(200) = 209."""
-    if num_frames <= 5:
-        return 5
-    return 5 + 17 * math.ceil((num_frames - 5) / 17)
-
-
-def latent_frames(num_frames: int) -> int:
-    """Video latent frames T_lat = 5n+2 for an (aligned up) frame count. T_lat(209) = 62."""
-    aligned = align_num_frames(num_frames)
-    return (aligned - 5) // 17 * 5 + 2
-
-
-def audio_latent_frames(num_frames: int) -> int:
-    """Audio latents per stereo channel: round(num_frames / 24 fps x 40 Hz). T_a(209) = 348."""
-    return round(num_frames / FPS * AUDIO_LATENT_RATE)
-
-
-def audio_num_samples(num_frames: int) -> int:
-    """Waveform samples per channel of a clip of num_frames frames: num_frames / 24 s at 32 kHz."""
-    return round(num_frames * AUDIO_SAMPLE_RATE / FPS)
 
 
 @dataclass(frozen=True)
@@ -180,31 +157,6 @@ def unpatchify_video(rows: torch.Tensor, layout: RequestLayout) -> torch.Tensor:
 def audio_rows_to_latent(rows: torch.Tensor, layout: RequestLayout) -> torch.Tensor:
     """Channel-major audio rows [2*T_a, 32] -> audio VAE latent [2, 32, T_a] (h3_spec §1.8)."""
     return rows.reshape(AUDIO_CHANNELS, layout.audio_t, -1).permute(0, 2, 1)
-
-
-@dataclass
-class PackedBatch:
-    """N requests packed into one sequence for one DiT forward (h3_spec §2.5).
-
-    Row index tensors are int64 on the CPU and list rows of the packed sequence in request
-    order. The text refiner runs on its own sequence in which each request's text block is
-    padded to a multiple of 64 rows (so row-tiled linears are batch-invariant).
-    """
-
-    layouts: list[RequestLayout]
-    offsets: list[int]  # first packed row of each request (multiples of 64)
-    total_rows: int
-    cu_seqlens: torch.Tensor  # int32 [documents + 1], no empty documents
-    video_rows: torch.Tensor  # int64 [sum V]
-    audio_rows: torch.Tensor  # int64 [sum 2*T_a]
-    text_rows: torch.Tensor  # int64 [sum L]: packed rows receiving refined text
-    refiner_rows: int  # length of the refiner sequence (multiple of 64)
-    refiner_text_rows: torch.Tensor  # int64 [sum L]: where each text token sits in it
-    refiner_cu_seqlens: torch.Tensor  # int32
-    position_ids: torch.Tensor  # float64 [total_rows, 3]
-    token_tags: torch.Tensor  # int64 [total_rows]
-    unique_timesteps: torch.Tensor  # float32 [M], sorted ascending
-    inverse_indices: torch.Tensor  # int64 [total_rows]: row -> index into unique_timesteps
 
 
 def _documents(starts_ends: list[tuple[int, int, int]]) -> torch.Tensor:

@@ -29,7 +29,7 @@ lookups, not a pass over the memories. A store SQLite cannot read is refused whe
 it (RuntimeError naming the file); it is never reset, which would forget live ids and cancels.
 
 Announcements: a cheap signal that something new is headed for the DiT, so that an execute()
-stops taking steps (h3_core.step_loop.StepLoop.another_step) when a newcomer or a control request
+stops taking steps (h3_core.serving.step_loop.StepLoop.another_step) when a newcomer or a control request
 waits for the next one. h3_encoder announces every generation request it passes on, h3_vae
 before it sends a cancel control request for a gone client, and cancel() when it flags a request
 live on another instance (that instance reads the flag at its next execute). `announce()` adds to
@@ -62,10 +62,10 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
-from .protocol import EARLY_CANCEL_SECONDS
+from ..protocol import EARLY_CANCEL_SECONDS
+from .scheduler import DitLoad
 
 IDS_REMEMBERED = 1024  # bound on each memory of ids (early cancels, finished ids)
 DATABASE_FILE = "registry.sqlite3"
@@ -85,26 +85,6 @@ CREATE TABLE IF NOT EXISTS loads (
     instance TEXT PRIMARY KEY, held INTEGER NOT NULL, max_num_seqs INTEGER NOT NULL, max_waiting INTEGER NOT NULL
 ) WITHOUT ROWID;
 """
-
-
-@dataclass(frozen=True)
-class DitLoad:
-    """One h3_dit instance: `held` live requests, capacity max_num_seqs + max_waiting."""
-
-    held: int
-    max_num_seqs: int
-    max_waiting: int
-
-    @property
-    def full(self) -> bool:
-        return self.held >= self.max_num_seqs + self.max_waiting
-
-    def message(self) -> str:
-        """The UNAVAILABLE text for a newcomer (the scheduler's Overloaded says the same)."""
-        return (
-            f"the DiT holds {self.held} requests, its capacity max_num_seqs + max_waiting = {self.max_num_seqs} + "
-            f"{self.max_waiting}; retry later"
-        )
 
 
 def _start_time(pid: int) -> str | None:

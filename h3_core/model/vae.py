@@ -22,8 +22,16 @@ import torch
 from torch import nn
 
 from h3_core import config
-from h3_core.checkpoint import init_weights
-from h3_core.layout import align_num_frames, latent_frames
+from h3_core.config import (
+    AUDIO_CHANNELS,
+    AUDIO_LATENT_CHANNELS,
+    VIDEO_LATENT_CHANNELS,
+    align_num_frames,
+    audio_latent_frames,
+    audio_num_samples,
+    latent_frames,
+)
+from h3_core.model.initialization import init_weights
 
 GROUP_FRAMES = max(config.FRAMES_PER_LATENT)  # 4 frames decoded per video latent
 VIDEO_GROUP_CHANNELS = 3 * GROUP_FRAMES  # 12: 4 RGB frames stacked on the channel axis
@@ -93,7 +101,7 @@ def groups_to_frames(groups: torch.Tensor) -> torch.Tensor:
 
 
 def check_video_latent(latent: torch.Tensor) -> None:
-    """The input check of every video decoder (VideoVAE.decode, h3_core.vae_hook): raise ValueError
+    """The input check of every video decoder (VideoVAE.decode, h3_core.weights.vae_hook): raise ValueError
     unless `latent` is float32 [24, T_lat, Hl, Wl] with T_lat = 5n + 2 and Hl, Wl >= 1."""
     channels = config.VIDEO_LATENT_CHANNELS
     if latent.dtype != torch.float32 or latent.dim() != 4 or latent.shape[0] != channels:
@@ -104,7 +112,7 @@ def check_video_latent(latent: torch.Tensor) -> None:
 
 
 def check_audio_latent(latent: torch.Tensor) -> None:
-    """The input check of every audio decoder (AudioVAE.decode, h3_core.vae_hook): raise ValueError
+    """The input check of every audio decoder (AudioVAE.decode, h3_core.weights.vae_hook): raise ValueError
     unless `latent` is float32 [2, 32, T_a] with T_a >= 1."""
     stereo, channels = config.AUDIO_CHANNELS, config.AUDIO_LATENT_CHANNELS
     shape = list(latent.shape)
@@ -243,3 +251,27 @@ def create_vaes(seed: int) -> tuple[VideoVAE, AudioVAE]:
     init_weights(video, seed)
     init_weights(audio, seed)
     return video.eval(), audio.eval()
+
+
+def decode_clip(
+    video_vae: VideoVAE, audio_vae: AudioVAE, num_frames: int, video_latent: torch.Tensor, audio_latent: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Final latents -> (frames uint8 [num_frames, H, W, 3], audio float32 [2, samples]); see
+    Engine.decode. video_latent: float32 [24, T_lat, Hl, Wl] with T_lat = latent_frames(num_frames);
+    audio_latent: float32 [2, 32, T_a] with T_a = audio_latent_frames(num_frames). Shared by the
+    engine and the Triton VAE model. Raises ValueError for latents that do not fit num_frames."""
+    if video_latent.dim() != 4 or video_latent.shape[1] != latent_frames(num_frames):
+        raise ValueError(
+            f"video latent has shape {tuple(video_latent.shape)}; num_frames={num_frames} needs "
+            f"[{VIDEO_LATENT_CHANNELS}, {latent_frames(num_frames)}, Hl, Wl]"
+        )
+    audio_shape = (AUDIO_CHANNELS, AUDIO_LATENT_CHANNELS, audio_latent_frames(num_frames))
+    if tuple(audio_latent.shape) != audio_shape:
+        raise ValueError(
+            f"audio latent has shape {tuple(audio_latent.shape)}; num_frames={num_frames} needs {list(audio_shape)}"
+        )
+    frames = video_vae.decode(video_latent)[:num_frames]
+    audio = audio_vae.decode(audio_latent)
+    samples = audio_num_samples(num_frames)
+    audio = torch.nn.functional.pad(audio[:, :samples], (0, max(0, samples - audio.shape[1])))
+    return frames, audio

@@ -1,11 +1,10 @@
 """A generation request, its limits and its validation (checked before anything runs)."""
 
 import secrets
-import unicodedata
 from dataclasses import dataclass
 
-from .config import CANVAS_MULTIPLE, FPS
-from .layout import align_num_frames
+from ..config import CANVAS_MULTIPLE, FPS, align_num_frames
+from ..protocol import check_prompt
 from .sampling import DEFAULT_AUDIO_SHIFT, DEFAULT_VIDEO_SHIFT
 
 INT64_MAX = 2**63 - 1
@@ -20,7 +19,7 @@ DECODE_BYTES_PER_VOXEL = 160
 @dataclass(frozen=True)
 class RequestLimits:
     """Serving limits; each request field must lie within them (units: pixels, frames, rows, MiB).
-    The defaults are the shipped CPU repository's (h3_core.settings.DitSettings takes them)."""
+    The defaults are the shipped CPU repository's (h3_core.serving.settings.DitSettings takes them)."""
 
     max_height: int = 256
     max_width: int = 256
@@ -47,40 +46,6 @@ class GenerationRequest:
     audio_shift: float = DEFAULT_AUDIO_SHIFT
     fps: int = FPS
     request_id: str = ""
-
-
-BYTE_ORDER_MARK = "\ufeff"  # dropped once from the start of a prompt (a decoder may leave it there)
-# Unicode general categories of characters that show nothing: separators (Zs space, Zl line,
-# Zp paragraph), controls (Cc: tab, newline, ...) and format characters (Cf: U+200B zero-width
-# space, U+200D zero-width joiner, U+FEFF, bidi marks, ...).
-INVISIBLE_CATEGORIES = frozenset({"Zs", "Zl", "Zp", "Cc", "Cf", "Mn", "Me"})  # + marks that only combine
-# default-ignorable or blank characters of other categories (Unicode DerivedCoreProperties, and the
-# blank braille pattern): Hangul fillers, variation selectors, U+2800
-INVISIBLE_CHARACTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800") | frozenset(map(chr, range(0xFE00, 0xFE10)))
-SHOWN_PROMPT_CHARS = 32  # an error message quotes at most this many characters of a prompt
-
-
-def _shown(prompt: str) -> str:
-    if len(prompt) <= SHOWN_PROMPT_CHARS:
-        return repr(prompt)
-    return f"{prompt[:SHOWN_PROMPT_CHARS]!r}... ({len(prompt)} characters)"
-
-
-def check_prompt(prompt: str) -> str:
-    """The one prompt rule, applied by validate_request and by the text encoder.
-
-    Returns the prompt the text encoder reads: `prompt` without one leading byte-order mark
-    (U+FEFF); nothing else is changed. Raises ValueError "prompt must be a non-empty string, got
-    ..." if `prompt` is not a str or is empty, and "prompt must contain visible characters, got
-    ..." (the prompt's repr, cut after SHOWN_PROMPT_CHARS characters) if every character is in
-    INVISIBLE_CATEGORIES or INVISIBLE_CHARACTERS, e.g. only spaces, newlines, zero-width spaces,
-    byte-order marks, lone combining marks or Hangul fillers.
-    """
-    if not isinstance(prompt, str) or not prompt:
-        raise ValueError(f"prompt must be a non-empty string, got {prompt!r}")
-    if all(unicodedata.category(char) in INVISIBLE_CATEGORIES or char in INVISIBLE_CHARACTERS for char in prompt):
-        raise ValueError(f"prompt must contain visible characters, got {_shown(prompt)}")
-    return prompt.removeprefix(BYTE_ORDER_MARK)
 
 
 def _check_range(field: str, value, low, high) -> None:

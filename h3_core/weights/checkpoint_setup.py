@@ -1,27 +1,28 @@
 """Create the seeded random checkpoints used by tests and the server (idempotent).
 
-    python -m h3_core.checkpoint_setup [--configs tiny small] [--root checkpoints] [--force]
+    python -m h3_core.weights.checkpoint_setup [--configs tiny small] [--root checkpoints] [--force]
                                        [--device cuda]
 
 Each folder <root>/<config>/ gets dit.safetensors, video_vae.safetensors and
 audio_vae.safetensors, initialised from fixed seeds (DiT seed 0, VAEs seed 1): the weights of
-the source `random:0` (h3_core.checkpoint), stored. Nothing is downloaded. --device cuda draws
+the source `random:0` (h3_core.weights.checkpoint), stored. Nothing is downloaded. --device cuda draws
 the DiT's numbers on the GPU (seconds instead of minutes for the 6 B-parameter `bench` DiT; the
-values differ from a CPU draw, see checkpoint.init_weights).
+values differ from a CPU draw, see h3_core.model.initialization.init_weights).
 """
 
 import argparse
 from pathlib import Path
 
-from .checkpoint import AUDIO_VAE_FILE, DIT_FILE, VAE_SEED_OFFSET, VIDEO_VAE_FILE, init_weights, save_weights
-from .config import get_config
-from .model import H3DiT
-from .vae import create_vaes
+from ..config import get_config
+from ..model import H3DiT
+from ..model.initialization import init_weights
+from ..model.vae import create_vaes
+from .checkpoint import AUDIO_VAE_FILE, DIT_FILE, VAE_SEED_OFFSET, VIDEO_VAE_FILE, save_weights
 
 DIT_SEED = 0
 VAE_SEED = DIT_SEED + VAE_SEED_OFFSET  # so the folder holds the weights of the source random:DIT_SEED
 CHECKPOINT_FILES = (DIT_FILE, VIDEO_VAE_FILE, AUDIO_VAE_FILE)
-DEFAULT_ROOT = Path(__file__).resolve().parents[1] / "checkpoints"
+DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "checkpoints"
 
 
 def create_checkpoint(config_name: str, folder: str | Path, force: bool = False, device: str = "cpu") -> bool:

@@ -1,0 +1,65 @@
+"""Building an Engine from a weight source: the one module that puts the diffusion engine, the
+weights and sequence parallelism together (h3_core.diffusion imports neither weights nor parallel;
+the DiT forward, local or sequence-parallel, is handed to the Engine as an object)."""
+
+from pathlib import Path
+
+import torch
+
+from .config import get_config
+from .diffusion.engine import DEFAULT_LIMITS, Engine
+from .diffusion.request import RequestLimits
+from .model import H3DiT
+from .model.dit import use_bitwise_cublas
+from .parallel.ulysses import check_sp_degree
+from .parallel.workers import DEFAULT_TIMEOUT_S as DEFAULT_SP_TIMEOUT_S
+from .parallel.workers import SequenceParallelDiT
+from .weights.checkpoint import load_dit
+from .weights.vae_hook import load_vaes
+
+
+def load_engine(
+    config_name: str,
+    source: str | Path,
+    device: str = "cpu",
+    attention_backend: str = "sdpa",
+    with_encoder: bool = True,
+    with_vaes: bool = True,
+    limits: RequestLimits = DEFAULT_LIMITS,
+    trust_remote_code: bool = False,
+    sp_degree: int = 1,
+    sp_timeout_s: float = DEFAULT_SP_TIMEOUT_S,
+) -> Engine:
+    """Build an Engine from a weight source (h3_core.weights.checkpoint's module docstring): a native
+    folder (dit.safetensors, video_vae.safetensors, audio_vae.safetensors; see checkpoint_setup),
+    an official checkpoint folder (transformer/, video_vae/, audio_vae/; its VAEs run only with
+    trust_remote_code, h3_core.weights.vae_hook) or `random:SEED`. The DiT uses its device's bitwise
+    GEMM setting (h3_core.model.dit); on CUDA its blocks are compiled (H3DiT.compile_blocks; the
+    first step, Engine.warm_up, pays the compilation) and small packs replay CUDA graphs
+    (H3DiT.use_cuda_graphs). with_encoder / with_vaes False leave
+    those parts out (the Triton DiT needs neither). sp_degree > 1 runs the DiT in that many
+    worker processes (h3_core.parallel.workers: on the CPU, or on the consecutive GPUs from
+    `device`), each of them loading the weights, with sp_timeout_s seconds as their step and
+    collective timeout.
+    Raises ValueError / FileNotFoundError as checkpoint.load_dit and vae_hook.load_vaes;
+    ValueError for an sp_degree that does not divide the heads or GPUs that are not there, and
+    h3_core.parallel.workers.WorkerFailed / WorkerLost for workers that cannot start."""
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        use_bitwise_cublas()
+    cfg = get_config(config_name)
+    check_sp_degree(cfg, sp_degree)
+    if sp_degree > 1:
+        dit = SequenceParallelDiT(cfg, str(source), device, sp_degree, attention_backend, sp_timeout_s)
+    else:
+        dit = H3DiT(cfg, attention_backend=attention_backend, device=device)
+        load_dit(dit, source)
+        if cuda:
+            dit.compile_blocks()
+            dit.use_cuda_graphs()
+        dit.eval()
+    video_vae, audio_vae = load_vaes(source, device, trust_remote_code) if with_vaes else (None, None)
+    if with_encoder:
+        from .model.encoder import TextEncoder  # imported here: a GPU host without MiniLM can run the DiT
+    encoder = TextEncoder() if with_encoder else None
+    return Engine(dit, video_vae, audio_vae, encoder, limits)

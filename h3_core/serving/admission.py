@@ -1,0 +1,317 @@
+"""Admission to the step loop: the arrival half of StepLoop (`Admission`: each Arrival becomes a
+live Job or an answer), a request's REQUEST JSON (read_request_json), its inputs and request
+parameters (parse, which prepares its states), fault injection (check_fault, tests only), the
+client's message for an unexpected failure (admission_failure), and the bounded memory of ids
+(BoundedMemory)."""
+
+import json
+import logging
+import math
+import secrets
+import time
+from collections import OrderedDict
+
+import numpy as np
+import torch
+
+from ..diffusion.engine import Engine
+from ..diffusion.request import GenerationRequest
+from ..media import MP4_AVAILABLE
+from ..protocol import (
+    CANCEL_FIELD,
+    EARLY_CANCEL_SECONDS,
+    INT_INPUTS,
+    MAX_REQUEST_ID_CHARS,
+    REQUEST_FIELDS,
+    check_request_parameters,
+)
+from .events import Arrival, Ended, Job, Refused, Send, Status
+from .registry import IDS_REMEMBERED
+from .scheduler import Overloaded
+from .settings import DitSettings
+
+log = logging.getLogger("h3_dit")
+
+VANISHED_EXECUTES = 3  # a job missing from this many executes in a row was dropped by Triton
+WORKER_FAULTS = ("worker_exit", "worker_hang", "worker_raise")  # inject_fault for sequence-parallel workers
+JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
+
+
+def check_fault(fault: str) -> None:
+    """Validate request parameter inject_fault (tests only), acting at the request's first step:
+    "raise" makes the forward raise, "nan" makes it return NaN video velocities for the request,
+    "slow:S" makes the step S seconds slower (0 < S <= 600); with sp_degree > 1, the last
+    sequence-parallel rank exits ("worker_exit", once), hangs ("worker_hang", once) or raises
+    ("worker_raise", at every try of that step) at its first all-to-all
+    (SequenceParallelDiT.inject_fault). Raises ValueError naming it."""
+    if fault in ("raise", "nan", *WORKER_FAULTS):
+        return
+    try:
+        seconds = float(fault[5:]) if fault.startswith("slow:") else None
+    except ValueError:
+        seconds = None
+    if seconds is None or not 0 < seconds <= 600:
+        raise ValueError(
+            f"inject_fault={fault!r} is not one of 'raise', 'nan', 'slow:S' (0 < S <= 600 seconds), "
+            "'worker_exit', 'worker_hang', 'worker_raise'"
+        )
+
+
+def read_request_json(elements: list) -> dict:
+    """REQUEST's elements -> one JSON object with the allowed keys: a generation request holds
+    only REQUEST_FIELDS, a cancel request CANCEL_FIELD alone, a non-empty string. Raises
+    ValueError naming the input or the key."""
+    if len(elements) != 1:
+        raise ValueError(f"REQUEST must hold one JSON object, got {len(elements)} elements")
+    try:
+        fields = json.loads(elements[0])
+    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
+        raise ValueError(f"REQUEST is not valid JSON: {error}") from None
+    except RecursionError:
+        raise ValueError("REQUEST is not valid JSON: nested too deeply") from None
+    if not isinstance(fields, dict):
+        raise ValueError(f"REQUEST must hold one JSON object, got {type(fields).__name__}")
+    if CANCEL_FIELD in fields:
+        extra = sorted(key for key in fields if key != CANCEL_FIELD)
+        if extra:
+            raise ValueError(
+                f"REQUEST field {extra[0]!r} is not allowed beside {CANCEL_FIELD!r}: a cancel request "
+                "holds that field alone"
+            )
+        target = fields[CANCEL_FIELD]
+        if type(target) is str and len(target) > MAX_REQUEST_ID_CHARS:
+            raise ValueError(f"{CANCEL_FIELD} has {len(target)} characters: allowed 1..{MAX_REQUEST_ID_CHARS}")
+        if type(target) is not str or not target:
+            got = (
+                "null"
+                if target is None
+                else "an empty string"
+                if target == ""
+                else f"{JSON_TYPES.get(type(target), type(target).__name__)} {json.dumps(target)}"
+            )
+            raise ValueError(f"{CANCEL_FIELD} must be a non-empty string, got {got}")
+        return fields
+    unknown = sorted(key for key in fields if key not in REQUEST_FIELDS)
+    if unknown:
+        raise ValueError(
+            f"REQUEST field {unknown[0]!r} is unknown; allowed: {sorted(REQUEST_FIELDS)}, or "
+            f"{CANCEL_FIELD!r} alone (a cancel request)"
+        )
+    return fields
+
+
+def admission_failure(error: Exception) -> str:
+    """The client's message for an unexpected exception while a request is admitted: the
+    exception's type and the first line of its text, no traceback."""
+    text = str(error).strip().splitlines()
+    cause = f"{type(error).__name__}: {text[0] if text else 'no detail'}"
+    return f"the request could not be admitted ({cause}); see the server log"
+
+
+class BoundedMemory(OrderedDict):
+    """key -> (clock time, value), forgetting entries older than EARLY_CANCEL_SECONDS and the
+    oldest beyond IDS_REMEMBERED."""
+
+    def remember(self, key, value, now: float) -> None:
+        self.pop(key, None)
+        self[key] = (now, value)
+        while self and (len(self) > IDS_REMEMBERED or now - next(iter(self.values()))[0] >= EARLY_CANCEL_SECONDS):
+            self.popitem(last=False)
+
+    def recall(self, key, now: float, pop: bool = False):
+        """The value remembered for key (None if none or expired)."""
+        entry = self.pop(key, None) if pop else self.get(key)
+        return entry[1] if entry is not None and now - entry[0] < EARLY_CANCEL_SECONDS else None
+
+
+def parse(arrival: Arrival, fields: dict, now: float, engine: Engine, settings: DitSettings) -> Job:
+    """Inputs, REQUEST fields and request parameters of a new request -> Job (its states prepared
+    with engine.prepare; `now`: its arrival, seconds on the step loop's clock). `settings`: h3_dit's
+    (fault injection, sp_degree, priority_max). Raises ValueError naming the bad field."""
+    if arrival.sequence_end:
+        raise ValueError(
+            "sequence_end must not be set: a request runs over many iterations and Triton 2.51 "
+            "would drop it after the first (perf_analyzer: --request-parameter sequence_end:false:bool)"
+        )
+    parameters = check_request_parameters(arrival.parameters_json)
+    if parameters.get("return_mp4", True) and not MP4_AVAILABLE:
+        raise ValueError(
+            "return_mp4=true needs PyAV, which this server does not have: send return_mp4=false (with "
+            "return_frames / return_audio for raw outputs) or install av"
+        )
+    fault = parameters.get("inject_fault")
+    if fault is not None:
+        if not settings.allow_fault_injection:
+            raise ValueError(
+                "request parameter 'inject_fault' is refused: h3_dit parameter allow_fault_injection is not 'true'"
+            )
+        check_fault(fault)
+        if fault in WORKER_FAULTS and settings.sp_degree == 1:
+            raise ValueError(f"inject_fault={fault!r} needs h3_dit parameter sp_degree > 1")
+    deadline_s = parameters.get("deadline_s")  # its range: check_request_parameters
+    cfg = engine.dit.cfg
+    values = dict(
+        height=cfg.default_height,
+        width=cfg.default_width,
+        num_frames=cfg.default_num_frames,
+        num_inference_steps=cfg.default_steps,
+        seed=None,
+        num_outputs=1,
+    )
+    for name in INT_INPUTS.values():
+        if name in fields:
+            if type(fields[name]) is not int:
+                raise ValueError(f"{name} must be an integer, got {fields[name]!r}")
+            values[name] = fields[name]
+    embeds = arrival.text_embeds
+    if (
+        embeds is None
+        or embeds.ndim != 3
+        or embeds.shape[0] != 1
+        or embeds.shape[1] < 1
+        or embeds.shape[2] != cfg.text_dim
+    ):
+        shape = (
+            None if embeds is None else embeds.shape[1:] if embeds.ndim == 3 and embeds.shape[0] == 1 else embeds.shape
+        )
+        raise ValueError(
+            f"text_embeds has shape {None if shape is None else tuple(shape)}; expected [L >= 1, {cfg.text_dim}]"
+        )
+    text = torch.from_numpy(np.array(embeds[0], dtype=np.float32))  # [L, text_dim], a copy
+    if not torch.isfinite(text).all():
+        raise ValueError("TEXT_EMBEDS holds non-finite values")
+    encode_s, received = fields.get("encode_seconds", 0.0), fields.get("received_unix_s")
+    for name, value in (("encode_seconds", encode_s), ("received_unix_s", received)):
+        if value is not None and type(value) not in (int, float):
+            raise ValueError(f"{name} must be a number, got {value!r}")
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name}={value} is out of range: allowed finite >= 0 seconds")
+    # deadline_s counts from the request's arrival at the server (h3_encoder), else at the DiT
+    since_received = 0.0 if received is None else max(0.0, time.time() - received)
+    if len(arrival.request_id) > MAX_REQUEST_ID_CHARS:
+        raise ValueError(f"request id has {len(arrival.request_id)} characters: allowed 1..{MAX_REQUEST_ID_CHARS}")
+    priority, limit = parameters.get("request_priority", 0), settings.priority_max
+    if not -limit <= priority <= limit:
+        raise ValueError(f"request_priority={priority} is out of range: allowed {-limit}..{limit} (priority_max)")
+    request_id = arrival.request_id or f"h3-{secrets.token_hex(8)}"
+    generation = GenerationRequest(prompt="(encoded)", request_id=request_id, **values)
+    states = engine.prepare(generation, text)
+    return Job(
+        key=arrival.key,
+        request_id=request_id,
+        states=states,
+        arrival_s=now,
+        progress_every=parameters.get("progress_every", 0),
+        preview_every=parameters.get("preview_every", 0),
+        deadline_s=deadline_s,
+        deadline_at=None if deadline_s is None else now + deadline_s - since_received,
+        encode_s=encode_s,
+        priority=priority,
+        fault=fault,
+    )
+
+
+class Admission:
+    """The arrival half of StepLoop (its base class, h3_core.serving.step_loop): each Arrival
+    becomes its live Job (a new one admitted with `parse`) or is answered at once (refused, a
+    cancel control request, a dropped job's end, a filler skipped). It uses the StepLoop's jobs,
+    dropped, draining, scheduler, registry, metrics, clock, engine and settings, and its
+    cancel_by_id and forget."""
+
+    def arrive(self, arrival: Arrival, send: Send) -> Job | None:
+        """The live job this arrival belongs to (admitting a new one), or None when the arrival
+        was answered (refused, control request, dropped job) or is a filler."""
+        if arrival.key in (0, ""):
+            return None  # filler request inserted by Triton's `direct` strategy
+        try:
+            fields = read_request_json(arrival.request_json)
+        except ValueError as error:
+            self.refuse(send, arrival, "INVALID_ARG", str(error))
+            return None
+        if CANCEL_FIELD in fields:
+            send(self.cancel_by_id(arrival.handle, fields[CANCEL_FIELD]))
+            return None
+        now = self.clock()
+        job = self.jobs.get(arrival.key)
+        if job is not None and arrival.new:
+            self.refuse_reused_key(arrival, job, send)
+            return None
+        if job is None and not arrival.new:  # a rescheduled request whose job was dropped: end it
+            dropped = self.dropped.recall(arrival.key, now, pop=True)
+            if dropped is None:
+                self.metrics.increment("h3_cancellations_total")  # else counted when it was dropped
+            request_id, cause = dropped or (arrival.request_id, None)
+            named = request_id or f"with sequence id {arrival.key}"
+            cause = cause or f"its sequence id was reused or Triton withheld it for {VANISHED_EXECUTES} steps"
+            send(
+                Ended(
+                    arrival.handle, request_id or str(arrival.key), "CANCELLED", f"request {named} was dropped: {cause}"
+                )
+            )
+            return None
+        if job is None:
+            self.dropped.pop(arrival.key, None)  # a new sequence with the id of a dropped one
+            job = self.admit(arrival, fields, now, send)
+        if job is not None:
+            job.handle = arrival.handle
+            job.absent = 0
+            job.is_cancelled = arrival.is_cancelled
+        return job
+
+    def refuse(self, send: Send, arrival: Arrival, code: str, message: str) -> None:
+        """Answer a request that never started with an error (counted and logged)."""
+        self.metrics.increment("h3_failures_total" if code == "INTERNAL" else "h3_refusals_total")
+        log.info("request %s refused: %s: %s", arrival.request_id or "(no id)", code, message)
+        send(Refused(arrival.handle, code, message))
+
+    # -- admission ---------------------------------------------------------------------------
+
+    def admit(self, arrival: Arrival, fields: dict, now: float, send: Send) -> Job | None:
+        """Validate a new request and queue it; on failure refuse it at once."""
+        try:
+            if self.draining:
+                raise Overloaded("the server is shutting down")
+            job = parse(arrival, fields, now, self.engine, self.settings)
+            if self.registry.admit(job.request_id):
+                self.metrics.increment("h3_cancellations_total")
+                send(
+                    Ended(
+                        arrival.handle,
+                        job.request_id,
+                        "CANCELLED",
+                        f"request {job.request_id} was cancelled before it started (step 0 of {job.total_steps})",
+                        0,
+                        job.total_steps,
+                    )
+                )
+                return None
+            self.scheduler.add(job)
+        except ValueError as error:
+            self.refuse(send, arrival, "INVALID_ARG", str(error))
+            return None
+        except Overloaded as error:
+            self.refuse(send, arrival, "UNAVAILABLE", str(error))
+            return None
+        except Exception as error:  # noqa: BLE001 - a validation gap must not fail the other requests
+            log.exception("request %s could not be admitted", arrival.request_id or arrival.key)
+            self.refuse(send, arrival, "INTERNAL", admission_failure(error))
+            return None
+        self.jobs[job.key] = job
+        return job
+
+    def refuse_reused_key(self, arrival: Arrival, job: Job, send: Send) -> None:
+        """A new request (START) came with the sequence id of a live job: a client sent a
+        sequence_id in use. Triton 2.51 ends the job's sequence ("conflict ... terminated
+        early") and may free its request, so the job is dropped without an event (answering its
+        old handle crashed the server); if Triton delivers its request once more, arrive() ends
+        it with CANCELLED naming its request id. The newcomer is refused: admitting it routed its
+        responses to the job's client."""
+        self.metrics.increment("h3_cancellations_total")
+        self.forget(job, Status.CANCELLED, dropped=f"another request reused its sequence id {job.key}")
+        self.refuse(
+            send,
+            arrival,
+            "INVALID_ARG",
+            f"sequence id {job.key} belongs to request {job.request_id}, "
+            "which Triton has now ended; do not send sequence_id",
+        )
