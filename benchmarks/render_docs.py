@@ -397,6 +397,28 @@ def max_diff(root: Path) -> float:
     )
 
 
+def registry_cpu(root: Path) -> str:
+    """CPU ms per registry call, SQLite against the old JSON store, from registry_cpu.json's summary
+    (keys `<call>_<state>`: admit / boundary / finish in the states empty, full_memories, live_2000)."""
+    path = "benchmarks/results/registry_cpu.json"
+    document = load(root, "registry_cpu")
+    hardware = document["hardware"]
+    lines = [
+        f"{hardware['machine']} ({hardware['cpu_model']}), Python {document['python']}, SQLite {document['sqlite']}, "
+        f"{document['date']}: `{document['command']}` (`{path}`):",
+        "",
+        "| call | state | SQLite median ms | SQLite p99 ms | JSON median ms | JSON p99 ms | JSON / SQLite (median) |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for key, row in document["summary"].items():
+        call, state = key.split("_", 1)
+        lines.append(
+            f"| `{call}` | {state.replace('_', ' ')} | {row['current_median_ms']:.3f} | {row['current_p99_ms']:.3f} "
+            f"| {row['old_median_ms']:.3f} | {row['old_p99_ms']:.3f} | **{row['old_over_current_median']:.0f}x** |"
+        )
+    return "\n".join(lines)
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "h200 headline": h200_headline,
     "h200 targets": h200_targets,
@@ -414,6 +436,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "h200_full_model runs": full_model_runs,
     "h200x2_sequence_parallel bitwise": sequence_parallel_bitwise,
     "h200x2_sequence_parallel max_abs_diff": sequence_parallel_max_diff,
+    "registry_cpu calls": registry_cpu,
 }
 
 
