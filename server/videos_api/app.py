@@ -190,6 +190,7 @@ def create_app(settings: Settings) -> FastAPI:
         finally:
             stop.set()
             sweeper.join()
+            client.close()  # its pooled gRPC channels, explicitly: closing them from a finalizer can deadlock
             store.close()
             lock.close()
 
