@@ -271,9 +271,10 @@ def worker_main(spec: WorkerSpec, conn: multiprocessing.connection.Connection) -
     each step message (batch, video, audio, text, fault, profile) with ("ok", video rows, audio
     rows, stats), or ("lost", message) when a collective failed, or ("error", message) when its
     own computation raised and it released its peers (ulysses.release_peers; ("lost", message)
-    when that failed); stop at None or when the pipe closes. Messages both ways go through an Arena; fault is None or (rank, kind) for
-    CollectiveExchange.fault. stats: forward_s (seconds of forward_share, device synchronised) and,
-    when profiled, exchange_s (seconds of each all-to-all)."""
+    when that failed); stop at None or when the pipe closes. Messages both ways go through an
+    Arena; fault is None or (rank, kind) for CollectiveExchange.fault. stats: forward_s (seconds
+    of forward_share, device synchronised) and, when profiled, exchange_s (seconds of each
+    all-to-all)."""
     exit_with_parent()
     arena, seen, block = Arena(), 0, None  # replies' arena, its generation the driver holds, the steps' block
 

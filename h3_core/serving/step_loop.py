@@ -395,7 +395,8 @@ class StepLoop(Admission):
                     if isinstance(failure, GroupFailure):
                         group = failure
                     self.metrics.increment("h3_failures_total")
-                    self.end(job, send, Status.FAILED, "INTERNAL", f"denoise step {job.step_index + 1} failed: {failure}")
+                    message = f"denoise step {job.step_index + 1} failed: {failure}"
+                    self.end(job, send, Status.FAILED, "INTERNAL", message)
                     pack.remove(job)
         finite, copied = None, None
         if velocities:
