@@ -24,6 +24,10 @@ One step, on every rank at once (`forward_share`):
    audio rows, which the driver concatenates in rank order (the pack's video and audio rows are
    in ascending row order, so this is the pack's order).
 
+A rank whose own computation raises makes the step's remaining all-to-alls with zeros
+(`release_peers`), so its peers finish the step rather than wait in a collective and the workers
+serve on (h3_core.parallel.workers: a request's error costs no restart).
+
 Parity with one device. On the CPU bitwise equal (tests/test_sequence_parallel.py, the end-to-end
 test in tests/test_serving_sequence_parallel.py): share boundaries are multiples of 64, so each
 rank's 64-row GEMM tiles are the ones the whole pack runs, and a head's attention over a document
