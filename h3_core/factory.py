@@ -43,7 +43,7 @@ def load_engine(
     collective timeout.
     Raises ValueError / FileNotFoundError as checkpoint.load_dit and vae_hook.load_vaes;
     ValueError for an sp_degree that does not divide the heads or GPUs that are not there, and
-    h3_core.parallel.workers.WorkerFailed / WorkerLost for workers that cannot start."""
+    h3_core.parallel.workers.WorkerLost for workers that cannot start."""
     cuda = torch.device(device).type == "cuda"
     if cuda:
         use_bitwise_cublas()

@@ -291,7 +291,9 @@ def plan(
             f"{typed.max_num_frames} frames, with the CPU float32 constant Engine.prepare applies",
         )
     dit = DitSettings.from_parameters(dit_values)
-    idle, reason = sizing.idle_timeout(device, dit.execution_mode, dit.max_batch_rows, cfg.num_layers, dit.max_steps)
+    idle, reason = sizing.idle_timeout(
+        device, dit.execution_mode, dit.max_batch_rows, cfg.num_layers, dit.max_steps, sp_degree
+    )
     if idle_timeout_s is not None:
         idle, reason = round(idle_timeout_s * 1e6), f"{idle_timeout_s:g} s, given."
     if sp_degree > 1:

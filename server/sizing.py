@@ -16,7 +16,8 @@ packed DiT sequence.
   encoder's weights (h3_core.model.encoder.weight_bytes: 50.3 GB for MiniMax-H3's Qwen3-VL cut to 50
   layers). bytes_per_row_and_width: GPU_BF16_BYTES_PER_ROW_AND_WIDTH, measured on an H200, scaled
   by the config's dtype bytes / 2.
-- max_sequence_idle_microseconds: longer than the longest execute() (see idle_timeout).
+- max_sequence_idle_microseconds: longer than the longest execute(), with sequence parallelism
+  including one that loses a worker (see idle_timeout).
 - execute_budget_s on cuda: GPU_EXECUTE_BUDGET_S (below).
 """
 
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 
 from h3_core.config import ROW_ALIGN, DiTConfig
 from h3_core.diffusion.request import request_memory_mb
+from h3_core.parallel.workers import EXIT_GRACE_S, SP_TIMEOUT_FRACTION
 
 from .options import DEVICES
 
@@ -44,6 +46,17 @@ MAX_BATCH_ROWS = 65_536  # rows of one packed forward at most (4 x the 16,384-ro
 # are over-estimated, which errs on the safe side.
 H200_STEP_S, H200_STEP_ROWS, H200_STEP_LAYERS = 0.355, 16_384, 8
 MIN_IDLE_S = 60.0  # today's CPU value, and the floor everywhere
+# A restart of the sequence-parallel workers (what a lost worker costs): 11.3 s for the bench DiT
+# (8 layers) on two H200s, weights drawn on each GPU, blocks compiled from Inductor's cache
+# (benchmarks/results/h200x2_sequence_parallel.json, in_process.sp2.restart_s = 11.34). Scaled
+# linearly by layers like a step (over-estimating the part that does not grow with them); loading
+# a checkpoint from disk instead of drawing the weights is not measured. On the 2-core CPU a
+# restart of 2 workers took 0.2 s (tiny) and 0.7 s (demo), far inside MIN_IDLE_S.
+H200_SP_RESTART_S, H200_SP_RESTART_LAYERS = 11.3, 8
+# A lost worker's execute holds two tries of its step, each up to the step timeout
+# (idle / SP_TIMEOUT_FRACTION) plus EXIT_GRACE_S, so the rest (the steps before, the restart, the
+# graces) must fit in the idle timeout less two step timeouts: 1 / (1 - 2 / 4) = 2 times it.
+SP_IDLE_FACTOR = 1 / (1 - 2 / SP_TIMEOUT_FRACTION)
 # h3_dit's execute_budget_s on cuda: seconds one execute() keeps taking steps while nothing is
 # announced for the DiT (h3_core.serving.step_loop.StepLoop.another_step). Each execute costs a Triton
 # round trip of about 6 ms on the H200 host (docs/benchmarks.md, served vs request mode). An
@@ -170,20 +183,37 @@ def step_seconds(rows: int, num_layers: int) -> float:
     return H200_STEP_S * rows / H200_STEP_ROWS * num_layers / H200_STEP_LAYERS
 
 
+def sp_restart_seconds(num_layers: int) -> float:
+    """Estimated seconds of a restart of the sequence-parallel workers of a `num_layers` DiT on
+    H200s: H200_SP_RESTART_S x num_layers / 8."""
+    return H200_SP_RESTART_S * num_layers / H200_SP_RESTART_LAYERS
+
+
 def idle_timeout(
-    device: str, execution_mode: str, max_batch_rows: int, num_layers: int, max_steps: int
+    device: str, execution_mode: str, max_batch_rows: int, num_layers: int, max_steps: int, sp_degree: int = 1
 ) -> tuple[int, str]:
     """(max_sequence_idle_microseconds, why) for h3_dit. It must exceed the longest execute():
     - cpu: MIN_IDLE_S = 60 s (tiny on the 2-core CPU steps 4,096 rows in under 0.2 s, so request mode
-      needs > 50 x 0.2 s = 10 s; 60 s leaves a 6x margin);
+      needs > 50 x 0.2 s = 10 s; 60 s leaves a 6x margin, which also holds a lost
+      sequence-parallel worker's restart, under 1 s there, and retried step);
     - cuda, with step = step_seconds(max_batch_rows, num_layers):
       step mode:    max(60 s, 5 x step);
-      request mode: max(60 s, max_steps x step x 1.5) (a whole generation in one execute()).
+      request mode: max(60 s, max_steps x step x 1.5) (a whole generation in one execute());
+      with sp_degree > 1 also at least SP_IDLE_FACTOR (2) x (before + restart + 2 x EXIT_GRACE_S):
+      an execute that loses a worker runs its steps `before` the loss (GPU_EXECUTE_BUDGET_S in
+      step mode, max_steps x step in request mode), the failed try and the retried step (each
+      at most the step timeout, idle / SP_TIMEOUT_FRACTION, plus EXIT_GRACE_S) and one restart
+      of the workers (sp_restart_seconds(num_layers)); h3_core.parallel.workers allows no more.
     Raises ValueError for an unknown device."""
     if device == "cpu":
         return int(MIN_IDLE_S * 1e6), (
             "on the CPU 60 s: tiny on the 2-core CPU steps 4,096 rows in under 0.2 s, so "
-            "request mode needs > 50 x 0.2 s = 10 s; 60 s leaves a 6x margin."
+            "request mode needs > 50 x 0.2 s = 10 s; 60 s leaves a 6x margin"
+            + (
+                ", which also holds a lost sequence-parallel worker's restart (under 1 s there) and retried step."
+                if sp_degree > 1
+                else "."
+            )
         )
     if device != "cuda":
         raise ValueError(f"device {device!r} is not one of {DEVICES}")
@@ -195,8 +225,22 @@ def idle_timeout(
     )
     if execution_mode == "request":
         seconds = max(MIN_IDLE_S, max_steps * step * REQUEST_IDLE_FACTOR)
-        formula = f"request mode: max(60 s, {max_steps} steps x {step:.3f} s x {REQUEST_IDLE_FACTOR})"
+        formula = f"request mode: max(60 s, {max_steps} steps x {step:.3f} s x {REQUEST_IDLE_FACTOR}"
+        before, before_text = max_steps * step, f"{max_steps} steps x {step:.3f} s"
     else:
         seconds = max(MIN_IDLE_S, STEP_IDLE_FACTOR * step)
-        formula = f"step mode: max(60 s, {STEP_IDLE_FACTOR:g} x {step:.3f} s)"
+        formula = f"step mode: max(60 s, {STEP_IDLE_FACTOR:g} x {step:.3f} s"
+        before, before_text = GPU_EXECUTE_BUDGET_S, f"{GPU_EXECUTE_BUDGET_S:g} s of execute budget"
+    if sp_degree > 1:
+        restart = sp_restart_seconds(num_layers)
+        seconds = max(seconds, SP_IDLE_FACTOR * (before + restart + 2 * EXIT_GRACE_S))
+        formula += f", {SP_IDLE_FACTOR:g} x ({before_text} + {restart:.3f} s of restart + 2 x {EXIT_GRACE_S:g} s))"
+        estimate += (
+            f"; a lost sequence-parallel worker costs the execute two tries of its step, each within the "
+            f"step timeout (this / {SP_TIMEOUT_FRACTION}), the steps before and one restart of the workers "
+            f"estimated as {H200_SP_RESTART_S} s x {num_layers} / {H200_SP_RESTART_LAYERS} layers = {restart:.3f} s "
+            f"(benchmarks/results/h200x2_sequence_parallel.json)"
+        )
+    else:
+        formula += ")"
     return round(seconds * 1e6), f"on cuda, {formula} = {seconds:.1f} s, {estimate}."

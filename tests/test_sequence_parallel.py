@@ -4,8 +4,10 @@ The split and the Ulysses attention: every rank of 2, 4 or 8 run as a thread of 
 (an all-to-all through a barrier), for packs whose documents fall every way across the ranks;
 bitwise equal to one device. The driver and its worker processes over gloo (2 ranks, tiny,
 seeded random weights): bitwise equal to one device, and a worker that exits, hangs, raises
-or is killed while idle. Torch runs one CPU thread here, as h3_dit's cpu_threads does (the
-parity rule in the module docstring)."""
+or is killed while idle; the step loop over them with three requests in one pack when a worker
+is lost (one restart, then the step completes for all or fails for all) and when a rank raises
+for one request (no restart, only that request fails). Torch runs one CPU thread here, as
+h3_dit's cpu_threads does (the parity rule in the module docstring)."""
 
 import json
 import logging
@@ -13,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 
 import pytest
@@ -20,10 +23,15 @@ import torch
 
 from h3_core.config import get_config
 from h3_core.diffusion import layout as L
+from h3_core.diffusion.engine import Engine
 from h3_core.factory import load_engine
 from h3_core.model import H3DiT
-from h3_core.parallel.ulysses import Shares, forward_share
-from h3_core.parallel.workers import Arena, SequenceParallelDiT, WorkerFailed, rank_devices
+from h3_core.parallel.ulysses import Shares, forward_share, release_peers
+from h3_core.parallel.workers import Arena, SequenceParallelDiT, WorkerFailed, WorkerLost, rank_devices
+from h3_core.serving.events import Arrival, Ended, Result
+from h3_core.serving.registry import Registry
+from h3_core.serving.settings import DitSettings
+from h3_core.serving.step_loop import StepLoop
 from h3_core.weights.checkpoint import load_dit
 from server.repository import InstanceGroup, config_texts, plan
 from server.sizing import Machine
@@ -140,6 +148,29 @@ def test_every_rank_count_equals_one_device_bitwise(dit, name, world):
         assert all(part[0].shape[0] == part[1].shape[0] == 0 for part in parts[1:])  # all-padding shares
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_release_peers_makes_the_all_to_alls_of_a_step(dit, world):
+    video, audio, text, batch = pack(PACKS["384 + 128"])
+
+    def recording(sent: list):
+        def exchange(send: torch.Tensor) -> torch.Tensor:  # the all-to-all's shapes, not its data
+            sent.append((tuple(send.shape), send.dtype))
+            return send
+
+        return exchange
+
+    stepped, released, rest = [], [], []
+    forward_share(dit, video, audio, text, batch, world - 1, world, recording(stepped))
+    assert release_peers(dit, batch, world, recording(released), 0) == 2 * TINY.num_layers
+    assert released == stepped and len(stepped) == 2 * TINY.num_layers
+    assert stepped[:2] == [
+        ((world, 3, 512 // world, 8 // world, 16), torch.float32),  # 512 rows, 8 heads of 16
+        ((world, 512 // world, 8 // world, 16), torch.float32),
+    ]
+    assert release_peers(dit, batch, world, recording(rest), 3) == 2 * TINY.num_layers - 3
+    assert rest == stepped[3:]
+
+
 def test_arena_round_trip_and_growth():
     arena, block = Arena(), None
     video, audio, text, batch = pack(PACKS["128 + 64 + 64"])
@@ -227,16 +258,35 @@ def test_a_hung_worker_is_replaced_after_the_timeout_and_the_step_retried(worker
     assert "did not answer within 3 s during a step" in logged or "all-to-all failed on rank 0" in logged, logged
 
 
-def test_a_rank_whose_computation_raises_fails_the_step_without_a_retry(workers, dit):
-    starts = workers.starts
+def test_a_rank_whose_computation_raises_fails_the_step_without_a_retry_or_restart(workers, dit):
+    starts, processes = workers.starts, [worker.process for worker in workers.workers]
     workers.inject_fault("raise")
     video, audio, text, batch = pack(PACKS["384 + 128"])
     with pytest.raises(WorkerFailed) as info:
         workers(video, audio, text, batch)
     assert str(info.value) == "sequence-parallel rank 1: RuntimeError: injected fault in sequence-parallel rank 1"
-    assert workers.workers == [] and workers.starts == starts  # killed; started again at the next step
+    check_step(workers, dit)  # rank 1 released rank 0: the same workers step on
+    assert workers.starts == starts and [worker.process for worker in workers.workers] == processes
+
+
+def test_a_worker_lost_again_after_the_restart_fails_the_step_with_both_causes(workers, dit, monkeypatch):
+    starts, start = workers.starts, workers.start
+
+    def start_and_exit_again() -> None:
+        start()
+        workers.inject_fault("exit")
+
+    monkeypatch.setattr(workers, "start", start_and_exit_again)
+    workers.inject_fault("exit")
+    video, audio, text, batch = pack(PACKS["384 + 128"])
+    with pytest.raises(WorkerLost) as info:
+        workers(video, audio, text, batch)
+    lost = "sequence-parallel rank 1 (cpu) exited with code 3 during a step"
+    assert str(info.value) == f"{lost}; after a restart of the workers, again: {lost}"
+    assert workers.starts == starts + 1 and workers.workers == []  # one restart; the next step starts new ones
+    monkeypatch.undo()
     check_step(workers, dit)
-    assert workers.starts == starts + 1
+    assert workers.starts == starts + 2
 
 
 def test_a_worker_killed_while_idle_is_replaced_before_the_next_step(workers, dit, caplog):
@@ -247,6 +297,96 @@ def test_a_worker_killed_while_idle_is_replaced_before_the_next_step(workers, di
         check_step(workers, dit)
     assert workers.starts == starts + 1
     assert "sequence-parallel rank 1 exited with code -9 while idle; restarting the workers" in caplog.messages
+
+
+# -- the step loop over the workers -----------------------------------------------------------------
+
+# three requests of different sizes, 2 steps each, packed into one forward at their first step
+REQUESTS = [(32, 64, 5, 1), (64, 64, 9, 2), (32, 32, 1, 3)]  # height, width, num_frames, seed
+
+
+def serve(dit, faults: dict[str, str] | None = None) -> list:
+    """REQUESTS r0, r1, r2 through a StepLoop over `dit` (inject_fault per request id in
+    `faults`), each execute delivering every live request as Triton does; every event sent."""
+    faults = faults or {}
+    settings = DitSettings(allow_fault_injection=True, sp_degree=2)
+    with tempfile.TemporaryDirectory() as folder:
+        loop = StepLoop(Engine(dit, None, None), settings, Registry(folder, "h3_dit_0"))
+        arrivals = [
+            Arrival(
+                handle=f"r{i}",
+                key=i + 1,
+                request_id=f"r{i}",
+                new=True,
+                request_json=[
+                    json.dumps(dict(height=h, width=w, num_frames=f, seed=seed, num_inference_steps=2)).encode()
+                ],
+                text_embeds=torch.randn(1, 3, TINY.text_dim, generator=torch.Generator().manual_seed(seed)).numpy(),
+                parameters_json=json.dumps({"inject_fault": faults[f"r{i}"]} if f"r{i}" in faults else {}),
+            )
+            for i, (h, w, f, seed) in enumerate(REQUESTS)
+        ]
+        events = []
+        while arrivals:
+            live = loop.iterate(arrivals, events.append)
+            arrivals = [arrival for arrival in arrivals if arrival.handle in live]
+            for arrival in arrivals:
+                arrival.new = False
+    return events
+
+
+@pytest.fixture(scope="module")
+def served_alone(dit):
+    """Each request's Result served by the one-process DiT, by request id."""
+    return {event.request_id: event for event in serve(dit) if isinstance(event, Result)}
+
+
+def assert_served(events: list, expected: dict, ids: list[str]) -> None:
+    results = {event.request_id: event for event in events if isinstance(event, Result)}
+    assert sorted(results) == ids
+    for request_id in ids:
+        assert torch.equal(results[request_id].video_latent, expected[request_id].video_latent)
+        assert torch.equal(results[request_id].audio_latent, expected[request_id].audio_latent)
+        assert results[request_id].info["largest_pack"] == 3
+
+
+def test_a_lost_worker_costs_the_pack_one_restart_and_every_request_completes(workers, served_alone, caplog):
+    starts = workers.starts
+    with caplog.at_level(logging.ERROR, logger="h3_dit.sequence_parallel"):
+        events = serve(workers, {"r1": "worker_exit"})
+    assert_served(events, served_alone, ["r0", "r1", "r2"])
+    assert workers.starts == starts + 1
+    assert restarts_logged(caplog) == [
+        "sequence-parallel rank 1 (cpu) exited with code 3 during a step; restarting the 2 sequence-parallel "
+        "workers and retrying the step"
+    ]
+
+
+def test_a_rank_that_raises_for_one_request_fails_it_alone_without_a_restart(workers, served_alone):
+    starts = workers.starts
+    events = serve(workers, {"r1": "worker_raise"})
+    assert_served(events, served_alone, ["r0", "r2"])
+    message = (
+        "denoise step 1 failed: sequence-parallel rank 1: RuntimeError: injected fault in sequence-parallel rank 1"
+    )
+    assert [event for event in events if isinstance(event, Ended)] == [Ended("r1", "r1", "INTERNAL", message, 0, 2)]
+    assert workers.starts == starts
+
+
+def test_a_worker_lost_again_after_the_restart_fails_the_whole_pack_without_solo_retries(workers, monkeypatch, caplog):
+    starts, start = workers.starts, workers.start
+
+    def start_and_exit_again() -> None:
+        start()
+        workers.inject_fault("exit")
+
+    monkeypatch.setattr(workers, "start", start_and_exit_again)
+    with caplog.at_level(logging.ERROR, logger="h3_dit.sequence_parallel"):
+        events = serve(workers, {"r1": "worker_exit"})
+    lost = "sequence-parallel rank 1 (cpu) exited with code 3 during a step"
+    message = f"denoise step 1 failed: {lost}; after a restart of the workers, again: {lost}"
+    assert events == [Ended(f"r{i}", f"r{i}", "INTERNAL", message, 0, 2) for i in range(3)]
+    assert workers.starts == starts + 1 and len(restarts_logged(caplog)) == 1  # no restart per request
 
 
 def test_close_ends_the_workers():

@@ -101,19 +101,45 @@ def test_the_step_constant_is_the_recorded_h200_figure():
 
 
 @pytest.mark.parametrize(
-    "device, mode, rows, layers, steps, microseconds",
+    "device, mode, rows, layers, steps, sp_degree, microseconds",
     [
-        ("cpu", "step", 4_096, 2, 50, 60_000_000),
-        ("cpu", "request", 65_536, 50, 50, 60_000_000),  # the CPU keeps the 60 s rule
-        ("cuda", "step", 65_536, 50, 50, 60_000_000),  # 5 x 8.875 s = 44.4 s < 60 s
-        ("cuda", "step", 65_536, 80, 50, 71_000_000),  # 5 x 14.2 s
-        ("cuda", "request", 65_536, 50, 50, 665_625_000),  # 50 x 8.875 s x 1.5
-        ("cuda", "request", 65_536, 8, 30, 63_900_000),  # 30 x 1.42 s x 1.5
-        ("cuda", "request", 4_096, 8, 50, 60_000_000),  # 50 x 0.089 s x 1.5 = 6.7 s < 60 s
+        ("cpu", "step", 4_096, 2, 50, 1, 60_000_000),
+        ("cpu", "request", 65_536, 50, 50, 1, 60_000_000),  # the CPU keeps the 60 s rule
+        ("cpu", "step", 4_096, 2, 50, 2, 60_000_000),  # a restart of 2 tiny workers: 0.2 s there
+        ("cuda", "step", 65_536, 50, 50, 1, 60_000_000),  # 5 x 8.875 s = 44.4 s < 60 s
+        ("cuda", "step", 65_536, 80, 50, 1, 71_000_000),  # 5 x 14.2 s
+        ("cuda", "request", 65_536, 50, 50, 1, 665_625_000),  # 50 x 8.875 s x 1.5
+        ("cuda", "request", 65_536, 8, 30, 1, 63_900_000),  # 30 x 1.42 s x 1.5
+        ("cuda", "request", 4_096, 8, 50, 1, 60_000_000),  # 50 x 0.089 s x 1.5 = 6.7 s < 60 s
+        # sequence parallelism: at least 2 x (before + 11.3 s x layers / 8 of restart + 2 x 2 s)
+        ("cuda", "step", 65_536, 8, 50, 2, 60_000_000),  # 2 x (1 + 11.3 + 4) = 32.6 s < 60 s
+        ("cuda", "step", 65_536, 50, 50, 2, 151_250_000),  # 2 x (1 + 70.625 + 4)
+        ("cuda", "request", 65_536, 50, 50, 2, 1_036_750_000),  # 2 x (50 x 8.875 + 70.625 + 4) > 665.6 s
+        ("cuda", "request", 4_096, 8, 30, 2, 60_000_000),  # 2 x (30 x 0.089 + 11.3 + 4) < 60 s
     ],
 )
-def test_idle_timeout(device, mode, rows, layers, steps, microseconds):
-    assert sizing.idle_timeout(device, mode, rows, layers, steps)[0] == microseconds
+def test_idle_timeout(device, mode, rows, layers, steps, sp_degree, microseconds):
+    assert sizing.idle_timeout(device, mode, rows, layers, steps, sp_degree)[0] == microseconds
+
+
+def test_the_sequence_parallel_restart_constant_is_the_recorded_h200_figure():
+    recorded = json.loads((ROOT / "benchmarks" / "results" / "h200x2_sequence_parallel.json").read_text())
+    assert round(recorded["in_process"]["sp2"]["restart_s"], 1) == sizing.H200_SP_RESTART_S
+    assert sizing.SP_IDLE_FACTOR == 2  # two tries of a step, each up to a quarter of the idle timeout
+
+
+def test_idle_timeout_covers_a_lost_worker_and_says_why():
+    idle_us, why = sizing.idle_timeout("cuda", "step", 65_536, 50, 50, sp_degree=2)
+    assert why == (
+        "on cuda, step mode: max(60 s, 5 x 8.875 s, 2 x (1 s of execute budget + 70.625 s of restart + 2 x 2 s)) = "
+        "151.2 s, a step of 65,536 rows of the 50-layer DiT estimated as 0.355 s x 65,536 / 16,384 rows x 50 / 8 "
+        "layers = 8.875 s (the bench DiT on the H200, benchmarks/results/h200.json); a lost sequence-parallel worker "
+        "costs the execute two tries of its step, each within the step timeout (this / 4), the steps before and one "
+        "restart of the workers estimated as 11.3 s x 50 / 8 layers = 70.625 s "
+        "(benchmarks/results/h200x2_sequence_parallel.json)."
+    )
+    # the worst such execute: 1 s of steps, two tries of 151.25 s / 4 + 2 s each, and the restart
+    assert 1 + 2 * (idle_us / 1e6 / 4 + 2) + 70.625 <= idle_us / 1e6
 
 
 def test_idle_timeout_says_why():

@@ -75,13 +75,23 @@ def initial_noise(layout: L.RequestLayout, seed: int) -> tuple[torch.Tensor, tor
     return L.patchify_video(latent[0]), audio
 
 
+class GroupFailure(RuntimeError):
+    """A DiT forward failed for no request's sake and its own recovery failed too: the devices or
+    worker processes that run it were lost (h3_core.parallel.workers.WorkerLost, raised after one
+    restart of the workers and one retry of the step). Retrying the pack's requests one at a time
+    cannot help and would restart the workers for each, so the step loop fails every request of
+    the pack with it (INTERNAL) instead of retrying them alone."""
+
+
 class Engine:
     """Runs the H3 models for any number of request states.
 
     Args:
         dit: the DiT forward (its device is the engine's device): an H3DiT, or an object called
             like H3DiT.forward with its `cfg` and `device`, e.g. a SequenceParallelDiT running it
-            over several devices (h3_core.parallel; h3_core.factory.load_engine picks one).
+            over several devices (h3_core.parallel; h3_core.factory.load_engine picks one). A
+            forward that raises GroupFailure failed for every request of the pack; any other
+            error may be a request's own.
         video_vae, audio_vae: decoders, or None where decoding happens elsewhere (Triton's h3_vae).
         encoder: the text encoder, or None when text states arrive precomputed (Triton).
         limits: request limits checked in prepare().

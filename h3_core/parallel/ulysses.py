@@ -24,6 +24,10 @@ One step, on every rank at once (`forward_share`):
    audio rows, which the driver concatenates in rank order (the pack's video and audio rows are
    in ascending row order, so this is the pack's order).
 
+A rank whose own computation raises makes the step's remaining all-to-alls with zeros
+(`release_peers`), so its peers finish the step rather than wait in a collective and the workers
+serve on (h3_core.parallel.workers: a request's error costs no restart).
+
 Parity with one device. On the CPU bitwise equal (tests/test_sequence_parallel.py, the end-to-end
 test in tests/test_serving_sequence_parallel.py): share boundaries are multiples of 64, so each
 rank's 64-row GEMM tiles are the ones the whole pack runs, and a head's attention over a document
@@ -97,6 +101,14 @@ class Shares:
         return part
 
 
+def layer_exchanges(shares: Shares, heads: int, head_dim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The shapes of what a rank sends in the two all-to-alls of one layer's `ulysses_attention`:
+    its rows' q, k, v [world, 3, share, heads / world, head_dim], then the attention of its heads
+    over every row [world, share, heads / world, head_dim] (both in the DiT's dtype)."""
+    world, share, mine = shares.world, shares.share, heads // shares.world
+    return (world, 3, share, mine, head_dim), (world, share, mine, head_dim)
+
+
 def ulysses_attention(exchange: Exchange, shares: Shares, backend: AttentionFn) -> AttentionFn:
     """An AttentionFn for the blocks of one rank: q, k, v [share, heads, head_dim] of the rank's
     rows -> all-to-all -> [padded rows, heads / sp] -> `backend` per document over the pack's rows
@@ -159,3 +171,19 @@ def forward_share(
         return rows[(rows >= first) & (rows < end)] - first
 
     return video_out[local(e.rows.video_rows)], audio_out[local(e.rows.audio_rows)]
+
+
+@torch.inference_mode()
+def release_peers(dit: H3DiT, batch: PackedBatch, world: int, exchange: Exchange, done: int) -> int:
+    """Make the all-to-alls of one step that this rank's `forward_share` did not reach, sending
+    zeros, after its own computation raised having made `done` of them: its peers then finish the
+    step instead of waiting in a collective until its timeout, so the process group stays usable
+    and the step can fail for its requests without a restart of the workers (their rows of this
+    step are garbage; the driver discards the step). A step makes 2 all-to-alls per layer
+    (`layer_exchanges`), whatever the pack. Returns how many were made here; raises what
+    `exchange` raises (a peer gone)."""
+    cfg = dit.cfg
+    sends = layer_exchanges(Shares(batch.total_rows, world), cfg.num_heads, cfg.head_dim) * cfg.num_layers
+    for shape in sends[done:]:
+        exchange(torch.zeros(shape, dtype=cfg.torch_dtype, device=dit.device))
+    return len(sends) - min(done, len(sends))

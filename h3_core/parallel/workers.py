@@ -10,18 +10,24 @@ the CPU; rendezvous through a TCPStore the driver hosts) whose collective timeou
 step the driver sends every worker the pack (CPU tensors through a pipe: torch moves them
 through shared memory) and waits for every share's rows.
 
-Failures. A worker that exits is noticed at once (its process sentinel), one that hangs when the
-step outlasts `timeout_s`, and a collective that fails or times out on a rank (a peer gone) is
-reported by that rank: the worker is LOST. The driver then kills every worker (SIGKILL: a rank
-stuck in a collective or a CUDA call reads no pipe), starts new ones and retries the step once;
-a second loss raises WorkerLost. An exception in a rank's own computation (not in a collective)
-raises WorkerFailed without a retry, after the workers were killed and restarted (its peers may
-wait in a collective). Either error reaches the step loop as a failed forward, which retries one
-request at a time (h3_core/serving/step_loop.py, StepLoop.launch), so a request fails only when its own
-forward fails. h3_dit sets timeout_s to a quarter of max_sequence_idle_microseconds
-(SP_TIMEOUT_FRACTION): detection, a restart and the retried step must fit in that timeout, or
-Triton reaps the live sequences. Workers exit when the driver's process is gone (a watchdog
-thread) or their pipe closes.
+Failures are of two kinds, and each costs at most one restart of the workers.
+- The group's (WorkerLost, a GroupFailure): a worker that exits is noticed at once (its process
+  sentinel), one that hangs when the step outlasts `timeout_s`, and a collective that fails or
+  times out on a rank (a peer gone) is reported by that rank; a worker that cannot start is one
+  too. The driver kills every worker (SIGKILL: a rank stuck in a collective or a CUDA call reads
+  no pipe), starts new ones ONCE and retries the whole step once; if that fails too, the forward
+  raises WorkerLost naming both causes and the step loop fails every request of the pack with it
+  (INTERNAL), retrying none alone (h3_core/serving/step_loop.py, StepLoop.launch): a request's
+  solo retry would only restart the workers again.
+- A request's (WorkerFailed): an exception in a rank's own computation (not in a collective).
+  That rank makes the step's remaining all-to-alls with zeros (ulysses.release_peers), so its
+  peers finish the step and the workers serve on; the forward raises WorkerFailed and the step
+  loop retries the pack's requests one at a time on the same workers, so only a request whose
+  own forward fails ends (no restart). Should the release fail (a peer gone), it is the group's.
+h3_dit sets timeout_s to a quarter of max_sequence_idle_microseconds (SP_TIMEOUT_FRACTION): the
+failed try, the restart and the retried step must fit in the idle timeout, or Triton reaps the
+live sequences (server.sizing.idle_timeout sizes it so). Workers exit when the driver's process is
+gone (a watchdog thread) or their pipe closes.
 """
 
 import atexit
@@ -44,11 +50,11 @@ import torch
 import torch.distributed as dist
 
 from ..config import DiTConfig, get_config
-from ..diffusion.engine import Engine
+from ..diffusion.engine import Engine, GroupFailure
 from ..model.dit import H3DiT, use_bitwise_cublas
 from ..model.packed import PackedBatch
 from ..weights.checkpoint import load_dit
-from .ulysses import check_sp_degree, forward_share
+from .ulysses import check_sp_degree, forward_share, release_peers
 
 log = logging.getLogger("h3_dit.sequence_parallel")
 
@@ -158,12 +164,14 @@ class CollectiveError(RuntimeError):
 
 class CollectiveExchange:
     """The all-to-all of a worker over its process group. `fault` (tests) acts at the next call:
-    "exit" ends the process, "hang" sleeps for good, "raise" raises RuntimeError. With `profile`
-    set the device is synchronised around each call and its seconds appended to `seconds`."""
+    "exit" ends the process, "hang" sleeps for good, "raise" raises RuntimeError. `calls` counts
+    the all-to-alls made (the worker resets it each step). With `profile` set the device is
+    synchronised around each call and its seconds appended to `seconds`."""
 
     def __init__(self, rank: int, device: torch.device):
         self.rank, self.device = rank, device
         self.fault: str | None = None
+        self.calls = 0
         self.profile = False
         self.seconds: list[float] = []
 
@@ -184,6 +192,7 @@ class CollectiveExchange:
             dist.all_to_all_single(received, send)
         except Exception as error:  # noqa: BLE001 - every collective failure is a lost peer to the driver
             raise CollectiveError(f"all-to-all failed on rank {self.rank}: {type(error).__name__}: {error}") from error
+        self.calls += 1
         if self.profile:
             self.synchronize()
             self.seconds.append(time.perf_counter() - start)
@@ -258,12 +267,14 @@ def join_group(spec: WorkerSpec) -> CollectiveExchange:
 
 def worker_main(spec: WorkerSpec, conn: multiprocessing.connection.Connection) -> None:
     """A worker process: load and warm up (reply ("loaded",)), join the process group when the
-    driver says "join" (reply ("ready",)), then answer each step message
-    (batch, video, audio, text, fault, profile) with ("ok", video rows, audio rows, stats), or
-    ("lost", message) when a collective failed, or ("error", message); stop at None or when the
-    pipe closes. Messages both ways go through an Arena; fault is None or (rank, kind) for
-    CollectiveExchange.fault. stats: forward_s (seconds of forward_share, device synchronised) and,
-    when profiled, exchange_s (seconds of each all-to-all)."""
+    driver says "join" (reply ("ready",); ("lost", message) when it could not start), then answer
+    each step message (batch, video, audio, text, fault, profile) with ("ok", video rows, audio
+    rows, stats), or ("lost", message) when a collective failed, or ("error", message) when its
+    own computation raised and it released its peers (ulysses.release_peers; ("lost", message)
+    when that failed); stop at None or when the pipe closes. Messages both ways go through an
+    Arena; fault is None or (rank, kind) for CollectiveExchange.fault. stats: forward_s (seconds
+    of forward_share, device synchronised) and, when profiled, exchange_s (seconds of each
+    all-to-all)."""
     exit_with_parent()
     arena, seen, block = Arena(), 0, None  # replies' arena, its generation the driver holds, the steps' block
 
@@ -281,7 +292,7 @@ def worker_main(spec: WorkerSpec, conn: multiprocessing.connection.Connection) -
     except EOFError:
         return
     except Exception as error:  # noqa: BLE001 - reported to the driver, which raises it
-        reply(("error", f"rank {spec.rank} could not start: {describe(error)}"))
+        reply(("lost", f"rank {spec.rank} could not start: {describe(error)}"))
         return
     reply(("ready",))
     while True:
@@ -293,7 +304,7 @@ def worker_main(spec: WorkerSpec, conn: multiprocessing.connection.Connection) -
             break
         (batch, video, audio, text, fault, profile), block = Arena.unpack(carried, block)
         exchange.fault = fault[1] if fault is not None and fault[0] == spec.rank else None
-        exchange.profile, exchange.seconds = profile, []
+        exchange.profile, exchange.seconds, exchange.calls = profile, [], 0
         try:
             start = time.perf_counter()
             video_part, audio_part = forward_share(dit, video, audio, text, batch, spec.rank, spec.world, exchange)
@@ -305,7 +316,13 @@ def worker_main(spec: WorkerSpec, conn: multiprocessing.connection.Connection) -
         except CollectiveError as error:
             reply(("lost", str(error)))
         except Exception as error:  # noqa: BLE001 - reported to the driver, which raises it
-            reply(("error", f"rank {spec.rank}: {describe(error)}"))
+            cause = f"rank {spec.rank}: {describe(error)}"
+            try:
+                release_peers(dit, batch, spec.world, exchange, exchange.calls)
+            except Exception as failure:  # noqa: BLE001 - the group is unusable: the driver restarts it
+                reply(("lost", f"{cause}; releasing its peers failed: {describe(failure)}"))
+            else:
+                reply(("error", cause))
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -321,13 +338,14 @@ def describe(error: Exception) -> str:
 # -- the driver ----------------------------------------------------------------------------------
 
 
-class WorkerLost(RuntimeError):
-    """A worker exited, hung past the timeout, or a collective failed: the step is retried once
-    on new workers."""
+class WorkerLost(GroupFailure):
+    """A worker exited, hung past the timeout, could not start, or a collective failed: the step
+    is retried once on new workers; raised by the forward when that retry fails too."""
 
 
 class WorkerFailed(RuntimeError):
-    """A worker's own computation raised (or it could not start): not retried here."""
+    """A rank's own computation raised for this step; its peers were released, so the workers
+    serve on (a request's error: the step loop retries the pack's requests alone)."""
 
 
 @dataclass
@@ -377,8 +395,8 @@ class SequenceParallelDiT:
         timeout_s: a worker that has not answered a step this many seconds after it was sent is
             hung; also each collective's timeout in the process group.
         start_timeout_s: the longest a start of the workers (weights, warm-up) may take.
-    Raises ValueError for sp_degree / GPUs (check_sp_degree, rank_devices) and the errors of
-    `start` (WorkerLost, WorkerFailed naming the rank and the cause).
+    Raises ValueError for sp_degree / GPUs (check_sp_degree, rank_devices) and WorkerLost (from
+    `start`, naming the rank and the cause) for workers that cannot start.
 
     Workers start from multiprocessing's fork server (torch imported there once, so a restart
     costs the weights and the warm-up, not the imports); as with every start method but fork,
@@ -418,19 +436,24 @@ class SequenceParallelDiT:
         self, video: torch.Tensor, audio: torch.Tensor, text: torch.Tensor, batch: PackedBatch, profile: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One packed forward (arguments and results as H3DiT.forward's, results on `device`).
-        A lost worker costs a restart of every worker and one retry of the step; `profile`
+        A lost worker costs one restart of every worker and one retry of the step; `profile`
         records each all-to-all's seconds in last_stats (device synchronised around each).
-        Raises WorkerLost when the retry is lost too, WorkerFailed when a rank's computation
-        raised (the message names the rank and the cause)."""
+        Raises WorkerLost (a GroupFailure) naming both causes when the retry fails too (the
+        workers are then stopped; the next step starts new ones), WorkerFailed when a rank's
+        computation raised (the message names the rank and the cause; the workers serve on)."""
         try:
             return self.attempt(video, audio, text, batch, profile)
         except WorkerLost as lost:
+            first = lost
             log.error("%s; restarting the %d sequence-parallel workers and retrying the step", lost, self.sp_degree)
-        return self.attempt(video, audio, text, batch, profile)
+        try:
+            return self.attempt(video, audio, text, batch, profile)
+        except WorkerLost as lost:
+            raise WorkerLost(f"{first}; after a restart of the workers, again: {lost}") from lost
 
     def attempt(self, video, audio, text, batch, profile: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """One try of a step: (re)start the workers where needed, send, collect. On any failure
-        every worker is killed (the next try starts new ones)."""
+        """One try of a step: (re)start the workers where needed, send, collect. On WorkerLost
+        every worker is killed (the next try starts new ones); on WorkerFailed they serve on."""
         try:
             dead = [worker for worker in self.workers if not worker.process.is_alive()]
             if dead:
@@ -449,7 +472,7 @@ class SequenceParallelDiT:
                 self.send(worker, self.arena.carried(packed, worker.seen))
                 worker.seen = self.arena.generation
             replies = self.collect(self.timeout_s, "during a step")
-        except (WorkerLost, WorkerFailed):
+        except WorkerLost:
             self.stop()
             raise
         self.last_stats = [reply[3] for reply in replies]
@@ -468,8 +491,8 @@ class SequenceParallelDiT:
 
     def start(self) -> None:
         """Start one worker per rank, wait until each has loaded and warmed up, then let them all
-        join the process group at once (each phase within start_timeout_s). Raises WorkerLost /
-        WorkerFailed (workers killed)."""
+        join the process group at once (each phase within start_timeout_s). Raises WorkerLost
+        (workers killed)."""
         self.starts += 1
         began = time.monotonic()
         context = multiprocessing.get_context("forkserver")
@@ -500,7 +523,7 @@ class SequenceParallelDiT:
             for worker in self.workers:
                 self.send(worker, "join")
             self.collect(self.start_timeout_s, "while joining the process group")
-        except (WorkerLost, WorkerFailed):
+        except WorkerLost:
             self.stop()
             raise
         self.start_seconds.append(time.monotonic() - began)
@@ -523,8 +546,8 @@ class SequenceParallelDiT:
 
     def collect(self, timeout_s: float, when: str) -> list[tuple]:
         """One reply from every worker, in rank order, within timeout_s. Raises WorkerLost (a
-        worker exited, did not answer in time, or reported a failed collective) or WorkerFailed
-        (a worker reported an error)."""
+        worker exited, did not answer in time, or reported a failed collective), else
+        WorkerFailed once every worker has answered when one reported an error (the first)."""
         deadline = time.monotonic() + timeout_s
         replies: dict[int, tuple] = {}
         while len(replies) < len(self.workers):
@@ -542,6 +565,9 @@ class SequenceParallelDiT:
                         replies[worker.rank] = self.receive(worker, when)
                     except WorkerLost as lost:
                         raise self.exited([w for w in waiting if w is not worker], when) or lost from None
+        errors = [replies[worker.rank][1] for worker in self.workers if replies[worker.rank][0] == "error"]
+        if errors:
+            raise WorkerFailed(f"sequence-parallel {errors[0]}")
         return [replies[worker.rank] for worker in self.workers]
 
     def exited(self, workers: list[Worker], when: str) -> WorkerLost | None:
@@ -553,7 +579,8 @@ class SequenceParallelDiT:
         return next((exit_of(worker, when) for worker in workers if not worker.process.is_alive()), None)
 
     def receive(self, worker: Worker, when: str) -> tuple:
-        """The worker's reply, read when its pipe or its process sentinel is ready."""
+        """The worker's reply, read when its pipe or its process sentinel is ready. Raises
+        WorkerLost for a "lost" reply or a worker that exited."""
         if worker.conn.poll():
             try:
                 reply, worker.block = Arena.unpack(worker.conn.recv(), worker.block)
@@ -561,8 +588,6 @@ class SequenceParallelDiT:
                 reply = None
             if reply is not None and reply[0] == "lost":
                 raise WorkerLost(f"sequence-parallel {reply[1]} {when}")
-            if reply is not None and reply[0] == "error":
-                raise WorkerFailed(f"sequence-parallel {reply[1]}")
             if reply is not None:
                 return reply
         raise exit_of(worker, when)

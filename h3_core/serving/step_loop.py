@@ -57,7 +57,7 @@ from dataclasses import dataclass
 import torch
 
 from ..diffusion import layout as L
-from ..diffusion.engine import Engine, preview_frame
+from ..diffusion.engine import Engine, GroupFailure, preview_frame
 from .admission import VANISHED_EXECUTES, WORKER_FAULTS, Admission, BoundedMemory
 from .events import Arrival, CancelAnswer, Ended, Event, Heartbeat, Job, Progress, Result, Send, Status
 from .metrics import MetricsRecord, device_memory_bytes, end_line
@@ -369,7 +369,9 @@ class StepLoop(Admission):
         exception); the pack's small host-to-device copies wait for the step queued before, so
         what runs beside a forward is the previous step's settling, the answer pass, the next
         boundary and the packing. A forward that raises is retried one job at a time, so only
-        the offending job fails (INTERNAL). A state's velocity that is not finite is applied as
+        the offending job fails (INTERNAL); a GroupFailure (the DiT's devices or workers lost,
+        h3_core.diffusion.engine) fails every job left in the pack with its message instead,
+        retrying none alone. A state's velocity that is not finite is applied as
         zero, so no non-finite latent enters a later forward before `settle` fails its job
         (with flex attention a masked NaN would reach the other documents). A job whose last
         step this is leaves the scheduler now; its result follows when the step settles.
@@ -382,14 +384,19 @@ class StepLoop(Admission):
             job.largest_pack = max(job.largest_pack, outputs)
         try:
             velocities = self.forward(pack)
-        except Exception:  # noqa: BLE001 - retried one job at a time below
-            velocities = []
+        except Exception as error:  # noqa: BLE001 - retried one job at a time below, unless the group failed
+            velocities, group = [], error if isinstance(error, GroupFailure) else None
             for job in list(pack):
                 try:
+                    if group is not None:
+                        raise group  # a solo retry would only restart the lost workers again
                     velocities += self.forward([job])
-                except Exception as error:  # noqa: BLE001 - the offender fails alone
+                except Exception as failure:  # noqa: BLE001 - the offender fails alone
+                    if isinstance(failure, GroupFailure):
+                        group = failure
                     self.metrics.increment("h3_failures_total")
-                    self.end(job, send, Status.FAILED, "INTERNAL", f"denoise step {job.step_index + 1} failed: {error}")
+                    message = f"denoise step {job.step_index + 1} failed: {failure}"
+                    self.end(job, send, Status.FAILED, "INTERNAL", message)
                     pack.remove(job)
         finite, copied = None, None
         if velocities:
