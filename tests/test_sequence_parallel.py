@@ -26,8 +26,8 @@ from h3_core.diffusion import layout as L
 from h3_core.diffusion.engine import Engine
 from h3_core.factory import load_engine
 from h3_core.model import H3DiT
-from h3_core.parallel.ulysses import Shares, forward_share, release_peers
 from h3_core.parallel.exchange import Arena
+from h3_core.parallel.ulysses import Shares, forward_share, release_peers
 from h3_core.parallel.workers import SequenceParallelDiT, WorkerFailed, WorkerLost, rank_devices
 from h3_core.serving.events import Arrival, Ended, Result
 from h3_core.serving.registry import Registry
