@@ -24,7 +24,7 @@ test: setup
 # (benchmarks/gpu_tests_report.py), even when a test fails (make still fails then)
 test-gpu: PY = python3
 test-gpu:
-	$(PY) -m pytest -q -rs -m gpu tests/test_gpu.py $(if $(OUT),--junitxml=$(OUT)/gpu.xml); status=$$?; \
+	$(PY) -m pytest -q -rs --log-level=INFO -m gpu tests/test_gpu.py $(if $(OUT),--junitxml=$(OUT)/gpu.xml); status=$$?; \
 	$(if $(OUT),$(PY) benchmarks/gpu_tests_report.py --junit $(OUT)/gpu.xml --out $(OUT)/gpu_tests.json;) \
 	exit $$status
 

@@ -28,7 +28,7 @@ from h3_core.diffusion.request import GenerationRequest
 from h3_core.factory import load_engine
 from h3_core.model import H3DiT
 from h3_core.model.dit import GPU_ROW_TILE, use_bitwise_cublas
-from h3_core.serving.events import Ended, Result
+from h3_core.serving.events import Ended, Refused, Result
 
 from .serving import ROOT
 from .test_step_loop import Client, Clock, make_loop, solo_latents, timed_forwards
@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 pytestmark = pytest.mark.gpu
 
+NO_MP4 = {"return_mp4": False}  # the GPU host has no PyAV: h3_dit refuses return_mp4=true there
 WEIGHTS = "random:0"  # seeded random weights drawn on the device at load, as `--checkpoint random:0` serves
 # request id -> (height, width, num_frames, steps, seed): 128, 64 and 256 padded rows, steps
 # that end at different times (the pack shrinks and the others' offsets move), and sigma
@@ -124,13 +125,14 @@ def step_mode(engine, config: str, request_ids: list[str]) -> dict[str, Result]:
             request_id,
             steps=steps,
             seed=seed,
+            parameters=NO_MP4,
             text_embeds=text_embeds(config, seed),
             height=height,
             width=width,
             num_frames=frames,
         )
     client.run()
-    assert not [event for event in client.events if isinstance(event, Ended)]
+    assert [event for event in client.events if isinstance(event, (Refused, Ended))] == []
     return {request_id: client.of(request_id, Result)[0] for request_id in request_ids}
 
 
@@ -211,10 +213,11 @@ def test_a_non_finite_velocity_read_through_its_cuda_event_fails_only_its_reques
         return settle(flight, send)
 
     monkeypatch.setattr(loop, "settle", watched_settle)
-    client.send("good", steps=5, seed=8)
+    client.send("good", steps=5, seed=8, parameters=NO_MP4)
     client.iterate()  # 2 steps: the step time is known, steps overlap from here
-    client.send("bad", steps=3, seed=9, parameters={"inject_fault": "nan"})
+    client.send("bad", steps=3, seed=9, parameters={"inject_fault": "nan", **NO_MP4})
     client.run()
+    assert [event for event in client.events if isinstance(event, Refused)] == []
     assert [sorted(ids) for _, ids in log] == [["good"]] * 2 + [["bad", "good"]] * 2 + [["good"]]
     assert read_through_event == [True] * 5
     (ended,) = client.of("bad", Ended)
