@@ -241,11 +241,9 @@ def test_a_request_served_through_tritonserver_runs_the_dit_on_cuda(tmp_path):
     from server.environment import LaunchError, find_tritonserver
 
     try:
-        binary, _ = find_tritonserver()
+        find_tritonserver()
     except LaunchError as error:
         pytest.skip(f"gpu served: no tritonserver ({error}); on a host without internet unpack the bundle first")
-    if not binary.is_file():
-        pytest.skip(f"gpu served: no tritonserver binary at {binary}")
     from bench_text_encoder import write_bench_text_encoder
 
     from client.api import H3Client
