@@ -9,7 +9,7 @@ CONFIG ?= bench
 BENCH_ENCODER := $(CURDIR)/checkpoints/bench_text_encoder
 ENCODER ?= $(if $(CHECKPOINT),,$(BENCH_ENCODER))
 
-.PHONY: setup test demo serve serve-demo serve-api serve-gpu
+.PHONY: setup test test-gpu demo serve serve-demo serve-api serve-gpu
 
 setup:
 	bash scripts/setup.sh
@@ -18,6 +18,15 @@ test: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q tests
+
+# the CUDA tests (tests/test_gpu.py, README "Testing on a GPU"): on the GPU host's own python3 unless
+# PY is given, without setup; OUT=DIR also writes DIR/gpu.xml (junit) and DIR/gpu_tests.json
+# (benchmarks/gpu_tests_report.py), even when a test fails (make still fails then)
+test-gpu: PY = python3
+test-gpu:
+	$(PY) -m pytest -q -rs --log-level=INFO -m gpu tests/test_gpu.py $(if $(OUT),--junitxml=$(OUT)/gpu.xml); status=$$?; \
+	$(if $(OUT),$(PY) benchmarks/gpu_tests_report.py --junit $(OUT)/gpu.xml --out $(OUT)/gpu_tests.json;) \
+	exit $$status
 
 # the trained demo model (config demo, weights/demo; docs/demo_model.md) from a repository the
 # writer makes; model_repository/ itself keeps the tiny config on seeded random weights (tests, serve)

@@ -9,9 +9,10 @@ starts) on the `bench` DiT (full H3 width, 8 layers, bf16, seed-0 weights drawn 
   plain_ws0       one GEMM per linear, eager, CUBLAS_WORKSPACE_CONFIG=:0:0 (no split-K workspace)
   compiled_ws0    plain_ws0 with H3DiT.compile_blocks (torch.compile, dynamic shapes)
 and measures, in the same process:
-  gemm sweep  for every linear shape of the DiT: rows [o, o + M) of one 65,536-row GEMM against
-              the GEMM of those M rows alone, M in 64 .. 65,536, offsets o = 0, 1,088 (17 x 64)
-              and 65,536 - M: bitwise or the largest difference;
+  gemm sweep  for every linear shape of the DiT (h3_core's Linear, one GEMM per call): rows
+              [o, o + M) of one 65,536-row GEMM against the GEMM of those M rows alone, M in
+              64 .. 65,536, offsets o = 0, 1,088 (17 x 64) and 65,536 - M: bitwise or the largest
+              difference (tests/test_gpu.py asserts bitwise with the served setting);
   packs       every request of the packs 1 x 128; 8 x 128; 128 + 16,384; 3 x 16,384;
               64 + 1,024 + 4,096 (rows at offsets 0, 64, 1,088: not multiples of any tile) against
               the same request stepped alone: bitwise or the largest difference;
@@ -39,12 +40,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from engine_bench import make_states, matmul_rate, step_flops, timed  # noqa: E402 - after the sys.path set-up above
+from engine_bench import make_states, matmul_rate, max_difference, step_flops, timed  # noqa: E402 - after the sys.path set-up above
 
 from h3_core.config import get_config  # noqa: E402 - after the sys.path set-up above
 from h3_core.diffusion.engine import Engine  # noqa: E402 - after the sys.path set-up above
 from h3_core.diffusion.request import RequestLimits  # noqa: E402 - after the sys.path set-up above
 from h3_core.model import H3DiT  # noqa: E402 - after the sys.path set-up above
+from h3_core.model.dit import Linear  # noqa: E402 - after the sys.path set-up above
 from h3_core.model.initialization import init_weights  # noqa: E402 - after the sys.path set-up above
 
 VARIANTS = {
@@ -67,41 +69,49 @@ PARITY_PACKS = {
 ROOFLINE_PACKS = {"1x128": [128], "8x128": [128] * 8, "4x1024": [1024] * 4, "1x16384": [16384], "4x16384": [16384] * 4}
 
 
-def linear_shapes(dit: H3DiT) -> dict[str, tuple[int, int, torch.dtype]]:
-    """(in, out, dtype) of every distinct linear of the DiT, named by its first module."""
+def linear_shapes(dit: H3DiT) -> dict[str, tuple[int, int, torch.dtype, bool]]:
+    """(in_features, out_features, dtype, has bias) of every distinct linear of the DiT, named by
+    its first module (a "meta" DiT gives them without memory)."""
     shapes = {}
     for name, module in dit.named_modules():
         if isinstance(module, torch.nn.Linear):
-            key = (module.in_features, module.out_features, module.weight.dtype)
+            key = (module.in_features, module.out_features, module.weight.dtype, module.bias is not None)
             if key not in shapes.values():
                 shapes[name] = key
     return shapes
 
 
-def max_difference(a: torch.Tensor, b: torch.Tensor) -> float:
-    return 0.0 if torch.equal(a, b) else float((a.float() - b.float()).abs().max())
-
-
-def gemm_sweep(dit: H3DiT, device: torch.device) -> dict:
-    """Per linear: the largest difference between rows of one 65,536-row GEMM and the same rows
-    multiplied alone, over SWEEP_ROWS x offsets (0.0 everywhere = row invariant)."""
-    results = {}
+def gemm_sweep(dit: H3DiT, device: torch.device, sweep_rows: tuple[int, ...] = SWEEP_ROWS) -> dict:
+    """Per distinct linear shape of `dit` (linear_shapes): an h3_core Linear of that shape (seeded
+    random weight and bias, one GEMM per call: row_tile 0, as the DiT runs on CUDA) applied to
+    max(sweep_rows) random rows at once and to rows [o, o + M) alone, for M in sweep_rows and
+    offsets o = 0, 1,088 (17 x 64) and max(sweep_rows) - M. Returns {name: {"in", "out", "dtype",
+    "cases", "max_difference"}} where max_difference is the largest |difference| over the cases
+    (0.0: row invariant, bit for bit). On CUDA the result depends on CUBLAS_WORKSPACE_CONFIG,
+    which cuBLAS reads at its first GEMM in the process (use_bitwise_cublas)."""
+    results, total = {}, max(sweep_rows)
     generator = torch.Generator(device=device).manual_seed(0)
-    for name, (fan_in, fan_out, dtype) in linear_shapes(dit).items():
-        weight = torch.randn(fan_out, fan_in, generator=generator, device=device, dtype=dtype) / fan_in**0.5
-        x = torch.randn(SWEEP_ROWS[-1], fan_in, generator=generator, device=device, dtype=dtype)
-        full = x @ weight.t()
+    for name, (fan_in, fan_out, dtype, bias) in linear_shapes(dit).items():
+        linear = Linear(fan_in, fan_out, bias=bias, device=device, dtype=dtype)
+        with torch.no_grad():
+            linear.weight.copy_(torch.randn(fan_out, fan_in, generator=generator, device=device, dtype=dtype))
+            linear.weight.mul_(fan_in**-0.5)
+            if bias:
+                linear.bias.copy_(torch.randn(fan_out, generator=generator, device=device, dtype=dtype))
+        x = torch.randn(total, fan_in, generator=generator, device=device, dtype=dtype)
         worst, cases = 0.0, 0
-        for rows in SWEEP_ROWS:
-            for offset in sorted({0, 1088, SWEEP_ROWS[-1] - rows}):
-                if offset + rows > SWEEP_ROWS[-1]:
-                    continue
-                alone = x[offset : offset + rows] @ weight.t()
-                worst = max(worst, max_difference(alone, full[offset : offset + rows]))
-                cases += 1
+        with torch.inference_mode():
+            full = linear(x)
+            for rows in sweep_rows:
+                for offset in sorted({0, 1088, total - rows}):
+                    if offset + rows > total:
+                        continue
+                    worst = max(worst, max_difference(linear(x[offset : offset + rows]), full[offset : offset + rows]))
+                    cases += 1
         results[name] = {"in": fan_in, "out": fan_out, "dtype": str(dtype), "cases": cases, "max_difference": worst}
-        del weight, x, full
-    torch.cuda.empty_cache()
+        del linear, x, full
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     return results
 
 

@@ -24,3 +24,29 @@ def client(server):
     from client.api import H3Client
 
     return H3Client(server.grpc_url, idle_timeout_s=120)
+
+
+GPU_ASK = "run make test-gpu (pytest -m gpu tests/test_gpu.py): cuBLAS must be set up before the process's first GEMM"
+
+
+def gpu_skip_reason(config) -> str | None:
+    """Why the tests marked `gpu` are skipped in this run, or None when they run: they need a CUDA
+    device, and they run only when asked for with -m gpu (make test-gpu), because they set
+    CUBLAS_WORKSPACE_CONFIG, which cuBLAS reads at the process's first GEMM."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "gpu: needs a CUDA device (torch.cuda.is_available() is False); run make test-gpu on a GPU host"
+    markexpr = config.getoption("markexpr") or ""
+    if "gpu" not in markexpr.split() or "not gpu" in markexpr:
+        return f"gpu: not asked for with -m gpu; {GPU_ASK}"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip the tests marked `gpu` with the reason gpu_skip_reason gives (shown by pytest -rs)."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    reason = gpu_skip_reason(config) if gpu_items else None
+    if reason is not None:
+        for item in gpu_items:
+            item.add_marker(pytest.mark.skip(reason=reason))

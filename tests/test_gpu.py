@@ -1,0 +1,311 @@
+"""On a CUDA device, what the design promises there (docs/parity.md, README "Running on GPUs"):
+
+1. solo == co-batched == request mode, bit for bit, with the DiT as a server builds it on CUDA
+   (h3_core.factory.load_engine: cuBLAS workspace off, compiled blocks, CUDA graphs), for the
+   `tiny` config (float32) and the `bench` config (the H3 widths, bf16); a graph replay equals
+   the compiled eager forward of the same pack;
+2. every linear shape of the H3 widths gives a row the same bits at 64 to 65,536 rows and any
+   offset (benchmarks/batch_invariance.py's gemm_sweep, through h3_core's Linear);
+3. the step loop's CUDA-event finiteness path: a job with a non-finite velocity fails alone;
+4. one request served through tritonserver with the DiT, encoder and VAEs on GPU 0;
+5. sequence parallelism over 2 GPUs: solo == co-batched bitwise, against one GPU within the
+   measured bound (docs/parity.md: not bitwise on CUDA).
+
+Every test is marked `gpu`: tests/conftest.py skips them without a CUDA device or without -m gpu
+(`make test-gpu`), because CUBLAS_WORKSPACE_CONFIG must be set before the process's first GEMM,
+which this module does before its first test."""
+
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from h3_core.config import audio_num_samples, get_config
+from h3_core.diffusion import layout as L
+from h3_core.diffusion.request import GenerationRequest
+from h3_core.factory import load_engine
+from h3_core.model import H3DiT
+from h3_core.model.dit import GPU_ROW_TILE, use_bitwise_cublas
+from h3_core.serving.events import Ended, Refused, Result
+
+from .serving import ROOT
+from .test_step_loop import Client, Clock, make_loop, solo_latents, timed_forwards
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+pytestmark = pytest.mark.gpu
+
+NO_MP4 = {"return_mp4": False}  # the GPU host has no PyAV: h3_dit refuses return_mp4=true there
+WEIGHTS = "random:0"  # seeded random weights drawn on the device at load, as `--checkpoint random:0` serves
+# request id -> (height, width, num_frames, steps, seed): 128, 64 and 256 padded rows, steps
+# that end at different times (the pack shrinks and the others' offsets move), and sigma
+# schedules that differ, so later packs mix timesteps
+REQUESTS = {"a": (64, 96, 22, 4, 1), "b": (32, 64, 5, 3, 2), "c": (128, 192, 22, 5, 3)}
+TEXT_LEN = 7
+# sp_degree 2 against 1 on two H200s, max abs over velocities and latents (docs/parity.md,
+# benchmarks/results/h200x2_sequence_parallel*.json: 0.026)
+SP_CUDA_BOUND = 0.026
+# the distinct linears of the H3 widths (bench = h3's first 8 layers) and the gemm sweep's
+# cases per linear: 13 row counts x offsets 0, 1,088 and 65,536 - M that fit (37)
+H3_LINEARS = [
+    "video_patch_proj",
+    "audio_patch_proj",
+    "condition_proj",
+    "token_refiner.blocks.0.attn.qkv_proj",
+    "token_refiner.blocks.0.attn.out_proj",
+    "token_refiner.blocks.0.mlp.fc1",
+    "token_refiner.blocks.0.mlp.fc2",
+    "time_embedder.proj_in",
+    "time_embedder.proj_out",
+    "blocks.0.adaln_proj.linear",
+    "final_layer.adaln_proj.linear",
+    "final_layer.video_out",
+    "final_layer.audio_out",
+]
+SWEEP_CASES = 37
+
+
+@pytest.fixture(scope="module", autouse=True)
+def bitwise_cublas():
+    """CUBLAS_WORKSPACE_CONFIG=:0:0 before this process's first CUDA GEMM (what h3_dit does)."""
+    use_bitwise_cublas()
+
+
+@pytest.fixture(scope="module")
+def engines():
+    """engines(config) -> the CUDA Engine of that config as h3_dit builds it (DiT only, seeded
+    random weights, warmed up: the compilation is paid here), made once per module."""
+    made = {}
+
+    def engine(config: str):
+        if config not in made:
+            made[config] = load_engine(config, WEIGHTS, "cuda", with_encoder=False, with_vaes=False)
+            made[config].warm_up()
+        return made[config]
+
+    yield engine
+    made.clear()
+    torch.cuda.empty_cache()
+
+
+def text_embeds(config: str, seed: int) -> np.ndarray:
+    """TEXT_EMBEDS float32 [1, TEXT_LEN, text_dim] of the config, seeded."""
+    width = get_config(config).text_dim
+    return torch.randn(1, TEXT_LEN, width, generator=torch.Generator().manual_seed(seed)).numpy()
+
+
+def prepare(engine, config: str, request_id: str):
+    """The RequestState of REQUESTS[request_id] (its text_embeds on the engine's device)."""
+    height, width, frames, steps, seed = REQUESTS[request_id]
+    request = GenerationRequest("-", height, width, frames, steps, seed=seed)
+    return engine.prepare(request, torch.from_numpy(text_embeds(config, seed)[0]))[0]
+
+
+def request_mode(engine, config: str, request_id: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Final latents (video float32 [24, T_lat, Hl, Wl], audio float32 [2, 32, T_a], on the CPU) of
+    the request stepped alone to completion: Engine.generate's loop, h3_dit's request mode."""
+    state = prepare(engine, config, request_id)
+    while not state.finished:
+        engine.update(state, engine.denoise_step([state])[0])
+    return L.unpatchify_video(state.video_latents, state.layout).cpu(), L.audio_rows_to_latent(
+        state.audio_latents, state.layout
+    ).cpu()
+
+
+def step_mode(engine, config: str, request_ids: list[str]) -> dict[str, Result]:
+    """Run the requests through a StepLoop in step mode on the real clock, all sent at once, with
+    a 60 s execute budget, so steps overlap (each launched before the previous one settles,
+    OVERLAP_MAX_STEP_S). Returns request id -> its Result."""
+    client = Client(make_loop(engine, time.monotonic, execute_budget_s=60.0))
+    for request_id in request_ids:
+        height, width, frames, steps, seed = REQUESTS[request_id]
+        client.send(
+            request_id,
+            steps=steps,
+            seed=seed,
+            parameters=NO_MP4,
+            text_embeds=text_embeds(config, seed),
+            height=height,
+            width=width,
+            num_frames=frames,
+        )
+    client.run()
+    assert [event for event in client.events if isinstance(event, (Refused, Ended))] == []
+    return {request_id: client.of(request_id, Result)[0] for request_id in request_ids}
+
+
+def test_every_linear_of_the_h3_widths_is_row_invariant_from_64_to_65536_rows():
+    """Rows [o, o + M) of one 65,536-row GEMM through h3_core's Linear (one GEMM per linear, as
+    the DiT runs on CUDA, cuBLAS workspace off) equal the GEMM of those M rows alone, for every
+    distinct linear of the H3 widths, M in 64 .. 65,536, o in 0, 1,088 and 65,536 - M."""
+    from batch_invariance import SWEEP_ROWS, gemm_sweep
+
+    assert SWEEP_ROWS[0] == 64 and SWEEP_ROWS[-1] == 65536
+    assert {2**k for k in range(6, 17)} <= set(SWEEP_ROWS)
+    dit = H3DiT(get_config("bench"), row_tile=GPU_ROW_TILE, device="meta")  # shapes only
+    sweep = gemm_sweep(dit, torch.device("cuda"))
+    assert list(sweep) == H3_LINEARS
+    assert {name: (r["cases"], r["max_difference"]) for name, r in sweep.items()} == {
+        name: (SWEEP_CASES, 0.0) for name in H3_LINEARS
+    }
+
+
+@pytest.mark.parametrize("config", ["tiny", "bench"])
+def test_solo_co_batched_and_request_mode_are_bitwise_equal_with_compiled_blocks_and_cuda_graphs(engines, config):
+    engine = engines(config)
+    dit = engine.dit
+    assert dit.device.type == "cuda" and dit.max_compiled_rows is not None and dit.graphs is not None
+    assert dit.video_patch_proj.row_tile == GPU_ROW_TILE == 0
+    assert dit.blocks[0].mlp.fc1.weight.dtype == get_config(config).torch_dtype
+    captures = dit.graphs.captures
+    together = step_mode(engine, config, ["a", "b", "c"])
+    for request_id in REQUESTS:
+        (alone,) = step_mode(engine, config, [request_id]).values()
+        video, audio = request_mode(engine, config, request_id)
+        assert torch.isfinite(video).all() and torch.isfinite(audio).all()
+        assert together[request_id].info["largest_pack"] == 3 and alone.info["largest_pack"] == 1
+        assert torch.equal(together[request_id].video_latent, video), request_id
+        assert torch.equal(together[request_id].audio_latent, audio), request_id
+        assert torch.equal(alone.video_latent, video) and torch.equal(alone.audio_latent, audio), request_id
+    assert dit.graphs.captures > captures  # the packs (all under GRAPH_MAX_ROWS rows) replayed graphs
+
+
+@pytest.mark.parametrize("config", ["tiny", "bench"])
+def test_a_cuda_graph_replay_equals_the_compiled_eager_forward(engines, config):
+    """The pack c, b, a with a advanced one step (two unique timesteps): a pack structure not met
+    before, so it is captured, then replayed; the same pack with the graphs off runs the
+    compiled blocks eagerly."""
+    engine = engines(config)
+    states = [prepare(engine, config, request_id) for request_id in ("c", "b", "a")]
+    engine.update(states[2], engine.denoise_step(states[2:])[0])
+    graphs, captures = engine.dit.graphs, engine.dit.graphs.captures
+    assert sum(state.rows for state in states) <= graphs.max_rows
+    replayed = engine.denoise_step(states)
+    assert graphs.captures == captures + 1
+    engine.dit.graphs = None
+    try:
+        eager = engine.denoise_step(states)
+    finally:
+        engine.dit.graphs = graphs
+    for (video, audio), (video_eager, audio_eager) in zip(replayed, eager, strict=True):
+        assert torch.isfinite(video).all() and torch.isfinite(audio).all()
+        assert torch.equal(video, video_eager) and torch.equal(audio, audio_eager)
+
+
+def test_a_non_finite_velocity_read_through_its_cuda_event_fails_only_its_request(engines, monkeypatch):
+    """tests/test_step_loop.py's overlapped case on CUDA: steps of 10 ms on the fake clock overlap,
+    so the "nan" fault's step 1 settles (its finiteness flags read once its CUDA event has
+    passed) after step 2 was launched with the offender in the pack; the offender ends at step 1
+    with INTERNAL, the neighbour keeps its request-mode latents bit for bit."""
+    engine = engines("tiny")
+    clock = Clock()
+    loop = make_loop(engine, clock, execute_budget_s=0.025, allow_fault_injection=True)
+    client = Client(loop)
+    log = timed_forwards(monkeypatch, loop, clock, seconds=0.01)
+    read_through_event = []
+    settle = loop.settle
+
+    def watched_settle(flight, send):
+        if flight is not None:
+            read_through_event.append(isinstance(flight.copied, torch.cuda.Event))
+        return settle(flight, send)
+
+    monkeypatch.setattr(loop, "settle", watched_settle)
+    client.send("good", steps=5, seed=8, parameters=NO_MP4)
+    client.iterate()  # 2 steps: the step time is known, steps overlap from here
+    client.send("bad", steps=3, seed=9, parameters={"inject_fault": "nan", **NO_MP4})
+    client.run()
+    assert [event for event in client.events if isinstance(event, Refused)] == []
+    assert [sorted(ids) for _, ids in log] == [["good"]] * 2 + [["bad", "good"]] * 2 + [["good"]]
+    assert read_through_event == [True] * 5
+    (ended,) = client.of("bad", Ended)
+    assert (ended.code, ended.message, ended.step) == (
+        "INTERNAL",
+        "denoise step 1 failed: non-finite velocity for request bad",
+        0,
+    )
+    assert not client.of("bad", Result)
+    (good,) = client.of("good", Result)
+    video, audio = (latent.cpu() for latent in solo_latents(engine, 5, 8))
+    assert torch.isfinite(video).all()
+    assert torch.equal(good.video_latent, video) and torch.equal(good.audio_latent, audio)
+    assert loop.metrics.values["h3_failures_total"] == 1
+
+
+def test_a_request_served_through_tritonserver_runs_the_dit_on_cuda(tmp_path):
+    """The repository writer's plan for config tiny on cuda GPU 0 (DiT, encoder and VAEs there;
+    the weight-free benchmark text encoder of width 384), tritonserver from the pytriton wheel or
+    the GPU-host bundle; one request through h3_pipeline with return_mp4=false (no PyAV)."""
+    from server.environment import LaunchError, find_tritonserver
+
+    try:
+        find_tritonserver()
+    except LaunchError as error:
+        pytest.skip(f"gpu served: no tritonserver ({error}); on a host without internet unpack the bundle first")
+    from bench_text_encoder import write_bench_text_encoder
+
+    from client.api import H3Client
+    from h3_core.weights.checkpoint_setup import create_checkpoint
+    from server.process import TritonServer, metric_samples, read_metrics
+    from server.repository import plan, write_repository
+
+    create_checkpoint("tiny", tmp_path / "tiny")
+    encoder = write_bench_text_encoder(tmp_path / "encoder", width=get_config("tiny").text_dim)
+    repository = write_repository(
+        tmp_path / "model_repository",
+        plan("tiny", tmp_path / "tiny", "cuda", [0], overrides={"h3_encoder": {"encoder_path": str(encoder)}}),
+    )
+    with TritonServer(repository, free_ports=True, timeout=600, log_file=tmp_path / "server.log") as server:
+        with H3Client(server.grpc_url, idle_timeout_s=300) as client:
+            (result,) = client.generate(
+                "a red ball rolls to the left",
+                height=64,
+                width=96,
+                num_frames=22,
+                num_inference_steps=3,
+                seed=7,
+                return_mp4=False,
+                return_frames=True,
+                return_audio=True,
+            )
+        metrics = read_metrics(server.metrics_url)
+        log = server.log_text()
+    assert result.video_mp4 == b""
+    assert result.frames.dtype == np.uint8 and result.frames.shape == (22, 64, 96, 3)
+    assert result.audio.dtype == np.float32 and result.audio.shape == (2, audio_num_samples(22))
+    assert np.isfinite(result.audio).all()
+    assert {key: result.info[key] for key in ("seed", "height", "width", "num_frames", "num_inference_steps")} == {
+        "seed": 7,
+        "height": 64,
+        "width": 96,
+        "num_frames": 22,
+        "num_inference_steps": 3,
+    }
+    assert "warm-up step on cuda:0" in log, log[-3000:]
+    (memory,) = metric_samples(metrics, "h3_device_memory_bytes", model="h3_dit")
+    assert memory.labels["gpu"] == "0" and memory.value > 0  # torch.cuda.memory_allocated of the DiT's GPU
+    (steps,) = metric_samples(metrics, "h3_step_seconds_count", model="h3_dit")
+    assert steps.value == 3
+
+
+def test_sequence_parallel_over_two_gpus_is_batch_invariant_and_within_the_measured_bound(engines):
+    """sp_degree 2 (worker processes on GPUs 0 and 1): each request's velocity in a pack equals
+    its solo step bit for bit; against one GPU it is within SP_CUDA_BOUND (not bitwise on CUDA)."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs (not lent)")
+    one = engines("tiny")
+    parallel = load_engine("tiny", WEIGHTS, "cuda", with_encoder=False, with_vaes=False, sp_degree=2)
+    try:
+        states = [prepare(one, "tiny", request_id) for request_id in REQUESTS]
+        packed = parallel.denoise_step(states)
+        for state, (video, audio) in zip(states, packed, strict=True):
+            ((video_solo, audio_solo),) = parallel.denoise_step([state])
+            assert torch.equal(video, video_solo) and torch.equal(audio, audio_solo), state.seed
+        for (video, audio), (video_one, audio_one) in zip(packed, one.denoise_step(states), strict=True):
+            assert torch.isfinite(video).all() and torch.isfinite(audio).all()
+            assert float((video - video_one).abs().max()) <= SP_CUDA_BOUND
+            assert float((audio - audio_one).abs().max()) <= SP_CUDA_BOUND
+    finally:
+        parallel.close()
