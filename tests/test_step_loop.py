@@ -799,3 +799,40 @@ def test_max_batch_rows_beyond_the_compiled_dit_is_refused(monkeypatch):
     x = torch.zeros(4160, cfg.hidden_size)
     with pytest.raises(ValueError, match=r"^a pack of 4,160 rows exceeds the compiled blocks' 4,096 rows \(int32"):
         dit.transformer(x, None, None, None, None, None, None)
+
+
+# -- reliability round 3 ------------------------------------------------------------------------
+
+
+def live_ids(registry: Registry) -> list[str]:
+    """The request ids the registry holds live, on any instance."""
+    with registry._thread_lock:
+        return [row[0] for row in registry._db.execute("SELECT request_id FROM live ORDER BY request_id")]
+
+
+def test_a_refused_request_leaves_no_id_behind(engine, tmp_path):
+    """The scheduler is full (one place): newcomers are refused with UNAVAILABLE and leave no id
+    in the registry or the loop. A cancel of one answers "unknown" (so a request with that id
+    that arrives within EARLY_CANCEL_SECONDS ends before it starts); the other, retried once the
+    place is free, is admitted and runs to its solo result."""
+    registry = Registry(tmp_path, "h3_dit_0")
+    client = Client(make_loop(engine, registry=registry, max_num_seqs=1, max_waiting=0))
+    client.send("holder", steps=5, seed=1)
+    client.iterate()
+    client.send("retried", steps=2, seed=2)
+    client.send("cancelled-later", steps=2, seed=3)
+    refusals = [(event.code, event.message) for event in client.iterate() if isinstance(event, Refused)]
+    full = "the DiT holds 1 requests, its capacity max_num_seqs + max_waiting = 1 + 0; retry later"
+    assert refusals == [("UNAVAILABLE", full)] * 2
+    assert live_ids(registry) == ["holder"] and [job.request_id for job in client.loop.jobs.values()] == ["holder"]
+    assert [job.request_id for job in client.loop.scheduler.jobs] == ["holder"]
+    assert Registry(tmp_path, "h3_dit_1").cancel("cancelled-later") == "unknown"
+    client.run()  # the holder finishes
+    client.send("retried", steps=2, seed=2)
+    client.run()
+    client.send("cancelled-later", steps=2, seed=3)
+    client.run()
+    assert_solo(engine, client.of("retried", Result)[0], 2, 2)
+    (ended,) = client.of("cancelled-later", Ended)
+    assert ended.message == "request cancelled-later was cancelled before it started (step 0 of 2)"
+    assert live_ids(registry) == [] and not client.loop.jobs and not client.loop.scheduler.jobs

@@ -267,12 +267,24 @@ class Admission:
     # -- admission ---------------------------------------------------------------------------
 
     def admit(self, arrival: Arrival, fields: dict, now: float, send: Send) -> Job | None:
-        """Validate a new request and queue it; on failure refuse it at once."""
+        """Validate a new request and queue it; on failure refuse it at once. A refused request
+        leaves nothing behind: the scheduler takes it first (Overloaded, or ValueError for a
+        request that never fits one forward) and the registry only then (ValueError for an id
+        live on some instance); when the registry refuses it, or raises, or an early cancel was
+        waiting for its id, the scheduler forgets it again. So a retry with the same id is
+        admitted and a cancel of it answers as for an unknown id."""
         try:
             if self.draining:
                 raise Overloaded("the server is shutting down")
             job = parse(arrival, fields, now, self.engine, self.settings)
-            if self.registry.admit(job.request_id):
+            self.scheduler.add(job)
+            try:
+                cancelled_early = self.registry.admit(job.request_id)
+            except BaseException:
+                self.scheduler.remove(job)
+                raise
+            if cancelled_early:
+                self.scheduler.remove(job)
                 self.metrics.increment("h3_cancellations_total")
                 send(
                     Ended(
@@ -285,7 +297,6 @@ class Admission:
                     )
                 )
                 return None
-            self.scheduler.add(job)
         except ValueError as error:
             self.refuse(send, arrival, "INVALID_ARG", str(error))
             return None
