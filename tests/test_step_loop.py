@@ -129,6 +129,12 @@ class Client:
         ]
 
 
+def live_ids(registry: Registry) -> list[str]:
+    """The request ids the registry holds live, on any instance."""
+    with registry._thread_lock:
+        return [row[0] for row in registry._db.execute("SELECT request_id FROM live ORDER BY request_id")]
+
+
 def make_loop(engine, clock=None, registry=None, **settings) -> StepLoop:
     """A loop with its own registry folder unless one is given (instances of one server share one).
     One step per iterate unless execute_budget_s is given: the fake clock stands still, so any
@@ -589,11 +595,11 @@ def test_a_non_finite_step_found_after_the_next_launch_fails_only_its_request(en
     assert client.loop.metrics.values["h3_failures_total"] == 1
 
 
-def test_an_execute_that_raises_loses_no_request(engine, monkeypatch):
-    """Sending a response raises (as Triton may for a request it gave up) while x's last step is
-    in flight behind y's step 2: the execute fails. Triton delivers both again; the step that
-    was in flight is not settled (its events are lost with the execute), x gets its results at
-    its next step boundary and y runs on, both with their solo outputs."""
+def test_a_send_that_raises_fails_only_its_request(engine, monkeypatch, caplog):
+    """Sending y's step-2 progress raises (as Triton may for a response it refuses) while x's
+    last step is in flight behind it: y alone ends, with a final INTERNAL response naming the
+    cause (logged); the execute goes on, the step in flight settles in it and x gets its solo
+    result; nothing is left in the loop or the registry."""
     clock = Clock()
     loop = make_loop(engine, clock, execute_budget_s=100.0)
     client = Client(loop)
@@ -611,17 +617,72 @@ def test_an_execute_that_raises_loses_no_request(engine, monkeypatch):
         return iterate(arrivals, send_or_raise)
 
     monkeypatch.setattr(loop, "iterate", refusing_y_at_step_2)
-    with pytest.raises(RuntimeError, match="response refused"):
-        client.iterate()
-    assert len(log) == 3 and loop.in_flight is not None  # x's last step and y's third
-    for arrival in client.live.values():
-        arrival.new = False  # Triton delivers the two sequences again
-    monkeypatch.setattr(loop, "iterate", iterate)
-    client.run()
-    assert [ids for _, ids in log[3:]] == [["y"], ["y"]]
+    with caplog.at_level(logging.ERROR, logger="h3_dit"):
+        client.run()
+    assert [ids for _, ids in log] == [["x", "y"]] * 3  # y's third step was discarded
+    assert loop.in_flight is None and not loop.jobs and live_ids(loop.registry) == []
+    (ended,) = client.of("y", Ended)
+    assert (ended.code, ended.message, ended.step) == (
+        "INTERNAL",
+        "the progress response of request y could not be sent: RuntimeError: response refused",
+        3,
+    )
+    assert "request y: the progress response of request y could not be sent" in caplog.text
+    assert [e.step for e in client.of("y", Progress)] == [1]
     assert_solo(engine, client.of("x", Result)[0], 3, 1)
-    assert_solo(engine, client.of("y", Result)[0], 5, 2)
-    assert not loop.jobs
+    assert loop.metrics.values["h3_failures_total"] == 1
+
+
+def test_a_registry_call_that_raises_fails_only_its_request(engine, monkeypatch, caplog):
+    """The registry raises when b's end is recorded, when a cancel is recorded, and once when
+    an execute reads the cancels: b ends with INTERNAL, the cancel request is refused with
+    INTERNAL, the execute whose read failed steps on; a runs to its solo result."""
+    loop = make_loop(engine)
+    client = Client(loop)
+    finish, cancel, boundary = loop.registry.finish, loop.registry.cancel, loop.registry.boundary
+    boundary_failures = [RuntimeError("database is locked")]
+
+    def finish_or_raise(request_id, load=None):
+        if request_id == "b":
+            raise RuntimeError("disk I/O error")
+        return finish(request_id, load)
+
+    def boundary_or_raise(request_ids, load):
+        if boundary_failures:
+            raise boundary_failures.pop()
+        return boundary(request_ids, load)
+
+    def cancel_or_raise(request_id):
+        raise RuntimeError("database is locked")
+
+    monkeypatch.setattr(loop.registry, "finish", finish_or_raise)
+    monkeypatch.setattr(loop.registry, "boundary", boundary_or_raise)
+    monkeypatch.setattr(loop.registry, "cancel", cancel_or_raise)
+    client.send("a", steps=3, seed=1)
+    client.send("b", steps=2, seed=2)
+    client.cancel("a")
+    with caplog.at_level(logging.ERROR, logger="h3_dit"):
+        client.run()
+    assert not boundary_failures and len(loop.metrics.observed["h3_step_seconds"]) == 3
+    (refused,) = [e for e in client.events if isinstance(e, Refused)]
+    assert (refused.code, refused.message) == (
+        "INTERNAL",
+        "the cancel of request a could not be recorded (RuntimeError: database is locked); see the server log",
+    )
+    (ended,) = client.of("b", Ended)
+    assert (ended.code, ended.message, ended.step) == (
+        "INTERNAL",
+        "request b could not be recorded as finished: RuntimeError: disk I/O error",
+        2,
+    )
+    assert not client.of("b", Result) and not loop.jobs
+    assert_solo(engine, client.of("a", Result)[0], 3, 1)
+    for line in (
+        "the registry's cancels could not be read",
+        "the cancel of request a could not be recorded",
+        "request b: the registry could not record its end",
+    ):
+        assert line in caplog.text
 
 
 def test_a_newcomer_joins_at_the_first_step_of_the_next_execute(engine, monkeypatch):
@@ -802,12 +863,6 @@ def test_max_batch_rows_beyond_the_compiled_dit_is_refused(monkeypatch):
 
 
 # -- reliability round 3 ------------------------------------------------------------------------
-
-
-def live_ids(registry: Registry) -> list[str]:
-    """The request ids the registry holds live, on any instance."""
-    with registry._thread_lock:
-        return [row[0] for row in registry._db.execute("SELECT request_id FROM live ORDER BY request_id")]
 
 
 def test_a_refused_request_leaves_no_id_behind(engine, tmp_path):

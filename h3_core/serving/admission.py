@@ -229,7 +229,19 @@ class Admission:
             self.refuse(send, arrival, "INVALID_ARG", str(error))
             return None
         if CANCEL_FIELD in fields:
-            send(self.cancel_by_id(arrival.handle, fields[CANCEL_FIELD]))
+            try:
+                answer = self.cancel_by_id(arrival.handle, fields[CANCEL_FIELD])
+            except Exception as error:  # noqa: BLE001 - the registry failed: this control request fails alone
+                log.exception("the cancel of request %s could not be recorded", fields[CANCEL_FIELD])
+                self.refuse(
+                    send,
+                    arrival,
+                    "INTERNAL",
+                    f"the cancel of request {fields[CANCEL_FIELD]} could not be recorded "
+                    f"({type(error).__name__}: {error}); see the server log",
+                )
+                return None
+            send(answer)
             return None
         now = self.clock()
         job = self.jobs.get(arrival.key)

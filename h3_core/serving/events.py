@@ -119,6 +119,14 @@ class Heartbeat:
 
 
 Event = Progress | Result | Ended | Refused | CancelAnswer | Heartbeat
+EVENT_NAMES = {  # how log lines and error messages name each kind of event
+    Progress: "progress response",
+    Result: "result",
+    Ended: "final response",
+    Refused: "refusal",
+    CancelAnswer: "cancel answer",
+    Heartbeat: "heartbeat",
+}
 Send = Callable[[Event], None]  # what iterate() hands each event to
 
 

@@ -59,7 +59,20 @@ import torch
 from ..diffusion import layout as L
 from ..diffusion.engine import Engine, preview_frame
 from .admission import VANISHED_EXECUTES, WORKER_FAULTS, Admission, BoundedMemory
-from .events import Arrival, CancelAnswer, Ended, Event, Heartbeat, Job, Progress, Result, Send, Status
+from .events import (
+    EVENT_NAMES,
+    Arrival,
+    CancelAnswer,
+    Ended,
+    Event,
+    Heartbeat,
+    Job,
+    Progress,
+    Refused,
+    Result,
+    Send,
+    Status,
+)
 from .metrics import MetricsRecord, device_memory_bytes, end_line
 from .registry import Registry
 from .scheduler import DitLoad, Scheduler
@@ -176,38 +189,100 @@ class StepLoop(Admission):
         handles of the requests to reschedule (still live)."""
         self.metrics.set("h3_heartbeat_timestamp_seconds", time.time())
         self.metrics.set("h3_execute_in_progress", 1)
+        failed: set[int] = set()  # ids of the handles whose request ended after a failed send
 
-        def send_and_note(event: Event) -> None:
+        def deliver(event: Event) -> None:
+            if id(event.handle) in failed:
+                return  # its request already ended with INTERNAL (send_failed)
             self.answered.add(id(event.handle))
-            send(event)
+            try:
+                send(event)
+            except Exception as error:  # noqa: BLE001 - the request fails alone
+                failed.add(id(event.handle))
+                self.send_failed(event, error, send)
 
+        present: list[Job] = []
         try:
             start = self.clock()
-            # a step left in flight by an execute that raised: its events are not sent (its jobs'
-            # handles may be gone); its jobs go on, and one whose last step it was gets its
-            # results at its next step boundary (end_cancelled)
-            self.in_flight = None
             self.note_announcements(arrivals)
-            present = [job for arrival in arrivals if (job := self.arrive(arrival, send)) is not None]
-            for request_id in self.registry.boundary([job.request_id for job in self.jobs.values()], self.load()):
-                job = next(job for job in self.jobs.values() if job.request_id == request_id)
-                job.cancel_reason = job.cancel_reason or "cancelled by request"
+            present = [job for arrival in arrivals if (job := self.arrive(arrival, deliver)) is not None]
+            self.read_cancels()
             self.drop_vanished(present)
             while True:
                 boundary = self.clock()
-                stepped = self.boundary_and_step(present, send_and_note)
+                stepped = self.boundary_and_step(present, deliver)
                 present = [job for job in present if job.key in self.jobs]
                 if not (stepped and present and self.another_step(start, boundary, present)):
                     break
-            if self.settle_in_flight(send_and_note):
-                self.answer(present, send_and_note)
+            if self.settle_in_flight(deliver):
+                self.answer(present, deliver)
             present = [job for job in present if job.key in self.jobs]
             self.metrics.set("h3_waiting_requests", len(self.scheduler.line))
             self.metrics.set("h3_active_requests", len(self.scheduler.pack))
             self.metrics.set("h3_device_memory_bytes", device_memory_bytes(self.engine.device))
+        except Exception as error:  # noqa: BLE001 - a fault of the loop itself: see fail_execute
+            present = self.fail_execute(arrivals, error, deliver)
         finally:
             self.metrics.set("h3_execute_in_progress", 0)
         return [job.handle for job in present]
+
+    def read_cancels(self) -> None:
+        """Once an execute: publish this instance's load and mark the jobs whose cancel another
+        instance took (Registry.boundary). A registry that fails is logged and read again at the
+        next execute."""
+        try:
+            cancelled = self.registry.boundary([job.request_id for job in self.jobs.values()], self.load())
+        except Exception:  # noqa: BLE001 - read again at the next execute
+            log.exception("the registry's cancels could not be read; read again at the next execute")
+            return
+        for job in self.jobs.values():
+            if job.request_id in cancelled:
+                job.cancel_reason = job.cancel_reason or "cancelled by request"
+
+    def send_failed(self, event: Event, error: Exception, send: Send) -> None:
+        """`send(event)` raised (Triton refused the response, its tensors could not be made, ...):
+        the request fails alone. It gets a final INTERNAL response in place of what was due
+        (`Refused` for a request that never started or a cancel request, else `Ended`), sent
+        once, and its job leaves the loop (status FAILED); both are logged. The caller's
+        `deliver` sends nothing more for the request in this execute."""
+        request_id = getattr(event, "request_id", "") or "(no id)"
+        cause = f"{type(error).__name__}: {error}"
+        message = f"the {EVENT_NAMES[type(event)]} of request {request_id} could not be sent: {cause}"
+        log.error("request %s: %s", request_id, message, exc_info=error)
+        self.metrics.increment("h3_failures_total")
+        job = next((job for job in self.jobs.values() if job.handle is event.handle), None)
+        if isinstance(event, (Refused, CancelAnswer)):
+            final: Event = Refused(event.handle, "INTERNAL", message)
+        else:
+            step, total = (job.step_index, job.total_steps) if job is not None else (0, 0)
+            final = Ended(event.handle, request_id, "INTERNAL", message, step, total)
+        try:
+            send(final)
+        except Exception:  # noqa: BLE001 - nothing more can be sent for it
+            log.exception("request %s: its final INTERNAL response could not be sent either", request_id)
+        if job is not None:
+            self.forget(job, Status.FAILED)
+
+    def fail_execute(self, arrivals: list[Arrival], error: Exception, send: Send) -> list[Job]:
+        """A fault of the loop itself (not of one request's send or registry call, which fail
+        that request alone) ended the execute: log it, discard the step in flight and end every
+        live job of this execute's requests with INTERNAL, so each gets its final response
+        (raising to Triton would fail them with no state cleaned up). Returns [] (nothing to
+        reschedule)."""
+        log.error("the step loop failed; this execute's requests end with INTERNAL", exc_info=error)
+        self.in_flight = None
+        handles = {id(arrival.handle) for arrival in arrivals}
+        for job in [job for job in self.jobs.values() if id(job.handle) in handles]:
+            self.metrics.increment("h3_failures_total")
+            self.end(
+                job,
+                send,
+                Status.FAILED,
+                "INTERNAL",
+                f"request {job.request_id} failed at step {job.step_index} of {job.total_steps}: "
+                f"{type(error).__name__}: {error}; see the server log",
+            )
+        return []
 
     def boundary_and_step(self, present: list[Job], send: Send) -> bool:
         """One step boundary over the jobs Triton delivered in this execute: end the cancelled
@@ -272,15 +347,19 @@ class StepLoop(Admission):
         are matched with this execute's newcomers and control requests; those left unmatched
         ANNOUNCED_TRANSIT_S after the last announcement went to another DiT instance or never
         came (refused on the way, a cancel flag another instance set in the registry) and are
-        written off."""
-        count = self.registry.announcements()
+        written off. A registry that cannot be read holds this execute to one step (logged)."""
+        try:
+            count = self.registry.announcements()
+            in_transit = self.registry.seconds_since_announcement() < ANNOUNCED_TRANSIT_S
+        except Exception:  # noqa: BLE001 - one step, then read again
+            log.exception("the registry's announcements could not be read; this execute takes one step")
+            self.announced_in_transit = True
+            return
         arrived = sum(
             1 for arrival in arrivals if arrival.key not in (0, "") and (arrival.new or arrival.key not in self.jobs)
         )
         self.execute_announcements = count
-        self.announced_in_transit = (
-            count - self.announced > arrived and self.registry.seconds_since_announcement() < ANNOUNCED_TRANSIT_S
-        )
+        self.announced_in_transit = count - self.announced > arrived and in_transit
         self.announced = self.announced + arrived if self.announced_in_transit else count
 
     def another_step(self, start: float, boundary: float, present: list[Job]) -> bool:
@@ -304,8 +383,17 @@ class StepLoop(Admission):
             and len(present) == len(self.jobs)
             and elapsed + last_step < self.settings.execute_budget_s
             and not self.announced_in_transit
-            and self.registry.announcements() == self.execute_announcements
+            and self.announcements() == self.execute_announcements
         )
+
+    def announcements(self) -> int | None:
+        """Registry.announcements(), or None when it cannot be read (logged; `another_step`
+        then stops the execute)."""
+        try:
+            return self.registry.announcements()
+        except Exception:  # noqa: BLE001 - the execute ends; read again at the next one
+            log.exception("the registry's announcements could not be read")
+            return None
 
     # -- cancellation ------------------------------------------------------------------------
 
@@ -467,7 +555,7 @@ class StepLoop(Admission):
                 job.progress_every and (step % job.progress_every == 0 or step == job.total_steps)
             ) or preview is not None:
                 send(Progress(job.handle, job.request_id, step, job.total_steps, 0, preview))
-            if step == job.total_steps:
+            if step == job.total_steps and self.jobs.get(job.key) is job:
                 self.results(job, send)
         return True
 
@@ -500,7 +588,20 @@ class StepLoop(Admission):
         """One Result per output, with its final latents; the last one is final. A cancel that
         reached the registry during the last step wins: the request ends with CANCELLED (its
         canceller was told "cancelled")."""
-        if self.registry.finish(job.request_id, self.load(leaving=1)):
+        try:
+            cancelled = self.registry.finish(job.request_id, self.load(leaving=1))
+        except Exception as error:  # noqa: BLE001 - the request fails alone
+            log.exception("request %s: the registry could not record its end", job.request_id)
+            self.metrics.increment("h3_failures_total")
+            self.end(
+                job,
+                send,
+                Status.FAILED,
+                "INTERNAL",
+                f"request {job.request_id} could not be recorded as finished: {type(error).__name__}: {error}",
+            )
+            return
+        if cancelled:
             self.metrics.increment("h3_cancellations_total")
             self.end(
                 job,
@@ -538,11 +639,17 @@ class StepLoop(Admission):
                     final=state is job.states[-1],
                 )
             )
+            if self.jobs.get(job.key) is not job:
+                return  # its send failed: the request ended with INTERNAL (send_failed)
             self.metrics.increment("h3_completions_total")
         self.drop(job, Status.FINISHED)
 
     def end(self, job: Job, send: Send, status: Status, code: str, message: str) -> None:
+        """End a live job early with a final `Ended` (code CANCELLED or INTERNAL), one log line,
+        and `forget` it."""
         send(Ended(job.handle, job.request_id, code, message, job.step_index, job.total_steps))
+        if self.jobs.get(job.key) is not job:
+            return  # its send failed: the request ended with INTERNAL (send_failed)
         now, state = self.clock(), job.states[0]
         seconds = {
             "queue": (job.first_step_s or now) - job.arrival_s,
@@ -567,8 +674,14 @@ class StepLoop(Admission):
         """Remove the job and tell the registry it left. `dropped`: why it was dropped without a
         final event; if Triton delivers its request again, arrive() ends it with CANCELLED
         naming its request id and this cause. The registry gets this instance's load without
-        the job at once (the encoder's refusal need not wait for the next execute)."""
-        self.registry.finish(job.request_id, self.load(leaving=1))
+        the job at once (the encoder's refusal need not wait for the next execute). A job already
+        gone is left alone; a registry that fails is logged (the id may then stay live there)."""
+        if self.jobs.get(job.key) is not job:
+            return
+        try:
+            self.registry.finish(job.request_id, self.load(leaving=1))
+        except Exception:  # noqa: BLE001 - the job leaves this loop all the same
+            log.exception("request %s: the registry could not record its end", job.request_id)
         self.drop(job, status)
         if dropped is not None:
             self.dropped.remember(job.key, (job.request_id, dropped), self.clock())
