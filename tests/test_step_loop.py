@@ -639,7 +639,7 @@ def test_a_registry_call_that_raises_fails_only_its_request(engine, monkeypatch,
     INTERNAL, the execute whose read failed steps on; a runs to its solo result."""
     loop = make_loop(engine)
     client = Client(loop)
-    finish, cancel, boundary = loop.registry.finish, loop.registry.cancel, loop.registry.boundary
+    finish, boundary = loop.registry.finish, loop.registry.boundary
     boundary_failures = [RuntimeError("database is locked")]
 
     def finish_or_raise(request_id, load=None):
