@@ -392,6 +392,9 @@ COMMENTS = {
         "DiT (0 = one step per execute): the Triton round trip between executes is paid once for them; newcomers "
         "and h3_vae's cancels are announced and wait at most the step in flight, a client's own cancel by id up "
         "to this long plus one step",
+        "heartbeat_s": "seconds of silence toward a live request after which it gets a heartbeat (h3_vae notices a "
+        "gone client only when a response for it arrives): a client that asked for no progress is noticed gone "
+        "within this plus one step",
         "max_wait_s": "seconds a request may wait for a step (since its arrival or its last step) before it ranks "
         "before every request that has not waited that long, whatever the policy and the priorities: the longest "
         "wait, h3_core.serving.scheduler",

@@ -529,7 +529,8 @@ def test_short_steps_overlap_long_steps_run_in_lockstep(engine, monkeypatch):
     """10 ms steps (below OVERLAP_MAX_STEP_S), 25 ms budget: 2 steps an execute. After the first
     step (in lockstep: no step time is known yet), each step is launched before the previous one
     settles, and the step launched last settles before the execute returns. Events are those
-    of lockstep: one progress or Heartbeat per settled step, then the solo results."""
+    of lockstep: one progress per settled step for the watched job (the quiet one gets no
+    heartbeat: heartbeat_s is far off), then the solo results."""
     clock = Clock()
     loop = make_loop(engine, clock, execute_budget_s=0.025)
     client, order = Client(loop), []
@@ -553,10 +554,13 @@ def test_short_steps_overlap_long_steps_run_in_lockstep(engine, monkeypatch):
         "returns",
     ]
     assert per_execute == [
-        [("Progress", "watched", 1), ("Heartbeat", "quiet", None)]
-        + [("Progress", "watched", 2), ("Heartbeat", "quiet", None)],
-        [("Progress", "watched", 3), ("Heartbeat", "quiet", None)]
-        + [("Progress", "watched", 4), ("Result", "watched", None), ("Result", "quiet", None)],
+        [("Progress", "watched", 1), ("Progress", "watched", 2)],
+        [
+            ("Progress", "watched", 3),
+            ("Progress", "watched", 4),
+            ("Result", "watched", None),
+            ("Result", "quiet", None),
+        ],
     ]
     # a step's seconds run from its launch, or the previous settling if later, to its settling;
     # the fake forward spends its 10 ms on the host while launching, so step 3 settles after
@@ -891,3 +895,33 @@ def test_a_refused_request_leaves_no_id_behind(engine, tmp_path):
     (ended,) = client.of("cancelled-later", Ended)
     assert ended.message == "request cancelled-later was cancelled before it started (step 0 of 2)"
     assert live_ids(registry) == [] and not client.loop.jobs and not client.loop.scheduler.jobs
+
+
+def test_a_silent_job_gets_a_heartbeat_after_heartbeat_s_of_silence_not_every_step(engine, monkeypatch):
+    """heartbeat_s 10, 4 s steps on the fake clock, one step per execute. A job that asked for
+    no progress hears nothing at its first two steps, then a heartbeat at the first answer pass
+    10 s or more after its arrival (112 s: 12 s, within heartbeat_s plus one step) and again 12 s
+    after that; a job with progress every step gets no heartbeat; a job waiting behind a full
+    pack gets them too (h3_vae notices its gone client the same way)."""
+    clock = Clock()
+    client = Client(make_loop(engine, clock, heartbeat_s=10.0, max_num_seqs=2))
+    timed_forwards(monkeypatch, client.loop, clock, seconds=4.0)
+    client.send("silent", steps=8, seed=1)
+    client.send("chatty", steps=8, seed=2, parameters={"progress_every": 1})
+    client.send("waiting", steps=1, seed=3, parameters={"request_priority": -1})
+    heard = []
+    while client.live:
+        heard += [(clock.now, type(e).__name__, e.request_id) for e in client.iterate() if hasattr(e, "request_id")]
+    assert [(now, request_id) for now, kind, request_id in heard if kind == "Heartbeat"] == [
+        (112.0, "silent"),
+        (112.0, "waiting"),
+        (124.0, "silent"),
+        (124.0, "waiting"),
+    ]
+    assert [now for now, kind, request_id in heard if request_id == "chatty"] == [104.0 + 4 * i for i in range(8)] + [
+        132.0
+    ]
+    assert [(now, kind) for now, kind, request_id in heard if request_id != "chatty" and kind == "Result"] == [
+        (132.0, "Result"),
+        (136.0, "Result"),
+    ]

@@ -201,6 +201,7 @@ def parse(arrival: Arrival, fields: dict, now: float, engine: Engine, settings: 
         request_id=request_id,
         states=states,
         arrival_s=now,
+        responded_s=now,
         progress_every=parameters.get("progress_every", 0),
         preview_every=parameters.get("preview_every", 0),
         deadline_s=deadline_s,

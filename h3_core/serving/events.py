@@ -108,11 +108,11 @@ class CancelAnswer:
 
 @dataclass
 class Heartbeat:
-    """Sent at every step to each live request that got no other event: through the
-    ensemble it reaches h3_vae, which swallows it (the client sees nothing) and, when Triton
-    marks that request cancelled (its client is gone), cancels the request by id. Without it a
-    request that asked for no progress sends nothing until its result, and a gone client would
-    be noticed only then (Triton 2.51 tells h3_dit nothing; docs/reliability.md)."""
+    """Sent to a live request that got no response for DitSettings.heartbeat_s seconds (at the
+    next answer pass, StepLoop.answer): through the ensemble it reaches h3_vae, which, when
+    Triton marks that request cancelled (its client is gone), cancels the request by id.
+    Without it a request that asked for no progress sends nothing until its result, and a gone
+    client would be noticed only then (Triton 2.51 tells h3_dit nothing; docs/reliability.md)."""
 
     handle: Any
     request_id: str
@@ -135,6 +135,7 @@ class Job(scheduler.Job):
     """A request in the step loop: the scheduler's Job (key, request_id, states, priority,
     arrival_s, first_step_s) plus its lifecycle. Times are seconds on the loop's clock."""
 
+    responded_s: float = 0.0  # when the last response (progress, heartbeat, result) went to it; its arrival before
     handle: Any = None  # the adapter's request object, refreshed every execute
     is_cancelled: Callable[[], bool] = lambda: False  # its Arrival's, refreshed every execute
     status: Status = Status.WAITING

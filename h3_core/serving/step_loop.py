@@ -27,9 +27,10 @@ requests to reschedule. Everything else lives here and in h3_core.serving.admiss
    execution mode "request" the first job of the pack instead runs to completion within the
    execute.
 5. After each settled step (and at a boundary without one), a waiting job whose queue position
-   changed gets a progress event (when it asked for progress); a job that got no event since
-   the last such pass gets a `Heartbeat` (h3_vae uses it to notice a client that is gone and
-   cancel its request).
+   changed gets a progress event (when it asked for progress); a job that got no response for
+   DitSettings.heartbeat_s gets a `Heartbeat` (h3_vae uses it to notice a client that is gone
+   and cancel its request), so a silent job hears from the DiT at least every heartbeat_s plus
+   one step, and not every step.
 6. In step mode the execute repeats 2-5 while nothing new is headed for the DiT and its budget
    allows (`another_step`, DitSettings.execute_budget_s), so the Triton round trip and the work
    of 1 are paid once for several steps. Newcomers and control requests reach the DiT only
@@ -159,7 +160,6 @@ class StepLoop(Admission):
         self.in_flight: InFlight | None = None  # the step launched last, until it settles
         self.settled_at = -math.inf  # clock seconds when the last step settled
         self.last_step_s = math.inf  # seconds of the last settled step (OVERLAP_MAX_STEP_S)
-        self.answered: set[int] = set()  # ids of the handles that got an event since the last `answer`
         self.dropped = BoundedMemory()  # correlation id -> (request id, cause): forgotten without an answer
         self.draining = False
         # announcements (h3_core.serving.registry): how many are accounted for (arrived here, or written
@@ -190,11 +190,14 @@ class StepLoop(Admission):
         self.metrics.set("h3_heartbeat_timestamp_seconds", time.time())
         self.metrics.set("h3_execute_in_progress", 1)
         failed: set[int] = set()  # ids of the handles whose request ended after a failed send
+        owners: dict[int, Job] = {}  # id of a live job's handle -> the job
 
         def deliver(event: Event) -> None:
             if id(event.handle) in failed:
                 return  # its request already ended with INTERNAL (send_failed)
-            self.answered.add(id(event.handle))
+            owner = owners.get(id(event.handle))
+            if owner is not None:
+                owner.responded_s = self.clock()
             try:
                 send(event)
             except Exception as error:  # noqa: BLE001 - the request fails alone
@@ -206,6 +209,7 @@ class StepLoop(Admission):
             start = self.clock()
             self.note_announcements(arrivals)
             present = [job for arrival in arrivals if (job := self.arrive(arrival, deliver)) is not None]
+            owners.update((id(job.handle), job) for job in present)
             self.read_cancels()
             self.drop_vanished(present)
             while True:
@@ -324,8 +328,10 @@ class StepLoop(Admission):
     def answer(self, present: list[Job], send: Send) -> None:
         """After a step settled, or at a boundary without a step: send each present job that
         waits its new queue position (if it asked for progress) and a `Heartbeat` to each live
-        one that got no event since the last answer (ids in self.answered, which `send` adds to
-        and this clears)."""
+        one that got no response for settings.heartbeat_s seconds (Job.responded_s, which
+        `iterate`'s send stamps). Answer passes come at least once a step, so a silent job gets
+        one at most heartbeat_s plus one step after its last response."""
+        now = self.clock()
         for job in present:
             if self.jobs.get(job.key) is not job:
                 continue  # answered with its final event
@@ -334,9 +340,8 @@ class StepLoop(Admission):
                 if job.progress_every and position > 0 and position != job.queue_position:
                     send(Progress(job.handle, job.request_id, job.step_index, job.total_steps, position))
                 job.queue_position = position
-            if id(job.handle) not in self.answered:
+            if now - job.responded_s >= self.settings.heartbeat_s:
                 send(Heartbeat(job.handle, job.request_id))
-        self.answered.clear()
 
     def note_announcements(self, arrivals: list[Arrival]) -> None:
         """At the start of an execute: record the registry's count of announcements (requests
