@@ -925,3 +925,37 @@ def test_a_silent_job_gets_a_heartbeat_after_heartbeat_s_of_silence_not_every_st
         (132.0, "Result"),
         (136.0, "Result"),
     ]
+
+
+def test_steps_longer_than_the_budget_still_take_two_per_execute(engine, monkeypatch, tmp_path):
+    """execute_budget_s 0.5 s, 1 s steps: with nothing announced an execute takes
+    MIN_EXECUTE_STEPS (2) steps, not one, so the Triton round trip is paid once for two. The
+    cancel latency it costs, in steps the target starts after its cancel reached Triton: a
+    client's own cancel (unannounced) that comes during an execute's first step is delivered
+    with the next execute, so the target takes the step in flight and one more (with one step an
+    execute it took only the one in flight); a cancel another instance takes is announced and
+    ends the execute after the step in flight, as before."""
+    clock = Clock()
+    client = Client(make_loop(engine, clock, registry=Registry(tmp_path, "h3_dit_0"), execute_budget_s=0.5))
+    other, cancels = Registry(tmp_path, "h3_dit_1"), {}
+
+    def before(n):
+        if n == 2:  # during the first step of the second execute: a client's cancel reaches Triton
+            cancels["here"] = clock.now
+        if n == 6:  # during the first step of another execute: another instance takes a cancel
+            cancels["elsewhere"] = clock.now
+            other.cancel("elsewhere")
+
+    log = timed_forwards(monkeypatch, client.loop, clock, before=before)
+    client.send("here", steps=10, seed=1)
+    assert steps_per_execute(client, log, 2) == [2, 2]
+    client.cancel("here")  # delivered with the next execute
+    assert steps_per_execute(client, log, 1) == [0] and not client.live
+    client.send("elsewhere", steps=10, seed=2)
+    assert steps_per_execute(client, log, 3) == [2, 1, 0] and not client.live
+    started_since = {rid: sum(1 for t, ids in log if rid in ids and t >= at) for rid, at in cancels.items()}
+    assert started_since == {"here": 2, "elsewhere": 1}
+    assert [(e.request_id, e.message) for e in client.events if isinstance(e, Ended)] == [
+        ("here", "request here cancelled by request at step 4 of 10"),
+        ("elsewhere", "request elsewhere cancelled by request at step 3 of 10"),
+    ]

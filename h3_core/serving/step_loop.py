@@ -32,14 +32,16 @@ requests to reschedule. Everything else lives here and in h3_core.serving.admiss
    and cancel its request), so a silent job hears from the DiT at least every heartbeat_s plus
    one step, and not every step.
 6. In step mode the execute repeats 2-5 while nothing new is headed for the DiT and its budget
-   allows (`another_step`, DitSettings.execute_budget_s), so the Triton round trip and the work
-   of 1 are paid once for several steps. Newcomers and control requests reach the DiT only
+   allows, at least MIN_EXECUTE_STEPS steps with a budget above 0 (`another_step`,
+   DitSettings.execute_budget_s), so the Triton round trip and the work of 1 are paid once for
+   several steps. Newcomers and control requests reach the DiT only
    between executes, so the ones that are announced (h3_core.serving.registry: h3_encoder announces each
    request it passes on, h3_vae each cancel for a gone client, the registry each cancel of a
    request on another instance) end the execute at the next step boundary and wait at most the
    step in flight (`note_announcements`; while steps overlap, also the one launched behind it,
    OVERLAP_MAX_STEP_S); unannounced ones (a client's own cancel by id, a
-   direct call of h3_dit) wait at most the budget plus one step. Then every job still live is
+   direct call of h3_dit) wait at most the budget plus one step, or MIN_EXECUTE_STEPS steps
+   where those are longer. Then every job still live is
    rescheduled.
 
 A job's lifecycle is `Status`: WAITING (admitted, no step yet or preempted) -> RUNNING -> FINISHED,
@@ -77,7 +79,7 @@ from .events import (
 from .metrics import MetricsRecord, device_memory_bytes, end_line
 from .registry import Registry
 from .scheduler import DitLoad, Scheduler
-from .settings import DitSettings
+from .settings import MIN_EXECUTE_STEPS, DitSettings
 
 log = logging.getLogger("h3_dit")
 
@@ -212,11 +214,13 @@ class StepLoop(Admission):
             owners.update((id(job.handle), job) for job in present)
             self.read_cancels()
             self.drop_vanished(present)
+            steps = 0
             while True:
                 boundary = self.clock()
                 stepped = self.boundary_and_step(present, deliver)
+                steps += stepped
                 present = [job for job in present if job.key in self.jobs]
-                if not (stepped and present and self.another_step(start, boundary, present)):
+                if not (stepped and present and self.another_step(start, boundary, steps, present)):
                     break
             if self.settle_in_flight(deliver):
                 self.answer(present, deliver)
@@ -367,26 +371,28 @@ class StepLoop(Admission):
         self.announced_in_transit = count - self.announced > arrived and in_transit
         self.announced = self.announced + arrived if self.announced_in_transit else count
 
-    def another_step(self, start: float, boundary: float, present: list[Job]) -> bool:
-        """Whether the execute that began at `start` takes another step after the one whose
-        boundary was at `boundary` (clock seconds). Only in step mode, only while every live job
-        is among the `present` ones (a job Triton withholds is counted absent once per execute,
-        drop_vanished, so it is dropped after as many steps as before), only if the execute
-        would still end within settings.execute_budget_s, judging by the last step's time, and
-        only while nothing is headed for the DiT: no announced request may still be on its way
-        to this execute's successor, and no announcement came since the execute started (one
-        pread, Registry.announcements). So an announced newcomer or control request waits at
-        most the step in flight (and the next one, if it reached Triton only as this execute
-        began, or if it was launched behind a short step: `advance`); an unannounced one waits
-        at most the budget, or one step where a step alone is longer. The Triton round trip
-        between executes and the per-execute work (arrivals, the registry) are paid once per
-        execute."""
+    def another_step(self, start: float, boundary: float, steps: int, present: list[Job]) -> bool:
+        """Whether the execute that began at `start` and has taken `steps` steps takes another
+        after the one whose boundary was at `boundary` (clock seconds). Only in step mode, only
+        while every live job is among the `present` ones (a job Triton withholds is counted
+        absent once per execute, drop_vanished, so it is dropped after as many steps as before),
+        only if the execute would still end within settings.execute_budget_s, judging by the
+        last step's time, or has taken fewer than MIN_EXECUTE_STEPS (with a budget above 0: a
+        step longer than the budget no longer pays a Triton round trip each), and only while
+        nothing is headed for the DiT: no announced request may still be on its way to this
+        execute's successor, and no announcement came since the execute started (one pread,
+        Registry.announcements). So an announced newcomer or control request waits at most the
+        step in flight (and the next one, if it reached Triton only as this execute began, or
+        if it was launched behind a short step: `advance`); an unannounced one waits at most the
+        budget, or MIN_EXECUTE_STEPS steps where those are longer. The Triton round trip between
+        executes and the per-execute work (arrivals, the registry) are paid once per execute."""
         now = self.clock()
         elapsed, last_step = now - start, now - boundary
+        budget = self.settings.execute_budget_s
         return (
             self.settings.execution_mode == "step"
             and len(present) == len(self.jobs)
-            and elapsed + last_step < self.settings.execute_budget_s
+            and (elapsed + last_step < budget or (budget > 0 and steps < MIN_EXECUTE_STEPS))
             and not self.announced_in_transit
             and self.announcements() == self.execute_announcements
         )
