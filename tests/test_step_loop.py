@@ -23,7 +23,7 @@ from h3_core.model import H3DiT
 from h3_core.model.initialization import init_weights
 from h3_core.serving import admission
 from h3_core.serving.admission import VANISHED_EXECUTES
-from h3_core.serving.events import Arrival, CancelAnswer, Ended, Progress, Refused, Result
+from h3_core.serving.events import Arrival, CancelAnswer, Ended, Heartbeat, Progress, Refused, Result
 from h3_core.serving.metrics import MetricsRecord
 from h3_core.serving.registry import Registry
 from h3_core.serving.settings import DitSettings
@@ -959,3 +959,50 @@ def test_steps_longer_than_the_budget_still_take_two_per_execute(engine, monkeyp
         ("here", "request here cancelled by request at step 4 of 10"),
         ("elsewhere", "request elsewhere cancelled by request at step 3 of 10"),
     ]
+
+
+@pytest.mark.parametrize(
+    "stop, message",
+    [
+        ("cancel", "request r cancelled by request at step 3 of 10"),
+        ("native", "request r cancelled by the client at step 3 of 10"),
+        ("deadline", "request r deadline of 2.5 s expired at step 3 of 10"),
+        ("drain", "request r cancelled because the server is shutting down at step 3 of 10"),
+    ],
+)
+def test_request_mode_stops_at_the_step_boundary_after_a_cancel_deadline_or_drain(
+    engine, monkeypatch, tmp_path, stop, message
+):
+    """Execution mode "request" runs a request to completion inside one execute, where no
+    control request can reach it; each of its step boundaries is checked as in step mode. A
+    cancel recorded in the registry during step 3 (by another DiT instance, the only way one
+    reaches a busy instance), the client's native cancel, a 2.5 s deadline (1 s steps), or a
+    drain begun during step 3 ends it at the boundary after step 3: CANCELLED, no result. Both
+    it and the request waiting behind it get a heartbeat meanwhile (after step 2: heartbeat_s
+    1.5), so h3_vae can notice their gone clients; then the waiting one runs."""
+    clock = Clock()
+    loop = make_loop(engine, clock, registry=Registry(tmp_path, "h3_dit_0"), execution_mode="request", heartbeat_s=1.5)
+    client, other = Client(loop), Registry(tmp_path, "h3_dit_1")
+
+    def before(n):
+        if n == 2:
+            if stop == "cancel":
+                assert other.cancel("r") == "cancelled"
+            elif stop == "drain":
+                loop.start_draining()
+
+    log = timed_forwards(monkeypatch, loop, clock, before=before)
+    client.send("r", steps=10, seed=1, parameters={"deadline_s": 2.5} if stop == "deadline" else {})
+    client.send("next", steps=2, seed=2, parameters={"request_priority": -1})
+    arrival = next(a for a in client.live.values() if a.request_id == "r")
+    arrival.is_cancelled = lambda: stop == "native" and clock.now >= 103.0
+    client.iterate()
+    assert [ids for _, ids in log] == [["r"]] * 3
+    (ended,) = client.of("r", Ended)
+    assert (ended.code, ended.message) == ("CANCELLED", message) and not client.of("r", Result)
+    assert [e.request_id for e in client.events if isinstance(e, Heartbeat)] == ["r", "next"]
+    client.run()
+    if stop == "drain":
+        assert client.of("next", Ended)[0].message.startswith("request next cancelled because the server is shutting")
+    else:
+        assert_solo(engine, client.of("next", Result)[0], 2, 2)

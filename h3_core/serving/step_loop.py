@@ -25,7 +25,7 @@ requests to reschedule. Everything else lives here and in h3_core.serving.admiss
    (`advance`). The step launched last
    settles before the execute ends, so every execute's events are complete when it returns. In
    execution mode "request" the first job of the pack instead runs to completion within the
-   execute.
+   execute, its step boundaries checked as step mode's are (`run_to_completion`).
 5. After each settled step (and at a boundary without one), a waiting job whose queue position
    changed gets a progress event (when it asked for progress); a job that got no response for
    DitSettings.heartbeat_s gets a `Heartbeat` (h3_vae uses it to notice a client that is gone
@@ -296,22 +296,34 @@ class StepLoop(Admission):
         """One step boundary over the jobs Triton delivered in this execute: end the cancelled
         ones (`end_cancelled`), let the policy pick the pack and `advance` it (launch its step;
         settle the one in flight), then `answer` the jobs after a settled step. In execution
-        mode "request" the pack's first job runs to completion and the jobs are answered once.
+        mode "request" the pack's first job runs to completion (`run_to_completion`).
         Returns whether a forward was launched."""
         self.end_cancelled(present, send)
         pack = [job for job in self.scheduler.schedule(self.clock()) if job in present]
         if pack and self.settings.execution_mode == "request":
-            running = pack[:1]
-            while running:
-                flight, _ = self.advance(running, send)
-                running = [job for job in flight.jobs if not job.finished and self.jobs.get(job.key) is job]
-            self.settle_in_flight(send)
-            self.answer(present, send)
+            self.run_to_completion(pack[0], present, send)
             return True
         settled = self.advance(pack, send)[1] if pack else self.settle_in_flight(send)
         if settled or not pack:
             self.answer(present, send)
         return bool(pack)
+
+    def run_to_completion(self, job: Job, present: list[Job], send: Send) -> None:
+        """Execution mode "request": take `job`'s steps within this execute until it finishes or
+        ends early. Every step boundary in it is a step boundary of step mode for the job: the
+        cancels other instances took are read from the registry (`read_cancels`: with one DiT
+        instance busy here, a cancel by id can only arrive that way, through another instance
+        or a model that writes the registry), and `end_cancelled` ends it when cancelled by id
+        or by its client, past its deadline or draining; the present jobs are answered after
+        each settled step (heartbeats, queue positions)."""
+        while self.jobs.get(job.key) is job and not job.finished:
+            if self.advance([job], send)[1]:
+                self.answer(present, send)
+            if self.jobs.get(job.key) is job and not job.finished:
+                self.read_cancels()
+                self.end_cancelled([job], send)
+        if self.settle_in_flight(send):
+            self.answer(present, send)
 
     def advance(self, pack: list[Job], send: Send) -> tuple[InFlight, bool]:
         """Launch `pack`'s step, then settle the previous one if it is still in flight (the two
