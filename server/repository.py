@@ -391,9 +391,12 @@ COMMENTS = {
         "allow_fault_injection": '"true" lets the test-only request parameter inject_fault act; "false" refuses it '
         "(INVALID_ARG)",
         "execute_budget_s": "seconds one execute() may keep taking steps while nothing announced is headed for the "
-        "DiT (0 = one step per execute): the Triton round trip between executes is paid once for them; newcomers "
-        "and h3_vae's cancels are announced and wait at most the step in flight, a client's own cancel by id up "
-        "to this long plus one step",
+        "DiT, and at least 2 steps (0 = one step per execute): the Triton round trip between executes is paid once "
+        "for them; newcomers and h3_vae's cancels are announced and wait at most the step in flight, a client's "
+        "own cancel by id up to this long plus one step, or 2 steps where those are longer",
+        "heartbeat_s": "seconds of silence toward a live request after which it gets a heartbeat (h3_vae notices a "
+        "gone client only when a response for it arrives): a client that asked for no progress is noticed gone "
+        "within this plus one step",
         "max_wait_s": "seconds a request may wait for a step (since its arrival or its last step) before it ranks "
         "before every request that has not waited that long, whatever the policy and the priorities: the longest "
         "wait, h3_core.serving.scheduler",
@@ -466,8 +469,8 @@ DIT_INTRO = """\
 """
 DIT_IDLE = (
     "max_sequence_idle_microseconds must exceed the longest execute(), or Triton reaps the other live "
-    "sequences during it and their clients hang: in step mode that is execute_budget_s plus one step at "
-    "max_batch_rows (the settings refuse a budget of half the timeout or more); in request "
+    "sequences during it and their clients hang: in step mode that is execute_budget_s or 2 steps, whichever "
+    "is longer, plus one step at max_batch_rows (the settings refuse a budget of half the timeout or more); in request "
     "mode a whole generation, max_steps x the worst single-request step (waiting requests are only "
     "rescheduled when it ends). A larger value delays the release of slots whose clients vanished. Here "
     "(server.sizing.idle_timeout): "

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from h3_core.config import ROW_ALIGN, DiTConfig
 from h3_core.diffusion.request import request_memory_mb
 from h3_core.parallel.workers import EXIT_GRACE_S, SP_TIMEOUT_FRACTION
+from h3_core.serving.settings import MIN_EXECUTE_STEPS
 
 from .options import DEVICES
 
@@ -70,7 +71,8 @@ SP_IDLE_FACTOR = 1 / (1 - 2 / SP_TIMEOUT_FRACTION)
 # 1 s plus one step, and the active / waiting gauges are set once an execute. It is far below
 # half the idle timeout (at least MIN_IDLE_S here), which the settings require.
 GPU_EXECUTE_BUDGET_S = 1.0
-STEP_IDLE_FACTOR = 5.0  # step mode: idle >= 5 steps
+# step mode: idle >= 2.5 x the longest execute of steps alone, MIN_EXECUTE_STEPS (2) steps = 5 steps
+STEP_IDLE_FACTOR = 2.5 * MIN_EXECUTE_STEPS
 REQUEST_IDLE_FACTOR = 1.5  # request mode: idle >= 1.5 x a whole generation
 
 
@@ -197,8 +199,10 @@ def idle_timeout(
       needs > 50 x 0.2 s = 10 s; 60 s leaves a 6x margin, which also holds a lost
       sequence-parallel worker's restart, under 1 s there, and retried step);
     - cuda, with step = step_seconds(max_batch_rows, num_layers):
-      step mode:    max(60 s, 5 x step);
-      request mode: max(60 s, max_steps x step x 1.5) (a whole generation in one execute());
+      step mode:    max(60 s, 5 x step): an execute takes at least MIN_EXECUTE_STEPS (2) steps
+                    while nothing is announced, so 2.5 x its longest run of steps alone (one
+                    over its budget is bounded by execute_budget_s < idle / 2, DitSettings.check);
+      request mode: max(60 s, max_steps x step x 1.5) (a whole generation in one execute()).
       with sp_degree > 1 also at least SP_IDLE_FACTOR (2) x (before + restart + 2 x EXIT_GRACE_S):
       an execute that loses a worker runs its steps `before` the loss (GPU_EXECUTE_BUDGET_S in
       step mode, max_steps x step in request mode), the failed try and the retried step (each

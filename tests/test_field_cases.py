@@ -524,5 +524,36 @@ def test_a_top_priority_request_cannot_hold_a_priority_0_one_back_past_max_wait_
         )
         assert client.cancel("top") == "cancelled"
         blocker.join(60)
-    assert result.info["num_inference_steps"] == 2 and [p[:2] for p in progress if p[0] > 0] == [(1, 2), (2, 2)]
+    # a progress response also goes out when its queue position changes (the same step again)
+    assert result.info["num_inference_steps"] == 2 and sorted({p[:2] for p in progress if p[0] > 0}) == [(1, 2), (2, 2)]
     assert isinstance(outcome["top"], H3Error) and outcome["top"].code == "CANCELLED"
+
+
+def test_request_mode_a_cancel_by_id_from_a_second_client_stops_the_running_request(tmp_path):
+    """Execution mode "request" runs a generation inside one h3_dit execute, so a control
+    request cannot reach the busy instance; with two DiT instances it lands on the idle one,
+    which records it in the registry, and the busy one reads the registry at every step
+    boundary: the second client is answered "cancelled" while the request runs, and the
+    request's stream ends CANCELLED before its last step, with no result."""
+    repo = model_repository_copy(
+        tmp_path / "repo", dit_instances=2, execution_mode="request", scheduling_policy="request", max_steps="400"
+    )
+    with TritonServer(repo, free_ports=True, log_file=tmp_path / "server.log") as server:
+        client, outcome, seen = H3Client(server.grpc_url, idle_timeout_s=120), {}, []
+        running = start(
+            client,
+            outcome,
+            "victim",
+            prompt="victim",
+            num_inference_steps=400,
+            request_id="rm-victim",
+            progress_every=1,
+            on_progress=lambda step, total, position: seen.append(step),
+        )
+        assert wait_until(lambda: seen, 60)
+        assert H3Client(server.grpc_url, idle_timeout_s=60).cancel("rm-victim") == "cancelled"
+        running.join(60)
+        assert isinstance(outcome["victim"], H3Error) and outcome["victim"].code == "CANCELLED"
+        ended = re.fullmatch(r"request rm-victim cancelled by request at step (\d+) of 400", outcome["victim"].message)
+        assert ended and int(ended.group(1)) < 400
+        assert client.generate("after", num_inference_steps=2)[0].info["num_frames"] == 22

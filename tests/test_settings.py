@@ -49,6 +49,8 @@ def test_the_dit_limits_are_the_request_limits():
         ({"max_wait_s": "soon"}, "h3_dit parameter max_wait_s='soon' is not a valid float"),
         ({"priority_max": "-1"}, "h3_dit parameter priority_max=-1 is out of range: allowed >= 0"),
         ({"priority_max": "1.5"}, "h3_dit parameter priority_max='1.5' is not a valid int"),
+        ({"heartbeat_s": "0"}, "h3_dit parameter heartbeat_s=0.0 is out of range: allowed finite > 0 seconds"),
+        ({"heartbeat_s": "inf"}, "h3_dit parameter heartbeat_s=inf is out of range: allowed finite > 0 seconds"),
         ({"execute_budget_s": "-0.5"}, "h3_dit parameter execute_budget_s=-0.5 is out of range: allowed finite >= 0"),
         ({"execute_budget_s": "nan"}, "h3_dit parameter execute_budget_s=nan is out of range: allowed finite >= 0"),
         (

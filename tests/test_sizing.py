@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from h3_core.config import get_config
+from h3_core.serving.settings import MIN_EXECUTE_STEPS
 from server import sizing
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,6 +141,14 @@ def test_idle_timeout_covers_a_lost_worker_and_says_why():
     )
     # the worst such execute: 1 s of steps, two tries of 151.25 s / 4 + 2 s each, and the restart
     assert 1 + 2 * (idle_us / 1e6 / 4 + 2) + 70.625 <= idle_us / 1e6
+
+
+def test_the_step_mode_idle_timeout_covers_an_execute_of_its_least_steps():
+    # an execute takes at least MIN_EXECUTE_STEPS (2) steps while nothing is announced, however
+    # long they are: the idle timeout is 2.5 times that wherever it exceeds the 60 s floor
+    assert MIN_EXECUTE_STEPS == 2 and sizing.STEP_IDLE_FACTOR == 5.0
+    step = sizing.step_seconds(65_536, 80)
+    assert sizing.idle_timeout("cuda", "step", 65_536, 80, 50)[0] == round(2.5 * MIN_EXECUTE_STEPS * step * 1e6)
 
 
 def test_idle_timeout_says_why():

@@ -23,7 +23,7 @@ from h3_core.model import H3DiT
 from h3_core.model.initialization import init_weights
 from h3_core.serving import admission
 from h3_core.serving.admission import VANISHED_EXECUTES
-from h3_core.serving.events import Arrival, CancelAnswer, Ended, Progress, Refused, Result
+from h3_core.serving.events import Arrival, CancelAnswer, Ended, Heartbeat, Progress, Refused, Result
 from h3_core.serving.metrics import MetricsRecord
 from h3_core.serving.registry import Registry
 from h3_core.serving.settings import DitSettings
@@ -127,6 +127,12 @@ class Client:
             for event in self.events
             if isinstance(event, kind) and getattr(event, "request_id", None) == request_id
         ]
+
+
+def live_ids(registry: Registry) -> list[str]:
+    """The request ids the registry holds live, on any instance."""
+    with registry._thread_lock:
+        return [row[0] for row in registry._db.execute("SELECT request_id FROM live ORDER BY request_id")]
 
 
 def make_loop(engine, clock=None, registry=None, **settings) -> StepLoop:
@@ -523,7 +529,8 @@ def test_short_steps_overlap_long_steps_run_in_lockstep(engine, monkeypatch):
     """10 ms steps (below OVERLAP_MAX_STEP_S), 25 ms budget: 2 steps an execute. After the first
     step (in lockstep: no step time is known yet), each step is launched before the previous one
     settles, and the step launched last settles before the execute returns. Events are those
-    of lockstep: one progress or Heartbeat per settled step, then the solo results."""
+    of lockstep: one progress per settled step for the watched job (the quiet one gets no
+    heartbeat: heartbeat_s is far off), then the solo results."""
     clock = Clock()
     loop = make_loop(engine, clock, execute_budget_s=0.025)
     client, order = Client(loop), []
@@ -547,10 +554,13 @@ def test_short_steps_overlap_long_steps_run_in_lockstep(engine, monkeypatch):
         "returns",
     ]
     assert per_execute == [
-        [("Progress", "watched", 1), ("Heartbeat", "quiet", None)]
-        + [("Progress", "watched", 2), ("Heartbeat", "quiet", None)],
-        [("Progress", "watched", 3), ("Heartbeat", "quiet", None)]
-        + [("Progress", "watched", 4), ("Result", "watched", None), ("Result", "quiet", None)],
+        [("Progress", "watched", 1), ("Progress", "watched", 2)],
+        [
+            ("Progress", "watched", 3),
+            ("Progress", "watched", 4),
+            ("Result", "watched", None),
+            ("Result", "quiet", None),
+        ],
     ]
     # a step's seconds run from its launch, or the previous settling if later, to its settling;
     # the fake forward spends its 10 ms on the host while launching, so step 3 settles after
@@ -589,11 +599,11 @@ def test_a_non_finite_step_found_after_the_next_launch_fails_only_its_request(en
     assert client.loop.metrics.values["h3_failures_total"] == 1
 
 
-def test_an_execute_that_raises_loses_no_request(engine, monkeypatch):
-    """Sending a response raises (as Triton may for a request it gave up) while x's last step is
-    in flight behind y's step 2: the execute fails. Triton delivers both again; the step that
-    was in flight is not settled (its events are lost with the execute), x gets its results at
-    its next step boundary and y runs on, both with their solo outputs."""
+def test_a_send_that_raises_fails_only_its_request(engine, monkeypatch, caplog):
+    """Sending y's step-2 progress raises (as Triton may for a response it refuses) while x's
+    last step is in flight behind it: y alone ends, with a final INTERNAL response naming the
+    cause (logged); the execute goes on, the step in flight settles in it and x gets its solo
+    result; nothing is left in the loop or the registry."""
     clock = Clock()
     loop = make_loop(engine, clock, execute_budget_s=100.0)
     client = Client(loop)
@@ -611,17 +621,72 @@ def test_an_execute_that_raises_loses_no_request(engine, monkeypatch):
         return iterate(arrivals, send_or_raise)
 
     monkeypatch.setattr(loop, "iterate", refusing_y_at_step_2)
-    with pytest.raises(RuntimeError, match="response refused"):
-        client.iterate()
-    assert len(log) == 3 and loop.in_flight is not None  # x's last step and y's third
-    for arrival in client.live.values():
-        arrival.new = False  # Triton delivers the two sequences again
-    monkeypatch.setattr(loop, "iterate", iterate)
-    client.run()
-    assert [ids for _, ids in log[3:]] == [["y"], ["y"]]
+    with caplog.at_level(logging.ERROR, logger="h3_dit"):
+        client.run()
+    assert [ids for _, ids in log] == [["x", "y"]] * 3  # y's third step was discarded
+    assert loop.in_flight is None and not loop.jobs and live_ids(loop.registry) == []
+    (ended,) = client.of("y", Ended)
+    assert (ended.code, ended.message, ended.step) == (
+        "INTERNAL",
+        "the progress response of request y could not be sent: RuntimeError: response refused",
+        3,
+    )
+    assert "request y: the progress response of request y could not be sent" in caplog.text
+    assert [e.step for e in client.of("y", Progress)] == [1]
     assert_solo(engine, client.of("x", Result)[0], 3, 1)
-    assert_solo(engine, client.of("y", Result)[0], 5, 2)
-    assert not loop.jobs
+    assert loop.metrics.values["h3_failures_total"] == 1
+
+
+def test_a_registry_call_that_raises_fails_only_its_request(engine, monkeypatch, caplog):
+    """The registry raises when b's end is recorded, when a cancel is recorded, and once when
+    an execute reads the cancels: b ends with INTERNAL, the cancel request is refused with
+    INTERNAL, the execute whose read failed steps on; a runs to its solo result."""
+    loop = make_loop(engine)
+    client = Client(loop)
+    finish, boundary = loop.registry.finish, loop.registry.boundary
+    boundary_failures = [RuntimeError("database is locked")]
+
+    def finish_or_raise(request_id, load=None):
+        if request_id == "b":
+            raise RuntimeError("disk I/O error")
+        return finish(request_id, load)
+
+    def boundary_or_raise(request_ids, load):
+        if boundary_failures:
+            raise boundary_failures.pop()
+        return boundary(request_ids, load)
+
+    def cancel_or_raise(request_id):
+        raise RuntimeError("database is locked")
+
+    monkeypatch.setattr(loop.registry, "finish", finish_or_raise)
+    monkeypatch.setattr(loop.registry, "boundary", boundary_or_raise)
+    monkeypatch.setattr(loop.registry, "cancel", cancel_or_raise)
+    client.send("a", steps=3, seed=1)
+    client.send("b", steps=2, seed=2)
+    client.cancel("a")
+    with caplog.at_level(logging.ERROR, logger="h3_dit"):
+        client.run()
+    assert not boundary_failures and len(loop.metrics.observed["h3_step_seconds"]) == 3
+    (refused,) = [e for e in client.events if isinstance(e, Refused)]
+    assert (refused.code, refused.message) == (
+        "INTERNAL",
+        "the cancel of request a could not be recorded (RuntimeError: database is locked); see the server log",
+    )
+    (ended,) = client.of("b", Ended)
+    assert (ended.code, ended.message, ended.step) == (
+        "INTERNAL",
+        "request b could not be recorded as finished: RuntimeError: disk I/O error",
+        2,
+    )
+    assert not client.of("b", Result) and not loop.jobs
+    assert_solo(engine, client.of("a", Result)[0], 3, 1)
+    for line in (
+        "the registry's cancels could not be read",
+        "the cancel of request a could not be recorded",
+        "request b: the registry could not record its end",
+    ):
+        assert line in caplog.text
 
 
 def test_a_newcomer_joins_at_the_first_step_of_the_next_execute(engine, monkeypatch):
@@ -799,3 +864,145 @@ def test_max_batch_rows_beyond_the_compiled_dit_is_refused(monkeypatch):
     x = torch.zeros(4160, cfg.hidden_size)
     with pytest.raises(ValueError, match=r"^a pack of 4,160 rows exceeds the compiled blocks' 4,096 rows \(int32"):
         dit.transformer(x, None, None, None, None, None, None)
+
+
+# -- reliability round 3 ------------------------------------------------------------------------
+
+
+def test_a_refused_request_leaves_no_id_behind(engine, tmp_path):
+    """The scheduler is full (one place): newcomers are refused with UNAVAILABLE and leave no id
+    in the registry or the loop. A cancel of one answers "unknown" (so a request with that id
+    that arrives within EARLY_CANCEL_SECONDS ends before it starts); the other, retried once the
+    place is free, is admitted and runs to its solo result."""
+    registry = Registry(tmp_path, "h3_dit_0")
+    client = Client(make_loop(engine, registry=registry, max_num_seqs=1, max_waiting=0))
+    client.send("holder", steps=5, seed=1)
+    client.iterate()
+    client.send("retried", steps=2, seed=2)
+    client.send("cancelled-later", steps=2, seed=3)
+    refusals = [(event.code, event.message) for event in client.iterate() if isinstance(event, Refused)]
+    full = "the DiT holds 1 requests, its capacity max_num_seqs + max_waiting = 1 + 0; retry later"
+    assert refusals == [("UNAVAILABLE", full)] * 2
+    assert live_ids(registry) == ["holder"] and [job.request_id for job in client.loop.jobs.values()] == ["holder"]
+    assert [job.request_id for job in client.loop.scheduler.jobs] == ["holder"]
+    assert Registry(tmp_path, "h3_dit_1").cancel("cancelled-later") == "unknown"
+    client.run()  # the holder finishes
+    client.send("retried", steps=2, seed=2)
+    client.run()
+    client.send("cancelled-later", steps=2, seed=3)
+    client.run()
+    assert_solo(engine, client.of("retried", Result)[0], 2, 2)
+    (ended,) = client.of("cancelled-later", Ended)
+    assert ended.message == "request cancelled-later was cancelled before it started (step 0 of 2)"
+    assert live_ids(registry) == [] and not client.loop.jobs and not client.loop.scheduler.jobs
+
+
+def test_a_silent_job_gets_a_heartbeat_after_heartbeat_s_of_silence_not_every_step(engine, monkeypatch):
+    """heartbeat_s 10, 4 s steps on the fake clock, one step per execute. A job that asked for
+    no progress hears nothing at its first two steps, then a heartbeat at the first answer pass
+    10 s or more after its arrival (112 s: 12 s, within heartbeat_s plus one step) and again 12 s
+    after that; a job with progress every step gets no heartbeat; a job waiting behind a full
+    pack gets them too (h3_vae notices its gone client the same way)."""
+    clock = Clock()
+    client = Client(make_loop(engine, clock, heartbeat_s=10.0, max_num_seqs=2))
+    timed_forwards(monkeypatch, client.loop, clock, seconds=4.0)
+    client.send("silent", steps=8, seed=1)
+    client.send("chatty", steps=8, seed=2, parameters={"progress_every": 1})
+    client.send("waiting", steps=1, seed=3, parameters={"request_priority": -1})
+    heard = []
+    while client.live:
+        heard += [(clock.now, type(e).__name__, e.request_id) for e in client.iterate() if hasattr(e, "request_id")]
+    assert [(now, request_id) for now, kind, request_id in heard if kind == "Heartbeat"] == [
+        (112.0, "silent"),
+        (112.0, "waiting"),
+        (124.0, "silent"),
+        (124.0, "waiting"),
+    ]
+    assert [now for now, kind, request_id in heard if request_id == "chatty"] == [104.0 + 4 * i for i in range(8)] + [
+        132.0
+    ]
+    assert [(now, kind) for now, kind, request_id in heard if request_id != "chatty" and kind == "Result"] == [
+        (132.0, "Result"),
+        (136.0, "Result"),
+    ]
+
+
+def test_steps_longer_than_the_budget_still_take_two_per_execute(engine, monkeypatch, tmp_path):
+    """execute_budget_s 0.5 s, 1 s steps: with nothing announced an execute takes
+    MIN_EXECUTE_STEPS (2) steps, not one, so the Triton round trip is paid once for two. The
+    cancel latency it costs, in steps the target starts after its cancel reached Triton: a
+    client's own cancel (unannounced) that comes during an execute's first step is delivered
+    with the next execute, so the target takes the step in flight and one more (with one step an
+    execute it took only the one in flight); a cancel another instance takes is announced and
+    ends the execute after the step in flight, as before."""
+    clock = Clock()
+    client = Client(make_loop(engine, clock, registry=Registry(tmp_path, "h3_dit_0"), execute_budget_s=0.5))
+    other, cancels = Registry(tmp_path, "h3_dit_1"), {}
+
+    def before(n):
+        if n == 2:  # during the first step of the second execute: a client's cancel reaches Triton
+            cancels["here"] = clock.now
+        if n == 6:  # during the first step of another execute: another instance takes a cancel
+            cancels["elsewhere"] = clock.now
+            other.cancel("elsewhere")
+
+    log = timed_forwards(monkeypatch, client.loop, clock, before=before)
+    client.send("here", steps=10, seed=1)
+    assert steps_per_execute(client, log, 2) == [2, 2]
+    client.cancel("here")  # delivered with the next execute
+    assert steps_per_execute(client, log, 1) == [0] and not client.live
+    client.send("elsewhere", steps=10, seed=2)
+    assert steps_per_execute(client, log, 3) == [2, 1, 0] and not client.live
+    started_since = {rid: sum(1 for t, ids in log if rid in ids and t >= at) for rid, at in cancels.items()}
+    assert started_since == {"here": 2, "elsewhere": 1}
+    assert [(e.request_id, e.message) for e in client.events if isinstance(e, Ended)] == [
+        ("here", "request here cancelled by request at step 4 of 10"),
+        ("elsewhere", "request elsewhere cancelled by request at step 3 of 10"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "stop, message",
+    [
+        ("cancel", "request r cancelled by request at step 3 of 10"),
+        ("native", "request r cancelled by the client at step 3 of 10"),
+        ("deadline", "request r deadline of 2.5 s expired at step 3 of 10"),
+        ("drain", "request r cancelled because the server is shutting down at step 3 of 10"),
+    ],
+)
+def test_request_mode_stops_at_the_step_boundary_after_a_cancel_deadline_or_drain(
+    engine, monkeypatch, tmp_path, stop, message
+):
+    """Execution mode "request" runs a request to completion inside one execute, where no
+    control request can reach it; each of its step boundaries is checked as in step mode. A
+    cancel recorded in the registry during step 3 (by another DiT instance, the only way one
+    reaches a busy instance), the client's native cancel, a 2.5 s deadline (1 s steps), or a
+    drain begun during step 3 ends it at the boundary after step 3: CANCELLED, no result. Both
+    it and the request waiting behind it get a heartbeat meanwhile (after step 2: heartbeat_s
+    1.5), so h3_vae can notice their gone clients; then the waiting one runs."""
+    clock = Clock()
+    loop = make_loop(engine, clock, registry=Registry(tmp_path, "h3_dit_0"), execution_mode="request", heartbeat_s=1.5)
+    client, other = Client(loop), Registry(tmp_path, "h3_dit_1")
+
+    def before(n):
+        if n == 2:
+            if stop == "cancel":
+                assert other.cancel("r") == "cancelled"
+            elif stop == "drain":
+                loop.start_draining()
+
+    log = timed_forwards(monkeypatch, loop, clock, before=before)
+    client.send("r", steps=10, seed=1, parameters={"deadline_s": 2.5} if stop == "deadline" else {})
+    client.send("next", steps=2, seed=2, parameters={"request_priority": -1})
+    arrival = next(a for a in client.live.values() if a.request_id == "r")
+    arrival.is_cancelled = lambda: stop == "native" and clock.now >= 103.0
+    client.iterate()
+    assert [ids for _, ids in log] == [["r"]] * 3
+    (ended,) = client.of("r", Ended)
+    assert (ended.code, ended.message) == ("CANCELLED", message) and not client.of("r", Result)
+    assert [e.request_id for e in client.events if isinstance(e, Heartbeat)] == ["r", "next"]
+    client.run()
+    if stop == "drain":
+        assert client.of("next", Ended)[0].message.startswith("request next cancelled because the server is shutting")
+    else:
+        assert_solo(engine, client.of("next", Result)[0], 2, 2)

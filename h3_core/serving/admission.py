@@ -201,6 +201,7 @@ def parse(arrival: Arrival, fields: dict, now: float, engine: Engine, settings: 
         request_id=request_id,
         states=states,
         arrival_s=now,
+        responded_s=now,
         progress_every=parameters.get("progress_every", 0),
         preview_every=parameters.get("preview_every", 0),
         deadline_s=deadline_s,
@@ -229,7 +230,19 @@ class Admission:
             self.refuse(send, arrival, "INVALID_ARG", str(error))
             return None
         if CANCEL_FIELD in fields:
-            send(self.cancel_by_id(arrival.handle, fields[CANCEL_FIELD]))
+            try:
+                answer = self.cancel_by_id(arrival.handle, fields[CANCEL_FIELD])
+            except Exception as error:  # noqa: BLE001 - the registry failed: this control request fails alone
+                log.exception("the cancel of request %s could not be recorded", fields[CANCEL_FIELD])
+                self.refuse(
+                    send,
+                    arrival,
+                    "INTERNAL",
+                    f"the cancel of request {fields[CANCEL_FIELD]} could not be recorded "
+                    f"({type(error).__name__}: {error}); see the server log",
+                )
+                return None
+            send(answer)
             return None
         now = self.clock()
         job = self.jobs.get(arrival.key)
@@ -267,12 +280,24 @@ class Admission:
     # -- admission ---------------------------------------------------------------------------
 
     def admit(self, arrival: Arrival, fields: dict, now: float, send: Send) -> Job | None:
-        """Validate a new request and queue it; on failure refuse it at once."""
+        """Validate a new request and queue it; on failure refuse it at once. A refused request
+        leaves nothing behind: the scheduler takes it first (Overloaded, or ValueError for a
+        request that never fits one forward) and the registry only then (ValueError for an id
+        live on some instance); when the registry refuses it, or raises, or an early cancel was
+        waiting for its id, the scheduler forgets it again. So a retry with the same id is
+        admitted and a cancel of it answers as for an unknown id."""
         try:
             if self.draining:
                 raise Overloaded("the server is shutting down")
             job = parse(arrival, fields, now, self.engine, self.settings)
-            if self.registry.admit(job.request_id):
+            self.scheduler.add(job)
+            try:
+                cancelled_early = self.registry.admit(job.request_id)
+            except BaseException:
+                self.scheduler.remove(job)
+                raise
+            if cancelled_early:
+                self.scheduler.remove(job)
                 self.metrics.increment("h3_cancellations_total")
                 send(
                     Ended(
@@ -285,7 +310,6 @@ class Admission:
                     )
                 )
                 return None
-            self.scheduler.add(job)
         except ValueError as error:
             self.refuse(send, arrival, "INVALID_ARG", str(error))
             return None

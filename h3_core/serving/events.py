@@ -108,17 +108,25 @@ class CancelAnswer:
 
 @dataclass
 class Heartbeat:
-    """Sent at every step to each live request that got no other event: through the
-    ensemble it reaches h3_vae, which swallows it (the client sees nothing) and, when Triton
-    marks that request cancelled (its client is gone), cancels the request by id. Without it a
-    request that asked for no progress sends nothing until its result, and a gone client would
-    be noticed only then (Triton 2.51 tells h3_dit nothing; docs/reliability.md)."""
+    """Sent to a live request that got no response for DitSettings.heartbeat_s seconds (at the
+    next answer pass, StepLoop.answer): through the ensemble it reaches h3_vae, which, when
+    Triton marks that request cancelled (its client is gone), cancels the request by id.
+    Without it a request that asked for no progress sends nothing until its result, and a gone
+    client would be noticed only then (Triton 2.51 tells h3_dit nothing; docs/reliability.md)."""
 
     handle: Any
     request_id: str
 
 
 Event = Progress | Result | Ended | Refused | CancelAnswer | Heartbeat
+EVENT_NAMES = {  # how log lines and error messages name each kind of event
+    Progress: "progress response",
+    Result: "result",
+    Ended: "final response",
+    Refused: "refusal",
+    CancelAnswer: "cancel answer",
+    Heartbeat: "heartbeat",
+}
 Send = Callable[[Event], None]  # what iterate() hands each event to
 
 
@@ -127,6 +135,7 @@ class Job(scheduler.Job):
     """A request in the step loop: the scheduler's Job (key, request_id, states, priority,
     arrival_s, first_step_s) plus its lifecycle. Times are seconds on the loop's clock."""
 
+    responded_s: float = 0.0  # when the last response (progress, heartbeat, result) went to it; its arrival before
     handle: Any = None  # the adapter's request object, refreshed every execute
     is_cancelled: Callable[[], bool] = lambda: False  # its Arrival's, refreshed every execute
     status: Status = Status.WAITING

@@ -24,7 +24,19 @@ CONTROL_SLOTS = 2  # h3_dit sequence slots kept for cancel requests (max_batch_s
 # (the tests on 2 cores were tuned with it); the GPU repository sets server.sizing's
 # GPU_EXECUTE_BUDGET_S.
 EXECUTE_BUDGET_S = 0.03
+# With execute_budget_s > 0 an execute takes at least this many steps while nothing is announced,
+# however long they are: with steps longer than the budget each step paid a Triton round trip
+# (about 30 ms on the H200 host, benchmark (c): step mode at 0.997 of request mode). The cost: an
+# unannounced cancel (a client's own, straight to h3_dit) waits up to 2 steps instead of 1
+# (docs/reliability.md); announced ones still end the execute after the step in flight.
+MIN_EXECUTE_STEPS = 2
 EXECUTION_MODES = ("step", "request")
+# Seconds of silence toward a live request after which h3_dit sends it a heartbeat (heartbeat_s).
+# Through the ensemble it reaches h3_vae, which notices a client that is gone only when a response
+# for it arrives; a heartbeat costs h3_vae about 1.1 ms under its lock, so sending one every step
+# to each silent request (12 at 5-7 ms steps) made it fall behind. 15 s bounds the notice of a
+# gone client that asked for no progress at 15 s plus one step, well under a minute.
+HEARTBEAT_S = 15.0
 
 
 def _parse(cls, parameters: dict[str, str]):
@@ -125,10 +137,14 @@ class DitSettings:
     checked at load and by the writer).
     Step loop: execution_mode ("step": packed steps, each over the requests the policy picks;
     "request": run to completion), execute_budget_s (step mode: seconds one execute() may keep
-    taking steps while nothing announced is headed for the DiT,
+    taking steps while nothing announced is headed for the DiT, and at least MIN_EXECUTE_STEPS,
     h3_core.serving.step_loop.StepLoop.another_step; 0 = one step per execute; announced newcomers and
     cancels wait at most the step in flight, unannounced ones such as a client's own cancel by
-    id up to this long plus one step, as they reach the DiT only between executes),
+    id up to this long plus one step, or MIN_EXECUTE_STEPS steps where those are longer, as they
+    reach the DiT only between executes),
+    heartbeat_s (seconds of silence toward a live request, on the step loop's clock, after which
+    it gets a heartbeat at the next answer pass: h3_vae notices a gone client only when a response
+    for it arrives, h3_core.serving.step_loop.StepLoop.answer),
     scheduling_policy / row_budget (rows) (h3_core.serving.scheduler), max_wait_s (seconds a request may
     wait for a step before it ranks before every request that has not waited that long, under
     every policy: the longest wait, h3_core.serving.scheduler), priority_max (request_priority lies in
@@ -139,12 +155,12 @@ class DitSettings:
     test-only request parameter inject_fault act.
 
     Rules checked by check(): execution_mode in EXECUTION_MODES, scheduling_policy in POLICIES,
-    1 <= row_budget <= max_batch_rows, max_wait_s finite > 0, priority_max >= 0,
+    1 <= row_budget <= max_batch_rows, max_wait_s and heartbeat_s finite > 0, priority_max >= 0,
     execute_budget_s >= 0, positive sizes, and (with Triton's max_batch_size) max_batch_size ==
     max_num_seqs + max_waiting + CONTROL_SLOTS, (with its max_sequence_idle_microseconds as
-    idle_s) execute_budget_s < idle_s / 2: an execute lasts about its budget, and longer only by
-    the step that ends it, which the sized idle timeout exceeds several times
-    (server.sizing.idle_timeout)."""
+    idle_s) execute_budget_s < idle_s / 2: an execute lasts about its budget or MIN_EXECUTE_STEPS
+    steps, whichever is longer, plus the step that ends it, which the sized idle timeout exceeds
+    several times (server.sizing.idle_timeout)."""
 
     MODEL = DIT_MODEL
     cpu_threads: int = 1
@@ -155,6 +171,7 @@ class DitSettings:
     sp_degree: int = 1
     execution_mode: str = "step"
     execute_budget_s: float = EXECUTE_BUDGET_S
+    heartbeat_s: float = HEARTBEAT_S
     scheduling_policy: str = DEFAULT_POLICY
     row_budget: int = RequestLimits.max_rows
     max_wait_s: float = DEFAULT_MAX_WAIT_S
@@ -204,6 +221,10 @@ class DitSettings:
         if not 0 < self.max_wait_s < math.inf:
             raise ValueError(
                 f"h3_dit parameter max_wait_s={self.max_wait_s} is out of range: allowed finite > 0 seconds"
+            )
+        if not 0 < self.heartbeat_s < math.inf:
+            raise ValueError(
+                f"h3_dit parameter heartbeat_s={self.heartbeat_s} is out of range: allowed finite > 0 seconds"
             )
         if not (0 <= self.execute_budget_s < math.inf):
             raise ValueError(

@@ -25,20 +25,23 @@ requests to reschedule. Everything else lives here and in h3_core.serving.admiss
    (`advance`). The step launched last
    settles before the execute ends, so every execute's events are complete when it returns. In
    execution mode "request" the first job of the pack instead runs to completion within the
-   execute.
+   execute, its step boundaries checked as step mode's are (`run_to_completion`).
 5. After each settled step (and at a boundary without one), a waiting job whose queue position
-   changed gets a progress event (when it asked for progress); a job that got no event since
-   the last such pass gets a `Heartbeat` (h3_vae uses it to notice a client that is gone and
-   cancel its request).
+   changed gets a progress event (when it asked for progress); a job that got no response for
+   DitSettings.heartbeat_s gets a `Heartbeat` (h3_vae uses it to notice a client that is gone
+   and cancel its request), so a silent job hears from the DiT at least every heartbeat_s plus
+   one step, and not every step.
 6. In step mode the execute repeats 2-5 while nothing new is headed for the DiT and its budget
-   allows (`another_step`, DitSettings.execute_budget_s), so the Triton round trip and the work
-   of 1 are paid once for several steps. Newcomers and control requests reach the DiT only
+   allows, at least MIN_EXECUTE_STEPS steps with a budget above 0 (`another_step`,
+   DitSettings.execute_budget_s), so the Triton round trip and the work of 1 are paid once for
+   several steps. Newcomers and control requests reach the DiT only
    between executes, so the ones that are announced (h3_core.serving.registry: h3_encoder announces each
    request it passes on, h3_vae each cancel for a gone client, the registry each cancel of a
    request on another instance) end the execute at the next step boundary and wait at most the
    step in flight (`note_announcements`; while steps overlap, also the one launched behind it,
    OVERLAP_MAX_STEP_S); unannounced ones (a client's own cancel by id, a
-   direct call of h3_dit) wait at most the budget plus one step. Then every job still live is
+   direct call of h3_dit) wait at most the budget plus one step, or MIN_EXECUTE_STEPS steps
+   where those are longer. Then every job still live is
    rescheduled.
 
 A job's lifecycle is `Status`: WAITING (admitted, no step yet or preempted) -> RUNNING -> FINISHED,
@@ -59,11 +62,24 @@ import torch
 from ..diffusion import layout as L
 from ..diffusion.engine import Engine, GroupFailure, preview_frame
 from .admission import VANISHED_EXECUTES, WORKER_FAULTS, Admission, BoundedMemory
-from .events import Arrival, CancelAnswer, Ended, Event, Heartbeat, Job, Progress, Result, Send, Status
+from .events import (
+    EVENT_NAMES,
+    Arrival,
+    CancelAnswer,
+    Ended,
+    Event,
+    Heartbeat,
+    Job,
+    Progress,
+    Refused,
+    Result,
+    Send,
+    Status,
+)
 from .metrics import MetricsRecord, device_memory_bytes, end_line
 from .registry import Registry
 from .scheduler import DitLoad, Scheduler
-from .settings import DitSettings
+from .settings import MIN_EXECUTE_STEPS, DitSettings
 
 log = logging.getLogger("h3_dit")
 
@@ -146,7 +162,6 @@ class StepLoop(Admission):
         self.in_flight: InFlight | None = None  # the step launched last, until it settles
         self.settled_at = -math.inf  # clock seconds when the last step settled
         self.last_step_s = math.inf  # seconds of the last settled step (OVERLAP_MAX_STEP_S)
-        self.answered: set[int] = set()  # ids of the handles that got an event since the last `answer`
         self.dropped = BoundedMemory()  # correlation id -> (request id, cause): forgotten without an answer
         self.draining = False
         # announcements (h3_core.serving.registry): how many are accounted for (arrived here, or written
@@ -176,59 +191,139 @@ class StepLoop(Admission):
         handles of the requests to reschedule (still live)."""
         self.metrics.set("h3_heartbeat_timestamp_seconds", time.time())
         self.metrics.set("h3_execute_in_progress", 1)
+        failed: set[int] = set()  # ids of the handles whose request ended after a failed send
+        owners: dict[int, Job] = {}  # id of a live job's handle -> the job
 
-        def send_and_note(event: Event) -> None:
-            self.answered.add(id(event.handle))
-            send(event)
+        def deliver(event: Event) -> None:
+            if id(event.handle) in failed:
+                return  # its request already ended with INTERNAL (send_failed)
+            owner = owners.get(id(event.handle))
+            if owner is not None:
+                owner.responded_s = self.clock()
+            try:
+                send(event)
+            except Exception as error:  # noqa: BLE001 - the request fails alone
+                failed.add(id(event.handle))
+                self.send_failed(event, error, send)
 
+        present: list[Job] = []
         try:
             start = self.clock()
-            # a step left in flight by an execute that raised: its events are not sent (its jobs'
-            # handles may be gone); its jobs go on, and one whose last step it was gets its
-            # results at its next step boundary (end_cancelled)
-            self.in_flight = None
             self.note_announcements(arrivals)
-            present = [job for arrival in arrivals if (job := self.arrive(arrival, send)) is not None]
-            for request_id in self.registry.boundary([job.request_id for job in self.jobs.values()], self.load()):
-                job = next(job for job in self.jobs.values() if job.request_id == request_id)
-                job.cancel_reason = job.cancel_reason or "cancelled by request"
+            present = [job for arrival in arrivals if (job := self.arrive(arrival, deliver)) is not None]
+            owners.update((id(job.handle), job) for job in present)
+            self.read_cancels()
             self.drop_vanished(present)
+            steps = 0
             while True:
                 boundary = self.clock()
-                stepped = self.boundary_and_step(present, send_and_note)
+                stepped = self.boundary_and_step(present, deliver)
+                steps += stepped
                 present = [job for job in present if job.key in self.jobs]
-                if not (stepped and present and self.another_step(start, boundary, present)):
+                if not (stepped and present and self.another_step(start, boundary, steps, present)):
                     break
-            if self.settle_in_flight(send_and_note):
-                self.answer(present, send_and_note)
+            if self.settle_in_flight(deliver):
+                self.answer(present, deliver)
             present = [job for job in present if job.key in self.jobs]
             self.metrics.set("h3_waiting_requests", len(self.scheduler.line))
             self.metrics.set("h3_active_requests", len(self.scheduler.pack))
             self.metrics.set("h3_device_memory_bytes", device_memory_bytes(self.engine.device))
+        except Exception as error:  # noqa: BLE001 - a fault of the loop itself: see fail_execute
+            present = self.fail_execute(arrivals, error, deliver)
         finally:
             self.metrics.set("h3_execute_in_progress", 0)
         return [job.handle for job in present]
+
+    def read_cancels(self) -> None:
+        """Once an execute: publish this instance's load and mark the jobs whose cancel another
+        instance took (Registry.boundary). A registry that fails is logged and read again at the
+        next execute."""
+        try:
+            cancelled = self.registry.boundary([job.request_id for job in self.jobs.values()], self.load())
+        except Exception:  # noqa: BLE001 - read again at the next execute
+            log.exception("the registry's cancels could not be read; read again at the next execute")
+            return
+        for job in self.jobs.values():
+            if job.request_id in cancelled:
+                job.cancel_reason = job.cancel_reason or "cancelled by request"
+
+    def send_failed(self, event: Event, error: Exception, send: Send) -> None:
+        """`send(event)` raised (Triton refused the response, its tensors could not be made, ...):
+        the request fails alone. It gets a final INTERNAL response in place of what was due
+        (`Refused` for a request that never started or a cancel request, else `Ended`), sent
+        once, and its job leaves the loop (status FAILED); both are logged. The caller's
+        `deliver` sends nothing more for the request in this execute."""
+        request_id = getattr(event, "request_id", "") or "(no id)"
+        cause = f"{type(error).__name__}: {error}"
+        message = f"the {EVENT_NAMES[type(event)]} of request {request_id} could not be sent: {cause}"
+        log.error("request %s: %s", request_id, message, exc_info=error)
+        self.metrics.increment("h3_failures_total")
+        job = next((job for job in self.jobs.values() if job.handle is event.handle), None)
+        if isinstance(event, (Refused, CancelAnswer)):
+            final: Event = Refused(event.handle, "INTERNAL", message)
+        else:
+            step, total = (job.step_index, job.total_steps) if job is not None else (0, 0)
+            final = Ended(event.handle, request_id, "INTERNAL", message, step, total)
+        try:
+            send(final)
+        except Exception:  # noqa: BLE001 - nothing more can be sent for it
+            log.exception("request %s: its final INTERNAL response could not be sent either", request_id)
+        if job is not None:
+            self.forget(job, Status.FAILED)
+
+    def fail_execute(self, arrivals: list[Arrival], error: Exception, send: Send) -> list[Job]:
+        """A fault of the loop itself (not of one request's send or registry call, which fail
+        that request alone) ended the execute: log it, discard the step in flight and end every
+        live job of this execute's requests with INTERNAL, so each gets its final response
+        (raising to Triton would fail them with no state cleaned up). Returns [] (nothing to
+        reschedule)."""
+        log.error("the step loop failed; this execute's requests end with INTERNAL", exc_info=error)
+        self.in_flight = None
+        handles = {id(arrival.handle) for arrival in arrivals}
+        for job in [job for job in self.jobs.values() if id(job.handle) in handles]:
+            self.metrics.increment("h3_failures_total")
+            self.end(
+                job,
+                send,
+                Status.FAILED,
+                "INTERNAL",
+                f"request {job.request_id} failed at step {job.step_index} of {job.total_steps}: "
+                f"{type(error).__name__}: {error}; see the server log",
+            )
+        return []
 
     def boundary_and_step(self, present: list[Job], send: Send) -> bool:
         """One step boundary over the jobs Triton delivered in this execute: end the cancelled
         ones (`end_cancelled`), let the policy pick the pack and `advance` it (launch its step;
         settle the one in flight), then `answer` the jobs after a settled step. In execution
-        mode "request" the pack's first job runs to completion and the jobs are answered once.
+        mode "request" the pack's first job runs to completion (`run_to_completion`).
         Returns whether a forward was launched."""
         self.end_cancelled(present, send)
         pack = [job for job in self.scheduler.schedule(self.clock()) if job in present]
         if pack and self.settings.execution_mode == "request":
-            running = pack[:1]
-            while running:
-                flight, _ = self.advance(running, send)
-                running = [job for job in flight.jobs if not job.finished and self.jobs.get(job.key) is job]
-            self.settle_in_flight(send)
-            self.answer(present, send)
+            self.run_to_completion(pack[0], present, send)
             return True
         settled = self.advance(pack, send)[1] if pack else self.settle_in_flight(send)
         if settled or not pack:
             self.answer(present, send)
         return bool(pack)
+
+    def run_to_completion(self, job: Job, present: list[Job], send: Send) -> None:
+        """Execution mode "request": take `job`'s steps within this execute until it finishes or
+        ends early. Every step boundary in it is a step boundary of step mode for the job: the
+        cancels other instances took are read from the registry (`read_cancels`: with one DiT
+        instance busy here, a cancel by id can only arrive that way, through another instance
+        or a model that writes the registry), and `end_cancelled` ends it when cancelled by id
+        or by its client, past its deadline or draining; the present jobs are answered after
+        each settled step (heartbeats, queue positions)."""
+        while self.jobs.get(job.key) is job and not job.finished:
+            if self.advance([job], send)[1]:
+                self.answer(present, send)
+            if self.jobs.get(job.key) is job and not job.finished:
+                self.read_cancels()
+                self.end_cancelled([job], send)
+        if self.settle_in_flight(send):
+            self.answer(present, send)
 
     def advance(self, pack: list[Job], send: Send) -> tuple[InFlight, bool]:
         """Launch `pack`'s step, then settle the previous one if it is still in flight (the two
@@ -249,8 +344,10 @@ class StepLoop(Admission):
     def answer(self, present: list[Job], send: Send) -> None:
         """After a step settled, or at a boundary without a step: send each present job that
         waits its new queue position (if it asked for progress) and a `Heartbeat` to each live
-        one that got no event since the last answer (ids in self.answered, which `send` adds to
-        and this clears)."""
+        one that got no response for settings.heartbeat_s seconds (Job.responded_s, which
+        `iterate`'s send stamps). Answer passes come at least once a step, so a silent job gets
+        one at most heartbeat_s plus one step after its last response."""
+        now = self.clock()
         for job in present:
             if self.jobs.get(job.key) is not job:
                 continue  # answered with its final event
@@ -259,9 +356,8 @@ class StepLoop(Admission):
                 if job.progress_every and position > 0 and position != job.queue_position:
                     send(Progress(job.handle, job.request_id, job.step_index, job.total_steps, position))
                 job.queue_position = position
-            if id(job.handle) not in self.answered:
+            if now - job.responded_s >= self.settings.heartbeat_s:
                 send(Heartbeat(job.handle, job.request_id))
-        self.answered.clear()
 
     def note_announcements(self, arrivals: list[Arrival]) -> None:
         """At the start of an execute: record the registry's count of announcements (requests
@@ -272,40 +368,55 @@ class StepLoop(Admission):
         are matched with this execute's newcomers and control requests; those left unmatched
         ANNOUNCED_TRANSIT_S after the last announcement went to another DiT instance or never
         came (refused on the way, a cancel flag another instance set in the registry) and are
-        written off."""
-        count = self.registry.announcements()
+        written off. A registry that cannot be read holds this execute to one step (logged)."""
+        try:
+            count = self.registry.announcements()
+            in_transit = self.registry.seconds_since_announcement() < ANNOUNCED_TRANSIT_S
+        except Exception:  # noqa: BLE001 - one step, then read again
+            log.exception("the registry's announcements could not be read; this execute takes one step")
+            self.announced_in_transit = True
+            return
         arrived = sum(
             1 for arrival in arrivals if arrival.key not in (0, "") and (arrival.new or arrival.key not in self.jobs)
         )
         self.execute_announcements = count
-        self.announced_in_transit = (
-            count - self.announced > arrived and self.registry.seconds_since_announcement() < ANNOUNCED_TRANSIT_S
-        )
+        self.announced_in_transit = count - self.announced > arrived and in_transit
         self.announced = self.announced + arrived if self.announced_in_transit else count
 
-    def another_step(self, start: float, boundary: float, present: list[Job]) -> bool:
-        """Whether the execute that began at `start` takes another step after the one whose
-        boundary was at `boundary` (clock seconds). Only in step mode, only while every live job
-        is among the `present` ones (a job Triton withholds is counted absent once per execute,
-        drop_vanished, so it is dropped after as many steps as before), only if the execute
-        would still end within settings.execute_budget_s, judging by the last step's time, and
-        only while nothing is headed for the DiT: no announced request may still be on its way
-        to this execute's successor, and no announcement came since the execute started (one
-        pread, Registry.announcements). So an announced newcomer or control request waits at
-        most the step in flight (and the next one, if it reached Triton only as this execute
-        began, or if it was launched behind a short step: `advance`); an unannounced one waits
-        at most the budget, or one step where a step alone is longer. The Triton round trip
-        between executes and the per-execute work (arrivals, the registry) are paid once per
-        execute."""
+    def another_step(self, start: float, boundary: float, steps: int, present: list[Job]) -> bool:
+        """Whether the execute that began at `start` and has taken `steps` steps takes another
+        after the one whose boundary was at `boundary` (clock seconds). Only in step mode, only
+        while every live job is among the `present` ones (a job Triton withholds is counted
+        absent once per execute, drop_vanished, so it is dropped after as many steps as before),
+        only if the execute would still end within settings.execute_budget_s, judging by the
+        last step's time, or has taken fewer than MIN_EXECUTE_STEPS (with a budget above 0: a
+        step longer than the budget no longer pays a Triton round trip each), and only while
+        nothing is headed for the DiT: no announced request may still be on its way to this
+        execute's successor, and no announcement came since the execute started (one pread,
+        Registry.announcements). So an announced newcomer or control request waits at most the
+        step in flight (and the next one, if it reached Triton only as this execute began, or
+        if it was launched behind a short step: `advance`); an unannounced one waits at most the
+        budget, or MIN_EXECUTE_STEPS steps where those are longer. The Triton round trip between
+        executes and the per-execute work (arrivals, the registry) are paid once per execute."""
         now = self.clock()
         elapsed, last_step = now - start, now - boundary
+        budget = self.settings.execute_budget_s
         return (
             self.settings.execution_mode == "step"
             and len(present) == len(self.jobs)
-            and elapsed + last_step < self.settings.execute_budget_s
+            and (elapsed + last_step < budget or (budget > 0 and steps < MIN_EXECUTE_STEPS))
             and not self.announced_in_transit
-            and self.registry.announcements() == self.execute_announcements
+            and self.announcements() == self.execute_announcements
         )
+
+    def announcements(self) -> int | None:
+        """Registry.announcements(), or None when it cannot be read (logged; `another_step`
+        then stops the execute)."""
+        try:
+            return self.registry.announcements()
+        except Exception:  # noqa: BLE001 - the execute ends; read again at the next one
+            log.exception("the registry's announcements could not be read")
+            return None
 
     # -- cancellation ------------------------------------------------------------------------
 
@@ -474,7 +585,7 @@ class StepLoop(Admission):
                 job.progress_every and (step % job.progress_every == 0 or step == job.total_steps)
             ) or preview is not None:
                 send(Progress(job.handle, job.request_id, step, job.total_steps, 0, preview))
-            if step == job.total_steps:
+            if step == job.total_steps and self.jobs.get(job.key) is job:
                 self.results(job, send)
         return True
 
@@ -507,7 +618,20 @@ class StepLoop(Admission):
         """One Result per output, with its final latents; the last one is final. A cancel that
         reached the registry during the last step wins: the request ends with CANCELLED (its
         canceller was told "cancelled")."""
-        if self.registry.finish(job.request_id, self.load(leaving=1)):
+        try:
+            cancelled = self.registry.finish(job.request_id, self.load(leaving=1))
+        except Exception as error:  # noqa: BLE001 - the request fails alone
+            log.exception("request %s: the registry could not record its end", job.request_id)
+            self.metrics.increment("h3_failures_total")
+            self.end(
+                job,
+                send,
+                Status.FAILED,
+                "INTERNAL",
+                f"request {job.request_id} could not be recorded as finished: {type(error).__name__}: {error}",
+            )
+            return
+        if cancelled:
             self.metrics.increment("h3_cancellations_total")
             self.end(
                 job,
@@ -545,11 +669,17 @@ class StepLoop(Admission):
                     final=state is job.states[-1],
                 )
             )
+            if self.jobs.get(job.key) is not job:
+                return  # its send failed: the request ended with INTERNAL (send_failed)
             self.metrics.increment("h3_completions_total")
         self.drop(job, Status.FINISHED)
 
     def end(self, job: Job, send: Send, status: Status, code: str, message: str) -> None:
+        """End a live job early with a final `Ended` (code CANCELLED or INTERNAL), one log line,
+        and `forget` it."""
         send(Ended(job.handle, job.request_id, code, message, job.step_index, job.total_steps))
+        if self.jobs.get(job.key) is not job:
+            return  # its send failed: the request ended with INTERNAL (send_failed)
         now, state = self.clock(), job.states[0]
         seconds = {
             "queue": (job.first_step_s or now) - job.arrival_s,
@@ -574,8 +704,14 @@ class StepLoop(Admission):
         """Remove the job and tell the registry it left. `dropped`: why it was dropped without a
         final event; if Triton delivers its request again, arrive() ends it with CANCELLED
         naming its request id and this cause. The registry gets this instance's load without
-        the job at once (the encoder's refusal need not wait for the next execute)."""
-        self.registry.finish(job.request_id, self.load(leaving=1))
+        the job at once (the encoder's refusal need not wait for the next execute). A job already
+        gone is left alone; a registry that fails is logged (the id may then stay live there)."""
+        if self.jobs.get(job.key) is not job:
+            return
+        try:
+            self.registry.finish(job.request_id, self.load(leaving=1))
+        except Exception:  # noqa: BLE001 - the job leaves this loop all the same
+            log.exception("request %s: the registry could not record its end", job.request_id)
         self.drop(job, status)
         if dropped is not None:
             self.dropped.remember(job.key, (job.request_id, dropped), self.clock())

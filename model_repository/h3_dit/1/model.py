@@ -117,6 +117,23 @@ def to_response(event) -> tuple["pb_utils.InferenceResponse", int]:
     return response(EMPTY_VIDEO, EMPTY_AUDIO, [0, 0, 0], EMPTY_PREVIEW, info), FINAL
 
 
+def arrival(request, sender) -> Arrival:
+    """A Triton request -> the step loop's Arrival (sender(request): its response sender)."""
+    flags = request.flags()
+    text = pb_utils.get_input_tensor_by_name(request, TEXT_EMBEDS)
+    return Arrival(
+        handle=request,
+        key=request.correlation_id(),
+        request_id=request.request_id(),
+        new=bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START),
+        sequence_end=bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END),
+        request_json=list(pb_utils.get_input_tensor_by_name(request, REQUEST).as_numpy().reshape(-1)),
+        text_embeds=None if text is None else text.as_numpy(),
+        parameters_json=request.parameters(),
+        is_cancelled=lambda: request.is_cancelled() or sender(request).is_cancelled(),
+    )
+
+
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
@@ -162,21 +179,11 @@ class TritonPythonModel:
 
         arrivals = []
         for request in requests:
-            flags = request.flags()
-            text = pb_utils.get_input_tensor_by_name(request, TEXT_EMBEDS)
-            arrivals.append(
-                Arrival(
-                    handle=request,
-                    key=request.correlation_id(),
-                    request_id=request.request_id(),
-                    new=bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START),
-                    sequence_end=bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END),
-                    request_json=list(pb_utils.get_input_tensor_by_name(request, REQUEST).as_numpy().reshape(-1)),
-                    text_embeds=None if text is None else text.as_numpy(),
-                    parameters_json=request.parameters(),
-                    is_cancelled=lambda request=request: request.is_cancelled() or sender(request).is_cancelled(),
-                )
-            )
+            try:
+                arrivals.append(arrival(request, sender))
+            except Exception as error:  # noqa: BLE001 - this request fails alone, with its final response
+                pb_utils.Logger.log_error(f"h3_dit: request {request.request_id() or '(no id)'} unreadable: {error}")
+                sender(request).send(error_response("INTERNAL", f"the request could not be read: {error}"), flags=FINAL)
 
         def send(event) -> None:
             message, flags = to_response(event)
