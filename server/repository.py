@@ -403,6 +403,8 @@ COMMENTS = {
     VaeSettings.MODEL: {
         "cpu_threads": CPU_THREADS_COMMENT,
         "decode_workers": "threads decoding different requests at once (one request's outputs stay in order)",
+        "heartbeat_s": "seconds without a response after which a decode (queued or running) sends its client a "
+        "keep-alive response; keep it under the idle timeout of any proxy in front of the server",
     },
 }
 PROMPT_INPUTS = """\

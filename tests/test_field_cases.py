@@ -27,7 +27,7 @@ from h3_core.model.attention import Documents, get_attention_backend
 from server.process import TritonServer, dit_stubs, metric_samples, stub_pids
 from server.repository import plan, write_repository
 
-from .serving import ROOT, idle_metrics, model_repository_copy, raw_stream
+from .serving import ROOT, IdleProxy, idle_metrics, model_repository_copy, raw_stream
 from .serving import generate_in_thread as start
 from .test_bad_input import SEQUENCE_END, dit_inputs, int64, prompt
 
@@ -526,3 +526,51 @@ def test_a_top_priority_request_cannot_hold_a_priority_0_one_back_past_max_wait_
         blocker.join(60)
     assert result.info["num_inference_steps"] == 2 and [p[:2] for p in progress if p[0] > 0] == [(1, 2), (2, 2)]
     assert isinstance(outcome["top"], H3Error) and outcome["top"].code == "CANCELLED"
+
+
+# A request whose decode takes seconds (about 7 s for 256 x 256 x 121 frames on the 2-core CPU)
+# after a short DiT part (2 steps), with progress off: nothing but keep-alives reaches its client
+# during the decode.
+LONG_DECODE = dict(height=256, width=256, num_frames=121, num_inference_steps=2)
+HEARTBEAT_S = 0.5  # keep-alive timing of the `decoding` server
+PROXY_IDLE_S = 4 * HEARTBEAT_S
+
+
+@pytest.fixture(scope="module")
+def decoding(tmp_path_factory):
+    """A server whose h3_vae sends keep-alives after HEARTBEAT_S seconds of silence."""
+    tmp = tmp_path_factory.mktemp("decoding")
+    overrides = {"h3_dit": {"max_steps": "400"}, "h3_vae": {"heartbeat_s": str(HEARTBEAT_S)}}
+    repo = write_repository(tmp / "repo", plan(overrides=overrides))
+    with TritonServer(repo, free_ports=True, log_file=tmp / "server.log") as server:
+        yield server
+
+
+def test_field_case_keepalives_carry_a_silent_stream_through_a_proxy_idle_timeout(decoding):
+    """Issue 27 item 5: a proxy cuts a stream without DATA frames for its idle timeout (nginx's
+    gRPC default: 60 s; here PROXY_IDLE_S), and HTTP/2 pings never count. With progress off, the
+    keep-alives h3_vae sends (for the DiT's heartbeats during the steps, on its own timer during
+    the decode) carry the stream; H3Client skips them and returns the clip. The same request
+    with keepalive=false is cut."""
+    with IdleProxy(decoding.grpc_url, PROXY_IDLE_S) as proxy:
+        with H3Client(proxy.url, idle_timeout_s=120) as client:  # closed after: its kept channel would idle
+            (decoded,) = client.generate("a long decode", **LONG_DECODE, seed=1)
+            (stepped,) = client.generate("many steps", num_inference_steps=400, seed=2)
+        assert proxy.cut == 0
+        inputs = [prompt("a long decode"), int64("HEIGHT", 256), int64("WIDTH", 256), int64("NUM_FRAMES", 121)]
+        inputs += [int64("NUM_INFERENCE_STEPS", 2), int64("SEED", 1)]
+        responses, error = raw_stream(proxy.url, inputs, request_id="kept-alive", timeout_s=120)
+        cut_responses, cut = raw_stream(
+            proxy.url, inputs, parameters={"keepalive": False}, request_id="not-kept-alive", timeout_s=120
+        )
+        assert proxy.cut == 1
+    assert (decoded.info["num_frames"], len(decoded.video_mp4) > 0) == (121, True)
+    assert stepped.info["num_inference_steps"] == 400
+    infos = [r.as_numpy("INFO") for r in responses]
+    kinds = [json.loads(info.reshape(-1)[0])["kind"] if info is not None else "" for info in infos]
+    assert error is None and kinds[-2:] == ["result", ""]  # the clip, then the empty final response
+    assert len(kinds) >= 4 and set(kinds[:-2]) == {"keepalive"}
+    assert json.loads(infos[0].reshape(-1)[0]) == {"kind": "keepalive", "request_id": "kept-alive"}
+    assert responses[0].as_numpy("PROGRESS").tolist() == [[0, 0, 0]]
+    assert [responses[0].as_numpy(name).size for name in ("VIDEO_MP4", "FRAMES", "AUDIO", "PREVIEW")] == [0] * 4
+    assert cut.code == "UNAVAILABLE" and cut_responses == []

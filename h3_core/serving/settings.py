@@ -25,6 +25,10 @@ CONTROL_SLOTS = 2  # h3_dit sequence slots kept for cancel requests (max_batch_s
 # GPU_EXECUTE_BUDGET_S.
 EXECUTE_BUDGET_S = 0.03
 EXECUTION_MODES = ("step", "request")
+# Seconds of silence toward a client after which it gets a keep-alive response (protocol.KEEPALIVE):
+# well under the 60 s idle timeout of nginx's gRPC proxy and of most load balancers, which cut a
+# stream that carries no DATA frame for that long (HTTP/2 pings are hop by hop and do not count).
+HEARTBEAT_S = 15.0
 
 
 def _parse(cls, parameters: dict[str, str]):
@@ -95,7 +99,10 @@ class VaeSettings:
     official checkpoint's video_vae/ and audio_vae/ folders; relative to the folder above the model
     repository); device ("cpu", "cuda", "cuda:N"); decode_workers (threads decoding different
     requests at once, >= 1; docs/reliability.md measures them); trust_remote_code (run the Python
-    code an official checkpoint's VAE folders ship, h3_core.weights.vae_hook; off by default)."""
+    code an official checkpoint's VAE folders ship, h3_core.weights.vae_hook; off by default);
+    heartbeat_s (seconds, finite > 0: a decode, queued or running, sends its client a keep-alive
+    response after this long without a response, h3_core.serving.decodes; keep it equal to
+    h3_dit's heartbeat timing, under the idle timeout of any proxy in front of the server)."""
 
     MODEL = VAE_MODEL
     cpu_threads: int = 1
@@ -103,10 +110,15 @@ class VaeSettings:
     device: str = "cpu"
     decode_workers: int = 2
     trust_remote_code: bool = False
+    heartbeat_s: float = HEARTBEAT_S
 
     def __post_init__(self):
         if self.decode_workers < 1:
             raise ValueError(f"h3_vae parameter decode_workers={self.decode_workers} is out of range: allowed >= 1")
+        if not 0 < self.heartbeat_s < math.inf:
+            raise ValueError(
+                f"h3_vae parameter heartbeat_s={self.heartbeat_s} is out of range: allowed finite > 0 seconds"
+            )
 
     @classmethod
     def from_parameters(cls, parameters: dict[str, str]) -> "VaeSettings":

@@ -14,6 +14,7 @@ true there). A malformed direct request is refused with INVALID_ARG."""
 
 import functools
 import json
+import logging
 import threading
 import time
 import traceback
@@ -29,11 +30,13 @@ from h3_core.protocol import (
     AUDIO_LATENT,
     CANCEL_FIELD,
     DIT_MODEL,
+    KEEPALIVE,
     REQUEST,
     TEXT_EMBEDS,
     VIDEO_LATENT,
     check_request_parameters,
 )
+from h3_core.serving.decodes import Decode, Decodes
 from h3_core.serving.gone_clients import GoneClients
 from h3_core.serving.metrics import end_line
 from h3_core.serving.ordered_pool import OrderedPool
@@ -44,10 +47,13 @@ from h3_core.weights.vae_hook import load_vaes
 from server.adapter import error_response, json_tensor, model_parameters, resolve_path, set_threads
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+log = logging.getLogger("h3_vae")
 
 EMPTY_MP4 = np.empty((1, 0), dtype=object)
 EMPTY_FRAMES = np.zeros((1, 0, 0, 0, 3), dtype=np.uint8)
 EMPTY_AUDIO = np.zeros((1, 2, 0), dtype=np.float32)
+NO_PROGRESS = np.zeros((1, 3), dtype=np.int32)
+EMPTY_PREVIEW = np.zeros((1, 0, 0, 3), dtype=np.uint8)
 RESULT_FIELDS = ("height", "width", "num_frames")
 
 
@@ -95,6 +101,13 @@ def response(mp4, frames, audio, passed: list, info: dict) -> "pb_utils.Inferenc
             json_tensor("INFO", info),
         ]
     )
+
+
+def keepalive_response(request_id: str) -> "pb_utils.InferenceResponse":
+    """The keep-alive response (protocol.KEEPALIVE): empty outputs, PROGRESS (0, 0, 0), INFO
+    {"kind": "keepalive", "request_id"}."""
+    passed = [pb_utils.Tensor("PROGRESS", NO_PROGRESS), pb_utils.Tensor("PREVIEW", EMPTY_PREVIEW)]
+    return response(EMPTY_MP4, EMPTY_FRAMES, EMPTY_AUDIO, passed, {"kind": KEEPALIVE, "request_id": request_id})
 
 
 def send_cancel(request_id: str) -> None:
@@ -153,6 +166,12 @@ class TritonPythonModel:
         # ran crashed tritonserver (docs/reliability.md); the decodes themselves run outside it.
         self.stub_lock = threading.Lock()
         self.gone = GoneClients(Registry(server_folder()), send_cancel, pb_utils.Logger.log_info, self.stub_lock)
+        self.open_decodes = Decodes(
+            self.stub_lock,
+            settings.heartbeat_s,
+            lambda decode: decode.reply.send(keepalive_response(decode.request_id)),
+            pb_utils.Logger.log_error,
+        )
 
     def execute(self, requests):
         with self.stub_lock:
@@ -168,29 +187,38 @@ class TritonPythonModel:
         """Answer one request at once when it needs no decode; else queue its decode on the pool
         (under stub_lock). Raises ValueError for a malformed request."""
         info, video, audio, passed = read_inputs(request)
+        request_id = str(info.get("request_id", ""))
         if request.is_cancelled() and info["kind"] in ("progress", "heartbeat", "result"):
-            self.gone.cancel(str(info.get("request_id", "")))  # the client is gone: no decode
+            self.gone.cancel(request_id)  # the client is gone: no decode
             reply.send(final=True)
             return
-        if info["kind"] == "heartbeat":
-            reply.send(final=True)  # nothing reaches the client
+        parameters = check_request_parameters(request.parameters())
+        if info["kind"] == "heartbeat":  # the DiT's: a keep-alive for the client, unless it turned them off
+            reply.send(keepalive_response(request_id) if parameters.get(KEEPALIVE, True) else None, final=True)
             return
         if video.numel() == 0:
             reply.send(response(EMPTY_MP4, EMPTY_FRAMES, EMPTY_AUDIO, passed, info), final=True)
             return
-        parameters = check_request_parameters(request.parameters())
         check_result(info, video, audio)
-        self.pool.submit(
-            str(info.get("request_id", "")),
-            functools.partial(self.decode, reply, info, video[0], audio[0], passed, parameters),
-        )
+        decode = self.open_decodes.add(request_id, reply, parameters.get(KEEPALIVE, True))
+        try:
+            self.pool.submit(
+                request_id, functools.partial(self.decode, decode, info, video[0], audio[0], passed, parameters)
+            )
+        except Exception:
+            self.open_decodes.finish(decode)
+            raise
 
     def failure(self, error: Exception, what: str) -> "pb_utils.InferenceResponse":
         """The error response for `error` (under stub_lock): INVALID_ARG with its message for a
         ValueError, else INTERNAL naming `what`, with the traceback in the server log."""
         if isinstance(error, ValueError):
             return error_response("INVALID_ARG", str(error))
-        pb_utils.Logger.log_error(f"h3_vae: {what}:\n{''.join(traceback.format_exception(error))}")
+        trace = "".join(traceback.format_exception(error))
+        try:
+            pb_utils.Logger.log_error(f"h3_vae: {what}:\n{trace}")
+        except Exception:  # noqa: BLE001 - the server log failed: Python's log (stderr) then
+            log.exception("%s:\n%s", what, trace)
         return error_response("INTERNAL", f"{what} ({type(error).__name__}); see the server log")
 
     def close(self, reply: Reply, request_id, message) -> None:
@@ -216,12 +244,14 @@ class TritonPythonModel:
             pb_utils.Logger.log_error(f"h3_vae: the final flag of request {request_id} could not be sent: {error}")
 
     def decode(
-        self, reply: Reply, info: dict, video: torch.Tensor, audio: torch.Tensor, passed: list, parameters: dict
+        self, decode: Decode, info: dict, video: torch.Tensor, audio: torch.Tensor, passed: list, parameters: dict
     ) -> None:
-        """Decode one output's latents (on a pool thread, without the lock), then send its
-        response and the final flag (under stub_lock): the clip, INVALID_ARG for latents that do
-        not fit INFO, or INTERNAL for any other failure (in the decode or in building the
-        response)."""
+        """Decode one output's latents (on a pool thread, without the lock), then close the open
+        decode and send its response and the final flag (under stub_lock): the clip, INVALID_ARG
+        for latents that do not fit INFO, or INTERNAL for any other failure (in the decode or in
+        building the response). Keep-alives go out meanwhile (self.open_decodes)."""
+        with self.stub_lock:
+            self.open_decodes.start(decode)
         start, error, outputs = time.perf_counter(), None, None
         try:
             frames, audio = decode_clip(self.video_vae, self.audio_vae, info["num_frames"], video, audio)
@@ -239,8 +269,9 @@ class TritonPythonModel:
             info.setdefault("stage_seconds", {})["decode"] = time.perf_counter() - start
         except Exception as caught:  # noqa: BLE001 - the request fails alone
             error = caught
-        request_id = info.get("request_id")
+        request_id, message = info.get("request_id"), None
         with self.stub_lock:
+            self.open_decodes.finish(decode)
             try:
                 if error is not None:
                     raise error
@@ -261,8 +292,10 @@ class TritonPythonModel:
                     pb_utils.Logger.log_info(f"h3_vae: {line}")
             except Exception as failed:  # noqa: BLE001 - the request fails alone
                 message = self.failure(failed, f"decode of request {request_id} failed")
-            self.close(reply, request_id, message)
+            finally:
+                self.close(decode.reply, request_id, message)
 
     def finalize(self):
         self.pool.close()
+        self.open_decodes.close()
         self.gone.close()
