@@ -102,7 +102,10 @@ class VaeSettings:
     code an official checkpoint's VAE folders ship, h3_core.weights.vae_hook; off by default);
     heartbeat_s (seconds, finite > 0: a decode, queued or running, sends its client a keep-alive
     response after this long without a response, h3_core.serving.decodes; keep it equal to
-    h3_dit's heartbeat timing, under the idle timeout of any proxy in front of the server)."""
+    h3_dit's heartbeat timing, under the idle timeout of any proxy in front of the server);
+    max_queued_decodes (>= 0: results that may wait for a decode worker; one beyond is refused at
+    once with UNAVAILABLE); max_height, max_width (pixels), max_num_frames: the canvas a result
+    may have (INFO can be forged by a direct caller; the writer copies h3_dit's limits)."""
 
     MODEL = VAE_MODEL
     cpu_threads: int = 1
@@ -111,10 +114,19 @@ class VaeSettings:
     decode_workers: int = 2
     trust_remote_code: bool = False
     heartbeat_s: float = HEARTBEAT_S
+    max_queued_decodes: int = 32
+    max_height: int = RequestLimits.max_height
+    max_width: int = RequestLimits.max_width
+    max_num_frames: int = RequestLimits.max_num_frames
 
     def __post_init__(self):
-        if self.decode_workers < 1:
-            raise ValueError(f"h3_vae parameter decode_workers={self.decode_workers} is out of range: allowed >= 1")
+        for name in ("decode_workers", "max_height", "max_width", "max_num_frames"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"h3_vae parameter {name}={getattr(self, name)} is out of range: allowed >= 1")
+        if self.max_queued_decodes < 0:
+            raise ValueError(
+                f"h3_vae parameter max_queued_decodes={self.max_queued_decodes} is out of range: allowed >= 0"
+            )
         if not 0 < self.heartbeat_s < math.inf:
             raise ValueError(
                 f"h3_vae parameter heartbeat_s={self.heartbeat_s} is out of range: allowed finite > 0 seconds"
@@ -126,6 +138,10 @@ class VaeSettings:
 
     def to_parameters(self) -> dict[str, str]:
         return _to_parameters(self)
+
+    def limits(self) -> RequestLimits:
+        """The canvas limits a result must keep (the other limits are the defaults, unused here)."""
+        return RequestLimits(max_height=self.max_height, max_width=self.max_width, max_num_frames=self.max_num_frames)
 
 
 @dataclass(frozen=True)

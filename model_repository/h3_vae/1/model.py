@@ -5,12 +5,19 @@ Decoupled: every h3_dit response reaches this model through the ensemble; one wi
 (progress, an early end, a cancel answer) is answered at once with empty outputs, and one with
 latents is decoded on a pool of `decode_workers` threads (h3_core.serving.ordered_pool: one request's
 outputs in order, different requests in parallel), so no response waits behind another
-request's decode; a heartbeat is answered with a final flag and no response (the client sees
-nothing), a result with its response and then the final flag. Everything that touches the stub
-runs under one lock (stub_lock), execute() included. With request parameter
+request's decode; a heartbeat is answered with a keep-alive response (protocol.KEEPALIVE, unless
+the request sent keepalive=false), a result with its response and then the final flag, or at
+once with UNAVAILABLE when decode_workers + max_queued_decodes decodes are open; an open decode
+gets keep-alives of its own after heartbeat_s seconds without a response, and the gauge
+h3_vae_decodes{state="queued"|"running"} counts the open decodes (h3_core.serving.decodes). Every
+request ends with its final flag, whatever fails. Everything that touches the stub (requests,
+tensors, logging, sends, the BLS cancels of h3_core.serving.gone_clients) runs under one lock
+(stub_lock), execute() included. With request parameter
 return_mp4 false the latents are still decoded but no MP4 is encoded: VIDEO_MP4 is empty
 (BYTES [1, 0]), so a server without PyAV can serve FRAMES / AUDIO (h3_dit refuses return_mp4
-true there). A malformed direct request is refused with INVALID_ARG."""
+true there). A malformed direct request is refused with INVALID_ARG, also a result whose INFO
+names a canvas beyond h3_vae's own max_height, max_width, max_num_frames or whose latents do not
+fit it."""
 
 import functools
 import json
@@ -36,7 +43,7 @@ from h3_core.protocol import (
     VIDEO_LATENT,
     check_request_parameters,
 )
-from h3_core.serving.decodes import Decode, Decodes
+from h3_core.serving.decodes import BacklogFull, Decode, Decodes, check_result
 from h3_core.serving.gone_clients import GoneClients
 from h3_core.serving.metrics import end_line
 from h3_core.serving.ordered_pool import OrderedPool
@@ -52,9 +59,9 @@ log = logging.getLogger("h3_vae")
 EMPTY_MP4 = np.empty((1, 0), dtype=object)
 EMPTY_FRAMES = np.zeros((1, 0, 0, 0, 3), dtype=np.uint8)
 EMPTY_AUDIO = np.zeros((1, 2, 0), dtype=np.float32)
+DECODE_STATES = ("queued", "running")  # the labels of the gauge h3_vae_decodes, in Decodes.counts() order
 NO_PROGRESS = np.zeros((1, 3), dtype=np.int32)
 EMPTY_PREVIEW = np.zeros((1, 0, 0, 3), dtype=np.uint8)
-RESULT_FIELDS = ("height", "width", "num_frames")
 
 
 def read_inputs(request) -> tuple[dict, torch.Tensor, torch.Tensor, list]:
@@ -77,18 +84,6 @@ def read_inputs(request) -> tuple[dict, torch.Tensor, torch.Tensor, list]:
     audio = torch.from_numpy(tensors[AUDIO_LATENT].as_numpy().copy())
     passed = [pb_utils.Tensor(name, tensors[name].as_numpy()) for name in ("PROGRESS", "PREVIEW")]
     return info, video, audio, passed
-
-
-def check_result(info: dict, video: torch.Tensor, audio: torch.Tensor) -> None:
-    """A response with latents must be a result of integer height, width, num_frames with one
-    output's latents. Raises ValueError naming what is wrong."""
-    if info["kind"] != "result" or any(type(info.get(name)) is not int for name in RESULT_FIELDS):
-        raise ValueError(f"INFO of a response with latents must be a result holding integers {list(RESULT_FIELDS)}")
-    if video.dim() != 5 or video.shape[0] != 1 or audio.dim() != 4 or audio.shape[0] != 1:
-        raise ValueError(
-            f"{VIDEO_LATENT} must be [1, 24, T_lat, Hl, Wl] and {AUDIO_LATENT} [1, 2, 32, T_a], got "
-            f"{list(video.shape)} and {list(audio.shape)}"
-        )
 
 
 def response(mp4, frames, audio, passed: list, info: dict) -> "pb_utils.InferenceResponse":
@@ -160,6 +155,13 @@ class TritonPythonModel:
             name="h3_vae_decodes_total", description="latents decoded to a clip", kind=pb_utils.MetricFamily.COUNTER
         )  # Triton needs it referenced
         self.decodes = self.decodes_family.Metric(labels={"model": "h3_vae"})
+        self.open_family = pb_utils.MetricFamily(
+            name="h3_vae_decodes",
+            description="results in h3_vae waiting for a decode worker (queued) or decoding (running)",
+            kind=pb_utils.MetricFamily.GAUGE,
+        )
+        self.open_gauges = [self.open_family.Metric(labels={"model": "h3_vae", "state": s}) for s in DECODE_STATES]
+        self.limits = settings.limits()
         self.pool = OrderedPool(settings.decode_workers, name="h3_vae-decode")
         # Everything that touches the stub (reading requests, making tensors, logging, sending, BLS
         # calls) happens under this lock: in Triton 2.51 a decode thread sending while execute()
@@ -168,9 +170,12 @@ class TritonPythonModel:
         self.gone = GoneClients(Registry(server_folder()), send_cancel, pb_utils.Logger.log_info, self.stub_lock)
         self.open_decodes = Decodes(
             self.stub_lock,
+            settings.decode_workers,
+            settings.max_queued_decodes,
             settings.heartbeat_s,
             lambda decode: decode.reply.send(keepalive_response(decode.request_id)),
             pb_utils.Logger.log_error,
+            lambda *counts: [gauge.set(count) for gauge, count in zip(self.open_gauges, counts, strict=True)],
         )
 
     def execute(self, requests):
@@ -199,8 +204,16 @@ class TritonPythonModel:
         if video.numel() == 0:
             reply.send(response(EMPTY_MP4, EMPTY_FRAMES, EMPTY_AUDIO, passed, info), final=True)
             return
-        check_result(info, video, audio)
-        decode = self.open_decodes.add(request_id, reply, parameters.get(KEEPALIVE, True))
+        check_result(info, video.shape, audio.shape, self.limits)
+        try:
+            decode = self.open_decodes.add(request_id, reply, parameters.get(KEEPALIVE, True))
+        except BacklogFull as full:  # a normal final response, as h3_dit ends started requests
+            message = (
+                f"output {info.get('output_index', 0)} of request {request_id} was not decoded: {full}; retry later"
+            )
+            ended = {"kind": "error", "request_id": request_id, "code": "UNAVAILABLE", "message": message}
+            reply.send(response(EMPTY_MP4, EMPTY_FRAMES, EMPTY_AUDIO, passed, ended), final=True)
+            return
         try:
             self.pool.submit(
                 request_id, functools.partial(self.decode, decode, info, video[0], audio[0], passed, parameters)
