@@ -188,16 +188,20 @@ class IdleProxy:
         except OSError:
             pass  # the other side or the watchdog closed it
         closed.set()
-        for sock in (source, target):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        shut(source, target)
 
     def _watch(self, downstream, upstream, last_data: list, closed: threading.Event) -> None:
         while not closed.wait(0.05):
             if time.monotonic() - last_data[0] > self.idle_s:
                 self.cut += 1
-                for sock in (downstream, upstream):
-                    sock.shutdown(socket.SHUT_RDWR)
+                shut(downstream, upstream)
                 return
+
+
+def shut(*sockets: socket.socket) -> None:
+    """Shut both directions of each socket (one already closed by its peer is left as it is)."""
+    for sock in sockets:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # not connected any more
