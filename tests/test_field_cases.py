@@ -637,8 +637,8 @@ def direct_vae_inputs(info: dict, video_shape: tuple, audio_shape: tuple) -> lis
         ),
         (
             {"kind": "result", "height": 64, "width": 96, "num_frames": 1},
-            (1, 24, 1, 400, 400),
-            "VIDEO_LATENT is [1, 24, 1, 400, 400]; height=64, width=96, num_frames=1 need [1, 24, 1, 4, 6]",
+            (1, 24, 2, 40, 40),
+            "VIDEO_LATENT is [1, 24, 2, 40, 40]; height=64, width=96, num_frames=1 need [1, 24, 2, 4, 6]",
         ),
     ],
 )
