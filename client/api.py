@@ -199,8 +199,10 @@ class H3Client:
 
     Two client-side limits, in seconds, for every call (generate and cancel):
       idle_timeout_s: the longest wait for the next response, counted from sending the request
-        and then from each response. The wait before a result includes the DiT steps left
-        (unless progress responses come: progress_every) and the decode of the clip.
+        and then from each response. Keep-alive responses count (the server sends one after its
+        heartbeat_s seconds, 15 by default, without another response; they are skipped otherwise),
+        so a live request with progress off is not cut during its steps or its decode; the wait
+        before the first keep-alive includes the encoder and Triton's queue.
       total_timeout_s: the longest a whole call may take, counted from sending the request; None:
         no limit, except that generate(deadline_s=D) then allows D + DEADLINE_MARGIN_S seconds,
         so that the client does not give up before the server's own deadline has ended the
@@ -497,6 +499,8 @@ class H3Client:
         if info_tensor is None or info_tensor.size == 0:
             return []  # the empty final response that closes the stream
         info = json.loads(info_tensor.reshape(-1)[0])
+        if info["kind"] == protocol.KEEPALIVE:
+            return []  # it only kept the stream busy for proxies (it restarted the idle timeout)
         if info["kind"] == "error":  # a started request that ended early (CANCELLED, INTERNAL)
             raise H3Error(info["code"], info["message"])
         step, total, position = (int(v) for v in result.as_numpy(protocol.PROGRESS).reshape(-1))

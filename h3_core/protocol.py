@@ -54,8 +54,15 @@ CODE_PATTERN = re.compile(rf"^({'|'.join(ERROR_CODES)}): ")
 # INFO["kind"]: "progress" (PROGRESS, maybe PREVIEW), "result" (one output), "error" (a started request
 # that ended early: INFO holds "code" and "message"; its final response), "cancel" (the answer to a
 # control request: INFO holds "request_id" and "state", one of CANCEL_STATES).
-# "heartbeat" is internal (h3_dit -> h3_vae, swallowed there; a direct h3_dit caller ignores it).
-INFO_KINDS = ("progress", "result", "error", "cancel", "heartbeat")
+# "keepalive" (KEEPALIVE): a response with empty outputs, PROGRESS (0, 0, 0) and INFO {"kind": "keepalive",
+# "request_id"}, sent by h3_vae when nothing else went to the client for heartbeat_s seconds (while
+# the DiT works on a request that asked for no progress, while its clip waits for or runs its decode),
+# so that a proxy's idle timeout does not cut the stream; clients skip it; request parameter
+# keepalive=false turns it off for that request (perf_analyzer counts every response).
+# "heartbeat" is internal (h3_dit -> h3_vae, which sends a keep-alive for it; a direct h3_dit caller
+# ignores it).
+KEEPALIVE = "keepalive"
+INFO_KINDS = ("progress", "result", "error", "cancel", KEEPALIVE, "heartbeat")
 # The answer to a cancel by id: the request was running or waiting and now ends with CANCELLED
 # ("cancelled"); it already left the DiT (finished, decoding or delivered; nothing was done:
 # "finished"); or no request with that id is known ("unknown": the id is remembered for
@@ -74,6 +81,7 @@ REQUEST_PARAMETERS = {
     "return_mp4": (bool,),
     "return_frames": (bool,),
     "return_audio": (bool,),
+    KEEPALIVE: (bool,),
     "inject_fault": (str,),
 }
 RESERVED_PARAMETERS = ("priority", "timeout")

@@ -1,11 +1,12 @@
-"""The Kubernetes preStop hook (deploy/k8s): wait until the DiT holds no request, so that a pod
-being stopped lets its requests finish before the launcher's own drain, on the SIGTERM that
-follows, ends whatever is left with CANCELLED.
+"""The Kubernetes preStop hook (deploy/k8s): wait until the DiT holds no request and h3_vae no
+decode, so that a pod being stopped lets its requests finish, denoised results included, before
+the launcher's own drain, on the SIGTERM that follows, ends whatever is left with CANCELLED.
 
     python -m server.drain [--metrics URL] [--timeout SECONDS]
 
 Held requests, read from /metrics every second: h3_active_requests + h3_waiting_requests of
-every h3_dit instance and Triton's backlog in front of h3_dit (nv_inference_pending_request_count).
+every h3_dit instance, Triton's backlog in front of h3_dit (nv_inference_pending_request_count)
+and h3_vae's open decodes (h3_vae_decodes, queued and running).
 While it waits the pod is out of its Services' endpoints, but a client whose channel is already
 connected can still send requests, which are admitted. Exit status 0 once nothing is held (or
 nothing answers on /metrics: no server to wait for), 1 after `--timeout` seconds with requests
@@ -26,10 +27,12 @@ POLL_S = 1.0
 
 
 def held_requests(text: str) -> int:
-    """The requests the DiT holds according to the /metrics `text`: h3_active_requests +
-    h3_waiting_requests summed over its instances, plus nv_inference_pending_request_count of
-    h3_dit. Raises ValueError for text that is not Prometheus text."""
-    held = sum(s.value for name in ("h3_active_requests", "h3_waiting_requests") for s in metric_samples(text, name))
+    """The requests the server holds according to the /metrics `text`: h3_active_requests +
+    h3_waiting_requests summed over the DiT's instances, h3_vae_decodes (results queued for or
+    in their decode), plus nv_inference_pending_request_count of h3_dit. Raises ValueError for
+    text that is not Prometheus text."""
+    names = ("h3_active_requests", "h3_waiting_requests", "h3_vae_decodes")
+    held = sum(s.value for name in names for s in metric_samples(text, name))
     held += sum(s.value for s in metric_samples(text, "nv_inference_pending_request_count", model=DIT_MODEL))
     return int(held)
 
@@ -45,9 +48,9 @@ def wait_until_idle(metrics_url: str, timeout_s: float) -> tuple[bool, str]:
         held = held_requests(text)
         waited = time.monotonic() - start
         if held == 0:
-            return True, f"the DiT holds no request after {waited:.0f} s"
+            return True, f"the DiT holds no request and h3_vae no decode after {waited:.0f} s"
         if waited >= timeout_s:
-            return False, f"the DiT still holds {held} requests after {timeout_s:g} s"
+            return False, f"the DiT and h3_vae still hold {held} requests after {timeout_s:g} s"
         time.sleep(POLL_S)
 
 

@@ -467,8 +467,9 @@ class TritonServer:
     def drain(self, timeout: float = DRAIN_TIMEOUT_S) -> None:
         """Send SIGUSR1 to every h3_dit stub, which then ends every request with a CANCELLED:
         final response at its next step boundary and refuses newcomers with UNAVAILABLE:; wait
-        up to ``timeout`` s until they report no request and no step running. No-op when the
-        repository has no h3_dit or one of its stubs is gone."""
+        up to ``timeout`` s until they report no request and no step running and h3_vae no
+        decode (h3_vae_decodes: a result denoised before the drain is still delivered). No-op
+        when the repository has no h3_dit or one of its stubs is gone."""
         if not self.dit_stubs or self.dit_stubs != dit_stubs(stub_pids(self.process.pid)):
             return
         for pid in self.dit_stubs:
@@ -476,7 +477,7 @@ class TritonServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             m = self.h3_metrics()
-            busy = ("h3_active_requests", "h3_waiting_requests", "h3_execute_in_progress")
+            busy = ("h3_active_requests", "h3_waiting_requests", "h3_execute_in_progress", "h3_vae_decodes")
             if m and not any(m.get(name) for name in busy):
                 return
             time.sleep(0.05)

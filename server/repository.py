@@ -63,6 +63,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "model_repository"
 DEMO_WEIGHTS = ROOT / "weights" / "demo"
 SETTINGS = {cls.MODEL: cls for cls in (EncoderSettings, DitSettings, VaeSettings)}
+CANVAS_KEYS = ("max_height", "max_width", "max_num_frames")  # h3_vae's are h3_dit's unless given
 PIPELINE = "h3_pipeline"
 MINILM_WIDTH = 384  # width of the token states of h3_core.model.encoder's default text encoder
 CPU_GROUP, GPU_GROUP = "KIND_CPU", "KIND_GPU"
@@ -175,7 +176,8 @@ def plan(
     cpu_threads = sizing.cpu_threads(cores, model processes) and, on cuda, max_batch_rows from
     each GPU's free memory (server.sizing). On cuda, also without a machine: h3_dit's
     max_height, max_width and max_num_frames become at least the config's default canvas
-    (the larger of its default height and width on both axes), row_budget at most
+    (the larger of its default height and width on both axes; h3_vae's canvas limits are always
+    h3_dit's unless given, CANVAS_KEYS), row_budget at most
     max_batch_rows, and max_request_mb = request_memory_mb of a max_batch_rows request at the
     largest canvas, with the CPU constant that Engine.prepare applies, so that it refuses no
     request the row and canvas limits admit, and execute_budget_s = sizing.GPU_EXECUTE_BUDGET_S
@@ -264,6 +266,9 @@ def plan(
             size(model, "cpu_threads", threads, f"{machine.cores} cores / {processes} model processes")
     for model in SETTINGS:
         values[model].update(given[model])
+    for key in CANVAS_KEYS:  # h3_vae checks each result's canvas against the DiT's limits
+        if key not in given[VaeSettings.MODEL]:
+            values[VaeSettings.MODEL][key] = dit_values[key]
     encoder = EncoderSettings.from_parameters(values[EncoderSettings.MODEL])
     if is_official(folder):  # a checkpoint of another config is named as such, before its text width
         check_transformer_config(folder / TRANSFORMER_FOLDER, cfg)
@@ -408,6 +413,11 @@ COMMENTS = {
     VaeSettings.MODEL: {
         "cpu_threads": CPU_THREADS_COMMENT,
         "decode_workers": "threads decoding different requests at once (one request's outputs stay in order)",
+        "max_queued_decodes": "results that may wait for a decode worker; one beyond is refused at once with "
+        "UNAVAILABLE",
+        "max_height": "the canvas a result may have (h3_dit's limits; a direct caller's INFO is checked too)",
+        "heartbeat_s": "seconds without a response after which a decode (queued or running) sends its client a "
+        "keep-alive response; keep it under the idle timeout of any proxy in front of the server",
     },
 }
 PROMPT_INPUTS = """\

@@ -1,6 +1,9 @@
-"""Helpers for the end-to-end tests: a model repository copy with overridden DiT settings."""
+"""Helpers for the end-to-end tests: a model repository copy with overridden DiT settings, a raw
+tritonclient stream, and a proxy with an idle timeout."""
 
+import socket
 import threading
+import time
 from pathlib import Path
 
 from server.repository import plan, write_repository
@@ -103,3 +106,102 @@ def idle_metrics(server, timeout_s: float = 60.0) -> dict:
         if (metrics["h3_active_requests"] == 0 and metrics["h3_waiting_requests"] == 0) or time.monotonic() > deadline:
             return metrics
         time.sleep(0.05)
+
+
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"  # what a client sends before its first frame (RFC 9113 3.4)
+HTTP2_DATA = 0  # frame type of DATA (RFC 9113 6.1)
+
+
+class Http2Frames:
+    """Reads one direction of an HTTP/2 connection as it passes: the client's 24-byte preface
+    (when `preface`), then frames of a 9-byte header, length (3 bytes), type, flags, stream (4),
+    and `length` bytes of payload (RFC 9113 4.1)."""
+
+    def __init__(self, preface: bool):
+        self.skip = len(HTTP2_PREFACE) if preface else 0  # bytes of preface or payload still to pass
+        self.header = bytearray()
+
+    def data_frames(self, chunk: bytes) -> int:
+        """How many DATA frames begin in `chunk` (the next bytes of this direction)."""
+        count, i = 0, 0
+        while i < len(chunk):
+            if self.skip:
+                passed = min(self.skip, len(chunk) - i)
+                self.skip, i = self.skip - passed, i + passed
+                continue
+            taken = min(9 - len(self.header), len(chunk) - i)
+            self.header += chunk[i : i + taken]
+            i += taken
+            if len(self.header) == 9:
+                count += self.header[3] == HTTP2_DATA
+                self.skip = int.from_bytes(self.header[:3], "big")
+                self.header.clear()
+        return count
+
+
+class IdleProxy:
+    """A TCP proxy to the gRPC endpoint `upstream` (host:port) that behaves like nginx's gRPC
+    proxy with an idle timeout: it closes a connection (both sockets) when no DATA frame went
+    either way for `idle_s` seconds. Frames of other types (HTTP/2 PING, WINDOW_UPDATE, SETTINGS)
+    pass but do not count, as pings never cross a real proxy (they are hop by hop). `url` is the
+    address to connect to instead; `cut` counts the connections closed for idleness. A context
+    manager (the listening socket closes at its end)."""
+
+    def __init__(self, upstream: str, idle_s: float):
+        host, _, port = upstream.rpartition(":")
+        self.upstream, self.idle_s, self.cut = (host, int(port)), idle_s, 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def __enter__(self) -> "IdleProxy":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                downstream, _ = self.listener.accept()
+            except OSError:  # closed
+                return
+            upstream = socket.create_connection(self.upstream)
+            last_data = [time.monotonic()]
+            closed = threading.Event()
+            for source, target, frames in (
+                (downstream, upstream, Http2Frames(preface=True)),
+                (upstream, downstream, Http2Frames(preface=False)),
+            ):
+                threading.Thread(
+                    target=self._pump, args=(source, target, frames, last_data, closed), daemon=True
+                ).start()
+            threading.Thread(target=self._watch, args=(downstream, upstream, last_data, closed), daemon=True).start()
+
+    @staticmethod
+    def _pump(source, target, frames: Http2Frames, last_data: list, closed: threading.Event) -> None:
+        try:
+            while chunk := source.recv(65536):
+                if frames.data_frames(chunk):
+                    last_data[0] = time.monotonic()
+                target.sendall(chunk)
+        except OSError:
+            pass  # the other side or the watchdog closed it
+        closed.set()
+        shut(source, target)
+
+    def _watch(self, downstream, upstream, last_data: list, closed: threading.Event) -> None:
+        while not closed.wait(0.05):
+            if time.monotonic() - last_data[0] > self.idle_s:
+                self.cut += 1
+                shut(downstream, upstream)
+                return
+
+
+def shut(*sockets: socket.socket) -> None:
+    """Shut both directions of each socket (one already closed by its peer is left as it is)."""
+    for sock in sockets:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # not connected any more

@@ -175,7 +175,7 @@ CASES = {
     # request parameters
     "unknown_parameter": (
         lambda s, c: raw_error(s, [prompt()], parameters={"colour": "red"}),
-        "request parameter 'colour' is unknown; allowed: ['deadline_s', 'inject_fault', 'preview_every', "
+        "request parameter 'colour' is unknown; allowed: ['deadline_s', 'inject_fault', 'keepalive', 'preview_every', "
         "'progress_every', 'request_priority', 'return_audio', 'return_frames', 'return_mp4']",
     ),
     "progress_every_wrong_type": (

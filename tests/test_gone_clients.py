@@ -21,6 +21,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -93,3 +94,40 @@ def test_killed_clients_requests_leave_the_pack_within_the_bound(served):
         assert step <= seen[request_id] + bound, (request_id, step, seen[request_id])
     (result,) = client.generate("after the gone ones", num_inference_steps=2, seed=1)  # the server is fine
     assert result.info["num_inference_steps"] == 2
+
+
+class Announcements:
+    def __init__(self):
+        self.count = 0
+
+    def announce(self) -> None:
+        self.count += 1
+
+
+def test_a_failing_cancel_is_logged_and_the_later_ones_are_still_sent_under_the_lock():
+    from h3_core.serving.gone_clients import GoneClients
+
+    lock, sent, lines, registry = threading.Lock(), [], [], Announcements()
+
+    def send_cancel(request_id: str) -> None:
+        assert lock.locked()  # every stub call runs under stub_lock
+        if request_id == "first":
+            raise RuntimeError("the stub refused the BLS request")
+        sent.append(request_id)
+
+    def log_line(text: str) -> None:
+        assert lock.locked()
+        lines.append(text)
+
+    gone = GoneClients(registry, send_cancel, log_line, lock)
+    for request_id in ("first", "second", "first", "", "third"):
+        gone.cancel(request_id)
+    gone.close()
+    assert not gone.thread.is_alive()
+    assert sent == ["second", "third"] and registry.count == 3  # each id once, each announced
+    assert lines[0].startswith("h3_vae: cancel of request first (client gone) failed:\nTraceback")
+    assert lines[0].endswith("RuntimeError: the stub refused the BLS request\n")
+    assert lines[1:] == [
+        "h3_vae: request second: its client is gone; cancelled",
+        "h3_vae: request third: its client is gone; cancelled",
+    ]

@@ -244,25 +244,32 @@ h3_waiting_requests{instance="h3_dit_1_0",model="h3_dit"} 0
 # TYPE nv_inference_pending_request_count gauge
 nv_inference_pending_request_count{model="h3_dit",version="1"} 4
 nv_inference_pending_request_count{model="h3_encoder",version="1"} 7
+# TYPE h3_vae_decodes gauge
+h3_vae_decodes{model="h3_vae",state="queued"} 5
+h3_vae_decodes{model="h3_vae",state="running"} 2
+# TYPE h3_vae_decodes_total counter
+h3_vae_decodes_total{model="h3_vae"} 9
 """
 
 
-def test_held_requests_counts_every_instance_and_tritons_backlog():
-    assert drain.held_requests(BUSY) == 10  # 2 + 1 + 3 + 0 + 4; the encoder's pending are not the DiT's
-    assert drain.held_requests(BUSY.replace(" 2\n", " 0\n").replace(" 1\n", " 0\n").replace(" 3\n", " 0\n")) == 4
+def test_held_requests_counts_every_instance_tritons_backlog_and_the_decodes():
+    # 2 + 1 + 3 + 0 + 4 + 5 + 2; the encoder's pending are not the DiT's, decodes done do not count
+    assert drain.held_requests(BUSY) == 17
+    idle_dit = BUSY.replace(" 2\n", " 0\n", 1).replace(" 1\n", " 0\n").replace(" 3\n", " 0\n")
+    assert drain.held_requests(idle_dit.replace(" 4\n", " 0\n")) == 7  # only decodes: still held
     assert drain.held_requests("") == 0
 
 
 def test_drain_returns_at_once_on_an_idle_server(server, capsys):
     assert drain.main(["--metrics", server.metrics_url, "--timeout", "5"]) == 0
-    assert capsys.readouterr().err == "server.drain: the DiT holds no request after 0 s\n"
+    assert capsys.readouterr().err == "server.drain: the DiT holds no request and h3_vae no decode after 0 s\n"
 
 
 def test_drain_gives_up_after_its_timeout(monkeypatch, capsys):
     monkeypatch.setattr(drain, "read_metrics", lambda url: BUSY)
     monkeypatch.setattr(drain, "POLL_S", 0.01)
     assert drain.main(["--metrics", "http://127.0.0.1:1/metrics", "--timeout", "0.05"]) == 1
-    assert capsys.readouterr().err == "server.drain: the DiT still holds 10 requests after 0.05 s\n"
+    assert capsys.readouterr().err == "server.drain: the DiT and h3_vae still hold 17 requests after 0.05 s\n"
 
 
 def test_drain_without_a_server(capsys):

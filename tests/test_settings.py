@@ -89,3 +89,26 @@ def test_an_execute_budget_of_half_the_idle_timeout_or_more_is_refused_at_load()
         "h3_dit parameter execute_budget_s=30.0 must be below half of max_sequence_idle_microseconds (60 s): "
         "an execute() that outlasts it loses every live request"
     )
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"heartbeat_s": "0"}, "h3_vae parameter heartbeat_s=0.0 is out of range: allowed finite > 0 seconds"),
+        ({"heartbeat_s": "inf"}, "h3_vae parameter heartbeat_s=inf is out of range: allowed finite > 0 seconds"),
+        ({"max_queued_decodes": "-1"}, "h3_vae parameter max_queued_decodes=-1 is out of range: allowed >= 0"),
+        ({"max_height": "0"}, "h3_vae parameter max_height=0 is out of range: allowed >= 1"),
+    ],
+)
+def test_bad_vae_parameters_are_refused_at_load(change, message):
+    with pytest.raises(ValueError) as refused:
+        VaeSettings.from_parameters({**VaeSettings().to_parameters(), **change})
+    assert str(refused.value) == message
+
+
+def test_the_writer_gives_h3_vae_the_dits_canvas_limits_unless_given():
+    from server.repository import plan
+
+    assert plan(overrides={"h3_dit": {"max_height": 128}}).vae.limits().max_height == 128
+    given = plan(overrides={"h3_dit": {"max_height": 128}, "h3_vae": {"max_height": 64}})
+    assert (given.vae.max_height, given.dit.max_height) == (64, 128)

@@ -53,6 +53,20 @@ def _check_range(field: str, value, low, high) -> None:
         raise ValueError(f"{field}={value} is out of range: allowed {low}..{high}")
 
 
+def check_canvas(height: int, width: int, num_frames: int, limits: RequestLimits) -> None:
+    """Raise ValueError naming the field, the value and the allowed range unless height and
+    width (pixels) are multiples of CANVAS_MULTIPLE in CANVAS_MULTIPLE..the maxima and
+    1 <= num_frames <= limits.max_num_frames. validate_request applies it, and h3_vae to the
+    INFO of a result (which a direct caller may forge)."""
+    for field, value, maximum in (("height", height, limits.max_height), ("width", width, limits.max_width)):
+        if not (CANVAS_MULTIPLE <= value <= maximum) or value % CANVAS_MULTIPLE:
+            raise ValueError(
+                f"{field}={value} is out of range: allowed multiples of "
+                f"{CANVAS_MULTIPLE} in {CANVAS_MULTIPLE}..{maximum}"
+            )
+    _check_range("num_frames", num_frames, 1, limits.max_num_frames)
+
+
 def validate_request(request: GenerationRequest, limits: RequestLimits) -> None:
     """Check every field; raise ValueError naming the field, the value and the allowed range.
 
@@ -67,14 +81,7 @@ def validate_request(request: GenerationRequest, limits: RequestLimits) -> None:
     size = len(request.prompt.encode("utf-8"))
     if size > limits.max_prompt_bytes:
         raise ValueError(f"prompt is {size} bytes: allowed 1..{limits.max_prompt_bytes}")
-    for field, maximum in (("height", limits.max_height), ("width", limits.max_width)):
-        value = getattr(request, field)
-        if not (CANVAS_MULTIPLE <= value <= maximum) or value % CANVAS_MULTIPLE:
-            raise ValueError(
-                f"{field}={value} is out of range: allowed multiples of "
-                f"{CANVAS_MULTIPLE} in {CANVAS_MULTIPLE}..{maximum}"
-            )
-    _check_range("num_frames", request.num_frames, 1, limits.max_num_frames)
+    check_canvas(request.height, request.width, request.num_frames, limits)
     _check_range("num_inference_steps", request.num_inference_steps, 1, limits.max_steps)
     _check_range("num_outputs", request.num_outputs, 1, limits.max_outputs)
     if request.seed is not None:

@@ -31,11 +31,14 @@ EXECUTE_BUDGET_S = 0.03
 # (docs/reliability.md); announced ones still end the execute after the step in flight.
 MIN_EXECUTE_STEPS = 2
 EXECUTION_MODES = ("step", "request")
-# Seconds of silence toward a live request after which h3_dit sends it a heartbeat (heartbeat_s).
-# Through the ensemble it reaches h3_vae, which notices a client that is gone only when a response
-# for it arrives; a heartbeat costs h3_vae about 1.1 ms under its lock, so sending one every step
-# to each silent request (12 at 5-7 ms steps) made it fall behind. 15 s bounds the notice of a
-# gone client that asked for no progress at 15 s plus one step, well under a minute.
+# Seconds of silence toward a request after which h3_dit sends it a heartbeat and h3_vae a decode
+# keep-alive (both models' heartbeat_s). h3_vae forwards each to the client as a keep-alive response
+# (protocol.KEEPALIVE): well under the 60 s idle timeout of nginx's gRPC proxy and of most load
+# balancers, which cut a stream that carries no DATA frame for that long (HTTP/2 pings are hop by
+# hop and do not count). h3_vae notices a client that is gone only when a response for it arrives,
+# so 15 s also bounds that notice for a request that asked for no progress (plus one step); a
+# heartbeat costs h3_vae about 1.1 ms under its lock, so one every step to each silent request
+# (12 at 5-7 ms steps) made it fall behind.
 HEARTBEAT_S = 15.0
 
 
@@ -107,7 +110,13 @@ class VaeSettings:
     official checkpoint's video_vae/ and audio_vae/ folders; relative to the folder above the model
     repository); device ("cpu", "cuda", "cuda:N"); decode_workers (threads decoding different
     requests at once, >= 1; docs/reliability.md measures them); trust_remote_code (run the Python
-    code an official checkpoint's VAE folders ship, h3_core.weights.vae_hook; off by default)."""
+    code an official checkpoint's VAE folders ship, h3_core.weights.vae_hook; off by default);
+    heartbeat_s (seconds, finite > 0: a decode, queued or running, sends its client a keep-alive
+    response after this long without a response, h3_core.serving.decodes; keep it equal to
+    h3_dit's heartbeat timing, under the idle timeout of any proxy in front of the server);
+    max_queued_decodes (>= 0: results that may wait for a decode worker; one beyond is refused at
+    once with UNAVAILABLE); max_height, max_width (pixels), max_num_frames: the canvas a result
+    may have (INFO can be forged by a direct caller; the writer copies h3_dit's limits)."""
 
     MODEL = VAE_MODEL
     cpu_threads: int = 1
@@ -115,10 +124,24 @@ class VaeSettings:
     device: str = "cpu"
     decode_workers: int = 2
     trust_remote_code: bool = False
+    heartbeat_s: float = HEARTBEAT_S
+    max_queued_decodes: int = 32
+    max_height: int = RequestLimits.max_height
+    max_width: int = RequestLimits.max_width
+    max_num_frames: int = RequestLimits.max_num_frames
 
     def __post_init__(self):
-        if self.decode_workers < 1:
-            raise ValueError(f"h3_vae parameter decode_workers={self.decode_workers} is out of range: allowed >= 1")
+        for name in ("decode_workers", "max_height", "max_width", "max_num_frames"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"h3_vae parameter {name}={getattr(self, name)} is out of range: allowed >= 1")
+        if self.max_queued_decodes < 0:
+            raise ValueError(
+                f"h3_vae parameter max_queued_decodes={self.max_queued_decodes} is out of range: allowed >= 0"
+            )
+        if not 0 < self.heartbeat_s < math.inf:
+            raise ValueError(
+                f"h3_vae parameter heartbeat_s={self.heartbeat_s} is out of range: allowed finite > 0 seconds"
+            )
 
     @classmethod
     def from_parameters(cls, parameters: dict[str, str]) -> "VaeSettings":
@@ -126,6 +149,10 @@ class VaeSettings:
 
     def to_parameters(self) -> dict[str, str]:
         return _to_parameters(self)
+
+    def limits(self) -> RequestLimits:
+        """The canvas limits a result must keep (the other limits are the defaults, unused here)."""
+        return RequestLimits(max_height=self.max_height, max_width=self.max_width, max_num_frames=self.max_num_frames)
 
 
 @dataclass(frozen=True)

@@ -5,20 +5,26 @@ Decoupled: every h3_dit response reaches this model through the ensemble; one wi
 (progress, an early end, a cancel answer) is answered at once with empty outputs, and one with
 latents is decoded on a pool of `decode_workers` threads (h3_core.serving.ordered_pool: one request's
 outputs in order, different requests in parallel), so no response waits behind another
-request's decode; a heartbeat is answered with a final flag and no response (the client sees
-nothing), a result with its response and then the final flag. Everything that touches the stub
-runs under one lock (stub_lock), execute() included. With request parameter
+request's decode; a heartbeat is answered with a keep-alive response (protocol.KEEPALIVE, unless
+the request sent keepalive=false), a result with its response and then the final flag, or at
+once with UNAVAILABLE when decode_workers + max_queued_decodes decodes are open; an open decode
+gets keep-alives of its own after heartbeat_s seconds without a response, and the gauge
+h3_vae_decodes{state="queued"|"running"} counts the open decodes (h3_core.serving.decodes). Every
+request ends with its final flag, whatever fails. Everything that touches the stub (requests,
+tensors, logging, sends, the BLS cancels of h3_core.serving.gone_clients) runs under one lock
+(stub_lock), execute() included. With request parameter
 return_mp4 false the latents are still decoded but no MP4 is encoded: VIDEO_MP4 is empty
 (BYTES [1, 0]), so a server without PyAV can serve FRAMES / AUDIO (h3_dit refuses return_mp4
-true there). A malformed direct request is refused with INVALID_ARG."""
+true there). A malformed direct request is refused with INVALID_ARG, also a result whose INFO
+names a canvas beyond h3_vae's own max_height, max_width, max_num_frames or whose latents do not
+fit it."""
 
 import functools
 import json
-import queue
+import logging
 import threading
 import time
 import traceback
-from collections import OrderedDict
 
 import numpy as np
 import torch
@@ -31,25 +37,31 @@ from h3_core.protocol import (
     AUDIO_LATENT,
     CANCEL_FIELD,
     DIT_MODEL,
+    KEEPALIVE,
     REQUEST,
     TEXT_EMBEDS,
     VIDEO_LATENT,
     check_request_parameters,
 )
+from h3_core.serving.decodes import BacklogFull, Decode, Decodes, check_result
+from h3_core.serving.gone_clients import GoneClients
 from h3_core.serving.metrics import end_line
 from h3_core.serving.ordered_pool import OrderedPool
-from h3_core.serving.registry import IDS_REMEMBERED, Registry, server_folder
+from h3_core.serving.registry import Registry, server_folder
 from h3_core.serving.settings import VaeSettings
 from h3_core.weights.checkpoint import source_seed
 from h3_core.weights.vae_hook import load_vaes
 from server.adapter import error_response, json_tensor, model_parameters, resolve_path, set_threads
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+log = logging.getLogger("h3_vae")
 
 EMPTY_MP4 = np.empty((1, 0), dtype=object)
 EMPTY_FRAMES = np.zeros((1, 0, 0, 0, 3), dtype=np.uint8)
 EMPTY_AUDIO = np.zeros((1, 2, 0), dtype=np.float32)
-RESULT_FIELDS = ("height", "width", "num_frames")
+DECODE_STATES = ("queued", "running")  # the labels of the gauge h3_vae_decodes, in Decodes.counts() order
+NO_PROGRESS = np.zeros((1, 3), dtype=np.int32)
+EMPTY_PREVIEW = np.zeros((1, 0, 0, 3), dtype=np.uint8)
 
 
 def read_inputs(request) -> tuple[dict, torch.Tensor, torch.Tensor, list]:
@@ -74,18 +86,6 @@ def read_inputs(request) -> tuple[dict, torch.Tensor, torch.Tensor, list]:
     return info, video, audio, passed
 
 
-def check_result(info: dict, video: torch.Tensor, audio: torch.Tensor) -> None:
-    """A response with latents must be a result of integer height, width, num_frames with one
-    output's latents. Raises ValueError naming what is wrong."""
-    if info["kind"] != "result" or any(type(info.get(name)) is not int for name in RESULT_FIELDS):
-        raise ValueError(f"INFO of a response with latents must be a result holding integers {list(RESULT_FIELDS)}")
-    if video.dim() != 5 or video.shape[0] != 1 or audio.dim() != 4 or audio.shape[0] != 1:
-        raise ValueError(
-            f"{VIDEO_LATENT} must be [1, 24, T_lat, Hl, Wl] and {AUDIO_LATENT} [1, 2, 32, T_a], got "
-            f"{list(video.shape)} and {list(audio.shape)}"
-        )
-
-
 def response(mp4, frames, audio, passed: list, info: dict) -> "pb_utils.InferenceResponse":
     return pb_utils.InferenceResponse(
         [
@@ -98,52 +98,42 @@ def response(mp4, frames, audio, passed: list, info: dict) -> "pb_utils.Inferenc
     )
 
 
-class GoneClients:
-    """Cancels by id, on h3_dit, the requests whose client is gone. Triton 2.51 never tells
-    h3_dit that an ensemble request's client left, but every h3_vae request the ensemble makes
-    after that is marked cancelled; h3_dit sends each live request a response every iteration
-    (progress, result or heartbeat), so the request leaves the pack within two steps
-    (docs/reliability.md). The cancels go out on one thread (execute() never waits for them);
-    each id once (a bounded memory). Each is announced in `registry` before it is sent, so that
-    an h3_dit execute taking several steps ends at its next step boundary and takes it in."""
+def keepalive_response(request_id: str) -> "pb_utils.InferenceResponse":
+    """The keep-alive response (protocol.KEEPALIVE): empty outputs, PROGRESS (0, 0, 0), INFO
+    {"kind": "keepalive", "request_id"}."""
+    passed = [pb_utils.Tensor("PROGRESS", NO_PROGRESS), pb_utils.Tensor("PREVIEW", EMPTY_PREVIEW)]
+    return response(EMPTY_MP4, EMPTY_FRAMES, EMPTY_AUDIO, passed, {"kind": KEEPALIVE, "request_id": request_id})
 
-    def __init__(self, registry: Registry):
-        self.registry = registry
-        self.cancelled: OrderedDict[str, None] = OrderedDict()
-        self.queue: queue.Queue = queue.Queue()
-        self.thread = threading.Thread(target=self._run, name="h3_vae-gone-clients", daemon=True)
-        self.thread.start()
 
-    def cancel(self, request_id: str) -> None:
-        if request_id and request_id not in self.cancelled:
-            self.cancelled[request_id] = None
-            while len(self.cancelled) > IDS_REMEMBERED:
-                self.cancelled.popitem(last=False)
-            self.queue.put(request_id)
-
-    def _run(self) -> None:
-        while (request_id := self.queue.get()) is not None:
-            self.registry.announce()
-            control = pb_utils.InferenceRequest(
-                model_name=DIT_MODEL,
-                requested_output_names=["INFO"],
-                inputs=[
-                    pb_utils.Tensor(TEXT_EMBEDS, np.zeros((1, 0, 0), dtype=np.float32)),
-                    pb_utils.Tensor(
-                        REQUEST, np.array([[json.dumps({CANCEL_FIELD: request_id}).encode()]], dtype=object)
-                    ),
-                ],
+def send_cancel(request_id: str) -> None:
+    """Cancel `request_id` on h3_dit by a BLS control request and wait for its answer (under
+    stub_lock: GoneClients calls it there); an error answer is logged."""
+    control = pb_utils.InferenceRequest(
+        model_name=DIT_MODEL,
+        requested_output_names=["INFO"],
+        inputs=[
+            pb_utils.Tensor(TEXT_EMBEDS, np.zeros((1, 0, 0), dtype=np.float32)),
+            pb_utils.Tensor(REQUEST, np.array([[json.dumps({CANCEL_FIELD: request_id}).encode()]], dtype=object)),
+        ],
+    )
+    for answer in control.exec(decoupled=True):
+        if answer.has_error():
+            pb_utils.Logger.log_error(
+                f"h3_vae: cancel of request {request_id} (client gone) failed: {answer.error().message()}"
             )
-            for answer in control.exec(decoupled=True):
-                if answer.has_error():
-                    pb_utils.Logger.log_error(
-                        f"h3_vae: cancel of request {request_id} (client gone) failed: {answer.error().message()}"
-                    )
-            pb_utils.Logger.log_info(f"h3_vae: request {request_id}: its client is gone; cancelled")
 
-    def close(self) -> None:
-        self.queue.put(None)
-        self.thread.join(timeout=10)
+
+class Reply:
+    """The response sender of one h3_vae request; remembers whether its final flag went out, so
+    that every way out of the request ends it exactly once (`TritonPythonModel.close`)."""
+
+    def __init__(self, sender):
+        self.sender, self.final_sent = sender, False
+
+    def send(self, message=None, final: bool = False) -> None:
+        if final:
+            self.final_sent = True  # before sending: a send that raises closes the sender anyway
+        self.sender.send(message, flags=FINAL if final else 0)
 
 
 class TritonPythonModel:
@@ -165,50 +155,116 @@ class TritonPythonModel:
             name="h3_vae_decodes_total", description="latents decoded to a clip", kind=pb_utils.MetricFamily.COUNTER
         )  # Triton needs it referenced
         self.decodes = self.decodes_family.Metric(labels={"model": "h3_vae"})
+        self.open_family = pb_utils.MetricFamily(
+            name="h3_vae_decodes",
+            description="results in h3_vae waiting for a decode worker (queued) or decoding (running)",
+            kind=pb_utils.MetricFamily.GAUGE,
+        )
+        self.open_gauges = [self.open_family.Metric(labels={"model": "h3_vae", "state": s}) for s in DECODE_STATES]
+        self.limits = settings.limits()
         self.pool = OrderedPool(settings.decode_workers, name="h3_vae-decode")
-        self.gone = GoneClients(Registry(server_folder()))
-        # Everything that touches the stub (reading requests, making tensors, sending) happens
-        # under this lock: in Triton 2.51 a decode thread sending while execute() ran crashed
-        # tritonserver (docs/reliability.md); the decodes themselves run outside it.
+        # Everything that touches the stub (reading requests, making tensors, logging, sending, BLS
+        # calls) happens under this lock: in Triton 2.51 a decode thread sending while execute()
+        # ran crashed tritonserver (docs/reliability.md); the decodes themselves run outside it.
         self.stub_lock = threading.Lock()
+        self.gone = GoneClients(Registry(server_folder()), send_cancel, pb_utils.Logger.log_info, self.stub_lock)
+        self.open_decodes = Decodes(
+            self.stub_lock,
+            settings.decode_workers,
+            settings.max_queued_decodes,
+            settings.heartbeat_s,
+            lambda decode: decode.reply.send(keepalive_response(decode.request_id)),
+            pb_utils.Logger.log_error,
+            lambda *counts: [gauge.set(count) for gauge, count in zip(self.open_gauges, counts, strict=True)],
+        )
 
     def execute(self, requests):
         with self.stub_lock:
-            self.answer(requests)
+            for request in requests:
+                reply = Reply(request.get_response_sender())
+                try:
+                    self.answer(request, reply)
+                except Exception as error:  # noqa: BLE001 - this request fails alone, with its final flag
+                    self.close(reply, None, self.failure(error, "the request could not be answered"))
         return None
 
-    def answer(self, requests) -> None:
-        """Answer what needs no decode at once; queue decodes on the pool (under stub_lock)."""
-        for request in requests:
-            sender = request.get_response_sender()
-            try:
-                info, video, audio, passed = read_inputs(request)
-                if request.is_cancelled() and info["kind"] in ("progress", "heartbeat", "result"):
-                    self.gone.cancel(str(info.get("request_id", "")))  # the client is gone: no decode
-                    sender.send(flags=FINAL)
-                    continue
-                if info["kind"] == "heartbeat":
-                    sender.send(flags=FINAL)  # nothing reaches the client
-                    continue
-                if video.numel() == 0:
-                    sender.send(response(EMPTY_MP4, EMPTY_FRAMES, EMPTY_AUDIO, passed, info), flags=FINAL)
-                    continue
-                parameters = check_request_parameters(request.parameters())
-                check_result(info, video, audio)
-            except ValueError as error:
-                sender.send(error_response("INVALID_ARG", str(error)), flags=FINAL)
-                continue
-            self.pool.submit(
-                str(info.get("request_id", "")),
-                functools.partial(self.decode, sender, info, video[0], audio[0], passed, parameters),
+    def answer(self, request, reply: Reply) -> None:
+        """Answer one request at once when it needs no decode; else queue its decode on the pool
+        (under stub_lock). Raises ValueError for a malformed request."""
+        info, video, audio, passed = read_inputs(request)
+        request_id = str(info.get("request_id", ""))
+        if request.is_cancelled() and info["kind"] in ("progress", "heartbeat", "result"):
+            self.gone.cancel(request_id)  # the client is gone: no decode
+            reply.send(final=True)
+            return
+        parameters = check_request_parameters(request.parameters())
+        if info["kind"] == "heartbeat":  # the DiT's: a keep-alive for the client, unless it turned them off
+            reply.send(keepalive_response(request_id) if parameters.get(KEEPALIVE, True) else None, final=True)
+            return
+        if video.numel() == 0:
+            reply.send(response(EMPTY_MP4, EMPTY_FRAMES, EMPTY_AUDIO, passed, info), final=True)
+            return
+        check_result(info, video.shape, audio.shape, self.limits)
+        try:
+            decode = self.open_decodes.add(request_id, reply, parameters.get(KEEPALIVE, True))
+        except BacklogFull as full:  # a normal final response, as h3_dit ends started requests
+            message = (
+                f"output {info.get('output_index', 0)} of request {request_id} was not decoded: {full}; retry later"
             )
+            ended = {"kind": "error", "request_id": request_id, "code": "UNAVAILABLE", "message": message}
+            reply.send(response(EMPTY_MP4, EMPTY_FRAMES, EMPTY_AUDIO, passed, ended), final=True)
+            return
+        try:
+            self.pool.submit(
+                request_id, functools.partial(self.decode, decode, info, video[0], audio[0], passed, parameters)
+            )
+        except Exception:
+            self.open_decodes.finish(decode)
+            raise
+
+    def failure(self, error: Exception, what: str) -> "pb_utils.InferenceResponse":
+        """The error response for `error` (under stub_lock): INVALID_ARG with its message for a
+        ValueError, else INTERNAL naming `what`, with the traceback in the server log."""
+        if isinstance(error, ValueError):
+            return error_response("INVALID_ARG", str(error))
+        trace = "".join(traceback.format_exception(error))
+        try:
+            pb_utils.Logger.log_error(f"h3_vae: {what}:\n{trace}")
+        except Exception:  # noqa: BLE001 - the server log failed: Python's log (stderr) then
+            log.exception("%s:\n%s", what, trace)
+        return error_response("INTERNAL", f"{what} ({type(error).__name__}); see the server log")
+
+    def close(self, reply: Reply, request_id, message) -> None:
+        """Send `message` (not final), then the final flag, unless the final flag went out already
+        (under stub_lock). A send that fails (e.g. /dev/shm full closes the sender) is answered by
+        an UNAVAILABLE error naming request_id; whatever still fails is logged: the request ends
+        here whatever happens, and no other request is touched."""
+        if reply.final_sent:
+            return
+        try:
+            if message is not None:
+                try:
+                    reply.send(message)
+                except pb_utils.TritonModelException as failed:
+                    reply.send(
+                        error_response("UNAVAILABLE", f"the result of request {request_id} could not be sent: {failed}")
+                    )
+        except Exception as error:  # noqa: BLE001 - logged; the final flag still goes out below
+            pb_utils.Logger.log_error(f"h3_vae: a response of request {request_id} could not be sent: {error}")
+        try:
+            reply.send(final=True)
+        except Exception as error:  # noqa: BLE001 - nothing more can reach this request
+            pb_utils.Logger.log_error(f"h3_vae: the final flag of request {request_id} could not be sent: {error}")
 
     def decode(
-        self, sender, info: dict, video: torch.Tensor, audio: torch.Tensor, passed: list, parameters: dict
+        self, decode: Decode, info: dict, video: torch.Tensor, audio: torch.Tensor, passed: list, parameters: dict
     ) -> None:
-        """Decode one output's latents (on a pool thread, without the lock) and send its final
-        response (under stub_lock): the clip, or INVALID_ARG for latents that do not fit INFO,
-        or INTERNAL for any other failure."""
+        """Decode one output's latents (on a pool thread, without the lock), then close the open
+        decode and send its response and the final flag (under stub_lock): the clip, INVALID_ARG
+        for latents that do not fit INFO, or INTERNAL for any other failure (in the decode or in
+        building the response). Keep-alives go out meanwhile (self.open_decodes)."""
+        with self.stub_lock:
+            self.open_decodes.start(decode)
         start, error, outputs = time.perf_counter(), None, None
         try:
             frames, audio = decode_clip(self.video_vae, self.audio_vae, info["num_frames"], video, audio)
@@ -224,20 +280,20 @@ class TritonPythonModel:
                 audio[None].numpy() if parameters.get("return_audio") else EMPTY_AUDIO,
             )
             info.setdefault("stage_seconds", {})["decode"] = time.perf_counter() - start
-        except Exception as caught:  # noqa: BLE001 - the request fails alone, with one line
-            error, trace = caught, traceback.format_exc()
+        except Exception as caught:  # noqa: BLE001 - the request fails alone
+            error = caught
+        request_id, message = info.get("request_id"), None
         with self.stub_lock:
-            if isinstance(error, ValueError):
-                message = error_response("INVALID_ARG", str(error))
-            elif error is not None:
-                pb_utils.Logger.log_error(f"h3_vae: decode of request {info.get('request_id')} failed:\n{trace}")
-                message = error_response("INTERNAL", f"decode failed ({type(error).__name__}); see the server log")
-            else:
+            self.open_decodes.finish(decode)
+            try:
+                if error is not None:
+                    raise error
+                message = response(*outputs, passed, info)
                 self.decodes.increment(1)
                 if info.get("output_index") == info.get("num_outputs", 1) - 1:
                     seconds, steps = info["stage_seconds"], info.get("num_inference_steps", 0)
                     line = end_line(
-                        str(info.get("request_id")),
+                        str(request_id),
                         "completed",
                         info["height"],
                         info["width"],
@@ -247,16 +303,12 @@ class TritonPythonModel:
                         seconds,
                     )
                     pb_utils.Logger.log_info(f"h3_vae: {line}")
-                message = response(*outputs, passed, info)
-            try:
-                sender.send(message)  # not final yet: a failed send (e.g. /dev/shm full) closes a final sender
-            except pb_utils.TritonModelException as failed:
-                request_id = info.get("request_id")
-                sender.send(
-                    error_response("UNAVAILABLE", f"the result of request {request_id} could not be sent: {failed}")
-                )
-            sender.send(flags=FINAL)
+            except Exception as failed:  # noqa: BLE001 - the request fails alone
+                message = self.failure(failed, f"decode of request {request_id} failed")
+            finally:
+                self.close(decode.reply, request_id, message)
 
     def finalize(self):
         self.pool.close()
+        self.open_decodes.close()
         self.gone.close()
