@@ -558,6 +558,8 @@ def test_request_mode_a_cancel_by_id_from_a_second_client_stops_the_running_requ
         ended = re.fullmatch(r"request rm-victim cancelled by request at step (\d+) of 400", outcome["victim"].message)
         assert ended and int(ended.group(1)) < 400
         assert client.generate("after", num_inference_steps=2)[0].info["num_frames"] == 22
+
+
 # A request whose decode takes seconds (about 7 s for 256 x 256 x 121 frames on the 2-core CPU)
 # after a short DiT part (2 steps), with progress off: nothing but keep-alives reaches its client
 # during the decode.
