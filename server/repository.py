@@ -43,6 +43,7 @@ from h3_core.diffusion.request import request_memory_mb
 from h3_core.model.encoder import QWEN3VL_H3_LAYER, minilm_path, text_width, weight_bytes
 from h3_core.parallel.ulysses import check_sp_degree
 from h3_core.parallel.workers import SP_TIMEOUT_FRACTION
+from h3_core.protocol import CANCEL_MODEL
 from h3_core.serving.settings import CONTROL_SLOTS, DitSettings, EncoderSettings, VaeSettings
 from h3_core.weights.checkpoint import (
     AUDIO_VAE_FILE,
@@ -511,6 +512,23 @@ input [
 output [
 {MEDIA_OUTPUTS}{PASSED_ON}]
 """
+CANCEL_TEXT = """\
+# Cancel by id, answered at once from the registry shared by the DiT instances
+# (h3_core.serving.registry): clients send their cancels here, not to h3_dit, whose execute may run
+# a whole generation (execution mode "request"). REQUEST is {"cancel_request_id": ID} (ID a
+# non-empty string, no other key); INFO is {"kind": "cancel", "request_id": ID, "state":
+# "cancelled" | "finished" | "unknown"}. One CPU instance on every device: it computes nothing.
+name: "h3_cancel"
+backend: "python"
+max_batch_size: 1
+input [
+  { name: "REQUEST" data_type: TYPE_STRING dims: [ 1 ] }
+]
+output [
+  { name: "INFO" data_type: TYPE_STRING dims: [ 1 ] }
+]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
 PIPELINE_TEXT = f"""\
 # The entry point users call: h3_encoder -> h3_dit -> h3_vae. Stream it over gRPC.
 # Every DiT response (progress or result) reaches h3_vae; progress responses carry empty
@@ -610,7 +628,8 @@ def _request_mb_comment(dit: DitSettings, encoder: EncoderSettings) -> str:
 
 
 def config_texts(repository: Repository) -> dict[str, str]:
-    """Model name -> its config.pbtxt text (h3_encoder, h3_dit, h3_vae, h3_pipeline). Pure."""
+    """Model name -> its config.pbtxt text (h3_encoder, h3_dit, h3_vae, h3_pipeline, h3_cancel).
+    Pure."""
     dit, encoder, groups = repository.dit, repository.encoder, repository.groups
     slots = (
         f"max_batch_size = sequence slots = max_num_seqs + max_waiting + {CONTROL_SLOTS} control slots "
@@ -641,6 +660,7 @@ def config_texts(repository: Repository) -> dict[str, str]:
         + "\n"
         + _parameters(repository.vae, COMMENTS[VaeSettings.MODEL]),
         PIPELINE: PIPELINE_TEXT,
+        CANCEL_MODEL: CANCEL_TEXT,
     }
 
 

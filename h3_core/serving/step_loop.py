@@ -74,7 +74,7 @@ from .events import (
 )
 from .metrics import MetricsRecord, device_memory_bytes, end_line
 from .packed_step import InFlight, PackedStep
-from .registry import Registry
+from .registry import Registry, record_cancel
 from .scheduler import DitLoad, Scheduler
 from .settings import MIN_EXECUTE_STEPS, DitSettings
 
@@ -398,10 +398,11 @@ class StepLoop(Admission, PackedStep):
     # -- cancellation ------------------------------------------------------------------------
 
     def cancel_by_id(self, handle, target: str) -> CancelAnswer:
-        """A cancel-by-id control request, answered through the registry (whichever instance
-        holds the target): "cancelled", "finished" or "unknown" (h3_core.serving.registry). A target on
-        this instance leaves at this execute's next step boundary."""
-        state = self.registry.cancel(target)
+        """A cancel-by-id control request sent to h3_dit directly, answered as h3_cancel answers
+        it (registry.record_cancel, whichever instance holds the target): "cancelled",
+        "finished" or "unknown". A target on this instance leaves at this execute's next step
+        boundary. Raises CancelNotRecorded when the registry fails."""
+        state = record_cancel(self.registry, target)
         for job in self.jobs.values():
             if job.request_id == target:
                 job.cancel_reason = job.cancel_reason or "cancelled by request"
