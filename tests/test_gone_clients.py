@@ -96,38 +96,40 @@ def test_killed_clients_requests_leave_the_pack_within_the_bound(served):
     assert result.info["num_inference_steps"] == 2
 
 
-class Announcements:
+class Cancels:
+    """Stands in for the Registry: records each cancel, answers "cancelled", raises for "first"."""
+
     def __init__(self):
-        self.count = 0
+        self.ids = []
 
-    def announce(self) -> None:
-        self.count += 1
+    def cancel(self, request_id: str) -> str:
+        if request_id == "first":
+            raise RuntimeError("database is locked")
+        self.ids.append(request_id)
+        return "cancelled"
 
 
-def test_a_failing_cancel_is_logged_and_the_later_ones_are_still_sent_under_the_lock():
+def test_a_failing_cancel_is_logged_and_the_later_ones_are_still_made_with_logging_under_the_lock():
     from h3_core.serving.gone_clients import GoneClients
 
-    lock, sent, lines, registry = threading.Lock(), [], [], Announcements()
-
-    def send_cancel(request_id: str) -> None:
-        assert lock.locked()  # every stub call runs under stub_lock
-        if request_id == "first":
-            raise RuntimeError("the stub refused the BLS request")
-        sent.append(request_id)
+    lock, lines, registry = threading.Lock(), [], Cancels()
 
     def log_line(text: str) -> None:
-        assert lock.locked()
+        assert lock.locked()  # every stub call runs under stub_lock
         lines.append(text)
 
-    gone = GoneClients(registry, send_cancel, log_line, lock)
+    gone = GoneClients(registry, log_line, lock)
     for request_id in ("first", "second", "first", "", "third"):
         gone.cancel(request_id)
     gone.close()
     assert not gone.thread.is_alive()
-    assert sent == ["second", "third"] and registry.count == 3  # each id once, each announced
+    assert registry.ids == ["second", "third"]  # each id once
     assert lines[0].startswith("h3_vae: cancel of request first (client gone) failed:\nTraceback")
-    assert lines[0].endswith("RuntimeError: the stub refused the BLS request\n")
+    assert lines[0].endswith(
+        "CancelNotRecorded: the cancel of request first could not be recorded (RuntimeError: database is locked); "
+        "see the server log\n"
+    )
     assert lines[1:] == [
-        "h3_vae: request second: its client is gone; cancelled",
-        "h3_vae: request third: its client is gone; cancelled",
+        "h3_vae: request second: its client is gone; cancel by id: cancelled",
+        "h3_vae: request third: its client is gone; cancel by id: cancelled",
     ]
