@@ -237,7 +237,8 @@ def plan(
             "execute_budget_s",
             sizing.GPU_EXECUTE_BUDGET_S,
             "steps per execute while nothing is announced for the DiT: the Triton round trip costs at most 1.2% "
-            "of the step time; a client's own cancel by id waits at most this plus one step (server.sizing)",
+            "of the step time; a control request sent straight to h3_dit waits at most this plus one step "
+            "(server.sizing)",
         )
     folder = Path(checkpoint) if Path(checkpoint).is_absolute() else ROOT / checkpoint
     if is_official(folder):
@@ -398,8 +399,8 @@ COMMENTS = {
         "(INVALID_ARG)",
         "execute_budget_s": "seconds one execute() may keep taking steps while nothing announced is headed for the "
         "DiT, and at least 2 steps (0 = one step per execute): the Triton round trip between executes is paid once "
-        "for them; newcomers and h3_vae's cancels are announced and wait at most the step in flight, a client's "
-        "own cancel by id up to this long plus one step, or 2 steps where those are longer",
+        "for them; newcomers and cancels (h3_cancel's, h3_vae's) are announced and wait at most the step in flight, "
+        "a control request sent straight to h3_dit up to this long plus one step, or 2 steps where those are longer",
         "heartbeat_s": "seconds of silence toward a live request after which it gets a heartbeat (h3_vae notices a "
         "gone client only when a response for it arrives): a client that asked for no progress is noticed gone "
         "within this plus one step",
