@@ -9,12 +9,13 @@ step it reached. Bound: GONE_BOUND_STEPS steps after the last step its client sa
 128 x 128 x 121 frames, so that a packed step of the three (about 0.1 s or more on the CPU) is
 long against the way back from h3_vae to h3_dit (a few ms); with much faster steps the bound
 holds in time (a few of those round trips), not in steps. With h3_dit's executes allowed to take
-steps for 20 s (execute_budget_s), h3_vae announces each cancel (h3_core.serving.registry), which ends the
-execute in flight after its step; h3_vae sends its cancels one at a time, each waiting for its
-answer, and there each answer also waits for an execute to end, so every other client's cancel
-sent before this one may hold it back one more step: the bound is GONE_BOUND_STEPS plus the
+steps for 20 s (execute_budget_s), h3_vae records each cancel in the registry
+(h3_core.serving.registry.record_cancel), which announces it and so ends the execute in flight
+after its step; the clients are killed one after another and each is noticed at a later
+response of its request, so each cancel may end an execute of its own and every other client's
+cancel before this one may hold it back one more step: the bound is GONE_BOUND_STEPS plus the
 number of clients (a missing announcement would leave the requests running for the whole 20 s,
-a hundred steps and more)."""
+a hundred steps and more). Request mode: tests/test_field_cases.py."""
 
 import os
 import re
