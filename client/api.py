@@ -360,8 +360,10 @@ class H3Client:
         return sorted(results, key=lambda r: r.info["output_index"])
 
     def cancel(self, request_id: str) -> str:
-        """Cancel the request with this id through a control request to h3_dit of every server
-        behind the url (server_addresses; one for host:port); returns the answer, one of
+        """Cancel the request with this id through a request to h3_cancel of every server behind
+        the url (server_addresses; one for host:port), answered at once, also while a DiT
+        instance runs a whole generation in one execute (execution mode "request"); returns the
+        answer, one of
         protocol.CANCEL_STATES ("cancelled" if a server cancelled it, else "finished" if one had
         finished it, else "unknown"; request ids are unique, so at most one server holds it):
 
@@ -392,10 +394,8 @@ class H3Client:
     def _cancel_at(self, address: str, request_id: str) -> str:
         """cancel() of one server at address (host:port)."""
         control = _input(protocol.REQUEST, json.dumps({protocol.CANCEL_FIELD: request_id}).encode(), "BYTES")
-        text = grpcclient.InferInput(protocol.TEXT_EMBEDS, [1, 0, 0], "FP32")
-        text.set_data_from_numpy(np.zeros((1, 0, 0), dtype=np.float32))
         requested = [grpcclient.InferRequestedOutput(protocol.INFO)]
-        with closing(self._stream(protocol.DIT_MODEL, [text, control], requested, {}, "", None, address)) as stream:
+        with closing(self._stream(protocol.CANCEL_MODEL, [control], requested, {}, "", None, address)) as stream:
             final = list(stream)
         answer = json.loads(final[0].as_numpy(protocol.INFO).reshape(-1)[0])
         if answer.get("state") not in protocol.CANCEL_STATES:

@@ -13,8 +13,9 @@ import unicodedata
 
 PIPELINE_MODEL = "h3_pipeline"  # the entry point clients call
 ENCODER_MODEL = "h3_encoder"
-DIT_MODEL = "h3_dit"  # cancel-by-id control requests go here directly
+DIT_MODEL = "h3_dit"  # it answers a cancel-by-id control request too, between its executes
 VAE_MODEL = "h3_vae"
+CANCEL_MODEL = "h3_cancel"  # clients send cancels by id here: never busy with a generation
 
 PROMPT = "PROMPT"  # BYTES [1, 1], required
 # The optional INT64 [1, 1] inputs of h3_pipeline and the REQUEST field each becomes.
@@ -86,6 +87,7 @@ REQUEST_PARAMETERS = {
 }
 RESERVED_PARAMETERS = ("priority", "timeout")
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
 
 
 def check_request_parameters(raw: str) -> dict:
@@ -110,6 +112,67 @@ def check_request_parameters(raw: str) -> dict:
     if deadline_s is not None and not deadline_s > 0:
         raise ValueError(f"deadline_s={deadline_s} is out of range: allowed > 0 seconds")
     return parameters
+
+
+def read_request_json(elements: list) -> dict:
+    """REQUEST's elements -> one JSON object with the allowed keys: a generation request holds
+    only REQUEST_FIELDS, a cancel request CANCEL_FIELD alone, a non-empty string. Raises
+    ValueError naming the input or the key."""
+    if len(elements) != 1:
+        raise ValueError(f"REQUEST must hold one JSON object, got {len(elements)} elements")
+    try:
+        fields = json.loads(elements[0])
+    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
+        raise ValueError(f"REQUEST is not valid JSON: {error}") from None
+    except RecursionError:
+        raise ValueError("REQUEST is not valid JSON: nested too deeply") from None
+    if not isinstance(fields, dict):
+        raise ValueError(f"REQUEST must hold one JSON object, got {type(fields).__name__}")
+    if CANCEL_FIELD in fields:
+        extra = sorted(key for key in fields if key != CANCEL_FIELD)
+        if extra:
+            raise ValueError(
+                f"REQUEST field {extra[0]!r} is not allowed beside {CANCEL_FIELD!r}: a cancel request "
+                "holds that field alone"
+            )
+        target = fields[CANCEL_FIELD]
+        if type(target) is str and len(target) > MAX_REQUEST_ID_CHARS:
+            raise ValueError(f"{CANCEL_FIELD} has {len(target)} characters: allowed 1..{MAX_REQUEST_ID_CHARS}")
+        if type(target) is not str or not target:
+            got = (
+                "null"
+                if target is None
+                else "an empty string"
+                if target == ""
+                else f"{JSON_TYPES.get(type(target), type(target).__name__)} {json.dumps(target)}"
+            )
+            raise ValueError(f"{CANCEL_FIELD} must be a non-empty string, got {got}")
+        return fields
+    unknown = sorted(key for key in fields if key not in REQUEST_FIELDS)
+    if unknown:
+        raise ValueError(
+            f"REQUEST field {unknown[0]!r} is unknown; allowed: {sorted(REQUEST_FIELDS)}, or "
+            f"{CANCEL_FIELD!r} alone (a cancel request)"
+        )
+    return fields
+
+
+def read_cancel_request(elements: list) -> str:
+    """REQUEST's elements of a cancel-by-id control request ({CANCEL_FIELD: ID} alone) -> ID.
+    Raises ValueError naming the input or the field (read_request_json), also for a generation
+    request's fields."""
+    fields = read_request_json(elements)
+    if CANCEL_FIELD not in fields:
+        raise ValueError(
+            f"REQUEST must hold {CANCEL_FIELD!r} alone (a cancel request); generation goes to {PIPELINE_MODEL}"
+        )
+    return fields[CANCEL_FIELD]
+
+
+def cancel_info(request_id: str, state: str) -> dict:
+    """INFO of the answer to a cancel by id of `request_id` (kind "cancel"; `state` one of
+    CANCEL_STATES), from h3_cancel or from h3_dit."""
+    return {"kind": "cancel", "request_id": request_id, "state": state}
 
 
 BYTE_ORDER_MARK = "\ufeff"  # dropped once from the start of a prompt (a decoder may leave it there)

@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import torch
 import triton_python_backend_utils as pb_utils
 
 
@@ -30,7 +29,10 @@ def resolve_path(args: dict, path: str) -> Path:
 def set_threads(cpu_threads: int) -> None:
     """torch CPU threads of this model's process. The model processes share the machine's
     cores; more OpenMP threads than free cores makes every parallel region wait for a
-    descheduled thread (a tiny step went from 4 ms to 700 ms with 2 threads under load)."""
+    descheduled thread (a tiny step went from 4 ms to 700 ms with 2 threads under load). Torch is
+    imported here, so that a model without torch work (h3_cancel) does not load it."""
+    import torch
+
     torch.set_num_threads(cpu_threads)
 
 

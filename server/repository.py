@@ -43,6 +43,7 @@ from h3_core.diffusion.request import request_memory_mb
 from h3_core.model.encoder import QWEN3VL_H3_LAYER, minilm_path, text_width, weight_bytes
 from h3_core.parallel.ulysses import check_sp_degree
 from h3_core.parallel.workers import SP_TIMEOUT_FRACTION
+from h3_core.protocol import CANCEL_MODEL
 from h3_core.serving.settings import CONTROL_SLOTS, DitSettings, EncoderSettings, VaeSettings
 from h3_core.weights.checkpoint import (
     AUDIO_VAE_FILE,
@@ -236,7 +237,8 @@ def plan(
             "execute_budget_s",
             sizing.GPU_EXECUTE_BUDGET_S,
             "steps per execute while nothing is announced for the DiT: the Triton round trip costs at most 1.2% "
-            "of the step time; a client's own cancel by id waits at most this plus one step (server.sizing)",
+            "of the step time; a control request sent straight to h3_dit waits at most this plus one step "
+            "(server.sizing)",
         )
     folder = Path(checkpoint) if Path(checkpoint).is_absolute() else ROOT / checkpoint
     if is_official(folder):
@@ -397,8 +399,8 @@ COMMENTS = {
         "(INVALID_ARG)",
         "execute_budget_s": "seconds one execute() may keep taking steps while nothing announced is headed for the "
         "DiT, and at least 2 steps (0 = one step per execute): the Triton round trip between executes is paid once "
-        "for them; newcomers and h3_vae's cancels are announced and wait at most the step in flight, a client's "
-        "own cancel by id up to this long plus one step, or 2 steps where those are longer",
+        "for them; newcomers and cancels (h3_cancel's, h3_vae's) are announced and wait at most the step in flight, "
+        "a control request sent straight to h3_dit up to this long plus one step, or 2 steps where those are longer",
         "heartbeat_s": "seconds of silence toward a live request after which it gets a heartbeat (h3_vae notices a "
         "gone client only when a response for it arrives): a client that asked for no progress is noticed gone "
         "within this plus one step",
@@ -511,6 +513,23 @@ input [
 output [
 {MEDIA_OUTPUTS}{PASSED_ON}]
 """
+CANCEL_TEXT = """\
+# Cancel by id, answered at once from the registry shared by the DiT instances
+# (h3_core.serving.registry): clients send their cancels here, not to h3_dit, whose execute may run
+# a whole generation (execution mode "request"). REQUEST is {"cancel_request_id": ID} (ID a
+# non-empty string, no other key); INFO is {"kind": "cancel", "request_id": ID, "state":
+# "cancelled" | "finished" | "unknown"}. One CPU instance on every device: it computes nothing.
+name: "h3_cancel"
+backend: "python"
+max_batch_size: 1
+input [
+  { name: "REQUEST" data_type: TYPE_STRING dims: [ 1 ] }
+]
+output [
+  { name: "INFO" data_type: TYPE_STRING dims: [ 1 ] }
+]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
 PIPELINE_TEXT = f"""\
 # The entry point users call: h3_encoder -> h3_dit -> h3_vae. Stream it over gRPC.
 # Every DiT response (progress or result) reaches h3_vae; progress responses carry empty
@@ -610,7 +629,8 @@ def _request_mb_comment(dit: DitSettings, encoder: EncoderSettings) -> str:
 
 
 def config_texts(repository: Repository) -> dict[str, str]:
-    """Model name -> its config.pbtxt text (h3_encoder, h3_dit, h3_vae, h3_pipeline). Pure."""
+    """Model name -> its config.pbtxt text (h3_encoder, h3_dit, h3_vae, h3_pipeline, h3_cancel).
+    Pure."""
     dit, encoder, groups = repository.dit, repository.encoder, repository.groups
     slots = (
         f"max_batch_size = sequence slots = max_num_seqs + max_waiting + {CONTROL_SLOTS} control slots "
@@ -641,6 +661,7 @@ def config_texts(repository: Repository) -> dict[str, str]:
         + "\n"
         + _parameters(repository.vae, COMMENTS[VaeSettings.MODEL]),
         PIPELINE: PIPELINE_TEXT,
+        CANCEL_MODEL: CANCEL_TEXT,
     }
 
 

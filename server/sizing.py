@@ -66,9 +66,9 @@ SP_IDLE_FACTOR = 1 / (1 - 2 / SP_TIMEOUT_FRACTION)
 # the step time: 0.8% for the 360 ms step of benchmark (f) (2 steps an execute), 0.7% for the
 # bench DiT's 285 ms 16,384-row step (3), under 1% for the 15 ms 128-row step (about 66), against
 # 1.7%, 2.1% and 40% with one step an execute. Announced newcomers and cancels (through the
-# encoder; h3_vae's for gone clients) still wait at most the step in flight; what the budget
-# delays is the unannounced: a client's own cancel by id, sent straight to h3_dit, waits at most
-# 1 s plus one step, and the active / waiting gauges are set once an execute. It is far below
+# encoder; clients' through h3_cancel, h3_vae's for gone clients) still wait at most the step in
+# flight; what the budget delays is the unannounced: a control request sent straight to h3_dit
+# waits at most 1 s plus one step, and the active / waiting gauges are set once an execute. It is far below
 # half the idle timeout (at least MIN_IDLE_S here), which the settings require.
 GPU_EXECUTE_BUDGET_S = 1.0
 # step mode: idle >= 2.5 x the longest execute of steps alone, MIN_EXECUTE_STEPS (2) steps = 5 steps

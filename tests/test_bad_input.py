@@ -352,6 +352,28 @@ def test_bad_direct_dit_request_is_refused_and_harms_nothing(server, client, ref
     assert after.audio.tobytes() == reference[0].audio.tobytes()
 
 
+CANCEL_CASES = [  # h3_cancel's REQUEST, the whole message after "INVALID_ARG: "
+    (
+        b'{"num_inference_steps": 2}',
+        "REQUEST must hold 'cancel_request_id' alone (a cancel request); generation goes to h3_pipeline",
+    ),
+    (b'{"cancel_request_id": "x-1", "height": 64}', DIT_CASES["cancel_with_another_field"][2]),
+    (b'{"cancel_request_id": ""}', DIT_CASES["cancel_id_empty"][2]),
+    (b'{"cancel_request_id": "' + b"x" * 257 + b'"}', "cancel_request_id has 257 characters: allowed 1..256"),
+    (b"[1]", "REQUEST must hold one JSON object, got list"),
+]
+
+
+def test_bad_cancel_requests_are_refused_by_h3_cancel_as_by_h3_dit(server):
+    """h3_cancel, where clients send their cancels, reads REQUEST with h3_dit's checks
+    (protocol.read_request_json) and refuses a generation request's fields too."""
+    for fields, message in CANCEL_CASES:
+        request = tensor("REQUEST", np.array([[fields]], dtype=object), "BYTES")
+        responses, error = raw_stream(server.grpc_url, [request], model="h3_cancel", timeout_s=30)
+        assert responses == [] and error is not None
+        assert (error.code, error.message) == ("INVALID_ARG", message)
+
+
 def test_bad_direct_dit_requests_leave_a_running_neighbour_bit_identical(server, client):
     # Before TEXT_EMBEDS's shape was checked, [1, 3, 0] raised in parse, the exception left
     # execute() and Triton failed every request of that execute(), the running one included,

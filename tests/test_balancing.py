@@ -55,7 +55,7 @@ class Connection:
         self.callback, self.streams = callback, self.streams + 1
 
     def async_stream_infer(self, model, inputs, outputs, request_id, parameters, enable_empty_final_response):
-        assert model == protocol.DIT_MODEL
+        assert model == protocol.CANCEL_MODEL
         answer = self.answers[self.url]
         if isinstance(answer, InferenceServerException):
             self.callback(None, answer)

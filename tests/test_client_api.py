@@ -185,7 +185,7 @@ class FakeStream:
                 outputs=[o.name() for o in outputs],
             )
         )
-        if model == protocol.DIT_MODEL:
+        if model == protocol.CANCEL_MODEL:
             answer = {"kind": "cancel", "request_id": "?"}
             if self.triton.cancel_state is not None:
                 answer["state"] = self.triton.cancel_state
@@ -284,11 +284,7 @@ def test_cancel_returns_the_server_state(monkeypatch, state):
     fake = FakeTriton([], cancel_state=state).install(monkeypatch)
     assert H3Client("fake:1").cancel("job-1") == state
     (request,) = fake.requests
-    assert (request.model, request.inputs, request.outputs) == (
-        protocol.DIT_MODEL,
-        ["TEXT_EMBEDS", "REQUEST"],
-        ["INFO"],
-    )
+    assert (request.model, request.inputs, request.outputs) == (protocol.CANCEL_MODEL, ["REQUEST"], ["INFO"])
 
 
 def test_a_cancel_answer_without_a_state_is_refused(monkeypatch):
@@ -314,7 +310,7 @@ def test_idle_timeout_bounds_the_gap_between_responses_then_cancels(monkeypatch)
     assert (error.code, error.message) == ("TIMEOUT", "no response from fake:1 for 0.3 s (idle_timeout_s)")
     assert [(r.model, r.request_id) for r in fake.requests] == [
         (protocol.PIPELINE_MODEL, "job-1"),
-        (protocol.DIT_MODEL, ""),
+        (protocol.CANCEL_MODEL, ""),
     ]
     assert fake.stopped == [False, False]  # the cancel's stream, then the request's: both ended normally
 
@@ -328,7 +324,7 @@ def test_total_timeout_bounds_the_whole_request_although_responses_keep_coming(m
         "TIMEOUT",
         "no final response from fake:1 within 0.3 s of sending (total_timeout_s)",
     )
-    assert [r.model for r in fake.requests] == [protocol.PIPELINE_MODEL, protocol.DIT_MODEL]
+    assert [r.model for r in fake.requests] == [protocol.PIPELINE_MODEL, protocol.CANCEL_MODEL]
 
 
 def test_deadline_sets_the_total_timeout_with_a_margin(monkeypatch):
@@ -510,7 +506,7 @@ def test_ctrl_c_during_the_steps_cancels_on_the_server(monkeypatch, tmp_path, ca
     assert messages == ["cancelled on the server: request cli-test cancelled by request at step 1 of 2"]
     assert [(r.model, r.request_id) for r in fake.requests] == [
         (protocol.PIPELINE_MODEL, "cli-test"),
-        (protocol.DIT_MODEL, ""),
+        (protocol.CANCEL_MODEL, ""),
     ]
     assert fake.made == fake.closed == 2 and list(tmp_path.iterdir()) == []
 
@@ -527,5 +523,5 @@ def test_ctrl_c_during_the_decode_writes_the_result_that_arrives(monkeypatch, tm
     wrote = rf"wrote {re.escape(str(tmp_path))}/x\.mp4 \(22 frames 96x64, 2 steps\) in \d+\.\d\d s, seed 7"
     assert re.fullmatch(f"the result arrived; {wrote}", line)
     assert (tmp_path / "x.mp4").read_bytes() == b"mp4-0"
-    assert [r.model for r in fake.requests] == [protocol.PIPELINE_MODEL, protocol.DIT_MODEL]
+    assert [r.model for r in fake.requests] == [protocol.PIPELINE_MODEL, protocol.CANCEL_MODEL]
     assert fake.made == fake.closed == 2

@@ -9,12 +9,13 @@ step it reached. Bound: GONE_BOUND_STEPS steps after the last step its client sa
 128 x 128 x 121 frames, so that a packed step of the three (about 0.1 s or more on the CPU) is
 long against the way back from h3_vae to h3_dit (a few ms); with much faster steps the bound
 holds in time (a few of those round trips), not in steps. With h3_dit's executes allowed to take
-steps for 20 s (execute_budget_s), h3_vae announces each cancel (h3_core.serving.registry), which ends the
-execute in flight after its step; h3_vae sends its cancels one at a time, each waiting for its
-answer, and there each answer also waits for an execute to end, so every other client's cancel
-sent before this one may hold it back one more step: the bound is GONE_BOUND_STEPS plus the
+steps for 20 s (execute_budget_s), h3_vae records each cancel in the registry
+(h3_core.serving.registry.record_cancel), which announces it and so ends the execute in flight
+after its step; the clients are killed one after another and each is noticed at a later
+response of its request, so each cancel may end an execute of its own and every other client's
+cancel before this one may hold it back one more step: the bound is GONE_BOUND_STEPS plus the
 number of clients (a missing announcement would leave the requests running for the whole 20 s,
-a hundred steps and more)."""
+a hundred steps and more). Request mode: tests/test_field_cases.py."""
 
 import os
 import re
@@ -96,38 +97,40 @@ def test_killed_clients_requests_leave_the_pack_within_the_bound(served):
     assert result.info["num_inference_steps"] == 2
 
 
-class Announcements:
+class Cancels:
+    """Stands in for the Registry: records each cancel, answers "cancelled", raises for "first"."""
+
     def __init__(self):
-        self.count = 0
+        self.ids = []
 
-    def announce(self) -> None:
-        self.count += 1
+    def cancel(self, request_id: str) -> str:
+        if request_id == "first":
+            raise RuntimeError("database is locked")
+        self.ids.append(request_id)
+        return "cancelled"
 
 
-def test_a_failing_cancel_is_logged_and_the_later_ones_are_still_sent_under_the_lock():
+def test_a_failing_cancel_is_logged_and_the_later_ones_are_still_made_with_logging_under_the_lock():
     from h3_core.serving.gone_clients import GoneClients
 
-    lock, sent, lines, registry = threading.Lock(), [], [], Announcements()
-
-    def send_cancel(request_id: str) -> None:
-        assert lock.locked()  # every stub call runs under stub_lock
-        if request_id == "first":
-            raise RuntimeError("the stub refused the BLS request")
-        sent.append(request_id)
+    lock, lines, registry = threading.Lock(), [], Cancels()
 
     def log_line(text: str) -> None:
-        assert lock.locked()
+        assert lock.locked()  # every stub call runs under stub_lock
         lines.append(text)
 
-    gone = GoneClients(registry, send_cancel, log_line, lock)
+    gone = GoneClients(registry, log_line, lock)
     for request_id in ("first", "second", "first", "", "third"):
         gone.cancel(request_id)
     gone.close()
     assert not gone.thread.is_alive()
-    assert sent == ["second", "third"] and registry.count == 3  # each id once, each announced
+    assert registry.ids == ["second", "third"]  # each id once
     assert lines[0].startswith("h3_vae: cancel of request first (client gone) failed:\nTraceback")
-    assert lines[0].endswith("RuntimeError: the stub refused the BLS request\n")
+    assert lines[0].endswith(
+        "CancelNotRecorded: the cancel of request first could not be recorded (RuntimeError: database is locked); "
+        "see the server log\n"
+    )
     assert lines[1:] == [
-        "h3_vae: request second: its client is gone; cancelled",
-        "h3_vae: request third: its client is gone; cancelled",
+        "h3_vae: request second: its client is gone; cancel by id: cancelled",
+        "h3_vae: request third: its client is gone; cancel by id: cancelled",
     ]

@@ -225,6 +225,8 @@ def test_checkpoint_paths_are_relative_only_in_the_shipped_repository(tmp_path):
 def test_a_written_copy(tmp_path):
     repo = model_repository_copy(tmp_path / "repo", dit_instances=2, max_steps="7")
     assert sorted(str(p.relative_to(repo)) for p in repo.rglob("*") if p.is_file()) == [
+        "h3_cancel/1/model.py",
+        "h3_cancel/config.pbtxt",
         "h3_dit/1/model.py",
         "h3_dit/config.pbtxt",
         "h3_encoder/1/model.py",

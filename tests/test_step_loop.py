@@ -738,10 +738,11 @@ def test_deadlines_native_cancels_and_draining_act_at_every_step_boundary_of_an_
 def test_cancels_by_id_take_effect_at_the_first_step_boundary_of_the_next_execute(engine, monkeypatch, tmp_path):
     """A control request reaches the DiT only between executes (Triton delivers it with the
     next one), and a cancel that landed on another instance is read from the registry once per
-    execute. A client's own cancel, queued during an execute, is not announced: its target runs
-    the execute's second step (2.5 s budget) and leaves at the first boundary of the next one. A
-    cancel another instance takes is announced: the execute ends after the step in flight, and
-    its target leaves at the first boundary of the next one."""
+    execute. A control request sent straight to h3_dit, queued during an execute, is not
+    announced: its target runs the execute's second step (2.5 s budget) and leaves at the first
+    boundary of the next one. A cancel recorded elsewhere (another instance; h3_cancel and h3_vae
+    record theirs the same way) is announced: the execute ends after the step in flight, and its
+    target leaves at the first boundary of the next one."""
     clock = Clock()
     client = Client(make_loop(engine, clock, registry=Registry(tmp_path, "h3_dit_0"), execute_budget_s=2.5))
     other = Registry(tmp_path, "h3_dit_1")
@@ -931,10 +932,10 @@ def test_steps_longer_than_the_budget_still_take_two_per_execute(engine, monkeyp
     """execute_budget_s 0.5 s, 1 s steps: with nothing announced an execute takes
     MIN_EXECUTE_STEPS (2) steps, not one, so the Triton round trip is paid once for two. The
     cancel latency it costs, in steps the target starts after its cancel reached Triton: a
-    client's own cancel (unannounced) that comes during an execute's first step is delivered
-    with the next execute, so the target takes the step in flight and one more (with one step an
-    execute it took only the one in flight); a cancel another instance takes is announced and
-    ends the execute after the step in flight, as before."""
+    control request sent straight to h3_dit (unannounced) that comes during an execute's first
+    step is delivered with the next execute, so the target takes the step in flight and one more
+    (with one step an execute it took only the one in flight); a cancel recorded elsewhere (another
+    instance, h3_cancel, h3_vae) is announced and ends the execute after the step in flight."""
     clock = Clock()
     client = Client(make_loop(engine, clock, registry=Registry(tmp_path, "h3_dit_0"), execute_budget_s=0.5))
     other, cancels = Registry(tmp_path, "h3_dit_1"), {}

@@ -1,10 +1,9 @@
 """Admission to the step loop: the arrival half of StepLoop (`Admission`: each Arrival becomes a
-live Job or an answer), a request's REQUEST JSON (read_request_json), its inputs and request
+live Job or an answer), a request's inputs and request
 parameters (parse, which prepares its states), fault injection (check_fault, tests only), the
 client's message for an unexpected failure (admission_failure), and the bounded memory of ids
 (BoundedMemory)."""
 
-import json
 import logging
 import math
 import secrets
@@ -22,11 +21,11 @@ from ..protocol import (
     EARLY_CANCEL_SECONDS,
     INT_INPUTS,
     MAX_REQUEST_ID_CHARS,
-    REQUEST_FIELDS,
     check_request_parameters,
+    read_request_json,
 )
 from .events import Arrival, Ended, Job, Refused, Send, Status
-from .registry import IDS_REMEMBERED
+from .registry import IDS_REMEMBERED, CancelNotRecorded
 from .scheduler import Overloaded
 from .settings import DitSettings
 
@@ -34,7 +33,6 @@ log = logging.getLogger("h3_dit")
 
 VANISHED_EXECUTES = 3  # a job missing from this many executes in a row was dropped by Triton
 WORKER_FAULTS = ("worker_exit", "worker_hang", "worker_raise")  # inject_fault for sequence-parallel workers
-JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
 
 
 def check_fault(fault: str) -> None:
@@ -55,49 +53,6 @@ def check_fault(fault: str) -> None:
             f"inject_fault={fault!r} is not one of 'raise', 'nan', 'slow:S' (0 < S <= 600 seconds), "
             "'worker_exit', 'worker_hang', 'worker_raise'"
         )
-
-
-def read_request_json(elements: list) -> dict:
-    """REQUEST's elements -> one JSON object with the allowed keys: a generation request holds
-    only REQUEST_FIELDS, a cancel request CANCEL_FIELD alone, a non-empty string. Raises
-    ValueError naming the input or the key."""
-    if len(elements) != 1:
-        raise ValueError(f"REQUEST must hold one JSON object, got {len(elements)} elements")
-    try:
-        fields = json.loads(elements[0])
-    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
-        raise ValueError(f"REQUEST is not valid JSON: {error}") from None
-    except RecursionError:
-        raise ValueError("REQUEST is not valid JSON: nested too deeply") from None
-    if not isinstance(fields, dict):
-        raise ValueError(f"REQUEST must hold one JSON object, got {type(fields).__name__}")
-    if CANCEL_FIELD in fields:
-        extra = sorted(key for key in fields if key != CANCEL_FIELD)
-        if extra:
-            raise ValueError(
-                f"REQUEST field {extra[0]!r} is not allowed beside {CANCEL_FIELD!r}: a cancel request "
-                "holds that field alone"
-            )
-        target = fields[CANCEL_FIELD]
-        if type(target) is str and len(target) > MAX_REQUEST_ID_CHARS:
-            raise ValueError(f"{CANCEL_FIELD} has {len(target)} characters: allowed 1..{MAX_REQUEST_ID_CHARS}")
-        if type(target) is not str or not target:
-            got = (
-                "null"
-                if target is None
-                else "an empty string"
-                if target == ""
-                else f"{JSON_TYPES.get(type(target), type(target).__name__)} {json.dumps(target)}"
-            )
-            raise ValueError(f"{CANCEL_FIELD} must be a non-empty string, got {got}")
-        return fields
-    unknown = sorted(key for key in fields if key not in REQUEST_FIELDS)
-    if unknown:
-        raise ValueError(
-            f"REQUEST field {unknown[0]!r} is unknown; allowed: {sorted(REQUEST_FIELDS)}, or "
-            f"{CANCEL_FIELD!r} alone (a cancel request)"
-        )
-    return fields
 
 
 def admission_failure(error: Exception) -> str:
@@ -232,15 +187,9 @@ class Admission:
         if CANCEL_FIELD in fields:
             try:
                 answer = self.cancel_by_id(arrival.handle, fields[CANCEL_FIELD])
-            except Exception as error:  # noqa: BLE001 - the registry failed: this control request fails alone
+            except CancelNotRecorded as error:  # the registry failed: this control request fails alone
                 log.exception("the cancel of request %s could not be recorded", fields[CANCEL_FIELD])
-                self.refuse(
-                    send,
-                    arrival,
-                    "INTERNAL",
-                    f"the cancel of request {fields[CANCEL_FIELD]} could not be recorded "
-                    f"({type(error).__name__}: {error}); see the server log",
-                )
+                self.refuse(send, arrival, "INTERNAL", str(error))
                 return None
             send(answer)
             return None

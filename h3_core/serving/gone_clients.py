@@ -1,9 +1,11 @@
-"""h3_vae's cancels for clients that are gone, Triton-free (the adapter injects the send).
+"""h3_vae's cancels for clients that are gone, Triton-free.
 
 Triton 2.51 never tells h3_dit that an ensemble request's client left, but every h3_vae request
 the ensemble makes after that is marked cancelled; h3_dit sends each silent live request a
 heartbeat, so h3_vae sees the request again within a bounded time (docs/reliability.md) and
-cancels it by id on h3_dit through `GoneClients`.
+cancels it by id in the registry through `GoneClients`, as h3_cancel does a client's cancel: no
+request travels to h3_dit, whose execute may be busy with a whole generation (execution mode
+"request"); the holder reads the cancel at its next step boundary.
 """
 
 import logging
@@ -13,35 +15,27 @@ import traceback
 from collections import OrderedDict
 from collections.abc import Callable
 
-from .registry import IDS_REMEMBERED, Registry
+from .registry import IDS_REMEMBERED, Registry, record_cancel
 
 log = logging.getLogger("h3_vae")
 
 
 class GoneClients:
-    """Cancels by id, on h3_dit, the requests whose client is gone, on one thread (execute()
-    never waits for them), each id once (a bounded memory of IDS_REMEMBERED ids). Each cancel is
-    announced in `registry` first (outside `lock`: no stub call), so that an h3_dit execute taking
-    several steps ends at its next step boundary and takes it in.
+    """Cancels by id the requests whose client is gone, on one thread (execute() never waits for
+    the registry), each id once (a bounded memory of IDS_REMEMBERED ids), with
+    registry.record_cancel: a request live in the DiT is flagged and announced (Registry.cancel),
+    so that an h3_dit execute taking several steps ends at its next step boundary and reads the
+    flag, and one in execution mode "request" reads it at its next step boundary.
 
     Args:
-        registry: the server's Registry (or an object with its `announce()`).
-        send_cancel: send_cancel(request_id) sends the cancel and waits for its answer; it
-            touches the Triton stub, so it runs under `lock`. An exception it raises is logged
-            and the next cancel is sent all the same.
-        log_line: log_line(text) writes one line to the server log (under `lock`: it is a stub
-            call in h3_vae).
+        registry: the server's Registry (or an object with its `cancel(request_id)`).
+        log_line: log_line(text) writes one line to the server log; it runs under `lock` (a stub
+            call in h3_vae). A cancel that fails is logged and the next one is made all the same.
         lock: h3_vae's stub_lock.
     """
 
-    def __init__(
-        self,
-        registry: Registry,
-        send_cancel: Callable[[str], None],
-        log_line: Callable[[str], None],
-        lock: threading.Lock,
-    ):
-        self.registry, self.send_cancel, self.log_line, self.lock = registry, send_cancel, log_line, lock
+    def __init__(self, registry: Registry, log_line: Callable[[str], None], lock: threading.Lock):
+        self.registry, self.log_line, self.lock = registry, log_line, lock
         self.cancelled: OrderedDict[str, None] = OrderedDict()
         self.queue: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="h3_vae-gone-clients", daemon=True)
@@ -58,10 +52,9 @@ class GoneClients:
     def _run(self) -> None:
         while (request_id := self.queue.get()) is not None:
             try:
-                self.registry.announce()
+                state = record_cancel(self.registry, request_id)
                 with self.lock:
-                    self.send_cancel(request_id)
-                    self.log_line(f"h3_vae: request {request_id}: its client is gone; cancelled")
+                    self.log_line(f"h3_vae: request {request_id}: its client is gone; cancel by id: {state}")
             except Exception:  # noqa: BLE001 - one failed cancel must not stop the later ones
                 self._log_failure(request_id, traceback.format_exc())
 

@@ -2,10 +2,12 @@
 which request ids are live and on which instance, cancels by id, ids that finished recently, and
 each instance's load. Triton-free.
 
-Why: with several DiT instances (one per GPU) a cancel-by-id control request lands on any one
-of them, so the answer and the effect must not depend on where it lands; and h3_encoder refuses
-newcomers early when every instance is full (Triton's backlog in front of the DiT is unbounded
-and invisible). Every operation is one short SQLite transaction (writers take SQLite's write lock
+Why: a cancel by id is answered here, out of band, by whichever model takes it (h3_cancel,
+where clients send them; h3_vae for a gone client; any DiT instance called directly), so the
+answer and the effect do not depend on where it lands and never wait for an execute busy with a
+whole generation (execution mode "request" reads the flags at every step boundary); and
+h3_encoder refuses newcomers early when every instance is full (Triton's backlog in front of the
+DiT is unbounded and invisible). Every operation is one short SQLite transaction (writers take SQLite's write lock
 with BEGIN IMMEDIATE, shared by every process of the server), so an answer is always consistent
 with what the holder of the request does:
 
@@ -29,11 +31,12 @@ lookups, not a pass over the memories. A store SQLite cannot read is refused whe
 it (RuntimeError naming the file); it is never reset, which would forget live ids and cancels.
 
 Announcements: a cheap signal that something new is headed for the DiT, so that an execute()
-stops taking steps (h3_core.serving.step_loop.StepLoop.another_step) when a newcomer or a control request
-waits for the next one. h3_encoder announces every generation request it passes on, h3_vae
-before it sends a cancel control request for a gone client, and cancel() when it flags a request
-live on another instance (that instance reads the flag at its next execute). `announce()` adds to
-a counter and stamps the time (this registry's clock; cancel() adds to the counter alone, as
+stops taking steps (h3_core.serving.step_loop.StepLoop.another_step) when a newcomer or a cancel
+waits for the next one. h3_encoder announces every generation request it passes on, and
+cancel() each cancel of a request live on another instance than its caller's (h3_cancel's and
+h3_vae's registries are instance "": every cancel they flag is announced; the holder reads the
+flag at its next execute, or at its next step boundary in execution mode "request"). `announce()`
+adds to a counter and stamps the time (this registry's clock; cancel() adds to the counter alone, as
 nothing travels) in ANNOUNCEMENTS_FILE: 16 bytes rewritten inside a write transaction, so no
 announcement is lost (no mtime granularity) and the storage stays bounded. `announcements()` and
 `seconds_since_announcement()` read it without any lock (one pread, a few microseconds: the DiT
@@ -292,3 +295,22 @@ class Registry:
         if not loads or not all(load.full for load in loads):
             return None
         return min(loads, key=lambda load: load.held).message()
+
+
+class CancelNotRecorded(RuntimeError):
+    """A cancel by id failed in the registry (record_cancel; the registry's error is chained)."""
+
+
+def record_cancel(registry: Registry, request_id: str) -> str:
+    """The answer to a cancel-by-id control request, whichever model takes it (h3_cancel, where
+    clients send them, or h3_dit called directly): `registry.cancel(request_id)`, one of
+    protocol.CANCEL_STATES. Raises CancelNotRecorded when the registry raises, its message the
+    client's: "the cancel of request ID could not be recorded (ERROR TYPE: TEXT); see the server
+    log"."""
+    try:
+        return registry.cancel(request_id)
+    except Exception as error:  # noqa: BLE001 - the caller answers INTERNAL with this message
+        raise CancelNotRecorded(
+            f"the cancel of request {request_id} could not be recorded ({type(error).__name__}: {error}); "
+            "see the server log"
+        ) from error

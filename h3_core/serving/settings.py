@@ -18,16 +18,16 @@ CONTROL_SLOTS = 2  # h3_dit sequence slots kept for cancel requests (max_batch_s
 # for the DiT (h3_core.serving.step_loop.StepLoop.another_step). Every execute costs a Triton round trip
 # and the loop's per-execute work (about 2.3 ms on the 2-core CPU against a 5 ms tiny step of
 # 128 rows); 0.03 s shares it among 5 such steps. Announced newcomers and cancels (through the
-# encoder, h3_vae's cancels for gone clients) end an execute at its next step boundary whatever
-# the budget; what the budget still delays is the unannounced: a client's own cancel by id, sent
-# straight to h3_dit, waits at most the budget plus one step. The CPU repository keeps 0.03 s
+# encoder; clients' cancels through h3_cancel, h3_vae's for gone clients) end an execute at its
+# next step boundary whatever the budget; what the budget still delays is the unannounced: a
+# control request sent straight to h3_dit waits at most the budget plus one step. The CPU repository keeps 0.03 s
 # (the tests on 2 cores were tuned with it); the GPU repository sets server.sizing's
 # GPU_EXECUTE_BUDGET_S.
 EXECUTE_BUDGET_S = 0.03
 # With execute_budget_s > 0 an execute takes at least this many steps while nothing is announced,
 # however long they are: with steps longer than the budget each step paid a Triton round trip
 # (about 30 ms on the H200 host, benchmark (c): step mode at 0.997 of request mode). The cost: an
-# unannounced cancel (a client's own, straight to h3_dit) waits up to 2 steps instead of 1
+# unannounced cancel (a control request straight to h3_dit) waits up to 2 steps instead of 1
 # (docs/reliability.md); announced ones still end the execute after the step in flight.
 MIN_EXECUTE_STEPS = 2
 EXECUTION_MODES = ("step", "request")
@@ -166,8 +166,8 @@ class DitSettings:
     "request": run to completion), execute_budget_s (step mode: seconds one execute() may keep
     taking steps while nothing announced is headed for the DiT, and at least MIN_EXECUTE_STEPS,
     h3_core.serving.step_loop.StepLoop.another_step; 0 = one step per execute; announced newcomers and
-    cancels wait at most the step in flight, unannounced ones such as a client's own cancel by
-    id up to this long plus one step, or MIN_EXECUTE_STEPS steps where those are longer, as they
+    cancels wait at most the step in flight, unannounced ones such as a control request sent
+    straight to h3_dit up to this long plus one step, or MIN_EXECUTE_STEPS steps where those are longer, as they
     reach the DiT only between executes),
     heartbeat_s (seconds of silence toward a live request, on the step loop's clock, after which
     it gets a heartbeat at the next answer pass: h3_vae notices a gone client only when a response

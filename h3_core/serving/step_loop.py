@@ -37,13 +37,12 @@ drive it without a server:
    DitSettings.execute_budget_s), so the Triton round trip and the work of 1 are paid once for
    several steps. Newcomers and control requests reach the DiT only
    between executes, so the ones that are announced (h3_core.serving.registry: h3_encoder announces each
-   request it passes on, h3_vae each cancel for a gone client, the registry each cancel of a
-   request on another instance) end the execute at the next step boundary and wait at most the
-   step in flight (`note_announcements`; while steps overlap, also the one launched behind it,
-   OVERLAP_MAX_STEP_S); unannounced ones (a client's own cancel by id, a
-   direct call of h3_dit) wait at most the budget plus one step, or MIN_EXECUTE_STEPS steps
-   where those are longer. Then every job still live is
-   rescheduled.
+   request it passes on, the registry each cancel it flags for another instance: h3_cancel's
+   (clients'), h3_vae's for gone clients) end the execute at the next step boundary and wait at
+   most the step in flight (`note_announcements`; while steps overlap, also the one launched
+   behind it, OVERLAP_MAX_STEP_S); unannounced ones (a direct call of h3_dit, a control
+   request sent to it included) wait at most the budget plus one step, or MIN_EXECUTE_STEPS
+   steps where those are longer. Then every job still live is rescheduled.
 
 A job's lifecycle is `Status`: WAITING (admitted, no step yet or preempted) -> RUNNING -> FINISHED,
 CANCELLED or FAILED. All per-request state lives in the Job and its RequestStates; the loop keeps
@@ -74,7 +73,7 @@ from .events import (
 )
 from .metrics import MetricsRecord, device_memory_bytes, end_line
 from .packed_step import InFlight, PackedStep
-from .registry import Registry
+from .registry import Registry, record_cancel
 from .scheduler import DitLoad, Scheduler
 from .settings import MIN_EXECUTE_STEPS, DitSettings
 
@@ -288,9 +287,9 @@ class StepLoop(Admission, PackedStep):
     def run_to_completion(self, job: Job, present: list[Job], send: Send) -> None:
         """Execution mode "request": take `job`'s steps within this execute until it finishes or
         ends early. Every step boundary in it is a step boundary of step mode for the job: the
-        cancels other instances took are read from the registry (`read_cancels`: with one DiT
-        instance busy here, a cancel by id can only arrive that way, through another instance
-        or a model that writes the registry), and `end_cancelled` ends it when cancelled by id
+        cancels recorded elsewhere are read from the registry (`read_cancels`: with this
+        instance busy here, a cancel by id arrives that way, from h3_cancel, h3_vae or another
+        DiT instance), and `end_cancelled` ends it when cancelled by id
         or by its client, past its deadline or draining; the present jobs are answered after
         each settled step (heartbeats, queue positions)."""
         while self.jobs.get(job.key) is job and not job.finished:
@@ -398,10 +397,11 @@ class StepLoop(Admission, PackedStep):
     # -- cancellation ------------------------------------------------------------------------
 
     def cancel_by_id(self, handle, target: str) -> CancelAnswer:
-        """A cancel-by-id control request, answered through the registry (whichever instance
-        holds the target): "cancelled", "finished" or "unknown" (h3_core.serving.registry). A target on
-        this instance leaves at this execute's next step boundary."""
-        state = self.registry.cancel(target)
+        """A cancel-by-id control request sent to h3_dit directly, answered as h3_cancel answers
+        it (registry.record_cancel, whichever instance holds the target): "cancelled",
+        "finished" or "unknown". A target on this instance leaves at this execute's next step
+        boundary. Raises CancelNotRecorded when the registry fails."""
+        state = record_cancel(self.registry, target)
         for job in self.jobs.values():
             if job.request_id == target:
                 job.cancel_reason = job.cancel_reason or "cancelled by request"

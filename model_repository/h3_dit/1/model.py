@@ -22,7 +22,7 @@ import triton_python_backend_utils as pb_utils
 
 from h3_core.factory import load_engine
 from h3_core.parallel.workers import SP_TIMEOUT_FRACTION
-from h3_core.protocol import AUDIO_LATENT, REQUEST, TEXT_EMBEDS, VIDEO_LATENT
+from h3_core.protocol import AUDIO_LATENT, REQUEST, TEXT_EMBEDS, VIDEO_LATENT, cancel_info
 from h3_core.serving.events import Arrival, CancelAnswer, Ended, Heartbeat, Progress, Refused, Result
 from h3_core.serving.metrics import METRICS
 from h3_core.serving.registry import Registry, server_folder
@@ -113,7 +113,7 @@ def to_response(event) -> tuple["pb_utils.InferenceResponse", int]:
         info = {"kind": "heartbeat", "request_id": event.request_id}
         return response(EMPTY_VIDEO, EMPTY_AUDIO, [0, 0, 0], EMPTY_PREVIEW, info), 0
     assert isinstance(event, CancelAnswer)
-    info = {"kind": "cancel", "request_id": event.request_id, "state": event.state}
+    info = cancel_info(event.request_id, event.state)
     return response(EMPTY_VIDEO, EMPTY_AUDIO, [0, 0, 0], EMPTY_PREVIEW, info), FINAL
 
 

@@ -11,8 +11,8 @@ once with UNAVAILABLE when decode_workers + max_queued_decodes decodes are open;
 gets keep-alives of its own after heartbeat_s seconds without a response, and the gauge
 h3_vae_decodes{state="queued"|"running"} counts the open decodes (h3_core.serving.decodes). Every
 request ends with its final flag, whatever fails. Everything that touches the stub (requests,
-tensors, logging, sends, the BLS cancels of h3_core.serving.gone_clients) runs under one lock
-(stub_lock), execute() included. With request parameter
+tensors, logging, sends) runs under one lock (stub_lock), execute() included; the cancels of
+h3_core.serving.gone_clients go to the registry, outside it. With request parameter
 return_mp4 false the latents are still decoded but no MP4 is encoded: VIDEO_MP4 is empty
 (BYTES [1, 0]), so a server without PyAV can serve FRAMES / AUDIO (h3_dit refuses return_mp4
 true there). A malformed direct request is refused with INVALID_ARG, also a result whose INFO
@@ -35,11 +35,7 @@ from h3_core.media import encode_mp4
 from h3_core.model.vae import decode_clip
 from h3_core.protocol import (
     AUDIO_LATENT,
-    CANCEL_FIELD,
-    DIT_MODEL,
     KEEPALIVE,
-    REQUEST,
-    TEXT_EMBEDS,
     VIDEO_LATENT,
     check_request_parameters,
 )
@@ -105,24 +101,6 @@ def keepalive_response(request_id: str) -> "pb_utils.InferenceResponse":
     return response(EMPTY_MP4, EMPTY_FRAMES, EMPTY_AUDIO, passed, {"kind": KEEPALIVE, "request_id": request_id})
 
 
-def send_cancel(request_id: str) -> None:
-    """Cancel `request_id` on h3_dit by a BLS control request and wait for its answer (under
-    stub_lock: GoneClients calls it there); an error answer is logged."""
-    control = pb_utils.InferenceRequest(
-        model_name=DIT_MODEL,
-        requested_output_names=["INFO"],
-        inputs=[
-            pb_utils.Tensor(TEXT_EMBEDS, np.zeros((1, 0, 0), dtype=np.float32)),
-            pb_utils.Tensor(REQUEST, np.array([[json.dumps({CANCEL_FIELD: request_id}).encode()]], dtype=object)),
-        ],
-    )
-    for answer in control.exec(decoupled=True):
-        if answer.has_error():
-            pb_utils.Logger.log_error(
-                f"h3_vae: cancel of request {request_id} (client gone) failed: {answer.error().message()}"
-            )
-
-
 class Reply:
     """The response sender of one h3_vae request; remembers whether its final flag went out, so
     that every way out of the request ends it exactly once (`TritonPythonModel.close`)."""
@@ -167,7 +145,7 @@ class TritonPythonModel:
         # calls) happens under this lock: in Triton 2.51 a decode thread sending while execute()
         # ran crashed tritonserver (docs/reliability.md); the decodes themselves run outside it.
         self.stub_lock = threading.Lock()
-        self.gone = GoneClients(Registry(server_folder()), send_cancel, pb_utils.Logger.log_info, self.stub_lock)
+        self.gone = GoneClients(Registry(server_folder()), pb_utils.Logger.log_info, self.stub_lock)
         self.open_decodes = Decodes(
             self.stub_lock,
             settings.decode_workers,
