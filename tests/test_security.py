@@ -25,7 +25,7 @@ UNSAFE_LOADING = re.compile(r"\bpickle\b|torch\.load|np\.load|numpy\.load|allow_
 # The one place pickle is allowed: sequence parallelism's messages between an h3_dit process and the
 # worker processes it forked, over their own multiprocessing pipes (what multiprocessing does with
 # every object it sends); it never reads a file or the network. Every other module stays pickle-free.
-PICKLE_BETWEEN_OWN_PROCESSES = ("h3_core/parallel/workers.py",)
+PICKLE_BETWEEN_OWN_PROCESSES = ("h3_core/parallel/workers.py", "h3_core/parallel/exchange.py")
 SAFE_WEIGHTS = (".safetensors",)
 WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".npy", ".npz", ".safetensors")
 
