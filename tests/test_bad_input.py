@@ -517,6 +517,6 @@ def test_bad_input_sequence_end_without_sequence_id_still_completes(server, refe
 
 def test_bad_input_left_every_model_process_in_place(server, reference):
     assert stub_pids(server.pid) == reference[1]
-    assert sorted(reference[1].values()) == ["h3_dit_0_0", "h3_encoder_0_0", "h3_vae_0_0"]
+    assert sorted(reference[1].values()) == ["h3_cancel_0_0", "h3_dit_0_0", "h3_encoder_0_0", "h3_vae_0_0"]
     metrics = idle_metrics(server)
     assert metrics["h3_active_requests"] == 0 and metrics["h3_waiting_requests"] == 0

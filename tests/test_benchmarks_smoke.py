@@ -402,7 +402,14 @@ def test_full_model_bench_cpu_smoke(tmp_path):
         assert dit["seconds_per_step"] == pytest.approx(dit["h3_step_seconds_sum"] / dit["steps"], rel=1e-12)
         assert document["peak_gpu_memory_mib"] is None and document["peak_gpu_memory_mib_per_process"] == {}
     assert runs["run_a"]["dit_steps"]["steps"] == steps
-    assert report["processes"] == ["benchmark", "h3_dit_0_0", "h3_encoder_0_0", "h3_vae_0_0", "tritonserver"]
+    assert report["processes"] == [
+        "benchmark",
+        "h3_cancel_0_0",
+        "h3_dit_0_0",
+        "h3_encoder_0_0",
+        "h3_vae_0_0",
+        "tritonserver",
+    ]
     qwen3vl = report["qwen3vl"]
     assert {k: v for k, v in qwen3vl["dims"].items() if k not in ("rope_theta", "mrope_section")} == {
         "hidden_size": 64,
