@@ -3,7 +3,8 @@ model repository.
 
     python -m server.launch [--model-repository DIR | REPOSITORY OPTIONS] [--host ADDR]
                             [--http-port P] [--grpc-port P] [--metrics-port P] [--free-ports]
-                            [--timeout SECONDS] [--exit-timeout SECONDS] [--log-file PATH]
+                            [--timeout SECONDS] [--exit-timeout SECONDS] [--drain-timeout SECONDS]
+                            [--log-file PATH]
                             [--model-control {none,explicit}] [--server-arg ARG]... [--quiet]
                             [--supervise [--stale-after SECONDS]] [--then CMD ARGS...]
 
@@ -50,7 +51,7 @@ from .environment import (
     LaunchError,
 )
 from .options import add_arguments, given_options
-from .process import DEFAULT_STALE_AFTER_S, TritonServer
+from .process import DEFAULT_STALE_AFTER_S, DRAIN_TIMEOUT_S, TritonServer
 
 SUPERVISE_INTERVAL_S = 1.0
 
@@ -101,6 +102,15 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="tritonserver's --exit-timeout-secs: how long a stop waits for requests in flight, "
         "after the DiT's drain (default: %(default)s)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=DRAIN_TIMEOUT_S,
+        metavar="SECONDS",
+        help="how long a stop waits for the DiT's requests to end and h3_vae's decodes of results "
+        "denoised before it to be delivered, before tritonserver's own stop (default: %(default)s; "
+        "give the longest decode of a full decode backlog)",
     )
     p.add_argument("--log-file", help="also write the server log to this file")
     p.add_argument(
@@ -187,6 +197,7 @@ def _serve(args: argparse.Namespace, repository: str) -> int:
         model_control=args.model_control,
         timeout=args.timeout,
         exit_timeout_secs=args.exit_timeout,
+        drain_timeout_s=args.drain_timeout,
         extra_args=args.server_arg,
         echo=(args.then is None and not args.quiet),
     )

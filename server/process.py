@@ -212,6 +212,7 @@ class TritonServer:
         echo: bool = False,
         stop_grace: float | None = None,
         max_log_lines: int = 20000,
+        drain_timeout_s: float = DRAIN_TIMEOUT_S,
     ) -> None:
         if model_control not in ("none", "explicit"):
             raise ValueError("model_control must be 'none' or 'explicit'")
@@ -223,6 +224,7 @@ class TritonServer:
         self.model_control = model_control
         self.timeout = timeout
         self.exit_timeout_secs = int(exit_timeout_secs)
+        self.drain_timeout_s = float(drain_timeout_s)
         self.log_verbose = int(log_verbose)
         self.extra_args = list(extra_args)
         self.echo = echo
@@ -378,6 +380,17 @@ class TritonServer:
             sys.stderr.flush()
         proc.stdout.close()
 
+    def _note(self, message: str) -> None:
+        """One line of this wrapper's own in the server's log (log_text, log_file) and on stderr."""
+        line = f"[server.process] {message}\n"
+        with self._lock:
+            self._lines.append(line)
+            if self._log_fh:
+                self._log_fh.write(line)
+                self._log_fh.flush()
+        sys.stderr.write(line)
+        sys.stderr.flush()
+
     def _http(self, method: str, path: str, body: bytes | None = None):
         url = f"http://{self._chost}:{self.http_port}{path}"
         req = urllib.request.Request(url, data=body, method=method)
@@ -464,23 +477,32 @@ class TritonServer:
             values["pending"] = sample.value
         return values
 
-    def drain(self, timeout: float = DRAIN_TIMEOUT_S) -> None:
+    def drain(self, timeout: float | None = None) -> None:
         """Send SIGUSR1 to every h3_dit stub, which then ends every request with a CANCELLED:
         final response at its next step boundary and refuses newcomers with UNAVAILABLE:; wait
-        up to ``timeout`` s until they report no request and no step running and h3_vae no
-        decode (h3_vae_decodes: a result denoised before the drain is still delivered). No-op
-        when the repository has no h3_dit or one of its stubs is gone."""
+        up to ``timeout`` s (None: the server's drain_timeout_s) until they report no request and
+        no step running and h3_vae no decode (h3_vae_decodes: a result denoised before the drain
+        is still delivered). What is still held then is logged in one line naming it (the
+        decodes left are cut by the stop). No-op when the repository has no h3_dit or one of its
+        stubs is gone."""
         if not self.dit_stubs or self.dit_stubs != dit_stubs(stub_pids(self.process.pid)):
             return
+        timeout = self.drain_timeout_s if timeout is None else timeout
         for pid in self.dit_stubs:
             os.kill(pid, signal.SIGUSR1)
         deadline = time.monotonic() + timeout
+        busy = ("h3_active_requests", "h3_waiting_requests", "h3_execute_in_progress", "h3_vae_decodes")
+        m = {}
         while time.monotonic() < deadline:
             m = self.h3_metrics()
-            busy = ("h3_active_requests", "h3_waiting_requests", "h3_execute_in_progress", "h3_vae_decodes")
             if m and not any(m.get(name) for name in busy):
                 return
             time.sleep(0.05)
+        held = ", ".join(f"{name} {m[name]:g}" for name in busy if m.get(name))
+        self._note(
+            f"drain: after {timeout:g} s the server still holds {held or 'requests'}; the stop cuts them "
+            "(a longer --drain-timeout lets h3_vae finish its decodes)"
+        )
 
     def failure(self, stale_after: float) -> str | None:
         """Why the server can no longer serve, or None. Measured on Triton 2.51: when the
