@@ -131,3 +131,31 @@ def test_a_result_within_the_limits_passes():
     check_result(
         dict(RESULT, height=256, width=256, num_frames=121), (1, 24, 37, 16, 16), (1, 2, 32, 202), RequestLimits()
     )
+
+
+def test_a_decode_keeps_the_silence_before_its_result_and_wakes_the_thread():
+    """The DiT's result says how long its client has heard nothing (INFO silent_s); the decode's
+    first keep-alive comes heartbeat_s after the client's last response, not after the result
+    reached h3_vae (a fresh user saw 20 s between responses with heartbeat_s 15), and adding the
+    decode wakes the keep-alive thread, which may be sleeping for up to heartbeat_s."""
+    lock, clock, sent = threading.Lock(), Clock(), []
+    decodes = Decodes(lock, 1, 3, 10.0, lambda decode: sent.append((decode.request_id, clock.now)), print, print, clock)
+    try:
+        with lock:
+            clock.now = 100.0
+            quiet = decodes.add("quiet", "reply", keepalive=True, silent_s=8.0)
+            forged = decodes.add("forged", "reply", keepalive=True, silent_s=1e9)
+            assert (quiet.last_sent, forged.last_sent) == (92.0, 90.0)  # silence counted within heartbeat_s
+            assert decodes.keep_alive() == 2.0 and sent == [("forged", 100.0)]  # quiet is due at 102
+            clock.now = 102.0
+            assert decodes.keep_alive() == 8.0 and sent[1:] == [("quiet", 102.0)]  # forged is due at 110
+    finally:
+        decodes.close()
+    woke = threading.Event()
+    slow = Decodes(lock, 1, 3, 3600.0, lambda decode: woke.set(), print, print)  # its first round in an hour
+    try:
+        with lock:
+            slow.add("late", "reply", keepalive=True, silent_s=3600.0)  # due at once
+        assert woke.wait(30)  # sent after the wake, not after the hour
+    finally:
+        slow.close()

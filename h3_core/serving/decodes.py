@@ -85,21 +85,25 @@ class Decodes:
         self.heartbeat_s, self.clock = heartbeat_s, clock
         self.send_keepalive, self.log_line, self.publish = send_keepalive, log_line, publish
         self.open: list[Decode] = []
-        self.closed = threading.Event()
+        self.closed, self.wake = threading.Event(), threading.Event()
         self.thread = threading.Thread(target=self._run, name="h3_vae-keepalive", daemon=True)
         self.thread.start()
 
-    def add(self, request_id: str, reply, keepalive: bool) -> Decode:
-        """Open a queued decode (under `lock`). Raises BacklogFull, naming the count and the
-        settings, while workers + max_queued decodes are open."""
+    def add(self, request_id: str, reply, keepalive: bool, silent_s: float = 0.0) -> Decode:
+        """Open a queued decode (under `lock`). silent_s: seconds since the client last got a
+        response for the request (the DiT's result INFO "silent_s"; taken within 0..heartbeat_s),
+        so its first keep-alive comes heartbeat_s after that response, not after the result's
+        arrival here. Raises BacklogFull, naming the count and the settings, while workers +
+        max_queued decodes are open."""
         if len(self.open) >= self.workers + self.max_queued:
             raise BacklogFull(
                 f"the decode backlog is full: {len(self.open)} decodes open, decode_workers + max_queued_decodes "
                 f"= {self.workers} + {self.max_queued}"
             )
-        decode = Decode(request_id, reply, keepalive, self.clock())
+        decode = Decode(request_id, reply, keepalive, self.clock() - min(max(silent_s, 0.0), self.heartbeat_s))
         self.open.append(decode)
         self.publish(*self.counts())
+        self.wake.set()  # the thread's next round may be due sooner
         return decode
 
     def start(self, decode: Decode) -> None:
@@ -139,7 +143,11 @@ class Decodes:
 
     def _run(self) -> None:
         due = self.heartbeat_s
-        while not self.closed.wait(max(due, 0.001)):
+        while True:
+            self.wake.wait(max(due, 0.001))  # a round when one is due, or when a decode is added
+            self.wake.clear()
+            if self.closed.is_set():
+                return
             try:
                 with self.lock:
                     due = self.keep_alive()
@@ -150,6 +158,7 @@ class Decodes:
     def close(self) -> None:
         """Stop the keep-alive thread (waits up to 10 s)."""
         self.closed.set()
+        self.wake.set()
         self.thread.join(timeout=10)
 
 

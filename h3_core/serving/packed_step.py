@@ -208,6 +208,7 @@ class PackedStep:
                 f"request {job.request_id} cancelled by request at step {job.step_index} of {job.total_steps}",
             )
             return
+        silent_s = self.clock() - job.responded_s  # since the client's last response (h3_vae's keep-alives)
         for state in job.states:
             info = {
                 "kind": "result",
@@ -225,6 +226,7 @@ class PackedStep:
                     "encode": job.encode_s,
                     "denoise": job.last_step_s - job.first_step_s,
                 },
+                "silent_s": silent_s,
             }
             send(
                 Result(

@@ -22,6 +22,7 @@ fit it."""
 import functools
 import json
 import logging
+import math
 import threading
 import time
 import traceback
@@ -184,7 +185,9 @@ class TritonPythonModel:
             return
         check_result(info, video.shape, audio.shape, self.limits)
         try:
-            decode = self.open_decodes.add(request_id, reply, parameters.get(KEEPALIVE, True))
+            silent_s = info.get("silent_s", 0.0)  # INFO may be forged: a number, else none
+            silent_s = float(silent_s) if type(silent_s) in (int, float) and math.isfinite(silent_s) else 0.0
+            decode = self.open_decodes.add(request_id, reply, parameters.get(KEEPALIVE, True), silent_s)
         except BacklogFull as full:  # a normal final response, as h3_dit ends started requests
             message = (
                 f"output {info.get('output_index', 0)} of request {request_id} was not decoded: {full}; retry later"
