@@ -8,6 +8,7 @@ per output) -> VIDEO_LATENT + AUDIO_LATENT + INFO -> h3_vae -> VIDEO_MP4, FRAMES
 """
 
 import json
+import math
 import re
 import unicodedata
 
@@ -94,7 +95,7 @@ def check_request_parameters(raw: str) -> dict:
     """The request parameters (Triton's JSON text of them) as a dict, Triton's own keys
     (sequence_*, priority, timeout) left out. Raises ValueError naming the parameter for an
     unknown name, a value of the wrong type or out of range (progress_every and preview_every
-    >= 0, deadline_s > 0 seconds)."""
+    >= 0, deadline_s finite > 0 seconds)."""
     parameters = {}
     for name, value in json.loads(raw or "{}").items():
         if name.startswith("sequence_") or name in RESERVED_PARAMETERS:
@@ -109,8 +110,8 @@ def check_request_parameters(raw: str) -> dict:
         if parameters.get(name, 0) < 0:
             raise ValueError(f"{name}={parameters[name]} is out of range: allowed >= 0")
     deadline_s = parameters.get("deadline_s")
-    if deadline_s is not None and not deadline_s > 0:
-        raise ValueError(f"deadline_s={deadline_s} is out of range: allowed > 0 seconds")
+    if deadline_s is not None and not 0 < deadline_s < math.inf:
+        raise ValueError(f"deadline_s={deadline_s} is out of range: allowed finite > 0 seconds")
     return parameters
 
 

@@ -196,7 +196,11 @@ CASES = {
     ),
     "deadline_zero": (
         lambda s, c: raw_error(s, [prompt()], parameters={"deadline_s": 0}),
-        "deadline_s=0 is out of range: allowed > 0 seconds",
+        "deadline_s=0 is out of range: allowed finite > 0 seconds",
+    ),
+    "deadline_infinite": (
+        lambda s, c: raw_error(s, [prompt()], parameters={"deadline_s": float("inf")}),
+        "deadline_s=inf is out of range: allowed finite > 0 seconds",
     ),
     "inject_fault_when_off": (
         lambda s, c: client_error(c, inject_fault="raise"),

@@ -223,7 +223,8 @@ class Admission:
     def refuse(self, send: Send, arrival: Arrival, code: str, message: str) -> None:
         """Answer a request that never started with an error (counted and logged)."""
         self.metrics.increment("h3_failures_total" if code == "INTERNAL" else "h3_refusals_total")
-        log.info("request %s refused: %s: %s", arrival.request_id or "(no id)", code, message)
+        named = arrival.request_id[:MAX_REQUEST_ID_CHARS] or "(no id)"  # a forged id may be megabytes long
+        log.info("request %s refused: %s: %s", named, code, message)
         send(Refused(arrival.handle, code, message))
 
     # -- admission ---------------------------------------------------------------------------
