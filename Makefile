@@ -17,7 +17,7 @@ setup:
 test: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -q -rs tests
+	$(PY) -m pytest -q -rfEs tests
 
 # the CUDA tests (tests/test_gpu.py, README "Testing on a GPU"): on the GPU host's own python3 unless
 # PY is given, without setup; OUT=DIR also writes DIR/gpu.xml (junit) and DIR/gpu_tests.json

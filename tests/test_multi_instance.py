@@ -15,7 +15,7 @@ from server.process import TritonServer, metric_samples, read_metrics
 
 from .serving import generate_in_thread, model_repository_copy
 
-LONG = dict(height=64, width=96, num_frames=22, num_inference_steps=400, progress_every=1)
+LONG = dict(height=64, width=96, num_frames=22, num_inference_steps=4000, progress_every=1)  # cancelled long before
 SHORT = dict(
     prompt="a short one",
     height=64,
@@ -31,7 +31,7 @@ SHORT = dict(
 
 @pytest.fixture(scope="module")
 def two_instances(tmp_path_factory):
-    repo = model_repository_copy(tmp_path_factory.mktemp("multi") / "repo", dit_instances=2, max_steps="400")
+    repo = model_repository_copy(tmp_path_factory.mktemp("multi") / "repo", dit_instances=2, max_steps="4000")
     with TritonServer(repo, free_ports=True, log_file=tmp_path_factory.mktemp("log") / "server.log") as server:
         yield server, H3Client(server.grpc_url, idle_timeout_s=120)
 
