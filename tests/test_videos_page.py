@@ -8,6 +8,7 @@ import time
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
@@ -79,11 +80,14 @@ def test_the_page_generates_a_video_with_progress_previews_and_the_clip(server, 
                 "const v = document.getElementById('video'); return [v.videoWidth, v.videoHeight, v.duration]"
             )
             assert video == [96, 64, pytest.approx(22 / 24, abs=0.05)]  # the tiny config's 22 frames at 24 fps
-            cells = wait_for(
-                lambda: [cell.text for cell in browser.find_elements(By.CSS_SELECTOR, f"tr[data-id='{job_id}'] td")],
-                30,
-                "the job in the list",
-            )
+
+            def row_cells() -> list[str] | None:
+                try:
+                    return [cell.text for cell in browser.find_elements(By.CSS_SELECTOR, f"tr[data-id='{job_id}'] td")]
+                except StaleElementReferenceException:
+                    return None  # the list was redrawn while it was read: read it again
+
+            cells = wait_for(row_cells, 30, "the job in the list")
             assert cells[1:] == [prompt_text, "96x64", "0.917", "5", "completed 100 %", "showdelete"]
             # for the screenshot: the clip at its middle frame, once the player has drawn it
             browser.execute_async_script(
