@@ -160,6 +160,8 @@ class Prometheus:
             with urllib.request.urlopen(url, timeout=5) as response:
                 return json.load(response)
         except urllib.error.HTTPError as error:  # 400 for a query that does not parse
+            if error.code == 503:  # "Service Unavailable" (plain text) while it starts: wait() asks again
+                raise
             return json.load(error)
 
     def query(self, expr: str, by: tuple = ()) -> dict:
