@@ -31,6 +31,23 @@ INT_INPUTS = {
 # Outputs of h3_pipeline: VIDEO_MP4 BYTES [1, 0 or 1]; FRAMES uint8 [1, T, H, W, 3] and AUDIO float32
 # [1, 2, samples] (empty unless asked for); PROGRESS int32 [1, 3] = (step, total steps, queue position);
 # PREVIEW uint8 [1, Hl, Wl, 3] (empty unless a preview is due); INFO BYTES [1, 1] JSON (INFO_KINDS).
+# Conditioned tasks (h3_spec §2.1). TASK BYTES [1, 1] is optional: one of TASKS; without it the task
+# follows the inputs (KEYFRAMES -> fl2va, nothing -> t2va).
+TASK = "TASK"
+TASKS = ("t2va", "fl2va", "ref2va")
+# fl2va: KEYFRAMES BYTES [1, K], K = 1 or 2 encoded images (PNG, JPEG or WebP files, h3_core.images);
+# KEYFRAME_INDICES INT64 [1, K] the frame each conditions, FIRST_FRAME or LAST_FRAME, distinct; without
+# it one keyframe is the first frame and two are the first and the last.
+KEYFRAMES = "KEYFRAMES"
+KEYFRAME_INDICES = "KEYFRAME_INDICES"
+FIRST_FRAME, LAST_FRAME = 0, -1
+MAX_KEYFRAMES = 2
+# How a keyframe is fitted to the canvas (request parameter "fit", h3_core.images.fit_image):
+# "crop" scales to cover the canvas and cuts the centre (the default: no distortion, nothing added),
+# "pad" scales to fit inside and fills the rest with PAD_COLOR, "stretch" resizes to the canvas
+# whatever the aspect (the reference implementation's way).
+FITS = ("crop", "pad", "stretch")
+DEFAULT_FIT = "crop"
 OUTPUTS = ("VIDEO_MP4", "FRAMES", "AUDIO", "PROGRESS", "PREVIEW", "INFO")
 VIDEO_MP4, FRAMES, AUDIO, PROGRESS, PREVIEW, INFO = OUTPUTS
 # AUDIO holds AUDIO_CHANNELS channels (left, right) of AUDIO_SAMPLE_RATE samples per second, in [-1, 1].
@@ -41,11 +58,24 @@ VIDEO_FPS = 24  # VIDEO_MP4 and FRAMES run at this many frames per second (h3_co
 # Between the models.
 TEXT_EMBEDS = "TEXT_EMBEDS"  # float32 [1, L, text_dim]; [1, 0, 0] in a control request
 REQUEST = "REQUEST"  # BYTES [1, 1] JSON: REQUEST_FIELDS present, or {CANCEL_FIELD: id} alone
+# float32 [1, K, 24, Hl, Wl]: the clean normalised video-VAE latent of each keyframe, in REQUEST's
+# "keyframes" order; [1, 0, 0, 0, 0] without keyframes (every h3_dit request carries it)
+KEYFRAME_LATENTS = "KEYFRAME_LATENTS"
 VIDEO_LATENT = "VIDEO_LATENT"  # float32 [1, 24, T_lat, Hl, Wl] final video latent; [1, 0, 0, 0, 0] when none
 AUDIO_LATENT = "AUDIO_LATENT"  # float32 [1, 2, 32, T_a] final stereo audio latent; [1, 0, 0, 0] when none
 # exactly what h3_encoder writes: the INT_INPUTS present, the seconds it spent and the unix time
-# it received the request (deadline_s counts from there)
-REQUEST_FIELDS = tuple(INT_INPUTS.values()) + ("encode_seconds", "received_unix_s")
+# it received the request (deadline_s counts from there); for a conditioned request also "task" (one
+# of TASKS), "keyframes" (the frame index of each KEYFRAME_LATENTS entry), "vision_spans" ([start,
+# end) token ranges of TEXT_EMBEDS that are vision tokens, token tag 0) and "geometry" (how the
+# canvas was chosen and the keyframes fitted; echoed in the result's INFO)
+REQUEST_FIELDS = tuple(INT_INPUTS.values()) + (
+    "encode_seconds",
+    "received_unix_s",
+    "task",
+    "keyframes",
+    "vision_spans",
+    "geometry",
+)
 CANCEL_FIELD = "cancel_request_id"
 
 # Error codes: every error message starts with one of these and ": ". Streaming clients receive
@@ -85,8 +115,12 @@ REQUEST_PARAMETERS = {
     "return_audio": (bool,),
     KEEPALIVE: (bool,),
     "inject_fault": (str,),
+    "fit": (str,),
+    "flow_shift": (int, float),
+    "audio_flow_shift": (int, float),
 }
 RESERVED_PARAMETERS = ("priority", "timeout")
+MAX_FLOW_SHIFT = 100.0  # flow_shift / audio_flow_shift: the sigma schedule's shift (h3_spec §3.1)
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
 
@@ -95,7 +129,8 @@ def check_request_parameters(raw: str) -> dict:
     """The request parameters (Triton's JSON text of them) as a dict, Triton's own keys
     (sequence_*, priority, timeout) left out. Raises ValueError naming the parameter for an
     unknown name, a value of the wrong type or out of range (progress_every and preview_every
-    >= 0, deadline_s finite > 0 seconds)."""
+    >= 0, deadline_s finite > 0 seconds, flow_shift and audio_flow_shift in (0, MAX_FLOW_SHIFT],
+    fit one of FITS)."""
     parameters = {}
     for name, value in json.loads(raw or "{}").items():
         if name.startswith("sequence_") or name in RESERVED_PARAMETERS:
@@ -112,6 +147,11 @@ def check_request_parameters(raw: str) -> dict:
     deadline_s = parameters.get("deadline_s")
     if deadline_s is not None and not 0 < deadline_s < math.inf:
         raise ValueError(f"deadline_s={deadline_s} is out of range: allowed finite > 0 seconds")
+    for name in ("flow_shift", "audio_flow_shift"):
+        if name in parameters and not 0 < parameters[name] <= MAX_FLOW_SHIFT:
+            raise ValueError(f"{name}={parameters[name]} is out of range: allowed > 0 and <= {MAX_FLOW_SHIFT}")
+    if parameters.get("fit", DEFAULT_FIT) not in FITS:
+        raise ValueError(f"fit={parameters['fit']!r} is not allowed: allowed {list(FITS)}")
     return parameters
 
 
