@@ -125,6 +125,45 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
 
 
+def check_task(task: str, keyframes: int) -> str:
+    """The request's task, checked against its inputs; returns it. Raises ValueError naming TASK:
+    for a task not in TASKS, "ref2va" (not served yet), "fl2va" without keyframes, and "t2va"
+    with them."""
+    if task not in TASKS:
+        raise ValueError(f"{TASK}={task!r} is not allowed: allowed {list(TASKS)}")
+    if task == "ref2va":
+        raise ValueError(f"{TASK}='ref2va' is not served yet: allowed 't2va', 'fl2va'")
+    if task == "fl2va" and not keyframes:
+        raise ValueError(f"{TASK}='fl2va' needs {KEYFRAMES} (1 or {MAX_KEYFRAMES} images)")
+    if task == "t2va" and keyframes:
+        raise ValueError(f"{TASK}='t2va' takes no {KEYFRAMES}; got {keyframes} (send TASK 'fl2va' or no TASK)")
+    return task
+
+
+def keyframe_indices(count: int, indices: list[int] | None) -> list[int]:
+    """The frame index of each of `count` keyframes: `indices` (KEYFRAME_INDICES) when given, else
+    [FIRST_FRAME] for one keyframe and [FIRST_FRAME, LAST_FRAME] for two. Raises ValueError naming
+    the input for more than MAX_KEYFRAMES keyframes, a count mismatch, an index other than
+    FIRST_FRAME / LAST_FRAME, or a repeated index; KEYFRAME_INDICES without KEYFRAMES too."""
+    if count > MAX_KEYFRAMES:
+        raise ValueError(f"{KEYFRAMES} holds {count} images: allowed 1..{MAX_KEYFRAMES} (the first and the last frame)")
+    if indices is None:
+        return [FIRST_FRAME, LAST_FRAME][:count]
+    if count == 0:
+        raise ValueError(f"{KEYFRAME_INDICES} was sent without {KEYFRAMES}")
+    if len(indices) != count:
+        raise ValueError(f"{KEYFRAME_INDICES} holds {len(indices)} values for {count} {KEYFRAMES}: one per keyframe")
+    for index in indices:
+        if index not in (FIRST_FRAME, LAST_FRAME):
+            raise ValueError(
+                f"{KEYFRAME_INDICES} value {index} is not allowed: "
+                f"{FIRST_FRAME} (first frame) or {LAST_FRAME} (last frame)"
+            )
+    if len(set(indices)) != len(indices):
+        raise ValueError(f"{KEYFRAME_INDICES} {indices} repeats a frame: each keyframe conditions a different frame")
+    return list(indices)
+
+
 def check_request_parameters(raw: str) -> dict:
     """The request parameters (Triton's JSON text of them) as a dict, Triton's own keys
     (sequence_*, priority, timeout) left out. Raises ValueError naming the parameter for an

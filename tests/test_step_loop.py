@@ -354,8 +354,9 @@ def test_an_unexpected_admission_error_refuses_only_that_request(engine, caplog,
         ),
         (
             [b'{"colour": 1}'],
-            "REQUEST field 'colour' is unknown; allowed: ['encode_seconds', 'height', 'num_frames', "
-            "'num_inference_steps', 'num_outputs', 'received_unix_s', 'seed', 'width'], or "
+            "REQUEST field 'colour' is unknown; allowed: ['encode_seconds', 'geometry', 'height', 'keyframes', "
+            "'num_frames', 'num_inference_steps', 'num_outputs', 'received_unix_s', 'seed', 'task', 'vision_spans', "
+            "'width'], or "
             "'cancel_request_id' alone (a cancel request)",
         ),
         ([b'{"received_unix_s": -1}'], "received_unix_s=-1 is out of range: allowed finite >= 0 seconds"),

@@ -21,7 +21,7 @@ class PackedBatch:
     offsets: list[int]  # first packed row of each request (multiples of 64)
     total_rows: int
     cu_seqlens: torch.Tensor  # int32 [documents + 1], no empty documents
-    video_rows: torch.Tensor  # int64 [sum V]
+    video_rows: torch.Tensor  # int64 [sum image rows]: each request's condition rows, then its target video rows
     audio_rows: torch.Tensor  # int64 [sum 2*T_a]
     text_rows: torch.Tensor  # int64 [sum L]: packed rows receiving refined text
     refiner_rows: int  # length of the refiner sequence (multiple of 64)

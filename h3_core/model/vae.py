@@ -245,6 +245,22 @@ class AudioVAE(nn.Module):
         return self.decoder(z)[:, 0, :]
 
 
+KEYFRAME_CLIP_FRAMES = 5  # the shortest clip the video VAE takes (17 x 0 + 5 frames)
+
+
+def keyframe_latent(video_vae, image: torch.Tensor) -> torch.Tensor:
+    """The clean normalised latent of a keyframe, float32 [24, H/16, W/16] on the VAE's device
+    (h3_spec §3.3): the still repeated over KEYFRAME_CLIP_FRAMES frames, encoded, latent 0 kept
+    (latent 0 covers frame 0 alone, h3_spec §4.2). `video_vae`: a VideoVAE or the official VAE
+    hook's (same `encode`, deterministic: no posterior sample, so the reference's fixed encode
+    seed 42 has nothing to seed). image: uint8 [H, W, 3] RGB, H and W multiples of 16 (the
+    canvas). Raises ValueError as VideoVAE.encode for a wrong dtype or shape."""
+    if image.dtype != torch.uint8 or image.dim() != 3:
+        raise ValueError(f"a keyframe must be uint8 [H, W, 3], got {image.dtype} {list(image.shape)}")
+    frames = image[None].expand(KEYFRAME_CLIP_FRAMES, *image.shape).contiguous()
+    return video_vae.encode(frames)[:, 0]
+
+
 def create_vaes(seed: int) -> tuple[VideoVAE, AudioVAE]:
     """Build both VAEs on the CPU in eval mode, initialised with `init_weights(vae, seed)`."""
     video, audio = VideoVAE(), AudioVAE()
