@@ -1,8 +1,7 @@
 """Generate a clip with sound from a prompt through a running tritonserver.
 
     python -m client.generate --prompt "a red ball rolls to the left" --out out/clip.mp4
-    python -m client.generate --prompt "the ball rolls away" --out out/fl.mp4 \
-        --first-frame start.png --last-frame end.png --fit pad
+    python -m client.generate --prompt "it rolls away" --out out/fl.mp4 --first-frame a.png --last-frame b.png
 
 The server's gRPC endpoint comes from --url, else $H3_GRPC_URL, else 127.0.0.1:8001. A progress
 bar follows the denoise steps. Exit status: 0 written, 1 the server refused or failed the request
