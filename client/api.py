@@ -3,6 +3,8 @@
     client = H3Client("127.0.0.1:8001")
     results = client.generate("a red ball rolls to the left", num_inference_steps=4, seed=7)
     open("clip.mp4", "wb").write(results[0].video_mp4)
+    # fl2va: the clip starts at one image and ends at another (files sent as they are)
+    results = client.generate("the ball rolls away", first_frame="start.png", last_frame="end.png", fit="pad")
 
 Every call has two client-side limits (H3Client's docstring): an idle timeout (the longest gap
 between responses) and an optional total timeout (the whole call). When one expires the client
@@ -18,6 +20,7 @@ which needs no torch.
 
 import json
 import numbers
+import os
 import queue
 import re
 import socket
@@ -27,6 +30,7 @@ import uuid
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -124,6 +128,7 @@ ARGUMENT_KINDS = {
     "bool": bool,
     "str": str,
     "str or bytes": (str, bytes),
+    "a path or bytes": (str, os.PathLike, bytes),
 }
 
 
@@ -143,6 +148,54 @@ def _check_seconds(name: str, value, optional: bool = False) -> None:
     _check_type(name, value, "number", optional)
     if value is not None and not value > 0:
         raise ValueError(f"{name} must be > 0 seconds, got {value}")
+
+
+def keyframe_bytes(name: str, value: str | os.PathLike | bytes) -> bytes:
+    """The encoded image file a keyframe argument names: `value`'s bytes, or the bytes of the file at
+    the path `value` (str or os.PathLike), unchanged (the server decodes PNG, JPEG or WebP; the
+    client decodes nothing). Raises TypeError for another type, ValueError naming the argument
+    (`name`) for a path that does not exist, is not a file or cannot be read, and for no bytes."""
+    _check_type(name, value, "a path or bytes")
+    if isinstance(value, bytes):
+        data = value
+    else:
+        path = Path(value)
+        if not path.exists():
+            raise ValueError(f"{name} {path}: no such file")
+        if not path.is_file():
+            raise ValueError(f"{name} {path} is not a file; give an image file's path")
+        try:
+            data = path.read_bytes()
+        except OSError as error:
+            raise ValueError(f"{name} {path}: cannot read it ({error.strerror})") from None
+    if not data:
+        raise ValueError(f"{name} is empty: give a PNG, JPEG or WebP file")
+    return data
+
+
+def keyframe_inputs(first_frame: bytes | None, last_frame: bytes | None) -> list[grpcclient.InferInput]:
+    """h3_pipeline's fl2va inputs for the keyframes given (encoded image files' bytes), in the order
+    first, last: KEYFRAMES BYTES [1, K] and KEYFRAME_INDICES INT64 [1, K] holding
+    protocol.FIRST_FRAME (0) and protocol.LAST_FRAME (-1) respectively, K = 1 or 2; [] when both
+    are None."""
+    given = [
+        (data, index)
+        for data, index in ((first_frame, protocol.FIRST_FRAME), (last_frame, protocol.LAST_FRAME))
+        if data is not None
+    ]
+    if not given:
+        return []
+    keyframes = grpcclient.InferInput(protocol.KEYFRAMES, [1, len(given)], "BYTES")
+    keyframes.set_data_from_numpy(np.array([[data for data, _ in given]], dtype=object))
+    indices = grpcclient.InferInput(protocol.KEYFRAME_INDICES, [1, len(given)], "INT64")
+    indices.set_data_from_numpy(np.array([[index for _, index in given]], dtype=np.int64))
+    return [keyframes, indices]
+
+
+def _number(value: numbers.Real) -> int | float:
+    """A JSON-able request parameter: an int stays an int, anything else (numpy floats and
+    integers included) becomes a float."""
+    return value if isinstance(value, int) else float(value)
 
 
 def check_url(url: str) -> str:
@@ -265,6 +318,12 @@ class H3Client:
         return_audio: bool = False,
         request_id: str = "",
         inject_fault: str | None = None,
+        first_frame: str | os.PathLike | bytes | None = None,
+        last_frame: str | os.PathLike | bytes | None = None,
+        fit: str | None = None,
+        flow_shift: float | None = None,
+        audio_flow_shift: float | None = None,
+        task: str | None = None,
         on_progress: Callable[[int, int, int], None] | None = None,
         on_preview: Callable[[int, np.ndarray], None] | None = None,
     ) -> list[GenerationResult]:
@@ -284,9 +343,22 @@ class H3Client:
         request_id: lets `cancel(request_id)` reach this request; "" sends a random one
         ("h3c-<hex>") so that a timeout can cancel the request on the server. inject_fault:
         tests only, refused unless the server's h3_dit has allow_fault_injection "true".
+
+        Keyframes (task fl2va, h3_spec §2.1): first_frame / last_frame, each an image file's path
+        (str or os.PathLike) or its bytes (PNG, JPEG or WebP, sent unchanged: the server decodes
+        them), condition the clip's first / last frame; they go as KEYFRAMES BYTES [1, K] in the
+        order first, last with KEYFRAME_INDICES INT64 [1, K] (0 first, -1 last; keyframe_inputs).
+        fit: how the server fits a keyframe to the canvas, one of protocol.FITS (server default
+        protocol.DEFAULT_FIT). flow_shift / audio_flow_shift: the shift of the video / audio sigma
+        schedule, > 0 and <= protocol.MAX_FLOW_SHIFT (h3_spec §3.1). task: one of protocol.TASKS
+        (TASK BYTES [1, 1]); None lets the server choose it from the inputs (keyframes: fl2va).
+        Each of these is sent only when given (None: the server's default).
+
         Returns the results in output-index order. Raises TypeError naming the argument for a
-        wrong Python type (nothing is sent), ValueError for deadline_s <= 0, H3Error with the
-        server's code word, or with TIMEOUT.
+        wrong Python type, ValueError for deadline_s <= 0 or a keyframe path that does not exist,
+        is not a file or cannot be read, or empty keyframe bytes (keyframe_bytes; in each case
+        nothing is sent), H3Error with the server's code word (INVALID_ARG for a value out of
+        range, e.g. fit not in FITS or an image it cannot decode), or with TIMEOUT.
         """
         _check_type("prompt", prompt, "str or bytes")
         for name, value in (
@@ -310,6 +382,14 @@ class H3Client:
             _check_type(name, value, "bool")
         _check_type("request_id", request_id, "str")
         _check_type("inject_fault", inject_fault, "str", optional=True)
+        _check_type("fit", fit, "str", optional=True)
+        _check_type("flow_shift", flow_shift, "number", optional=True)
+        _check_type("audio_flow_shift", audio_flow_shift, "number", optional=True)
+        _check_type("task", task, "str", optional=True)
+        keyframes = keyframe_inputs(
+            None if first_frame is None else keyframe_bytes("first_frame", first_frame),
+            None if last_frame is None else keyframe_bytes("last_frame", last_frame),
+        )
         fields = dict(
             height=height,
             width=width,
@@ -322,13 +402,16 @@ class H3Client:
         inputs += [
             _input(name, fields[key], "INT64") for name, key in protocol.INT_INPUTS.items() if fields[key] is not None
         ]
+        inputs += keyframes
+        if task is not None:
+            inputs.append(_input(protocol.TASK, task.encode(), "BYTES"))
         wanted = {protocol.FRAMES: return_frames, protocol.AUDIO: return_audio}
         outputs = [grpcclient.InferRequestedOutput(name) for name in protocol.OUTPUTS if wanted.get(name, True)]
         parameters = {"progress_every": int(progress_every)}  # int(): numpy integers are not JSON
         if preview_every:
             parameters["preview_every"] = int(preview_every)
         if deadline_s is not None:
-            parameters["deadline_s"] = deadline_s if isinstance(deadline_s, int) else float(deadline_s)
+            parameters["deadline_s"] = _number(deadline_s)
         if request_priority:
             parameters["request_priority"] = int(request_priority)
         if not return_mp4:
@@ -339,6 +422,11 @@ class H3Client:
             parameters["return_audio"] = True
         if inject_fault is not None:
             parameters["inject_fault"] = inject_fault
+        if fit is not None:
+            parameters["fit"] = fit
+        for name, value in (("flow_shift", flow_shift), ("audio_flow_shift", audio_flow_shift)):
+            if value is not None:
+                parameters[name] = _number(value)
         if self.total_timeout_s is not None:
             total = (self.total_timeout_s, "total_timeout_s")
         elif deadline_s is not None:

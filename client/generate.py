@@ -1,6 +1,7 @@
 """Generate a clip with sound from a prompt through a running tritonserver.
 
     python -m client.generate --prompt "a red ball rolls to the left" --out out/clip.mp4
+    python -m client.generate --prompt "it rolls away" --out out/fl.mp4 --first-frame a.png --last-frame b.png
 
 The server's gRPC endpoint comes from --url, else $H3_GRPC_URL, else 127.0.0.1:8001. A progress
 bar follows the denoise steps. Exit status: 0 written, 1 the server refused or failed the request
@@ -69,7 +70,7 @@ from tqdm import tqdm
 
 from h3_core import protocol
 
-from .api import CANCEL_WAIT_S, DEADLINE_MARGIN_S, H3Client, H3Error, check_url
+from .api import CANCEL_WAIT_S, DEADLINE_MARGIN_S, H3Client, H3Error, check_url, keyframe_bytes
 
 
 def wav_bytes(audio: np.ndarray) -> bytes:
@@ -133,6 +134,7 @@ POSITIVE = flag_type(int, "an integer >= 1", lambda v: v >= 1)
 NON_NEGATIVE = flag_type(int, "an integer >= 0", lambda v: v >= 0)
 SECONDS = flag_type(float, "a number of seconds > 0", lambda v: math.isfinite(v) and v > 0)
 REQUEST_ID = flag_type(str, "a non-empty string", bool)
+SHIFT = flag_type(float, f"a number > 0 and <= {protocol.MAX_FLOW_SHIFT:g}", lambda v: 0 < v <= protocol.MAX_FLOW_SHIFT)
 
 
 def url_type(text: str) -> str:
@@ -144,7 +146,9 @@ def url_type(text: str) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """The flags, checked before anything is sent; bad ones end with exit status 2."""
+    """The flags, checked before anything is sent; bad ones end with exit status 2. The files of
+    --first-frame / --last-frame are read here: args.first_frame / args.last_frame hold their
+    bytes (api.keyframe_bytes), or None."""
     parser = argparse.ArgumentParser(prog="python -m client.generate", description=__doc__.split("\n\n")[0])
     add = parser.add_argument
     add("--prompt", required=True)
@@ -176,6 +180,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     add("--priority", type=int, default=0, metavar="N", help="request_priority: higher runs first (default 0)")
     add("--request-id", type=REQUEST_ID, metavar="ID", help="the request's id (default cli-<uuid>)")
+    add("--first-frame", type=Path, metavar="IMAGE", help="a PNG, JPEG or WebP file the clip starts at (task fl2va)")
+    add("--last-frame", type=Path, metavar="IMAGE", help="a PNG, JPEG or WebP file the clip ends at (task fl2va)")
+    add(
+        "--fit",
+        choices=protocol.FITS,
+        help=f"how a keyframe is fitted to the clip's size (server default {protocol.DEFAULT_FIT}): crop scales "
+        "to cover and cuts the centre, pad scales to fit inside and fills the rest, stretch distorts",
+    )
+    add("--flow-shift", type=SHIFT, metavar="SHIFT", help="the video sigma schedule's shift (server default)")
+    add("--audio-flow-shift", type=SHIFT, metavar="SHIFT", help="the audio sigma schedule's shift (server default)")
+    add("--task", choices=protocol.TASKS, help="default: from the inputs (fl2va with a keyframe, else t2va)")
     add(
         "--url",
         type=url_type,
@@ -205,6 +220,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                 check_writable(flag, numbered_path)
         if args.preview_dir is not None:
             check_writable("--preview-dir", args.preview_dir, folder=True)
+        for flag, key in (("--first-frame", "first_frame"), ("--last-frame", "last_frame")):
+            if getattr(args, key) is not None:
+                setattr(args, key, keyframe_bytes(flag, getattr(args, key)))
     except ValueError as error:
         parser.error(str(error))
     return args
@@ -276,6 +294,12 @@ def main(argv: list[str] | None = None, interrupted: threading.Event = INTERRUPT
                     request_priority=args.priority,
                     request_id=request_id,
                     return_audio=args.wav is not None,
+                    first_frame=args.first_frame,
+                    last_frame=args.last_frame,
+                    fit=args.fit,
+                    flow_shift=args.flow_shift,
+                    audio_flow_shift=args.audio_flow_shift,
+                    task=args.task,
                     on_progress=on_progress,
                 )
             except H3Error as error:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from tritonclient.utils import InferenceServerException
+from tritonclient.utils import InferenceServerException, deserialize_bytes_tensor
 
 from client import api
 from client.api import H3Client, H3Error
@@ -153,8 +153,9 @@ class FakeTriton:
     a threading.Event that it sets then: a Ctrl-C); a cancel sent to h3_dit answers INFO
     {"kind": "cancel", "state": cancel_state} (no "state" when None), ends the wait in progress
     and, when cancel_state is "cancelled", ends the running script with a CANCELLED final response.
-    Records each request (`requests`), each stop_stream's cancel_requests (`stopped`) and the
-    number of clients made and closed (`made`, `closed`)."""
+    Records each request (`requests`: its input names, and `tensors`: each input as sent_tensor
+    reads it), each stop_stream's cancel_requests (`stopped`) and the number of clients made and
+    closed (`made`, `closed`)."""
 
     def __init__(self, script, cancel_state: str | None = "cancelled"):
         self.script, self.cancel_state = script, cancel_state
@@ -164,6 +165,18 @@ class FakeTriton:
     def install(self, monkeypatch) -> "FakeTriton":
         monkeypatch.setattr(api.grpcclient, "InferenceServerClient", lambda url, channel_args: FakeStream(self))
         return self
+
+
+def sent_tensor(infer_input) -> tuple[str, list[int], list]:
+    """(datatype, shape, flat values) of a tritonclient InferInput, read back from the raw bytes it
+    sends: BYTES elements as bytes, INT64 (the client's only other datatype) as ints."""
+    raw = infer_input._get_content()
+    if infer_input.datatype() == "BYTES":
+        values = [bytes(element) for element in deserialize_bytes_tensor(raw)]
+    else:
+        assert infer_input.datatype() == "INT64"
+        values = np.frombuffer(raw, "<i8").tolist()
+    return infer_input.datatype(), list(infer_input.shape()), values
 
 
 class FakeStream:
@@ -182,6 +195,7 @@ class FakeStream:
                 request_id=request_id,
                 parameters=parameters,
                 inputs=[i.name() for i in inputs],
+                tensors={i.name(): sent_tensor(i) for i in inputs},
                 outputs=[o.name() for o in outputs],
             )
         )
@@ -277,6 +291,82 @@ def test_generate_sends_the_contract_names_and_reads_every_output(monkeypatch):
     ]
     assert [step for step, _ in results[0].previews] == [1] and np.array_equal(results[0].previews[0][1], preview)
     assert fake.stopped == [False]
+
+
+# Encoded image files as the client sends them: never decoded, so any bytes do (NUL, 0xff and a
+# trailing NUL included, which a str-based BYTES encoding would lose).
+FIRST_IMAGE = b"\x89PNG\r\n\x1a\n\x00first\xff\x00"
+LAST_IMAGE = b"\xff\xd8\xff\xe0\x00last\x00"
+
+
+@pytest.mark.parametrize(
+    "keyframes, images, indices",
+    [
+        (dict(first_frame="first.png"), [FIRST_IMAGE], [0]),
+        (dict(last_frame=LAST_IMAGE), [LAST_IMAGE], [-1]),
+        (dict(last_frame="last.jpg", first_frame=FIRST_IMAGE), [FIRST_IMAGE, LAST_IMAGE], [0, -1]),
+    ],
+)
+def test_generate_sends_the_keyframe_files_first_then_last(monkeypatch, tmp_path, keyframes, images, indices):
+    (tmp_path / "first.png").write_bytes(FIRST_IMAGE)
+    (tmp_path / "last.jpg").write_bytes(LAST_IMAGE)
+    monkeypatch.chdir(tmp_path)  # str paths relative to it; a pathlib.Path works the same
+    fake = FakeTriton(results_script()).install(monkeypatch)
+    H3Client("fake:1").generate("a", seed=3, **keyframes)
+    (request,) = fake.requests
+    assert request.inputs == ["PROMPT", "SEED", "KEYFRAMES", "KEYFRAME_INDICES"]
+    assert request.tensors["KEYFRAMES"] == ("BYTES", [1, len(images)], images)
+    assert request.tensors["KEYFRAME_INDICES"] == ("INT64", [1, len(images)], indices)
+    assert request.parameters == {"progress_every": 0}  # fit, flow shifts and task only when given
+
+
+def test_generate_sends_fit_flow_shifts_and_task_only_when_given(monkeypatch, tmp_path):
+    (tmp_path / "first.png").write_bytes(FIRST_IMAGE)
+    fake = FakeTriton(results_script() * 2).install(monkeypatch)
+    with H3Client("fake:1") as client:
+        client.generate("a")
+        client.generate(
+            "a",
+            first_frame=tmp_path / "first.png",
+            fit="pad",
+            flow_shift=np.float32(2.5),
+            audio_flow_shift=3,
+            task="fl2va",
+        )
+    plain, conditioned = fake.requests
+    assert (plain.inputs, plain.parameters) == (["PROMPT"], {"progress_every": 0})
+    assert conditioned.inputs == ["PROMPT", "KEYFRAMES", "KEYFRAME_INDICES", "TASK"]
+    assert conditioned.tensors["TASK"] == ("BYTES", [1, 1], [b"fl2va"])
+    assert conditioned.parameters == {"progress_every": 0, "fit": "pad", "flow_shift": 2.5, "audio_flow_shift": 3}
+    assert type(conditioned.parameters["flow_shift"]) is float  # numpy's float32 is not JSON
+    assert protocol.check_request_parameters(json.dumps(conditioned.parameters)) == conditioned.parameters
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (dict(first_frame="missing.png"), ValueError, "first_frame missing.png: no such file"),
+        (dict(last_frame="folder"), ValueError, "last_frame folder is not a file; give an image file's path"),
+        (dict(first_frame=b""), ValueError, "first_frame is empty: give a PNG, JPEG or WebP file"),
+        (dict(last_frame="empty.png"), ValueError, "last_frame is empty: give a PNG, JPEG or WebP file"),
+        (dict(first_frame=3), TypeError, "first_frame must be a path or bytes, got int 3"),
+        (dict(fit=1), TypeError, "fit must be str or None, got int 1"),
+        (dict(flow_shift="5"), TypeError, "flow_shift must be number or None, got str '5'"),
+        (dict(audio_flow_shift=True), TypeError, "audio_flow_shift must be number or None, got bool True"),
+        (dict(task=b"fl2va"), TypeError, "task must be str or None, got bytes b'fl2va'"),
+    ],
+)
+def test_bad_keyframes_and_conditioning_arguments_are_refused_before_sending(
+    monkeypatch, tmp_path, kwargs, error, message
+):
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "empty.png").write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    fake = FakeTriton(results_script()).install(monkeypatch)
+    with pytest.raises(error) as raised:
+        H3Client("fake:1").generate("a", **kwargs)
+    assert str(raised.value) == message
+    assert (fake.requests, fake.made) == ([], 0)
 
 
 @pytest.mark.parametrize("state", protocol.CANCEL_STATES)
@@ -384,6 +474,13 @@ def test_the_client_as_a_context_manager_closes_its_kept_channels(monkeypatch):
         (["--seed", "-1"], "argument --seed: must be an integer >= 0, got '-1'"),
         (["--request-id", ""], "argument --request-id: must be a non-empty string, got ''"),
         (["--preview-every", "2"], "--preview-every needs --preview-dir"),
+        (["--fit", "bad"], "argument --fit: invalid choice: 'bad' (choose from 'crop', 'pad', 'stretch')"),
+        (["--task", "i2v"], "argument --task: invalid choice: 'i2v' (choose from 't2va', 'fl2va', 'ref2va')"),
+        (["--flow-shift", "0"], "argument --flow-shift: must be a number > 0 and <= 100, got '0'"),
+        (["--audio-flow-shift", "nan"], "argument --audio-flow-shift: must be a number > 0 and <= 100, got 'nan'"),
+        (["--flow-shift", "101"], "argument --flow-shift: must be a number > 0 and <= 100, got '101'"),
+        (["--first-frame", "/nonexistent/a.png"], "--first-frame /nonexistent/a.png: no such file"),
+        (["--last-frame", "."], "--last-frame . is not a file; give an image file's path"),
         (["--out", "."], "--out . is a folder; give a file path"),
         (["--wav", "."], "--wav . is a folder; give a file path"),
         (["--out", "/sys/clip.mp4"], "--out /sys/clip.mp4: cannot write in /sys (Permission denied)"),
@@ -525,3 +622,34 @@ def test_ctrl_c_during_the_decode_writes_the_result_that_arrives(monkeypatch, tm
     assert (tmp_path / "x.mp4").read_bytes() == b"mp4-0"
     assert [r.model for r in fake.requests] == [protocol.PIPELINE_MODEL, protocol.CANCEL_MODEL]
     assert fake.made == fake.closed == 2
+
+
+def test_generate_cli_sends_the_same_fl2va_request_as_the_api(monkeypatch, tmp_path):
+    (tmp_path / "a.png").write_bytes(FIRST_IMAGE)
+    (tmp_path / "b.jpg").write_bytes(LAST_IMAGE)
+    fake = FakeTriton(results_script() * 2).install(monkeypatch)
+    flags = ["--fit", "stretch", "--flow-shift", "5", "--audio-flow-shift", "3.5", "--task", "fl2va"]
+    keyframes = ["--first-frame", str(tmp_path / "a.png"), "--last-frame", str(tmp_path / "b.jpg")]
+    assert main([*CLI_FLAGS, "--out", str(tmp_path / "x.mp4"), *keyframes, *flags]) == 0
+    H3Client("fake:1").generate(
+        b"a",
+        first_frame=tmp_path / "a.png",
+        last_frame=LAST_IMAGE,
+        fit="stretch",
+        flow_shift=5.0,
+        audio_flow_shift=3.5,
+        task="fl2va",
+        num_outputs=1,
+        progress_every=1,
+        request_id="cli-test",
+    )
+    cli, api_call = fake.requests
+    assert vars(cli) == vars(api_call)
+    assert cli.tensors["KEYFRAMES"] == ("BYTES", [1, 2], [FIRST_IMAGE, LAST_IMAGE])
+    assert cli.tensors["KEYFRAME_INDICES"] == ("INT64", [1, 2], [0, -1])
+    assert cli.parameters == {
+        "progress_every": 1,
+        "fit": "stretch",
+        "flow_shift": 5.0,
+        "audio_flow_shift": 3.5,
+    }
