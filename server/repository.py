@@ -271,6 +271,18 @@ def plan(
     for key in CANVAS_KEYS:  # h3_vae checks each result's canvas against the DiT's limits
         if key not in given[VaeSettings.MODEL]:
             values[VaeSettings.MODEL][key] = dit_values[key]
+    # h3_encoder infers a keyframe request's canvas within the DiT's limits and encodes keyframes with
+    # h3_vae's video VAE
+    copied = {
+        "max_height": dit_values["max_height"],
+        "max_width": dit_values["max_width"],
+        "config_name": dit_values["config_name"],
+        "checkpoint_dir": values[VaeSettings.MODEL]["checkpoint_dir"],
+        "trust_remote_code": values[VaeSettings.MODEL]["trust_remote_code"],
+    }
+    for key, value in copied.items():
+        if key not in given[EncoderSettings.MODEL]:
+            values[EncoderSettings.MODEL][key] = value
     encoder = EncoderSettings.from_parameters(values[EncoderSettings.MODEL])
     if is_official(folder):  # a checkpoint of another config is named as such, before its text width
         check_transformer_config(folder / TRANSFORMER_FOLDER, cfg)
@@ -392,6 +404,12 @@ COMMENTS = {
         "cpu_threads": CPU_THREADS_COMMENT,
         "encoder_path": '"" = the MiniLM-L6 package folder',
         "tokenizer_path": '"" = encoder_path',
+        "checkpoint_dir": "the video VAE that encodes keyframes: h3_vae's (checkpoint_dir, trust_remote_code)",
+        "config_name": "h3_dit's: a canvas inferred from a keyframe has about its default canvas area",
+        "max_height": "h3_dit's limits: a canvas inferred from a keyframe stays within them",
+        "max_image_bytes": "a keyframe file beyond these limits is refused with INVALID_ARG before any model "
+        "runs (h3_core.images): bytes, pixels (width x height, read from the header: no decompression bomb is "
+        "decoded), each side's pixels, long side / short side",
     },
     DitSettings.MODEL: {
         "cpu_threads": CPU_THREADS_COMMENT,
@@ -431,7 +449,12 @@ PROMPT_INPUTS = """\
   { name: "NUM_FRAMES" data_type: TYPE_INT64 dims: [ 1 ] optional: true },
   { name: "NUM_INFERENCE_STEPS" data_type: TYPE_INT64 dims: [ 1 ] optional: true },
   { name: "SEED" data_type: TYPE_INT64 dims: [ 1 ] optional: true },
-  { name: "NUM_OUTPUTS" data_type: TYPE_INT64 dims: [ 1 ] optional: true }
+  { name: "NUM_OUTPUTS" data_type: TYPE_INT64 dims: [ 1 ] optional: true },
+  # fl2va: KEYFRAMES = 1 or 2 encoded images (PNG, JPEG, WebP files), KEYFRAME_INDICES the frame each
+  # conditions (0 first, -1 last); TASK t2va | fl2va (without it the task follows the inputs)
+  { name: "TASK" data_type: TYPE_STRING dims: [ 1 ] optional: true },
+  { name: "KEYFRAMES" data_type: TYPE_STRING dims: [ -1 ] optional: true },
+  { name: "KEYFRAME_INDICES" data_type: TYPE_INT64 dims: [ -1 ] optional: true }
 """
 MEDIA_OUTPUTS = """\
   { name: "VIDEO_MP4" data_type: TYPE_STRING dims: [ -1 ] },
@@ -462,6 +485,7 @@ input [
 {PROMPT_INPUTS}]
 output [
   {{ name: "TEXT_EMBEDS" data_type: TYPE_FP32 dims: [ -1, -1 ] }},
+  {{ name: "KEYFRAME_LATENTS" data_type: TYPE_FP32 dims: [ -1, -1, -1, -1 ] }},
   {{ name: "REQUEST" data_type: TYPE_STRING dims: [ 1 ] }}
 ]
 """
@@ -472,11 +496,13 @@ DIT_INTRO = """\
 # cancel is announced (h3_core.serving.registry), and reschedules the unfinished ones.
 #
 # REQUEST is JSON: the request fields present (height, width, num_frames, num_inference_steps,
-# seed, num_outputs) and encode_seconds (the keys h3_encoder writes; any other key is refused), or
-# {"cancel_request_id": ID} (ID a non-empty string, no other key) for a control request that
-# cancels the request with that id. Every request has the same two inputs because Triton batches
-# only requests with identical input sets; TEXT_EMBEDS is ragged (prompts differ in token count):
-# [1, L >= 1, text_dim] for a generation request, [1, 0, 0] for a control request.
+# seed, num_outputs), encode_seconds, received_unix_s and for fl2va task, keyframes, vision_spans,
+# geometry (the keys h3_encoder writes; any other key is refused), or {"cancel_request_id": ID} (ID
+# a non-empty string, no other key) for a control request that cancels the request with that id.
+# Every request has the same three inputs because Triton batches only requests with identical input
+# sets; TEXT_EMBEDS is ragged (prompts differ in token count): [1, L >= 1, text_dim] for a
+# generation request, [1, 0, 0] for a control request; KEYFRAME_LATENTS [1, K, 24, Hl, Wl], the
+# keyframes' clean latents, [1, 0, 0, 0, 0] without keyframes.
 #
 """
 DIT_IDLE = (
@@ -491,6 +517,7 @@ DIT_IO = f"""\
 model_transaction_policy {{ decoupled: true }}
 input [
   {{ name: "TEXT_EMBEDS" data_type: TYPE_FP32 dims: [ -1, -1 ] allow_ragged_batch: true }},
+  {{ name: "KEYFRAME_LATENTS" data_type: TYPE_FP32 dims: [ -1, -1, -1, -1 ] allow_ragged_batch: true }},
   {{ name: "REQUEST" data_type: TYPE_STRING dims: [ 1 ] }}
 ]
 output [
@@ -555,13 +582,18 @@ ensemble_scheduling {{
       input_map {{ key: "NUM_INFERENCE_STEPS" value: "NUM_INFERENCE_STEPS" }}
       input_map {{ key: "SEED" value: "SEED" }}
       input_map {{ key: "NUM_OUTPUTS" value: "NUM_OUTPUTS" }}
+      input_map {{ key: "TASK" value: "TASK" }}
+      input_map {{ key: "KEYFRAMES" value: "KEYFRAMES" }}
+      input_map {{ key: "KEYFRAME_INDICES" value: "KEYFRAME_INDICES" }}
       output_map {{ key: "TEXT_EMBEDS" value: "text_embeds" }}
+      output_map {{ key: "KEYFRAME_LATENTS" value: "keyframe_latents" }}
       output_map {{ key: "REQUEST" value: "request" }}
     }},
     {{
       model_name: "h3_dit"
       model_version: -1
       input_map {{ key: "TEXT_EMBEDS" value: "text_embeds" }}
+      input_map {{ key: "KEYFRAME_LATENTS" value: "keyframe_latents" }}
       input_map {{ key: "REQUEST" value: "request" }}
       output_map {{ key: "VIDEO_LATENT" value: "video_latent" }}
       output_map {{ key: "AUDIO_LATENT" value: "audio_latent" }}

@@ -53,10 +53,18 @@ def int64(name, value):
 TEXT = np.zeros((1, 3, 384), dtype=np.float32)  # a valid TEXT_EMBEDS of the tiny config
 
 
-def dit_inputs(text=TEXT, fields=b'{"num_inference_steps": 2}'):
-    """TEXT_EMBEDS and REQUEST (JSON bytes, or an object array of them) for h3_dit called directly."""
+NO_KEYFRAMES = np.zeros((1, 0, 0, 0, 0), dtype=np.float32)  # the KEYFRAME_LATENTS of a t2va or control request
+
+
+def dit_inputs(text=TEXT, fields=b'{"num_inference_steps": 2}', keyframes=NO_KEYFRAMES):
+    """TEXT_EMBEDS, KEYFRAME_LATENTS and REQUEST (JSON bytes, or an object array of them) for
+    h3_dit called directly."""
     fields = fields if isinstance(fields, np.ndarray) else np.array([[fields]], dtype=object)
-    return [tensor("TEXT_EMBEDS", text, "FP32"), tensor("REQUEST", fields, "BYTES")]
+    return [
+        tensor("TEXT_EMBEDS", text, "FP32"),
+        tensor("KEYFRAME_LATENTS", keyframes, "FP32"),
+        tensor("REQUEST", fields, "BYTES"),
+    ]
 
 
 def raw_error(server, inputs, **kwargs) -> H3Error:

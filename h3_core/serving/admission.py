@@ -15,11 +15,14 @@ import torch
 
 from ..diffusion.engine import Engine
 from ..diffusion.request import GenerationRequest
+from ..diffusion.sampling import DEFAULT_AUDIO_SHIFT, DEFAULT_VIDEO_SHIFT
 from ..media import MP4_AVAILABLE
 from ..protocol import (
     CANCEL_FIELD,
     EARLY_CANCEL_SECONDS,
     INT_INPUTS,
+    KEYFRAME_LATENTS,
+    MAX_KEYFRAMES,
     MAX_REQUEST_ID_CHARS,
     check_request_parameters,
     read_request_json,
@@ -77,6 +80,42 @@ class BoundedMemory(OrderedDict):
         """The value remembered for key (None if none or expired)."""
         entry = self.pop(key, None) if pop else self.get(key)
         return entry[1] if entry is not None and now - entry[0] < EARLY_CANCEL_SECONDS else None
+
+
+def _is_int(value) -> bool:
+    return type(value) is int
+
+
+def read_conditions(arrival: Arrival, fields: dict) -> tuple[str, tuple[int, ...], torch.Tensor | None, tuple]:
+    """REQUEST's task, keyframes and vision_spans and the KEYFRAME_LATENTS input of a request ->
+    (task, keyframe frame indices, latents float32 [K, 24, Hl, Wl] or None, vision spans). The
+    task defaults to fl2va with keyframes, else t2va; Engine.prepare checks the values against
+    the canvas. Raises ValueError naming the field or input for a wrong type or a count mismatch."""
+    keyframes = fields.get("keyframes", [])
+    if type(keyframes) is not list or len(keyframes) > MAX_KEYFRAMES or not all(map(_is_int, keyframes)):
+        raise ValueError(
+            f"REQUEST field 'keyframes' must be a list of at most {MAX_KEYFRAMES} integers, got {keyframes!r}"
+        )
+    spans = fields.get("vision_spans", [])
+    if type(spans) is not list or not all(
+        type(span) is list and len(span) == 2 and all(map(_is_int, span)) for span in spans
+    ):
+        raise ValueError(f"REQUEST field 'vision_spans' must be a list of [start, end] integer pairs, got {spans!r}")
+    task = fields.get("task", "fl2va" if keyframes else "t2va")
+    if type(task) is not str:
+        raise ValueError(f"REQUEST field 'task' must be a string, got {task!r}")
+    raw = arrival.keyframe_latents
+    latents = None
+    if raw is not None and raw.size:
+        if raw.ndim != 5 or raw.shape[0] != 1:
+            raise ValueError(f"{KEYFRAME_LATENTS} has shape {list(raw.shape)}; expected [1, K, 24, Hl, Wl]")
+        latents = torch.from_numpy(np.array(raw[0], dtype=np.float32))
+    count = 0 if latents is None else latents.shape[0]
+    if count != len(keyframes):
+        raise ValueError(
+            f"{KEYFRAME_LATENTS} holds {count} keyframes but REQUEST field 'keyframes' lists {len(keyframes)}"
+        )
+    return task, tuple(keyframes), latents, tuple(tuple(span) for span in spans)
 
 
 def parse(arrival: Arrival, fields: dict, now: float, engine: Engine, settings: DitSettings) -> Job:
@@ -148,9 +187,24 @@ def parse(arrival: Arrival, fields: dict, now: float, engine: Engine, settings: 
     priority, limit = parameters.get("request_priority", 0), settings.priority_max
     if not -limit <= priority <= limit:
         raise ValueError(f"request_priority={priority} is out of range: allowed {-limit}..{limit} (priority_max)")
+    geometry = fields.get("geometry")
+    if geometry is not None and type(geometry) is not dict:
+        raise ValueError(f"REQUEST field 'geometry' must be an object, got {geometry!r}")
+    task, keyframes, keyframe_latents, vision_spans = read_conditions(arrival, fields)
     request_id = arrival.request_id or f"h3-{secrets.token_hex(8)}"
-    generation = GenerationRequest(prompt="(encoded)", request_id=request_id, **values)
-    states = engine.prepare(generation, text)
+    generation = GenerationRequest(
+        prompt="(encoded)",
+        request_id=request_id,
+        keyframes=keyframes,
+        task=task,
+        video_shift=parameters.get("flow_shift", DEFAULT_VIDEO_SHIFT),
+        audio_shift=parameters.get("audio_flow_shift", DEFAULT_AUDIO_SHIFT),
+        **values,
+    )
+    states = engine.prepare(generation, text, keyframe_latents, vision_spans)
+    conditioning = {"task": task, "flow_shift": generation.video_shift, "audio_flow_shift": generation.audio_shift}
+    if keyframes:
+        conditioning.update(keyframes=list(keyframes), geometry=geometry)
     return Job(
         key=arrival.key,
         request_id=request_id,
@@ -164,6 +218,7 @@ def parse(arrival: Arrival, fields: dict, now: float, engine: Engine, settings: 
         encode_s=encode_s,
         priority=priority,
         fault=fault,
+        conditioning=conditioning,
     )
 
 

@@ -221,6 +221,7 @@ class PackedStep:
                 "num_frames": state.num_frames,
                 "num_inference_steps": state.total_steps,
                 "largest_pack": job.largest_pack,
+                **job.conditioning,
                 "stage_seconds": {
                     "queue": job.first_step_s - job.arrival_s,
                     "encode": job.encode_s,

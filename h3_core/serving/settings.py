@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 
 from ..diffusion.request import RequestLimits
+from ..images import ImageLimits
 from ..protocol import DIT_MODEL, ENCODER_MODEL, VAE_MODEL
 from .scheduler import DEFAULT_MAX_WAIT_S, DEFAULT_POLICY, POLICIES
 
@@ -84,8 +85,13 @@ class EncoderSettings:
     MiniLM-L6 package folder; a Qwen3-VL folder such as an official checkpoint's text_encoder/);
     tokenizer_path ("" = encoder_path); device ("cpu", "cuda", "cuda:N"); hidden_layer (index into
     hidden_states: -1 = last for MiniLM, the number of decoder layers run for Qwen3-VL, 50 for
-    H3, h3_core.model.encoder); max_tokens (prompt tokens, special tokens included); max_prompt_bytes
-    (UTF-8 bytes)."""
+    H3, h3_core.model.encoder); max_tokens (prompt tokens, special tokens included, vision tokens
+    too); max_prompt_bytes (UTF-8 bytes). For keyframes (fl2va): checkpoint_dir and
+    trust_remote_code (the video VAE whose encoder makes their latents: h3_vae's, on `device`);
+    config_name (its default canvas area is the area of a canvas inferred from a keyframe);
+    max_height, max_width (pixels: h3_dit's limits, the inferred canvas stays within them);
+    max_image_bytes, max_image_pixels, min_image_side, max_image_side (pixels), max_image_aspect
+    (long side / short side): a keyframe file beyond them is refused (h3_core.images.ImageLimits)."""
 
     MODEL = ENCODER_MODEL
     cpu_threads: int = 1
@@ -95,6 +101,26 @@ class EncoderSettings:
     hidden_layer: int = -1
     max_tokens: int = 256
     max_prompt_bytes: int = RequestLimits.max_prompt_bytes
+    checkpoint_dir: str = "checkpoints/tiny"
+    trust_remote_code: bool = False
+    config_name: str = "tiny"
+    max_height: int = RequestLimits.max_height
+    max_width: int = RequestLimits.max_width
+    max_image_bytes: int = ImageLimits.max_bytes
+    max_image_pixels: int = ImageLimits.max_pixels
+    min_image_side: int = ImageLimits.min_side
+    max_image_side: int = ImageLimits.max_side
+    max_image_aspect: float = ImageLimits.max_aspect
+
+    def image_limits(self) -> ImageLimits:
+        """The keyframe limits as h3_core.images takes them (ValueError when out of range)."""
+        return ImageLimits(
+            max_bytes=self.max_image_bytes,
+            max_pixels=self.max_image_pixels,
+            min_side=self.min_image_side,
+            max_side=self.max_image_side,
+            max_aspect=self.max_image_aspect,
+        )
 
     @classmethod
     def from_parameters(cls, parameters: dict[str, str]) -> "EncoderSettings":

@@ -1,5 +1,7 @@
-"""h3_encoder: PROMPT -> TEXT_EMBEDS, the optional INT64 inputs -> REQUEST JSON (an adapter over
-h3_core.model.encoder). The request parameters and the inputs' shapes are checked before the prompt
+"""h3_encoder: PROMPT (+ KEYFRAMES) -> TEXT_EMBEDS, KEYFRAMES -> KEYFRAME_LATENTS, the optional
+inputs -> REQUEST JSON (an adapter over h3_core.model.encoder and h3_core.serving.conditioning).
+Keyframe files are decoded, checked and fitted before any model runs.
+The request parameters and the inputs' shapes are checked before the prompt
 is encoded, so a malformed request costs no encoder time; when every h3_dit instance is full
 (h3_core.serving.registry) the request is refused with UNAVAILABLE before encoding. The requests passed
 on to h3_dit are announced in the registry as the execute ends (Registry.announce), so that an
@@ -7,14 +9,36 @@ h3_dit execute taking several steps ends at its next step boundary and takes the
 
 import time
 
+import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from h3_core.config import get_config
 from h3_core.model.encoder import TextEncoder
-from h3_core.protocol import INT_INPUTS, PROMPT, REQUEST, TEXT_EMBEDS, check_request_parameters
+from h3_core.protocol import (
+    INT_INPUTS,
+    KEYFRAME_INDICES,
+    KEYFRAME_LATENTS,
+    KEYFRAMES,
+    PROMPT,
+    REQUEST,
+    TASK,
+    TEXT_EMBEDS,
+    check_request_parameters,
+    check_task,
+)
+from h3_core.serving.conditioning import keyframe_latents, read_keyframes
 from h3_core.serving.registry import Registry, server_folder
 from h3_core.serving.scheduler import Overloaded
 from h3_core.serving.settings import EncoderSettings
-from server.adapter import error_response, json_tensor, model_parameters, set_threads
+from h3_core.weights.checkpoint import source_seed
+from h3_core.weights.vae_hook import load_vaes
+from server.adapter import error_response, json_tensor, model_parameters, resolve_path, set_threads
+
+
+def read_strings(request, name: str) -> list[bytes] | None:
+    """The elements of an optional BYTES input, or None when it is absent."""
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else list(tensor.as_numpy().reshape(-1))
 
 
 class TritonPythonModel:
@@ -30,6 +54,11 @@ class TritonPythonModel:
             settings.tokenizer_path or None,
         )
         self.encoder.encode("warm up")  # first-call set-up is not paid by the first client
+        source = settings.checkpoint_dir  # random:SEED is no path
+        source = source if source_seed(source) is not None else resolve_path(args, source)
+        self.video_vae, _ = load_vaes(source, settings.device, settings.trust_remote_code)
+        cfg = get_config(settings.config_name)
+        self.canvas_area = cfg.default_height * cfg.default_width
         self.registry = Registry(server_folder())
 
     def execute(self, requests):
@@ -49,11 +78,12 @@ class TritonPythonModel:
         return responses
 
     def encode(self, request):
-        """One request -> TEXT_EMBEDS float32 [1, L, text_dim] + REQUEST. Raises ValueError
-        naming the input or parameter for a malformed request, Overloaded when every h3_dit
-        instance is full (h3_core.serving.registry)."""
+        """One request -> TEXT_EMBEDS float32 [1, L, text_dim] + KEYFRAME_LATENTS float32
+        [1, K, 24, Hl, Wl] + REQUEST. Raises ValueError naming the input or parameter for a
+        malformed request (keyframes included: decoded and checked before any model runs),
+        Overloaded when every h3_dit instance is full (h3_core.serving.registry)."""
         start, received = time.perf_counter(), time.time()
-        check_request_parameters(request.parameters())
+        parameters = check_request_parameters(request.parameters())
         tensor = pb_utils.get_input_tensor_by_name(request, PROMPT)
         if tensor is None:
             raise ValueError(f"{PROMPT} is required")
@@ -75,11 +105,47 @@ class TritonPythonModel:
                 if values.size != 1:
                     raise ValueError(f"{name} must hold exactly one INT64 value, got {values.size}")
                 fields[field] = int(values[0])
+        task = read_strings(request, TASK)
+        if task is not None and len(task) != 1:
+            raise ValueError(f"{TASK} must hold exactly one string, got {len(task)}")
+        files = read_strings(request, KEYFRAMES) or []
+        indices = pb_utils.get_input_tensor_by_name(request, KEYFRAME_INDICES)
+        indices = None if indices is None else [int(value) for value in indices.as_numpy().reshape(-1)]
+        if task is None:  # the task follows the inputs
+            task = "fl2va" if files else "t2va"
+        else:
+            task = task[0].decode("utf-8", "replace") if isinstance(task[0], bytes) else str(task[0])
+        check_task(task, len(files))
+        keyframes = read_keyframes(
+            [bytes(data) for data in files],
+            indices,
+            fields.get("height"),
+            fields.get("width"),
+            parameters.get("fit"),
+            self.settings,
+            self.canvas_area,
+        )
         full = self.registry.refusal()
         if full is not None:
             raise Overloaded(full)
-        embeds = self.encoder.encode(prompt)
+        if keyframes.images:
+            embeds, spans = self.encoder.encode_presentation(prompt, keyframes.images)
+            latents = keyframe_latents(self.video_vae, keyframes)
+            fields.update(
+                height=keyframes.height,
+                width=keyframes.width,
+                task=task,
+                keyframes=keyframes.frames,
+                vision_spans=[list(span) for span in spans],
+                geometry=keyframes.geometry,
+            )
+        else:
+            embeds, latents = self.encoder.encode(prompt), keyframe_latents(self.video_vae, keyframes)
         fields.update(encode_seconds=time.perf_counter() - start, received_unix_s=received)
         return pb_utils.InferenceResponse(
-            [pb_utils.Tensor(TEXT_EMBEDS, embeds[None].cpu().numpy()), json_tensor(REQUEST, fields)]
+            [
+                pb_utils.Tensor(TEXT_EMBEDS, embeds[None].cpu().numpy()),
+                pb_utils.Tensor(KEYFRAME_LATENTS, np.ascontiguousarray(latents[None].numpy())),
+                json_tensor(REQUEST, fields),
+            ]
         )
