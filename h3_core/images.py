@@ -64,10 +64,18 @@ class ImageLimits:
 
 
 def _format_found(prefix: bytes) -> str | None:
-    """The Pillow format whose signature `prefix` (a file's first 16 bytes) matches, or None. Reads
-    the signature only: no other plugin parses the file."""
+    """The Pillow format whose signature `prefix` (a file's first 16 bytes) matches, FORMATS tried
+    first, or None. Runs each plugin's signature test only (no plugin parses the file) and, as
+    PIL.Image.open does, takes a test that fails on a short prefix for a mismatch."""
     Image.init()
-    return next((name for name, (_, accept) in Image.OPEN.items() if accept and accept(prefix) is True), None)
+    for name in FORMATS + tuple(name for name in Image.OPEN if name not in FORMATS):
+        accept = Image.OPEN[name][1]
+        try:
+            if accept is not None and accept(prefix) is True:
+                return name
+        except (SyntaxError, IndexError, TypeError, struct.error):
+            continue
+    return None
 
 
 def _open(data: bytes, field: str, limits: ImageLimits) -> Image.Image:
