@@ -117,10 +117,11 @@ def _open(data: bytes, field: str, limits: ImageLimits) -> Image.Image:
 
 
 def _composite(rgb: np.ndarray, alpha: np.ndarray) -> np.ndarray:
-    """rgb uint8 [H, W, 3] with alpha uint8 [H, W] over BACKGROUND: round((c a + b (255 - a)) / 255)
-    per channel, exactly (255 is odd, so (x + 127) // 255 rounds every x / 255 to the nearest)."""
-    a = alpha.astype(np.int32)[..., None]
-    out = rgb.astype(np.int32) * a + np.asarray(BACKGROUND, np.int32) * (255 - a)
+    """rgb uint8 [H, W, 3] with alpha (0..255) [H, W] over BACKGROUND: round((c a + b (255 - a)) / 255)
+    per channel, exactly (255 is odd, so (x + 127) // 255 rounds every x / 255 to the nearest). In
+    uint16: x + 127 <= 255 x 255 + 127 < 2^16."""
+    a = alpha.astype(np.uint16)[..., None]
+    out = rgb.astype(np.uint16) * a + np.asarray(BACKGROUND, np.uint16) * (255 - a)
     return ((out + 127) // 255).astype(np.uint8)
 
 
@@ -128,7 +129,7 @@ def _rgb(image: Image.Image, field: str) -> np.ndarray:
     """The pixels of a loaded image as uint8 RGB [H, W, 3]; see decode_image for the modes."""
     mode, key = image.mode, image.info.get("transparency")
     if mode in SIXTEEN_BIT_GREY:
-        grey = np.asarray(image).astype(np.int64)
+        grey = np.asarray(image).astype(np.int32)  # I;16B is big-endian: numpy reads it right
         if grey.size and (grey.min() < 0 or grey.max() > 65535):
             raise ValueError(f"{field}: {mode} levels must be within 0..65535, found {grey.min()}..{grey.max()}")
         rgb = np.repeat(((grey * 255 + 32767) // 65535).astype(np.uint8)[..., None], 3, axis=2)
@@ -152,7 +153,9 @@ def decode_image(data: bytes, field: str, limits: ImageLimits) -> np.ndarray:
       no image at all. An MPO (a JPEG with further pictures, as cameras write) is a JPEG: its
       primary picture is decoded;
     - from the header, before any pixel is decoded: a side outside limits.min_side..max_side,
-      width x height over limits.max_pixels, long side / short side over limits.max_aspect. Pillow's
+      width x height over limits.max_pixels, long side / short side over limits.max_aspect (the
+      limits are symmetric in width and height, so this verdict is the one on the upright image;
+      messages give the size as stored, before the EXIF orientation). Pillow's
       DecompressionBombError (and its DecompressionBombWarning, where warnings are errors) become
       the same ValueError;
     - an animated PNG (APNG) or WebP (n_frames > 1): no first frame is taken silently;
@@ -174,10 +177,10 @@ def decode_image(data: bytes, field: str, limits: ImageLimits) -> np.ndarray:
         found = "JPEG" if image.format == "MPO" else image.format
         try:
             image.load()
-            upright = ImageOps.exif_transpose(image)
+            ImageOps.exif_transpose(image, in_place=True)
         except (OSError, SyntaxError, EOFError, ValueError, struct.error) as error:
             raise ValueError(f"{field}: is not a complete {found} image: {error}") from error
-    return _rgb(upright, field)
+        return _rgb(image, field)
 
 
 def fit_image(image: np.ndarray, height: int, width: int, fit: str) -> np.ndarray:
