@@ -89,12 +89,13 @@ def test_anchor_is_seeded_blend_of_clean_latent_and_noise():
     assert not torch.equal(condition_anchors(clean, layout, seed=8), anchors)
 
 
-def keyframe(engine, seed: int, height: int, width: int) -> torch.Tensor:
+def keyframe(model, seed: int, height: int, width: int) -> torch.Tensor:
+    """The keyframe latent [24, Hl, Wl] of a seeded noise image through model's video VAE."""
     image = torch.randint(0, 256, (height, width, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
-    return keyframe_latent(engine.video_vae, image)
+    return keyframe_latent(model.video_vae, image)
 
 
-def fl2va(engine, request_id, keyframes, seed, height, width, frames, steps, image_seed):
+def fl2va(model, request_id, keyframes, seed, height, width, frames, steps, image_seed):
     request = GenerationRequest(
         f"keyframe clip {request_id}",
         height,
@@ -106,11 +107,11 @@ def fl2va(engine, request_id, keyframes, seed, height, width, frames, steps, ima
         keyframes=keyframes,
         task="fl2va",
     )
-    latents = torch.stack([keyframe(engine, image_seed + i, height, width) for i in range(len(keyframes))])
+    latents = torch.stack([keyframe(model, image_seed + i, height, width) for i in range(len(keyframes))])
     return request, latents
 
 
-def run_packs(engine, entries, admit_at, cancel_at=None):
+def run_packs(model, entries, admit_at, cancel_at=None):
     """Step mode with condition latents: entries = {id: (request, latents)}; a request joins when
     the step counter reaches admit_at[id]; cancel_at = (id, step) drops that request before the
     step. Returns the finished states by id."""
@@ -118,11 +119,11 @@ def run_packs(engine, entries, admit_at, cancel_at=None):
     while pending or active:
         for rid in [rid for rid in pending if admit_at[rid] <= tick]:
             request, latents = pending.pop(rid)
-            active += engine.prepare(request, keyframe_latents=latents)
+            active += model.prepare(request, keyframe_latents=latents)
         if cancel_at is not None and cancel_at[1] == tick:
             active = [s for s in active if s.request_id != cancel_at[0]]
-        for state, velocity in zip(active, engine.denoise_step(active), strict=True):
-            engine.update(state, velocity)
+        for state, velocity in zip(active, model.denoise_step(active), strict=True):
+            model.update(state, velocity)
         done.update({s.request_id: s for s in active if s.finished})
         active = [s for s in active if not s.finished]
         tick += 1

@@ -16,6 +16,7 @@ from PIL import Image
 from client.api import H3Error
 
 from .serving import ROOT
+from .test_images import png_header_only
 
 SHAPE = dict(height=64, width=96, num_frames=9, num_inference_steps=3, seed=5)
 
@@ -147,7 +148,17 @@ def test_generate_cli_with_keyframes(server, tmp_path):
     last.write_bytes(png(64, 96, 12))
     out = tmp_path / "clip.mp4"
     done = subprocess.run(
-        [sys.executable, "-m", "client.generate", "--url", server.grpc_url, "--prompt", "from the CLI", "--out", str(out)]
+        [
+            sys.executable,
+            "-m",
+            "client.generate",
+            "--url",
+            server.grpc_url,
+            "--prompt",
+            "from the CLI",
+            "--out",
+            str(out),
+        ]
         + ["--height", "64", "--width", "96", "--num-frames", "9", "--steps", "2", "--seed", "3"]
         + ["--first-frame", str(first), "--last-frame", str(last), "--fit", "stretch"],
         cwd=ROOT,
@@ -163,19 +174,18 @@ def truncated_png() -> bytes:
     return png(64, 96, 1)[:200]
 
 
-def bomb_png() -> bytes:
-    """A PNG header declaring 20,000 x 20,000 pixels, with almost no data."""
-    from tests.test_images import bomb_by_header  # the unit tests' hand-built header
-
-    return bomb_by_header()
-
-
 BAD = {
-    "truncated": (
-        dict(first_frame=truncated_png()),
-        "KEYFRAMES[0] is not a complete PNG image",
+    "truncated": (dict(first_frame=truncated_png()), "KEYFRAMES[0]: is not a complete PNG image"),
+    "not an image": (dict(first_frame=b"hello, world"), "KEYFRAMES[0]: is not an image (no known file signature)"),
+    "bomb by header": (
+        dict(last_frame=png_header_only(20000, 20000)),
+        "KEYFRAMES[0]: refused from its header as a decompression bomb (over max_pixels 40000000)",
     ),
-    "not an image": (dict(first_frame=b"hello, world"), "KEYFRAMES[0] is not a PNG, JPEG or WEBP image"),
+    "1x1": (dict(first_frame=png(1, 1, 1)), "KEYFRAMES[0]: is 1x1 px (width x height as stored)"),
+    "aspect": (
+        dict(first_frame=png(64, 96, 1), last_frame=png(32, 200, 1)),
+        "KEYFRAMES[1]: is 200x32 px (width x height as stored), aspect 6.25",
+    ),
     "three keyframes": (None, "KEYFRAMES holds 3 images: allowed 1..2 (the first and the last frame)"),
     "index 5": (None, "KEYFRAME_INDICES value 5 is not allowed: 0 (first frame) or -1 (last frame)"),
     "t2va with a keyframe": (
@@ -183,7 +193,10 @@ BAD = {
         "TASK='t2va' takes no KEYFRAMES; got 1 (send TASK 'fl2va' or no TASK)",
     ),
     "fl2va without": (dict(task="fl2va"), "TASK='fl2va' needs KEYFRAMES (1 or 2 images)"),
-    "fit": (dict(first_frame=png(64, 96, 1), fit="zoom"), "fit='zoom' is not allowed: allowed ['crop', 'pad', 'stretch']"),
+    "fit": (
+        dict(first_frame=png(64, 96, 1), fit="zoom"),
+        "fit='zoom' is not allowed: allowed ['crop', 'pad', 'stretch']",
+    ),
 }
 
 
