@@ -725,6 +725,9 @@ def write_repository(target: str | Path, repository: Repository) -> Path:
         repository,
         dit=dataclasses.replace(repository.dit, checkpoint_dir=checkpoint),
         vae=dataclasses.replace(repository.vae, checkpoint_dir=checkpoint_for(repository.vae.checkpoint_dir, target)),
+        encoder=dataclasses.replace(
+            repository.encoder, checkpoint_dir=checkpoint_for(repository.encoder.checkpoint_dir, target)
+        ),
     )
     if target != SHIPPED:
         if target.exists():

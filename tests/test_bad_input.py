@@ -183,8 +183,9 @@ CASES = {
     # request parameters
     "unknown_parameter": (
         lambda s, c: raw_error(s, [prompt()], parameters={"colour": "red"}),
-        "request parameter 'colour' is unknown; allowed: ['deadline_s', 'inject_fault', 'keepalive', 'preview_every', "
-        "'progress_every', 'request_priority', 'return_audio', 'return_frames', 'return_mp4']",
+        "request parameter 'colour' is unknown; allowed: ['audio_flow_shift', 'deadline_s', 'fit', 'flow_shift', "
+        "'inject_fault', 'keepalive', 'preview_every', 'progress_every', 'request_priority', 'return_audio', "
+        "'return_frames', 'return_mp4']",
     ),
     "progress_every_wrong_type": (
         lambda s, c: raw_error(s, [prompt()], parameters={"progress_every": "x"}),
@@ -248,7 +249,11 @@ CASES = {
     "dit_batch_of_two": (
         lambda s, c: raw_error(
             s,
-            dit_inputs(text=np.zeros((2, 3, 384), dtype=np.float32), fields=np.array([[b"{}"], [b"{}"]], dtype=object)),
+            dit_inputs(
+                text=np.zeros((2, 3, 384), dtype=np.float32),
+                fields=np.array([[b"{}"], [b"{}"]], dtype=object),
+                keyframes=np.zeros((2, 0, 0, 0, 0), dtype=np.float32),
+            ),
             model="h3_dit",
         ),
         "inference request to model 'h3_dit' must specify batch-size 1 due to requirements of sequence batcher",

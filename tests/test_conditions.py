@@ -204,3 +204,94 @@ def test_keyframe_latents_must_match(engine):  # noqa: F811
     bad[1, 3, 1, 1] = float("nan")
     with pytest.raises(ValueError, match="keyframe_latents holds non-finite values"):
         engine.prepare(request, keyframe_latents=bad)
+
+
+def test_step_loop_serves_fl2va_beside_t2va_and_echoes_the_conditioning(engine):  # noqa: F811
+    """Through h3_dit's StepLoop (REQUEST fields + KEYFRAME_LATENTS as h3_encoder sends them): an
+    fl2va request packed with a t2va one ends with the latents of its engine-level solo run, and
+    its INFO says task, keyframes, geometry and the flow shifts it ran with."""
+    from h3_core.serving.events import Result
+    from tests.test_step_loop import Client, make_loop
+
+    request, latents = fl2va(engine, "kf", (-1, 0), 21, 32, 64, 9, 3, image_seed=400)
+    text = engine.encode_prompt(request.prompt)
+    state = engine.prepare(request, text, latents)[0]
+    while not state.finished:
+        engine.update(state, engine.denoise_step([state])[0])
+    client = Client(make_loop(engine))
+    geometry = {"canvas": "requested", "height": 32, "width": 64, "fit": "crop", "keyframe_sizes": [[32, 64]] * 2}
+    client.send(
+        "kf",
+        3,
+        21,
+        text_embeds=text[None].numpy(),
+        keyframe_latents=latents[None].numpy(),
+        height=32,
+        width=64,
+        num_frames=9,
+        keyframes=[-1, 0],
+        task="fl2va",
+        geometry=geometry,
+    )
+    client.send("plain", 4, 3, parameters={"flow_shift": 5.0, "audio_flow_shift": 2})
+    client.run()
+    (result,) = client.of("kf", Result)
+    assert result.info["largest_pack"] == 2
+    assert {key: result.info[key] for key in ("task", "keyframes", "geometry", "flow_shift", "audio_flow_shift")} == {
+        "task": "fl2va",
+        "keyframes": [-1, 0],
+        "geometry": geometry,
+        "flow_shift": 12.0,
+        "audio_flow_shift": 3.0,
+    }
+    assert torch.equal(result.video_latent, L.unpatchify_video(state.video_latents, state.layout))
+    assert torch.equal(result.audio_latent, L.audio_rows_to_latent(state.audio_latents, state.layout))
+    (plain,) = client.of("plain", Result)
+    assert (plain.info["task"], plain.info["flow_shift"], plain.info["audio_flow_shift"]) == ("t2va", 5.0, 2)
+    assert "keyframes" not in plain.info
+
+
+@pytest.mark.parametrize(
+    "fields, latents, message",
+    [
+        (dict(keyframes=[0]), None, "KEYFRAME_LATENTS holds 0 keyframes but REQUEST field 'keyframes' lists 1"),
+        (
+            {},
+            np.zeros((1, 1, 24, 2, 4), np.float32),
+            "KEYFRAME_LATENTS holds 1 keyframes but REQUEST field 'keyframes' lists 0",
+        ),
+        (
+            dict(keyframes=[0]),
+            np.zeros((1, 24, 2, 4), np.float32),
+            "KEYFRAME_LATENTS has shape [1, 24, 2, 4]; expected [1, K, 24, Hl, Wl]",
+        ),
+        (
+            dict(keyframes=[0]),
+            np.zeros((1, 1, 24, 4, 4), np.float32),
+            "keyframe_latents has shape [1, 24, 4, 4]; expected [1, 24, 2, 4] (keyframes x 24 x Hl x Wl)",
+        ),
+        (
+            dict(keyframes=[0, 1]),
+            np.zeros((1, 2, 24, 2, 4), np.float32),
+            "keyframes=[0, 1] is not allowed: distinct frame indices 0 (first) or -1 (last)",
+        ),
+        (dict(keyframes="first"), None, "REQUEST field 'keyframes' must be a list of at most 2 integers, got 'first'"),
+        (
+            dict(vision_spans=[[0]]),
+            None,
+            "REQUEST field 'vision_spans' must be a list of [start, end] integer pairs, got [[0]]",
+        ),
+        (dict(vision_spans=[[2, 9]]), None, "vision span [2, 9) is out of range: allowed within 0..3 text rows"),
+        (dict(geometry=[1]), None, "REQUEST field 'geometry' must be an object, got [1]"),
+    ],
+)
+def test_direct_h3_dit_keyframe_inputs_are_checked(engine, fields, latents, message):  # noqa: F811
+    """What a direct h3_dit caller may send wrong about keyframes: each refused with INVALID_ARG
+    naming the field, and nothing else runs."""
+    from h3_core.serving.events import Refused
+    from tests.test_step_loop import Client, make_loop
+
+    client = Client(make_loop(engine))
+    client.send("bad", 2, 1, text_embeds=np.zeros((1, 3, 384), np.float32), keyframe_latents=latents, **fields)
+    (refused,) = client.iterate()
+    assert isinstance(refused, Refused) and (refused.code, refused.message) == ("INVALID_ARG", message)

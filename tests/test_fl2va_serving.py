@@ -66,8 +66,8 @@ def test_first_last_and_both_keyframes(client):
 
 def test_canvas_follows_the_first_keyframe_and_fit_is_applied(client):
     """Without HEIGHT/WIDTH the canvas takes the first keyframe's aspect at about the default
-    canvas area (tiny: 64 x 96 = 6,144 px): a 200 x 100 (w x h) image gives 64 x 128? no: the
-    aspect 2 at 6,144 px is 55 x 111 -> rounded to 64 x 96 (multiples of 32, nearest)."""
+    canvas area (tiny: 64 x 96 = 6,144 px): a 200 x 100 (w x h) image, aspect 2, gives 55.4 x
+    110.9 px, rounded to the nearest multiples of 32: 64 x 96; the image is padded into it."""
     (result,) = client.generate(
         "a wide landscape",
         num_frames=9,

@@ -43,6 +43,8 @@ WEIGHTS = "random:0"  # seeded random weights drawn on the device at load, as `-
 # that end at different times (the pack shrinks and the others' offsets move), and sigma
 # schedules that differ, so later packs mix timesteps
 REQUESTS = {"a": (64, 96, 22, 4, 1), "b": (32, 64, 5, 3, 2), "c": (128, 192, 22, 5, 3)}
+# fl2va requests (h3_spec §2.1): REQUESTS' shape fields plus their keyframes (first, last or both)
+FL2VA = {"f": (64, 96, 22, 4, 4, (0,)), "l": (32, 64, 5, 3, 5, (-1,)), "fl": (128, 192, 22, 5, 6, (0, -1))}
 TEXT_LEN = 7
 # sp_degree 2 against 1 on two H200s, max abs over velocities and latents (docs/parity.md,
 # benchmarks/results/h200x2_sequence_parallel*.json: 0.026)
@@ -96,11 +98,29 @@ def text_embeds(config: str, seed: int) -> np.ndarray:
     return torch.randn(1, TEXT_LEN, width, generator=torch.Generator().manual_seed(seed)).numpy()
 
 
+def keyframe_latents(request_id: str) -> np.ndarray | None:
+    """Seeded clean keyframe latents float32 [1, K, 24, Hl, Wl] of an FL2VA request; None for t2va."""
+    if request_id not in FL2VA:
+        return None
+    height, width, _, _, seed, keyframes = FL2VA[request_id]
+    shape = (1, len(keyframes), 24, height // 16, width // 16)
+    return torch.randn(shape, generator=torch.Generator().manual_seed(100 + seed)).numpy()
+
+
+def spec(request_id: str) -> tuple:
+    """(height, width, frames, steps, seed, keyframes) of a request of REQUESTS or FL2VA."""
+    return FL2VA[request_id] if request_id in FL2VA else (*REQUESTS[request_id], ())
+
+
 def prepare(engine, config: str, request_id: str):
-    """The RequestState of REQUESTS[request_id] (its text_embeds on the engine's device)."""
-    height, width, frames, steps, seed = REQUESTS[request_id]
-    request = GenerationRequest("-", height, width, frames, steps, seed=seed)
-    return engine.prepare(request, torch.from_numpy(text_embeds(config, seed)[0]))[0]
+    """The RequestState of REQUESTS[request_id] or FL2VA[request_id] (its text_embeds on the
+    engine's device)."""
+    height, width, frames, steps, seed, keyframes = spec(request_id)
+    task = "fl2va" if keyframes else "t2va"
+    request = GenerationRequest("-", height, width, frames, steps, seed=seed, keyframes=keyframes, task=task)
+    latents = keyframe_latents(request_id)
+    latents = None if latents is None else torch.from_numpy(latents[0])
+    return engine.prepare(request, torch.from_numpy(text_embeds(config, seed)[0]), latents)[0]
 
 
 def request_mode(engine, config: str, request_id: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,7 +140,8 @@ def step_mode(engine, config: str, request_ids: list[str]) -> dict[str, Result]:
     OVERLAP_MAX_STEP_S). Returns request id -> its Result."""
     client = Client(make_loop(engine, time.monotonic, execute_budget_s=60.0))
     for request_id in request_ids:
-        height, width, frames, steps, seed = REQUESTS[request_id]
+        height, width, frames, steps, seed, keyframes = spec(request_id)
+        conditions = dict(keyframes=list(keyframes), keyframe_latents=keyframe_latents(request_id)) if keyframes else {}
         client.send(
             request_id,
             steps=steps,
@@ -130,6 +151,7 @@ def step_mode(engine, config: str, request_ids: list[str]) -> dict[str, Result]:
             height=height,
             width=width,
             num_frames=frames,
+            **conditions,
         )
     client.run()
     assert [event for event in client.events if isinstance(event, (Refused, Ended))] == []
@@ -170,6 +192,23 @@ def test_solo_co_batched_and_request_mode_are_bitwise_equal_with_compiled_blocks
         assert torch.equal(together[request_id].audio_latent, audio), request_id
         assert torch.equal(alone.video_latent, video) and torch.equal(alone.audio_latent, audio), request_id
     assert dit.graphs.captures > captures  # the packs (all under GRAPH_MAX_ROWS rows) replayed graphs
+
+
+@pytest.mark.parametrize("config", ["tiny", "bench"])
+def test_fl2va_co_batched_with_t2va_equals_solo_and_request_mode(engines, config):
+    """fl2va requests (first, last, both keyframes; three shapes and step counts) packed with t2va
+    requests equal their solo step-mode runs and request mode bit for bit, on CUDA with the
+    compiled blocks and CUDA graphs (K5: every request's conditions reach its own rows)."""
+    engine = engines(config)
+    together = step_mode(engine, config, ["a", "f", "b", "l", "fl"])
+    for request_id in FL2VA:
+        (alone,) = step_mode(engine, config, [request_id]).values()
+        video, audio = request_mode(engine, config, request_id)
+        assert torch.isfinite(video).all() and torch.isfinite(audio).all()
+        assert together[request_id].info["largest_pack"] == 5 and together[request_id].info["task"] == "fl2va"
+        assert torch.equal(together[request_id].video_latent, video), request_id
+        assert torch.equal(together[request_id].audio_latent, audio), request_id
+        assert torch.equal(alone.video_latent, video) and torch.equal(alone.audio_latent, audio), request_id
 
 
 @pytest.mark.parametrize("config", ["tiny", "bench"])

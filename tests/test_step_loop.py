@@ -75,10 +75,12 @@ class Client:
         seed: int = 1,
         parameters: dict | None = None,
         text_embeds: np.ndarray | None = None,
+        keyframe_latents: np.ndarray | None = None,
         **extra,
     ) -> str:
-        """Queue a new request: REQUEST fields 64x32x5 unless extra overrides them, TEXT_EMBEDS
-        float32 [1, L, text_dim] (text(seed) unless given)."""
+        """Queue a new request: REQUEST fields 64x32x5 unless extra overrides them (keyframes=[0,
+        -1] etc. with keyframe_latents float32 [1, K, 24, Hl, Wl] for fl2va), TEXT_EMBEDS float32
+        [1, L, text_dim] (text(seed) unless given)."""
         key = next(self.keys)
         self.live[key] = Arrival(
             handle=key,
@@ -87,6 +89,7 @@ class Client:
             new=True,
             request_json=fields(steps, seed, **extra),
             text_embeds=text(seed) if text_embeds is None else text_embeds,
+            keyframe_latents=keyframe_latents,
             parameters_json=json.dumps(parameters or {}),
         )
         return request_id
