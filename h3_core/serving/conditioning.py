@@ -77,4 +77,4 @@ def keyframe_latents(video_vae, keyframes: Keyframes) -> torch.Tensor:
     CPU, in keyframes.frames' order (h3_core.model.vae.keyframe_latent); [0, 0, 0, 0] without."""
     if not keyframes.images:
         return torch.zeros(0, 0, 0, 0)
-    return torch.stack([keyframe_latent(video_vae, torch.from_numpy(image)).cpu() for image in keyframes.images])
+    return torch.stack([keyframe_latent(video_vae, torch.from_numpy(image.copy())).cpu() for image in keyframes.images])
