@@ -17,7 +17,7 @@ shape warms it up, then, in this order:
            text encoder at its real size is built in a process of its own on cuda:0: transformers'
            Qwen3-VL text decoder (hidden 5120, 64 heads, 8 KV heads, head_dim 128, MLP 25600, vocab
            151,936, M-RoPE theta 5e6, sections [24, 20, 20] interleaved) cut to its first 50 decoder
-           layers, final norm replaced by the identity (h3_core.model.encoder.load_qwen3vl_text), seeded
+           layers, final norm replaced by the identity (h3_core.model.encoder.load_qwen3vl), seeded
            random weights; its parameters and bytes, one encode each of a 9- and a 256-token prompt
            (random ids, all-ones mask; the median of 3 after a warm-up), and the device's used
            memory with DiT server + Qwen3-VL resident. The process ends before run b;
@@ -247,7 +247,7 @@ def qwen3vl_text_config(dims: Qwen3VLDims):
 
 def build_qwen3vl_text(dims: Qwen3VLDims, device: str) -> torch.nn.Module:
     """The Qwen3-VL text decoder of `dims` (already cut: num_hidden_layers layers), built as
-    h3_core.model.encoder.load_qwen3vl_text builds it (AutoModel.from_config under the device, bf16, the
+    h3_core.model.encoder.load_qwen3vl builds its language_model (from_config under the device, bf16, the
     final norm replaced by the identity: its last_hidden_state is the residual stream H3 reads),
     with transformers' own random initialisation instead of checkpoint tensors, in eval mode."""
     from transformers import AutoModel

@@ -14,7 +14,7 @@ packed DiT sequence.
   in bf16). Reserve, on the GPU that holds h3_vae and h3_encoder: decode_workers x the video VAE
   decode of the largest canvas the limits allow (request_memory_mb's decode term), plus the text
   encoder's weights (h3_core.model.encoder.weight_bytes: 50.3 GB for MiniMax-H3's Qwen3-VL cut to 50
-  layers). bytes_per_row_and_width: GPU_BF16_BYTES_PER_ROW_AND_WIDTH, measured on an H200, scaled
+  layers, plus its vision tower). bytes_per_row_and_width: GPU_BF16_BYTES_PER_ROW_AND_WIDTH, measured on an H200, scaled
   by the config's dtype bytes / 2.
 - max_sequence_idle_microseconds: longer than the longest execute(), with sequence parallelism
   including one that loses a worker (see idle_timeout).

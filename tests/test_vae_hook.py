@@ -28,7 +28,7 @@ REFUSAL = (
 # Hook variants for the output-shape rules, written next to the copied modeling_h3_vae.py.
 CUSTOM_MODULE = """
 import torch
-from h3_core.weights.remote_vae_modeling import H3AudioDecoder, H3VideoDecoder
+from h3_core.weights.remote_vae_modeling import H3AudioVAE, H3VideoVAE
 
 
 class Output:
@@ -36,24 +36,39 @@ class Output:
         self.sample = sample
 
 
-class SampleVideo(H3VideoDecoder):
+class SampleVideo(H3VideoVAE):
     def decode(self, z):
         return Output(super().decode(z))
 
 
-class FlatAudio(H3AudioDecoder):
+class FlatAudio(H3AudioVAE):
     def decode(self, z):
         return super().decode(z)[:, 0]
 
 
-class ShortVideo(H3VideoDecoder):
+class ShortVideo(H3VideoVAE):
     def decode(self, z):
         return super().decode(z)[:, :, :5]
 
 
-class ListAudio(H3AudioDecoder):
+class ListAudio(H3AudioVAE):
     def decode(self, z):
         return super().decode(z).tolist()
+
+
+class HalfVideo(H3VideoVAE):
+    def encode(self, x):
+        return super().encode(x)[:, :12]
+
+
+class NanAudio(H3AudioVAE):
+    def encode(self, x):
+        z = super().encode(x)
+        z[1, 0, -1] = float("nan")
+        return z
+
+    def decode(self, z):
+        return super().decode(z) / 0.0
 
 
 class NotAModule:
@@ -100,7 +115,7 @@ def edit_config(folder: Path, edit) -> None:
 
 
 def test_written_folders_follow_the_hook_contract(official, vaes):
-    for name, vae, class_name in (("video_vae", vaes[0], "H3VideoDecoder"), ("audio_vae", vaes[1], "H3AudioDecoder")):
+    for name, vae, class_name in (("video_vae", vaes[0], "H3VideoVAE"), ("audio_vae", vaes[1], "H3AudioVAE")):
         folder = official / name
         config = json.loads((folder / "config.json").read_text())
         assert config == {
@@ -110,7 +125,10 @@ def test_written_folders_follow_the_hook_contract(official, vaes):
         }
         assert (folder / "modeling_h3_vae.py").read_text() == Path(remote_vae_modeling.__file__).read_text()
         weights = load_file(str(folder / "model.safetensors"))
-        assert sorted(weights) == sorted(f"decoder.{k}" for k in vae.decoder.state_dict())
+        assert sorted(weights) == sorted(
+            [*(f"encoder.{k}" for k in vae.encoder.state_dict()), *(f"decoder.{k}" for k in vae.decoder.state_dict())]
+        )
+        assert torch.equal(weights["encoder.0.weight"], vae.encoder[0].weight)
         assert torch.equal(weights["decoder.0.weight"], vae.decoder[0].weight)
 
 
@@ -138,6 +156,52 @@ def test_decoding_through_the_hook_equals_our_vaes(official, vaes, video_shape, 
     assert frames.dtype == torch.uint8 and torch.equal(frames, vaes[0].decode(video))
     waveform = hook_audio.decode(audio)
     assert waveform.dtype == torch.float32 and torch.equal(waveform, vaes[1].decode(audio))
+
+
+@pytest.mark.parametrize("num_frames, height, width, audio_frames", [(5, 16, 16, 1), (22, 48, 64, 9), (39, 32, 32, 25)])
+def test_encoding_through_the_hook_equals_our_vaes(official, vaes, num_frames, height, width, audio_frames):
+    hook_video, hook_audio = load_vaes(official, trust_remote_code=True)
+    generator = torch.Generator().manual_seed(num_frames)
+    frames = torch.randint(0, 256, (num_frames, height, width, 3), dtype=torch.uint8, generator=generator)
+    audio = torch.rand(2, audio_frames * 800, generator=generator) * 2 - 1
+    latent = hook_video.encode(frames)
+    assert latent.shape == (24, (num_frames - 5) // 17 * 5 + 2, height // 16, width // 16)
+    assert latent.dtype == torch.float32 and torch.equal(latent, vaes[0].encode(frames))
+    audio_latent = hook_audio.encode(audio)
+    assert audio_latent.shape == (2, 32, audio_frames)
+    assert audio_latent.dtype == torch.float32 and torch.equal(audio_latent, vaes[1].encode(audio))
+
+
+@pytest.mark.parametrize(
+    "frames, audio",
+    [
+        (torch.zeros(5, 16, 16, 3), torch.zeros(2, 800, dtype=torch.float64)),
+        (torch.zeros(5, 16, 16, 4, dtype=torch.uint8), torch.zeros(1, 800)),
+        (torch.zeros(6, 16, 16, 3, dtype=torch.uint8), torch.zeros(2, 0)),
+        (torch.zeros(5, 24, 16, 3, dtype=torch.uint8), torch.zeros(2, 801)),
+    ],
+)
+def test_bad_media_get_our_encoders_errors(official, vaes, frames, audio):
+    hook_video, hook_audio = load_vaes(official, trust_remote_code=True)
+    for ours, hook, media in ((vaes[0], hook_video, frames), (vaes[1], hook_audio, audio)):
+        with pytest.raises(ValueError) as expected:
+            ours.encode(media)
+        with pytest.raises(ValueError, match=f"^{re.escape(str(expected.value))}$"):
+            hook.encode(media)
+
+
+def test_an_encode_output_of_the_wrong_shape_or_not_finite_is_refused(tmp_path, official):
+    hook_video, hook_audio = load_vaes(copy_with(tmp_path, official, "HalfVideo", "NanAudio"), trust_remote_code=True)
+    message = (
+        f"{tmp_path / 'video_vae'}: encode returned shape [1, 12, 7, 2, 3]; expected a tensor (or .sample) of "
+        "shape [1, 24, 7, 2, 3]"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        hook_video.encode(torch.zeros(22, 32, 48, 3, dtype=torch.uint8))
+    for method, argument in (("encode", torch.zeros(2, 1600)), ("decode", torch.zeros(2, 32, 2))):
+        message = f"{tmp_path / 'audio_vae'}: {method} returned values that are not finite (NaN or infinity)"
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            getattr(hook_audio, method)(argument)
 
 
 @pytest.mark.parametrize(
@@ -206,11 +270,11 @@ def test_a_broken_contract_is_refused_before_the_opt_in_is_asked(tmp_path, offic
     )
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         load_vaes(folder, trust_remote_code=trust_remote_code)
-    edit_config(video, lambda c: c.update(auto_map={"AutoModel": "absent.H3VideoDecoder"}))
-    message = f"{video / 'absent.py'} not found; {config} names it in auto_map.AutoModel 'absent.H3VideoDecoder'"
+    edit_config(video, lambda c: c.update(auto_map={"AutoModel": "absent.H3VideoVAE"}))
+    message = f"{video / 'absent.py'} not found; {config} names it in auto_map.AutoModel 'absent.H3VideoVAE'"
     with pytest.raises(FileNotFoundError, match=f"^{re.escape(message)}$"):
         load_vaes(folder, trust_remote_code=trust_remote_code)
-    edit_config(video, lambda c: c.update(auto_map={"AutoModel": "modeling_h3_vae.H3VideoDecoder"}))
+    edit_config(video, lambda c: c.update(auto_map={"AutoModel": "modeling_h3_vae.H3VideoVAE"}))
     edit_config(folder / "audio_vae", lambda c: c.update(latents_std=c["latents_std"][:24]))
     message = f"{folder / 'audio_vae' / 'config.json'} latents_std must be a list of 32 numbers, got "
     with pytest.raises(ValueError, match=f"^{re.escape(message)}"):

@@ -76,18 +76,36 @@ def frames_to_groups(frames: torch.Tensor) -> torch.Tensor:
     """Stack each latent's frames: uint8 [T, H, W, 3] (T = 17n + 5) -> float32
     [T_lat, 12, H, W] in [-1, 1], channels ordered frame-major (f0 RGB, f1 RGB, ...).
 
-    This is the video encoder's input (and the decoder's training target). Raises ValueError if
-    frames is not uint8 [T, H, W, 3] with T = 17n + 5 and H, W multiples of 16."""
+    This is the video encoder's input (and the decoder's training target). Raises ValueError as
+    check_video_frames."""
+    check_video_frames(frames)
+    num_frames, height, width, _ = frames.shape
+    index, _ = _group_index(num_video_latents(num_frames))
+    groups = frames[index.to(frames.device)]  # [T_lat, 4, H, W, 3]
+    groups = groups.permute(0, 1, 4, 2, 3).reshape(-1, VIDEO_GROUP_CHANNELS, height, width)
+    return groups.float() / 127.5 - 1.0
+
+
+def check_video_frames(frames: torch.Tensor) -> None:
+    """The input check of every video encoder (VideoVAE.encode, h3_core.weights.vae_hook): raise ValueError
+    unless `frames` is uint8 [T, H, W, 3] with T = 17n + 5 and H, W positive multiples of 16."""
     if frames.dtype != torch.uint8 or frames.dim() != 4 or frames.shape[3] != 3:
         raise ValueError(f"frames must be uint8 [T, H, W, 3], got {frames.dtype} {list(frames.shape)}")
     num_frames, height, width, _ = frames.shape
     step = config.VIDEO_SPATIAL_DOWNSAMPLE
     if height % step or width % step or height == 0 or width == 0:
         raise ValueError(f"frames height and width must be positive multiples of {step}, got {height}x{width}")
-    index, _ = _group_index(num_video_latents(num_frames))
-    groups = frames[index.to(frames.device)]  # [T_lat, 4, H, W, 3]
-    groups = groups.permute(0, 1, 4, 2, 3).reshape(-1, VIDEO_GROUP_CHANNELS, height, width)
-    return groups.float() / 127.5 - 1.0
+    num_video_latents(num_frames)
+
+
+def check_audio(audio: torch.Tensor) -> None:
+    """The input check of every audio encoder (AudioVAE.encode, h3_core.weights.vae_hook): raise ValueError
+    unless `audio` is float32 [2, N] with N a positive multiple of 800."""
+    stereo, hop = config.AUDIO_CHANNELS, config.AUDIO_HOP
+    if audio.dtype != torch.float32 or audio.dim() != 2 or audio.shape[0] != stereo:
+        raise ValueError(f"audio must be float32 [{stereo}, N], got {audio.dtype} {list(audio.shape)}")
+    if audio.shape[1] == 0 or audio.shape[1] % hop:
+        raise ValueError(f"audio length must be a positive multiple of {hop} samples, got {audio.shape[1]}")
 
 
 def groups_to_frames(groups: torch.Tensor) -> torch.Tensor:
@@ -160,7 +178,7 @@ class VideoVAE(nn.Module):
         """Encode one clip: uint8 [T, H, W, 3] (T = 17n + 5; H, W multiples of 16) -> normalised
         float32 latents [24, 5n + 2, H/16, W/16] on the module's device.
 
-        Raises ValueError for a wrong dtype, shape or frame count."""
+        Raises ValueError for a wrong dtype, shape or frame count (check_video_frames)."""
         device = self.latents_mean.device
         z = self.encoder(frames_to_groups(frames.to(device)))  # [T_lat, 24, Hl, Wl]
         z = (z - self.latents_mean[:, None, None]) / self.latents_std[:, None, None]
@@ -225,12 +243,8 @@ class AudioVAE(nn.Module):
         """Encode stereo audio: float32 [2, N] (N a positive multiple of 800) -> normalised
         float32 latents [2, 32, N / 800] on the module's device.
 
-        Raises ValueError for a wrong dtype, shape or length."""
-        stereo, hop = config.AUDIO_CHANNELS, config.AUDIO_HOP
-        if audio.dtype != torch.float32 or audio.dim() != 2 or audio.shape[0] != stereo:
-            raise ValueError(f"audio must be float32 [{stereo}, N], got {audio.dtype} {list(audio.shape)}")
-        if audio.shape[1] == 0 or audio.shape[1] % hop:
-            raise ValueError(f"audio length must be a positive multiple of {hop} samples, got {audio.shape[1]}")
+        Raises ValueError for a wrong dtype, shape or length (check_audio)."""
+        check_audio(audio)
         z = self.encoder(audio.to(self.latents_mean.device)[:, None, :])
         return (z - self.latents_mean[:, None]) / self.latents_std[:, None]
 

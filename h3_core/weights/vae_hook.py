@@ -1,8 +1,8 @@
 """The VAEs of a weight source (h3_core.weights.checkpoint's module docstring), and the hook that runs the
 remote-code VAEs an official MiniMax-H3 checkpoint ships.
 
-`load_vaes(source, device, trust_remote_code)` gives a (video, audio) pair with VideoVAE.decode's
-and AudioVAE.decode's signatures and errors (h3_core.model.vae.decode_clip takes either) from:
+`load_vaes(source, device, trust_remote_code)` gives a (video, audio) pair with VideoVAE's and
+AudioVAE's encode and decode signatures and errors (h3_core.model.vae.decode_clip takes either) from:
 - a native folder: video_vae.safetensors and audio_vae.safetensors (our VideoVAE / AudioVAE);
 - `random:SEED`: create_vaes(SEED + 1), drawn on the CPU (what checkpoint_setup writes for SEED 0);
 - an official checkpoint folder, told apart by a `video_vae/` or `audio_vae/` folder: the code
@@ -16,14 +16,21 @@ with h3_core.weights.remote_vae_modeling as their module):
 2. <folder>/<module file stem>.py is imported from the folder itself, as a module of a package
    made of the folder (it may import sibling files relatively; nothing is copied to a cache).
 3. ClassName.from_pretrained(folder: str) returns a torch.nn.Module; we move it to the device and
-   call eval(), and we de-normalise: z = z_model * latents_std + latents_mean (per channel,
-   h3_spec §4.2, §4.3) before calling its decode, under torch.inference_mode.
-4. video: decode(z float32 [1, 24, T_lat, Hl, Wl]) returns a tensor, or an object with a .sample
-   tensor, [1, 3, 17n + 5, Hl*16, Wl*16] in [-1, 1] (T_lat = 5n + 2); we give uint8
-   [17n + 5, Hl*16, Wl*16, 3] = round(clamp((x + 1) / 2, 0, 1) * 255), as VideoVAE.decode.
+   call eval(), and run its encode and decode under torch.inference_mode on raw latents: we
+   normalise what encode returns, z_model = (z - latents_mean) / latents_std, and de-normalise
+   before decode, z = z_model * latents_std + latents_mean (per channel, h3_spec §4.2, §4.3).
+4. video: decode(z float32 [1, 24, T_lat, Hl, Wl]) returns [1, 3, 17n + 5, Hl*16, Wl*16] in
+   [-1, 1] (T_lat = 5n + 2); we give uint8 [17n + 5, Hl*16, Wl*16, 3] =
+   round(clamp((x + 1) / 2, 0, 1) * 255), as VideoVAE.decode. encode(x float32 [1, 3, 17n + 5,
+   H, W], x = frames / 127.5 - 1 in [-1, 1]) returns raw latents [1, 24, 5n + 2, H/16, W/16];
+   we give them normalised, [24, 5n + 2, H/16, W/16], as VideoVAE.encode.
 5. audio: decode(z float32 [2, 32, T_a]) (each stereo channel an independent mono item) returns
    [2, 1, T_a*800] or [2, T_a*800] in [-1, 1]; we give float32 [2, T_a*800], as AudioVAE.decode.
-   Any other output shape raises ValueError naming the folder and the expected shape.
+   encode(x float32 [2, 1, N]) (the same mono items, N a multiple of 800) returns raw latents
+   [2, 32, N/800]; we give them normalised, as AudioVAE.encode.
+6. Every encode and decode returns a tensor, or an object with a .sample tensor, of finite
+   values: any other output, shape or a NaN or infinity raises ValueError naming the folder (and
+   the expected shape).
 """
 
 import hashlib
@@ -43,11 +50,14 @@ from ..config import AUDIO_HOP, AUDIO_LATENT_CHANNELS, VIDEO_LATENT_CHANNELS, VI
 from ..model.vae import (
     AudioVAE,
     VideoVAE,
+    check_audio,
     check_audio_latent,
+    check_video_frames,
     check_video_latent,
     create_vaes,
     frames_to_uint8,
     num_video_frames,
+    num_video_latents,
 )
 from . import remote_vae_modeling
 from .checkpoint import (
@@ -158,14 +168,17 @@ def remote_model(code: RemoteCode, device: str | torch.device) -> nn.Module:
     return model.to(device).eval()
 
 
-def decoded_tensor(folder: Path, output, expected: list[list[int]]) -> torch.Tensor:
-    """The tensor a hook's decode returned (itself or its .sample), float32. Raises ValueError
-    naming `folder` and the expected shape(s) unless it has one of the `expected` shapes."""
+def hook_tensor(folder: Path, method: str, output, expected: list[list[int]]) -> torch.Tensor:
+    """The tensor a hook's `method` ("encode" or "decode") returned (itself or its .sample),
+    float32 (hook contract 6). Raises ValueError naming `folder` and the expected shape(s) unless
+    it has one of the `expected` shapes, and naming `folder` when a value is NaN or infinite."""
     tensor = output if isinstance(output, torch.Tensor) else getattr(output, "sample", None)
     if not isinstance(tensor, torch.Tensor) or list(tensor.shape) not in expected:
         got = f"shape {list(tensor.shape)}" if isinstance(tensor, torch.Tensor) else type(output).__name__
         shapes = " or ".join(str(shape) for shape in expected)
-        raise ValueError(f"{folder}: decode returned {got}; expected a tensor (or .sample) of shape {shapes}")
+        raise ValueError(f"{folder}: {method} returned {got}; expected a tensor (or .sample) of shape {shapes}")
+    if not torch.isfinite(tensor).all():
+        raise ValueError(f"{folder}: {method} returned values that are not finite (NaN or infinity)")
     return tensor.float()
 
 
@@ -184,7 +197,24 @@ class RemoteVAE:
 
 
 class RemoteVideoVAE(RemoteVAE):
-    """An official video_vae/ folder's model behind VideoVAE.decode (hook contract 3, 4)."""
+    """An official video_vae/ folder's model behind VideoVAE.encode and .decode (hook contract 3, 4, 6)."""
+
+    @torch.inference_mode()
+    def encode(self, frames: torch.Tensor) -> torch.Tensor:
+        """Encode one clip: uint8 frames [T, H, W, 3] (T = 17n + 5; H, W multiples of 16) ->
+        normalised float32 latents [24, 5n + 2, H/16, W/16] on the device.
+
+        Raises ValueError for a wrong dtype, shape or frame count (vae.check_video_frames), or
+        an encode output of another shape than [1, 24, 5n + 2, H/16, W/16] or not finite (naming
+        the folder)."""
+        check_video_frames(frames)
+        num_frames, height, width, _ = frames.shape
+        x = (frames.to(self.latents_mean.device).float() / 127.5 - 1.0).permute(3, 0, 1, 2)[None]
+        step = VIDEO_SPATIAL_DOWNSAMPLE
+        expected = [1, VIDEO_LATENT_CHANNELS, num_video_latents(num_frames), height // step, width // step]
+        z = hook_tensor(self.folder, "encode", self.model.encode(x), [expected])[0]
+        std, mean = self.latents_std[:, None, None, None], self.latents_mean[:, None, None, None]
+        return ((z - mean) / std).contiguous()
 
     @torch.inference_mode()
     def decode(self, latent: torch.Tensor) -> torch.Tensor:
@@ -192,7 +222,8 @@ class RemoteVideoVAE(RemoteVAE):
         uint8 frames [17n + 5, Hl*16, Wl*16, 3] on the device (clamped to [0, 1], x255, rounded).
 
         Raises ValueError for a wrong dtype, shape or latent frame count (vae.check_video_latent),
-        or a decode output of another shape than [1, 3, 17n + 5, Hl*16, Wl*16] (naming the folder)."""
+        or a decode output of another shape than [1, 3, 17n + 5, Hl*16, Wl*16] or not finite
+        (naming the folder)."""
         check_video_latent(latent)
         std, mean = self.latents_std[:, None, None, None], self.latents_mean[:, None, None, None]
         z = latent.to(self.latents_mean.device) * std + mean
@@ -200,12 +231,25 @@ class RemoteVideoVAE(RemoteVAE):
         step = VIDEO_SPATIAL_DOWNSAMPLE
         expected = [1, 3, num_video_frames(num_latents), height * step, width * step]
         return frames_to_uint8(
-            decoded_tensor(self.folder, self.model.decode(z[None]), [expected])[0].permute(1, 2, 3, 0)
+            hook_tensor(self.folder, "decode", self.model.decode(z[None]), [expected])[0].permute(1, 2, 3, 0)
         )
 
 
 class RemoteAudioVAE(RemoteVAE):
-    """An official audio_vae/ folder's model behind AudioVAE.decode (hook contract 3, 5)."""
+    """An official audio_vae/ folder's model behind AudioVAE.encode and .decode (hook contract 3, 5, 6)."""
+
+    @torch.inference_mode()
+    def encode(self, audio: torch.Tensor) -> torch.Tensor:
+        """Encode stereo audio: float32 [2, N] at 32 kHz (N a positive multiple of 800) ->
+        normalised float32 latents [2, 32, N / 800] on the device.
+
+        Raises ValueError for a wrong dtype, shape or length (vae.check_audio), or an encode
+        output of another shape than [2, 32, N / 800] or not finite (naming the folder)."""
+        check_audio(audio)
+        x = audio.to(self.latents_mean.device)[:, None, :]
+        expected = [audio.shape[0], AUDIO_LATENT_CHANNELS, audio.shape[1] // AUDIO_HOP]
+        z = hook_tensor(self.folder, "encode", self.model.encode(x), [expected])
+        return (z - self.latents_mean[:, None]) / self.latents_std[:, None]
 
     @torch.inference_mode()
     def decode(self, latent: torch.Tensor) -> torch.Tensor:
@@ -213,12 +257,12 @@ class RemoteAudioVAE(RemoteVAE):
         [2, T_a * 800] in [-1, 1] at 32 kHz on the device.
 
         Raises ValueError for a wrong dtype or shape (vae.check_audio_latent), or a decode output
-        of another shape than [2, 1, T_a*800] or [2, T_a*800] (naming the folder)."""
+        of another shape than [2, 1, T_a*800] or [2, T_a*800] or not finite (naming the folder)."""
         check_audio_latent(latent)
         z = latent.to(self.latents_mean.device) * self.latents_std[:, None] + self.latents_mean[:, None]
         samples = latent.shape[2] * AUDIO_HOP
         expected = [[latent.shape[0], 1, samples], [latent.shape[0], samples]]
-        return decoded_tensor(self.folder, self.model.decode(z), expected).reshape(latent.shape[0], samples)
+        return hook_tensor(self.folder, "decode", self.model.decode(z), expected).reshape(latent.shape[0], samples)
 
 
 def load_vaes(
@@ -249,18 +293,19 @@ def load_vaes(
 
 def write_official_vaes(folder: str | Path, video_vae: VideoVAE, audio_vae: AudioVAE) -> None:
     """Write `folder`/video_vae/ and `folder`/audio_vae/ in the hook contract's layout: config.json
-    (auto_map naming remote_vae_modeling's H3VideoDecoder / H3AudioDecoder, the VAE's latents_mean
-    and latents_std), model.safetensors (the decoder's weights, named decoder.*) and
-    remote_vae_modeling.py copied as modeling_h3_vae.py. Raises FileExistsError when either
-    folder exists."""
-    decoders = (
-        (VIDEO_FOLDER, video_vae, remote_vae_modeling.H3VideoDecoder),
-        (AUDIO_FOLDER, audio_vae, remote_vae_modeling.H3AudioDecoder),
+    (auto_map naming remote_vae_modeling's H3VideoVAE / H3AudioVAE, the VAE's latents_mean and
+    latents_std), model.safetensors (the encoder's and decoder's weights, named encoder.* and
+    decoder.*) and remote_vae_modeling.py copied as modeling_h3_vae.py. Raises FileExistsError
+    when either folder exists."""
+    models = (
+        (VIDEO_FOLDER, video_vae, remote_vae_modeling.H3VideoVAE),
+        (AUDIO_FOLDER, audio_vae, remote_vae_modeling.H3AudioVAE),
     )
-    for name, vae, cls in decoders:
+    for name, vae, cls in models:
         target = Path(folder) / name
         target.mkdir(parents=True, exist_ok=False)
-        save_weights(nn.ModuleDict({"decoder": vae.decoder}), target / remote_vae_modeling.WEIGHTS_FILE)
+        networks = nn.ModuleDict({"encoder": vae.encoder, "decoder": vae.decoder})
+        save_weights(networks, target / remote_vae_modeling.WEIGHTS_FILE)
         shutil.copyfile(remote_vae_modeling.__file__, target / REMOTE_MODULE_FILE)
         config = {
             "auto_map": {"AutoModel": f"{Path(REMOTE_MODULE_FILE).stem}.{cls.__name__}"},
