@@ -110,3 +110,44 @@ def test_concurrent_prompts_get_their_solo_states(server, checkpoint):
         solo = encoder.encode(prompt)
         assert solo.shape == (len(prompt.encode()), 384)
         assert torch.equal(torch.from_numpy(states[0].copy()), solo)
+
+
+def test_served_fl2va_clip_equals_in_process(server, checkpoint):
+    """fl2va on the synthetic official checkpoint: Qwen3-VL presents the keyframes with its vision
+    tower (<Picture i>: + vision tokens, then the prompt), the official VAE hook encodes them, and
+    the served clip equals the in-process one (the same encoder, hook and DiT) bit for bit."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from h3_core.model.vae import keyframe_latent
+
+    images = [np.random.default_rng(seed).integers(0, 256, (64, 96, 3), dtype=np.uint8) for seed in (1, 2)]
+    files = []
+    for image in images:
+        out = io.BytesIO()
+        Image.fromarray(image).save(out, format="PNG")
+        files.append(out.getvalue())
+    request = GenerationRequest(PROMPTS[0], 64, 96, 9, 2, seed=3, keyframes=(0, -1), task="fl2va")
+    (served,) = H3Client(server.grpc_url).generate(
+        request.prompt,
+        height=64,
+        width=96,
+        num_frames=9,
+        num_inference_steps=2,
+        seed=3,
+        first_frame=files[0],
+        last_frame=files[1],
+        return_mp4=False,
+        return_frames=True,
+        return_audio=True,
+    )
+    encoder = TextEncoder(str(checkpoint / TEXT_ENCODER), QWEN3VL_H3_LAYER, tokenizer_path=str(checkpoint / TOKENIZER))
+    embeds, spans = encoder.encode_presentation(request.prompt, images)
+    assert len(spans) == 2 and served.info["keyframes"] == [0, -1] and served.info["task"] == "fl2va"
+    engine = load_engine("tiny", checkpoint, with_encoder=False, trust_remote_code=True)
+    latents = torch.stack([keyframe_latent(engine.video_vae, torch.from_numpy(image)) for image in images])
+    ((_, frames, audio),) = engine.generate(request, embeds, latents, tuple(spans))
+    assert torch.equal(torch.from_numpy(served.frames.copy()), frames)
+    assert torch.equal(torch.from_numpy(served.audio.copy()), audio)
