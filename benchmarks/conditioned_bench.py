@@ -9,7 +9,7 @@ smaller shapes, as a smoke test), weights `random:0`.
 
 - step: packs of N requests of 672 x 384 px, 209 frames, both keyframes (fl2va: 16,329 + 504
   condition rows, 16,896 padded rows each) against N t2va requests whose prompt is 504 tokens
-  longer, so every request has the same used and padded rows; N = 1 and 3 (and 8 x 2,048-row
+  longer, so every request has the same used and padded rows; N = 1 and 3 (and 8 x 1,344-row
   requests, 384 x 224 px). Each pack's Engine.denoise_step time is the median of 10 after a
   warm-up; the two packs alternate 3 times and the ratio fl2va / t2va is the median of the 3
   per-run ratios (a conditioned pack adds one timestep, 0.999, to the AdaLN and the anchors'
@@ -33,13 +33,13 @@ import numpy as np
 import torch
 from PIL import Image
 
-from h3_core.diffusion.request import GenerationRequest
+from h3_core.diffusion.request import GenerationRequest, RequestLimits
 from h3_core.factory import load_engine
 from h3_core.images import ImageLimits, decode_image, fit_image
 from h3_core.model.dit import use_bitwise_cublas
 from h3_core.model.vae import create_vaes, keyframe_latent
 
-GPU_PACKS = {"1 x 16,896": (384, 672, 209, 1), "3 x 16,896": (384, 672, 209, 3), "8 x 2,048": (224, 384, 33, 8)}
+GPU_PACKS = {"1 x 16,896": (384, 672, 209, 1), "3 x 16,896": (384, 672, 209, 3), "8 x 1,344": (224, 384, 33, 8)}
 CPU_PACKS = {"1 x small": (64, 96, 22, 1), "3 x small": (64, 96, 22, 3)}
 TEXT_LEN = 9  # the fl2va prompt's tokens; the t2va twin gets TEXT_LEN + the condition rows
 
@@ -132,7 +132,8 @@ def main() -> None:
         use_bitwise_cublas()
     device = torch.device("cuda" if cuda else "cpu")
     config = "bench" if cuda else "tiny"
-    engine = load_engine(config, "random:0", device.type, with_encoder=False, with_vaes=False)
+    limits = RequestLimits(max_height=1024, max_width=1024, max_num_frames=257, max_rows=2**20, max_request_mb=2**20)
+    engine = load_engine(config, "random:0", device.type, with_encoder=False, with_vaes=False, limits=limits)
     engine.warm_up()
     print(f"conditioned_bench: {config} DiT on {device}", flush=True)
     results = {

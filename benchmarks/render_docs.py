@@ -419,7 +419,35 @@ def registry_cpu(root: Path) -> str:
     return "\n".join(lines)
 
 
+def conditioned_steps(root: Path) -> str:
+    """fl2va pack step vs t2va pack of the same rows, and the keyframe cost, from
+    conditioned_bench_h200.json (benchmarks/conditioned_bench.py)."""
+    path = "benchmarks/results/conditioned_bench_h200.json"
+    document = load(root, "conditioned_bench_h200")
+    lines = [
+        f"{document['device']} (`{document['config']}` DiT), torch {document['torch']}, {document['date']}: "
+        f"`{document['command']}` (`{path}`):",
+        "",
+        "| pack | rows per request (condition rows) | fl2va step ms | t2va step ms | fl2va / t2va (median of 3) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, row in document["step"].items():
+        lines.append(
+            f"| {name} | {row['rows_per_request']:,} ({row['condition_rows_per_request']:,}) "
+            f"| {row['fl2va_step_s'] * 1e3:.1f} | {row['t2va_step_s'] * 1e3:.1f} | {row['fl2va_over_t2va']:.4f} |"
+        )
+    key = document["keyframe"]
+    lines += [
+        "",
+        f"One {key['png_bytes'] / 2**20:.1f} MiB 1344 x 768 PNG keyframe: decoded, checked and fitted to 672 x 384 in "
+        f"{key['decode_and_fit_s'] * 1e3:.1f} ms (CPU), encoded by this project's video VAE in "
+        f"{key['vae_encode_s'] * 1e3:.2f} ms (GPU).",
+    ]
+    return "\n".join(lines)
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
+    "conditioned_bench_h200 steps": conditioned_steps,
     "h200 headline": h200_headline,
     "h200 targets": h200_targets,
     "h200 summary_history": h200_history,

@@ -138,7 +138,7 @@ def step_mode(engine, config: str, request_ids: list[str]) -> dict[str, Result]:
     """Run the requests through a StepLoop in step mode on the real clock, all sent at once, with
     a 60 s execute budget, so steps overlap (each launched before the previous one settles,
     OVERLAP_MAX_STEP_S). Returns request id -> its Result."""
-    client = Client(make_loop(engine, time.monotonic, execute_budget_s=60.0))
+    client = Client(make_loop(engine, time.monotonic, execute_budget_s=60.0, max_num_seqs=max(4, len(request_ids))))
     for request_id in request_ids:
         height, width, frames, steps, seed, keyframes = spec(request_id)
         conditions = dict(keyframes=list(keyframes), keyframe_latents=keyframe_latents(request_id)) if keyframes else {}
