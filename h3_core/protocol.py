@@ -42,6 +42,26 @@ KEYFRAMES = "KEYFRAMES"
 KEYFRAME_INDICES = "KEYFRAME_INDICES"
 FIRST_FRAME, LAST_FRAME = 0, -1
 MAX_KEYFRAMES = 2
+# ref2va (h3_spec §2.1-2.3): references and timeline guides, each list optional, at least one item
+# in all. REFERENCE_IMAGES BYTES [1, N] image files (PNG, JPEG, WebP: a character, an object);
+# REFERENCE_VIDEOS BYTES [1, N] MP4 files (with their audio track when they have one);
+# REFERENCE_AUDIO BYTES [1, N] WAV, FLAC or MP3 files (a voice, a sound). The reference blocks follow
+# in that order: images, then videos, then audio, each input in its own order. GUIDES BYTES [1, N]
+# image files with GUIDE_FRAMES INT64 [1, N]: the frame (0 .. NUM_FRAMES - 1) each should appear at.
+# KEYFRAMES and references in one request are refused (fl2va's keyframes are ref2va's guides at
+# the first and last frame: send GUIDES for both).
+REFERENCE_IMAGES = "REFERENCE_IMAGES"
+REFERENCE_VIDEOS = "REFERENCE_VIDEOS"
+REFERENCE_AUDIO = "REFERENCE_AUDIO"
+GUIDES = "GUIDES"
+GUIDE_FRAMES = "GUIDE_FRAMES"
+REFERENCE_INPUTS = (REFERENCE_IMAGES, REFERENCE_VIDEOS, REFERENCE_AUDIO, GUIDES)
+# default limits (h3_encoder parameters): counts per kind and in all
+MAX_REFERENCE_IMAGES, MAX_REFERENCE_VIDEOS, MAX_REFERENCE_AUDIO, MAX_REFERENCES = 9, 3, 3, 12
+# The kinds of condition block a request's rows may hold (h3_core.diffusion.layout): fl2va's keyframe,
+# ref2va's guide (both one latent frame at the target's grid), image (one latent frame at its own
+# grid), audio (reference audio rows), video and video_audio (audio rows, then video rows).
+CONDITION_KINDS = ("keyframe", "guide", "image", "audio", "video", "video_audio")
 # How a keyframe is fitted to the canvas (request parameter "fit", h3_core.images.fit_image):
 # "crop" scales to cover the canvas and cuts the centre (the default: no distortion, nothing added),
 # "pad" scales to fit inside and fills the rest with PAD_COLOR, "stretch" resizes to the canvas
