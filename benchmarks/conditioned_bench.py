@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from h3_core.diffusion.conditions import Condition
 from h3_core.diffusion.request import GenerationRequest, RequestLimits
 from h3_core.factory import load_engine
 from h3_core.images import ImageLimits, decode_image, fit_image
@@ -68,14 +69,14 @@ def states(engine, height: int, width: int, frames: int, count: int, conditioned
     condition_rows = 2 * (height // 32) * (width // 32)
     text_len = TEXT_LEN if conditioned else TEXT_LEN + condition_rows
     text = torch.randn(text_len, cfg.text_dim, generator=torch.Generator().manual_seed(0))
-    keyframes = (0, -1) if conditioned else ()
-    latents = torch.randn(2, 24, height // 16, width // 16) if conditioned else None
+    latents = torch.randn(2, 24, 1, height // 16, width // 16)
+    conditions = [Condition("keyframe", frame, latent) for frame, latent in zip((0, -1), latents, strict=True)]
     made = []
     for seed in range(count):
         request = GenerationRequest(
-            "bench", height, width, frames, 30, seed=seed, keyframes=keyframes, task="fl2va" if conditioned else "t2va"
+            "bench", height, width, frames, 30, seed=seed, task="fl2va" if conditioned else "t2va"
         )
-        made += engine.prepare(request, text, latents)
+        made += engine.prepare(request, text, conditions if conditioned else ())
     return made
 
 

@@ -78,25 +78,30 @@ VIDEO_FPS = 24  # VIDEO_MP4 and FRAMES run at this many frames per second (h3_co
 # Between the models.
 TEXT_EMBEDS = "TEXT_EMBEDS"  # float32 [1, L, text_dim]; [1, 0, 0] in a control request
 REQUEST = "REQUEST"  # BYTES [1, 1] JSON: REQUEST_FIELDS present, or {CANCEL_FIELD: id} alone
-# float32 [1, K, 24, Hl, Wl]: the clean normalised video-VAE latent of each keyframe, in REQUEST's
-# "keyframes" order; [1, 0, 0, 0, 0] without keyframes (every h3_dit request carries it)
-KEYFRAME_LATENTS = "KEYFRAME_LATENTS"
+# float32 [1, N]: every condition block's clean normalised latents, flattened and concatenated in
+# REQUEST's "conditions" order (for each block its video latent, then its audio latent); [1, 0]
+# without conditions (every h3_dit request carries it)
+CONDITION_LATENTS = "CONDITION_LATENTS"
 VIDEO_LATENT = "VIDEO_LATENT"  # float32 [1, 24, T_lat, Hl, Wl] final video latent; [1, 0, 0, 0, 0] when none
 AUDIO_LATENT = "AUDIO_LATENT"  # float32 [1, 2, 32, T_a] final stereo audio latent; [1, 0, 0, 0] when none
 # exactly what h3_encoder writes: the INT_INPUTS present, the seconds it spent and the unix time
 # it received the request (deadline_s counts from there); for a conditioned request also "task" (one
-# of TASKS), "keyframes" (the frame index of each KEYFRAME_LATENTS entry), "vision_spans" ([start,
+# of TASKS), "conditions" (CONDITION_FIELDS per block, in CONDITION_LATENTS' order), "vision_spans" ([start,
 # end) token ranges of TEXT_EMBEDS that are vision tokens, token tag 0) and "geometry" (how the
-# canvas was chosen and the keyframes fitted; echoed in the result's INFO)
+# canvas was chosen and the images fitted; echoed in the result's INFO)
 REQUEST_FIELDS = tuple(INT_INPUTS.values()) + (
     "encode_seconds",
     "received_unix_s",
     "task",
-    "keyframes",
+    "conditions",
     "vision_spans",
     "geometry",
 )
 CANCEL_FIELD = "cancel_request_id"
+# one entry of REQUEST's "conditions": "kind" (CONDITION_KINDS), "frame" (keyframes and guides:
+# the frame index), "video" (visual kinds: the latent's shape [24, T, h, w]), "audio" (audio kinds:
+# [2, 32, T])
+CONDITION_FIELDS = ("kind", "frame", "video", "audio")
 
 # Error codes: every error message starts with one of these and ": ". Streaming clients receive
 # only the message text; through the ensemble Triton 2.51 prefixes "in ensemble 'h3_pipeline', ".
@@ -145,18 +150,29 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
 
 
-def check_task(task: str, keyframes: int) -> str:
-    """The request's task, checked against its inputs; returns it. Raises ValueError naming TASK:
-    for a task not in TASKS, "ref2va" (not served yet), "fl2va" without keyframes, and "t2va"
-    with them."""
+def check_task(task: str, kinds: list[str]) -> str:
+    """The request's task, checked against the kinds of its conditions (CONDITION_KINDS); returns
+    it. Raises ValueError naming TASK: for a task not in TASKS, t2va with conditions, fl2va
+    without keyframes or with anything else, ref2va without guides or references or with
+    keyframes."""
     if task not in TASKS:
         raise ValueError(f"{TASK}={task!r} is not allowed: allowed {list(TASKS)}")
-    if task == "ref2va":
-        raise ValueError(f"{TASK}='ref2va' is not served yet: allowed 't2va', 'fl2va'")
-    if task == "fl2va" and not keyframes:
-        raise ValueError(f"{TASK}='fl2va' needs {KEYFRAMES} (1 or {MAX_KEYFRAMES} images)")
-    if task == "t2va" and keyframes:
-        raise ValueError(f"{TASK}='t2va' takes no {KEYFRAMES}; got {keyframes} (send TASK 'fl2va' or no TASK)")
+    keyframes = kinds.count("keyframe")
+    others = len(kinds) - keyframes
+    if task == "t2va" and kinds:
+        raise ValueError(
+            f"{TASK}='t2va' takes no conditions; got {len(kinds)} (send TASK 'fl2va' / 'ref2va' or no TASK)"
+        )
+    if task == "fl2va" and (not keyframes or others):
+        raise ValueError(
+            f"{TASK}='fl2va' needs {KEYFRAMES} (1 or {MAX_KEYFRAMES} images) and nothing else; "
+            f"got {keyframes} keyframes and {others} guides or references"
+        )
+    if task == "ref2va" and (not others or keyframes):
+        raise ValueError(
+            f"{TASK}='ref2va' needs references or guides ({', '.join(REFERENCE_INPUTS)}) and no {KEYFRAMES}; "
+            f"got {others} references or guides and {keyframes} keyframes"
+        )
     return task
 
 

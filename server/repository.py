@@ -485,7 +485,7 @@ input [
 {PROMPT_INPUTS}]
 output [
   {{ name: "TEXT_EMBEDS" data_type: TYPE_FP32 dims: [ -1, -1 ] }},
-  {{ name: "KEYFRAME_LATENTS" data_type: TYPE_FP32 dims: [ -1, -1, -1, -1 ] }},
+  {{ name: "CONDITION_LATENTS" data_type: TYPE_FP32 dims: [ -1 ] }},
   {{ name: "REQUEST" data_type: TYPE_STRING dims: [ 1 ] }}
 ]
 """
@@ -496,13 +496,13 @@ DIT_INTRO = """\
 # cancel is announced (h3_core.serving.registry), and reschedules the unfinished ones.
 #
 # REQUEST is JSON: the request fields present (height, width, num_frames, num_inference_steps,
-# seed, num_outputs), encode_seconds, received_unix_s and for fl2va task, keyframes, vision_spans,
-# geometry (the keys h3_encoder writes; any other key is refused), or {"cancel_request_id": ID} (ID
-# a non-empty string, no other key) for a control request that cancels the request with that id.
-# Every request has the same three inputs because Triton batches only requests with identical input
-# sets; TEXT_EMBEDS is ragged (prompts differ in token count): [1, L >= 1, text_dim] for a
-# generation request, [1, 0, 0] for a control request; KEYFRAME_LATENTS [1, K, 24, Hl, Wl], the
-# keyframes' clean latents, [1, 0, 0, 0, 0] without keyframes.
+# seed, num_outputs), encode_seconds, received_unix_s and for fl2va / ref2va task, conditions,
+# vision_spans, geometry (the keys h3_encoder writes; any other key is refused), or
+# {"cancel_request_id": ID} (ID a non-empty string, no other key) for a control request that cancels
+# the request with that id. Every request has the same three inputs because Triton batches only
+# requests with identical input sets; TEXT_EMBEDS is ragged (prompts differ in token count):
+# [1, L >= 1, text_dim] for a generation request, [1, 0, 0] for a control request;
+# CONDITION_LATENTS [1, N], the condition blocks' clean latents flattened, [1, 0] without any.
 #
 """
 DIT_IDLE = (
@@ -517,7 +517,7 @@ DIT_IO = f"""\
 model_transaction_policy {{ decoupled: true }}
 input [
   {{ name: "TEXT_EMBEDS" data_type: TYPE_FP32 dims: [ -1, -1 ] allow_ragged_batch: true }},
-  {{ name: "KEYFRAME_LATENTS" data_type: TYPE_FP32 dims: [ -1, -1, -1, -1 ] allow_ragged_batch: true }},
+  {{ name: "CONDITION_LATENTS" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true }},
   {{ name: "REQUEST" data_type: TYPE_STRING dims: [ 1 ] }}
 ]
 output [
@@ -586,14 +586,14 @@ ensemble_scheduling {{
       input_map {{ key: "KEYFRAMES" value: "KEYFRAMES" }}
       input_map {{ key: "KEYFRAME_INDICES" value: "KEYFRAME_INDICES" }}
       output_map {{ key: "TEXT_EMBEDS" value: "text_embeds" }}
-      output_map {{ key: "KEYFRAME_LATENTS" value: "keyframe_latents" }}
+      output_map {{ key: "CONDITION_LATENTS" value: "condition_latents" }}
       output_map {{ key: "REQUEST" value: "request" }}
     }},
     {{
       model_name: "h3_dit"
       model_version: -1
       input_map {{ key: "TEXT_EMBEDS" value: "text_embeds" }}
-      input_map {{ key: "KEYFRAME_LATENTS" value: "keyframe_latents" }}
+      input_map {{ key: "CONDITION_LATENTS" value: "condition_latents" }}
       input_map {{ key: "REQUEST" value: "request" }}
       output_map {{ key: "VIDEO_LATENT" value: "video_latent" }}
       output_map {{ key: "AUDIO_LATENT" value: "audio_latent" }}

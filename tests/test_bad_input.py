@@ -53,16 +53,16 @@ def int64(name, value):
 TEXT = np.zeros((1, 3, 384), dtype=np.float32)  # a valid TEXT_EMBEDS of the tiny config
 
 
-NO_KEYFRAMES = np.zeros((1, 0, 0, 0, 0), dtype=np.float32)  # the KEYFRAME_LATENTS of a t2va or control request
+NO_CONDITIONS = np.zeros((1, 0), dtype=np.float32)  # the CONDITION_LATENTS of a t2va or control request
 
 
-def dit_inputs(text=TEXT, fields=b'{"num_inference_steps": 2}', keyframes=NO_KEYFRAMES):
-    """TEXT_EMBEDS, KEYFRAME_LATENTS and REQUEST (JSON bytes, or an object array of them) for
+def dit_inputs(text=TEXT, fields=b'{"num_inference_steps": 2}', conditions=NO_CONDITIONS):
+    """TEXT_EMBEDS, CONDITION_LATENTS and REQUEST (JSON bytes, or an object array of them) for
     h3_dit called directly."""
     fields = fields if isinstance(fields, np.ndarray) else np.array([[fields]], dtype=object)
     return [
         tensor("TEXT_EMBEDS", text, "FP32"),
-        tensor("KEYFRAME_LATENTS", keyframes, "FP32"),
+        tensor("CONDITION_LATENTS", conditions, "FP32"),
         tensor("REQUEST", fields, "BYTES"),
     ]
 
@@ -252,7 +252,7 @@ CASES = {
             dit_inputs(
                 text=np.zeros((2, 3, 384), dtype=np.float32),
                 fields=np.array([[b"{}"], [b"{}"]], dtype=object),
-                keyframes=np.zeros((2, 0, 0, 0, 0), dtype=np.float32),
+                conditions=np.zeros((2, 0), dtype=np.float32),
             ),
             model="h3_dit",
         ),
@@ -289,7 +289,7 @@ def test_bad_input_is_refused_and_harms_nothing(server, client, reference, kind)
 
 
 FIELD_NAMES = (
-    "['encode_seconds', 'geometry', 'height', 'keyframes', 'num_frames', 'num_inference_steps', 'num_outputs', "
+    "['conditions', 'encode_seconds', 'geometry', 'height', 'num_frames', 'num_inference_steps', 'num_outputs', "
     "'received_unix_s', 'seed', 'task', 'vision_spans', 'width'], "
     "or 'cancel_request_id' alone (a cancel request)"
 )

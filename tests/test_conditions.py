@@ -7,13 +7,19 @@ import pytest
 import torch
 
 from h3_core.diffusion import layout as L
-from h3_core.diffusion.engine import CONDITION_AUG, condition_anchors
+from h3_core.diffusion.conditions import CONDITION_AUG, Condition, condition_rows
 from h3_core.diffusion.request import GenerationRequest
 from h3_core.model.vae import keyframe_latent
+from h3_core.serving.conditioning import wire_conditions
 from tests.test_engine import REQUESTS, assert_same, engine, solo  # noqa: F401  (engine: the fixture)
 
+
+def keyframe_block(frame: int, latent_h: int = 4, latent_w: int = 6) -> L.ConditionBlock:
+    return L.ConditionBlock("keyframe", 1, latent_h, latent_w, 0, frame)
+
+
 T2VA = L.RequestLayout(text_len=4, latent_t=2, latent_h=4, latent_w=6, audio_t=3, seq_len=64)
-FL2VA = L.RequestLayout(text_len=4, latent_t=2, latent_h=4, latent_w=6, audio_t=3, seq_len=64, keyframes=(0,))
+FL2VA = L.RequestLayout(4, 2, 4, 6, 3, 64, conditions=(keyframe_block(0),))
 
 
 def test_golden_layout_t2va_vs_fl2va():
@@ -33,7 +39,7 @@ def test_golden_layout_t2va_vs_fl2va():
 def test_keyframe_positions_exact_in_float64():
     """First keyframe at t = L_txt, last at L_txt + span(T_lat) - 5/3 (numpy's pairwise float64
     sum over 5/3 x (1, 4, 4, 4, 4, ...)); h, w = the target's grid (h3_spec §2.3)."""
-    both = L.RequestLayout(4, 2, 4, 6, 3, 64, keyframes=(0, -1))
+    both = L.RequestLayout(4, 2, 4, 6, 3, 64, conditions=(keyframe_block(0), keyframe_block(-1)))
     pos = both.position_ids()
     first, last = pos[4:10], pos[10:16]
     assert torch.all(first[:, 0] == 4.0)
@@ -43,7 +49,7 @@ def test_keyframe_positions_exact_in_float64():
     assert torch.equal(first[:, 1:], target_first_frame[:, 1:])
     assert torch.equal(last[:, 1:], target_first_frame[:, 1:])
     # 209 frames (T_lat 62): the last keyframe sits at frame 208, 5/3 x 208 after the first
-    long = L.make_layout(9, 384, 672, 209, keyframes=(-1,))
+    long = L.make_layout(9, 384, 672, 209, conditions=(keyframe_block(-1, 24, 42),))
     frames = [5.0 / 3.0 * (1, 4, 4, 4, 4)[k % 5] for k in range(62)]
     assert long.keyframe_time(-1) == 9.0 + float(np.sum(np.array(frames, dtype=np.float64))) - 5.0 / 3.0
     assert long.keyframe_time(-1) == pytest.approx(9 + 208 * 5 / 3, abs=1e-9)
@@ -53,7 +59,9 @@ def test_keyframe_positions_exact_in_float64():
 def test_row_timesteps_and_tags():
     """Condition rows take max(t_video, 0.999), audio rows t_audio, the rest t_video; condition
     rows and vision tokens are tagged 0 (video), h3_spec §1.9 and §2.2."""
-    layout = L.RequestLayout(4, 2, 4, 6, 3, 64, keyframes=(0, -1), vision_spans=((1, 3),))
+    layout = L.RequestLayout(
+        4, 2, 4, 6, 3, 64, conditions=(keyframe_block(0), keyframe_block(-1)), vision_spans=((1, 3),)
+    )
     rows = layout.row_timesteps(0.5, 0.25)
     assert torch.all(rows[4:16] == torch.tensor(0.999, dtype=torch.float32))
     assert torch.all(rows[16:22] == 0.25) and torch.all(rows[:4] == 0.5) and torch.all(rows[22:] == 0.5)
@@ -72,21 +80,22 @@ def test_row_timesteps_and_tags():
 )
 def test_bad_keyframes_are_refused(keyframes, message):
     with pytest.raises(ValueError) as error:
-        L.make_layout(4, 64, 96, 5, keyframes=keyframes)
+        L.make_layout(4, 64, 96, 5, conditions=tuple(keyframe_block(frame) for frame in keyframes))
     assert str(error.value) == message
 
 
 def test_anchor_is_seeded_blend_of_clean_latent_and_noise():
     """anchor = 0.999 c + 0.001 n, n = the first latent frame of randn(1, 24, T_lat + K, Hl, Wl)
     from a fresh generator seeded with the request's seed, patchified (h3_spec §3.3)."""
-    layout = L.make_layout(4, 64, 96, 22, keyframes=(0, -1))
-    clean = torch.randn(2, 24, 4, 6, generator=torch.Generator().manual_seed(5))
-    anchors = condition_anchors(clean, layout, seed=7)
+    clean = torch.randn(2, 24, 1, 4, 6, generator=torch.Generator().manual_seed(5))
+    conditions = [Condition("keyframe", 0, clean[0]), Condition("keyframe", -1, clean[1])]
+    layout = L.make_layout(4, 64, 96, 22, conditions=tuple(c.block() for c in conditions))
+    video, audio = condition_rows(conditions, layout, seed=7)
     noise = torch.randn(1, 24, layout.latent_t + 2, 4, 6, generator=torch.Generator().manual_seed(7))[0, :, :1]
-    expected = torch.cat([L.patchify_video(CONDITION_AUG * c[:, None] + (1.0 - CONDITION_AUG) * noise) for c in clean])
-    assert anchors.shape == (2 * 6, 96) and torch.equal(anchors, expected)
-    assert torch.equal(condition_anchors(clean, layout, seed=7), anchors)
-    assert not torch.equal(condition_anchors(clean, layout, seed=8), anchors)
+    expected = torch.cat([L.patchify_video(CONDITION_AUG * c + (1.0 - CONDITION_AUG) * noise) for c in clean])
+    assert video.shape == (2 * 6, 96) and torch.equal(video, expected) and audio.shape == (0, 32)
+    assert torch.equal(condition_rows(conditions, layout, seed=7)[0], video)
+    assert not torch.equal(condition_rows(conditions, layout, seed=8)[0], video)
 
 
 def keyframe(model, seed: int, height: int, width: int) -> torch.Tensor:
@@ -96,30 +105,26 @@ def keyframe(model, seed: int, height: int, width: int) -> torch.Tensor:
 
 
 def fl2va(model, request_id, keyframes, seed, height, width, frames, steps, image_seed):
+    """(request, its keyframe Conditions) with seeded noise images through model's video VAE."""
     request = GenerationRequest(
-        f"keyframe clip {request_id}",
-        height,
-        width,
-        frames,
-        steps,
-        seed=seed,
-        request_id=request_id,
-        keyframes=keyframes,
-        task="fl2va",
+        f"keyframe clip {request_id}", height, width, frames, steps, seed=seed, request_id=request_id, task="fl2va"
     )
-    latents = torch.stack([keyframe(model, image_seed + i, height, width) for i in range(len(keyframes))])
-    return request, latents
+    conditions = [
+        Condition("keyframe", frame, keyframe(model, image_seed + i, height, width)[:, None])
+        for i, frame in enumerate(keyframes)
+    ]
+    return request, conditions
 
 
 def run_packs(model, entries, admit_at, cancel_at=None):
-    """Step mode with condition latents: entries = {id: (request, latents)}; a request joins when
+    """Step mode with conditions: entries = {id: (request, its Conditions or None)}; a request joins when
     the step counter reaches admit_at[id]; cancel_at = (id, step) drops that request before the
     step. Returns the finished states by id."""
     pending, active, done, tick = dict(entries), [], {}, 0
     while pending or active:
         for rid in [rid for rid in pending if admit_at[rid] <= tick]:
-            request, latents = pending.pop(rid)
-            active += model.prepare(request, keyframe_latents=latents)
+            request, conditions = pending.pop(rid)
+            active += model.prepare(request, conditions=conditions or ())
         if cancel_at is not None and cancel_at[1] == tick:
             active = [s for s in active if s.request_id != cancel_at[0]]
         for state, velocity in zip(active, model.denoise_step(active), strict=True):
@@ -141,8 +146,8 @@ def test_fl2va_solo_equals_cobatched_equals_request_mode(engine):  # noqa: F811
     }
     t2va = {r.request_id: (r, None) for r in REQUESTS[:2]}
     solos = {}
-    for rid, (request, latents) in entries.items():
-        state = engine.prepare(request, keyframe_latents=latents)[0]
+    for rid, (request, conditions) in entries.items():
+        state = engine.prepare(request, conditions=conditions)[0]
         while not state.finished:
             engine.update(state, engine.denoise_step([state])[0])
         solos[rid] = state
@@ -151,12 +156,13 @@ def test_fl2va_solo_equals_cobatched_equals_request_mode(engine):  # noqa: F811
     assert sorted(done) == ["a", "b", "both", "first", "last"]
     for rid, state in done.items():
         assert_same(state, solos[rid])
-    request, latents = entries["both"]
-    ((generated, frames, audio),) = engine.generate(request, keyframe_latents=latents)
+    request, conditions = entries["both"]
+    ((generated, frames, audio),) = engine.generate(request, conditions=conditions)
     assert_same(generated, solos["both"])
     assert frames.shape == (9, 32, 64, 3) and audio.shape == (2, 12000)
     # the conditions matter: another image gives other latents
-    other = engine.prepare(request, keyframe_latents=latents.flip(0))[0]
+    swapped = [Condition(c.kind, c.frame, other.video) for c, other in zip(conditions, conditions[::-1], strict=True)]
+    other = engine.prepare(request, conditions=swapped)[0]
     while not other.finished:
         engine.update(other, engine.denoise_step([other])[0])
     assert not torch.equal(other.video_latents, solos["both"].video_latents)
@@ -176,46 +182,67 @@ def test_cancelled_conditioned_request_leaves_neighbours_unchanged(engine):  # n
 
 
 @pytest.mark.parametrize(
-    "kwargs, message",
+    "task, kinds, message",
     [
-        (dict(keyframes=(0,), task="t2va"), "TASK='t2va' takes no KEYFRAMES; got 1 (send TASK 'fl2va' or no TASK)"),
-        (dict(task="fl2va"), "TASK='fl2va' needs KEYFRAMES (1 or 2 images)"),
-        (dict(task="ref2va"), "TASK='ref2va' is not served yet: allowed 't2va', 'fl2va'"),
-        (dict(task="i2v"), "TASK='i2v' is not allowed: allowed ['t2va', 'fl2va', 'ref2va']"),
+        ("t2va", ["keyframe"], "TASK='t2va' takes no conditions; got 1 (send TASK 'fl2va' / 'ref2va' or no TASK)"),
+        (
+            "fl2va",
+            [],
+            "TASK='fl2va' needs KEYFRAMES (1 or 2 images) and nothing else; got 0 keyframes and 0 guides or references",
+        ),
+        (
+            "ref2va",
+            ["keyframe"],
+            "TASK='ref2va' needs references or guides (REFERENCE_IMAGES, REFERENCE_VIDEOS, REFERENCE_AUDIO, GUIDES) "
+            "and no KEYFRAMES; got 0 references or guides and 1 keyframes",
+        ),
+        ("i2v", [], "TASK='i2v' is not allowed: allowed ['t2va', 'fl2va', 'ref2va']"),
     ],
 )
-def test_task_must_agree_with_keyframes(engine, kwargs, message):  # noqa: F811
-    request = GenerationRequest("x", 32, 32, 5, 1, seed=1, **kwargs)
-    latents = torch.zeros(len(request.keyframes), 24, 2, 2) if request.keyframes else None
+def test_task_must_agree_with_the_conditions(engine, task, kinds, message):  # noqa: F811
+    request = GenerationRequest("x", 32, 32, 5, 1, seed=1, task=task)
+    conditions = [Condition(kind, 0, torch.zeros(24, 1, 2, 2)) for kind in kinds]
     with pytest.raises(ValueError) as error:
-        engine.prepare(request, keyframe_latents=latents)
+        engine.prepare(request, conditions=conditions)
     assert str(error.value) == message
 
 
-def test_keyframe_latents_must_match(engine):  # noqa: F811
-    request = GenerationRequest("x", 32, 64, 5, 1, seed=1, keyframes=(0, -1), task="fl2va")
+@pytest.mark.parametrize(
+    "condition, message",
+    [
+        (
+            Condition("keyframe", 0, torch.zeros(24, 1, 2, 2)),
+            "condition 0 (keyframe) has latent shape t=1 h=2 w=2 audio_t=0, which its kind does not allow",
+        ),
+        (
+            Condition("keyframe", 0, torch.zeros(24, 2, 4)),
+            "a keyframe condition's video latent has shape [24, 2, 4]; expected [24, T, h, w]",
+        ),
+        (Condition("keyframe", 0), "a keyframe condition needs video latent"),
+        (
+            Condition("keyframe", 0, torch.full((24, 1, 2, 4), float("nan"))),
+            "a keyframe condition's video latent holds non-finite values",
+        ),
+    ],
+)
+def test_condition_latents_must_match(engine, condition, message):  # noqa: F811
+    request = GenerationRequest("x", 32, 64, 5, 1, seed=1, task="fl2va")
     with pytest.raises(ValueError) as error:
-        engine.prepare(request, keyframe_latents=torch.zeros(1, 24, 2, 4))
-    assert (
-        str(error.value)
-        == "keyframe_latents has shape [1, 24, 2, 4]; expected [2, 24, 2, 4] (keyframes x 24 x Hl x Wl)"
-    )
-    bad = torch.zeros(2, 24, 2, 4)
-    bad[1, 3, 1, 1] = float("nan")
-    with pytest.raises(ValueError, match="keyframe_latents holds non-finite values"):
-        engine.prepare(request, keyframe_latents=bad)
+        engine.prepare(request, conditions=[condition])
+    assert str(error.value) == message
 
 
 def test_step_loop_serves_fl2va_beside_t2va_and_echoes_the_conditioning(engine):  # noqa: F811
-    """Through h3_dit's StepLoop (REQUEST fields + KEYFRAME_LATENTS as h3_encoder sends them): an
+    """Through h3_dit's StepLoop (REQUEST fields + CONDITION_LATENTS as h3_encoder sends them): an
     fl2va request packed with a t2va one ends with the latents of its engine-level solo run, and
     its INFO says task, keyframes, geometry and the flow shifts it ran with."""
     from h3_core.serving.events import Result
     from tests.test_step_loop import Client, make_loop
 
-    request, latents = fl2va(engine, "kf", (-1, 0), 21, 32, 64, 9, 3, image_seed=400)
+    request, conditions = fl2va(engine, "kf", (-1, 0), 21, 32, 64, 9, 3, image_seed=400)
     text = engine.encode_prompt(request.prompt)
-    state = engine.prepare(request, text, latents)[0]
+    state = engine.prepare(request, text, conditions)[0]
+    latents, entries = wire_conditions(conditions)
     while not state.finished:
         engine.update(state, engine.denoise_step([state])[0])
     client = Client(make_loop(engine))
@@ -225,11 +252,11 @@ def test_step_loop_serves_fl2va_beside_t2va_and_echoes_the_conditioning(engine):
         3,
         21,
         text_embeds=text[None].numpy(),
-        keyframe_latents=latents[None].numpy(),
+        condition_latents=latents,
         height=32,
         width=64,
         num_frames=9,
-        keyframes=[-1, 0],
+        conditions=entries,
         task="fl2va",
         geometry=geometry,
     )
@@ -237,9 +264,9 @@ def test_step_loop_serves_fl2va_beside_t2va_and_echoes_the_conditioning(engine):
     client.run()
     (result,) = client.of("kf", Result)
     assert result.info["largest_pack"] == 2
-    assert {key: result.info[key] for key in ("task", "keyframes", "geometry", "flow_shift", "audio_flow_shift")} == {
+    assert {key: result.info[key] for key in ("task", "conditions", "geometry", "flow_shift", "audio_flow_shift")} == {
         "task": "fl2va",
-        "keyframes": [-1, 0],
+        "conditions": [{"kind": "keyframe", "frame": -1}, {"kind": "keyframe", "frame": 0}],
         "geometry": geometry,
         "flow_shift": 12.0,
         "audio_flow_shift": 3.0,
@@ -248,34 +275,61 @@ def test_step_loop_serves_fl2va_beside_t2va_and_echoes_the_conditioning(engine):
     assert torch.equal(result.audio_latent, L.audio_rows_to_latent(state.audio_latents, state.layout))
     (plain,) = client.of("plain", Result)
     assert (plain.info["task"], plain.info["flow_shift"], plain.info["audio_flow_shift"]) == ("t2va", 5.0, 2)
-    assert "keyframes" not in plain.info
+    assert "conditions" not in plain.info
+
+
+KEYFRAME = {"kind": "keyframe", "frame": 0, "video": [24, 1, 2, 4]}
 
 
 @pytest.mark.parametrize(
     "fields, latents, message",
     [
-        (dict(keyframes=[0]), None, "KEYFRAME_LATENTS holds 0 keyframes but REQUEST field 'keyframes' lists 1"),
+        (
+            dict(conditions=[KEYFRAME]),
+            None,
+            "CONDITION_LATENTS holds 0 values but REQUEST field 'conditions' describes 192",
+        ),
         (
             {},
-            np.zeros((1, 1, 24, 2, 4), np.float32),
-            "KEYFRAME_LATENTS holds 1 keyframes but REQUEST field 'keyframes' lists 0",
+            np.zeros((1, 192), np.float32),
+            "CONDITION_LATENTS holds 192 values but REQUEST field 'conditions' describes 0",
         ),
         (
-            dict(keyframes=[0]),
-            np.zeros((1, 24, 2, 4), np.float32),
-            "KEYFRAME_LATENTS has shape [1, 24, 2, 4]; expected [1, K, 24, Hl, Wl]",
+            dict(conditions=[KEYFRAME]),
+            np.zeros((192,), np.float32),
+            "CONDITION_LATENTS has shape [192]; expected [1, N]",
         ),
         (
-            dict(keyframes=[0]),
-            np.zeros((1, 1, 24, 4, 4), np.float32),
-            "keyframe_latents has shape [1, 24, 4, 4]; expected [1, 24, 2, 4] (keyframes x 24 x Hl x Wl)",
+            dict(conditions=[{**KEYFRAME, "video": [24, 1, 4, 4]}]),
+            np.zeros((1, 384), np.float32),
+            "condition 0 (keyframe) has latent shape t=1 h=4 w=4 audio_t=0, which its kind does not allow",
         ),
         (
-            dict(keyframes=[0, 1]),
-            np.zeros((1, 2, 24, 2, 4), np.float32),
+            dict(conditions=[KEYFRAME, {**KEYFRAME, "frame": 1}]),
+            np.zeros((1, 384), np.float32),
             "keyframes=[0, 1] is not allowed: distinct frame indices 0 (first) or -1 (last)",
         ),
-        (dict(keyframes="first"), None, "REQUEST field 'keyframes' must be a list of at most 2 integers, got 'first'"),
+        (
+            dict(conditions="first"),
+            None,
+            "REQUEST field 'conditions' must be a list of at most 14 objects, got 'first'",
+        ),
+        (
+            dict(conditions=[{"kind": "sketch"}]),
+            None,
+            "REQUEST field 'conditions'[0] must be an object with a kind in ['keyframe', 'guide', 'image', 'audio', "
+            "'video', 'video_audio'], got {'kind': 'sketch'}",
+        ),
+        (
+            dict(conditions=[{**KEYFRAME, "video": [24, 1, 2]}]),
+            None,
+            "REQUEST field 'conditions'[0] video must be a shape of 4 positive integers, got [24, 1, 2]",
+        ),
+        (
+            dict(conditions=[{**KEYFRAME, "scale": 2}]),
+            None,
+            "REQUEST field 'conditions'[0] has unknown key 'scale'; allowed: ['kind', 'frame', 'video', 'audio']",
+        ),
         (
             dict(vision_spans=[[0]]),
             None,
@@ -285,13 +339,13 @@ def test_step_loop_serves_fl2va_beside_t2va_and_echoes_the_conditioning(engine):
         (dict(geometry=[1]), None, "REQUEST field 'geometry' must be an object, got [1]"),
     ],
 )
-def test_direct_h3_dit_keyframe_inputs_are_checked(engine, fields, latents, message):  # noqa: F811
-    """What a direct h3_dit caller may send wrong about keyframes: each refused with INVALID_ARG
+def test_direct_h3_dit_condition_inputs_are_checked(engine, fields, latents, message):  # noqa: F811
+    """What a direct h3_dit caller may send wrong about conditions: each refused with INVALID_ARG
     naming the field, and nothing else runs."""
     from h3_core.serving.events import Refused
     from tests.test_step_loop import Client, make_loop
 
     client = Client(make_loop(engine))
-    client.send("bad", 2, 1, text_embeds=np.zeros((1, 3, 384), np.float32), keyframe_latents=latents, **fields)
+    client.send("bad", 2, 1, text_embeds=np.zeros((1, 3, 384), np.float32), condition_latents=latents, **fields)
     (refused,) = client.iterate()
     assert isinstance(refused, Refused) and (refused.code, refused.message) == ("INVALID_ARG", message)

@@ -47,7 +47,8 @@ def test_first_last_and_both_keyframes(client):
     }.items():
         results[name], info = frames(client, "a door opens", **kwargs)
         assert info["task"] == "fl2va"
-        assert info["keyframes"] == {"first": [0], "last": [-1], "both": [0, -1]}[name]
+        frames_asked = {"first": [0], "last": [-1], "both": [0, -1]}[name]
+        assert info["conditions"] == [{"kind": "keyframe", "frame": frame} for frame in frames_asked]
         assert info["geometry"] == {
             "canvas": "requested",
             "height": 64,
@@ -56,7 +57,7 @@ def test_first_last_and_both_keyframes(client):
             "keyframe_sizes": [[64, 96]] * (2 if name == "both" else 1),
         }
         assert results[name].shape == (9, 64, 96, 3)
-    assert plain_info["task"] == "t2va" and "keyframes" not in plain_info
+    assert plain_info["task"] == "t2va" and "conditions" not in plain_info
     for a, b in (("first", "last"), ("first", "both"), ("last", "both")):
         assert not np.array_equal(results[a], results[b])
     assert not np.array_equal(plain, results["first"])
@@ -190,9 +191,12 @@ BAD = {
     "index 5": (None, "KEYFRAME_INDICES value 5 is not allowed: 0 (first frame) or -1 (last frame)"),
     "t2va with a keyframe": (
         dict(first_frame=png(64, 96, 1), task="t2va"),
-        "TASK='t2va' takes no KEYFRAMES; got 1 (send TASK 'fl2va' or no TASK)",
+        "TASK='t2va' takes no conditions; got 1 (send TASK 'fl2va' / 'ref2va' or no TASK)",
     ),
-    "fl2va without": (dict(task="fl2va"), "TASK='fl2va' needs KEYFRAMES (1 or 2 images)"),
+    "fl2va without": (
+        dict(task="fl2va"),
+        "TASK='fl2va' needs KEYFRAMES (1 or 2 images) and nothing else; got 0 keyframes and 0 guides or references",
+    ),
     "fit": (
         dict(first_frame=png(64, 96, 1), fit="zoom"),
         "fit='zoom' is not allowed: allowed ['crop', 'pad', 'stretch']",

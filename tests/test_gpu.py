@@ -24,10 +24,12 @@ import torch
 
 from h3_core.config import audio_num_samples, get_config
 from h3_core.diffusion import layout as L
+from h3_core.diffusion.conditions import Condition
 from h3_core.diffusion.request import GenerationRequest
 from h3_core.factory import load_engine
 from h3_core.model import H3DiT
 from h3_core.model.dit import GPU_ROW_TILE, use_bitwise_cublas
+from h3_core.serving.conditioning import wire_conditions
 from h3_core.serving.events import Ended, Refused, Result
 
 from .serving import ROOT
@@ -98,13 +100,16 @@ def text_embeds(config: str, seed: int) -> np.ndarray:
     return torch.randn(1, TEXT_LEN, width, generator=torch.Generator().manual_seed(seed)).numpy()
 
 
-def keyframe_latents(request_id: str) -> np.ndarray | None:
-    """Seeded clean keyframe latents float32 [1, K, 24, Hl, Wl] of an FL2VA request; None for t2va."""
+def conditions(request_id: str) -> list[Condition]:
+    """Seeded clean keyframe latents (float32 [24, 1, Hl, Wl] each) of an FL2VA request; [] for t2va."""
     if request_id not in FL2VA:
-        return None
+        return []
     height, width, _, _, seed, keyframes = FL2VA[request_id]
-    shape = (1, len(keyframes), 24, height // 16, width // 16)
-    return torch.randn(shape, generator=torch.Generator().manual_seed(100 + seed)).numpy()
+    generator = torch.Generator().manual_seed(100 + seed)
+    return [
+        Condition("keyframe", frame, torch.randn(24, 1, height // 16, width // 16, generator=generator))
+        for frame in keyframes
+    ]
 
 
 def spec(request_id: str) -> tuple:
@@ -117,10 +122,8 @@ def prepare(engine, config: str, request_id: str):
     engine's device)."""
     height, width, frames, steps, seed, keyframes = spec(request_id)
     task = "fl2va" if keyframes else "t2va"
-    request = GenerationRequest("-", height, width, frames, steps, seed=seed, keyframes=keyframes, task=task)
-    latents = keyframe_latents(request_id)
-    latents = None if latents is None else torch.from_numpy(latents[0])
-    return engine.prepare(request, torch.from_numpy(text_embeds(config, seed)[0]), latents)[0]
+    request = GenerationRequest("-", height, width, frames, steps, seed=seed, task=task)
+    return engine.prepare(request, torch.from_numpy(text_embeds(config, seed)[0]), conditions(request_id))[0]
 
 
 def request_mode(engine, config: str, request_id: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,7 +144,8 @@ def step_mode(engine, config: str, request_ids: list[str]) -> dict[str, Result]:
     client = Client(make_loop(engine, time.monotonic, execute_budget_s=60.0, max_num_seqs=max(4, len(request_ids))))
     for request_id in request_ids:
         height, width, frames, steps, seed, keyframes = spec(request_id)
-        conditions = dict(keyframes=list(keyframes), keyframe_latents=keyframe_latents(request_id)) if keyframes else {}
+        latents, entries = wire_conditions(conditions(request_id))
+        fields = dict(conditions=entries, condition_latents=latents) if keyframes else {}
         client.send(
             request_id,
             steps=steps,
@@ -151,7 +155,7 @@ def step_mode(engine, config: str, request_ids: list[str]) -> dict[str, Result]:
             height=height,
             width=width,
             num_frames=frames,
-            **conditions,
+            **fields,
         )
     client.run()
     assert [event for event in client.events if isinstance(event, (Refused, Ended))] == []

@@ -121,6 +121,7 @@ def test_served_fl2va_clip_equals_in_process(server, checkpoint):
     import numpy as np
     from PIL import Image
 
+    from h3_core.diffusion.conditions import Condition
     from h3_core.model.vae import keyframe_latent
 
     images = [np.random.default_rng(seed).integers(0, 256, (64, 96, 3), dtype=np.uint8) for seed in (1, 2)]
@@ -129,7 +130,7 @@ def test_served_fl2va_clip_equals_in_process(server, checkpoint):
         out = io.BytesIO()
         Image.fromarray(image).save(out, format="PNG")
         files.append(out.getvalue())
-    request = GenerationRequest(PROMPTS[0], 64, 96, 9, 2, seed=3, keyframes=(0, -1), task="fl2va")
+    request = GenerationRequest(PROMPTS[0], 64, 96, 9, 2, seed=3, task="fl2va")
     (served,) = H3Client(server.grpc_url).generate(
         request.prompt,
         height=64,
@@ -145,9 +146,13 @@ def test_served_fl2va_clip_equals_in_process(server, checkpoint):
     )
     encoder = TextEncoder(str(checkpoint / TEXT_ENCODER), QWEN3VL_H3_LAYER, tokenizer_path=str(checkpoint / TOKENIZER))
     embeds, spans = encoder.encode_presentation(request.prompt, images)
-    assert len(spans) == 2 and served.info["keyframes"] == [0, -1] and served.info["task"] == "fl2va"
+    assert len(spans) == 2 and served.info["task"] == "fl2va"
+    assert served.info["conditions"] == [{"kind": "keyframe", "frame": 0}, {"kind": "keyframe", "frame": -1}]
     engine = load_engine("tiny", checkpoint, with_encoder=False, trust_remote_code=True)
-    latents = torch.stack([keyframe_latent(engine.video_vae, torch.from_numpy(image)) for image in images])
-    ((_, frames, audio),) = engine.generate(request, embeds, latents, tuple(spans))
+    conditions = [
+        Condition("keyframe", frame, keyframe_latent(engine.video_vae, torch.from_numpy(image))[:, None])
+        for frame, image in zip((0, -1), images, strict=True)
+    ]
+    ((_, frames, audio),) = engine.generate(request, embeds, conditions, tuple(spans))
     assert torch.equal(torch.from_numpy(served.frames.copy()), frames)
     assert torch.equal(torch.from_numpy(served.audio.copy()), audio)

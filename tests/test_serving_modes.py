@@ -107,12 +107,12 @@ def test_native_grpc_cancel_on_h3_dit(server, client):
     dit.start_stream(callback=lambda result, error: responses.put((result, error)))
     text = grpcclient.InferInput("TEXT_EMBEDS", [1, 3, 384], "FP32")
     text.set_data_from_numpy(np.zeros((1, 3, 384), dtype=np.float32))
-    keyframes = grpcclient.InferInput("KEYFRAME_LATENTS", [1, 0, 0, 0, 0], "FP32")
-    keyframes.set_data_from_numpy(np.zeros((1, 0, 0, 0, 0), dtype=np.float32))
+    conditions = grpcclient.InferInput("CONDITION_LATENTS", [1, 0], "FP32")
+    conditions.set_data_from_numpy(np.zeros((1, 0), dtype=np.float32))
     fields = grpcclient.InferInput("REQUEST", [1, 1], "BYTES")
     fields.set_data_from_numpy(np.array([[json.dumps({"num_inference_steps": 400, "seed": 1}).encode()]], dtype=object))
     dit.async_stream_infer(
-        "h3_dit", [text, keyframes, fields], parameters={"progress_every": 1}, enable_empty_final_response=True
+        "h3_dit", [text, conditions, fields], parameters={"progress_every": 1}, enable_empty_final_response=True
     )
     responses.get(timeout=60)  # the first progress response: the request is running
     dit.stop_stream(cancel_requests=True)

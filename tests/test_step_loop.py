@@ -75,11 +75,11 @@ class Client:
         seed: int = 1,
         parameters: dict | None = None,
         text_embeds: np.ndarray | None = None,
-        keyframe_latents: np.ndarray | None = None,
+        condition_latents: np.ndarray | None = None,
         **extra,
     ) -> str:
-        """Queue a new request: REQUEST fields 64x32x5 unless extra overrides them (keyframes=[0,
-        -1] etc. with keyframe_latents float32 [1, K, 24, Hl, Wl] for fl2va), TEXT_EMBEDS float32
+        """Queue a new request: REQUEST fields 64x32x5 unless extra overrides them (conditions=[...]
+        with condition_latents float32 [1, N] for fl2va / ref2va), TEXT_EMBEDS float32
         [1, L, text_dim] (text(seed) unless given)."""
         key = next(self.keys)
         self.live[key] = Arrival(
@@ -89,7 +89,7 @@ class Client:
             new=True,
             request_json=fields(steps, seed, **extra),
             text_embeds=text(seed) if text_embeds is None else text_embeds,
-            keyframe_latents=keyframe_latents,
+            condition_latents=condition_latents,
             parameters_json=json.dumps(parameters or {}),
         )
         return request_id
@@ -357,7 +357,7 @@ def test_an_unexpected_admission_error_refuses_only_that_request(engine, caplog,
         ),
         (
             [b'{"colour": 1}'],
-            "REQUEST field 'colour' is unknown; allowed: ['encode_seconds', 'geometry', 'height', 'keyframes', "
+            "REQUEST field 'colour' is unknown; allowed: ['conditions', 'encode_seconds', 'geometry', 'height', "
             "'num_frames', 'num_inference_steps', 'num_outputs', 'received_unix_s', 'seed', 'task', 'vision_spans', "
             "'width'], or "
             "'cancel_request_id' alone (a cancel request)",

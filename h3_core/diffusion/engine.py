@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..config import AUDIO_LATENT_CHANNELS, VIDEO_LATENT_CHANNELS, VIDEO_ROW_WIDTH
+from ..config import AUDIO_LATENT_CHANNELS, VIDEO_LATENT_CHANNELS
 from ..model import H3DiT
 from ..model.vae import AudioVAE, VideoVAE, decode_clip
+from ..protocol import check_task
 from . import layout as L
+from .conditions import Condition, condition_rows
 from .request import GenerationRequest, RequestLimits, random_seed, request_memory_mb, validate_request
 from .sampling import euler_step, sigma_schedule
 
@@ -30,9 +32,10 @@ class RequestState:
     """Everything request-specific between steps (h3_spec §5.6).
 
     video_latents: float32 [V, 96] target video rows; audio_latents: float32 [2*T_a, 32] audio
-    rows (channel-major); text_embeds: [L, text_dim]; condition_latents: float32 [C, 96] the
-    condition rows' anchors (h3_spec §3.3; [0, 96] for t2va), fixed for the whole request (the
-    Euler update never touches them, so they are "re-pinned" after every step by construction);
+    rows (channel-major); text_embeds: [L, text_dim]; condition_video: float32 [C_v, 96] and
+    condition_audio: float32 [C_a, 32], the condition blocks' fixed rows (h3_spec §3.3; empty for
+    t2va; h3_core.diffusion.conditions.condition_rows), the same for the whole request (the Euler
+    update never touches them, so they are "re-pinned" after every step by construction);
     all on the engine's device from prepare() on (the Euler update runs there; they reach the
     CPU only when the result is sent). Sigma lists have num_inference_steps + 1 entries;
     step_index counts completed DiT forwards.
@@ -50,7 +53,8 @@ class RequestState:
     audio_latents: torch.Tensor
     sigmas_video: list[float]
     sigmas_audio: list[float]
-    condition_latents: torch.Tensor
+    condition_video: torch.Tensor
+    condition_audio: torch.Tensor
     task: str = "t2va"
     step_index: int = 0
 
@@ -68,25 +72,6 @@ class RequestState:
         return self.layout.seq_len
 
 
-def check_keyframe_latents(
-    latents: torch.Tensor | None, keyframes: tuple[int, ...], layout: L.RequestLayout
-) -> torch.Tensor:
-    """The keyframe latents in the layout's order (first, then last), float32 [K, 24, Hl, Wl] on
-    the CPU; [0, 24, Hl, Wl] without keyframes. `latents` follow `keyframes`' order. Raises
-    ValueError naming keyframe_latents for a missing tensor, a wrong shape or non-finite values."""
-    expected = (len(keyframes), VIDEO_LATENT_CHANNELS, layout.latent_h, layout.latent_w)
-    if latents is None and not keyframes:
-        return torch.zeros(expected)
-    if latents is None or tuple(latents.shape) != expected:
-        got = None if latents is None else list(latents.shape)
-        raise ValueError(f"keyframe_latents has shape {got}; expected {list(expected)} (keyframes x 24 x Hl x Wl)")
-    latents = latents.float().cpu()
-    if not torch.isfinite(latents).all():
-        raise ValueError("keyframe_latents holds non-finite values")
-    order = sorted(range(len(keyframes)), key=lambda i: layout.keyframes.index(keyframes[i]))
-    return latents[order]
-
-
 def initial_noise(layout: L.RequestLayout, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Initial video rows [V, 96] and audio rows [2*T_a, 32], float32, each from its own CPU
     generator seeded with `seed` (h3_spec §3.5)."""
@@ -97,28 +82,6 @@ def initial_noise(layout: L.RequestLayout, seed: int) -> tuple[torch.Tensor, tor
     audio_gen = torch.Generator("cpu").manual_seed(seed)
     audio = torch.randn(layout.audio_rows, AUDIO_LATENT_CHANNELS, generator=audio_gen)
     return L.patchify_video(latent[0]), audio
-
-
-CONDITION_AUG = 0.999  # anchor = a x clean + (1 - a) x noise for visual conditions (h3_spec §3.3)
-
-
-def condition_anchors(keyframe_latents: torch.Tensor, layout: L.RequestLayout, seed: int) -> torch.Tensor:
-    """The keyframe condition rows' anchors, float32 [K * (Hl/2) * (Wl/2), 96] on the CPU
-    (h3_spec §3.3): per keyframe, anchor = a x c + (1 - a) x n with a = CONDITION_AUG, c its
-    clean normalised latent and n the first latent frame of randn(1, 24, T_lat + K, Hl, Wl)
-    drawn from a fresh CPU generator seeded with `seed`; patchified in float32.
-
-    keyframe_latents: float32 [K, 24, Hl, Wl] in the layout's keyframe order."""
-    count = len(layout.keyframes)
-    rows = []
-    for clean in keyframe_latents.float().cpu():
-        generator = torch.Generator("cpu").manual_seed(seed)
-        noise = torch.randn(
-            1, VIDEO_LATENT_CHANNELS, layout.latent_t + count, layout.latent_h, layout.latent_w, generator=generator
-        )[0, :, :1]
-        anchor = CONDITION_AUG * clean[:, None] + (1.0 - CONDITION_AUG) * noise
-        rows.append(L.patchify_video(anchor))
-    return torch.cat(rows) if rows else torch.zeros(0, VIDEO_ROW_WIDTH)
 
 
 class GroupFailure(RuntimeError):
@@ -182,25 +145,28 @@ class Engine:
         self,
         request: GenerationRequest,
         text_embeds: torch.Tensor | None = None,
-        keyframe_latents: torch.Tensor | None = None,
+        conditions: list[Condition] = (),
         vision_spans: tuple[tuple[int, int], ...] = (),
     ) -> list[RequestState]:
         """Validate the request and build its states: num_outputs states with seeds seed,
-        seed+1, ... (a random seed is drawn when none is given), their latents, condition
-        anchors (condition_anchors, each output with its own seed) and text states on the
-        engine's device (the noise is drawn on the CPU, initial_noise, then moved once).
+        seed+1, ... (a random seed is drawn when none is given), their latents, condition rows
+        (condition_rows, each output with its own seed) and text states on the engine's device
+        (the noise is drawn on the CPU, initial_noise, then moved once).
 
         text_embeds: float32 [L, text_dim] on any device; None encodes request.prompt with the
-        engine's encoder. keyframe_latents: float32 [K, 24, Hl, Wl], the clean normalised
-        video-VAE latent of each of request.keyframes, in that order (h3_core.model.vae.
-        keyframe_latent); None for t2va. vision_spans: [start, end) rows of text_embeds that
-        are vision tokens (RequestLayout).
-        Raises ValueError naming the field (see validate_request; `rows` when the padded row
-        count exceeds limits.max_rows; `memory` when request_memory_mb exceeds
-        limits.max_request_mb; `text_embeds` for a wrong width; `keyframe_latents` for a
-        shape that does not match the keyframes and the canvas, or non-finite values).
+        engine's encoder. conditions: the request's keyframes, guides and references with their
+        clean latents (Condition; any order: they are placed as h3_spec §2.1 says); () for t2va.
+        vision_spans: [start, end) rows of text_embeds that are vision tokens (RequestLayout).
+        Raises ValueError naming the field (see validate_request; the task against the
+        conditions' kinds, check_task; a condition's latents, Condition.block and
+        layout.check_conditions; `rows` when the padded row count exceeds limits.max_rows;
+        `memory` when request_memory_mb exceeds limits.max_request_mb; `text_embeds` for a wrong
+        width).
         """
         validate_request(request, self.limits)
+        conditions = L.order_conditions(conditions)
+        check_task(request.task, [condition.kind for condition in conditions])
+        blocks = tuple(condition.block() for condition in conditions)
         if text_embeds is None:
             text_embeds = self.encode_prompt(request.prompt)
         if text_embeds.dim() != 2 or text_embeds.shape[1] != self.dit.cfg.text_dim or text_embeds.shape[0] < 1:
@@ -213,10 +179,9 @@ class Engine:
             request.height,
             request.width,
             request.num_frames,
-            keyframes=request.keyframes,
+            conditions=blocks,
             vision_spans=vision_spans,
         )
-        keyframe_latents = check_keyframe_latents(keyframe_latents, request.keyframes, layout)
         if layout.seq_len > self.limits.max_rows:
             raise ValueError(f"rows={layout.seq_len} is out of range: allowed 1..{self.limits.max_rows}")
         memory = request_memory_mb(
@@ -236,6 +201,7 @@ class Engine:
         states = []
         for index in range(request.num_outputs):
             video, audio = (noise.to(self.device) for noise in initial_noise(layout, seed + index))
+            fixed_video, fixed_audio = condition_rows(conditions, layout, seed + index)
             states.append(
                 RequestState(
                     request_id=request.request_id,
@@ -250,7 +216,8 @@ class Engine:
                     audio_latents=audio,
                     sigmas_video=sigmas_video,
                     sigmas_audio=sigmas_audio,
-                    condition_latents=condition_anchors(keyframe_latents, layout, seed + index).to(self.device),
+                    condition_video=fixed_video.to(self.device),
+                    condition_audio=fixed_audio.to(self.device),
                     task=request.task,
                 )
             )
@@ -258,7 +225,7 @@ class Engine:
 
     def denoise_step(self, states: list[RequestState]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """ONE packed DiT forward for all states at their own step, each state's condition rows
-        (its anchors) before its target video rows; returns each state's (target video velocity
+        (its anchors) before its target rows; returns each state's (target video velocity
         float32 [V, 96], audio velocity float32 [2*T_a, 32]) on the engine's
         device: views of the packed output, nothing is copied to the CPU (on a GPU the call
         returns before the forward ends; reading a value synchronises). The states' rows are
@@ -271,8 +238,9 @@ class Engine:
             [1.0 - s.sigmas_video[s.step_index] for s in states],
             [1.0 - s.sigmas_audio[s.step_index] for s in states],
         )
-        video = torch.cat([rows for s in states for rows in (s.condition_latents, s.video_latents)])
-        audio, text = (torch.cat([getattr(s, name) for s in states]) for name in ("audio_latents", "text_embeds"))
+        video = torch.cat([rows for s in states for rows in (s.condition_video, s.video_latents)])
+        audio = torch.cat([rows for s in states for rows in (s.condition_audio, s.audio_latents)])
+        text = torch.cat([s.text_embeds for s in states])
         video_v, audio_v = self.dit(video, audio, text, batch)
         return L.split_rows(batch, video_v, audio_v)
 
@@ -305,13 +273,13 @@ class Engine:
         self,
         request: GenerationRequest,
         text_embeds: torch.Tensor | None = None,
-        keyframe_latents: torch.Tensor | None = None,
+        conditions: list[Condition] = (),
         vision_spans: tuple[tuple[int, int], ...] = (),
     ) -> list[tuple[RequestState, torch.Tensor, torch.Tensor]]:
         """Request mode: prepare (arguments as prepare's), then step each output to completion,
         then decode. Returns (state, frames, audio) per output."""
         results = []
-        for state in self.prepare(request, text_embeds, keyframe_latents, vision_spans):
+        for state in self.prepare(request, text_embeds, conditions, vision_spans):
             while not state.finished:
                 self.update(state, self.denoise_step([state])[0])
             results.append((state, *self.decode(state)))

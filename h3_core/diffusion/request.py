@@ -4,7 +4,7 @@ import secrets
 from dataclasses import dataclass
 
 from ..config import CANVAS_MULTIPLE, FPS, align_num_frames
-from ..protocol import check_prompt, check_task
+from ..protocol import check_prompt
 from .sampling import DEFAULT_AUDIO_SHIFT, DEFAULT_VIDEO_SHIFT
 
 INT64_MAX = 2**63 - 1
@@ -33,10 +33,9 @@ class RequestLimits:
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One generation request. `seed` None means a random seed is drawn in prepare().
-    `keyframes`: the frame index of each keyframe (fl2va: FIRST_FRAME 0 and/or LAST_FRAME -1,
-    h3_core.diffusion.layout), whose latents Engine.prepare takes; () for t2va. `task` is one of
-    h3_core.protocol.TASKS and must agree with the keyframes."""
+    """One generation request. `seed` None means a random seed is drawn in prepare(). `task` is
+    one of h3_core.protocol.TASKS; its conditions (keyframes, guides, references) are
+    Engine.prepare's argument, checked against it there (h3_core.protocol.check_task)."""
 
     prompt: str
     height: int
@@ -49,7 +48,6 @@ class GenerationRequest:
     audio_shift: float = DEFAULT_AUDIO_SHIFT
     fps: int = FPS
     request_id: str = ""
-    keyframes: tuple[int, ...] = ()
     task: str = "t2va"
 
 
@@ -79,8 +77,7 @@ def validate_request(request: GenerationRequest, limits: RequestLimits) -> None:
     limits.max_prompt_bytes of UTF-8 (a leading byte-order mark counted);
     height/width positive multiples of 32 up to the maxima; 1 <= num_frames <= max;
     1 <= num_inference_steps <= max; 1 <= num_outputs <= max; seed in 0..2^63-1 with
-    seed + num_outputs - 1 also in range; shifts > 0; fps must be the model's 24; the task as
-    check_task says.
+    seed + num_outputs - 1 also in range; shifts > 0; fps must be the model's 24.
     The padded row count is checked in Engine.prepare, once the prompt's token count is known.
     """
     check_prompt(request.prompt)
@@ -97,7 +94,6 @@ def validate_request(request: GenerationRequest, limits: RequestLimits) -> None:
             raise ValueError(f"{field}={getattr(request, field)} is out of range: allowed > 0")
     if request.fps != FPS:
         raise ValueError(f"fps={request.fps} is not supported: the model generates {FPS} fps")
-    check_task(request.task, len(request.keyframes))
 
 
 def request_memory_mb(

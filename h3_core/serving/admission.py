@@ -13,16 +13,19 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
+from ..diffusion.conditions import Condition
 from ..diffusion.engine import Engine
 from ..diffusion.request import GenerationRequest
 from ..diffusion.sampling import DEFAULT_AUDIO_SHIFT, DEFAULT_VIDEO_SHIFT
 from ..media import MP4_AVAILABLE
 from ..protocol import (
     CANCEL_FIELD,
+    CONDITION_FIELDS,
+    CONDITION_KINDS,
+    CONDITION_LATENTS,
     EARLY_CANCEL_SECONDS,
     INT_INPUTS,
-    KEYFRAME_LATENTS,
-    MAX_KEYFRAMES,
+    MAX_REFERENCES,
     MAX_REQUEST_ID_CHARS,
     check_request_parameters,
     read_request_json,
@@ -34,6 +37,7 @@ from .settings import DitSettings
 
 log = logging.getLogger("h3_dit")
 
+MAX_CONDITIONS = MAX_REFERENCES + 2  # condition blocks a REQUEST may describe (a video_audio block is one)
 VANISHED_EXECUTES = 3  # a job missing from this many executes in a row was dropped by Triton
 WORKER_FAULTS = ("worker_exit", "worker_hang", "worker_raise")  # inject_fault for sequence-parallel workers
 
@@ -86,36 +90,75 @@ def _is_int(value) -> bool:
     return type(value) is int
 
 
-def read_conditions(arrival: Arrival, fields: dict) -> tuple[str, tuple[int, ...], torch.Tensor | None, tuple]:
-    """REQUEST's task, keyframes and vision_spans and the KEYFRAME_LATENTS input of a request ->
-    (task, keyframe frame indices, latents float32 [K, 24, Hl, Wl] or None, vision spans). The
-    task defaults to fl2va with keyframes, else t2va; Engine.prepare checks the values against
-    the canvas. Raises ValueError naming the field or input for a wrong type or a count mismatch."""
-    keyframes = fields.get("keyframes", [])
-    if type(keyframes) is not list or len(keyframes) > MAX_KEYFRAMES or not all(map(_is_int, keyframes)):
+def _shape(value, rank: int) -> bool:
+    return type(value) is list and len(value) == rank and all(_is_int(v) and v >= 1 for v in value)
+
+
+def read_conditions(arrival: Arrival, fields: dict) -> tuple[str, list[Condition], tuple]:
+    """REQUEST's task, conditions and vision_spans and the CONDITION_LATENTS input of a request ->
+    (task, the Conditions with their latents, vision spans). The task defaults to the one its
+    conditions' kinds imply (fl2va for keyframes, ref2va for guides or references, t2va without);
+    Engine.prepare checks the values against the task and the canvas. Raises ValueError naming
+    the field or input for a wrong type or shape, or latents that do not add up."""
+    entries = fields.get("conditions", [])
+    if type(entries) is not list or len(entries) > MAX_CONDITIONS:
         raise ValueError(
-            f"REQUEST field 'keyframes' must be a list of at most {MAX_KEYFRAMES} integers, got {keyframes!r}"
+            f"REQUEST field 'conditions' must be a list of at most {MAX_CONDITIONS} objects, got {entries!r}"
         )
+    shapes = []
+    for index, entry in enumerate(entries):
+        where = f"REQUEST field 'conditions'[{index}]"
+        if type(entry) is not dict or entry.get("kind") not in CONDITION_KINDS:
+            raise ValueError(f"{where} must be an object with a kind in {list(CONDITION_KINDS)}, got {entry!r}")
+        unknown = sorted(set(entry) - set(CONDITION_FIELDS))
+        if unknown:
+            raise ValueError(f"{where} has unknown key {unknown[0]!r}; allowed: {list(CONDITION_FIELDS)}")
+        if not _is_int(entry.get("frame", 0)):
+            raise ValueError(f"{where} frame must be an integer, got {entry['frame']!r}")
+        for key, rank in (("video", 4), ("audio", 3)):
+            if key in entry and not _shape(entry[key], rank):
+                raise ValueError(f"{where} {key} must be a shape of {rank} positive integers, got {entry[key]!r}")
+        shapes.append((entry.get("video"), entry.get("audio")))
     spans = fields.get("vision_spans", [])
     if type(spans) is not list or not all(
         type(span) is list and len(span) == 2 and all(map(_is_int, span)) for span in spans
     ):
         raise ValueError(f"REQUEST field 'vision_spans' must be a list of [start, end] integer pairs, got {spans!r}")
-    task = fields.get("task", "fl2va" if keyframes else "t2va")
+    raw = arrival.condition_latents
+    flat = np.zeros((1, 0), dtype=np.float32) if raw is None else np.asarray(raw, dtype=np.float32)
+    if flat.ndim != 2 or flat.shape[0] != 1:
+        raise ValueError(f"{CONDITION_LATENTS} has shape {list(flat.shape)}; expected [1, N]")
+    flat = torch.from_numpy(np.array(flat[0]))
+    sizes = [math.prod(shape) for pair in shapes for shape in pair if shape is not None]
+    if sum(sizes) != flat.numel():
+        raise ValueError(
+            f"{CONDITION_LATENTS} holds {flat.numel()} values but REQUEST field 'conditions' describes {sum(sizes)}"
+        )
+    pieces = iter(flat.split(sizes))
+    conditions = []
+    for entry, (video, audio) in zip(entries, shapes, strict=True):
+        conditions.append(
+            Condition(
+                entry["kind"],
+                entry.get("frame", 0),
+                None if video is None else next(pieces).reshape(video),
+                None if audio is None else next(pieces).reshape(audio),
+            )
+        )
+    kinds = [condition.kind for condition in conditions]
+    implied = "fl2va" if "keyframe" in kinds else "ref2va" if kinds else "t2va"
+    task = fields.get("task", implied)
     if type(task) is not str:
         raise ValueError(f"REQUEST field 'task' must be a string, got {task!r}")
-    raw = arrival.keyframe_latents
-    latents = None
-    if raw is not None and raw.size:
-        if raw.ndim != 5 or raw.shape[0] != 1:
-            raise ValueError(f"{KEYFRAME_LATENTS} has shape {list(raw.shape)}; expected [1, K, 24, Hl, Wl]")
-        latents = torch.from_numpy(np.array(raw[0], dtype=np.float32))
-    count = 0 if latents is None else latents.shape[0]
-    if count != len(keyframes):
-        raise ValueError(
-            f"{KEYFRAME_LATENTS} holds {count} keyframes but REQUEST field 'keyframes' lists {len(keyframes)}"
-        )
-    return task, tuple(keyframes), latents, tuple(tuple(span) for span in spans)
+    return task, conditions, tuple(tuple(span) for span in spans)
+
+
+def conditions_info(conditions: list[Condition]) -> list[dict]:
+    """What a result's INFO says of its conditions, in the request's order: kind, and the frame of
+    keyframes and guides."""
+    return [
+        {"kind": c.kind, "frame": c.frame} if c.kind in ("keyframe", "guide") else {"kind": c.kind} for c in conditions
+    ]
 
 
 def parse(arrival: Arrival, fields: dict, now: float, engine: Engine, settings: DitSettings) -> Job:
@@ -190,21 +233,20 @@ def parse(arrival: Arrival, fields: dict, now: float, engine: Engine, settings: 
     geometry = fields.get("geometry")
     if geometry is not None and type(geometry) is not dict:
         raise ValueError(f"REQUEST field 'geometry' must be an object, got {geometry!r}")
-    task, keyframes, keyframe_latents, vision_spans = read_conditions(arrival, fields)
+    task, conditions, vision_spans = read_conditions(arrival, fields)
     request_id = arrival.request_id or f"h3-{secrets.token_hex(8)}"
     generation = GenerationRequest(
         prompt="(encoded)",
         request_id=request_id,
-        keyframes=keyframes,
         task=task,
         video_shift=parameters.get("flow_shift", DEFAULT_VIDEO_SHIFT),
         audio_shift=parameters.get("audio_flow_shift", DEFAULT_AUDIO_SHIFT),
         **values,
     )
-    states = engine.prepare(generation, text, keyframe_latents, vision_spans)
+    states = engine.prepare(generation, text, conditions, vision_spans)
     conditioning = {"task": task, "flow_shift": generation.video_shift, "audio_flow_shift": generation.audio_shift}
-    if keyframes:
-        conditioning.update(keyframes=list(keyframes), geometry=geometry)
+    if conditions:
+        conditioning.update(conditions=conditions_info(conditions), geometry=geometry)
     return Job(
         key=arrival.key,
         request_id=request_id,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..diffusion.conditions import Condition
 from ..diffusion.request import RequestLimits, check_canvas
 from ..images import canvas_for_image, decode_image, fit_image
 from ..model.vae import keyframe_latent
@@ -72,9 +73,30 @@ def read_keyframes(
     return Keyframes(frames, images, height, width, geometry)
 
 
-def keyframe_latents(video_vae, keyframes: Keyframes) -> torch.Tensor:
-    """The clean normalised latents of the keyframes, float32 [K, 24, height/16, width/16] on the
-    CPU, in keyframes.frames' order (h3_core.model.vae.keyframe_latent); [0, 0, 0, 0] without."""
-    if not keyframes.images:
-        return torch.zeros(0, 0, 0, 0)
-    return torch.stack([keyframe_latent(video_vae, torch.from_numpy(image.copy())).cpu() for image in keyframes.images])
+def keyframe_conditions(video_vae, keyframes: Keyframes) -> list[Condition]:
+    """The keyframes as Conditions: each its clean normalised latent, float32 [24, 1, height/16,
+    width/16] on the CPU (h3_core.model.vae.keyframe_latent), in keyframes.frames' order."""
+    return [
+        Condition("keyframe", frame, keyframe_latent(video_vae, torch.from_numpy(image.copy())).cpu()[:, None])
+        for frame, image in zip(keyframes.frames, keyframes.images, strict=True)
+    ]
+
+
+def wire_conditions(conditions: list[Condition]) -> tuple[np.ndarray, list[dict]]:
+    """What h3_encoder sends h3_dit of a request's conditions: CONDITION_LATENTS float32 [1, N]
+    (each block's video latent then audio latent, flattened, in order) and REQUEST's "conditions"
+    entries (h3_core.protocol.CONDITION_FIELDS: kind, frame for keyframes and guides, the latents'
+    shapes)."""
+    pieces, entries = [], []
+    for condition in conditions:
+        entry = {"kind": condition.kind}
+        if condition.kind in ("keyframe", "guide"):
+            entry["frame"] = condition.frame
+        for name in ("video", "audio"):
+            latent = getattr(condition, name)
+            if latent is not None:
+                entry[name] = list(latent.shape)
+                pieces.append(latent.float().reshape(-1).numpy())
+        entries.append(entry)
+    flat = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
+    return np.ascontiguousarray(flat[None], dtype=np.float32), entries

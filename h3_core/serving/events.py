@@ -31,7 +31,7 @@ class Arrival:
     request_id: Triton's request id ("" when the client sent none).
     new: the START flag (first delivery); sequence_end: the END flag (refused).
     request_json: REQUEST's elements (bytes); text_embeds: TEXT_EMBEDS float32 [1, L, text_dim];
-    keyframe_latents: KEYFRAME_LATENTS float32 [1, K, 24, Hl, Wl] (None or K = 0 without keyframes);
+    condition_latents: CONDITION_LATENTS float32 [1, N] (None or N = 0 without conditions);
     parameters_json: Triton's JSON text of the request parameters.
     is_cancelled: whether the client cancelled the request natively (gRPC cancellation of a
     direct call); called only for the request of a live job at its step boundary, never after
@@ -44,7 +44,7 @@ class Arrival:
     sequence_end: bool = False
     request_json: list = field(default_factory=list)
     text_embeds: np.ndarray | None = None
-    keyframe_latents: np.ndarray | None = None
+    condition_latents: np.ndarray | None = None
     parameters_json: str = "{}"
     is_cancelled: Callable[[], bool] = lambda: False
 

@@ -22,7 +22,7 @@ import triton_python_backend_utils as pb_utils
 
 from h3_core.factory import load_engine
 from h3_core.parallel.workers import SP_TIMEOUT_FRACTION
-from h3_core.protocol import AUDIO_LATENT, KEYFRAME_LATENTS, REQUEST, TEXT_EMBEDS, VIDEO_LATENT, cancel_info
+from h3_core.protocol import AUDIO_LATENT, CONDITION_LATENTS, REQUEST, TEXT_EMBEDS, VIDEO_LATENT, cancel_info
 from h3_core.serving.events import Arrival, CancelAnswer, Ended, Heartbeat, Progress, Refused, Result
 from h3_core.serving.metrics import METRICS
 from h3_core.serving.registry import Registry, server_folder
@@ -121,7 +121,7 @@ def arrival(request, sender) -> Arrival:
     """A Triton request -> the step loop's Arrival (sender(request): its response sender)."""
     flags = request.flags()
     text = pb_utils.get_input_tensor_by_name(request, TEXT_EMBEDS)
-    keyframes = pb_utils.get_input_tensor_by_name(request, KEYFRAME_LATENTS)
+    conditions = pb_utils.get_input_tensor_by_name(request, CONDITION_LATENTS)
     return Arrival(
         handle=request,
         key=request.correlation_id(),
@@ -130,7 +130,7 @@ def arrival(request, sender) -> Arrival:
         sequence_end=bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END),
         request_json=list(pb_utils.get_input_tensor_by_name(request, REQUEST).as_numpy().reshape(-1)),
         text_embeds=None if text is None else text.as_numpy(),
-        keyframe_latents=None if keyframes is None else keyframes.as_numpy(),
+        condition_latents=None if conditions is None else conditions.as_numpy(),
         parameters_json=request.parameters(),
         is_cancelled=lambda: request.is_cancelled() or sender(request).is_cancelled(),
     )

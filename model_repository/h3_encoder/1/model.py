@@ -1,4 +1,4 @@
-"""h3_encoder: PROMPT (+ KEYFRAMES) -> TEXT_EMBEDS, KEYFRAMES -> KEYFRAME_LATENTS, the optional
+"""h3_encoder: PROMPT (+ KEYFRAMES) -> TEXT_EMBEDS, KEYFRAMES -> CONDITION_LATENTS, the optional
 inputs -> REQUEST JSON (an adapter over h3_core.model.encoder and h3_core.serving.conditioning).
 Keyframe files are decoded, checked and fitted before any model runs.
 The request parameters and the inputs' shapes are checked before the prompt
@@ -9,15 +9,14 @@ h3_dit execute taking several steps ends at its next step boundary and takes the
 
 import time
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from h3_core.config import get_config
 from h3_core.model.encoder import TextEncoder
 from h3_core.protocol import (
+    CONDITION_LATENTS,
     INT_INPUTS,
     KEYFRAME_INDICES,
-    KEYFRAME_LATENTS,
     KEYFRAMES,
     PROMPT,
     REQUEST,
@@ -26,7 +25,7 @@ from h3_core.protocol import (
     check_request_parameters,
     check_task,
 )
-from h3_core.serving.conditioning import keyframe_latents, read_keyframes
+from h3_core.serving.conditioning import keyframe_conditions, read_keyframes, wire_conditions
 from h3_core.serving.registry import Registry, server_folder
 from h3_core.serving.scheduler import Overloaded
 from h3_core.serving.settings import EncoderSettings
@@ -78,8 +77,8 @@ class TritonPythonModel:
         return responses
 
     def encode(self, request):
-        """One request -> TEXT_EMBEDS float32 [1, L, text_dim] + KEYFRAME_LATENTS float32
-        [1, K, 24, Hl, Wl] + REQUEST. Raises ValueError naming the input or parameter for a
+        """One request -> TEXT_EMBEDS float32 [1, L, text_dim] + CONDITION_LATENTS float32
+        [1, N] + REQUEST. Raises ValueError naming the input or parameter for a
         malformed request (keyframes included: decoded and checked before any model runs),
         Overloaded when every h3_dit instance is full (h3_core.serving.registry)."""
         start, received = time.perf_counter(), time.time()
@@ -115,7 +114,7 @@ class TritonPythonModel:
             task = "fl2va" if files else "t2va"
         else:
             task = task[0].decode("utf-8", "replace") if isinstance(task[0], bytes) else str(task[0])
-        check_task(task, len(files))
+        check_task(task, ["keyframe"] * len(files))
         keyframes = read_keyframes(
             [bytes(data) for data in files],
             indices,
@@ -128,24 +127,21 @@ class TritonPythonModel:
         full = self.registry.refusal()
         if full is not None:
             raise Overloaded(full)
+        conditions, spans = [], []
         if keyframes.images:
             embeds, spans = self.encoder.encode_presentation(prompt, keyframes.images)
-            latents = keyframe_latents(self.video_vae, keyframes)
-            fields.update(
-                height=keyframes.height,
-                width=keyframes.width,
-                task=task,
-                keyframes=keyframes.frames,
-                vision_spans=[list(span) for span in spans],
-                geometry=keyframes.geometry,
-            )
+            conditions = keyframe_conditions(self.video_vae, keyframes)
+            fields.update(height=keyframes.height, width=keyframes.width, geometry=keyframes.geometry)
         else:
-            embeds, latents = self.encoder.encode(prompt), keyframe_latents(self.video_vae, keyframes)
+            embeds = self.encoder.encode(prompt)
+        latents, entries = wire_conditions(conditions)
+        if conditions:
+            fields.update(task=task, conditions=entries, vision_spans=[list(span) for span in spans])
         fields.update(encode_seconds=time.perf_counter() - start, received_unix_s=received)
         return pb_utils.InferenceResponse(
             [
                 pb_utils.Tensor(TEXT_EMBEDS, embeds[None].cpu().numpy()),
-                pb_utils.Tensor(KEYFRAME_LATENTS, np.ascontiguousarray(latents[None].numpy())),
+                pb_utils.Tensor(CONDITION_LATENTS, latents),
                 json_tensor(REQUEST, fields),
             ]
         )
