@@ -5,6 +5,11 @@
     open("clip.mp4", "wb").write(results[0].video_mp4)
     # fl2va: the clip starts at one image and ends at another (files sent as they are)
     results = client.generate("the ball rolls away", first_frame="start.png", last_frame="end.png", fit="pad")
+    # ref2va: a character and a voice to keep, and an image the clip shows at frame 40
+    results = client.generate(
+        "she waves and says hello", reference_images=["woman.png"], reference_audio=["voice.wav"],
+        guides=[("wave.png", 40)],
+    )
 
 Every call has two client-side limits (H3Client's docstring): an idle timeout (the longest gap
 between responses) and an optional total timeout (the whole call). When one expires the client
@@ -27,7 +32,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,9 +119,15 @@ class GenerationResult:
     previews: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (step, uint8 [Hl, Wl, 3])
 
 
-def _input(name: str, value, datatype: str) -> grpcclient.InferInput:
-    if datatype == "INT64" and not protocol.INT64_MIN <= value <= protocol.INT64_MAX:
+def _check_int64(name: str, value: int) -> None:
+    """Raise H3Error INVALID_ARG naming the value unless it fits INT64 (what tritonclient sends)."""
+    if not protocol.INT64_MIN <= value <= protocol.INT64_MAX:
         raise H3Error("INVALID_ARG", f"{name}={value} does not fit INT64 ({protocol.INT64_MIN}..{protocol.INT64_MAX})")
+
+
+def _input(name: str, value, datatype: str) -> grpcclient.InferInput:
+    if datatype == "INT64":
+        _check_int64(name, value)
     tensor = grpcclient.InferInput(name, [1, 1], datatype)
     tensor.set_data_from_numpy(np.array([[value]], dtype=object if datatype == "BYTES" else np.int64))
     return tensor
@@ -150,26 +161,38 @@ def _check_seconds(name: str, value, optional: bool = False) -> None:
         raise ValueError(f"{name} must be > 0 seconds, got {value}")
 
 
-def keyframe_bytes(name: str, value: str | os.PathLike | bytes) -> bytes:
-    """The encoded image file a keyframe argument names: `value`'s bytes, or the bytes of the file at
-    the path `value` (str or os.PathLike), unchanged (the server decodes PNG, JPEG or WebP; the
-    client decodes nothing). Raises TypeError for another type, ValueError naming the argument
-    (`name`) for a path that does not exist, is not a file or cannot be read, and for no bytes."""
+# The media files a request may carry, sent unchanged (the server decodes them): kind -> (the file
+# in words, its formats).
+MEDIA_FILES = {
+    "image": ("an image file", "a PNG, JPEG or WebP file"),
+    "video": ("a video file", "an MP4 file"),
+    "audio": ("an audio file", "a WAV, FLAC or MP3 file"),
+}
+
+
+def media_bytes(name: str, value: str | os.PathLike | bytes, media: str) -> bytes:
+    """The encoded media file an argument names: `value`'s bytes, or the bytes of the file at the path
+    `value` (str or os.PathLike), unchanged (the server decodes them; the client decodes nothing).
+    media: a key of MEDIA_FILES ("image", "video" or "audio"), for the messages. Raises TypeError for
+    another type, ValueError naming the argument (`name`) for a path that does not exist, is not a
+    file or cannot be read, and for no bytes (an empty file: naming its path too)."""
     _check_type(name, value, "a path or bytes")
+    noun, formats = MEDIA_FILES[media]
     if isinstance(value, bytes):
-        data = value
+        data, shown = value, name
     else:
         path = Path(value)
+        shown = f"{name} {path}"
         if not path.exists():
-            raise ValueError(f"{name} {path}: no such file")
+            raise ValueError(f"{shown}: no such file")
         if not path.is_file():
-            raise ValueError(f"{name} {path} is not a file; give an image file's path")
+            raise ValueError(f"{shown} is not a file; give {noun}'s path")
         try:
             data = path.read_bytes()
         except OSError as error:
-            raise ValueError(f"{name} {path}: cannot read it ({error.strerror})") from None
+            raise ValueError(f"{shown}: cannot read it ({error.strerror})") from None
     if not data:
-        raise ValueError(f"{name} is empty: give a PNG, JPEG or WebP file")
+        raise ValueError(f"{shown} is empty: give {formats}")
     return data
 
 
@@ -190,6 +213,58 @@ def keyframe_inputs(first_frame: bytes | None, last_frame: bytes | None) -> list
     indices = grpcclient.InferInput(protocol.KEYFRAME_INDICES, [1, len(given)], "INT64")
     indices.set_data_from_numpy(np.array([[index for _, index in given]], dtype=np.int64))
     return [keyframes, indices]
+
+
+def _sequence(name: str, value) -> None:
+    """Raise TypeError naming the argument unless `value` is a sequence (a list, a tuple) other than
+    str and bytes (whose items are characters)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"{name} must be a sequence (list or tuple), got {type(value).__name__} {value!r}")
+
+
+def reference_inputs(
+    reference_images: Sequence[str | os.PathLike | bytes] = (),
+    reference_videos: Sequence[str | os.PathLike | bytes] = (),
+    reference_audio: Sequence[str | os.PathLike | bytes] = (),
+    guides: Sequence[tuple[str | os.PathLike | bytes, int]] = (),
+) -> list[grpcclient.InferInput]:
+    """h3_pipeline's ref2va inputs (h3_spec §2.1-2.3; protocol.REFERENCE_INPUTS), each file's bytes
+    unchanged (media_bytes), each input in its argument's order and only when its argument is not
+    empty: REFERENCE_IMAGES, REFERENCE_VIDEOS, REFERENCE_AUDIO BYTES [1, N] (image, MP4, audio
+    files), then GUIDES BYTES [1, N] (image files) with GUIDE_FRAMES INT64 [1, N] (the frame each
+    guide should appear at). Every argument is a sequence of paths (str or os.PathLike) or bytes;
+    guides a sequence of (image, frame) pairs, frame an int. Counts and frame ranges are the
+    server's to check (its limits are configurable). Raises TypeError naming the argument and item
+    (e.g. "reference_images[1]", "guides[0] frame") for a wrong type, ValueError for a missing,
+    unreadable or empty file (media_bytes), H3Error INVALID_ARG for a frame outside INT64."""
+    inputs = []
+    for input_name, name, files, media in (
+        (protocol.REFERENCE_IMAGES, "reference_images", reference_images, "image"),
+        (protocol.REFERENCE_VIDEOS, "reference_videos", reference_videos, "video"),
+        (protocol.REFERENCE_AUDIO, "reference_audio", reference_audio, "audio"),
+    ):
+        _sequence(name, files)
+        data = [media_bytes(f"{name}[{k}]", value, media) for k, value in enumerate(files)]
+        if data:
+            inputs.append(grpcclient.InferInput(input_name, [1, len(data)], "BYTES"))
+            inputs[-1].set_data_from_numpy(np.array([data], dtype=object))
+    _sequence("guides", guides)
+    images, frames = [], []
+    for k, guide in enumerate(guides):
+        if isinstance(guide, (str, bytes)) or not isinstance(guide, Sequence) or len(guide) != 2:
+            raise TypeError(f"guides[{k}] must be an (image, frame) pair, got {type(guide).__name__} {guide!r}")
+        image, frame = guide
+        _check_type(f"guides[{k}] frame", frame, "int")
+        _check_int64(f"guides[{k}] frame", frame)
+        images.append(media_bytes(f"guides[{k}]", image, "image"))
+        frames.append(int(frame))
+    if images:
+        guide_images = grpcclient.InferInput(protocol.GUIDES, [1, len(images)], "BYTES")
+        guide_images.set_data_from_numpy(np.array([images], dtype=object))
+        guide_frames = grpcclient.InferInput(protocol.GUIDE_FRAMES, [1, len(frames)], "INT64")
+        guide_frames.set_data_from_numpy(np.array([frames], dtype=np.int64))
+        inputs += [guide_images, guide_frames]
+    return inputs
 
 
 def _number(value: numbers.Real) -> int | float:
@@ -324,6 +399,10 @@ class H3Client:
         flow_shift: float | None = None,
         audio_flow_shift: float | None = None,
         task: str | None = None,
+        reference_images: Sequence[str | os.PathLike | bytes] = (),
+        reference_videos: Sequence[str | os.PathLike | bytes] = (),
+        reference_audio: Sequence[str | os.PathLike | bytes] = (),
+        guides: Sequence[tuple[str | os.PathLike | bytes, int]] = (),
         on_progress: Callable[[int, int, int], None] | None = None,
         on_preview: Callable[[int, np.ndarray], None] | None = None,
     ) -> list[GenerationResult]:
@@ -351,14 +430,25 @@ class H3Client:
         fit: how the server fits a keyframe to the canvas, one of protocol.FITS (server default
         protocol.DEFAULT_FIT). flow_shift / audio_flow_shift: the shift of the video / audio sigma
         schedule, > 0 and <= protocol.MAX_FLOW_SHIFT (h3_spec §3.1). task: one of protocol.TASKS
-        (TASK BYTES [1, 1]); None lets the server choose it from the inputs (keyframes: fl2va).
-        Each of these is sent only when given (None: the server's default).
+        (TASK BYTES [1, 1]); None lets the server choose it from the inputs (keyframes: fl2va;
+        references or guides: ref2va). Each of these is sent only when given (None: the server's
+        default).
 
-        Returns the results in output-index order. Raises TypeError naming the argument for a
-        wrong Python type, ValueError for deadline_s <= 0 or a keyframe path that does not exist,
-        is not a file or cannot be read, or empty keyframe bytes (keyframe_bytes; in each case
-        nothing is sent), H3Error with the server's code word (INVALID_ARG for a value out of
-        range, e.g. fit not in FITS or an image it cannot decode), or with TIMEOUT.
+        References and timeline guides (task ref2va, h3_spec §2.1-2.3), each a sequence of files'
+        paths or bytes sent unchanged, in its order, only when not empty (reference_inputs):
+        reference_images (PNG, JPEG, WebP: a character, an object) as REFERENCE_IMAGES BYTES
+        [1, N], reference_videos (MP4) as REFERENCE_VIDEOS BYTES [1, N], reference_audio (WAV,
+        FLAC, MP3: a voice, a sound) as REFERENCE_AUDIO BYTES [1, N]; guides, (image, frame) pairs
+        (frame 0 .. num_frames - 1, the frame the image should appear at), as GUIDES BYTES [1, N]
+        and GUIDE_FRAMES INT64 [1, N]. The server checks the counts (protocol.MAX_REFERENCE_IMAGES
+        and the others by default) and the frames.
+
+        Returns the results in output-index order. Raises TypeError naming the argument (and the
+        item, e.g. "reference_images[1]") for a wrong Python type, ValueError for deadline_s <= 0
+        or a file's path that does not exist, is not a file or cannot be read, or empty file bytes
+        (media_bytes; in each case nothing is sent), H3Error with the server's code word
+        (INVALID_ARG for a value out of range, e.g. fit not in FITS, too many references, a guide
+        frame past the clip or a file it cannot decode), or with TIMEOUT.
         """
         _check_type("prompt", prompt, "str or bytes")
         for name, value in (
@@ -387,9 +477,10 @@ class H3Client:
         _check_type("audio_flow_shift", audio_flow_shift, "number", optional=True)
         _check_type("task", task, "str", optional=True)
         keyframes = keyframe_inputs(
-            None if first_frame is None else keyframe_bytes("first_frame", first_frame),
-            None if last_frame is None else keyframe_bytes("last_frame", last_frame),
+            None if first_frame is None else media_bytes("first_frame", first_frame, "image"),
+            None if last_frame is None else media_bytes("last_frame", last_frame, "image"),
         )
+        references = reference_inputs(reference_images, reference_videos, reference_audio, guides)
         fields = dict(
             height=height,
             width=width,
@@ -402,7 +493,7 @@ class H3Client:
         inputs += [
             _input(name, fields[key], "INT64") for name, key in protocol.INT_INPUTS.items() if fields[key] is not None
         ]
-        inputs += keyframes
+        inputs += keyframes + references
         if task is not None:
             inputs.append(_input(protocol.TASK, task.encode(), "BYTES"))
         wanted = {protocol.FRAMES: return_frames, protocol.AUDIO: return_audio}

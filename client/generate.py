@@ -2,6 +2,8 @@
 
     python -m client.generate --prompt "a red ball rolls to the left" --out out/clip.mp4
     python -m client.generate --prompt "it rolls away" --out out/fl.mp4 --first-frame a.png --last-frame b.png
+    python -m client.generate --prompt "she waves and says hello" --out out/ref.mp4 \
+        --reference-image woman.png --reference-audio voice.wav --guide wave.png@40
 
 The server's gRPC endpoint comes from --url, else $H3_GRPC_URL, else 127.0.0.1:8001. A progress
 bar follows the denoise steps. Exit status: 0 written, 1 the server refused or failed the request
@@ -70,7 +72,7 @@ from tqdm import tqdm
 
 from h3_core import protocol
 
-from .api import CANCEL_WAIT_S, DEADLINE_MARGIN_S, H3Client, H3Error, check_url, keyframe_bytes
+from .api import CANCEL_WAIT_S, DEADLINE_MARGIN_S, H3Client, H3Error, check_url, media_bytes
 
 
 def wav_bytes(audio: np.ndarray) -> bytes:
@@ -137,6 +139,18 @@ REQUEST_ID = flag_type(str, "a non-empty string", bool)
 SHIFT = flag_type(float, f"a number > 0 and <= {protocol.MAX_FLOW_SHIFT:g}", lambda v: 0 < v <= protocol.MAX_FLOW_SHIFT)
 
 
+def image_at_frame(text: str) -> tuple[Path, int]:
+    """IMAGE@FRAME (a --guide value) -> (Path(IMAGE), FRAME), split at the last "@" (a path may hold
+    one); raises ValueError without a non-empty IMAGE, an "@" and an integer FRAME."""
+    image, at, frame = text.rpartition("@")
+    if not (image and at):
+        raise ValueError(f"no IMAGE@ in {text!r}")
+    return Path(image), int(frame)
+
+
+GUIDE = flag_type(image_at_frame, "IMAGE@FRAME with FRAME an integer >= 0", lambda guide: guide[1] >= 0)
+
+
 def url_type(text: str) -> str:
     """argparse type of --url: host:port, dns:///host:port or ipv4: / ipv6: lists (api.check_url)."""
     try:
@@ -147,8 +161,10 @@ def url_type(text: str) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The flags, checked before anything is sent; bad ones end with exit status 2. The files of
-    --first-frame / --last-frame are read here: args.first_frame / args.last_frame hold their
-    bytes (api.keyframe_bytes), or None."""
+    --first-frame / --last-frame / --reference-* / --guide are read here: args.first_frame /
+    args.last_frame hold their bytes (api.media_bytes) or None, args.reference_images /
+    reference_videos / reference_audio lists of bytes and args.guides (bytes, frame) pairs, in the
+    flags' order."""
     parser = argparse.ArgumentParser(prog="python -m client.generate", description=__doc__.split("\n\n")[0])
     add = parser.add_argument
     add("--prompt", required=True)
@@ -190,7 +206,47 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     add("--flow-shift", type=SHIFT, metavar="SHIFT", help="the video sigma schedule's shift (server default)")
     add("--audio-flow-shift", type=SHIFT, metavar="SHIFT", help="the audio sigma schedule's shift (server default)")
-    add("--task", choices=protocol.TASKS, help="default: from the inputs (fl2va with a keyframe, else t2va)")
+    add(
+        "--reference-image",
+        dest="reference_images",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="IMAGE",
+        help="a PNG, JPEG or WebP file of a character or an object the clip shows (task ref2va; repeatable)",
+    )
+    add(
+        "--reference-video",
+        dest="reference_videos",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="VIDEO",
+        help="an MP4 file (with its sound) the clip follows (task ref2va; repeatable)",
+    )
+    add(
+        "--reference-audio",
+        dest="reference_audio",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="AUDIO",
+        help="a WAV, FLAC or MP3 file of a voice or a sound the clip uses (task ref2va; repeatable)",
+    )
+    add(
+        "--guide",
+        dest="guides",
+        action="append",
+        default=[],
+        type=GUIDE,
+        metavar="IMAGE@FRAME",
+        help="a PNG, JPEG or WebP file the clip shows at frame FRAME (0 .. frames - 1; task ref2va; repeatable)",
+    )
+    add(
+        "--task",
+        choices=protocol.TASKS,
+        help="default: from the inputs (fl2va with a keyframe, ref2va with references or guides, else t2va)",
+    )
     add(
         "--url",
         type=url_type,
@@ -222,7 +278,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             check_writable("--preview-dir", args.preview_dir, folder=True)
         for flag, key in (("--first-frame", "first_frame"), ("--last-frame", "last_frame")):
             if getattr(args, key) is not None:
-                setattr(args, key, keyframe_bytes(flag, getattr(args, key)))
+                setattr(args, key, media_bytes(flag, getattr(args, key), "image"))
+        for flag, key, media in (
+            ("--reference-image", "reference_images", "image"),
+            ("--reference-video", "reference_videos", "video"),
+            ("--reference-audio", "reference_audio", "audio"),
+        ):
+            setattr(args, key, [media_bytes(flag, path, media) for path in getattr(args, key)])
+        args.guides = [(media_bytes("--guide", path, "image"), frame) for path, frame in args.guides]
     except ValueError as error:
         parser.error(str(error))
     return args
@@ -300,6 +363,10 @@ def main(argv: list[str] | None = None, interrupted: threading.Event = INTERRUPT
                     flow_shift=args.flow_shift,
                     audio_flow_shift=args.audio_flow_shift,
                     task=args.task,
+                    reference_images=args.reference_images,
+                    reference_videos=args.reference_videos,
+                    reference_audio=args.reference_audio,
+                    guides=args.guides,
                     on_progress=on_progress,
                 )
             except H3Error as error:

@@ -348,7 +348,7 @@ def test_generate_sends_fit_flow_shifts_and_task_only_when_given(monkeypatch, tm
         (dict(first_frame="missing.png"), ValueError, "first_frame missing.png: no such file"),
         (dict(last_frame="folder"), ValueError, "last_frame folder is not a file; give an image file's path"),
         (dict(first_frame=b""), ValueError, "first_frame is empty: give a PNG, JPEG or WebP file"),
-        (dict(last_frame="empty.png"), ValueError, "last_frame is empty: give a PNG, JPEG or WebP file"),
+        (dict(last_frame="empty.png"), ValueError, "last_frame empty.png is empty: give a PNG, JPEG or WebP file"),
         (dict(first_frame=3), TypeError, "first_frame must be a path or bytes, got int 3"),
         (dict(fit=1), TypeError, "fit must be str or None, got int 1"),
         (dict(flow_shift="5"), TypeError, "flow_shift must be number or None, got str '5'"),
