@@ -104,22 +104,11 @@ class _Refusal(ValueError):
 
 
 @contextmanager
-def _ffmpeg_errors(field: str, formats: dict[str, str]):
-    """Turn PyAV's errors inside the block into ValueError "<field>: is not a complete <formats>
-    file: <FFmpeg's reason>" (PyAV's own ValueErrors, e.g. a resampler refusing a frame, included:
-    they are av.FFmpegError or not ours; this module's refusals pass through)."""
-    try:
-        yield
-    except _Refusal:
-        raise
-    except (av.FFmpegError, ValueError, EOFError, OSError) as error:
-        reason = getattr(error, "strerror", None) or str(error)
-        raise ValueError(f"{field}: is not a complete {_names(formats)} file: {reason}") from None
-
-
-@contextmanager
 def _open(data: bytes, field: str, limits: MediaLimits, formats: dict[str, str]):
-    """The container of `data` read by one of `formats`' demuxers (a context manager)."""
+    """The container of `data` read by one of `formats`' demuxers (a context manager). Refuses
+    empty data, more than max_bytes, another format and what FFmpeg cannot open; inside the block
+    PyAV's errors (av.FFmpegError, and its own ValueError, e.g. a resampler refusing a frame)
+    become ValueError "<field>: is not a complete <format> file: <FFmpeg's reason>"."""
     if av is None:
         raise ValueError(
             f"{field}: decoding {_names(formats)} files needs PyAV, which is not installed (`pip install av`)"
@@ -131,15 +120,29 @@ def _open(data: bytes, field: str, limits: MediaLimits, formats: dict[str, str])
     try:
         container = av.open(io.BytesIO(data), container_options={"format_whitelist": ",".join(formats)})
     except av.FFmpegError as error:
-        what = (
-            "in another format"
-            if error.errno == errno.EINVAL
-            else f"not a media file FFmpeg can read ({error.strerror})"
-        )
-        raise _Refusal(f"{field}: is {what}; the allowed formats are {_names(formats)}") from None
+        if error.errno == errno.EINVAL:  # FFmpeg's answer to a format off the whitelist
+            raise _Refusal(f"{field}: is in another format; the allowed formats are {_names(formats)}") from None
+        raise _Refusal(f"{field}: cannot be read as {_names(formats)} ({error.strerror})") from None
+    found = formats[container.format.name.split(",")[0]]
     with container:
-        with _ffmpeg_errors(field, formats):
+        try:
             yield container
+        except _Refusal:
+            raise
+        except (av.FFmpegError, ValueError, EOFError, OSError) as error:
+            reason = getattr(error, "strerror", None) or str(error)
+            raise ValueError(f"{field}: is not a complete {found} file: {reason}") from None
+
+
+def _first_stream(container, kind: str, field: str):
+    """The container's first `kind` ("audio" or "video") stream; refuses none, and one whose codec
+    this FFmpeg build cannot decode."""
+    streams = container.streams.audio if kind == "audio" else container.streams.video
+    if not streams:
+        raise _Refusal(f"{field}: has no {kind} stream")
+    if streams[0].codec_context is None:
+        raise _Refusal(f"{field}: its {kind} codec has no decoder in this FFmpeg build")
+    return streams[0]
 
 
 def _header_seconds(container, stream) -> float | None:
@@ -199,9 +202,7 @@ def decode_audio(data: bytes, field: str, limits: MediaLimits) -> np.ndarray:
     resampled to 32 kHz by FFmpeg (see _resampled: about n x 32000 / rate samples, within one).
     """
     with _open(data, field, limits, AUDIO_FORMATS) as container:
-        if not container.streams.audio:
-            raise _Refusal(f"{field}: has no audio stream")
-        stream = container.streams.audio[0]
+        stream = _first_stream(container, "audio", field)
         allowed = f"allowed {limits.min_audio_s}..{limits.max_audio_s} s"
         seconds = _header_seconds(container, stream)
         if seconds is not None and not limits.min_audio_s <= seconds <= limits.max_audio_s:
@@ -322,9 +323,7 @@ def decode_video(data: bytes, field: str, limits: MediaLimits) -> tuple[np.ndarr
     frame is dropped); a shorter track stays as it is, one with no samples is refused.
     """
     with _open(data, field, limits, VIDEO_FORMATS) as container:
-        if not container.streams.video:
-            raise _Refusal(f"{field}: has no video stream")
-        stream = container.streams.video[0]
+        stream = _first_stream(container, "video", field)
         fps = _check_video_stream(container, stream, field, limits)
         frames = _video_frames(container, stream, field, limits, fps)
         if not container.streams.audio:
@@ -332,7 +331,7 @@ def decode_video(data: bytes, field: str, limits: MediaLimits) -> tuple[np.ndarr
     track = f"{field} audio track"
     with _open(data, track, limits, VIDEO_FORMATS) as container:
         wanted, chunks, held = config.audio_num_samples(len(frames)), [], 0
-        for _, chunk in _resampled(container, container.streams.audio[0], track):
+        for _, chunk in _resampled(container, _first_stream(container, "audio", track), track):
             chunks.append(chunk)
             held += chunk.shape[1]
             if held >= wanted:

@@ -90,12 +90,30 @@ def test_empty_and_over_max_bytes_are_refused_before_ffmpeg():
 
 
 def test_bytes_ffmpeg_cannot_read_are_refused():
-    unreadable = "is not a media file FFmpeg can read (Invalid data found when processing input)"
-    expected = f"{AUDIO}: {unreadable}; the allowed formats are WAV, FLAC, MP3"
+    unreadable = "(Invalid data found when processing input)"
+    expected = f"{AUDIO}: cannot be read as WAV, FLAC, MP3 {unreadable}"
     assert refused(decode_audio, b"some text, not a sound\n" * 50) == expected
     # a RIFF header of no WAVE, random bytes after it
     assert refused(decode_audio, b"RIFF\x00\x10\x00\x00" + np.random.default_rng(1).bytes(4096)) == expected
-    assert refused(decode_video, b"some text\n" * 50) == f"{VIDEO}: {unreadable}; the allowed formats are MP4"
+    assert refused(decode_video, b"some text\n" * 50) == f"{VIDEO}: cannot be read as MP4 {unreadable}"
+    # an MP4 cut in half: its index (moov, written last) is gone
+    mp4 = encode_mp4(grey_frames(24), None)
+    assert refused(decode_video, mp4[: len(mp4) // 2]) == f"{VIDEO}: cannot be read as MP4 {unreadable}"
+
+
+def test_a_video_of_corrupt_frames_is_refused():
+    data = bytearray(encode_mp4(grey_frames(24), None))
+    at = data.index(b"mdat")  # the box holding the coded frames: [size, "mdat", payload]
+    (size,) = struct.unpack(">I", data[at - 4 : at])
+    data[at + 4 : at - 4 + size] = bytes(size - 8)  # the whole payload zeroed, the index kept
+    expected = f"{VIDEO}: is not a complete MP4 file: Invalid data found when processing input"
+    assert refused(decode_video, bytes(data)) == expected
+
+
+def test_audio_of_a_codec_ffmpeg_cannot_decode_is_refused():
+    data = bytearray(wav(pcm(2, 64000)))
+    data[20:22] = struct.pack("<H", 0x1234)  # the fmt chunk's format tag: no codec has it
+    assert refused(decode_audio, bytes(data)) == f"{AUDIO}: its audio codec has no decoder in this FFmpeg build"
 
 
 def test_a_file_of_another_format_is_refused():
