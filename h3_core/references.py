@@ -123,7 +123,8 @@ def _open(data: bytes, field: str, limits: MediaLimits, formats: dict[str, str])
         if error.errno == errno.EINVAL:  # FFmpeg's answer to a format off the whitelist
             raise _Refusal(f"{field}: is in another format; the allowed formats are {_names(formats)}") from None
         raise _Refusal(f"{field}: cannot be read as {_names(formats)} ({error.strerror})") from None
-    found = formats[container.format.name.split(",")[0]]
+    # the whitelist let the demuxer in, so one of its names ("mov,mp4,m4a,...") is on the list
+    found = next(formats[name] for name in container.format.name.split(",") if name in formats)
     with container:
         try:
             yield container
