@@ -3,10 +3,10 @@ source with `ast`: every import statement counts, at module level, inside functi
 TYPE_CHECKING alike.
 
 Rooms: model/, diffusion/, serving/, parallel/, weights/ and the top-level modules protocol,
-config, media, images, factory and demo. Dependencies point down: serving -> diffusion -> model;
-weights -> model; parallel -> diffusion, weights, model; factory alone puts diffusion, weights and
-parallel together; protocol and config import nothing of h3_core, media only config, images only
-protocol and config."""
+config, media, images, references, factory and demo. Dependencies point down: serving ->
+diffusion -> model; weights -> model; parallel -> diffusion, weights, model; factory alone puts
+diffusion, weights and parallel together; protocol and config import nothing of h3_core, media
+and references only config, images only protocol and config."""
 
 import ast
 import json
@@ -32,6 +32,7 @@ LEAVES = {
     "config": set(),
     "media": {"config"},
     "images": {"protocol", "config"},
+    "references": {"config"},
 }  # the h3_core rooms each may import
 
 
