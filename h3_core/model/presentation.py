@@ -27,6 +27,7 @@ Qwen3VLVideoProcessor (whose own pipeline needs torchvision).
 """
 
 import math
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -46,7 +47,7 @@ AUDIO_LABEL = "<Audio {}>: "  # an audio clip's whole presentation (1-based; ass
 TIMESTAMP = "<{:.1f} seconds>"  # before each temporal patch group of a video (Qwen3VLProcessor.replace_video_token)
 
 
-def check_processor(processor, file, vision_config) -> None:
+def check_processor(processor, file: Path, vision_config) -> None:
     """Raise ValueError naming `file` when the image or video `processor`'s patch_size,
     temporal_patch_size or merge_size differ from the vision tower's `vision_config`."""
     pairs = (
@@ -62,7 +63,7 @@ def check_processor(processor, file, vision_config) -> None:
             )
 
 
-def load_image_processor(folder, vision_config) -> Qwen2VLImageProcessorPil | None:
+def load_image_processor(folder: Path, vision_config) -> Qwen2VLImageProcessorPil | None:
     """Qwen3-VL's image processor from `folder`/preprocessor_config.json (None when the file is
     absent): transformers' PIL class Qwen2VLImageProcessorPil whatever class the file names
     (the torchvision one may differ in its resampling and needs torchvision), so an image's
@@ -75,7 +76,7 @@ def load_image_processor(folder, vision_config) -> Qwen2VLImageProcessorPil | No
     return processor
 
 
-def load_video_processor(folder, vision_config) -> Qwen3VLVideoProcessor | None:
+def load_video_processor(folder: Path, vision_config) -> Qwen3VLVideoProcessor | None:
     """Qwen3-VL's video processor settings from `folder`/video_preprocessor_config.json (None when
     the file is absent), as transformers' Qwen3VLVideoProcessor (only its settings and its
     sample_frames are used: video_patches). Raises ValueError as load_image_processor does."""
@@ -176,7 +177,7 @@ def present(
     config,
     image_processor: Qwen2VLImageProcessorPil | None,
     video_processor: Qwen3VLVideoProcessor | None,
-    folder,
+    folder: Path,
     prompt: str,
     images: list[np.ndarray],
     videos: list[np.ndarray],
