@@ -60,6 +60,15 @@ def test_presentation_is_the_prompt_alone(encoder):
     assert torch.equal(encoder.encode_presentation(PROMPT, [])[0], states)
 
 
+def test_references_are_the_prompt_alone(encoder):
+    """MiniLM sees no references: encode_references gives encode(prompt) and no vision spans."""
+    image = np.full((64, 96, 3), 200, dtype=np.uint8)
+    video = np.full((4, 64, 64, 3), 100, dtype=np.uint8)
+    states, spans = encoder.encode_references(PROMPT, [image, image], [video], 1)
+    assert torch.equal(states, encoder.encode(PROMPT)) and states.shape == (14, 384) and spans == []
+    assert torch.equal(encoder.encode_references(PROMPT, [], [], 0)[0], states)
+
+
 def test_hidden_layer_selects_output_hidden_states(encoder):
     last = TextEncoder(hidden_layer=6)
     assert torch.equal(last.encode(PROMPT), encoder.encode(PROMPT))

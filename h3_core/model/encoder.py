@@ -10,8 +10,10 @@ Two kinds of encoder folder are served, told apart by the `model_type` of their 
   transformers' own model classes (Qwen3VLModel); the prompt verbatim (no chat template, no
   special tokens), and row i = token i's residual stream after decoder layer hidden_layer - 1
   (H3 reads hidden_states[50], QWEN3VL_H3_LAYER: the un-normalised residual, width 5120). With
-  keyframes (fl2va, TextEncoder.encode_presentation) each keyframe's vision block precedes the
-  prompt and its image tokens carry the vision tower's features, DeepStack included.
+  keyframes (fl2va, TextEncoder.encode_presentation) or references (ref2va,
+  TextEncoder.encode_references) their labels and vision blocks precede the prompt
+  (h3_core.model.presentation) and the image and video tokens carry the vision tower's
+  features, DeepStack included.
 
 Models are loaded from local files only, weights from safetensors (no pickle); nothing is ever downloaded.
 One prompt runs per forward with an all-ones mask, so no padding can change a prompt's states.
@@ -24,8 +26,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors import safe_open
-from transformers import AutoConfig, AutoModel, AutoTokenizer, Qwen2VLImageProcessorPil
+from transformers import AutoConfig, AutoModel, AutoTokenizer
 
+from h3_core.model.presentation import load_image_processor, load_video_processor, present
 from h3_core.protocol import check_prompt
 
 QWEN3VL = "qwen3_vl"
@@ -33,8 +36,6 @@ QWEN3VL_H3_LAYER = 50  # h3_spec §4.1: H3 conditions on hidden_states[50]
 QWEN3VL_PREFIX = "model."  # Qwen3VLModel's tensors in a Qwen3-VL (ForConditionalGeneration) checkpoint
 QWEN3VL_TEXT_PREFIX = QWEN3VL_PREFIX + "language_model."  # the text decoder's
 QWEN3VL_VISION_PREFIX = QWEN3VL_PREFIX + "visual."  # the vision tower's (with its DeepStack mergers)
-IMAGE_PROCESSOR_FILE = "preprocessor_config.json"  # Qwen3-VL's image processor settings, beside config.json
-PICTURE_LABEL = "<Picture {}>: "  # h3_spec §4.1: the text before keyframe i's vision block (1-based)
 
 
 def minilm_path() -> Path:
@@ -158,43 +159,6 @@ def load_qwen3vl(folder: Path, num_layers: int, device: str | torch.device) -> t
     return model.eval()
 
 
-def load_image_processor(folder: Path, vision_config) -> Qwen2VLImageProcessorPil | None:
-    """Qwen3-VL's image processor from `folder`/preprocessor_config.json (None when the file is
-    absent): transformers' PIL class Qwen2VLImageProcessorPil whatever class the file names
-    (the torchvision one may differ in its resampling and needs torchvision), so a keyframe's
-    pixels do not depend on what is installed. Raises ValueError when its patch_size,
-    temporal_patch_size or merge_size differ from the vision tower's `vision_config`."""
-    if not (folder / IMAGE_PROCESSOR_FILE).is_file():
-        return None
-    processor = Qwen2VLImageProcessorPil.from_pretrained(str(folder), local_files_only=True)
-    pairs = (
-        ("patch_size", "patch_size"),
-        ("temporal_patch_size", "temporal_patch_size"),
-        ("merge_size", "spatial_merge_size"),
-    )
-    for ours, theirs in pairs:
-        if getattr(processor, ours) != getattr(vision_config, theirs):
-            raise ValueError(
-                f"{folder / IMAGE_PROCESSOR_FILE} has {ours}={getattr(processor, ours)} but the vision tower's "
-                f"config.json has {theirs}={getattr(vision_config, theirs)}"
-            )
-    return processor
-
-
-def check_keyframe(index: int, image) -> None:
-    """Raise ValueError naming keyframe `index` (1-based) unless it is a uint8 [H, W, 3] array
-    with H, W >= 1."""
-    if not (
-        isinstance(image, np.ndarray)
-        and image.dtype == np.uint8
-        and image.ndim == 3
-        and image.shape[2] == 3
-        and min(image.shape) > 0
-    ):
-        got = f"{image.dtype} {list(image.shape)}" if isinstance(image, np.ndarray) else type(image).__name__
-        raise ValueError(f"keyframe {index} must be a uint8 [H, W, 3] RGB array, got {got}")
-
-
 class TextEncoder:
     """A frozen text encoder returning one hidden-state row per token (no pooling).
 
@@ -210,13 +174,14 @@ class TextEncoder:
 
     Attributes: `width` (hidden size: 384 for MiniLM, 5120 for MiniMax-H3's Qwen3-VL),
     `max_tokens`, `hidden_layer`, `folder`, the loaded `tokenizer` and `model` (a Qwen3VLModel for
-    Qwen3-VL), and `image_processor` (Qwen3-VL's, from the encoder folder's
-    preprocessor_config.json: load_image_processor; None for other encoders or without the file).
+    Qwen3-VL), `image_processor` and `video_processor` (Qwen3-VL's, from the encoder folder's
+    preprocessor_config.json and video_preprocessor_config.json: presentation.load_image_processor
+    and load_video_processor; None for other encoders or without the file).
 
     Raises FileNotFoundError if `path` or `tokenizer_path` is not a folder; OSError if it holds
     no loadable model (weights load only from safetensors, never from a pickled
     pytorch_model.bin); ValueError if hidden_layer is out of range, max_tokens is not in
-    [1, max_position_embeddings], or the image processor does not fit the vision tower.
+    [1, max_position_embeddings], or the image or video processor does not fit the vision tower.
     """
 
     def __init__(
@@ -234,10 +199,11 @@ class TextEncoder:
                 raise FileNotFoundError(f"{name} folder {where} not found")
         self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_folder), local_files_only=True)
         self.qwen3vl = model_type(folder) == QWEN3VL
-        self.folder, self.image_processor = folder, None
+        self.folder, self.image_processor, self.video_processor = folder, None, None
         if self.qwen3vl:
             self.model = load_qwen3vl(folder, hidden_layer, device)
             self.image_processor = load_image_processor(folder, self.model.config.vision_config)
+            self.video_processor = load_video_processor(folder, self.model.config.vision_config)
         else:
             model = AutoModel.from_pretrained(str(folder), local_files_only=True, use_safetensors=True)
             self.model = model.to(device).eval()
@@ -276,14 +242,32 @@ class TextEncoder:
         ids = self._token_ids(prompt)
         if len(ids) > self.max_tokens:
             raise ValueError(f"prompt has {len(ids)} tokens; the text encoder accepts at most {self.max_tokens}")
-        input_ids = torch.tensor([ids], device=self.model.device)
-        mask = torch.ones_like(input_ids)
         if self.qwen3vl:
-            return self.model.language_model(input_ids=input_ids, attention_mask=mask).last_hidden_state[0].float()
-        output = self.model(input_ids=input_ids, attention_mask=mask, output_hidden_states=True)
+            return self._qwen3vl_states(ids, {})
+        input_ids = torch.tensor([ids], device=self.model.device)
+        output = self.model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), output_hidden_states=True)
         return output.hidden_states[self.hidden_layer][0].float()
 
-    @torch.inference_mode()
+    def _qwen3vl_states(self, ids: list[int], vision: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Qwen3-VL's rows float32 [len(ids), width] for token `ids` with the vision tower's inputs
+        `vision` (presentation.present): the text decoder alone without them, else Qwen3VLModel's
+        forward with mm_token_type_ids 1 on <|image_pad|> and 2 on <|video_pad|> tokens."""
+        device = self.model.device
+        input_ids = torch.tensor([ids], device=device)
+        mask = torch.ones_like(input_ids)
+        if not vision:
+            return self.model.language_model(input_ids=input_ids, attention_mask=mask).last_hidden_state[0].float()
+        config = self.model.config
+        token_types = (input_ids == config.image_token_id).int() + 2 * (input_ids == config.video_token_id).int()
+        output = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            mm_token_type_ids=token_types,
+            use_cache=False,
+            **{name: tensor.to(device) for name, tensor in vision.items()},
+        )
+        return output.last_hidden_state[0].float()
+
     def encode_presentation(self, prompt: str, images: list[np.ndarray]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
         """The fl2va presentation of `prompt` with its keyframes (h3_spec §4.1): (token hidden
         states float32 [L, width] on the model's device, the [start, end) token ranges of its
@@ -295,18 +279,18 @@ class TextEncoder:
 
         Qwen3-VL: for keyframe i = 1, 2, ... the text PICTURE_LABEL ("<Picture i>: ") then its
         vision block <|vision_start|> + n_i x <|image_pad|> + <|vision_end|>, n_i = the product
-        of its image_grid_thw / merge_size**2, then the prompt verbatim. Each text piece is
-        tokenized alone without special tokens and the pieces' ids are joined with nothing
-        between them (no space or newline): this is what transformers' Qwen3-VL processor gives
-        for the joined string "<Picture 1>: <|vision_start|><|image_pad|>...<|vision_end|>prompt",
-        since its tokenizer splits text at special tokens; a span covers the whole block, its
-        <|vision_start|> and <|vision_end|> included (as the public ComfyUI MiniMax-H3 port tags
-        them). The ids run through Qwen3VLModel's forward with pixel_values and image_grid_thw
-        from the image processor and mm_token_type_ids 1 on the image tokens: the vision tower's
-        features replace the image tokens' embeddings, its DeepStack features are added after
-        the first decoder layers and the image tokens get M-RoPE's 3D positions, as transformers
-        defines it; the rows are the residual stream after `hidden_layer` layers, as encode's.
-        Without keyframes this is (encode(prompt), []).
+        of its image_grid_thw / merge_size**2, then the prompt verbatim (h3_core.model.presentation).
+        Each text piece is tokenized alone without special tokens and the pieces' ids are joined
+        with nothing between them (no space or newline): this is what transformers' Qwen3-VL
+        processor gives for the joined string "<Picture 1>: <|vision_start|><|image_pad|>...
+        <|vision_end|>prompt", since its tokenizer splits text at special tokens; a span covers the
+        whole block, its <|vision_start|> and <|vision_end|> included (as the public ComfyUI
+        MiniMax-H3 port tags them). The ids run through Qwen3VLModel's forward with pixel_values
+        and image_grid_thw from the image processor and mm_token_type_ids 1 on the image tokens:
+        the vision tower's features replace the image tokens' embeddings, its DeepStack features
+        are added after the first decoder layers and the image tokens get M-RoPE's 3D positions,
+        as transformers defines it; the rows are the residual stream after `hidden_layer` layers,
+        as encode's. Without keyframes this is (encode(prompt), []).
 
         Other encoders (MiniLM): the prompt alone, `images` ignored (not even checked): returns
         (encode(prompt), []).
@@ -319,45 +303,72 @@ class TextEncoder:
         tokens (vision tokens count). Raises FileNotFoundError when the Qwen3-VL folder has no
         preprocessor_config.json (keyframes cannot be seen without it).
         """
-        if not self.qwen3vl or not images:
+        return self._encode_presented(prompt, images, [], 0, "keyframe")
+
+    def encode_references(
+        self, prompt: str, images: list[np.ndarray], videos: list[np.ndarray], audio_count: int
+    ) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+        """The ref2va presentation of `prompt` with its references (h3_spec §4.1, §2.2): (token
+        hidden states float32 [L, width] on the model's device, the [start, end) token ranges of
+        its vision blocks; the DiT tags those tokens 0).
+
+        images: uint8 [H, W, 3] RGB arrays, the guides and reference images in the order given
+        (any size; the image processor resizes them). videos: the reference videos, uint8
+        [T, H, W, 3] RGB arrays at 24 frames a second, T >= the temporal patch size (2).
+        audio_count: the number of reference audio clips (>= 0).
+
+        Qwen3-VL (h3_core.model.presentation, whose docstring states what is assumed): for image
+        i = 1, 2, ... "<Picture i>: " and its vision block, as encode_presentation's; for video
+        j "<Video j>: " then, for each temporal patch group of its sampled frames (transformers'
+        Qwen3-VL video processor settings of video_preprocessor_config.json), the group's
+        timestamp "<t seconds>" and a vision block of <|video_pad|> tokens; for audio clip k
+        "<Audio k>: " alone (Qwen3-VL has no audio tower); then the prompt verbatim. The text
+        between vision blocks is tokenized as one piece. The spans are every vision block's
+        (<|vision_start|> ... <|vision_end|> included): one per image, then one per temporal
+        patch group of each video; timestamps and labels are text. The ids run through
+        Qwen3VLModel's forward with the images' pixel_values and image_grid_thw, the videos'
+        pixel_values_videos and video_grid_thw, mm_token_type_ids 1 on image and 2 on video
+        tokens; with audio clips alone the text decoder runs the text. With no reference at all
+        this is (encode(prompt), []).
+
+        Other encoders (MiniLM): (encode(prompt), []), the references ignored (not checked).
+
+        The same inputs give bit-identical states (one forward, no randomness).
+
+        Raises ValueError naming the prompt as encode does; naming an image or video that is
+        malformed; when audio_count is not an int >= 0; when images or videos are given and the
+        prompt holds <|image_pad|> or <|video_pad|>; when the presentation has more than
+        max_tokens tokens (vision tokens count). Raises FileNotFoundError when images are given
+        and the Qwen3-VL folder has no preprocessor_config.json, or videos and it has no
+        video_preprocessor_config.json.
+        """
+        return self._encode_presented(prompt, images, videos, audio_count, "image")
+
+    @torch.inference_mode()
+    def _encode_presented(
+        self, prompt: str, images: list[np.ndarray], videos: list[np.ndarray], audio_count: int, image_noun: str
+    ) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+        """encode_presentation's and encode_references' work; image_noun names images in errors."""
+        if not self.qwen3vl or not (images or videos or audio_count):
             return self.encode(prompt), []
-        prompt_ids = self._token_ids(prompt)
-        for index, image in enumerate(images, start=1):
-            check_keyframe(index, image)
-        config = self.model.config
-        if {config.image_token_id, config.video_token_id} & set(prompt_ids):
-            raise ValueError(
-                "prompt must not contain <|image_pad|> or <|video_pad|> when keyframes are given: the vision "
-                "tower's features would be placed on them"
-            )
-        if self.image_processor is None:
-            raise FileNotFoundError(
-                f"{self.folder / IMAGE_PROCESSOR_FILE} not found: the Qwen3-VL text encoder needs its image "
-                "processor's settings to encode keyframes"
-            )
-        vision = self.image_processor(images=list(images), return_tensors="pt", input_data_format="channels_last")
-        ids, spans = [], []
-        for index, grid in enumerate(vision["image_grid_thw"].tolist(), start=1):
-            ids += self.tokenizer(PICTURE_LABEL.format(index), add_special_tokens=False)["input_ids"]
-            tokens = math.prod(grid) // self.image_processor.merge_size**2
-            block = [config.vision_start_token_id, *[config.image_token_id] * tokens, config.vision_end_token_id]
-            spans.append((len(ids), len(ids) + len(block)))
-            ids += block
-        ids += prompt_ids
+        ids, spans, vision = present(
+            self.tokenizer,
+            self.model.config,
+            self.image_processor,
+            self.video_processor,
+            self.folder,
+            prompt,
+            images,
+            videos,
+            audio_count,
+            image_noun,
+        )
         if len(ids) > self.max_tokens:
+            kinds = ((image_noun, len(images)), ("video", len(videos)), ("audio clip", audio_count))
+            counts = ", ".join(f"{count} {noun}(s)" for noun, count in kinds if count)
             in_blocks = sum(end - start for start, end in spans)
             raise ValueError(
-                f"prompt and {len(images)} keyframe(s) have {len(ids)} tokens ({in_blocks} in vision blocks); "
+                f"prompt and {counts} have {len(ids)} tokens ({in_blocks} in vision blocks); "
                 f"the text encoder accepts at most {self.max_tokens}"
             )
-        device = self.model.device
-        input_ids = torch.tensor([ids], device=device)
-        output = self.model(
-            input_ids=input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            pixel_values=vision["pixel_values"].to(device),
-            image_grid_thw=vision["image_grid_thw"].to(device),
-            mm_token_type_ids=(input_ids == config.image_token_id).int(),
-            use_cache=False,
-        )
-        return output.last_hidden_state[0].float(), spans
+        return self._qwen3vl_states(ids, vision), spans

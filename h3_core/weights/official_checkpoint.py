@@ -6,7 +6,8 @@ An official checkpoint is one folder (h3_spec §1.3, §4):
 
     transformer/   the DiT: config.json (diffusers keys) + diffusion_pytorch_model*.safetensors
     text_encoder/  Qwen3-VL (config.json model_type "qwen3_vl" + model*.safetensors + the image
-                   processor's preprocessor_config.json)
+                   processor's preprocessor_config.json and the video processor's
+                   video_preprocessor_config.json)
     tokenizer/     its Qwen2 tokenizer (tokenizer.json + tokenizer_config.json)
     video_vae/     remote code: config.json auto_map + a Python module + weights (h3_core.weights.vae_hook)
     audio_vae/     the same for the audio VAE
@@ -29,6 +30,7 @@ from transformers import (
     Qwen3VLConfig,
     Qwen3VLForConditionalGeneration,
 )
+from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor  # not the torchvision stub
 from transformers.utils.logging import disable_progress_bar
 
 from ..config import get_config
@@ -45,6 +47,9 @@ QWEN3VL_LAYERS = 52  # decoder layers of the synthetic Qwen3-VL: two more than H
 # The synthetic image processor's pixel bounds: small, so that CPU tests stay fast (a 64x96 keyframe
 # is resized to 128x160: an 8x10 patch grid, 20 image tokens). Qwen3-VL's own are far larger.
 SYNTHETIC_MIN_PIXELS, SYNTHETIC_MAX_PIXELS = 128 * 128, 256 * 256
+# The synthetic video processor's bounds on frames x height x width: a two-frame clip is sized as an
+# image is (a 4-frame 64x64 clip: 96x96 frames, 2 temporal groups of 9 video tokens).
+SYNTHETIC_VIDEO_MIN_PIXELS, SYNTHETIC_VIDEO_MAX_PIXELS = 2 * SYNTHETIC_MIN_PIXELS, 8 * SYNTHETIC_MAX_PIXELS
 QWEN_SPECIAL_TOKENS = (
     "<|endoftext|>",
     "<|im_start|>",
@@ -88,7 +93,10 @@ def write_random_qwen3vl(
     DeepStack merger) to `folder` (config.json, model.safetensors in `dtype`), values from
     h3_core.model.initialization.init_weights(model, seed), and its image processor's
     preprocessor_config.json (transformers' Qwen2VLImageProcessorPil: Qwen3-VL's mean and std
-    0.5, pixels between SYNTHETIC_MIN_PIXELS and SYNTHETIC_MAX_PIXELS). Its vocabulary is
+    0.5, pixels between SYNTHETIC_MIN_PIXELS and SYNTHETIC_MAX_PIXELS) and video processor's
+    video_preprocessor_config.json (transformers' Qwen3VLVideoProcessor with its defaults, 2
+    sampled frames a second, but mean and std 0.5 and frames x pixels between
+    SYNTHETIC_VIDEO_MIN_PIXELS and SYNTHETIC_VIDEO_MAX_PIXELS). Its vocabulary is
     write_byte_tokenizer's. Raises ValueError if width is not a positive multiple of 32."""
     if width <= 0 or width % 32:
         raise ValueError(f"width must be a positive multiple of 32, got {width}")
@@ -133,6 +141,14 @@ def write_random_qwen3vl(
     vision = config.vision_config
     Qwen2VLImageProcessorPil(
         size={"shortest_edge": SYNTHETIC_MIN_PIXELS, "longest_edge": SYNTHETIC_MAX_PIXELS},
+        patch_size=vision.patch_size,
+        temporal_patch_size=vision.temporal_patch_size,
+        merge_size=vision.spatial_merge_size,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+    ).save_pretrained(str(folder))
+    Qwen3VLVideoProcessor(
+        size={"shortest_edge": SYNTHETIC_VIDEO_MIN_PIXELS, "longest_edge": SYNTHETIC_VIDEO_MAX_PIXELS},
         patch_size=vision.patch_size,
         temporal_patch_size=vision.temporal_patch_size,
         merge_size=vision.spatial_merge_size,
