@@ -276,6 +276,7 @@ def plan(
     copied = {
         "max_height": dit_values["max_height"],
         "max_width": dit_values["max_width"],
+        "max_batch_rows": dit_values["max_batch_rows"],
         "config_name": dit_values["config_name"],
         "checkpoint_dir": values[VaeSettings.MODEL]["checkpoint_dir"],
         "trust_remote_code": values[VaeSettings.MODEL]["trust_remote_code"],
@@ -407,6 +408,9 @@ COMMENTS = {
         "checkpoint_dir": "the video VAE that encodes keyframes: h3_vae's (checkpoint_dir, trust_remote_code)",
         "config_name": "h3_dit's: a canvas inferred from a keyframe has about its default canvas area",
         "max_height": "h3_dit's limits: a canvas inferred from a keyframe stays within them",
+        "max_reference_images": "ref2va: files per kind and references + guides in all; audio seconds per file "
+        "and in all; video seconds (h3_core.references); a request refused with INVALID_ARG before any VAE runs",
+        "max_batch_rows": "h3_dit's: a request whose rows (conditions included) pass it is refused here",
         "max_image_bytes": "a keyframe file beyond these limits is refused with INVALID_ARG before any model "
         "runs (h3_core.images): bytes, pixels (width x height, read from the header: no decompression bomb is "
         "decoded), each side's pixels, long side / short side",
@@ -454,7 +458,14 @@ PROMPT_INPUTS = """\
   # conditions (0 first, -1 last); TASK t2va | fl2va (without it the task follows the inputs)
   { name: "TASK" data_type: TYPE_STRING dims: [ 1 ] optional: true },
   { name: "KEYFRAMES" data_type: TYPE_STRING dims: [ -1 ] optional: true },
-  { name: "KEYFRAME_INDICES" data_type: TYPE_INT64 dims: [ -1 ] optional: true }
+  { name: "KEYFRAME_INDICES" data_type: TYPE_INT64 dims: [ -1 ] optional: true },
+  # ref2va: REFERENCE_IMAGES (PNG, JPEG, WebP), REFERENCE_VIDEOS (MP4), REFERENCE_AUDIO (WAV, FLAC,
+  # MP3) files, GUIDES (images) with GUIDE_FRAMES, the frame each should appear at
+  { name: "REFERENCE_IMAGES" data_type: TYPE_STRING dims: [ -1 ] optional: true },
+  { name: "REFERENCE_VIDEOS" data_type: TYPE_STRING dims: [ -1 ] optional: true },
+  { name: "REFERENCE_AUDIO" data_type: TYPE_STRING dims: [ -1 ] optional: true },
+  { name: "GUIDES" data_type: TYPE_STRING dims: [ -1 ] optional: true },
+  { name: "GUIDE_FRAMES" data_type: TYPE_INT64 dims: [ -1 ] optional: true }
 """
 MEDIA_OUTPUTS = """\
   { name: "VIDEO_MP4" data_type: TYPE_STRING dims: [ -1 ] },
@@ -585,6 +596,11 @@ ensemble_scheduling {{
       input_map {{ key: "TASK" value: "TASK" }}
       input_map {{ key: "KEYFRAMES" value: "KEYFRAMES" }}
       input_map {{ key: "KEYFRAME_INDICES" value: "KEYFRAME_INDICES" }}
+      input_map {{ key: "REFERENCE_IMAGES" value: "REFERENCE_IMAGES" }}
+      input_map {{ key: "REFERENCE_VIDEOS" value: "REFERENCE_VIDEOS" }}
+      input_map {{ key: "REFERENCE_AUDIO" value: "REFERENCE_AUDIO" }}
+      input_map {{ key: "GUIDES" value: "GUIDES" }}
+      input_map {{ key: "GUIDE_FRAMES" value: "GUIDE_FRAMES" }}
       output_map {{ key: "TEXT_EMBEDS" value: "text_embeds" }}
       output_map {{ key: "CONDITION_LATENTS" value: "condition_latents" }}
       output_map {{ key: "REQUEST" value: "request" }}

@@ -1,5 +1,5 @@
-"""h3_encoder's keyframe work (fl2va): the KEYFRAMES files checked, decoded and fitted to the
-canvas, the canvas chosen, and their clean latents from the video VAE's encoder.
+"""h3_encoder's condition work: fl2va's KEYFRAMES and ref2va's guides and references checked,
+decoded and sized, the canvas chosen, and their clean latents from the VAEs' encoders.
 
 Geometry policy (one rule, echoed in the result's INFO "geometry"): the canvas is HEIGHT x WIDTH
 when both are given; otherwise the first keyframe's aspect decides the missing side(s)
@@ -13,11 +13,24 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..config import AUDIO_HOP, AUDIO_SAMPLE_RATE, VIDEO_SPATIAL_DOWNSAMPLE, latent_frames
 from ..diffusion.conditions import Condition
+from ..diffusion.layout import ConditionBlock, make_layout
 from ..diffusion.request import RequestLimits, check_canvas
 from ..images import canvas_for_image, decode_image, fit_image
 from ..model.vae import keyframe_latent
-from ..protocol import DEFAULT_FIT, KEYFRAMES, keyframe_indices
+from ..protocol import (
+    DEFAULT_FIT,
+    GUIDE_FRAMES,
+    GUIDES,
+    KEYFRAMES,
+    REFERENCE_AUDIO,
+    REFERENCE_IMAGES,
+    REFERENCE_INPUTS,
+    REFERENCE_VIDEOS,
+    keyframe_indices,
+)
+from ..references import align_reference_frames, decode_audio, decode_video
 from .settings import EncoderSettings
 
 
@@ -100,3 +113,187 @@ def wire_conditions(conditions: list[Condition]) -> tuple[np.ndarray, list[dict]
         entries.append(entry)
     flat = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
     return np.ascontiguousarray(flat[None], dtype=np.float32), entries
+
+
+@dataclass
+class References:
+    """A ref2va request's guides and references, decoded, checked and sized (read_references):
+    guides (frame index, uint8 [height, width, 3] fitted to the canvas), images (uint8 [h, w, 3]
+    at their own aspect), videos (uint8 [17n + 5, h, w, 3] at 24 fps, and their audio track
+    float32 [2, 800 k] or None), audio (float32 [2, 800 k] at 32 kHz), the canvas and `geometry`
+    (REQUEST's "geometry")."""
+
+    guides: list[tuple[int, np.ndarray]] = field(default_factory=list)
+    images: list[np.ndarray] = field(default_factory=list)
+    videos: list[tuple[np.ndarray, np.ndarray | None]] = field(default_factory=list)
+    audio: list[np.ndarray] = field(default_factory=list)
+    height: int | None = None
+    width: int | None = None
+    geometry: dict | None = None
+
+    @property
+    def kinds(self) -> list[str]:
+        """The condition kinds, in block order (guides, images, videos, audio)."""
+        videos = ["video_audio" if track is not None else "video" for _, track in self.videos]
+        return ["guide"] * len(self.guides) + ["image"] * len(self.images) + videos + ["audio"] * len(self.audio)
+
+
+def _whole_latents(audio: np.ndarray) -> np.ndarray:
+    """Audio cut to whole 40 Hz latents (a multiple of AUDIO_HOP samples; under 25 ms dropped)."""
+    return audio[:, : audio.shape[1] // AUDIO_HOP * AUDIO_HOP]
+
+
+def read_references(
+    files: dict[str, list[bytes]],
+    guide_frames: list[int] | None,
+    height: int | None,
+    width: int | None,
+    num_frames: int,
+    fit: str | None,
+    settings: EncoderSettings,
+    default_canvas: tuple[int, int],
+) -> References:
+    """Decode, check and size a request's ref2va inputs (files: REFERENCE_IMAGES, REFERENCE_VIDEOS,
+    REFERENCE_AUDIO, GUIDES -> their files; guide_frames: GUIDE_FRAMES or None). The canvas is
+    HEIGHT x WIDTH when given, else the first guide's aspect (as fl2va's first keyframe), else the
+    model's default canvas (default_canvas: height, width). Guides are fitted to the canvas by
+    `fit`; reference images and video frames keep their own aspect at about the canvas area
+    (h3_core.images.canvas_for_image), sides multiples of 32; videos are cut to 17n + 5 frames
+    (h3_core.references.align_reference_frames); audio to whole latents.
+
+    Raises ValueError naming the input: counts over the settings' limits, GUIDE_FRAMES that do
+    not match GUIDES or lie outside 0..num_frames - 1, a file (h3_core.images.decode_image,
+    h3_core.references.decode_audio / decode_video), audio over max_total_audio_s in all, the
+    canvas out of h3_dit's limits, or rows (conditions included) over max_batch_rows."""
+    counts = {name: len(files.get(name, [])) for name in REFERENCE_INPUTS}
+    for name, limit in (
+        (REFERENCE_IMAGES, settings.max_reference_images),
+        (REFERENCE_VIDEOS, settings.max_reference_videos),
+        (REFERENCE_AUDIO, settings.max_reference_audio),
+    ):
+        if counts[name] > limit:
+            raise ValueError(f"{name} holds {counts[name]} files: allowed 0..{limit}")
+    total = sum(counts.values())
+    if total > settings.max_references:
+        raise ValueError(f"the request holds {total} references and guides: allowed 1..{settings.max_references}")
+    guides = files.get(GUIDES, [])
+    if guide_frames is None and guides:
+        raise ValueError(f"{GUIDES} needs {GUIDE_FRAMES}: the frame (0..{num_frames - 1}) each guide should appear at")
+    guide_frames = guide_frames or []
+    if len(guide_frames) != len(guides):
+        raise ValueError(f"{GUIDE_FRAMES} holds {len(guide_frames)} values for {len(guides)} {GUIDES}: one per guide")
+    for frame in guide_frames:
+        if not 0 <= frame < num_frames:
+            raise ValueError(
+                f"{GUIDE_FRAMES} value {frame} is out of range: allowed 0..{num_frames - 1} (the clip's frames)"
+            )
+    images, media = settings.image_limits(), settings.media_limits()
+    guide_images = [decode_image(data, f"{GUIDES}[{i}]", images) for i, data in enumerate(guides)]
+    reference_images = [
+        decode_image(d, f"{REFERENCE_IMAGES}[{i}]", images) for i, d in enumerate(files.get(REFERENCE_IMAGES, []))
+    ]
+    videos = [decode_video(d, f"{REFERENCE_VIDEOS}[{i}]", media) for i, d in enumerate(files.get(REFERENCE_VIDEOS, []))]
+    audio = [decode_audio(d, f"{REFERENCE_AUDIO}[{i}]", media) for i, d in enumerate(files.get(REFERENCE_AUDIO, []))]
+    seconds = sum(track.shape[1] for track in audio) / AUDIO_SAMPLE_RATE
+    if seconds > settings.max_total_audio_s:
+        raise ValueError(
+            f"{REFERENCE_AUDIO} holds {seconds:.2f} s of audio in all: allowed up to {settings.max_total_audio_s} s"
+        )
+    if guide_images:
+        canvas = "requested" if height is not None and width is not None else "from the first guide's aspect"
+        source = guide_images[0].shape[:2]
+        height, width = canvas_for_image(
+            source[0],
+            source[1],
+            default_canvas[0] * default_canvas[1],
+            settings.max_height,
+            settings.max_width,
+            height=height,
+            width=width,
+        )
+    else:
+        canvas = "requested" if height is not None or width is not None else "the model's default"
+        height, width = height or default_canvas[0], width or default_canvas[1]
+    check_canvas(height, width, 1, RequestLimits(max_height=settings.max_height, max_width=settings.max_width))
+    fit = fit or DEFAULT_FIT
+    area = height * width
+
+    def own_size(image: np.ndarray) -> tuple[int, int]:
+        return canvas_for_image(image.shape[0], image.shape[1], area, settings.max_height, settings.max_width)
+
+    sized_images = [fit_image(image, *own_size(image), "stretch") for image in reference_images]
+    sized_videos = []
+    for frames, track in videos:
+        size = own_size(frames[0])
+        frames = align_reference_frames(np.stack([fit_image(frame, *size, "stretch") for frame in frames]))
+        track = None if track is None else _whole_latents(track)
+        sized_videos.append((frames, track if track is not None and track.shape[1] else None))
+    refs = References(
+        guides=[
+            (frame, fit_image(image, height, width, fit))
+            for frame, image in zip(guide_frames, guide_images, strict=True)
+        ],
+        images=sized_images,
+        videos=sized_videos,
+        audio=[_whole_latents(track) for track in audio],
+        height=height,
+        width=width,
+    )
+    refs.geometry = {
+        "canvas": canvas,
+        "height": height,
+        "width": width,
+        "fit": fit,
+        "guide_sizes": [list(image.shape[:2]) for image in guide_images],
+        "reference_image_sizes": [
+            [list(a.shape[:2]), list(b.shape[:2])] for a, b in zip(reference_images, sized_images, strict=True)
+        ],
+        "reference_video_sizes": [list(frames.shape[:3]) for frames, _ in sized_videos],
+        "reference_audio_seconds": [track.shape[1] / AUDIO_SAMPLE_RATE for track in refs.audio],
+    }
+    rows = make_layout(1, height, width, num_frames, conditions=tuple(_blocks(refs))).seq_len
+    if rows > settings.max_batch_rows:
+        raise ValueError(
+            f"rows={rows} (references and guides included) is out of range: allowed 1..{settings.max_batch_rows} "
+            "(max_batch_rows): send fewer or shorter references, or a smaller canvas"
+        )
+    return refs
+
+
+def _blocks(refs: References) -> list[ConditionBlock]:
+    """The condition blocks the references will make (their shapes from the sizes, no VAE run)."""
+    down = VIDEO_SPATIAL_DOWNSAMPLE
+    blocks = [ConditionBlock("guide", 1, refs.height // down, refs.width // down, 0, frame) for frame, _ in refs.guides]
+    blocks += [ConditionBlock("image", 1, image.shape[0] // down, image.shape[1] // down) for image in refs.images]
+    for frames, track in refs.videos:
+        audio_t = 0 if track is None else track.shape[1] // AUDIO_HOP
+        kind = "video" if track is None else "video_audio"
+        blocks.append(
+            ConditionBlock(
+                kind, latent_frames(frames.shape[0]), frames.shape[1] // down, frames.shape[2] // down, audio_t
+            )
+        )
+    blocks += [ConditionBlock("audio", 0, 0, 0, track.shape[1] // AUDIO_HOP) for track in refs.audio]
+    return blocks
+
+
+def reference_conditions(video_vae, audio_vae, refs: References) -> list[Condition]:
+    """The references as Conditions with their clean normalised latents (on the CPU), in block
+    order: guides and images through keyframe_latent ([24, 1, h/16, w/16]), videos through the
+    video VAE ([24, 5n + 2, h/16, w/16]) and their tracks and the audio through the audio VAE
+    ([2, 32, T_ref])."""
+
+    def still(image: np.ndarray) -> torch.Tensor:
+        return keyframe_latent(video_vae, torch.from_numpy(image.copy())).cpu()[:, None]
+
+    def sound(track: np.ndarray) -> torch.Tensor:
+        return audio_vae.encode(torch.from_numpy(np.ascontiguousarray(track, dtype=np.float32))).cpu()
+
+    conditions = [Condition("guide", frame, still(image)) for frame, image in refs.guides]
+    conditions += [Condition("image", 0, still(image)) for image in refs.images]
+    for frames, track in refs.videos:
+        video = video_vae.encode(torch.from_numpy(frames.copy())).cpu()
+        kind = "video" if track is None else "video_audio"
+        conditions.append(Condition(kind, 0, video, None if track is None else sound(track)))
+    conditions += [Condition("audio", 0, None, sound(track)) for track in refs.audio]
+    return conditions

@@ -11,7 +11,16 @@ from dataclasses import dataclass
 
 from ..diffusion.request import RequestLimits
 from ..images import ImageLimits
-from ..protocol import DIT_MODEL, ENCODER_MODEL, VAE_MODEL
+from ..protocol import (
+    DIT_MODEL,
+    ENCODER_MODEL,
+    MAX_REFERENCE_AUDIO,
+    MAX_REFERENCE_IMAGES,
+    MAX_REFERENCE_VIDEOS,
+    MAX_REFERENCES,
+    VAE_MODEL,
+)
+from ..references import MediaLimits
 from .scheduler import DEFAULT_MAX_WAIT_S, DEFAULT_POLICY, POLICIES
 
 CONTROL_SLOTS = 2  # h3_dit sequence slots kept for cancel requests (max_batch_size = seqs + waiting + 2)
@@ -91,7 +100,12 @@ class EncoderSettings:
     config_name (its default canvas area is the area of a canvas inferred from a keyframe);
     max_height, max_width (pixels: h3_dit's limits, the inferred canvas stays within them);
     max_image_bytes, max_image_pixels, min_image_side, max_image_side (pixels), max_image_aspect
-    (long side / short side): a keyframe file beyond them is refused (h3_core.images.ImageLimits)."""
+    (long side / short side): a keyframe, guide or reference image beyond them is refused
+    (h3_core.images.ImageLimits). For references (ref2va): max_reference_images, _videos, _audio
+    and max_references (counts per kind and in all, guides included); min_audio_s, max_audio_s
+    (seconds of one audio file), max_total_audio_s (of all), max_video_s (of one video; videos and
+    audio files may be twice max_image_bytes, h3_core.references.MediaLimits); max_batch_rows
+    (h3_dit's: a request whose rows, conditions included, pass it is refused before any VAE runs)."""
 
     MODEL = ENCODER_MODEL
     cpu_threads: int = 1
@@ -111,6 +125,36 @@ class EncoderSettings:
     min_image_side: int = ImageLimits.min_side
     max_image_side: int = ImageLimits.max_side
     max_image_aspect: float = ImageLimits.max_aspect
+    max_reference_images: int = MAX_REFERENCE_IMAGES
+    max_reference_videos: int = MAX_REFERENCE_VIDEOS
+    max_reference_audio: int = MAX_REFERENCE_AUDIO
+    max_references: int = MAX_REFERENCES
+    min_audio_s: float = MediaLimits.min_audio_s
+    max_audio_s: float = MediaLimits.max_audio_s
+    max_total_audio_s: float = MediaLimits.max_audio_s
+    max_video_s: float = MediaLimits.max_video_s
+    max_batch_rows: int = RequestLimits.max_rows
+
+    def __post_init__(self):
+        self.image_limits()
+        self.media_limits()
+        for name in ("max_reference_images", "max_reference_videos", "max_reference_audio", "max_references"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"h3_encoder parameter {name}={getattr(self, name)} is out of range: allowed >= 0")
+        if not self.max_total_audio_s > 0 or self.max_batch_rows < 1:
+            raise ValueError("h3_encoder parameters max_total_audio_s and max_batch_rows must be > 0")
+
+    def media_limits(self) -> MediaLimits:
+        """The reference audio and video limits as h3_core.references takes them (ValueError when
+        out of range)."""
+        return MediaLimits(
+            max_bytes=self.max_image_bytes * 2,
+            min_audio_s=self.min_audio_s,
+            max_audio_s=self.max_audio_s,
+            max_video_s=self.max_video_s,
+            max_side=self.max_image_side,
+            max_aspect=self.max_image_aspect,
+        )
 
     def image_limits(self) -> ImageLimits:
         """The keyframe limits as h3_core.images takes them (ValueError when out of range)."""

@@ -1,6 +1,7 @@
-"""h3_encoder: PROMPT (+ KEYFRAMES) -> TEXT_EMBEDS, KEYFRAMES -> CONDITION_LATENTS, the optional
+"""h3_encoder: PROMPT (+ KEYFRAMES or references) -> TEXT_EMBEDS, KEYFRAMES / references ->
+CONDITION_LATENTS, the optional
 inputs -> REQUEST JSON (an adapter over h3_core.model.encoder and h3_core.serving.conditioning).
-Keyframe files are decoded, checked and fitted before any model runs.
+Keyframe, guide and reference files are decoded, checked and sized before any model runs.
 The request parameters and the inputs' shapes are checked before the prompt
 is encoded, so a malformed request costs no encoder time; when every h3_dit instance is full
 (h3_core.serving.registry) the request is refused with UNAVAILABLE before encoding. The requests passed
@@ -15,23 +16,38 @@ from h3_core.config import get_config
 from h3_core.model.encoder import TextEncoder
 from h3_core.protocol import (
     CONDITION_LATENTS,
+    GUIDE_FRAMES,
+    GUIDES,
     INT_INPUTS,
     KEYFRAME_INDICES,
     KEYFRAMES,
     PROMPT,
+    REFERENCE_INPUTS,
     REQUEST,
     TASK,
     TEXT_EMBEDS,
     check_request_parameters,
     check_task,
 )
-from h3_core.serving.conditioning import keyframe_conditions, read_keyframes, wire_conditions
+from h3_core.serving.conditioning import (
+    keyframe_conditions,
+    read_keyframes,
+    read_references,
+    reference_conditions,
+    wire_conditions,
+)
 from h3_core.serving.registry import Registry, server_folder
 from h3_core.serving.scheduler import Overloaded
 from h3_core.serving.settings import EncoderSettings
 from h3_core.weights.checkpoint import source_seed
 from h3_core.weights.vae_hook import load_vaes
 from server.adapter import error_response, json_tensor, model_parameters, resolve_path, set_threads
+
+
+def read_ints(request, name: str) -> list[int] | None:
+    """The elements of an optional INT64 input, or None when it is absent."""
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else [int(value) for value in tensor.as_numpy().reshape(-1)]
 
 
 def read_strings(request, name: str) -> list[bytes] | None:
@@ -55,9 +71,9 @@ class TritonPythonModel:
         self.encoder.encode("warm up")  # first-call set-up is not paid by the first client
         source = settings.checkpoint_dir  # random:SEED is no path
         source = source if source_seed(source) is not None else resolve_path(args, source)
-        self.video_vae, _ = load_vaes(source, settings.device, settings.trust_remote_code)
-        cfg = get_config(settings.config_name)
-        self.canvas_area = cfg.default_height * cfg.default_width
+        self.video_vae, self.audio_vae = load_vaes(source, settings.device, settings.trust_remote_code)
+        self.cfg = get_config(settings.config_name)
+        self.canvas_area = self.cfg.default_height * self.cfg.default_width
         self.registry = Registry(server_folder())
 
     def execute(self, requests):
@@ -108,13 +124,19 @@ class TritonPythonModel:
         if task is not None and len(task) != 1:
             raise ValueError(f"{TASK} must hold exactly one string, got {len(task)}")
         files = read_strings(request, KEYFRAMES) or []
-        indices = pb_utils.get_input_tensor_by_name(request, KEYFRAME_INDICES)
-        indices = None if indices is None else [int(value) for value in indices.as_numpy().reshape(-1)]
+        indices = read_ints(request, KEYFRAME_INDICES)
+        references = {name: [bytes(data) for data in read_strings(request, name) or []] for name in REFERENCE_INPUTS}
+        guide_frames = read_ints(request, GUIDE_FRAMES)
+        has_references = any(references.values()) or guide_frames is not None
+        if files and has_references:
+            raise ValueError(
+                f"{KEYFRAMES} cannot be mixed with references or guides: send the first and last frames as {GUIDES} "
+                f"with {GUIDE_FRAMES} 0 and NUM_FRAMES - 1"
+            )
         if task is None:  # the task follows the inputs
-            task = "fl2va" if files else "t2va"
+            task = "fl2va" if files else "ref2va" if has_references else "t2va"
         else:
             task = task[0].decode("utf-8", "replace") if isinstance(task[0], bytes) else str(task[0])
-        check_task(task, ["keyframe"] * len(files))
         keyframes = read_keyframes(
             [bytes(data) for data in files],
             indices,
@@ -124,6 +146,19 @@ class TritonPythonModel:
             self.settings,
             self.canvas_area,
         )
+        refs = None
+        if has_references:
+            refs = read_references(
+                references,
+                guide_frames,
+                fields.get("height"),
+                fields.get("width"),
+                fields.get("num_frames", self.cfg.default_num_frames),
+                parameters.get("fit"),
+                self.settings,
+                (self.cfg.default_height, self.cfg.default_width),
+            )
+        check_task(task, ["keyframe"] * len(files) + (refs.kinds if refs else []))
         full = self.registry.refusal()
         if full is not None:
             raise Overloaded(full)
@@ -132,6 +167,13 @@ class TritonPythonModel:
             embeds, spans = self.encoder.encode_presentation(prompt, keyframes.images)
             conditions = keyframe_conditions(self.video_vae, keyframes)
             fields.update(height=keyframes.height, width=keyframes.width, geometry=keyframes.geometry)
+        elif refs is not None:
+            images = [image for _, image in refs.guides] + refs.images
+            embeds, spans = self.encoder.encode_references(
+                prompt, images, [frames for frames, _ in refs.videos], len(refs.audio)
+            )
+            conditions = reference_conditions(self.video_vae, self.audio_vae, refs)
+            fields.update(height=refs.height, width=refs.width, geometry=refs.geometry)
         else:
             embeds = self.encoder.encode(prompt)
         latents, entries = wire_conditions(conditions)
