@@ -190,7 +190,8 @@ def read_references(
     images, media = settings.image_limits(), settings.media_limits()
     guide_images = [decode_image(data, f"{GUIDES}[{i}]", images) for i, data in enumerate(guides)]
     reference_images = [
-        decode_image(d, f"{REFERENCE_IMAGES}[{i}]", images) for i, d in enumerate(files.get(REFERENCE_IMAGES, []))
+        decode_image(d, f"{REFERENCE_IMAGES}[{i}]", settings.reference_image_limits())
+        for i, d in enumerate(files.get(REFERENCE_IMAGES, []))
     ]
     videos = [decode_video(d, f"{REFERENCE_VIDEOS}[{i}]", media) for i, d in enumerate(files.get(REFERENCE_VIDEOS, []))]
     audio = [decode_audio(d, f"{REFERENCE_AUDIO}[{i}]", media) for i, d in enumerate(files.get(REFERENCE_AUDIO, []))]

@@ -104,7 +104,9 @@ class EncoderSettings:
     (h3_core.images.ImageLimits). For references (ref2va): max_reference_images, _videos, _audio
     and max_references (counts per kind and in all, guides included); min_audio_s, max_audio_s
     (seconds of one audio file), max_total_audio_s (of all), max_video_s (of one video; videos and
-    audio files may be twice max_image_bytes, h3_core.references.MediaLimits); max_batch_rows
+    audio files may be twice max_image_bytes, h3_core.references.MediaLimits); max_reference_aspect
+    (long side / short side of a reference image or video: 2.5, the reference implementation's
+    0.4..2.5; guides, fitted to the canvas, take max_image_aspect); max_batch_rows
     (h3_dit's: a request whose rows, conditions included, pass it is refused before any VAE runs)."""
 
     MODEL = ENCODER_MODEL
@@ -133,6 +135,7 @@ class EncoderSettings:
     max_audio_s: float = MediaLimits.max_audio_s
     max_total_audio_s: float = MediaLimits.max_audio_s
     max_video_s: float = MediaLimits.max_video_s
+    max_reference_aspect: float = 2.5
     max_batch_rows: int = RequestLimits.max_rows
 
     def __post_init__(self):
@@ -153,8 +156,12 @@ class EncoderSettings:
             max_audio_s=self.max_audio_s,
             max_video_s=self.max_video_s,
             max_side=self.max_image_side,
-            max_aspect=self.max_image_aspect,
+            max_aspect=self.max_reference_aspect,
         )
+
+    def reference_image_limits(self) -> ImageLimits:
+        """image_limits with max_reference_aspect: a reference keeps its aspect (no fit)."""
+        return dataclasses.replace(self.image_limits(), max_aspect=self.max_reference_aspect)
 
     def image_limits(self) -> ImageLimits:
         """The keyframe limits as h3_core.images takes them (ValueError when out of range)."""
