@@ -62,7 +62,8 @@ from .options import DEVICES, add_arguments
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "model_repository"
-DEMO_WEIGHTS = ROOT / "weights" / "demo"
+DEMO_CONFIG = "demo"  # the trained demo model's config
+DEMO_WEIGHTS = ROOT / "weights" / DEMO_CONFIG
 SETTINGS = {cls.MODEL: cls for cls in (EncoderSettings, DitSettings, VaeSettings)}
 CANVAS_KEYS = ("max_height", "max_width", "max_num_frames")  # h3_vae's are h3_dit's unless given
 PIPELINE = "h3_pipeline"
@@ -251,6 +252,14 @@ def plan(
             QWEN3VL_H3_LAYER,
             "H3 conditions on hidden_states[50], the residual stream after Qwen3-VL decoder layer 49 (h3_spec §4.1)",
         )
+    if config == DEMO_CONFIG:  # the demo model's clips last under a second (docs/demo_model.md)
+        for key, value in (
+            ("min_audio_s", 0.25),
+            ("max_audio_s", 2.0),
+            ("max_total_audio_s", 2.0),
+            ("max_video_s", 2.0),
+        ):
+            size(EncoderSettings.MODEL, key, value, "reference media of the length of the demo model's clips (< 1 s)")
     dit_instances = groups[DitSettings.MODEL].instances
     if sp_degree > 1:
         drives = "; ".join(

@@ -156,3 +156,47 @@ def test_served_fl2va_clip_equals_in_process(server, checkpoint):
     ((_, frames, audio),) = engine.generate(request, embeds, conditions, tuple(spans))
     assert torch.equal(torch.from_numpy(served.frames.copy()), frames)
     assert torch.equal(torch.from_numpy(served.audio.copy()), audio)
+
+
+def test_served_ref2va_clip_equals_in_process(server, checkpoint):
+    """ref2va on the synthetic official checkpoint: a guide, an image, a video with its audio and
+    an audio clip; Qwen3-VL presents the images and the video with its vision tower, the official
+    VAE hook encodes them all, and the served clip equals the in-process one bit for bit."""
+    from h3_core.protocol import GUIDES, REFERENCE_AUDIO, REFERENCE_IMAGES, REFERENCE_VIDEOS
+    from h3_core.serving.conditioning import read_references, reference_conditions
+    from h3_core.serving.settings import EncoderSettings
+    from tests.test_fl2va_serving import png
+    from tests.test_ref2va_serving import mp4, tone
+
+    files = {
+        GUIDES: [png(64, 96, 1)],
+        REFERENCE_IMAGES: [png(64, 64, 2)],
+        REFERENCE_VIDEOS: [mp4(24, seed=3)],
+        REFERENCE_AUDIO: [tone(2.0, seed=4)],
+    }
+    request = GenerationRequest(PROMPTS[2], 64, 96, 9, 2, seed=5, task="ref2va")
+    (served,) = H3Client(server.grpc_url).generate(
+        request.prompt,
+        height=64,
+        width=96,
+        num_frames=9,
+        num_inference_steps=2,
+        seed=5,
+        guides=[(files[GUIDES][0], 4)],
+        reference_images=files[REFERENCE_IMAGES],
+        reference_videos=files[REFERENCE_VIDEOS],
+        reference_audio=files[REFERENCE_AUDIO],
+        return_mp4=False,
+        return_frames=True,
+        return_audio=True,
+    )
+    refs = read_references(files, [4], 64, 96, 9, None, EncoderSettings(), (64, 96))
+    encoder = TextEncoder(str(checkpoint / TEXT_ENCODER), QWEN3VL_H3_LAYER, tokenizer_path=str(checkpoint / TOKENIZER))
+    images = [image for _, image in refs.guides] + refs.images
+    embeds, spans = encoder.encode_references(request.prompt, images, [frames for frames, _ in refs.videos], 1)
+    assert len(spans) >= 3 and served.info["task"] == "ref2va"
+    engine = load_engine("tiny", checkpoint, with_encoder=False, trust_remote_code=True)
+    conditions = reference_conditions(engine.video_vae, engine.audio_vae, refs)
+    ((_, frames, audio),) = engine.generate(request, embeds, conditions, tuple(spans))
+    assert torch.equal(torch.from_numpy(served.frames.copy()), frames)
+    assert torch.equal(torch.from_numpy(served.audio.copy()), audio)
