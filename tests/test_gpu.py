@@ -47,6 +47,9 @@ WEIGHTS = "random:0"  # seeded random weights drawn on the device at load, as `-
 REQUESTS = {"a": (64, 96, 22, 4, 1), "b": (32, 64, 5, 3, 2), "c": (128, 192, 22, 5, 3)}
 # fl2va requests (h3_spec §2.1): REQUESTS' shape fields plus their keyframes (first, last or both)
 FL2VA = {"f": (64, 96, 22, 4, 4, (0,)), "l": (32, 64, 5, 3, 5, (-1,)), "fl": (128, 192, 22, 5, 6, (0, -1))}
+# ref2va requests: REQUESTS' shape fields; their references are REFERENCES' kinds (tests/test_ref2va.py)
+REF2VA = {"r": (64, 96, 22, 4, 7), "rr": (32, 64, 9, 3, 8)}
+REFERENCES = ("guide", "image", "video_audio", "audio")
 TEXT_LEN = 7
 # sp_degree 2 against 1 on two H200s, max abs over velocities and latents (docs/parity.md,
 # benchmarks/results/h200x2_sequence_parallel*.json: 0.026)
@@ -101,28 +104,42 @@ def text_embeds(config: str, seed: int) -> np.ndarray:
 
 
 def conditions(request_id: str) -> list[Condition]:
-    """Seeded clean keyframe latents (float32 [24, 1, Hl, Wl] each) of an FL2VA request; [] for t2va."""
-    if request_id not in FL2VA:
+    """Seeded clean latents of an FL2VA request's keyframes (float32 [24, 1, Hl, Wl] each) or of a
+    REF2VA request's guide (frame 1), image (2 x 4 latent), video with audio (2 latent frames of
+    2 x 2, 3 audio latents) and audio (6 latents); [] for t2va."""
+    if request_id not in FL2VA and request_id not in REF2VA:
         return []
-    height, width, _, _, seed, keyframes = FL2VA[request_id]
-    generator = torch.Generator().manual_seed(100 + seed)
+    height, width, _, _, seed, keyframes = spec(request_id)
+    g = torch.Generator().manual_seed(100 + seed)
+    if request_id in FL2VA:
+        return [
+            Condition("keyframe", frame, torch.randn(24, 1, height // 16, width // 16, generator=g))
+            for frame in keyframes
+        ]
     return [
-        Condition("keyframe", frame, torch.randn(24, 1, height // 16, width // 16, generator=generator))
-        for frame in keyframes
+        Condition("guide", 1, torch.randn(24, 1, height // 16, width // 16, generator=g)),
+        Condition("image", 0, torch.randn(24, 1, 2, 4, generator=g)),
+        Condition("video_audio", 0, torch.randn(24, 2, 2, 2, generator=g), torch.randn(2, 32, 3, generator=g)),
+        Condition("audio", 0, None, torch.randn(2, 32, 6, generator=g)),
     ]
 
 
 def spec(request_id: str) -> tuple:
-    """(height, width, frames, steps, seed, keyframes) of a request of REQUESTS or FL2VA."""
-    return FL2VA[request_id] if request_id in FL2VA else (*REQUESTS[request_id], ())
+    """(height, width, frames, steps, seed, keyframes) of a request of REQUESTS, FL2VA or REF2VA."""
+    if request_id in FL2VA:
+        return FL2VA[request_id]
+    return (*(REF2VA[request_id] if request_id in REF2VA else REQUESTS[request_id]), ())
+
+
+def task(request_id: str) -> str:
+    return "fl2va" if request_id in FL2VA else "ref2va" if request_id in REF2VA else "t2va"
 
 
 def prepare(engine, config: str, request_id: str):
-    """The RequestState of REQUESTS[request_id] or FL2VA[request_id] (its text_embeds on the
-    engine's device)."""
-    height, width, frames, steps, seed, keyframes = spec(request_id)
-    task = "fl2va" if keyframes else "t2va"
-    request = GenerationRequest("-", height, width, frames, steps, seed=seed, task=task)
+    """The RequestState of a request of REQUESTS, FL2VA or REF2VA (its text_embeds on the engine's
+    device)."""
+    height, width, frames, steps, seed, _ = spec(request_id)
+    request = GenerationRequest("-", height, width, frames, steps, seed=seed, task=task(request_id))
     return engine.prepare(request, torch.from_numpy(text_embeds(config, seed)[0]), conditions(request_id))[0]
 
 
@@ -143,9 +160,9 @@ def step_mode(engine, config: str, request_ids: list[str]) -> dict[str, Result]:
     OVERLAP_MAX_STEP_S). Returns request id -> its Result."""
     client = Client(make_loop(engine, time.monotonic, execute_budget_s=60.0, max_num_seqs=max(4, len(request_ids))))
     for request_id in request_ids:
-        height, width, frames, steps, seed, keyframes = spec(request_id)
+        height, width, frames, steps, seed, _ = spec(request_id)
         latents, entries = wire_conditions(conditions(request_id))
-        fields = dict(conditions=entries, condition_latents=latents) if keyframes else {}
+        fields = dict(conditions=entries, condition_latents=latents, task=task(request_id)) if entries else {}
         client.send(
             request_id,
             steps=steps,
@@ -199,17 +216,18 @@ def test_solo_co_batched_and_request_mode_are_bitwise_equal_with_compiled_blocks
 
 
 @pytest.mark.parametrize("config", ["tiny", "bench"])
-def test_fl2va_co_batched_with_t2va_equals_solo_and_request_mode(engines, config):
-    """fl2va requests (first, last, both keyframes; three shapes and step counts) packed with t2va
-    requests equal their solo step-mode runs and request mode bit for bit, on CUDA with the
-    compiled blocks and CUDA graphs (K5: every request's conditions reach its own rows)."""
+def test_fl2va_and_ref2va_co_batched_with_t2va_equal_solo_and_request_mode(engines, config):
+    """fl2va requests (first, last, both keyframes) and ref2va requests (a guide and image, video
+    and audio references), three shapes and step counts, packed with t2va requests, equal their
+    solo step-mode runs and request mode bit for bit, on CUDA with the compiled blocks and CUDA
+    graphs (K5: every request's conditions reach its own rows)."""
     engine = engines(config)
-    together = step_mode(engine, config, ["a", "f", "b", "l", "fl"])
-    for request_id in FL2VA:
+    together = step_mode(engine, config, ["a", "f", "r", "b", "l", "fl", "rr"])
+    for request_id in [*FL2VA, *REF2VA]:
         (alone,) = step_mode(engine, config, [request_id]).values()
         video, audio = request_mode(engine, config, request_id)
         assert torch.isfinite(video).all() and torch.isfinite(audio).all()
-        assert together[request_id].info["largest_pack"] == 5 and together[request_id].info["task"] == "fl2va"
+        assert together[request_id].info["largest_pack"] == 7 and together[request_id].info["task"] == task(request_id)
         assert torch.equal(together[request_id].video_latent, video), request_id
         assert torch.equal(together[request_id].audio_latent, audio), request_id
         assert torch.equal(alone.video_latent, video) and torch.equal(alone.audio_latent, audio), request_id
