@@ -439,6 +439,9 @@ COMMENTS = {
         "before every request that has not waited that long, whatever the policy and the priorities: the longest "
         "wait, h3_core.serving.scheduler",
         "priority_max": "request_priority lies in -priority_max..priority_max (higher runs first under srpt)",
+        "tasks": "the tasks this instance's transformer serves (comma-separated t2va, fl2va, ref2va); a request of "
+        "another task is refused with INVALID_ARG: one instance loads one transformer, so requests of different "
+        "transformers never share a pack",
         "sp_degree": "devices each packed forward runs on (sequence parallelism, h3_core.parallel): 1 = in "
         "this instance's process; N > 1 = N worker processes this instance starts, on cuda its own GPU and the next "
         "N - 1; N must divide the config's attention heads",

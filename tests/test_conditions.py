@@ -349,3 +349,32 @@ def test_direct_h3_dit_condition_inputs_are_checked(engine, fields, latents, mes
     client.send("bad", 2, 1, text_embeds=np.zeros((1, 3, 384), np.float32), condition_latents=latents, **fields)
     (refused,) = client.iterate()
     assert isinstance(refused, Refused) and (refused.code, refused.message) == ("INVALID_ARG", message)
+
+
+def test_an_instance_serves_only_its_transformers_tasks(engine):  # noqa: F811
+    """h3_dit parameter tasks: one instance loads one transformer; a request of a task it does not
+    serve is refused before any work (requests of different transformers never share a pack)."""
+    from h3_core.serving.events import Refused, Result
+    from h3_core.serving.settings import DitSettings
+    from tests.test_step_loop import Client, make_loop
+
+    request, conditions = fl2va(engine, "kf", (0,), 21, 32, 64, 5, 1, image_seed=400)
+    latents, entries = wire_conditions(conditions)
+    client = Client(make_loop(engine, tasks="t2va"))
+    client.send("kf", 1, 21, condition_latents=latents, height=32, width=64, conditions=entries, task="fl2va")
+    client.send("plain", 1, 3)
+    events = client.iterate()
+    refused = [event for event in events if isinstance(event, Refused)]
+    assert [(event.code, event.message) for event in refused] == [
+        (
+            "INVALID_ARG",
+            "task 'fl2va' is not served by this h3_dit: it serves ['t2va'] (h3_dit parameter tasks; one instance "
+            "loads one transformer: serve another's tasks from another model repository)",
+        )
+    ]
+    client.run()
+    assert len(client.of("plain", Result)) == 1
+    with pytest.raises(
+        ValueError, match=r"h3_dit parameter tasks='i2v' must list some of \['t2va', 'fl2va', 'ref2va'\]"
+    ):
+        DitSettings(tasks="i2v")

@@ -234,6 +234,11 @@ def parse(arrival: Arrival, fields: dict, now: float, engine: Engine, settings: 
     if geometry is not None and type(geometry) is not dict:
         raise ValueError(f"REQUEST field 'geometry' must be an object, got {geometry!r}")
     task, conditions, vision_spans = read_conditions(arrival, fields)
+    if task not in settings.served_tasks():
+        raise ValueError(
+            f"task {task!r} is not served by this h3_dit: it serves {settings.served_tasks()} (h3_dit parameter "
+            "tasks; one instance loads one transformer: serve another's tasks from another model repository)"
+        )
     request_id = arrival.request_id or f"h3-{secrets.token_hex(8)}"
     generation = GenerationRequest(
         prompt="(encoded)",

@@ -18,6 +18,7 @@ from ..protocol import (
     MAX_REFERENCE_IMAGES,
     MAX_REFERENCE_VIDEOS,
     MAX_REFERENCES,
+    TASKS,
     VAE_MODEL,
 )
 from ..references import MediaLimits
@@ -238,7 +239,9 @@ class DitSettings:
     sp_degree (devices one instance runs each packed forward on, sequence parallelism through
     worker processes, h3_core.parallel.workers: 1 = in the instance's own process; on cuda the
     instance's GPU and the next sp_degree - 1; it must divide the config's attention heads,
-    checked at load and by the writer).
+    checked at load and by the writer); tasks (comma-separated h3_core.protocol.TASKS this
+    instance's transformer serves; a request of another task is refused with INVALID_ARG: one
+    instance loads one transformer, so requests of different transformers never share a pack).
     Step loop: execution_mode ("step": packed steps, each over the requests the policy picks;
     "request": run to completion), execute_budget_s (step mode: seconds one execute() may keep
     taking steps while nothing announced is headed for the DiT, and at least MIN_EXECUTE_STEPS,
@@ -273,6 +276,7 @@ class DitSettings:
     device: str = "cpu"
     attention_backend: str = "sdpa"
     sp_degree: int = 1
+    tasks: str = ",".join(TASKS)
     execution_mode: str = "step"
     execute_budget_s: float = EXECUTE_BUDGET_S
     heartbeat_s: float = HEARTBEAT_S
@@ -294,8 +298,14 @@ class DitSettings:
     def __post_init__(self):
         self.check()
 
+    def served_tasks(self) -> list[str]:
+        """The tasks this instance serves (the `tasks` parameter, split)."""
+        return [task for task in self.tasks.split(",") if task]
+
     def check(self, max_batch_size: int | None = None, idle_s: float | None = None) -> None:
         """Raise ValueError naming the first broken rule (see the class docstring)."""
+        if not self.served_tasks() or any(task not in TASKS for task in self.served_tasks()):
+            raise ValueError(f"h3_dit parameter tasks={self.tasks!r} must list some of {list(TASKS)}, comma-separated")
         if self.execution_mode not in EXECUTION_MODES:
             raise ValueError(f"h3_dit parameter execution_mode={self.execution_mode!r} is not one of {EXECUTION_MODES}")
         if self.scheduling_policy not in POLICIES:
