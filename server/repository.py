@@ -286,6 +286,7 @@ def plan(
         "max_height": dit_values["max_height"],
         "max_width": dit_values["max_width"],
         "max_batch_rows": dit_values["max_batch_rows"],
+        "max_request_mb": dit_values["max_request_mb"],
         "config_name": dit_values["config_name"],
         "checkpoint_dir": values[VaeSettings.MODEL]["checkpoint_dir"],
         "trust_remote_code": values[VaeSettings.MODEL]["trust_remote_code"],
@@ -419,7 +420,8 @@ COMMENTS = {
         "max_height": "h3_dit's limits: a canvas inferred from a keyframe stays within them",
         "max_reference_images": "ref2va: files per kind and references + guides in all; audio seconds per file "
         "and in all; video seconds (h3_core.references); a request refused with INVALID_ARG before any VAE runs",
-        "max_batch_rows": "h3_dit's: a request whose rows (conditions included) pass it is refused here",
+        "max_batch_rows": "h3_dit's, with max_request_mb: a request whose rows or memory (conditions included) pass "
+        "them is refused here",
         "max_image_bytes": "a keyframe file beyond these limits is refused with INVALID_ARG before any model "
         "runs (h3_core.images): bytes, pixels (width x height, read from the header: no decompression bomb is "
         "decoded), each side's pixels, long side / short side",

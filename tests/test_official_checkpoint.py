@@ -190,7 +190,7 @@ def test_served_ref2va_clip_equals_in_process(server, checkpoint):
         return_frames=True,
         return_audio=True,
     )
-    refs = read_references(files, [4], 64, 96, 9, None, EncoderSettings(), (64, 96))
+    refs = read_references(files, [4], 64, 96, 9, 1, None, EncoderSettings(), (64, 96))
     encoder = TextEncoder(str(checkpoint / TEXT_ENCODER), QWEN3VL_H3_LAYER, tokenizer_path=str(checkpoint / TOKENIZER))
     images = [image for _, image in refs.guides] + refs.images
     embeds, spans = encoder.encode_references(request.prompt, images, [frames for frames, _ in refs.videos], 1)

@@ -180,3 +180,30 @@ def test_cancelled_ref2va_request_leaves_neighbours_unchanged(engine):  # noqa: 
     assert sorted(cut) == ["b", "kf"]
     for rid in ("b", "kf"):
         assert_same(cut[rid], whole[rid])
+
+
+def test_rows_and_memory_are_refused_before_any_vae():
+    """read_references (h3_encoder) refuses a request whose rows or memory, conditions included,
+    pass h3_dit's limits, from the decoded sizes alone."""
+    from h3_core.config import get_config
+    from h3_core.diffusion.request import request_memory_mb
+    from h3_core.protocol import REFERENCE_IMAGES
+    from h3_core.serving.conditioning import read_references
+    from h3_core.serving.settings import EncoderSettings
+    from tests.test_fl2va_serving import png
+
+    files = {REFERENCE_IMAGES: [png(64, 64, 1)]}
+    refs = read_references(files, None, 64, 96, 9, 1, None, EncoderSettings(), (64, 96))
+    assert [image.shape for image in refs.images] == [(64, 64, 3)]  # square at about 64 x 96 px: 78 -> 64
+    with pytest.raises(ValueError) as error:
+        read_references(files, None, 64, 96, 9, 1, None, EncoderSettings(max_batch_rows=64), (64, 96))
+    assert str(error.value) == (
+        "rows=128 (references and guides included) is out of range: allowed 1..64 (max_batch_rows): send fewer "
+        "or shorter references, or a smaller canvas"
+    )
+    with pytest.raises(ValueError) as error:
+        read_references(files, None, 64, 96, 9, 4, None, EncoderSettings(max_request_mb=1), (64, 96))
+    assert request_memory_mb(64, 96, 9, 4 * 128, get_config("tiny").hidden_size) == 26  # 4 outputs of 128 rows
+    assert str(error.value) == (
+        "memory=26 MiB (references and guides included) is out of range: allowed up to 1 MiB (max_request_mb)"
+    )

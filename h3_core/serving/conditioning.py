@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..config import AUDIO_HOP, AUDIO_SAMPLE_RATE, VIDEO_SPATIAL_DOWNSAMPLE, latent_frames
+from ..config import AUDIO_HOP, AUDIO_SAMPLE_RATE, VIDEO_SPATIAL_DOWNSAMPLE, get_config, latent_frames
 from ..diffusion.conditions import Condition
 from ..diffusion.layout import ConditionBlock, make_layout
-from ..diffusion.request import RequestLimits, check_canvas
+from ..diffusion.request import RequestLimits, check_canvas, request_memory_mb
 from ..images import canvas_for_image, decode_image, fit_image
 from ..model.vae import keyframe_latent
 from ..protocol import (
@@ -149,6 +149,7 @@ def read_references(
     height: int | None,
     width: int | None,
     num_frames: int,
+    num_outputs: int,
     fit: str | None,
     settings: EncoderSettings,
     default_canvas: tuple[int, int],
@@ -164,7 +165,9 @@ def read_references(
     Raises ValueError naming the input: counts over the settings' limits, GUIDE_FRAMES that do
     not match GUIDES or lie outside 0..num_frames - 1, a file (h3_core.images.decode_image,
     h3_core.references.decode_audio / decode_video), audio over max_total_audio_s in all, the
-    canvas out of h3_dit's limits, or rows (conditions included) over max_batch_rows."""
+    canvas out of h3_dit's limits, rows (conditions included; the text's not yet known) over
+    max_batch_rows, or the memory of num_outputs such requests (request_memory_mb) over
+    max_request_mb: refused before any VAE runs."""
     counts = {name: len(files.get(name, [])) for name in REFERENCE_INPUTS}
     for name, limit in (
         (REFERENCE_IMAGES, settings.max_reference_images),
@@ -257,6 +260,14 @@ def read_references(
         raise ValueError(
             f"rows={rows} (references and guides included) is out of range: allowed 1..{settings.max_batch_rows} "
             "(max_batch_rows): send fewer or shorter references, or a smaller canvas"
+        )
+    memory = request_memory_mb(
+        height, width, num_frames, rows * num_outputs, get_config(settings.config_name).hidden_size
+    )
+    if memory > settings.max_request_mb:
+        raise ValueError(
+            f"memory={memory} MiB (references and guides included) is out of range: allowed up to "
+            f"{settings.max_request_mb} MiB (max_request_mb)"
         )
     return refs
 

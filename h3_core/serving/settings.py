@@ -107,8 +107,9 @@ class EncoderSettings:
     (seconds of one audio file), max_total_audio_s (of all), max_video_s (of one video; videos and
     audio files may be twice max_image_bytes, h3_core.references.MediaLimits); max_reference_aspect
     (long side / short side of a reference image or video: 2.5, the reference implementation's
-    0.4..2.5; guides, fitted to the canvas, take max_image_aspect); max_batch_rows
-    (h3_dit's: a request whose rows, conditions included, pass it is refused before any VAE runs)."""
+    0.4..2.5; guides, fitted to the canvas, take max_image_aspect); max_batch_rows and
+    max_request_mb (h3_dit's: a request whose rows or memory, conditions included, pass them is
+    refused before any VAE runs)."""
 
     MODEL = ENCODER_MODEL
     cpu_threads: int = 1
@@ -138,6 +139,7 @@ class EncoderSettings:
     max_video_s: float = MediaLimits.max_video_s
     max_reference_aspect: float = 2.5
     max_batch_rows: int = RequestLimits.max_rows
+    max_request_mb: int = RequestLimits.max_request_mb
 
     def __post_init__(self):
         self.image_limits()

@@ -154,6 +154,7 @@ class TritonPythonModel:
                 fields.get("height"),
                 fields.get("width"),
                 fields.get("num_frames", self.cfg.default_num_frames),
+                max(1, fields.get("num_outputs", 1)),
                 parameters.get("fit"),
                 self.settings,
                 (self.cfg.default_height, self.cfg.default_width),
