@@ -112,7 +112,8 @@ def test_concurrent_prompts_get_their_solo_states(server, checkpoint):
         assert torch.equal(torch.from_numpy(states[0].copy()), solo)
 
 
-def test_served_fl2va_clip_equals_in_process(server, checkpoint):
+@pytest.mark.parametrize("keyframes", [(0,), (-1,), (0, -1)], ids=["first", "last", "both"])
+def test_served_fl2va_clip_equals_in_process(server, checkpoint, keyframes):
     """fl2va on the synthetic official checkpoint: Qwen3-VL presents the keyframes with its vision
     tower (<Picture i>: + vision tokens, then the prompt), the official VAE hook encodes them, and
     the served clip equals the in-process one (the same encoder, hook and DiT) bit for bit."""
@@ -131,6 +132,8 @@ def test_served_fl2va_clip_equals_in_process(server, checkpoint):
         Image.fromarray(image).save(out, format="PNG")
         files.append(out.getvalue())
     request = GenerationRequest(PROMPTS[0], 64, 96, 9, 2, seed=3, task="fl2va")
+    images = [image for image, frame in zip(images, (0, -1), strict=True) if frame in keyframes]
+    given = dict(zip(("first_frame", "last_frame"), files, strict=True))
     (served,) = H3Client(server.grpc_url).generate(
         request.prompt,
         height=64,
@@ -138,20 +141,20 @@ def test_served_fl2va_clip_equals_in_process(server, checkpoint):
         num_frames=9,
         num_inference_steps=2,
         seed=3,
-        first_frame=files[0],
-        last_frame=files[1],
+        first_frame=given["first_frame"] if 0 in keyframes else None,
+        last_frame=given["last_frame"] if -1 in keyframes else None,
         return_mp4=False,
         return_frames=True,
         return_audio=True,
     )
     encoder = TextEncoder(str(checkpoint / TEXT_ENCODER), QWEN3VL_H3_LAYER, tokenizer_path=str(checkpoint / TOKENIZER))
     embeds, spans = encoder.encode_presentation(request.prompt, images)
-    assert len(spans) == 2 and served.info["task"] == "fl2va"
-    assert served.info["conditions"] == [{"kind": "keyframe", "frame": 0}, {"kind": "keyframe", "frame": -1}]
+    assert len(spans) == len(keyframes) and served.info["task"] == "fl2va"
+    assert served.info["conditions"] == [{"kind": "keyframe", "frame": frame} for frame in keyframes]
     engine = load_engine("tiny", checkpoint, with_encoder=False, trust_remote_code=True)
     conditions = [
         Condition("keyframe", frame, keyframe_latent(engine.video_vae, torch.from_numpy(image))[:, None])
-        for frame, image in zip((0, -1), images, strict=True)
+        for frame, image in zip(keyframes, images, strict=True)
     ]
     ((_, frames, audio),) = engine.generate(request, embeds, conditions, tuple(spans))
     assert torch.equal(torch.from_numpy(served.frames.copy()), frames)
