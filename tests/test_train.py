@@ -2,6 +2,7 @@
 state, and a smoke run of every training stage on the CPU (tiny sizes, seconds)."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ from safetensors.torch import save_file
 
 from h3_core.config import audio_num_samples, get_config
 from h3_core.diffusion import layout as L
+from h3_core.diffusion.conditions import Condition, condition_rows
 from h3_core.model import H3DiT
 from h3_core.model.initialization import init_weights
 from training import data, dit_train, measure, state, text_states, vae_train
@@ -42,30 +44,69 @@ def test_measurements_of_a_blank_clip_find_no_shape():
     assert result["colour"] is None and result["direction"] is None
 
 
+def random_conditions(task: str, gen: torch.Generator) -> list[Condition]:
+    """Conditions of a training task with random clean latents (keyframes and image [24, 1, 4, 6],
+    tone [2, 32, 40])."""
+
+    def still() -> torch.Tensor:
+        return torch.randn(24, 1, 4, 6, generator=gen)
+
+    frames = {"first": [L.FIRST_FRAME], "last": [L.LAST_FRAME], "both": [L.FIRST_FRAME, L.LAST_FRAME]}
+    if task in frames:
+        return [Condition("keyframe", frame, still()) for frame in frames[task]]
+    if task == "image":
+        return [Condition("image", 0, still())]
+    if task == "audio":
+        return [Condition("audio", 0, None, torch.randn(2, 32, dit_train.REFERENCE_AUDIO_T, generator=gen))]
+    return []
+
+
 @pytest.mark.parametrize("config", ["tiny", "demo"])
-def test_train_forward_matches_the_inference_forward(config):
+def test_train_forward_matches_the_inference_forward_for_every_task(config):
     cfg = get_config(config)
     model = H3DiT(cfg, row_tile=0)
     init_weights(model, 3)  # nothing zero, so every path matters
-    lengths = [15, 18, 16]
+    lengths = [15, 18, 16, 17, 15, 16]  # one clip per task of data.TASKS
     templates = dit_train.Templates.build(cfg, lengths, "cpu")
+    assert templates.seq_len == 256  # the reference tone's 80 rows push past 192
     gen = torch.Generator().manual_seed(0)
-    video = torch.randn(3, templates.video_rows, 96, generator=gen)
-    audio = torch.randn(3, templates.audio_rows, 32, generator=gen)
-    text = torch.zeros(3, 18, cfg.text_dim)
-    for i, n in enumerate(lengths):
+    batch = len(lengths)
+    video = torch.randn(batch, templates.video_inputs, 96, generator=gen)  # unused slots stay random
+    audio = torch.randn(batch, templates.audio_inputs, 32, generator=gen)
+    text = torch.zeros(batch, 18, cfg.text_dim)
+    layouts, want_video_in, want_audio_in = [], [], []
+    frame_rows = templates.frame_rows
+    for i, (task, n) in enumerate(zip(data.TASKS, lengths, strict=True)):
         text[i, :n] = torch.randn(n, cfg.text_dim, generator=gen)
-    t_video, t_audio = torch.tensor([0.1, 0.5, 0.9]), torch.tensor([0.3, 0.5, 0.05])
+        conditions = list(L.order_conditions(random_conditions(task, gen)))
+        layout = L.make_layout(n, 64, 96, 22, conditions=tuple(c.block() for c in conditions))
+        layouts.append(layout)
+        cond_video, cond_audio = condition_rows(conditions, layout, seed=i)
+        row = 0
+        for c in conditions:  # each block's rows into its slot of train_forward's input
+            if c.video is not None:
+                slot = dit_train.VIDEO_SLOTS.index((c.kind, c.frame))
+                video[i, slot * frame_rows : (slot + 1) * frame_rows] = cond_video[row : row + frame_rows]
+                row += frame_rows
+        audio[i, : cond_audio.shape[0]] = cond_audio
+        want_video_in.append(torch.cat([cond_video, video[i, -templates.video_rows :]]))
+        want_audio_in.append(torch.cat([cond_audio, audio[i, -templates.audio_rows :]]))
+    t_video = torch.tensor([0.1, 0.5, 0.9995, 0.3, 0.7, 0.999])  # 0.9995: above CONDITION_TIMESTEP
+    t_audio = torch.tensor([0.3, 0.5, 0.05, 0.9, 0.2, 0.6])
     with torch.no_grad():
         got_v, got_a = dit_train.train_forward(
-            model, templates, video, audio, text, torch.tensor(lengths), t_video, t_audio
+            model, templates, video, audio, text, torch.tensor(lengths), torch.arange(batch), t_video, t_audio
         )
-    batch = L.pack_requests([L.make_layout(n, 64, 96, 22) for n in lengths], t_video.tolist(), t_audio.tolist())
-    want_v, want_a = model(
-        video.reshape(-1, 96), audio.reshape(-1, 32), torch.cat([text[i, :n] for i, n in enumerate(lengths)]), batch
+    packed = L.pack_requests(layouts, t_video.tolist(), t_audio.tolist())
+    out_v, out_a = model(
+        torch.cat(want_video_in),
+        torch.cat(want_audio_in),
+        torch.cat([text[i, :n] for i, n in enumerate(lengths)]),
+        packed,
     )
-    torch.testing.assert_close(got_v.reshape(-1, 96), want_v, atol=2e-5, rtol=1e-4)
-    torch.testing.assert_close(got_a.reshape(-1, 32), want_a, atol=2e-5, rtol=1e-4)
+    for i, (want_v, want_a) in enumerate(L.split_rows(packed, out_v, out_a)):
+        torch.testing.assert_close(got_v[i], want_v, atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(got_a[i], want_a, atol=2e-5, rtol=1e-4)
 
 
 def test_train_forward_has_gradients_for_every_parameter():
@@ -76,15 +117,32 @@ def test_train_forward_has_gradients_for_every_parameter():
     v, a = dit_train.train_forward(
         model,
         templates,
-        torch.randn(2, 42, 96),
-        torch.randn(2, 74, 32),
+        torch.randn(2, templates.video_inputs, 96),
+        torch.randn(2, templates.audio_inputs, 32),
         torch.randn(2, 16, 384),
         torch.tensor([16, 16]),
+        torch.tensor([0, 5]),
         torch.rand(2),
         torch.rand(2),
     )
+    assert v.shape == (2, 42, 96) and a.shape == (2, 74, 32)
     (v.square().mean() + a.square().mean()).backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+def test_task_mix_is_parsed_and_bad_mixes_are_refused():
+    mix = dit_train.parse_task_mix(dit_train.DEFAULT_TASK_MIX)
+    assert mix.tolist() == pytest.approx([0.4, 0.15, 0.1, 0.1, 0.125, 0.125])
+    assert dit_train.parse_task_mix("t2va=1,audio=3").tolist() == [0.25, 0, 0, 0, 0, 0.75]
+    for text, message in (
+        ("t2va=1,ball=1", "--task-mix entry 'ball=1': task must be one of"),
+        ("t2va=1,t2va=2", "--task-mix entry 't2va=2': task must be one of"),
+        ("first=-1", "--task-mix entry 'first=-1': the weight must be a number >= 0"),
+        ("first=x", "--task-mix entry 'first=x': the weight must be a number >= 0"),
+        ("first=0", "--task-mix 'first=0': the weights sum to 0"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            dit_train.parse_task_mix(text)
 
 
 def test_state_round_trip_with_shards_and_bf16_moments(tmp_path):
@@ -112,7 +170,7 @@ def test_lr_schedule_warms_up_then_decays():
 
 def fake_caption_states(path):
     """A caption-states file like text_states.compute's, with random states (no MiniLM)."""
-    captions = data.train_captions() + [c.caption for c in data.held_out_clips()]
+    captions = data.train_captions() + data.held_out_captions()
     gen = torch.Generator().manual_seed(0)
     states = [torch.randn(15 + i % 4, 384, generator=gen) for i in range(len(captions))]
     offsets = torch.tensor([0] + [len(s) for s in states]).cumsum(0)
@@ -136,7 +194,7 @@ def test_every_stage_runs_and_resumes_on_the_cpu(tmp_path):
         assert (tmp_path / f"{which}_vae.safetensors").is_file()
     fake_caption_states(tmp_path / "captions.safetensors")
     captions, num_train, states = text_states.load(tmp_path / "captions.safetensors")
-    assert num_train == 756 and len(captions) == len(states) == 792
+    assert num_train == 1044 and len(captions) == len(states) == 1080
     args = [
         "--work",
         str(tmp_path),

@@ -10,7 +10,12 @@ Every clip is fixed by its attributes (colour, shape, direction, pitch, side) an
   audio latents), a sine of PITCHES[pitch] Hz starting at phase 0, amplitude 0.5 on the named
   side and 0.05 on the other, so the tone is fully fixed by the caption;
 - caption: "a {colour} {shape} {verb} {direction phrase} while a {pitch} tone plays on the
-  {side}", e.g. "a red ball rolls to the left while a low tone plays on the left".
+  {side}", e.g. "a red ball rolls to the left while a low tone plays on the left";
+- conditions (the training task mix, TASKS): keyframes (the clip's first / last frame, fl2va);
+  a reference image (the shape alone, radius RADIUS, centred on the 64 x 96 canvas: its colour
+  and shape) whose caption leaves the colour out ("a ball rolls to the left while a low tone
+  plays on the left"); a reference tone (REFERENCE_SAMPLES = 1 s of the clip's tone, its side)
+  whose caption leaves pitch and side out ("a red ball rolls to the left while a tone plays").
 
 HELD_OUT (36 of the 288 attribute combinations, a seeded choice) never appears in training;
 the evaluation prompts are built from it. Rendering is vectorised torch and runs on any device.
@@ -46,6 +51,20 @@ RADIUS = 9.0  # px: disc radius / half the square's side
 TRAVEL = {"horizontal": 56.0, "vertical": 36.0}  # px covered from the first to the last frame
 ATTRIBUTES = ("colour", "shape", "direction", "pitch", "side")
 SPLIT_SEED, NUM_HELD_OUT = 8, 36
+REFERENCE_SAMPLES = AUDIO_SAMPLE_RATE  # the reference tone: 1 s, 40 whole audio latents
+# The training tasks: t2va (text only), fl2va with the first / last / both frames as keyframes,
+# ref2va with a reference image / a reference tone; each with its caption kind and request task.
+TASKS = ("t2va", "first", "last", "both", "image", "audio")
+REQUEST_TASKS = {
+    "t2va": "t2va",
+    "first": "fl2va",
+    "last": "fl2va",
+    "both": "fl2va",
+    "image": "ref2va",
+    "audio": "ref2va",
+}
+CAPTION_KINDS = ("full", "image", "audio")  # full: every attribute; image: no colour; audio: no pitch, side
+TASK_CAPTIONS = {task: "image" if task == "image" else "audio" if task == "audio" else "full" for task in TASKS}
 
 
 @dataclass(frozen=True)
@@ -68,13 +87,21 @@ class Clip:
     def caption(self) -> str:
         return caption(*self.combo, verb=self.verb)
 
+    def caption_for(self, task: str) -> str:
+        """The caption of this clip for a training task (TASKS): TASK_CAPTIONS[task]'s kind."""
+        return caption(*self.combo, verb=self.verb, kind=TASK_CAPTIONS[task])
 
-def caption(colour: str, shape: str, direction: str, pitch: str, side: str, verb: int = 0) -> str:
-    """The caption stating the attributes (see the module docstring)."""
-    return (
-        f"a {colour} {shape} {VERBS[shape][verb]} {DIRECTION_PHRASES[direction]} "
-        f"while a {pitch} tone plays on the {side}"
-    )
+
+def caption(colour: str, shape: str, direction: str, pitch: str, side: str, verb: int = 0, kind: str = "full") -> str:
+    """The caption of the attributes (module docstring): kind "full" states every attribute,
+    "image" leaves the colour out (the reference image gives it), "audio" the pitch and side (the
+    reference tone gives them). Raises KeyError for an unknown kind."""
+    motion = f"{shape} {VERBS[shape][verb]} {DIRECTION_PHRASES[direction]}"
+    return {
+        "full": f"a {colour} {motion} while a {pitch} tone plays on the {side}",
+        "image": f"a {motion} while a {pitch} tone plays on the {side}",
+        "audio": f"a {colour} {motion} while a tone plays",
+    }[kind]
 
 
 ALL_COMBOS = list(itertools.product(COLOURS, SHAPES, DIRECTIONS, PITCHES, SIDES))  # 288
@@ -92,8 +119,25 @@ TRAIN_COMBOS, HELD_OUT = _split()
 
 
 def train_captions() -> list[str]:
-    """Every training caption (each training combination with each of its verbs), sorted."""
-    return sorted({caption(*combo, verb=v) for combo in TRAIN_COMBOS for v in range(len(VERBS[combo[1]]))})
+    """Every training caption (each training combination with each of its verbs, of every
+    caption kind), sorted."""
+    return sorted(
+        {
+            caption(*combo, verb=v, kind=kind)
+            for combo in TRAIN_COMBOS
+            for v in range(len(VERBS[combo[1]]))
+            for kind in CAPTION_KINDS
+        }
+    )
+
+
+def held_out_captions() -> list[str]:
+    """The evaluation captions (held-out combinations, verb 0, every caption kind) that are not
+    training captions, in HELD_OUT order: every full caption; a colour-free or tone-free caption
+    of a held-out combination may equal a training one (another colour / tone was trained)."""
+    trained = set(train_captions())
+    captions = [caption(*combo, kind=kind) for combo in HELD_OUT for kind in CAPTION_KINDS]
+    return [c for c in dict.fromkeys(captions) if c not in trained]
 
 
 def held_out_clips(verb: int = 0) -> list[Clip]:
@@ -130,9 +174,22 @@ def trajectory(clip: Clip) -> tuple[torch.Tensor, torch.Tensor, float]:
 def render_video(clips: list[Clip], device: str | torch.device = "cpu") -> torch.Tensor:
     """uint8 [N, 22, 64, 96, 3] frames of the clips (antialiased 1-px edges)."""
     xs, ys, radii = zip(*(trajectory(c) for c in clips), strict=True)
-    x = torch.stack(xs).to(device)[:, :, None, None]  # [N, T, 1, 1]
-    y = torch.stack(ys).to(device)[:, :, None, None]
-    r = torch.tensor(radii, device=device)[:, None, None, None]
+    return _draw(clips, torch.stack(xs), torch.stack(ys), torch.tensor(radii), device)
+
+
+def render_reference_image(clips: list[Clip], device: str | torch.device = "cpu") -> torch.Tensor:
+    """uint8 [N, 64, 96, 3]: each clip's shape in its colour, radius RADIUS, centred (its
+    reference image; the same for every clip of a colour and shape)."""
+    centre = torch.tensor([[(WIDTH - 1) / 2, (HEIGHT - 1) / 2]] * len(clips))
+    return _draw(clips, centre[:, :1], centre[:, 1:], torch.full((len(clips),), RADIUS), device)[:, 0]
+
+
+def _draw(clips: list[Clip], x: torch.Tensor, y: torch.Tensor, radius: torch.Tensor, device) -> torch.Tensor:
+    """uint8 [N, T, 64, 96, 3]: each clip's shape and colour centred at x, y float32 [N, T]
+    (pixels), radius float32 [N], on the background."""
+    x = x.to(device)[:, :, None, None]  # [N, T, 1, 1]
+    y = y.to(device)[:, :, None, None]
+    r = radius.to(device)[:, None, None, None]
     gy = torch.arange(HEIGHT, device=device, dtype=torch.float32)[None, None, :, None]
     gx = torch.arange(WIDTH, device=device, dtype=torch.float32)[None, None, None, :]
     disc = ((gx - x) ** 2 + (gy - y) ** 2).sqrt()
@@ -145,9 +202,10 @@ def render_video(clips: list[Clip], device: str | torch.device = "cpu") -> torch
     return frames.round().to(torch.uint8)
 
 
-def render_audio(clips: list[Clip], device: str | torch.device = "cpu") -> torch.Tensor:
-    """float32 [N, 2, AUDIO_SAMPLES] stereo tones at 32 kHz (left, right)."""
-    n = torch.arange(AUDIO_SAMPLES, device=device, dtype=torch.float64)
+def render_audio(clips: list[Clip], device: str | torch.device = "cpu", samples: int = AUDIO_SAMPLES) -> torch.Tensor:
+    """float32 [N, 2, samples] stereo tones at 32 kHz (left, right); samples=REFERENCE_SAMPLES
+    gives the clips' reference tones."""
+    n = torch.arange(samples, device=device, dtype=torch.float64)
     freq = torch.tensor([PITCHES[c.pitch] for c in clips], device=device, dtype=torch.float64)
     wave = torch.sin(2 * torch.pi * freq[:, None] * n / AUDIO_SAMPLE_RATE).float()
     gains = torch.tensor([(LOUD, QUIET) if c.side == "left" else (QUIET, LOUD) for c in clips], device=device)

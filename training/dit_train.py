@@ -42,67 +42,137 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from h3_core.config import AUDIO_LATENT_CHANNELS, AUDIO_ROW_WIDTH, VIDEO_ROW_WIDTH, get_config
+from h3_core.config import (
+    AUDIO_CHANNELS,
+    AUDIO_HOP,
+    AUDIO_LATENT_CHANNELS,
+    AUDIO_ROW_WIDTH,
+    VIDEO_ROW_WIDTH,
+    VIDEO_SPATIAL_DOWNSAMPLE,
+    get_config,
+)
 from h3_core.diffusion import layout as L
+from h3_core.diffusion.conditions import CONDITION_AUG
 from h3_core.diffusion.engine import Engine
 from h3_core.diffusion.sampling import DEFAULT_AUDIO_SHIFT, DEFAULT_VIDEO_SHIFT, shift_sigma
 from h3_core.model import H3DiT
 from h3_core.model.initialization import init_weights
 from h3_core.model.rope import rope_table
-from h3_core.model.vae import AudioVAE, VideoVAE
+from h3_core.model.vae import AudioVAE, VideoVAE, keyframe_latent
+from h3_core.weights.checkpoint import load_weights
 from h3_core.weights.vae_hook import load_vaes
 
-from . import data, evaluate, text_states
+from . import data, evaluate_conditions, text_states
 from .loop import Run
+
+DEFAULT_TASK_MIX = "t2va=0.4,first=0.15,last=0.1,both=0.1,image=0.125,audio=0.125"
+
+
+LATENT_H, LATENT_W = data.HEIGHT // VIDEO_SPATIAL_DOWNSAMPLE, data.WIDTH // VIDEO_SPATIAL_DOWNSAMPLE
+REFERENCE_AUDIO_T = data.REFERENCE_SAMPLES // AUDIO_HOP  # 40 audio latents
+# The condition slots of train_forward's inputs: video [first keyframe | last keyframe | image |
+# target rows], audio [reference tone | target rows]; keyed by (ConditionBlock kind, frame).
+VIDEO_SLOTS = (("keyframe", L.FIRST_FRAME), ("keyframe", L.LAST_FRAME), ("image", 0))
+AUDIO_SLOTS = (("audio", 0),)
+# A row's timestep (Templates.clock): the clip's t_video (text, target video, padding), t_audio
+# (target audio), max(t_video, CONDITION_TIMESTEP) (condition video rows), max(t_audio,
+# AUDIO_CONDITION_TIMESTEP) (condition audio rows): layout.RequestLayout.row_timesteps.
+CLOCK_VIDEO, CLOCK_AUDIO, CLOCK_CONDITION_VIDEO, CLOCK_CONDITION_AUDIO = range(4)
+
+
+def task_conditions(task: str) -> tuple[L.ConditionBlock, ...]:
+    """The condition blocks of a training task (data.TASKS) on the training canvas: keyframes
+    (one latent frame at the 4 x 6 latent grid), a reference image of the canvas's size, a
+    reference tone of REFERENCE_AUDIO_T latents; () for t2va. Raises KeyError for another task."""
+
+    def keyframe(frame: int) -> L.ConditionBlock:
+        return L.ConditionBlock("keyframe", 1, LATENT_H, LATENT_W, 0, frame)
+
+    return {
+        "t2va": (),
+        "first": (keyframe(L.FIRST_FRAME),),
+        "last": (keyframe(L.LAST_FRAME),),
+        "both": (keyframe(L.FIRST_FRAME), keyframe(L.LAST_FRAME)),
+        "image": (L.ConditionBlock("image", 1, LATENT_H, LATENT_W),),
+        "audio": (L.ConditionBlock("audio", audio_t=REFERENCE_AUDIO_T),),
+    }[task]
 
 
 @dataclass
 class Templates:
-    """Per text length L: the row layout of one clip on the training canvas, padded to S rows.
-
-    tags [Lmax+1, S] (layout.token_tags), src [Lmax+1, S] (row index within its modality's rows,
-    0 elsewhere), rope [Lmax+1, S, 6R] (rope_table of the layout's position ids), refiner_len R
-    (the text block's padded length in the refiner sequence). Rows for text lengths that do not
-    occur are unused.
+    """Row templates of every (task, text length) on the training canvas, all padded to one
+    length S (the longest layout's, a multiple of 64), indexed [task index in data.TASKS, text
+    length]: tags [K, Lmax+1, S] (layout.token_tags), src [K, Lmax+1, S] (a row's index into
+    its modality's input: the refined text rows, train_forward's video or audio slots), clock
+    [K, Lmax+1, S] (a row's CLOCK_* timestep), rope [K, Lmax+1, S, 6R] (rope_table of the
+    layout's position ids), video_out [K, Lmax+1, V] and audio_out [K, Lmax+1, 2*T_a] (the target
+    rows), refiner_len R (the text block's padded length in the refiner sequence). Entries of
+    text lengths that do not occur are unused.
     """
 
     seq_len: int
     refiner_len: int
     tags: torch.Tensor
     src: torch.Tensor
+    clock: torch.Tensor
     rope: torch.Tensor
+    video_out: torch.Tensor
+    audio_out: torch.Tensor
+    frame_rows: int
     video_rows: int
     audio_rows: int
 
+    @property
+    def video_inputs(self) -> int:
+        """Rows of train_forward's video input: the VIDEO_SLOTS' rows, then the target's."""
+        return len(VIDEO_SLOTS) * self.frame_rows + self.video_rows
+
+    @property
+    def audio_inputs(self) -> int:
+        """Rows of train_forward's audio input: the reference tone's rows, then the target's."""
+        return AUDIO_CHANNELS * REFERENCE_AUDIO_T + self.audio_rows
+
     @classmethod
     def build(cls, cfg, text_lengths: list[int], device) -> "Templates":
-        layouts = {n: L.make_layout(n, data.HEIGHT, data.WIDTH, data.NUM_FRAMES) for n in text_lengths}
-        seq_lens = {layout.seq_len for layout in layouts.values()}
+        """Raises ValueError when the text lengths pad to different refiner lengths."""
         refiner = {-(-n // L.ROW_ALIGN) * L.ROW_ALIGN for n in text_lengths}
-        if len(seq_lens) != 1 or len(refiner) != 1:
-            raise ValueError(
-                f"captions of {sorted(text_lengths)} tokens pad to different lengths {seq_lens} / {refiner}"
-            )
-        seq_len, top = seq_lens.pop(), max(text_lengths) + 1
-        tags = torch.full((top, seq_len), L.TAG_PAD, dtype=torch.int64)
-        src = torch.zeros(top, seq_len, dtype=torch.int64)
-        rope = torch.zeros(top, seq_len, 6 * cfg.rope_freqs_per_axis)
-        for n, layout in layouts.items():
-            tags[n] = layout.token_tags()
-            src[n, :n] = torch.arange(n)
-            src[n, layout.audio_start : layout.video_start] = torch.arange(layout.audio_rows)
-            src[n, layout.video_start : layout.used] = torch.arange(layout.video_rows)
-            rope[n] = rope_table(layout.position_ids(), cfg.rope_freqs_per_axis, cfg.rope_theta, torch.float32)
-        any_layout = next(iter(layouts.values()))
-        return cls(
-            seq_len,
-            refiner.pop(),
-            tags.to(device),
-            src.to(device),
-            rope.to(device),
-            any_layout.video_rows,
-            any_layout.audio_rows,
-        )
+        if len(refiner) != 1:
+            raise ValueError(f"captions of {sorted(text_lengths)} tokens pad to different refiner lengths {refiner}")
+
+        def layout(task: str, n: int, seq_len: int | None = None) -> L.RequestLayout:
+            return L.make_layout(n, data.HEIGHT, data.WIDTH, data.NUM_FRAMES, seq_len, task_conditions(task))
+
+        seq_len = max(layout(task, n).seq_len for task in data.TASKS for n in text_lengths)
+        shape = (len(data.TASKS), max(text_lengths) + 1, seq_len)
+        tags = torch.full(shape, L.TAG_PAD, dtype=torch.int64)
+        src, clock = torch.zeros(shape, dtype=torch.int64), torch.zeros(shape, dtype=torch.int64)
+        rope = torch.zeros(*shape, 6 * cfg.rope_freqs_per_axis)
+        target = layout("t2va", text_lengths[0], seq_len)
+        frame_rows, video_rows, audio_rows = target.frame_rows, target.video_rows, target.audio_rows
+        video_out = torch.zeros(*shape[:2], video_rows, dtype=torch.int64)
+        audio_out = torch.zeros(*shape[:2], audio_rows, dtype=torch.int64)
+        for k, task in enumerate(data.TASKS):
+            for n in text_lengths:
+                lay = layout(task, n, seq_len)
+                tags[k, n] = lay.token_tags()
+                src[k, n, :n] = torch.arange(n)
+                for block, row in lay.blocks():
+                    audio_end = row + block.audio_rows
+                    src[k, n, row:audio_end] = torch.arange(block.audio_rows)  # AUDIO_SLOTS: one slot
+                    slot = VIDEO_SLOTS.index((block.kind, block.frame)) if block.video_rows else 0
+                    src[k, n, audio_end : row + block.rows] = slot * frame_rows + torch.arange(block.video_rows)
+                    clock[k, n, row:audio_end] = CLOCK_CONDITION_AUDIO
+                    clock[k, n, audio_end : row + block.rows] = CLOCK_CONDITION_VIDEO
+                src[k, n, lay.audio_start : lay.video_start] = AUDIO_CHANNELS * REFERENCE_AUDIO_T + torch.arange(
+                    audio_rows
+                )
+                src[k, n, lay.video_start : lay.used] = len(VIDEO_SLOTS) * frame_rows + torch.arange(video_rows)
+                clock[k, n, lay.audio_start : lay.video_start] = CLOCK_AUDIO
+                rope[k, n] = rope_table(lay.position_ids(), cfg.rope_freqs_per_axis, cfg.rope_theta, torch.float32)
+                audio_out[k, n] = torch.arange(lay.audio_start, lay.video_start)
+                video_out[k, n] = torch.arange(lay.video_start, lay.used)
+        tensors = (t.to(device) for t in (tags, src, clock, rope, video_out, audio_out))
+        return cls(seq_len, refiner.pop(), *tensors, frame_rows, video_rows, audio_rows)
 
 
 def document_attention(doc: torch.Tensor, heads: int):
@@ -126,19 +196,27 @@ def train_forward(
     audio: torch.Tensor,
     text: torch.Tensor,
     text_len: torch.Tensor,
+    task: torch.Tensor,
     t_video: torch.Tensor,
     t_audio: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """H3DiT.forward for B clips of one canvas, densely (see the module docstring).
+    """H3DiT.forward for B clips of one canvas, each with its task's conditions, densely (see
+    the module docstring).
 
-    video [B, V, 96], audio [B, 2*T_a, 32] (noisy rows), text [B, Lmax, 384] (zero beyond
-    text_len), text_len int64 [B], t_video / t_audio float32 [B] (t = 1 - sigma).
-    Returns the velocities (video [B, V, 96], audio [B, 2*T_a, 32]) in float32.
+    video [B, templates.video_inputs, 96]: the condition rows of VIDEO_SLOTS (first keyframe,
+    last keyframe, reference image: frame_rows rows each, as conditions.condition_rows makes
+    them; a slot the clip's task does not use is ignored), then the noisy target rows V;
+    audio [B, templates.audio_inputs, 32]: the reference tone's rows (2 x REFERENCE_AUDIO_T,
+    ignored unless the task is "audio"), then the noisy target rows 2*T_a; text [B, Lmax, 384]
+    (zero beyond text_len), text_len int64 [B], task int64 [B] (index into data.TASKS), t_video /
+    t_audio float32 [B] (t = 1 - sigma; condition rows get their own timesteps, CLOCK_*).
+    Returns the target rows' velocities (video [B, V, 96], audio [B, 2*T_a, 32]) in float32:
+    condition rows are not returned (no loss on them).
     """
     cfg, dtype = model.cfg, model.cfg.torch_dtype
     batch, seq, hidden = video.shape[0], templates.seq_len, cfg.hidden_size
-    tags, src = templates.tags[text_len], templates.src[text_len]  # [B, S]
-    rope = templates.rope[text_len].reshape(batch * seq, -1).to(dtype)
+    tags, src = templates.tags[task, text_len], templates.src[task, text_len]  # [B, S]
+    rope = templates.rope[task, text_len].reshape(batch * seq, -1).to(dtype)
 
     def gather(rows: torch.Tensor) -> torch.Tensor:  # [B, n, w] -> [B, S, w] by src
         index = src.clamp(max=rows.shape[1] - 1)[..., None].expand(-1, -1, rows.shape[2])
@@ -171,23 +249,23 @@ def train_forward(
     )
     x = x.reshape(batch * seq, hidden)
 
-    # Timesteps: row 2b = clip b's video (and text, padding) timestep, row 2b + 1 its audio one.
-    t_emb = model.time_embedder(torch.stack([t_video, t_audio], 1).reshape(-1).float())
-    step_index = 2 * torch.arange(batch, device=video.device)[:, None] + (tags == L.TAG_AUDIO).long()
+    # Timesteps: clip b's CLOCK_* timesteps are rows 4b .. 4b + 3 of t_emb.
+    times = torch.stack(
+        [t_video, t_audio, t_video.clamp(min=L.CONDITION_TIMESTEP), t_audio.clamp(min=L.AUDIO_CONDITION_TIMESTEP)], 1
+    )
+    t_emb = model.time_embedder(times.reshape(-1).float())
+    step_index = times.shape[1] * torch.arange(batch, device=video.device)[:, None] + templates.clock[task, text_len]
     step_index = step_index.reshape(-1)
     mod_index = step_index * 3 + tags.clamp(min=0).reshape(-1)
-    used = templates.tags[text_len].ne(L.TAG_PAD).sum(1)  # [B]
+    used = tags.ne(L.TAG_PAD).sum(1)  # [B]
     doc = (torch.arange(seq, device=video.device)[None, :] >= used[:, None]).long()
     video_out, audio_out = model.transformer(
         x, t_emb, mod_index, step_index, document_attention(doc, cfg.num_heads), None, rope, per_timestep=False
     )
     video_out, audio_out = video_out.view(batch, seq, -1), audio_out.view(batch, seq, -1)
-    first_audio = text_len[:, None]
-    audio_index = first_audio + torch.arange(audio.shape[1], device=video.device)[None, :]
-    video_index = first_audio + audio.shape[1] + torch.arange(video.shape[1], device=video.device)[None, :]
-    video_v = torch.gather(video_out, 1, video_index[..., None].expand(-1, -1, VIDEO_ROW_WIDTH))
-    audio_v = torch.gather(audio_out, 1, audio_index[..., None].expand(-1, -1, AUDIO_ROW_WIDTH))
-    return video_v.float(), audio_v.float()
+    video_index = templates.video_out[task, text_len][..., None].expand(-1, -1, VIDEO_ROW_WIDTH)
+    audio_index = templates.audio_out[task, text_len][..., None].expand(-1, -1, AUDIO_ROW_WIDTH)
+    return torch.gather(video_out, 1, video_index).float(), torch.gather(audio_out, 1, audio_index).float()
 
 
 def init_dit(cfg, seed: int, device) -> H3DiT:
@@ -208,37 +286,70 @@ def init_dit(cfg, seed: int, device) -> H3DiT:
 @torch.no_grad()
 def encode_clips(
     clips: list[data.Clip], video_vae: VideoVAE, audio_vae: AudioVAE, device, chunk: int = 256
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Latent rows of the clips: video [N, V, 96], audio [N, 2*T_a, 32] (normalised)."""
-    videos, audios = [], []
+) -> dict[str, torch.Tensor]:
+    """Clean latent rows (normalised) of the clips and of their conditions, as the sampler and
+    conditions.condition_rows lay them out: "video" [N, V, 96] and "audio" [N, 2*T_a, 32] (the
+    clip), "first" / "last" [N, F, 96] (its first / last frame through vae.keyframe_latent, F =
+    frame_rows), "image" [N, F, 96] (its reference image, keyframe_latent too) and "tone"
+    [N, 2 x REFERENCE_AUDIO_T, 32] (its reference tone, channel-major). Reference images and
+    tones are encoded once per colour and shape / pitch and side."""
+
+    def still(image: torch.Tensor) -> torch.Tensor:
+        return L.patchify_video(keyframe_latent(video_vae, image)[:, None])
+
+    def audio_rows(sound: torch.Tensor) -> torch.Tensor:
+        return audio_vae.encode(sound).permute(0, 2, 1).reshape(-1, AUDIO_LATENT_CHANNELS)
+
+    out = {key: [] for key in ("video", "audio", "first", "last", "image", "tone")}
+    images, tones = {}, {}
     for i in range(0, len(clips), chunk):
         part = clips[i : i + chunk]
         frames = data.render_video(part, device)
         sound = data.render_audio(part, device)
-        for f, a in zip(frames, sound, strict=True):
-            videos.append(L.patchify_video(video_vae.encode(f)))
-            audios.append(audio_vae.encode(a).permute(0, 2, 1).reshape(-1, AUDIO_LATENT_CHANNELS))
-    return torch.stack(videos), torch.stack(audios)
+        for clip, f, a in zip(part, frames, sound, strict=True):
+            out["video"].append(L.patchify_video(video_vae.encode(f)))
+            out["audio"].append(audio_rows(a))
+            out["first"].append(still(f[0]))
+            out["last"].append(still(f[-1]))
+            look, tone = (clip.colour, clip.shape), (clip.pitch, clip.side)
+            if look not in images:
+                images[look] = still(data.render_reference_image([clip], device)[0])
+            if tone not in tones:
+                tones[tone] = audio_rows(data.render_audio([clip], device, data.REFERENCE_SAMPLES)[0])
+            out["image"].append(images[look])
+            out["tone"].append(tones[tone])
+    return {key: torch.stack(rows) for key, rows in out.items()}
 
 
-def quick_eval(
-    model: H3DiT,
-    video_vae: VideoVAE,
-    audio_vae: AudioVAE,
-    captions: dict[str, torch.Tensor],
-    clips: list[data.Clip],
-    steps: int = 8,
-) -> dict:
-    """Sample (seed 0, one clip per forward), decode and score clips whose caption states are in
-    `captions` (caption -> [L, 384]); returns evaluate.report's dict."""
-    model.eval()
-    engine = Engine(model, video_vae, audio_vae)
-    return evaluate.report(clips, evaluate.generate(engine, clips, steps, seed=0, pack=1, text_states=captions))
+def parse_task_mix(text: str) -> torch.Tensor:
+    """--task-mix "t2va=0.4,first=0.15,..." -> float32 [len(data.TASKS)] probabilities (the
+    weights normalised to sum 1; tasks not named get 0). Raises ValueError naming the entry for
+    an unknown task, a repeated one, a weight that is not a finite number >= 0, or all zero."""
+    weights = dict.fromkeys(data.TASKS, 0.0)
+    seen = set()
+    for entry in text.split(","):
+        name, _, value = entry.partition("=")
+        name = name.strip()
+        if name not in weights or name in seen:
+            raise ValueError(f"--task-mix entry {entry!r}: task must be one of {list(data.TASKS)}, each once")
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = -1.0
+        if not 0.0 <= weight < float("inf"):
+            raise ValueError(f"--task-mix entry {entry!r}: the weight must be a number >= 0")
+        weights[name] = weight
+        seen.add(name)
+    total = sum(weights.values())
+    if total <= 0:
+        raise ValueError(f"--task-mix {text!r}: the weights sum to 0; give at least one task a weight > 0")
+    return torch.tensor([weights[task] / total for task in data.TASKS])
 
 
 def train(args) -> None:
     device = torch.device(args.device)
     torch.manual_seed(args.seed)
+    mix = parse_task_mix(args.task_mix).to(device)
     cfg = get_config(args.config)
     captions, num_train, states = text_states.load(args.captions)
     state_of = dict(zip(captions, states, strict=True))
@@ -248,22 +359,30 @@ def train(args) -> None:
     clips = data.train_clips(args.variants, seed=args.seed)
     if args.max_clips:
         clips = clips[:: max(1, len(clips) // args.max_clips)][: args.max_clips]
-    video_x0, audio_x0 = encode_clips(clips, video_vae, audio_vae, device)
+    x0 = encode_clips(clips, video_vae, audio_vae, device)
     train_caps = captions[:num_train]
     index_of = {c: i for i, c in enumerate(train_caps)}
-    caption_index = torch.tensor([index_of[c.caption] for c in clips], device=device)
+    # caption_index[clip, caption kind]; a task's column is its kind's (data.TASK_CAPTIONS).
+    caption_index = torch.tensor(
+        [[index_of[data.caption(*c.combo, verb=c.verb, kind=kind)] for kind in data.CAPTION_KINDS] for c in clips],
+        device=device,
+    )
+    task_column = torch.tensor([data.CAPTION_KINDS.index(data.TASK_CAPTIONS[t]) for t in data.TASKS], device=device)
     lengths = torch.tensor([state_of[c].shape[0] for c in train_caps], device=device)
     text_table = torch.zeros(len(train_caps), int(lengths.max()), cfg.text_dim, device=device)
     for i, c in enumerate(train_caps):
         text_table[i, : state_of[c].shape[0]] = state_of[c].to(device)
     print(
-        f"[dit] {len(clips)} clips encoded in {time.monotonic() - start:.1f} s: video {tuple(video_x0.shape)} "
-        f"std {video_x0.std():.3f}, audio {tuple(audio_x0.shape)} std {audio_x0.std():.3f}",
+        f"[dit] {len(clips)} clips encoded in {time.monotonic() - start:.1f} s: video {tuple(x0['video'].shape)} "
+        f"std {x0['video'].std():.3f}, audio {tuple(x0['audio'].shape)} std {x0['audio'].std():.3f}; "
+        f"task mix {dict(zip(data.TASKS, [round(p, 4) for p in mix.tolist()], strict=True))}",
         flush=True,
     )
     templates = Templates.build(cfg, sorted({int(n) for n in lengths.tolist()} | {len(s) for s in states}), device)
 
     model = init_dit(cfg, args.seed, device)
+    if args.init:
+        load_weights(model, args.init)
     params = sum(p.numel() for p in model.parameters())
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
@@ -284,11 +403,8 @@ def train(args) -> None:
         moment_dtype=torch.bfloat16,
         log_every=args.log_every,
     )
-    print(
-        f"[dit] config {cfg.name}: {params / 1e6:.2f} M parameters; "
-        f"{'resumed at step ' + str(run.step) if run.resumed else 'fresh start'}",
-        flush=True,
-    )
+    begun = f"resumed at step {run.step}" if run.resumed else f"from {args.init}" if args.init else "fresh start"
+    print(f"[dit] config {cfg.name}: {params / 1e6:.2f} M parameters, {templates.seq_len} rows a clip; {begun}")
     generator = torch.Generator(device=device).manual_seed(args.seed * 7919 + run.step)
     autocast = (
         torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
@@ -297,17 +413,31 @@ def train(args) -> None:
     sums, pending = torch.zeros(4, device=device), 0
     while run.running():
         pick = torch.randint(len(clips), (args.batch,), device=device, generator=generator)
-        x0_v, x0_a = video_x0[pick], audio_x0[pick]
-        cap = caption_index[pick]
+        task = torch.multinomial(mix, args.batch, replacement=True, generator=generator)
+        x0_v, x0_a = x0["video"][pick], x0["audio"][pick]
+        cap = caption_index[pick, task_column[task]]
         u = torch.rand(args.batch, device=device, generator=generator)
         sigma_v, sigma_a = shift_sigma(u, DEFAULT_VIDEO_SHIFT), shift_sigma(u, DEFAULT_AUDIO_SHIFT)
         noise_v = torch.randn(x0_v.shape, device=device, generator=generator)
         noise_a = torch.randn(x0_a.shape, device=device, generator=generator)
         x_v = (1 - sigma_v)[:, None, None] * x0_v + sigma_v[:, None, None] * noise_v
         x_a = (1 - sigma_a)[:, None, None] * x0_a + sigma_a[:, None, None] * noise_a
+        # Condition rows as condition_rows makes them: visual anchors a x clean + (1 - a) x noise, the clean tone.
+        clean = torch.cat([x0[key][pick] for key in ("first", "last", "image")], 1)
+        anchors = CONDITION_AUG * clean + (1 - CONDITION_AUG) * torch.randn(
+            clean.shape, device=device, generator=generator
+        )
         with autocast:
             pred_v, pred_a = train_forward(
-                model, templates, x_v, x_a, text_table[cap], lengths[cap], 1 - sigma_v, 1 - sigma_a
+                model,
+                templates,
+                torch.cat([anchors, x_v], 1),
+                torch.cat([x0["tone"][pick], x_a], 1),
+                text_table[cap],
+                lengths[cap],
+                task,
+                1 - sigma_v,
+                1 - sigma_a,
             )
         loss_v = F.mse_loss(pred_v, x0_v - noise_v)
         loss_a = F.mse_loss(pred_a, x0_a - noise_a)
@@ -329,21 +459,12 @@ def train(args) -> None:
     run.save()
     print(f"[dit] {run.step} steps, {run.trained:.0f} s trained in total", flush=True)
     if args.eval_clips:
+        model.eval()
+        engine = Engine(model, video_vae, audio_vae)
         held = data.held_out_clips()[: args.eval_clips]
-        seen = [data.Clip(*combo) for combo in data.TRAIN_COMBOS[:: max(1, len(data.TRAIN_COMBOS) // 8)]][
-            : min(8, args.eval_clips)
-        ]
-        report = {
-            "held_out": quick_eval(model, video_vae, audio_vae, state_of, held, args.eval_steps),
-            "train": quick_eval(model, video_vae, audio_vae, state_of, seen, args.eval_steps),
-        }
-        (args.work / "dit_eval.json").write_text(json.dumps(report, indent=1))
-        for key, r in report.items():
-            print(
-                f"[dit] quick eval {key}: accuracy {r['attribute_accuracy']:.3f} over {r['n_clips']} clips "
-                f"{r['per_attribute']}",
-                flush=True,
-            )
+        result = evaluate_conditions.evaluate(engine, held, args.eval_steps, seed=0, pack=1, text_states=state_of)
+        (args.work / "dit_eval.json").write_text(json.dumps(result, indent=1))
+        print(f"[dit] held-out evaluation: {json.dumps(result)}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -352,6 +473,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vaes", type=Path, default=Path("build/demo/train"), help="folder with the trained VAEs")
     parser.add_argument("--captions", type=Path, default=Path("build/demo/caption_states.safetensors"))
     parser.add_argument("--config", default="demo")
+    parser.add_argument("--init", type=Path, help="DiT weights to start from (a dit.safetensors); default: fresh")
+    parser.add_argument(
+        "--task-mix",
+        default=DEFAULT_TASK_MIX,
+        help=f"task=weight,... over {', '.join(data.TASKS)} (normalised; tasks not named get 0)",
+    )
     parser.add_argument("--seconds", type=float, default=240.0, help="training seconds of this run")
     parser.add_argument(
         "--total-seconds", type=float, default=240.0, help="training seconds over all runs (lr schedule)"
@@ -362,11 +489,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-clips", type=int, default=0, help="use at most this many clips (smoke tests)")
     parser.add_argument("--save-every", type=float, default=60.0)
     parser.add_argument("--log-every", type=int, default=100)
-    parser.add_argument("--eval-clips", type=int, default=36, help="held-out clips sampled at the end (0: none)")
+    parser.add_argument(
+        "--eval-clips", type=int, default=36, help="held-out clips evaluated per task at the end (0: none)"
+    )
     parser.add_argument("--eval-steps", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
+    parse_task_mix(args.task_mix)  # a bad mix fails before any work
     torch.set_flush_denormal(True)
     if torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = True

@@ -25,12 +25,37 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from h3_core.diffusion import layout as L
+from h3_core.diffusion.conditions import Condition
 from h3_core.diffusion.engine import Engine
 from h3_core.diffusion.request import GenerationRequest
 from h3_core.factory import load_engine
 from h3_core.media import write_mp4
+from h3_core.serving.conditioning import Keyframes, References, keyframe_conditions, reference_conditions
 
 from . import data, measure
+
+KEYFRAME_INDICES = {"first": [L.FIRST_FRAME], "last": [L.LAST_FRAME], "both": [L.FIRST_FRAME, L.LAST_FRAME]}
+
+
+def conditions(engine: Engine, clip: data.Clip, task: str) -> list[Condition]:
+    """The Conditions of `clip` for a task of data.TASKS, built as h3_encoder builds them
+    (h3_core.serving.conditioning): "first" / "last" / "both" the clip's rendered first / last
+    frames as KEYFRAMES (keyframe_conditions), "image" its reference image and "audio" its
+    reference tone (data.render_reference_image, data.render_audio of REFERENCE_SAMPLES) as
+    REFERENCE_IMAGES / REFERENCE_AUDIO (reference_conditions), with the engine's VAEs; [] for
+    t2va. Raises KeyError for another task."""
+    if task == "t2va":
+        return []
+    if task in KEYFRAME_INDICES:
+        frames = data.render_video([clip])[0].numpy()
+        indices = KEYFRAME_INDICES[task]
+        return keyframe_conditions(engine.video_vae, Keyframes(indices, [frames[i] for i in indices]))
+    refs = {
+        "image": lambda: References(images=[data.render_reference_image([clip])[0].numpy()]),
+        "audio": lambda: References(audio=[data.render_audio([clip], samples=data.REFERENCE_SAMPLES)[0].numpy()]),
+    }[task]()
+    return reference_conditions(engine.video_vae, engine.audio_vae, refs)
 
 
 def generate(
@@ -40,21 +65,28 @@ def generate(
     seed: int = 0,
     pack: int = 4,
     text_states: dict[str, torch.Tensor] | None = None,
+    task: str = "t2va",
 ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """One clip per entry of `clips` (its caption, the training canvas, `steps` Euler steps,
-    `seed`), `pack` requests per packed DiT forward (request mode when pack is 1).
+    """One clip per entry of `clips` (its caption for `task`, Clip.caption_for, with the task's
+    `conditions`, the training canvas, `steps` Euler steps, `seed`), `pack` requests per packed
+    DiT forward (request mode when pack is 1).
 
     text_states: caption -> [L, text_dim] text states; None encodes each caption with the
-    engine's text encoder. Returns per clip (frames uint8 [22, 64, 96, 3], audio float32
-    [2, 29333]) as numpy arrays. Raises ValueError for a request outside the engine's limits
-    and KeyError for a caption missing from text_states.
+    engine's text encoder. task: one of data.TASKS (the request's TASK is data.REQUEST_TASKS').
+    Returns per clip (frames uint8 [22, 64, 96, 3], audio float32 [2, 29333]) as numpy arrays.
+    Raises ValueError for a request outside the engine's limits and KeyError for a caption
+    missing from text_states or an unknown task.
     """
     outputs = []
     for start in range(0, len(clips), pack):
         states = []
         for clip in clips[start : start + pack]:
-            request = GenerationRequest(clip.caption, data.HEIGHT, data.WIDTH, data.NUM_FRAMES, steps, seed)
-            states += engine.prepare(request, None if text_states is None else text_states[clip.caption])
+            prompt = clip.caption_for(task)
+            request = GenerationRequest(
+                prompt, data.HEIGHT, data.WIDTH, data.NUM_FRAMES, steps, seed, task=data.REQUEST_TASKS[task]
+            )
+            embeds = None if text_states is None else text_states[prompt]
+            states += engine.prepare(request, embeds, conditions(engine, clip, task))
         while not states[0].finished:
             for state, velocity in zip(states, engine.denoise_step(states), strict=True):
                 engine.update(state, velocity)

@@ -7,7 +7,9 @@
   sign give left / right / up / down;
 - pitch: the peak of the magnitude spectrum of the summed channels (Hann window), matched to
   the nearest of data.PITCHES in log frequency;
-- side: the louder channel by RMS.
+- side: the louder channel by RMS;
+- keyframes: the shape's centre in one frame (object_centre) and a frame's PSNR against the
+  keyframe (psnr).
 
 The background is the per-channel median over the clip (the shape covers under a quarter of
 the frame), so a slightly off background colour does not matter.
@@ -24,12 +26,36 @@ from . import data
 FOREGROUND_DISTANCE = 60.0  # RGB distance from the background that counts as the shape
 
 
+def foreground(frames: np.ndarray) -> np.ndarray:
+    """bool [..., H, W]: the pixels of frames uint8 [..., H, W, 3] farther than
+    FOREGROUND_DISTANCE (RGB) from the background, the per-channel median of all the pixels."""
+    f = np.asarray(frames, dtype=np.float32)
+    background = np.median(f.reshape(-1, 3), axis=0)
+    return np.linalg.norm(f - background, axis=-1) > FOREGROUND_DISTANCE
+
+
+def object_centre(frame: np.ndarray) -> tuple[float, float] | None:
+    """The shape's centre (x, y) in pixels (mean position of the foreground pixels) in one frame
+    uint8 [H, W, 3], or None when it has fewer than 4 foreground pixels."""
+    mask = foreground(frame)
+    if mask.sum() < 4:
+        return None
+    ys, xs = np.nonzero(mask)
+    return float(xs.mean()), float(ys.mean())
+
+
+def psnr(frame: np.ndarray, reference: np.ndarray) -> float:
+    """PSNR in dB of frame against reference (uint8 [H, W, 3] each): 10 log10(255^2 / MSE);
+    inf for identical frames."""
+    mse = np.mean((np.asarray(frame, np.float64) - np.asarray(reference, np.float64)) ** 2)
+    return math.inf if mse == 0 else float(10 * math.log10(255.0**2 / mse))
+
+
 def measure_video(frames: np.ndarray) -> dict:
     """frames uint8 [T, H, W, 3] -> {"colour", "direction", "foreground_fraction",
     "slope_px_per_frame": (x, y)}; colour / direction are None when no shape pixels are found."""
     f = np.asarray(frames, dtype=np.float32)
-    background = np.median(f.reshape(-1, 3), axis=0)
-    mask = np.linalg.norm(f - background, axis=-1) > FOREGROUND_DISTANCE  # [T, H, W]
+    mask = foreground(frames)  # [T, H, W]
     result = {"foreground_fraction": float(mask.mean()), "colour": None, "direction": None, "slope_px_per_frame": None}
     if mask.sum() == 0:
         return result

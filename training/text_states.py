@@ -5,8 +5,9 @@
 The GPU machine has no MiniLM weights, so the states are computed here (CPU) with the same
 TextEncoder the server uses and carried there. The file holds `states` float16 [sum L, 384]
 (each caption's [L, 384] rows one after another) and `offsets` int64 [n + 1]; its metadata
-`captions` is the JSON list of the captions in order: data.train_captions() then the held-out
-captions (data.held_out_clips()), flagged by metadata `num_train`.
+`captions` is the JSON list of the captions in order: data.train_captions() (every caption
+kind: full, colour-free, tone-free) then data.held_out_captions(), flagged by metadata
+`num_train`.
 """
 
 import argparse
@@ -24,7 +25,7 @@ def compute(out: Path) -> None:
     from h3_core.model.encoder import TextEncoder
 
     train = data.train_captions()
-    held = [clip.caption for clip in data.held_out_clips()]
+    held = data.held_out_captions()
     encoder = TextEncoder()
     states = [encoder.encode(text) for text in train + held]
     offsets = torch.tensor([0] + [s.shape[0] for s in states]).cumsum(0)
