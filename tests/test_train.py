@@ -12,9 +12,11 @@ from safetensors.torch import save_file
 from h3_core.config import audio_num_samples, get_config
 from h3_core.diffusion import layout as L
 from h3_core.diffusion.conditions import Condition, condition_rows
+from h3_core.diffusion.engine import Engine
 from h3_core.model import H3DiT
 from h3_core.model.initialization import init_weights
-from training import data, dit_train, measure, state, text_states, vae_train
+from h3_core.model.vae import create_vaes, keyframe_latent
+from training import data, dit_train, evaluate, evaluate_conditions, measure, state, text_states, vae_train
 from training.loop import lr_at, read_loss_csv
 
 
@@ -42,6 +44,66 @@ def test_generator_is_seeded_and_measurements_recover_every_attribute():
 def test_measurements_of_a_blank_clip_find_no_shape():
     result = measure.measure_video(np.full((22, 64, 96, 3), 32, np.uint8))
     assert result["colour"] is None and result["direction"] is None
+
+
+def test_condition_captions_leave_out_what_the_reference_gives():
+    clip = data.Clip("red", "ball", "left", "low", "right")
+    assert clip.caption_for("t2va") == clip.caption_for("both") == clip.caption
+    assert clip.caption_for("image") == "a ball rolls to the left while a low tone plays on the right"
+    assert clip.caption_for("audio") == "a red ball rolls to the left while a tone plays"
+    train = data.train_captions()
+    assert len(train) == 756 + 144 + 144 and clip.caption_for("image") in train
+    assert data.held_out_captions() == [c.caption for c in data.held_out_clips()]  # the rest are trained
+
+
+def test_reference_image_and_tone_carry_the_clip_attributes():
+    clips = [data.Clip("purple", "square", "up", "high", "right"), data.Clip("green", "ball", "down", "low", "left")]
+    images = data.render_reference_image(clips).numpy()
+    assert images.shape == (2, 64, 96, 3)
+    assert measure.object_centre(images[0]) == (47.5, 31.5)  # centred on the canvas
+    assert measure.measure_video(images[:1])["colour"] == "purple"
+    assert measure.measure_video(images[1:])["colour"] == "green"
+    tones = data.render_audio(clips, samples=data.REFERENCE_SAMPLES).numpy()
+    assert tones.shape == (2, 2, 32000)
+    assert [measure.measure_audio(t)["pitch"] for t in tones] == ["high", "low"]
+    assert [measure.measure_audio(t)["side"] for t in tones] == ["right", "left"]
+
+
+def test_object_centre_and_psnr_of_hand_made_frames():
+    frame = np.full((64, 96, 3), 32, np.uint8)
+    assert measure.object_centre(frame) is None
+    frame[10:14, 20:24] = (220, 50, 50)  # a 4 x 4 square: centre (21.5, 11.5)
+    assert measure.object_centre(frame) == (21.5, 11.5)
+    assert measure.psnr(frame, frame) == float("inf")
+    assert measure.psnr(frame, frame + np.uint8(5)) == pytest.approx(10 * np.log10(255**2 / 25))  # 34.15 dB
+
+
+def test_keyframe_scores_measure_the_shift_from_the_keyframe():
+    clips = data.held_out_clips()[:3]
+    frames = data.render_video(clips).numpy()
+    shifted = np.roll(frames, 2, axis=3)  # 2 px to the right; the background stays uniform
+    blank = np.full_like(frames[2], 32)
+    outputs = [(shifted[0], None), (shifted[1], None), (blank, None)]
+    scores = evaluate_conditions.keyframe_scores(clips, outputs, 0)
+    assert scores["distance_px"] == pytest.approx([2.0, 2.0, evaluate_conditions.MISSING_DISTANCE])
+    assert scores["psnr_db"][0] == pytest.approx(measure.psnr(shifted[0, 0], frames[0, 0]))
+    assert evaluate_conditions.summary([scores]) == {
+        "centre_px": 2.0,
+        "within_3px": round(2 / 3, 4),
+        "psnr_db": round(float(np.mean(scores["psnr_db"])), 4),
+    }
+
+
+def test_evaluation_conditions_have_the_training_layouts():
+    video_vae, audio_vae = create_vaes(0)
+    engine = Engine(H3DiT(get_config("tiny"), row_tile=0), video_vae, audio_vae)
+    clip = data.held_out_clips()[0]
+    for task in data.TASKS:
+        conditions = evaluate.conditions(engine, clip, task)
+        assert tuple(c.block() for c in conditions) == dit_train.task_conditions(task), task
+    frames = data.render_video([clip])[0]
+    (last,) = evaluate.conditions(engine, clip, "last")
+    assert torch.equal(last.video[:, 0], keyframe_latent(video_vae, frames[-1]))
 
 
 def random_conditions(task: str, gen: torch.Generator) -> list[Condition]:
@@ -220,4 +282,5 @@ def test_every_stage_runs_and_resumes_on_the_cpu(tmp_path):
     assert int(rows[-1]["step"]) > int(first[-1]["step"]) >= 1
     assert all(np.isfinite(float(r["loss"])) for r in rows)
     report = json.loads((tmp_path / "dit_eval.json").read_text())
-    assert report["held_out"]["n_clips"] == 1 and 0.0 <= report["held_out"]["attribute_accuracy"] <= 1.0
+    assert report["n_cases"] == 1 and report["steps"] == 1 and 0.0 <= report["t2va_attribute_accuracy"] <= 1.0
+    assert set(report["per_task"]) == set(data.TASKS)
