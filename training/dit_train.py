@@ -16,8 +16,15 @@ The latents: `--variants` clips of every training combination (data.train_clips)
 encoded once with the trained VAEs, normalised by their latents_mean / latents_std, as the
 sampler's rows (patchify_video, channel-major audio rows).
 
+Tasks (--task-mix over data.TASKS): each example draws t2va (text only), fl2va with the first,
+the last or both rendered frames as keyframes, or ref2va with the reference image (colour-free
+caption) or the reference tone (tone-free caption). Condition rows sit where layout.make_layout
+puts them, hold the anchors conditions.condition_rows makes (visual: CONDITION_AUG x clean +
+(1 - CONDITION_AUG) x noise; the tone: clean rows), take their own timesteps (visual max(t_video,
+0.999), tone 1.0) and are left out of the loss. --init starts from existing DiT weights.
+
 The forward (`train_forward`) is H3DiT.forward for a batch of clips that all pad to the same
-row count (192 rows on the 64 x 96 x 22 canvas), with the embedding written densely and the
+row count (256 rows on the 64 x 96 x 22 canvas, every task), with the embedding written densely and the
 blocks and final layer run by H3DiT.transformer, the serving forward's own code: one masked
 SDPA call per layer for all clips instead of one per document, and one AdaLN projection for all
 timesteps (per_timestep=False) instead of one per unique timestep (the inference forward does
@@ -27,10 +34,11 @@ output heads zeroed (adaLN-zero: each block starts as the identity, the output a
 (lr 5e-4, warm-up + cosine over --total-seconds, weight decay 0.01, clip 1.0), bf16 autocast on
 CUDA. State every --save-every seconds; the optimizer moments are stored in bfloat16.
 
-At the end it samples the held-out captions with the engine (h3_core.diffusion.engine.Engine: Euler, 8
-steps, seed 0, the inference forward), decodes and scores them (evaluate.generate and
-evaluate.report), and writes <work>/dit_eval.json: a quick check on the training machine; the
-evaluation of the shipped weights is evaluate.py's, with the real text encoder.
+At the end it evaluates every task on --eval-clips held-out combinations with the engine
+(evaluate_conditions.evaluate: Euler, --eval-steps steps, seed 0, the inference forward, the
+carried caption states) and writes <work>/dit_eval.json: a check on the training machine; the
+evaluation of the shipped weights is evaluate.py's and evaluate_conditions.py's, with the real
+text encoder.
 """
 
 import argparse
