@@ -45,6 +45,7 @@ LOUD, QUIET = 0.5, 0.05
 RADIUS = 9.0  # px: disc radius / half the square's side
 TRAVEL = {"horizontal": 56.0, "vertical": 36.0}  # px covered from the first to the last frame
 ATTRIBUTES = ("colour", "shape", "direction", "pitch", "side")
+CAPTION = "a {colour} {shape} {verb} {direction} while a {pitch} tone plays on the {side}"  # {direction}: its phrase
 SPLIT_SEED, NUM_HELD_OUT = 8, 36
 
 
@@ -70,10 +71,14 @@ class Clip:
 
 
 def caption(colour: str, shape: str, direction: str, pitch: str, side: str, verb: int = 0) -> str:
-    """The caption stating the attributes (see the module docstring)."""
-    return (
-        f"a {colour} {shape} {VERBS[shape][verb]} {DIRECTION_PHRASES[direction]} "
-        f"while a {pitch} tone plays on the {side}"
+    """The caption stating the attributes (CAPTION; see the module docstring)."""
+    return CAPTION.format(
+        colour=colour,
+        shape=shape,
+        verb=VERBS[shape][verb],
+        direction=DIRECTION_PHRASES[direction],
+        pitch=pitch,
+        side=side,
     )
 
 
@@ -94,6 +99,13 @@ TRAIN_COMBOS, HELD_OUT = _split()
 def train_captions() -> list[str]:
     """Every training caption (each training combination with each of its verbs), sorted."""
     return sorted({caption(*combo, verb=v) for combo in TRAIN_COMBOS for v in range(len(VERBS[combo[1]]))})
+
+
+def training_metadata() -> dict:
+    """The shipped training.json (h3_core.weights.training_metadata): the canvas (pixels), the
+    clip length (frames), the caption template and every word of the training captions, sorted."""
+    words = sorted({word for text in train_captions() for word in text.split()})
+    return {"height": [HEIGHT], "width": [WIDTH], "num_frames": [NUM_FRAMES], "caption": CAPTION, "words": words}
 
 
 def held_out_clips(verb: int = 0) -> list[Clip]:
