@@ -14,7 +14,7 @@ from .model.dit import use_bitwise_cublas
 from .parallel.ulysses import check_sp_degree
 from .parallel.workers import DEFAULT_TIMEOUT_S as DEFAULT_SP_TIMEOUT_S
 from .parallel.workers import SequenceParallelDiT
-from .weights.checkpoint import load_dit
+from .weights.checkpoint import load_dit, load_preview
 from .weights.vae_hook import load_vaes
 
 
@@ -40,8 +40,9 @@ def load_engine(
     those parts out (the Triton DiT needs neither). sp_degree > 1 runs the DiT in that many
     worker processes (h3_core.parallel.workers: on the CPU, or on the consecutive GPUs from
     `device`), each of them loading the weights, with sp_timeout_s seconds as their step and
-    collective timeout.
-    Raises ValueError / FileNotFoundError as checkpoint.load_dit and vae_hook.load_vaes;
+    collective timeout. Previews use the source's fitted latent-to-RGB map
+    (checkpoint.load_preview), else an arbitrary colour map of the latent (RANDOM_PREVIEW).
+    Raises ValueError / FileNotFoundError as checkpoint.load_dit, load_preview and vae_hook.load_vaes;
     ValueError for an sp_degree that does not divide the heads or GPUs that are not there, and
     h3_core.parallel.workers.WorkerLost for workers that cannot start."""
     cuda = torch.device(device).type == "cuda"
@@ -62,4 +63,4 @@ def load_engine(
     if with_encoder:
         from .model.encoder import TextEncoder  # imported here: a GPU host without MiniLM can run the DiT
     encoder = TextEncoder() if with_encoder else None
-    return Engine(dit, video_vae, audio_vae, encoder, limits)
+    return Engine(dit, video_vae, audio_vae, encoder, limits, load_preview(source))

@@ -88,7 +88,9 @@ AUDIO_LATENT = "AUDIO_LATENT"  # float32 [1, 2, 32, T_a] final stereo audio late
 # it received the request (deadline_s counts from there); for a conditioned request also "task" (one
 # of TASKS), "conditions" (CONDITION_FIELDS per block, in CONDITION_LATENTS' order), "vision_spans" ([start,
 # end) token ranges of TEXT_EMBEDS that are vision tokens, token tag 0) and "geometry" (how the
-# canvas was chosen and the images fitted; echoed in the result's INFO)
+# canvas was chosen and the images fitted; echoed in the result's INFO); "outside_training" (a list
+# of strings: the prompt's words not in the weights' training.json, h3_core.weights.training_metadata;
+# h3_dit adds the sizes outside it and echoes them in the result's INFO "outside_training")
 REQUEST_FIELDS = tuple(INT_INPUTS.values()) + (
     "encode_seconds",
     "received_unix_s",
@@ -96,6 +98,7 @@ REQUEST_FIELDS = tuple(INT_INPUTS.values()) + (
     "conditions",
     "vision_spans",
     "geometry",
+    "outside_training",
 )
 CANCEL_FIELD = "cancel_request_id"
 # one entry of REQUEST's "conditions": "kind" (CONDITION_KINDS), "frame" (keyframes and guides:

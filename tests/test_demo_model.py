@@ -6,18 +6,24 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from client.api import H3Client
 from h3_core.config import get_config
-from h3_core.diffusion.engine import Engine
-from h3_core.diffusion.request import RequestLimits
+from h3_core.diffusion import layout as L
+from h3_core.diffusion.engine import RANDOM_PREVIEW, Engine
+from h3_core.diffusion.request import GenerationRequest, RequestLimits
+from h3_core.factory import load_engine
 from h3_core.model import H3DiT
 from h3_core.model.encoder import TextEncoder
 from h3_core.model.initialization import init_weights
-from h3_core.weights.checkpoint import load_weights
+from h3_core.weights.checkpoint import PREVIEW_FILE, load_preview, load_weights
+from h3_core.weights.training_metadata import TRAINING_FILE, load_training_metadata
 from h3_core.weights.vae_hook import load_vaes
 from server.process import TritonServer
 from server.repository import DEMO_WEIGHTS, plan, write_repository
+from tests.serving import ROOT
 
 # The engine parity tests of test_engine.py, collected here again so they run with this
 # module's `engine` fixture: the trained checkpoint instead of seeded random weights.
@@ -27,9 +33,9 @@ from tests.test_engine import (  # noqa: F401 - collected by pytest from this mo
     test_num_outputs_gives_consecutive_seeds_in_both_modes,
     test_request_mode_equals_step_mode,
 )
-from training import data, evaluate
+from training import data, evaluate, preview_fit
 
-FILES = ("dit.safetensors", "video_vae.safetensors", "audio_vae.safetensors")
+FILES = ("dit.safetensors", "video_vae.safetensors", "audio_vae.safetensors", PREVIEW_FILE, TRAINING_FILE)
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +49,7 @@ def engine():
         audio_vae,
         TextEncoder(),
         RequestLimits(max_height=128, max_width=128, max_num_frames=64, max_steps=20),
+        load_preview(DEMO_WEIGHTS),
     )
 
 
@@ -74,6 +81,51 @@ def test_the_trained_weights_are_not_random(engine):
     assert prompt_accuracy(engine) == ALL_RIGHT
 
 
+def test_training_json_is_the_training_data_and_names_what_is_outside_it():
+    training = load_training_metadata(DEMO_WEIGHTS)
+    metadata = data.training_metadata()
+    assert training.sizes == {"height": (64,), "width": (96,), "num_frames": (22,)}
+    assert training.caption == metadata["caption"] == data.CAPTION
+    assert sorted(training.words) == metadata["words"] and len(training.words) == 26
+    assert training.outside_size(64, 96, 22) == []
+    assert training.outside_size(128, 96, 39) == ["height 128 (trained: 64)", "num_frames 39 (trained: 22)"]
+    held_out = [c.caption for verb in range(3) for c in data.held_out_clips(verb)]
+    assert [text for text in held_out if training.outside_words(text)] == []
+    assert training.outside_words("A red Dragon flies to the left, a red dragon!") == ["words: 'dragon', 'flies'"]
+    assert load_training_metadata(ROOT / "checkpoints" / "tiny") is None  # checkpoint_setup writes none
+    assert load_training_metadata("random:0") is None
+
+
+def test_the_demo_preview_is_the_fitted_map_applied_to_x0_hat(engine):
+    """engine.preview_frame on the demo weights == the shipped projection and bias applied to the
+    middle latent frame of x0_hat (exact), and after the last step it is close to the rendered
+    clip's middle frame at latent resolution (the fit's target); tiny's checkpoint and
+    random:SEED fall back to RANDOM_PREVIEW."""
+    shipped = load_file(DEMO_WEIGHTS / PREVIEW_FILE)
+    assert set(shipped) == {"projection", "bias"} and shipped["projection"].shape == (24, 3)
+    assert torch.equal(engine.preview.projection, shipped["projection"])
+    assert torch.equal(engine.preview.bias, shipped["bias"])
+    clip = DISTINCT_CLIPS[0]  # a red ball
+    request = GenerationRequest(clip.caption, data.HEIGHT, data.WIDTH, data.NUM_FRAMES, 8, seed=0)
+    (state,) = engine.prepare(request)
+    while not state.finished:
+        velocity = engine.denoise_step([state])[0]
+        x0 = state.video_latents + state.sigmas_video[state.step_index] * velocity[0]
+        latent = L.unpatchify_video(x0, state.layout)[:, state.layout.latent_t // 2]  # [24, 4, 6]
+        rgb = latent.permute(1, 2, 0) @ shipped["projection"] + shipped["bias"]
+        expected = ((rgb * 0.5 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8)
+        preview = engine.preview_frame(state, velocity[0])
+        assert preview.shape == (4, 6, 3) and torch.equal(preview, expected)
+        engine.update(state, velocity)
+    # the clip's middle latent frame as the fit's target (block means of the rendered frames)
+    target = preview_fit.cells([clip], engine.video_vae)[1].reshape(7, 4, 6, 3)[3]
+    target = ((target * 0.5 + 0.5) * 255).round()
+    error = (preview.float() - target).pow(2).mean().sqrt()
+    assert error < 20, error  # in 8-bit levels; measured 12.0, RANDOM_PREVIEW 111.7
+    tiny = load_engine("tiny", ROOT / "checkpoints" / "tiny", with_encoder=False, with_vaes=False)
+    assert tiny.preview is RANDOM_PREVIEW and load_preview("random:0") is RANDOM_PREVIEW
+
+
 def test_seeded_random_weights_fail_the_same_check(engine):
     """The check above on init_weights' seeded DiT (the trained VAEs kept): its clips do not
     follow the prompts (measured: red, down, medium, left for both), so the check can fail."""
@@ -83,10 +135,18 @@ def test_seeded_random_weights_fail_the_same_check(engine):
     assert accuracy == {"colour": 0.5, "direction": 0.5, "pitch": 0.0, "side": 0.5}
 
 
+TIMINGS = ("stage_seconds", "silent_s")  # seconds: not compared
+INFO_KEYS = sorted(
+    ["kind", "request_id", "output_index", "num_outputs", "seed", "height", "width", "num_frames"]
+    + ["num_inference_steps", "largest_pack", "task", "flow_shift", "audio_flow_shift"]
+)
+
+
 def test_short_evaluation_through_the_server(tmp_path):
     """Four held-out prompts through tritonserver serving the demo repository, 4 in flight (so
     they are co-batched), scored like training.evaluate: the measured colour, direction, pitch
-    and side match the prompt."""
+    and side match the prompt, and their INFO has no "outside_training"; then one request outside
+    the weights' training.json (5 frames, words 'dragon' and 'flies'), whose INFO names both."""
     clips = data.held_out_clips()[:4]
     repository = write_repository(tmp_path / "model_repository", plan("demo", DEMO_WEIGHTS))
     with TritonServer(repository, free_ports=True, log_file=tmp_path / "server.log") as server:
@@ -107,6 +167,27 @@ def test_short_evaluation_through_the_server(tmp_path):
 
         with ThreadPoolExecutor(len(clips)) as pool:
             results = list(pool.map(run, clips))
+        # outside the training data (training.json): the length, two words (h3_encoder's check)
+        (outside,) = client.generate(
+            "a red dragon flies to the left", num_frames=5, seed=0, request_id="outside", return_mp4=False
+        )
     report = evaluate.report(clips, [(r.frames, r.audio) for r in results])
     assert report["n_clips"] == 4 and report["per_attribute"] == ALL_RIGHT, report
     assert [r.info["num_inference_steps"] for r in results] == [8] * 4
+    assert [sorted(set(r.info) - set(TIMINGS)) for r in results] == [INFO_KEYS] * 4  # no outside_training
+    assert {k: v for k, v in outside.info.items() if k not in TIMINGS} == {
+        "kind": "result",
+        "request_id": "outside",
+        "output_index": 0,
+        "num_outputs": 1,
+        "seed": 0,
+        "height": 64,
+        "width": 96,
+        "num_frames": 5,
+        "num_inference_steps": 8,
+        "largest_pack": 1,
+        "task": "t2va",
+        "flow_shift": 12.0,
+        "audio_flow_shift": 3.0,
+        "outside_training": ["num_frames 5 (trained: 22)", "words: 'dragon', 'flies'"],
+    }

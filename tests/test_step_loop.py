@@ -329,10 +329,10 @@ def test_an_unexpected_admission_error_refuses_only_that_request(engine, caplog,
     client = Client(loop)
     original = admission.parse
 
-    def parse(arrival, fields, now, engine, settings):
+    def parse(arrival, fields, now, engine, settings, training):
         if arrival.request_id == "odd":
             raise IndexError("tuple index out of range\nsecond line")
-        return original(arrival, fields, now, engine, settings)
+        return original(arrival, fields, now, engine, settings, training)
 
     monkeypatch.setattr(admission, "parse", parse)
     client.send("odd", steps=1, seed=1)
@@ -358,11 +358,15 @@ def test_an_unexpected_admission_error_refuses_only_that_request(engine, caplog,
         (
             [b'{"colour": 1}'],
             "REQUEST field 'colour' is unknown; allowed: ['conditions', 'encode_seconds', 'geometry', 'height', "
-            "'num_frames', 'num_inference_steps', 'num_outputs', 'received_unix_s', 'seed', 'task', 'vision_spans', "
-            "'width'], or "
+            "'num_frames', 'num_inference_steps', 'num_outputs', 'outside_training', 'received_unix_s', 'seed', "
+            "'task', 'vision_spans', 'width'], or "
             "'cancel_request_id' alone (a cancel request)",
         ),
         ([b'{"received_unix_s": -1}'], "received_unix_s=-1 is out of range: allowed finite >= 0 seconds"),
+        (
+            [b'{"outside_training": "dragon"}'],
+            "REQUEST field 'outside_training' must be a list of strings, got 'dragon'",
+        ),
         ([b'{"cancel_request_id": 7}'], "cancel_request_id must be a non-empty string, got number 7"),
         ([b"{}", b"{}"], "REQUEST must hold one JSON object, got 2 elements"),
         ([b"[" * 100000 + b"]" * 100000], "REQUEST is not valid JSON: nested too deeply"),

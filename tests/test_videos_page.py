@@ -49,7 +49,7 @@ def test_the_page_generates_a_video_with_progress_previews_and_the_clip(server, 
             wait_for(lambda: not find(By.ID, "error").is_displayed(), 30, "the error cleared")
             prompt = find(By.ID, "prompt")
             prompt.clear()
-            prompt_text = "a green ball moves right while a high tone plays on the left"
+            prompt_text = "a green ball moves to the right while a high tone plays on the left"
             prompt.send_keys(prompt_text)
             find(By.ID, "size").send_keys("96x64")
             find(By.ID, "steps").send_keys(str(STEPS))

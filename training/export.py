@@ -5,18 +5,23 @@
 
 weights: dit.safetensors (the DiT state's parameters in float16, native layout, loaded by
 checkpoint.load_weights into the float32 demo config), video_vae.safetensors and
-audio_vae.safetensors (float32 as trained, with their latents_mean / latents_std). The loss
+audio_vae.safetensors (float32 as trained, with their latents_mean / latents_std) and
+training.json (what they were trained on: training.data.training_metadata). The previews'
+preview.safetensors is fitted afterwards to the exported video VAE (training.preview_fit). The loss
 CSVs are copied to --csv-dir and drawn into one PNG (matplotlib).
 """
 
 import argparse
+import json
 import shutil
 from pathlib import Path
 
 from h3_core.config import get_config
 from h3_core.model import H3DiT
 from h3_core.weights.checkpoint import save_weights
+from h3_core.weights.training_metadata import TRAINING_FILE
 
+from . import data
 from .loop import read_loss_csv
 from .state import load_state
 
@@ -31,11 +36,19 @@ def export_weights(work: Path, out: Path, config: str = "demo") -> list[Path]:
     save_weights(dit.half(), out / "dit.safetensors")
     for name in ("video_vae.safetensors", "audio_vae.safetensors"):
         shutil.copyfile(work / name, out / name)
+    write_training_metadata(out)
     files = [out / n for n in ("dit.safetensors", "video_vae.safetensors", "audio_vae.safetensors")]
     sizes = [f.stat().st_size for f in files]
     if max(sizes) > MAX_FILE_BYTES or sum(sizes) > MAX_TOTAL_BYTES:
         raise ValueError(f"weights too large: {dict(zip([f.name for f in files], sizes, strict=True))}")
     return files
+
+
+def write_training_metadata(out: Path) -> Path:
+    """Write out/training.json (training.data.training_metadata, h3_core.weights.training_metadata)."""
+    path = out / TRAINING_FILE
+    path.write_text(json.dumps(data.training_metadata(), indent=1) + "\n")
+    return path
 
 
 def plot_losses(work: Path, png: Path, csv_dir: Path | None = None) -> None:

@@ -84,6 +84,31 @@ def initial_noise(layout: L.RequestLayout, seed: int) -> tuple[torch.Tensor, tor
     return L.patchify_video(latent[0]), audio
 
 
+@dataclass(frozen=True)
+class PreviewMap:
+    """The affine latent-to-RGB map of previews: rgb = latent @ projection + bias, per latent
+    cell; rgb in [-1, 1] is shown as (rgb + 1) / 2 x 255. projection float32 [24, 3], bias
+    float32 [3]. Fitted to a trained video VAE by training.preview_fit and shipped beside its
+    weights (h3_core.weights.checkpoint.load_preview); RANDOM_PREVIEW without one."""
+
+    projection: torch.Tensor
+    bias: torch.Tensor
+
+    def rgb(self, latent: torch.Tensor) -> torch.Tensor:
+        """float32 [..., 24] normalised latents -> float32 [..., 3] colours (about [-1, 1]), on
+        the latents' device."""
+        return latent @ self.projection.to(latent.device) + self.bias.to(latent.device)
+
+
+# Weights without a fitted map: a fixed random projection [24, 3] (seeded, scaled to keep values
+# O(1)), no bias. Its preview is an arbitrary colour map of the latent: motion visible, colours
+# meaningless.
+RANDOM_PREVIEW = PreviewMap(
+    torch.randn(VIDEO_LATENT_CHANNELS, 3, generator=torch.Generator().manual_seed(0)) / VIDEO_LATENT_CHANNELS**0.5,
+    torch.zeros(3),
+)
+
+
 class GroupFailure(RuntimeError):
     """A DiT forward failed for no request's sake and its own recovery failed too: the devices or
     worker processes that run it were lost (h3_core.parallel.workers.WorkerLost, raised after one
@@ -104,6 +129,8 @@ class Engine:
         video_vae, audio_vae: decoders, or None where decoding happens elsewhere (Triton's h3_vae).
         encoder: the text encoder, or None when text states arrive precomputed (Triton).
         limits: request limits checked in prepare().
+        preview: the latent-to-RGB map of preview_frame (the weights' fitted one, or
+            RANDOM_PREVIEW).
     """
 
     def __init__(
@@ -113,8 +140,10 @@ class Engine:
         audio_vae: AudioVAE | None,
         encoder: "TextEncoder | None" = None,
         limits: RequestLimits = DEFAULT_LIMITS,
+        preview: PreviewMap = RANDOM_PREVIEW,
     ):
         self.dit, self.video_vae, self.audio_vae, self.encoder, self.limits = dit, video_vae, audio_vae, encoder, limits
+        self.preview = preview
         self.device = dit.device
 
     def warm_up(self) -> float:
@@ -257,6 +286,17 @@ class Engine:
         )
         state.step_index = k + 1
 
+    def preview_frame(self, state: RequestState, video_velocity: torch.Tensor) -> torch.Tensor:
+        """A cheap preview of the current clean estimate (no VAE call): the middle latent frame of
+        x0_hat = x_t + sigma * v (h3_spec §3.2), mapped to RGB per latent cell with the engine's
+        PreviewMap, computed on the latents' device. video_velocity: float32 [V, 96] of this
+        step, on that device. Returns uint8 [Hl, Wl, 3] (latent resolution) on the CPU.
+        Nothing of it feeds back into the denoising."""
+        x0 = state.video_latents + state.sigmas_video[state.step_index] * video_velocity
+        latent = L.unpatchify_video(x0, state.layout)[:, state.layout.latent_t // 2]  # [24, Hl, Wl]
+        rgb = self.preview.rgb(latent.permute(1, 2, 0))  # [Hl, Wl, 3]
+        return ((rgb * 0.5 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8).cpu()
+
     def decode(self, state: RequestState) -> tuple[torch.Tensor, torch.Tensor]:
         """Decode a finished state: (frames uint8 [num_frames, H, W, 3], audio float32
         [2, num_frames / 24 s x 32 kHz]). The aligned latent is decoded and the first
@@ -284,20 +324,3 @@ class Engine:
                 self.update(state, self.denoise_step([state])[0])
             results.append((state, *self.decode(state)))
         return results
-
-
-# Fixed latent-to-RGB projection for previews: [24, 3], seeded, scaled to keep values O(1).
-PREVIEW_PROJECTION = (
-    torch.randn(VIDEO_LATENT_CHANNELS, 3, generator=torch.Generator().manual_seed(0)) / VIDEO_LATENT_CHANNELS**0.5
-)
-
-
-def preview_frame(state: RequestState, video_velocity: torch.Tensor) -> torch.Tensor:
-    """A cheap preview of the current clean estimate (no VAE call): the middle latent frame of
-    x0_hat = x_t + sigma * v (h3_spec §3.2), projected to RGB with PREVIEW_PROJECTION, computed
-    on the latents' device. video_velocity: float32 [V, 96] of this step, on that device.
-    Returns uint8 [Hl, Wl, 3] (latent resolution) on the CPU."""
-    x0 = state.video_latents + state.sigmas_video[state.step_index] * video_velocity
-    latent = L.unpatchify_video(x0, state.layout)[:, state.layout.latent_t // 2]  # [24, Hl, Wl]
-    rgb = torch.einsum("chw,cd->hwd", latent, PREVIEW_PROJECTION.to(latent.device))
-    return ((rgb * 0.5 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8).cpu()

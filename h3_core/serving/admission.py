@@ -30,6 +30,7 @@ from ..protocol import (
     check_request_parameters,
     read_request_json,
 )
+from ..weights.training_metadata import TrainingMetadata
 from .events import Arrival, Ended, Job, Refused, Send, Status
 from .registry import IDS_REMEMBERED, CancelNotRecorded
 from .scheduler import Overloaded
@@ -161,10 +162,19 @@ def conditions_info(conditions: list[Condition]) -> list[dict]:
     ]
 
 
-def parse(arrival: Arrival, fields: dict, now: float, engine: Engine, settings: DitSettings) -> Job:
+def parse(
+    arrival: Arrival,
+    fields: dict,
+    now: float,
+    engine: Engine,
+    settings: DitSettings,
+    training: TrainingMetadata | None = None,
+) -> Job:
     """Inputs, REQUEST fields and request parameters of a new request -> Job (its states prepared
     with engine.prepare; `now`: its arrival, seconds on the step loop's clock). `settings`: h3_dit's
-    (fault injection, sp_degree, priority_max). Raises ValueError naming the bad field."""
+    (fault injection, sp_degree, priority_max). `training`: the weights' training.json, or None;
+    the sizes outside it and REQUEST's "outside_training" (h3_encoder's unknown words) go to the
+    results' INFO "outside_training" when there are any. Raises ValueError naming the bad field."""
     if arrival.sequence_end:
         raise ValueError(
             "sequence_end must not be set: a request runs over many iterations and Triton 2.51 "
@@ -233,6 +243,9 @@ def parse(arrival: Arrival, fields: dict, now: float, engine: Engine, settings: 
     geometry = fields.get("geometry")
     if geometry is not None and type(geometry) is not dict:
         raise ValueError(f"REQUEST field 'geometry' must be an object, got {geometry!r}")
+    words = fields.get("outside_training", [])
+    if type(words) is not list or not all(type(entry) is str for entry in words):
+        raise ValueError(f"REQUEST field 'outside_training' must be a list of strings, got {words!r}")
     task, conditions, vision_spans = read_conditions(arrival, fields)
     if task not in settings.served_tasks():
         raise ValueError(
@@ -252,6 +265,9 @@ def parse(arrival: Arrival, fields: dict, now: float, engine: Engine, settings: 
     conditioning = {"task": task, "flow_shift": generation.video_shift, "audio_flow_shift": generation.audio_shift}
     if conditions:
         conditioning.update(conditions=conditions_info(conditions), geometry=geometry)
+    outside = [] if training is None else training.outside_size(values["height"], values["width"], values["num_frames"])
+    if outside + words:
+        conditioning["outside_training"] = outside + words
     return Job(
         key=arrival.key,
         request_id=request_id,
@@ -341,7 +357,7 @@ class Admission:
         try:
             if self.draining:
                 raise Overloaded("the server is shutting down")
-            job = parse(arrival, fields, now, self.engine, self.settings)
+            job = parse(arrival, fields, now, self.engine, self.settings, self.training)
             self.scheduler.add(job)
             try:
                 cancelled_early = self.registry.admit(job.request_id)

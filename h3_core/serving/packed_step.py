@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from ..diffusion import layout as L
-from ..diffusion.engine import GroupFailure, preview_frame
+from ..diffusion.engine import GroupFailure
 from .admission import WORKER_FAULTS
 from .events import Job, Progress, Result, Send, Status
 
@@ -102,7 +102,7 @@ class PackedStep:
             for state in job.states:
                 velocity = next(velocity_of)
                 if job.preview_every and state.output_index == 0 and (state.step_index + 1) % job.preview_every == 0:
-                    flight.previews[job] = preview_frame(state, velocity[0])
+                    flight.previews[job] = self.engine.preview_frame(state, velocity[0])
                 self.engine.update(state, velocity)
             if job.finished:
                 self.scheduler.remove(job)

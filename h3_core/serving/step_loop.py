@@ -57,6 +57,7 @@ import time
 from collections.abc import Callable
 
 from ..diffusion.engine import Engine
+from ..weights.training_metadata import TrainingMetadata
 from .admission import VANISHED_EXECUTES, Admission, BoundedMemory
 from .events import (
     EVENT_NAMES,
@@ -105,6 +106,8 @@ class StepLoop(Admission, PackedStep):
         registry: the Registry shared by the server's DiT instances (request ids, cancels, loads).
         metrics: MetricsRecord or an object with its three methods.
         clock: monotonic seconds (tests pass a fake one).
+        training: what the weights were trained on (their training.json), or None: a request
+            outside it gets "outside_training" in its results' INFO.
     Raises ValueError when settings.max_batch_rows exceeds the rows the DiT's compiled blocks
     take (H3DiT.max_compiled_rows).
     """
@@ -116,6 +119,7 @@ class StepLoop(Admission, PackedStep):
         registry: Registry,
         metrics=None,
         clock: Callable[[], float] = time.monotonic,
+        training: TrainingMetadata | None = None,
     ):
         compiled_rows = getattr(engine.dit, "max_compiled_rows", None)  # a sequence-parallel DiT has none
         if compiled_rows is not None and settings.max_batch_rows > compiled_rows:
@@ -125,7 +129,7 @@ class StepLoop(Admission, PackedStep):
             )
         self.engine, self.settings, self.registry = engine, settings, registry
         self.metrics = metrics if metrics is not None else MetricsRecord()
-        self.clock = clock
+        self.clock, self.training = clock, training
         self.scheduler = Scheduler(
             settings.max_num_seqs,
             settings.max_batch_rows,

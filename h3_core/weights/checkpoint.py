@@ -38,10 +38,12 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..config import AUDIO_LATENT_CHANNELS, CONFIGS, PATCH, VIDEO_LATENT_CHANNELS, DiTConfig
+from ..diffusion.engine import RANDOM_PREVIEW, PreviewMap
 from ..model import H3DiT
 from ..model.initialization import init_weights
 
 DIT_FILE, VIDEO_VAE_FILE, AUDIO_VAE_FILE = "dit.safetensors", "video_vae.safetensors", "audio_vae.safetensors"
+PREVIEW_FILE = "preview.safetensors"  # optional: the previews' fitted latent-to-RGB map (load_preview)
 RANDOM_PREFIX = "random:"
 MAX_SEED = 2**63 - 2  # SEED + VAE_SEED_OFFSET must fit torch's int64 seeds
 VAE_SEED_OFFSET = 1  # the VAEs of `random:SEED` are create_vaes(SEED + VAE_SEED_OFFSET)
@@ -244,6 +246,29 @@ def load_dit(dit: H3DiT, source: str | Path) -> None:
         load_official_transformer(dit, Path(source) / TRANSFORMER_FOLDER)
     else:
         load_weights(dit, Path(source) / DIT_FILE)
+
+
+def save_preview(preview: PreviewMap, path: str | Path) -> None:
+    """Write a preview map to a .safetensors file: "projection" float32 [24, 3], "bias" float32 [3]."""
+    save_file({"projection": preview.projection.float().contiguous(), "bias": preview.bias.float().contiguous()}, path)
+
+
+def load_preview(source: str | Path) -> PreviewMap:
+    """The previews' latent-to-RGB map of a weight source: the folder's PREVIEW_FILE
+    (training.preview_fit writes one for trained weights), else RANDOM_PREVIEW (an arbitrary
+    colour map of the latent: motion visible, colours meaningless), also for `random:SEED`.
+    Loaded on the CPU (h3_dit reads it; it loads no VAE).
+
+    Raises ValueError when the file does not hold exactly "projection" [24, 3] and "bias" [3]."""
+    path = Path(source) / PREVIEW_FILE
+    if source_seed(source) is not None or not path.is_file():
+        return RANDOM_PREVIEW
+    tensors = load_file(path)
+    check_state(
+        {name: tuple(tensor.shape) for name, tensor in tensors.items()},
+        {"projection": (VIDEO_LATENT_CHANNELS, 3), "bias": (3,)},
+    )
+    return PreviewMap(tensors["projection"].float(), tensors["bias"].float())
 
 
 def diffusers_config(cfg: DiTConfig) -> dict:

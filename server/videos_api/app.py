@@ -76,7 +76,8 @@ class Settings:
 
 def video_object(job: dict, model_name: str) -> dict:
     """The OpenAI video object of a stored job, with our extensions (seed, n, num_frames,
-    num_inference_steps, step, total_steps, queue_position, preview_step). size and seconds are
+    num_inference_steps, step, total_steps, queue_position, preview_step; outside_training once
+    completed when the result's INFO has it). size and seconds are
     what the client asked for, else the result's (null until then when the server's defaults
     apply); progress is 100 once completed, else min(99, 100 x step / total_steps)."""
     request, outputs = job["request"], job["outputs"]
@@ -113,6 +114,7 @@ def video_object(job: dict, model_name: str) -> dict:
         "total_steps": job["total_steps"],
         "queue_position": job["queue_position"],
         "preview_step": job["preview_step"],
+        **({"outside_training": result["outside_training"]} if "outside_training" in result else {}),
     }
 
 

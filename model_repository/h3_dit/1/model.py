@@ -29,6 +29,7 @@ from h3_core.serving.registry import Registry, server_folder
 from h3_core.serving.settings import DitSettings
 from h3_core.serving.step_loop import StepLoop
 from h3_core.weights.checkpoint import source_seed
+from h3_core.weights.training_metadata import load_training_metadata
 from server.adapter import error_response, json_tensor, model_parameters, resolve_path, set_threads
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -170,7 +171,13 @@ class TritonPythonModel:
             + (" (compiles the DiT blocks)" if device.startswith("cuda") and settings.sp_degree == 1 else "")
             + (f" over {settings.sp_degree} sequence-parallel workers" if settings.sp_degree > 1 else "")
         )
-        self.loop = StepLoop(engine, settings, Registry(server_folder(), instance), TritonMetrics(labels))
+        self.loop = StepLoop(
+            engine,
+            settings,
+            Registry(server_folder(), instance),
+            TritonMetrics(labels),
+            training=load_training_metadata(source),
+        )
         signal.signal(signal.SIGUSR1, lambda signum, frame: self.loop.start_draining())
 
     def execute(self, requests):

@@ -40,6 +40,7 @@ from h3_core.serving.registry import Registry, server_folder
 from h3_core.serving.scheduler import Overloaded
 from h3_core.serving.settings import EncoderSettings
 from h3_core.weights.checkpoint import source_seed
+from h3_core.weights.training_metadata import load_training_metadata
 from h3_core.weights.vae_hook import load_vaes
 from server.adapter import error_response, json_tensor, model_parameters, resolve_path, set_threads
 
@@ -72,6 +73,7 @@ class TritonPythonModel:
         source = settings.checkpoint_dir  # random:SEED is no path
         source = source if source_seed(source) is not None else resolve_path(args, source)
         self.video_vae, self.audio_vae = load_vaes(source, settings.device, settings.trust_remote_code)
+        self.training = load_training_metadata(source)  # the prompt's words are checked here: h3_dit sees none
         self.cfg = get_config(settings.config_name)
         self.canvas_area = self.cfg.default_height * self.cfg.default_width
         self.registry = Registry(server_folder())
@@ -180,6 +182,9 @@ class TritonPythonModel:
         latents, entries = wire_conditions(conditions)
         if conditions:
             fields.update(task=task, conditions=entries, vision_spans=[list(span) for span in spans])
+        words = [] if self.training is None else self.training.outside_words(prompt)
+        if words:
+            fields["outside_training"] = words
         fields.update(encode_seconds=time.perf_counter() - start, received_unix_s=received)
         return pb_utils.InferenceResponse(
             [

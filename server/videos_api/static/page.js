@@ -125,6 +125,15 @@ function render(job) {
   $("status").textContent = text;
   $("status").className = `status-${job.status}`;
   $("cancel").hidden = !ACTIVE.includes(job.status);
+  $("outside-training").textContent = outsideNote(job);
+  $("outside-training").hidden = !job.outside_training;
+}
+
+// The note on a request outside what the weights were trained on (the result INFO's
+// outside_training: sizes, length, unknown words), or "" when it was inside or is unknown.
+function outsideNote(job) {
+  if (!job.outside_training) return "";
+  return `outside what the model was trained on: ${job.outside_training.join("; ")}`;
 }
 
 async function showResult(id) {
@@ -170,6 +179,12 @@ async function refreshList() {
       const cell = document.createElement("td");
       cell.textContent = value;
       if (i === 1) cell.className = "prompt";
+      if (i === 1 && job.outside_training) {
+        const note = document.createElement("div");
+        note.className = "note";
+        note.textContent = outsideNote(job);
+        cell.appendChild(note);
+      }
       if (i === 5) cell.className = `status-${job.status}`;
       row.appendChild(cell);
     });
