@@ -219,7 +219,9 @@ def _sequence(name: str, value) -> None:
     """Raise TypeError naming the argument unless `value` is a sequence (a list, a tuple) other than
     str and bytes (whose items are characters)."""
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise TypeError(f"{name} must be a sequence (list or tuple), got {type(value).__name__} {value!r}")
+        shown = repr(value)
+        shown = shown if len(shown) <= 40 else f"{shown[:40]}... ({len(value)} items)"
+        raise TypeError(f"{name} must be a sequence (list or tuple), got {type(value).__name__} {shown}")
 
 
 def reference_inputs(

@@ -287,6 +287,7 @@ def plan(
         "max_width": dit_values["max_width"],
         "max_batch_rows": dit_values["max_batch_rows"],
         "max_request_mb": dit_values["max_request_mb"],
+        "tasks": dit_values["tasks"],
         "config_name": dit_values["config_name"],
         "checkpoint_dir": values[VaeSettings.MODEL]["checkpoint_dir"],
         "trust_remote_code": values[VaeSettings.MODEL]["trust_remote_code"],

@@ -198,8 +198,8 @@ def test_rows_and_memory_are_refused_before_any_vae():
     with pytest.raises(ValueError) as error:
         read_references(files, None, 64, 96, 9, 1, None, EncoderSettings(max_batch_rows=64), (64, 96))
     assert str(error.value) == (
-        "rows=128 (references and guides included) is out of range: allowed 1..64 (max_batch_rows): send fewer "
-        "or shorter references, or a smaller canvas"
+        "rows=128 (1 x 128, references and guides included) is out of range: allowed 1..64 (max_batch_rows): "
+        "send fewer or shorter references, fewer outputs, or a smaller canvas"
     )
     with pytest.raises(ValueError) as error:
         read_references(files, None, 64, 96, 9, 4, None, EncoderSettings(max_request_mb=1), (64, 96))

@@ -182,7 +182,15 @@ BAD = {
     ),
     "too many rows": (
         dict(height=256, width=256, num_frames=121, reference_videos=[mp4(120, 256, 256, audio=False)]),
-        "(references and guides included) is out of range: allowed 1..4096 (max_batch_rows)",
+        "references and guides included) is out of range: allowed 1..4096 (max_batch_rows)",
+    ),
+    "four outputs of too many rows": (
+        dict(num_outputs=4, height=256, width=256, reference_videos=[mp4(48, 256, 256, audio=False)]),
+        "(4 x 1280, references and guides included) is out of range: allowed 1..4096 (max_batch_rows)",
+    ),
+    "repeated guide frame": (
+        dict(guides=[(png(64, 96, 1), 3), (png(64, 96, 2), 3)]),
+        "GUIDE_FRAMES [3, 3] repeats a frame: one guide per frame",
     ),
     "keyframes with references": (
         dict(first_frame=png(64, 96, 1), reference_images=[png(64, 64, 1)]),

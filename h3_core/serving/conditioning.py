@@ -165,8 +165,8 @@ def read_references(
     Raises ValueError naming the input: counts over the settings' limits, GUIDE_FRAMES that do
     not match GUIDES or lie outside 0..num_frames - 1, a file (h3_core.images.decode_image,
     h3_core.references.decode_audio / decode_video), audio over max_total_audio_s in all, the
-    canvas out of h3_dit's limits, rows (conditions included; the text's not yet known) over
-    max_batch_rows, or the memory of num_outputs such requests (request_memory_mb) over
+    canvas out of h3_dit's limits, rows of all num_outputs (conditions included; the text's not
+    yet known) over max_batch_rows, or the memory of num_outputs such requests (request_memory_mb) over
     max_request_mb: refused before any VAE runs."""
     counts = {name: len(files.get(name, [])) for name in REFERENCE_INPUTS}
     for name, limit in (
@@ -183,6 +183,8 @@ def read_references(
     if guide_frames is None and guides:
         raise ValueError(f"{GUIDES} needs {GUIDE_FRAMES}: the frame (0..{num_frames - 1}) each guide should appear at")
     guide_frames = guide_frames or []
+    if len(set(guide_frames)) != len(guide_frames):
+        raise ValueError(f"{GUIDE_FRAMES} {guide_frames} repeats a frame: one guide per frame")
     if len(guide_frames) != len(guides):
         raise ValueError(f"{GUIDE_FRAMES} holds {len(guide_frames)} values for {len(guides)} {GUIDES}: one per guide")
     for frame in guide_frames:
@@ -256,10 +258,11 @@ def read_references(
         "reference_audio_seconds": [track.shape[1] / AUDIO_SAMPLE_RATE for track in refs.audio],
     }
     rows = make_layout(1, height, width, num_frames, conditions=tuple(_blocks(refs))).seq_len
-    if rows > settings.max_batch_rows:
+    if rows * num_outputs > settings.max_batch_rows:
         raise ValueError(
-            f"rows={rows} (references and guides included) is out of range: allowed 1..{settings.max_batch_rows} "
-            "(max_batch_rows): send fewer or shorter references, or a smaller canvas"
+            f"rows={rows * num_outputs} ({num_outputs} x {rows}, references and guides included) is out of range: "
+            f"allowed 1..{settings.max_batch_rows} (max_batch_rows): send fewer or shorter references, fewer "
+            "outputs, or a smaller canvas"
         )
     memory = request_memory_mb(
         height, width, num_frames, rows * num_outputs, get_config(settings.config_name).hidden_size

@@ -109,7 +109,8 @@ class EncoderSettings:
     (long side / short side of a reference image or video: 2.5, the reference implementation's
     0.4..2.5; guides, fitted to the canvas, take max_image_aspect); max_batch_rows and
     max_request_mb (h3_dit's: a request whose rows or memory, conditions included, pass them is
-    refused before any VAE runs)."""
+    refused before any VAE runs); tasks (h3_dit's: a request of another task is refused before its
+    media are read)."""
 
     MODEL = ENCODER_MODEL
     cpu_threads: int = 1
@@ -140,6 +141,7 @@ class EncoderSettings:
     max_reference_aspect: float = 2.5
     max_batch_rows: int = RequestLimits.max_rows
     max_request_mb: int = RequestLimits.max_request_mb
+    tasks: str = ",".join(TASKS)
 
     def __post_init__(self):
         self.image_limits()

@@ -25,6 +25,7 @@ from h3_core.protocol import (
     REFERENCE_INPUTS,
     REQUEST,
     TASK,
+    TASKS,
     TEXT_EMBEDS,
     check_request_parameters,
     check_task,
@@ -139,6 +140,12 @@ class TritonPythonModel:
             task = "fl2va" if files else "ref2va" if has_references else "t2va"
         else:
             task = task[0].decode("utf-8", "replace") if isinstance(task[0], bytes) else str(task[0])
+        served = self.settings.tasks.split(",")
+        if task in TASKS and task not in served:
+            raise ValueError(
+                f"task {task!r} is not served by this server: it serves {served} (h3_dit parameter tasks; one "
+                "instance loads one transformer: serve another's tasks from another model repository)"
+            )
         keyframes = read_keyframes(
             [bytes(data) for data in files],
             indices,
