@@ -275,12 +275,17 @@ def test_the_cli_writes_the_demo_repository_and_says_what_it_sized(tmp_path, cap
     )
     out = capsys.readouterr().out.splitlines()
     cores = len(os.sched_getaffinity(0))
-    assert out[:6] == [
+    media = "reference media of the length of the demo model's clips (< 1 s)"
+    assert out[:10] == [
         f"model repository {target}: config demo, checkpoint {R.DEMO_WEIGHTS}, device cpu",
         "  h3_encoder: instance_group [ { kind: KIND_CPU count: 1 } ]",
         "  h3_dit: instance_group [ { kind: KIND_CPU count: 2 } ]",
         "  h3_vae: instance_group [ { kind: KIND_CPU count: 1 } ]",
         "  h3_dit.max_batch_size 8: max_num_seqs 4 + max_waiting 2 + 2 control slots",
+        f"  h3_encoder.min_audio_s 0.25: {media}",
+        f"  h3_encoder.max_audio_s 2.0: {media}",
+        f"  h3_encoder.max_total_audio_s 2.0: {media}",
+        f"  h3_encoder.max_video_s 2.0: {media}",
         f"  h3_encoder.cpu_threads {max(1, cores // 4)}: {cores} cores / 4 model processes",
     ]
     assert "  h3_dit.max_waiting 2: given" in out and "  h3_vae.decode_workers 1: given" in out
