@@ -15,6 +15,8 @@ Conditions built as h3_encoder builds them, evaluate.conditions) and measures (m
   those cases within 3 px; *_psnr_db: the mean PSNR of that frame against the keyframe;
 - vae_round_trip_psnr_db: the mean PSNR of the held-out clips' first and last frames through
   the video VAE alone (encode, decode): the ceiling the keyframe PSNR is compared with;
+  vae_round_trip_first_centre_px / _last_centre_px / _last_within_3px: the same round trip's
+  centre distances (vae_round_trip), the floor of the keyframe centre distances;
 - fl2va_direction_accuracy: the fraction of fl2va cases (first, last, both) whose motion
   (measure.measure_video) is the caption's direction;
 - reference_image_accuracy: the fraction of "image" cases whose colour is the reference
@@ -41,7 +43,7 @@ import torch
 from h3_core.diffusion.engine import Engine
 from h3_core.factory import load_engine
 
-from . import data, measure
+from . import data, measure, text_states
 from .evaluate import generate, report
 
 MISSING_DISTANCE = math.hypot(data.HEIGHT, data.WIDTH)  # px: a generated frame without a shape
@@ -74,13 +76,24 @@ def summary(scores: list[dict]) -> dict:
 
 
 @torch.no_grad()
-def vae_round_trip_psnr(video_vae, clips: list[data.Clip]) -> float:
-    """Mean PSNR (dB) of the clips' first and last frames after the video VAE's encode and decode."""
-    psnrs = []
+def vae_round_trip(video_vae, clips: list[data.Clip]) -> dict:
+    """The video VAE alone (encode, decode) on the clips: {"psnr_db": mean PSNR of the first and
+    last frames, "first_centre_px" / "last_centre_px": median shape-centre distance of the first /
+    last frame, "last_within_3px": the fraction of last frames within 3 px} - what a keyframe can
+    at best be matched to (the last frame is the fourth of its latent's 4-frame group)."""
+    psnrs, distances = [], {0: [], -1: []}
     for frames in data.render_video(clips):
         decoded = video_vae.decode(video_vae.encode(frames)).cpu().numpy()[: data.NUM_FRAMES]
         psnrs += [measure.psnr(decoded[i], frames[i].numpy()) for i in (0, -1)]
-    return round(statistics.fmean(psnrs), 4)
+        for i in (0, -1):
+            want, got = measure.object_centre(frames[i].numpy()), measure.object_centre(decoded[i])
+            distances[i].append(MISSING_DISTANCE if want is None or got is None else math.dist(want, got))
+    return {
+        "psnr_db": round(statistics.fmean(psnrs), 4),
+        "first_centre_px": round(statistics.median(distances[0]), 4),
+        "last_centre_px": round(statistics.median(distances[-1]), 4),
+        "last_within_3px": round(sum(d <= CENTRE_TOLERANCE for d in distances[-1]) / len(distances[-1]), 4),
+    }
 
 
 def fraction(flags: list[bool]) -> float:
@@ -105,6 +118,7 @@ def evaluate(
     first = summary([keyframe_scores(clips, outputs[task], 0) for task in ("first", "both")])
     last = summary([keyframe_scores(clips, outputs[task], -1) for task in ("last", "both")])
     correct = {task: [s["correct"] for s in reports[task]["clips"]] for task in data.TASKS}
+    vae = vae_round_trip(engine.video_vae, clips)
     return {
         "first_frame_centre_px": first["centre_px"],
         "first_frame_within_3px": first["within_3px"],
@@ -112,7 +126,10 @@ def evaluate(
         "last_frame_centre_px": last["centre_px"],
         "last_frame_within_3px": last["within_3px"],
         "last_frame_psnr_db": last["psnr_db"],
-        "vae_round_trip_psnr_db": vae_round_trip_psnr(engine.video_vae, clips),
+        "vae_round_trip_psnr_db": vae["psnr_db"],
+        "vae_round_trip_first_centre_px": vae["first_centre_px"],
+        "vae_round_trip_last_centre_px": vae["last_centre_px"],
+        "vae_round_trip_last_within_3px": vae["last_within_3px"],
         "fl2va_direction_accuracy": fraction([c["direction"] for t in ("first", "last", "both") for c in correct[t]]),
         "reference_image_accuracy": fraction([c["colour"] for c in correct["image"]]),
         "reference_audio_accuracy": fraction([c["pitch"] and c["side"] for c in correct["audio"]]),
@@ -138,9 +155,16 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="also write the JSON object to this file")
+    parser.add_argument(
+        "--captions", type=Path, help="caption states (training.text_states) instead of the MiniLM encoder"
+    )
     args = parser.parse_args()
-    engine = load_engine(args.config, args.weights, device=args.device)
-    result = evaluate(engine, data.held_out_clips()[: args.clips], args.steps, args.seed, args.pack)
+    states = None
+    if args.captions is not None:
+        captions, _, tensors = text_states.load(args.captions)
+        states = dict(zip(captions, tensors, strict=True))
+    engine = load_engine(args.config, args.weights, device=args.device, with_encoder=states is None)
+    result = evaluate(engine, data.held_out_clips()[: args.clips], args.steps, args.seed, args.pack, states)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))
