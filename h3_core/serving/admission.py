@@ -18,6 +18,7 @@ from ..diffusion.engine import Engine
 from ..diffusion.request import GenerationRequest
 from ..diffusion.sampling import DEFAULT_AUDIO_SHIFT, DEFAULT_VIDEO_SHIFT
 from ..media import MP4_AVAILABLE
+from ..model.trained_on import TrainingMetadata
 from ..protocol import (
     CANCEL_FIELD,
     CONDITION_FIELDS,
@@ -30,7 +31,6 @@ from ..protocol import (
     check_request_parameters,
     read_request_json,
 )
-from ..weights.training_metadata import TrainingMetadata
 from .events import Arrival, Ended, Job, Refused, Send, Status
 from .registry import IDS_REMEMBERED, CancelNotRecorded
 from .scheduler import Overloaded

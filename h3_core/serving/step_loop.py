@@ -57,7 +57,7 @@ import time
 from collections.abc import Callable
 
 from ..diffusion.engine import Engine
-from ..weights.training_metadata import TrainingMetadata
+from ..model.trained_on import TrainingMetadata
 from .admission import VANISHED_EXECUTES, Admission, BoundedMemory
 from .events import (
     EVENT_NAMES,

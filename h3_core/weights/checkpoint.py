@@ -38,9 +38,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..config import AUDIO_LATENT_CHANNELS, CONFIGS, PATCH, VIDEO_LATENT_CHANNELS, DiTConfig
-from ..diffusion.engine import RANDOM_PREVIEW, PreviewMap
 from ..model import H3DiT
 from ..model.initialization import init_weights
+from ..model.preview import RANDOM_PREVIEW, PreviewMap
 
 DIT_FILE, VIDEO_VAE_FILE, AUDIO_VAE_FILE = "dit.safetensors", "video_vae.safetensors", "audio_vae.safetensors"
 PREVIEW_FILE = "preview.safetensors"  # optional: the previews' fitted latent-to-RGB map (load_preview)
