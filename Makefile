@@ -29,12 +29,17 @@ test-gpu:
 	exit $$status
 
 # the trained demo model (config demo, weights/demo; docs/demo_model.md) from a repository the
-# writer makes; model_repository/ itself keeps the tiny config on seeded random weights (tests, serve)
+# writer makes; model_repository/ itself keeps the tiny config on seeded random weights (tests, serve).
+# Conditioned: FIRST_FRAME=a.png and/or LAST_FRAME=b.png (fl2va), REFERENCE_IMAGE=c.png and/or
+# REFERENCE_AUDIO=d.wav (ref2va), passed to client.generate as --first-frame etc.
 demo: setup
 	mkdir -p out
 	$(PY) -m server.repository out/demo_model_repository --config demo --checkpoint weights/demo
 	$(PY) -m server.launch --free-ports --model-repository out/demo_model_repository \
-		--then $(PY) -m client.generate --prompt "$(PROMPT)" --out out/demo.mp4 --wav out/demo.wav
+		--then $(PY) -m client.generate --prompt "$(PROMPT)" --out out/demo.mp4 --wav out/demo.wav \
+		$(if $(FIRST_FRAME),--first-frame "$(FIRST_FRAME)") $(if $(LAST_FRAME),--last-frame "$(LAST_FRAME)") \
+		$(if $(REFERENCE_IMAGE),--reference-image "$(REFERENCE_IMAGE)") \
+		$(if $(REFERENCE_AUDIO),--reference-audio "$(REFERENCE_AUDIO)")
 
 # foreground on 127.0.0.1:8000 (HTTP) / 8001 (gRPC) / 8002 (metrics); Ctrl-C stops it.
 # serve: model_repository/ as shipped (tiny, seeded random weights, CPU)
