@@ -63,6 +63,31 @@ class ImageLimits:
             raise ValueError(f"ImageLimits.max_aspect must be >= 1.0, got {self.max_aspect}")
 
 
+def size_problem(
+    width: int,
+    height: int,
+    stored: str,
+    min_side: int,
+    max_side: int,
+    max_pixels: tuple[str, int],
+    max_aspect: float,
+) -> str | None:
+    """What is wrong with a picture of width x height pixels (an image, a video's frames), or
+    None: a side outside min_side..max_side, more pixels than max_pixels (its limit's name and
+    value), or an aspect (long side / short side) over max_aspect. `stored` qualifies the size
+    in the message ("as stored": before an EXIF rotation)."""
+    size = f"{width}x{height} px (width x height{' ' + stored if stored else ''})"
+    if not min_side <= min(width, height) <= max(width, height) <= max_side:
+        return f"is {size}; each side must be within min_side..max_side = {min_side}..{max_side} px"
+    name, limit = max_pixels
+    if width * height > limit:
+        return f"is {size} = {width * height} pixels, over {name} {limit}"
+    aspect = max(width, height) / min(width, height)
+    if aspect > max_aspect:
+        return f"is {size}, aspect {aspect:.2f} (long side / short side), over max_aspect {max_aspect}"
+    return None
+
+
 def _format_found(prefix: bytes) -> str | None:
     """The Pillow format whose signature `prefix` (a file's first 16 bytes) matches, FORMATS tried
     first, or None. Runs each plugin's signature test only (no plugin parses the file) and, as
@@ -98,18 +123,17 @@ def _open(data: bytes, field: str, limits: ImageLimits) -> Image.Image:
     except (OSError, ValueError, EOFError) as error:  # Pillow's repr of the stream is no use to the client
         raise ValueError(f"{field}: is not a complete {found} image: its header cannot be read") from error
     width, height = image.size
-    size = f"{width}x{height} px (width x height as stored)"
-    if not limits.min_side <= min(width, height) <= max(width, height) <= limits.max_side:
-        raise ValueError(
-            f"{field}: is {size}; each side must be within min_side..max_side = {limits.min_side}..{limits.max_side} px"
-        )
-    if width * height > limits.max_pixels:
-        raise ValueError(f"{field}: is {size} = {width * height} pixels, over max_pixels {limits.max_pixels}")
-    aspect = max(width, height) / min(width, height)
-    if aspect > limits.max_aspect:
-        raise ValueError(
-            f"{field}: is {size}, aspect {aspect:.2f} (long side / short side), over max_aspect {limits.max_aspect}"
-        )
+    problem = size_problem(
+        width,
+        height,
+        "as stored",
+        limits.min_side,
+        limits.max_side,
+        ("max_pixels", limits.max_pixels),
+        limits.max_aspect,
+    )
+    if problem is not None:
+        raise ValueError(f"{field}: {problem}")
     frames = getattr(image, "n_frames", 1)
     if image.format != "MPO" and frames > 1:
         raise ValueError(f"{field}: is an animated {image.format} of {frames} frames; only still images are allowed")

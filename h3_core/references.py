@@ -31,6 +31,7 @@ from fractions import Fraction
 import numpy as np
 
 from h3_core import config
+from h3_core.images import size_problem
 
 try:
     import av
@@ -268,18 +269,10 @@ def _check_video_stream(container, stream, field: str, limits: MediaLimits) -> F
     """Check what the video stream's header states (size, aspect, frame rate, duration); return
     its frame rate."""
     width, height = stream.codec_context.width, stream.codec_context.height
-    size = f"{width}x{height} px (width x height)"
-    if not limits.min_side <= min(width, height) <= max(width, height) <= limits.max_side:
-        raise _Refusal(
-            f"{field}: is {size}; each side must be within min_side..max_side = {limits.min_side}..{limits.max_side} px"
-        )
-    if width * height > limits.max_video_pixels:
-        raise _Refusal(f"{field}: is {size} = {width * height} pixels, over max_video_pixels {limits.max_video_pixels}")
-    aspect = max(width, height) / min(width, height)
-    if aspect > limits.max_aspect:
-        raise _Refusal(
-            f"{field}: is {size}, aspect {aspect:.2f} (long side / short side), over max_aspect {limits.max_aspect}"
-        )
+    pixels = ("max_video_pixels", limits.max_video_pixels)
+    problem = size_problem(width, height, "", limits.min_side, limits.max_side, pixels, limits.max_aspect)
+    if problem is not None:
+        raise _Refusal(f"{field}: {problem}")
     fps = stream.average_rate or stream.guessed_rate
     if not fps:
         raise _Refusal(f"{field}: has no frame rate")

@@ -32,7 +32,7 @@ LEAVES = {
     "config": set(),
     "media": {"config"},
     "images": {"protocol", "config"},
-    "references": {"config"},
+    "references": {"config", "images"},
 }  # the h3_core rooms each may import
 
 
