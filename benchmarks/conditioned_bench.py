@@ -26,11 +26,11 @@ import io
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from engine_bench import timed  # noqa: E402 - benchmarks/ is on sys.path when this script runs
 from PIL import Image
 
 from h3_core.diffusion.conditions import Condition
@@ -42,24 +42,8 @@ from h3_core.model.vae import create_vaes, keyframe_latent
 
 GPU_PACKS = {"1 x 16,896": (384, 672, 209, 1), "3 x 16,896": (384, 672, 209, 3), "8 x 1,344": (224, 384, 33, 8)}
 CPU_PACKS = {"1 x small": (64, 96, 22, 1), "3 x small": (64, 96, 22, 3)}
+REPEATS = 10  # timed calls per measurement (median)
 TEXT_LEN = 9  # the fl2va prompt's tokens; the t2va twin gets TEXT_LEN + the condition rows
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def median_seconds(fn, device: torch.device, repeats: int = 10) -> float:
-    fn()
-    sync(device)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def states(engine, height: int, width: int, frames: int, count: int, conditioned: bool) -> list:
@@ -88,8 +72,8 @@ def step_ratios(engine, packs: dict, device: torch.device, runs: int = 3) -> dic
         assert [s.layout.used for s in fl2va] == [s.layout.used for s in t2va]
         ratios, fl_s, t2_s = [], [], []
         for _ in range(runs):
-            t2 = median_seconds(lambda t2va=t2va: engine.denoise_step(t2va), device)
-            fl = median_seconds(lambda fl2va=fl2va: engine.denoise_step(fl2va), device)
+            t2 = timed(lambda t2va=t2va: engine.denoise_step(t2va), device, REPEATS)
+            fl = timed(lambda fl2va=fl2va: engine.denoise_step(fl2va), device, REPEATS)
             ratios.append(fl / t2)
             fl_s.append(fl)
             t2_s.append(t2)
@@ -116,10 +100,12 @@ def keyframe_cost(device: torch.device) -> dict:
     frames = torch.from_numpy(image.copy())  # fit_image may return a read-only view
     return {
         "png_bytes": len(data),
-        "decode_and_fit_s": median_seconds(
-            lambda: fit_image(decode_image(data, "KEYFRAMES[0]", limits), 384, 672, "crop"), torch.device("cpu")
+        "decode_and_fit_s": timed(
+            lambda: fit_image(decode_image(data, "KEYFRAMES[0]", limits), 384, 672, "crop"),
+            torch.device("cpu"),
+            REPEATS,
         ),
-        "vae_encode_s": median_seconds(lambda: keyframe_latent(video_vae, frames), device),
+        "vae_encode_s": timed(lambda: keyframe_latent(video_vae, frames), device, REPEATS),
     }
 
 
