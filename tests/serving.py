@@ -1,7 +1,9 @@
 """Helpers for the end-to-end tests: a model repository copy with overridden DiT settings, a raw
-tritonclient stream, and a proxy with an idle timeout."""
+tritonclient stream, the generate CLI run against a server, and a proxy with an idle timeout."""
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,6 +19,16 @@ def model_repository_copy(target: Path, dit_instances: int = 1, **dit_parameters
     parameters (values as strings); returns the new repository path. Raises ValueError for a
     parameter the settings refuse."""
     return write_repository(target, plan(dit_instances=dit_instances, overrides={"h3_dit": dit_parameters}))
+
+
+def generate_cli(url: str, out: Path, *flags: str) -> subprocess.CompletedProcess:
+    """`python -m client.generate --url URL --prompt "from the CLI" --out OUT` on a 64 x 96, 9-frame,
+    2-step clip with seed 3, plus `flags`; run from the repository root, its output captured."""
+    base = ["--url", url, "--prompt", "from the CLI", "--out", str(out), "--height", "64", "--width", "96"]
+    base += ["--num-frames", "9", "--steps", "2", "--seed", "3"]
+    return subprocess.run(
+        [sys.executable, "-m", "client.generate", *base, *flags], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
 
 
 def tensor(name: str, value, datatype: str):

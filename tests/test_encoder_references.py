@@ -18,6 +18,7 @@ from transformers.video_utils import VideoMetadata
 from h3_core.model.encoder import QWEN3VL_H3_LAYER, TextEncoder
 from h3_core.model.presentation import video_patches
 from h3_core.weights.official_checkpoint import TEXT_ENCODER, TOKENIZER, write_byte_tokenizer, write_random_qwen3vl
+from tests.test_encoder_vision import qwen3vl
 
 PROMPT = "a red ball rolls"  # 16 bytes -> 16 tokens of the byte-level tokenizer
 VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD = 259, 260, 261, 262  # 256 + their index in QWEN_SPECIAL_TOKENS
@@ -46,12 +47,6 @@ def checkpoint(tmp_path_factory):
     write_random_qwen3vl(folder / TEXT_ENCODER, 384)
     write_byte_tokenizer(folder / TOKENIZER)
     return folder
-
-
-def qwen3vl(folder, **kwargs) -> TextEncoder:
-    return TextEncoder(
-        str(folder / TEXT_ENCODER), hidden_layer=QWEN3VL_H3_LAYER, tokenizer_path=str(folder / TOKENIZER), **kwargs
-    )
 
 
 @pytest.fixture(scope="module")

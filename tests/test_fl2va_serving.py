@@ -5,8 +5,6 @@ any model work while the server goes on serving."""
 
 import io
 import json
-import subprocess
-import sys
 import threading
 
 import numpy as np
@@ -15,7 +13,7 @@ from PIL import Image
 
 from client.api import H3Error
 
-from .serving import ROOT
+from .serving import generate_cli
 from .test_images import png_header_only
 
 SHAPE = dict(height=64, width=96, num_frames=9, num_inference_steps=3, seed=5)
@@ -148,24 +146,8 @@ def test_generate_cli_with_keyframes(server, tmp_path):
     first.write_bytes(png(64, 96, 11))
     last.write_bytes(png(64, 96, 12))
     out = tmp_path / "clip.mp4"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "client.generate",
-            "--url",
-            server.grpc_url,
-            "--prompt",
-            "from the CLI",
-            "--out",
-            str(out),
-        ]
-        + ["--height", "64", "--width", "96", "--num-frames", "9", "--steps", "2", "--seed", "3"]
-        + ["--first-frame", str(first), "--last-frame", str(last), "--fit", "stretch"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = generate_cli(
+        server.grpc_url, out, "--first-frame", str(first), "--last-frame", str(last), "--fit", "stretch"
     )
     assert done.returncode == 0, done.stderr
     assert out.stat().st_size > 0

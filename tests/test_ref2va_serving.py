@@ -4,8 +4,6 @@ and geometry, a ref2va request co-batched with a running t2va request equal to i
 cancelled mid-run leaving its neighbour unchanged, and bad references refused with INVALID_ARG
 before any model work while the server goes on serving."""
 
-import subprocess
-import sys
 import threading
 
 import numpy as np
@@ -14,7 +12,7 @@ import pytest
 from client.api import H3Error
 from h3_core import media
 
-from .serving import ROOT
+from .serving import generate_cli
 from .test_fl2va_serving import png
 from .test_references import m4a, pcm, wav
 
@@ -120,25 +118,15 @@ def test_generate_cli_with_references(server, tmp_path):
     for name, data in paths.items():
         (tmp_path / name).write_bytes(data)
     out = tmp_path / "clip.mp4"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "client.generate",
-            "--url",
-            server.grpc_url,
-            "--prompt",
-            "from the CLI",
-            "--out",
-            str(out),
-        ]
-        + ["--height", "64", "--width", "96", "--num-frames", "9", "--steps", "2", "--seed", "3"]
-        + ["--reference-image", str(tmp_path / "image.png"), "--reference-audio", str(tmp_path / "voice.wav")]
-        + ["--guide", f"{tmp_path / 'guide.png'}@8"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = generate_cli(
+        server.grpc_url,
+        out,
+        "--reference-image",
+        str(tmp_path / "image.png"),
+        "--reference-audio",
+        str(tmp_path / "voice.wav"),
+        "--guide",
+        f"{tmp_path / 'guide.png'}@8",
     )
     assert done.returncode == 0, done.stderr
     assert out.stat().st_size > 0

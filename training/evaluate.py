@@ -154,8 +154,10 @@ def evaluate(
     return {k: v for k, v in result.items() if k != "clips"}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def run_arguments(description: str) -> argparse.ArgumentParser:
+    """The command line both evaluations take: --clips (held-out prompts, from the first),
+    --steps, --pack, --config, --weights, --seed."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument(
         "--clips", type=int, default=len(data.HELD_OUT), help="how many held-out prompts (from the first)"
     )
@@ -164,6 +166,11 @@ def main() -> None:
     parser.add_argument("--config", default="demo")
     parser.add_argument("--weights", type=Path, default=Path("weights/demo"), help="checkpoint folder")
     parser.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def main() -> None:
+    parser = run_arguments(__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="folder for the MP4s and report.json")
     args = parser.parse_args()
     engine = load_engine(args.config, args.weights)

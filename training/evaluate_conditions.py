@@ -30,7 +30,6 @@ The last line printed is one JSON object with those keys and "n_cases" (clips pe
 "steps", "seed", "pack", "seconds". Runs on the CPU and on CUDA (--device).
 """
 
-import argparse
 import json
 import math
 import statistics
@@ -44,7 +43,7 @@ from h3_core.diffusion.engine import Engine
 from h3_core.factory import load_engine
 
 from . import data, measure, text_states
-from .evaluate import generate, report
+from .evaluate import generate, report, run_arguments
 
 MISSING_DISTANCE = math.hypot(data.HEIGHT, data.WIDTH)  # px: a generated frame without a shape
 CENTRE_TOLERANCE = 3.0  # px
@@ -144,16 +143,8 @@ def evaluate(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--clips", type=int, default=len(data.HELD_OUT), help="held-out clips per task (from the first)"
-    )
-    parser.add_argument("--steps", type=int, help="denoise steps (default: the config's)")
-    parser.add_argument("--pack", type=int, default=4, help="requests co-batched in one DiT forward")
-    parser.add_argument("--config", default="demo")
-    parser.add_argument("--weights", type=Path, default=Path("weights/demo"), help="checkpoint folder")
+    parser = run_arguments(__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="also write the JSON object to this file")
     parser.add_argument(
         "--captions", type=Path, help="caption states (training.text_states) instead of the MiniLM encoder"

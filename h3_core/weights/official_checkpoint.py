@@ -139,21 +139,18 @@ def write_random_qwen3vl(
     disable_progress_bar()  # one small file: transformers' "Writing model shards" bar says nothing
     model.to(getattr(torch, dtype)).save_pretrained(str(folder))
     vision = config.vision_config
-    Qwen2VLImageProcessorPil(
-        size={"shortest_edge": SYNTHETIC_MIN_PIXELS, "longest_edge": SYNTHETIC_MAX_PIXELS},
+    patches = dict(
         patch_size=vision.patch_size,
         temporal_patch_size=vision.temporal_patch_size,
         merge_size=vision.spatial_merge_size,
         image_mean=[0.5, 0.5, 0.5],
         image_std=[0.5, 0.5, 0.5],
+    )
+    Qwen2VLImageProcessorPil(
+        size={"shortest_edge": SYNTHETIC_MIN_PIXELS, "longest_edge": SYNTHETIC_MAX_PIXELS}, **patches
     ).save_pretrained(str(folder))
     Qwen3VLVideoProcessor(
-        size={"shortest_edge": SYNTHETIC_VIDEO_MIN_PIXELS, "longest_edge": SYNTHETIC_VIDEO_MAX_PIXELS},
-        patch_size=vision.patch_size,
-        temporal_patch_size=vision.temporal_patch_size,
-        merge_size=vision.spatial_merge_size,
-        image_mean=[0.5, 0.5, 0.5],
-        image_std=[0.5, 0.5, 0.5],
+        size={"shortest_edge": SYNTHETIC_VIDEO_MIN_PIXELS, "longest_edge": SYNTHETIC_VIDEO_MAX_PIXELS}, **patches
     ).save_pretrained(str(folder))
     return Path(folder)
 
