@@ -53,6 +53,15 @@ EXECUTION_MODES = ("step", "request")
 HEARTBEAT_S = 15.0
 
 
+def served_tasks(model: str, tasks: str) -> list[str]:
+    """The comma-separated `tasks` parameter of `model` as a list. Raises ValueError unless it
+    lists some of h3_core.protocol.TASKS and nothing else."""
+    served = [task for task in tasks.split(",") if task]
+    if not served or any(task not in TASKS for task in served):
+        raise ValueError(f"{model} parameter tasks={tasks!r} must list some of {list(TASKS)}, comma-separated")
+    return served
+
+
 def _parse(cls, parameters: dict[str, str]):
     """An instance of the settings dataclass `cls` from string parameters. Every field must be
     given, nothing else; ints, floats and booleans ("true" / "false") are parsed. Raises
@@ -144,6 +153,7 @@ class EncoderSettings:
     tasks: str = ",".join(TASKS)
 
     def __post_init__(self):
+        self.served_tasks()
         self.image_limits()
         self.media_limits()
         for name in ("max_reference_images", "max_reference_videos", "max_reference_audio", "max_references"):
@@ -151,6 +161,10 @@ class EncoderSettings:
                 raise ValueError(f"h3_encoder parameter {name}={getattr(self, name)} is out of range: allowed >= 0")
         if not self.max_total_audio_s > 0 or self.max_batch_rows < 1:
             raise ValueError("h3_encoder parameters max_total_audio_s and max_batch_rows must be > 0")
+
+    def served_tasks(self) -> list[str]:
+        """The tasks h3_dit serves (the `tasks` parameter, split)."""
+        return served_tasks(self.MODEL, self.tasks)
 
     def media_limits(self) -> MediaLimits:
         """The reference audio and video limits as h3_core.references takes them (ValueError when
@@ -304,12 +318,11 @@ class DitSettings:
 
     def served_tasks(self) -> list[str]:
         """The tasks this instance serves (the `tasks` parameter, split)."""
-        return [task for task in self.tasks.split(",") if task]
+        return served_tasks(self.MODEL, self.tasks)
 
     def check(self, max_batch_size: int | None = None, idle_s: float | None = None) -> None:
         """Raise ValueError naming the first broken rule (see the class docstring)."""
-        if not self.served_tasks() or any(task not in TASKS for task in self.served_tasks()):
-            raise ValueError(f"h3_dit parameter tasks={self.tasks!r} must list some of {list(TASKS)}, comma-separated")
+        self.served_tasks()
         if self.execution_mode not in EXECUTION_MODES:
             raise ValueError(f"h3_dit parameter execution_mode={self.execution_mode!r} is not one of {EXECUTION_MODES}")
         if self.scheduling_policy not in POLICIES:

@@ -140,7 +140,7 @@ class TritonPythonModel:
             task = "fl2va" if files else "ref2va" if has_references else "t2va"
         else:
             task = task[0].decode("utf-8", "replace") if isinstance(task[0], bytes) else str(task[0])
-        served = self.settings.tasks.split(",")
+        served = self.settings.served_tasks()
         if task in TASKS and task not in served:
             raise ValueError(
                 f"task {task!r} is not served by this server: it serves {served} (h3_dit parameter tasks; one "
