@@ -153,6 +153,12 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
 
 
+def implied_task(keyframes: bool, references: bool) -> str:
+    """The task a request without TASK asks for: fl2va with keyframes, ref2va with references or
+    guides, else t2va."""
+    return "fl2va" if keyframes else "ref2va" if references else "t2va"
+
+
 def check_task(task: str, kinds: list[str]) -> str:
     """The request's task, checked against the kinds of its conditions (CONDITION_KINDS); returns
     it. Raises ValueError naming TASK: for a task not in TASKS, t2va with conditions, fl2va

@@ -29,12 +29,13 @@ from ..protocol import (
     MAX_REFERENCES,
     MAX_REQUEST_ID_CHARS,
     check_request_parameters,
+    implied_task,
     read_request_json,
 )
 from .events import Arrival, Ended, Job, Refused, Send, Status
 from .registry import IDS_REMEMBERED, CancelNotRecorded
 from .scheduler import Overloaded
-from .settings import DitSettings
+from .settings import DitSettings, check_served
 
 log = logging.getLogger("h3_dit")
 
@@ -147,8 +148,7 @@ def read_conditions(arrival: Arrival, fields: dict) -> tuple[str, list[Condition
             )
         )
     kinds = [condition.kind for condition in conditions]
-    implied = "fl2va" if "keyframe" in kinds else "ref2va" if kinds else "t2va"
-    task = fields.get("task", implied)
+    task = fields.get("task", implied_task("keyframe" in kinds, any(kind != "keyframe" for kind in kinds)))
     if type(task) is not str:
         raise ValueError(f"REQUEST field 'task' must be a string, got {task!r}")
     return task, conditions, tuple(tuple(span) for span in spans)
@@ -247,11 +247,7 @@ def parse(
     if type(words) is not list or not all(type(entry) is str for entry in words):
         raise ValueError(f"REQUEST field 'outside_training' must be a list of strings, got {words!r}")
     task, conditions, vision_spans = read_conditions(arrival, fields)
-    if task not in settings.served_tasks():
-        raise ValueError(
-            f"task {task!r} is not served by this h3_dit: it serves {settings.served_tasks()} (h3_dit parameter "
-            "tasks; one instance loads one transformer: serve another's tasks from another model repository)"
-        )
+    check_served(task, settings.served_tasks())
     request_id = arrival.request_id or f"h3-{secrets.token_hex(8)}"
     generation = GenerationRequest(
         prompt="(encoded)",

@@ -62,6 +62,15 @@ def served_tasks(model: str, tasks: str) -> list[str]:
     return served
 
 
+def check_served(task: str, served: list[str]) -> None:
+    """Raise ValueError unless `task` is among h3_dit's served tasks (its `tasks` parameter)."""
+    if task not in served:
+        raise ValueError(
+            f"task {task!r} is not served by this h3_dit: it serves {served} (h3_dit parameter tasks; one instance "
+            "loads one transformer: serve another's tasks from another model repository)"
+        )
+
+
 def _parse(cls, parameters: dict[str, str]):
     """An instance of the settings dataclass `cls` from string parameters. Every field must be
     given, nothing else; ints, floats and booleans ("true" / "false") are parsed. Raises

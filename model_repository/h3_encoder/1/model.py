@@ -29,6 +29,7 @@ from h3_core.protocol import (
     TEXT_EMBEDS,
     check_request_parameters,
     check_task,
+    implied_task,
 )
 from h3_core.serving.conditioning import (
     keyframe_conditions,
@@ -39,7 +40,7 @@ from h3_core.serving.conditioning import (
 )
 from h3_core.serving.registry import Registry, server_folder
 from h3_core.serving.scheduler import Overloaded
-from h3_core.serving.settings import EncoderSettings
+from h3_core.serving.settings import EncoderSettings, check_served
 from h3_core.weights.checkpoint import source_seed
 from h3_core.weights.training_metadata import load_training_metadata
 from h3_core.weights.vae_hook import load_vaes
@@ -137,15 +138,11 @@ class TritonPythonModel:
                 f"with {GUIDE_FRAMES} 0 and NUM_FRAMES - 1"
             )
         if task is None:  # the task follows the inputs
-            task = "fl2va" if files else "ref2va" if has_references else "t2va"
+            task = implied_task(bool(files), has_references)
         else:
             task = task[0].decode("utf-8", "replace") if isinstance(task[0], bytes) else str(task[0])
-        served = self.settings.served_tasks()
-        if task in TASKS and task not in served:
-            raise ValueError(
-                f"task {task!r} is not served by this server: it serves {served} (h3_dit parameter tasks; one "
-                "instance loads one transformer: serve another's tasks from another model repository)"
-            )
+        if task in TASKS:  # another is refused by check_task, naming TASK
+            check_served(task, self.settings.served_tasks())
         keyframes = read_keyframes(
             [bytes(data) for data in files],
             indices,
