@@ -31,6 +31,7 @@ from ..config import (
     latent_frames,
 )
 from ..model.packed import PackedBatch
+from ..protocol import FIRST_FRAME, LAST_FRAME
 
 FRAME_TIME = 5.0 / 3.0  # RoPE time units per video frame: one unit = one 40 Hz audio latent
 SPATIAL_EXTENT = 32.0  # RoPE spatial coordinates span about this range (h3_spec §2.3)
@@ -38,7 +39,6 @@ SPATIAL_EXTENT = 32.0  # RoPE spatial coordinates span about this range (h3_spec
 TAG_PAD, TAG_VIDEO, TAG_TEXT, TAG_AUDIO = -1, 0, 1, 2  # token tags; also the AdaLN modality
 CONDITION_TIMESTEP = 0.999  # visual condition rows' timestep is max(t_video, this) (h3_spec §1.9)
 AUDIO_CONDITION_TIMESTEP = 1.0  # reference audio rows' timestep is max(t_audio, this)
-FIRST_FRAME, LAST_FRAME = 0, -1  # a keyframe's frame index (h3_core.protocol's)
 TIMELINE_KINDS = ("keyframe", "guide")  # condition blocks at the target's grid and timeline
 REFERENCE_KINDS = ("image", "audio", "video", "video_audio")  # blocks that advance the target origin
 
