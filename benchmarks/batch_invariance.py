@@ -8,6 +8,8 @@ starts) on the `bench` DiT (full H3 width, 8 layers, bf16, seed-0 weights drawn 
   plain           one GEMM per linear (row_tile 0), eager, default workspace
   plain_ws0       one GEMM per linear, eager, CUBLAS_WORKSPACE_CONFIG=:0:0 (no split-K workspace)
   compiled_ws0    plain_ws0 with H3DiT.compile_blocks (torch.compile, dynamic shapes)
+  fp8_compiled_ws0  compiled_ws0 with h3_dit's quantization = fp8 (h3_core.model.fp8: the block
+                  linears in float8 e4m3, per-row activation scales)
 and measures, in the same process:
   gemm sweep  for every linear shape of the DiT (h3_core's Linear, one GEMM per call): rows
               [o, o + M) of one 65,536-row GEMM against the GEMM of those M rows alone, M in
@@ -47,6 +49,7 @@ from h3_core.diffusion.engine import Engine  # noqa: E402 - after the sys.path s
 from h3_core.diffusion.request import RequestLimits  # noqa: E402 - after the sys.path set-up above
 from h3_core.model import H3DiT  # noqa: E402 - after the sys.path set-up above
 from h3_core.model.dit import Linear  # noqa: E402 - after the sys.path set-up above
+from h3_core.model.fp8 import Fp8Linear, quantize_blocks  # noqa: E402 - after the sys.path set-up above
 from h3_core.model.initialization import init_weights  # noqa: E402 - after the sys.path set-up above
 
 VARIANTS = {
@@ -54,6 +57,7 @@ VARIANTS = {
     "plain": {"row_tile": 0, "workspace": None, "compile": False},
     "plain_ws0": {"row_tile": 0, "workspace": ":0:0", "compile": False},
     "compiled_ws0": {"row_tile": 0, "workspace": ":0:0", "compile": True},
+    "fp8_compiled_ws0": {"row_tile": 0, "workspace": ":0:0", "compile": True, "quantization": "fp8"},
 }
 SWEEP_ROWS = (64, 128, 192, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 49152, 65536)
 HBM_BYTES_PER_S = 4.8e12
@@ -69,13 +73,16 @@ PARITY_PACKS = {
 ROOFLINE_PACKS = {"1x128": [128], "8x128": [128] * 8, "4x1024": [1024] * 4, "1x16384": [16384], "4x16384": [16384] * 4}
 
 
-def linear_shapes(dit: H3DiT) -> dict[str, tuple[int, int, torch.dtype, bool]]:
-    """(in_features, out_features, dtype, has bias) of every distinct linear of the DiT, named by
-    its first module (a "meta" DiT gives them without memory)."""
+def linear_shapes(dit: H3DiT) -> dict[str, tuple[int, int, torch.dtype, bool, bool]]:
+    """(in_features, out_features, dtype, has bias, fp8) of every distinct linear of the DiT, named
+    by its first module (a "meta" DiT gives them without memory); an Fp8Linear's dtype is the
+    model's (its input's)."""
     shapes = {}
     for name, module in dit.named_modules():
         if isinstance(module, torch.nn.Linear):
-            key = (module.in_features, module.out_features, module.weight.dtype, module.bias is not None)
+            fp8 = isinstance(module, Fp8Linear)
+            dtype = dit.cfg.torch_dtype if fp8 else module.weight.dtype
+            key = (module.in_features, module.out_features, dtype, module.bias is not None, fp8)
             if key not in shapes.values():
                 shapes[name] = key
     return shapes
@@ -83,7 +90,8 @@ def linear_shapes(dit: H3DiT) -> dict[str, tuple[int, int, torch.dtype, bool]]:
 
 def gemm_sweep(dit: H3DiT, device: torch.device, sweep_rows: tuple[int, ...] = SWEEP_ROWS) -> dict:
     """Per distinct linear shape of `dit` (linear_shapes): an h3_core Linear of that shape (seeded
-    random weight and bias, one GEMM per call: row_tile 0, as the DiT runs on CUDA) applied to
+    random weight and bias, one GEMM per call: row_tile 0, as the DiT runs on CUDA; quantised by
+    Fp8Linear.from_linear where the DiT's is an Fp8Linear) applied to
     max(sweep_rows) random rows at once and to rows [o, o + M) alone, for M in sweep_rows and
     offsets o = 0, 1,088 (17 x 64) and max(sweep_rows) - M. Returns {name: {"in", "out", "dtype",
     "cases", "max_difference"}} where max_difference is the largest |difference| over the cases
@@ -91,13 +99,15 @@ def gemm_sweep(dit: H3DiT, device: torch.device, sweep_rows: tuple[int, ...] = S
     which cuBLAS reads at its first GEMM in the process (use_bitwise_cublas)."""
     results, total = {}, max(sweep_rows)
     generator = torch.Generator(device=device).manual_seed(0)
-    for name, (fan_in, fan_out, dtype, bias) in linear_shapes(dit).items():
+    for name, (fan_in, fan_out, dtype, bias, fp8) in linear_shapes(dit).items():
         linear = Linear(fan_in, fan_out, bias=bias, device=device, dtype=dtype)
         with torch.no_grad():
             linear.weight.copy_(torch.randn(fan_out, fan_in, generator=generator, device=device, dtype=dtype))
             linear.weight.mul_(fan_in**-0.5)
             if bias:
                 linear.bias.copy_(torch.randn(fan_out, generator=generator, device=device, dtype=dtype))
+        if fp8:
+            linear = Fp8Linear.from_linear(linear)
         x = torch.randn(total, fan_in, generator=generator, device=device, dtype=dtype)
         worst, cases = 0.0, 0
         with torch.inference_mode():
@@ -108,7 +118,13 @@ def gemm_sweep(dit: H3DiT, device: torch.device, sweep_rows: tuple[int, ...] = S
                         continue
                     worst = max(worst, max_difference(linear(x[offset : offset + rows]), full[offset : offset + rows]))
                     cases += 1
-        results[name] = {"in": fan_in, "out": fan_out, "dtype": str(dtype), "cases": cases, "max_difference": worst}
+        results[name] = {
+            "in": fan_in,
+            "out": fan_out,
+            "dtype": "float8_e4m3fn" if fp8 else str(dtype),
+            "cases": cases,
+            "max_difference": worst,
+        }
         del linear, x, full
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -163,6 +179,7 @@ def run_variant(name: str) -> dict:
     cfg = get_config("bench")
     dit = H3DiT(cfg, row_tile=variant["row_tile"], device=device)
     init_weights(dit, 0)
+    quantize_blocks(dit, variant.get("quantization", "none"))
     compile_seconds = None
     if variant["compile"]:
         dit.compile_blocks()

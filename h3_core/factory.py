@@ -6,11 +6,12 @@ from pathlib import Path
 
 import torch
 
-from .config import get_config
+from .config import DiTConfig, get_config
 from .diffusion.engine import DEFAULT_LIMITS, Engine
 from .diffusion.request import RequestLimits
 from .model import H3DiT
 from .model.dit import use_bitwise_cublas
+from .model.fp8 import check_quantization, quantize_blocks
 from .parallel.ulysses import check_sp_degree
 from .parallel.workers import DEFAULT_TIMEOUT_S as DEFAULT_SP_TIMEOUT_S
 from .parallel.workers import SequenceParallelDiT
@@ -19,7 +20,7 @@ from .weights.vae_hook import load_vaes
 
 
 def load_engine(
-    config_name: str,
+    config: str | DiTConfig,
     source: str | Path,
     device: str = "cpu",
     attention_backend: str = "sdpa",
@@ -29,32 +30,41 @@ def load_engine(
     trust_remote_code: bool = False,
     sp_degree: int = 1,
     sp_timeout_s: float = DEFAULT_SP_TIMEOUT_S,
+    quantization: str = "none",
 ) -> Engine:
-    """Build an Engine from a weight source (h3_core.weights.checkpoint's module docstring): a native
-    folder (dit.safetensors, video_vae.safetensors, audio_vae.safetensors; see checkpoint_setup),
-    an official checkpoint folder (transformer/, video_vae/, audio_vae/; its VAEs run only with
-    trust_remote_code, h3_core.weights.vae_hook) or `random:SEED`. The DiT uses its device's bitwise
-    GEMM setting (h3_core.model.dit); on CUDA its blocks are compiled (H3DiT.compile_blocks; the
-    first step, Engine.warm_up, pays the compilation) and small packs replay CUDA graphs
-    (H3DiT.use_cuda_graphs). with_encoder / with_vaes False leave
-    those parts out (the Triton DiT needs neither). sp_degree > 1 runs the DiT in that many
-    worker processes (h3_core.parallel.workers: on the CPU, or on the consecutive GPUs from
-    `device`), each of them loading the weights, with sp_timeout_s seconds as their step and
-    collective timeout. Previews use the source's fitted latent-to-RGB map
+    """Build an Engine of a DiT config (a name of config.CONFIGS, or a DiTConfig such as one with
+    another dtype; sequence parallelism only by name) from a weight source
+    (h3_core.weights.checkpoint's module docstring): a native folder (dit.safetensors,
+    video_vae.safetensors, audio_vae.safetensors; see checkpoint_setup), an official checkpoint
+    folder (transformer/, video_vae/, audio_vae/; its VAEs run only with trust_remote_code,
+    h3_core.weights.vae_hook) or `random:SEED`. The DiT uses its device's bitwise GEMM setting
+    (h3_core.model.dit); on CUDA its blocks are compiled (H3DiT.compile_blocks; the first step,
+    Engine.warm_up, pays the compilation) and small packs replay CUDA graphs
+    (H3DiT.use_cuda_graphs). with_encoder / with_vaes False leave those parts out (the Triton DiT
+    needs neither). sp_degree > 1 runs the DiT in that many worker processes
+    (h3_core.parallel.workers: on the CPU, or on the consecutive GPUs from `device`), each of them
+    loading the weights, with sp_timeout_s seconds as their step and collective timeout.
+    quantization: h3_dit's (h3_core.model.fp8.quantize_blocks, applied after loading and before
+    compiling, in every worker too). Previews use the source's fitted latent-to-RGB map
     (checkpoint.load_preview), else an arbitrary colour map of the latent (RANDOM_PREVIEW).
     Raises ValueError / FileNotFoundError as checkpoint.load_dit, load_preview and vae_hook.load_vaes;
+    ValueError for a quantization the device cannot run (fp8.check_quantization);
     ValueError for an sp_degree that does not divide the heads or GPUs that are not there, and
     h3_core.parallel.workers.WorkerLost for workers that cannot start."""
     cuda = torch.device(device).type == "cuda"
     if cuda:
         use_bitwise_cublas()
-    cfg = get_config(config_name)
+    cfg = get_config(config) if isinstance(config, str) else config
     check_sp_degree(cfg, sp_degree)
+    if sp_degree > 1 and cfg != get_config(cfg.name):
+        raise ValueError(f"sequence parallelism loads the config by name: {cfg.name!r} differs from config.CONFIGS'")
+    check_quantization(quantization, device)
     if sp_degree > 1:
-        dit = SequenceParallelDiT(cfg, str(source), device, sp_degree, attention_backend, sp_timeout_s)
+        dit = SequenceParallelDiT(cfg, str(source), device, sp_degree, attention_backend, sp_timeout_s, quantization)
     else:
         dit = H3DiT(cfg, attention_backend=attention_backend, device=device)
         load_dit(dit, source)
+        quantize_blocks(dit, quantization)
         if cuda:
             dit.compile_blocks()
             dit.use_cuda_graphs()

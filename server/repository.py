@@ -373,7 +373,7 @@ def _gpu_rows(
     """sizing.gpu_max_batch_rows least over `gpus`, one note per GPU (the decode reserve for dit's
     largest canvas on h3_vae's GPU, the text encoder's weights on h3_encoder's). Raises ValueError
     for a GPU without a free-memory figure or too small."""
-    weights = sizing.dit_weight_bytes(cfg)
+    weights = sizing.dit_weight_bytes(cfg, dit.quantization)
     per_row = sizing.gpu_bytes_per_row_and_width(cfg)
     height, width, frames = dit.max_height, dit.max_width, dit.max_num_frames
     decode = sizing.decode_reserve_bytes(height, width, frames, vae.decode_workers)
@@ -396,7 +396,8 @@ def _gpu_rows(
         rows = sizing.gpu_max_batch_rows(free, weights, kept, cfg.hidden_size, per_row)
         reserved = "".join(f" - {size // sizing.MIB:,} MiB {what}" for size, what in reserves)
         notes.append(
-            f"GPU {gpu}: {free // sizing.MIB:,} MiB free - {weights // sizing.MIB:,} MiB DiT weights{reserved} -> "
+            f"GPU {gpu}: {free // sizing.MIB:,} MiB free - {weights // sizing.MIB:,} MiB DiT weights "
+            f"(quantization {dit.quantization}){reserved} -> "
             f"{rows:,} rows at {per_row} bytes per row and unit of hidden_size {cfg.hidden_size} (measured on an "
             f"H200 in bf16, server.sizing)"
         )
@@ -448,6 +449,9 @@ COMMENTS = {
         "sp_degree": "devices each packed forward runs on (sequence parallelism, h3_core.parallel): 1 = in "
         "this instance's process; N > 1 = N worker processes this instance starts, on cuda its own GPU and the next "
         "N - 1; N must divide the config's attention heads",
+        "quantization": "none, or fp8: the DiT blocks' linears in float8 e4m3 (per-channel weight and per-row "
+        "activation scales, h3_core.model.fp8; about 44 GiB of weights instead of 62 for the h3 config; needs a GPU "
+        "of compute capability >= 8.9, or the CPU for tests)",
     },
     VaeSettings.MODEL: {
         "cpu_threads": CPU_THREADS_COMMENT,

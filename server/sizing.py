@@ -141,12 +141,16 @@ def dtype_bytes(config: DiTConfig) -> int:
     return config.torch_dtype.itemsize
 
 
-def dit_weight_bytes(config: DiTConfig) -> int:
-    """Bytes of the DiT's parameters and buffers in their dtypes, counted on the meta device
-    (no memory used): bench 12,052,395,520 (6,008,975,616 parameters, mostly bf16)."""
+def dit_weight_bytes(config: DiTConfig, quantization: str = "none") -> int:
+    """Bytes of the DiT's parameters and buffers in their dtypes after h3_dit's `quantization`
+    (h3_core.model.fp8.quantize_blocks), counted on the meta device (no memory used): bench
+    12,052,395,520 (6,008,975,616 parameters, mostly bf16); h3 66,280,430,080 in bf16 and
+    47,025,031,680 (43.80 GiB) in fp8."""
     from h3_core.model import H3DiT
+    from h3_core.model.fp8 import quantize_blocks
 
     dit = H3DiT(config, device="meta")
+    quantize_blocks(dit, quantization)
     return sum(t.numel() * t.element_size() for t in (*dit.parameters(), *dit.buffers()))
 
 

@@ -29,6 +29,7 @@ from h3_core.diffusion.request import GenerationRequest
 from h3_core.factory import load_engine
 from h3_core.model import H3DiT
 from h3_core.model.dit import GPU_ROW_TILE, use_bitwise_cublas
+from h3_core.model.fp8 import E4M3, Fp8Linear, quantize_blocks
 from h3_core.serving.conditioning import wire_conditions
 from h3_core.serving.events import Ended, Refused, Result
 
@@ -72,6 +73,10 @@ H3_LINEARS = [
     "final_layer.audio_out",
 ]
 SWEEP_CASES = 37
+# the fp8 block linears of the H3 widths (h3_dit quantization = fp8), in gemm_sweep's order
+H3_FP8_LINEARS = ["blocks.0.attn.qkv_proj", "blocks.0.attn.out_proj", "blocks.0.mlp.fc1", "blocks.0.mlp.fc2"]
+# (config, quantization) of the parity tests: tiny (float32), bench (the H3 widths, bf16), bench in fp8
+CONFIGS = [("tiny", "none"), ("bench", "none"), ("bench", "fp8")]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -82,15 +87,18 @@ def bitwise_cublas():
 
 @pytest.fixture(scope="module")
 def engines():
-    """engines(config) -> the CUDA Engine of that config as h3_dit builds it (DiT only, seeded
-    random weights, warmed up: the compilation is paid here), made once per module."""
+    """engines(config, quantization="none") -> the CUDA Engine of that config as h3_dit builds it
+    (DiT only, seeded random weights, h3_dit's quantization, warmed up: the compilation is paid
+    here), made once per module."""
     made = {}
 
-    def engine(config: str):
-        if config not in made:
-            made[config] = load_engine(config, WEIGHTS, "cuda", with_encoder=False, with_vaes=False)
-            made[config].warm_up()
-        return made[config]
+    def engine(config: str, quantization: str = "none"):
+        if (config, quantization) not in made:
+            made[config, quantization] = load_engine(
+                config, WEIGHTS, "cuda", with_encoder=False, with_vaes=False, quantization=quantization
+            )
+            made[config, quantization].warm_up()
+        return made[config, quantization]
 
     yield engine
     made.clear()
@@ -154,11 +162,15 @@ def request_mode(engine, config: str, request_id: str) -> tuple[torch.Tensor, to
     ).cpu()
 
 
-def step_mode(engine, config: str, request_ids: list[str]) -> dict[str, Result]:
+def step_mode(engine, config: str, request_ids: list[str], quantization: str = "none") -> dict[str, Result]:
     """Run the requests through a StepLoop in step mode on the real clock, all sent at once, with
     a 60 s execute budget, so steps overlap (each launched before the previous one settles,
-    OVERLAP_MAX_STEP_S). Returns request id -> its Result."""
-    client = Client(make_loop(engine, time.monotonic, execute_budget_s=60.0, max_num_seqs=max(4, len(request_ids))))
+    OVERLAP_MAX_STEP_S); the loop's settings name the engine's quantization. Returns request id
+    -> its Result."""
+    loop = make_loop(
+        engine, time.monotonic, execute_budget_s=60.0, max_num_seqs=max(4, len(request_ids)), quantization=quantization
+    )
+    client = Client(loop)
     for request_id in request_ids:
         height, width, frames, steps, seed, _ = spec(request_id)
         latents, entries = wire_conditions(conditions(request_id))
@@ -195,15 +207,38 @@ def test_every_linear_of_the_h3_widths_is_row_invariant_from_64_to_65536_rows():
     }
 
 
-@pytest.mark.parametrize("config", ["tiny", "bench"])
-def test_solo_co_batched_and_request_mode_are_bitwise_equal_with_compiled_blocks_and_cuda_graphs(engines, config):
-    engine = engines(config)
+def test_every_fp8_block_linear_of_the_h3_widths_is_row_invariant_from_64_to_65536_rows():
+    """The same sweep with h3_dit's quantization = fp8: the four block linears become Fp8Linear
+    (per-row activation scales, torch._scaled_mm), distinct shapes of their own, each row
+    invariant at every row count and offset."""
+    from batch_invariance import gemm_sweep
+
+    dit = H3DiT(get_config("bench"), row_tile=GPU_ROW_TILE, device="meta")
+    quantize_blocks(dit, "fp8")
+    sweep = gemm_sweep(dit, torch.device("cuda"))
+    fp8 = {name: r for name, r in sweep.items() if r["dtype"] == "float8_e4m3fn"}
+    assert list(fp8) == H3_FP8_LINEARS
+    assert {name: (r["cases"], r["max_difference"]) for name, r in fp8.items()} == {
+        name: (SWEEP_CASES, 0.0) for name in H3_FP8_LINEARS
+    }
+
+
+@pytest.mark.parametrize(("config", "quantization"), CONFIGS)
+def test_solo_co_batched_and_request_mode_are_bitwise_equal_with_compiled_blocks_and_cuda_graphs(
+    engines, config, quantization
+):
+    """With fp8 (h3_dit quantization = fp8) too: the block linears' per-row activation scales keep
+    a row's result independent of the pack."""
+    engine = engines(config, quantization)
     dit = engine.dit
     assert dit.device.type == "cuda" and dit.max_compiled_rows is not None and dit.graphs is not None
     assert dit.video_patch_proj.row_tile == GPU_ROW_TILE == 0
-    assert dit.blocks[0].mlp.fc1.weight.dtype == get_config(config).torch_dtype
+    fc1 = dit.blocks[0].mlp.fc1
+    assert fc1.weight.dtype == (E4M3 if quantization == "fp8" else get_config(config).torch_dtype)
+    assert isinstance(fc1, Fp8Linear) == (quantization == "fp8")
     captures = dit.graphs.captures
-    together = step_mode(engine, config, ["a", "b", "c"])
+    together = step_mode(engine, config, ["a", "b", "c"], quantization)
+    assert together["a"].info["quantization"] == quantization
     for request_id in REQUESTS:
         (alone,) = step_mode(engine, config, [request_id]).values()
         video, audio = request_mode(engine, config, request_id)
@@ -215,13 +250,13 @@ def test_solo_co_batched_and_request_mode_are_bitwise_equal_with_compiled_blocks
     assert dit.graphs.captures > captures  # the packs (all under GRAPH_MAX_ROWS rows) replayed graphs
 
 
-@pytest.mark.parametrize("config", ["tiny", "bench"])
-def test_fl2va_and_ref2va_co_batched_with_t2va_equal_solo_and_request_mode(engines, config):
+@pytest.mark.parametrize(("config", "quantization"), CONFIGS)
+def test_fl2va_and_ref2va_co_batched_with_t2va_equal_solo_and_request_mode(engines, config, quantization):
     """fl2va requests (first, last, both keyframes) and ref2va requests (a guide and image, video
     and audio references), three shapes and step counts, packed with t2va requests, equal their
     solo step-mode runs and request mode bit for bit, on CUDA with the compiled blocks and CUDA
-    graphs (K5: every request's conditions reach its own rows)."""
-    engine = engines(config)
+    graphs (K5: every request's conditions reach its own rows), in fp8 too."""
+    engine = engines(config, quantization)
     together = step_mode(engine, config, ["a", "f", "r", "b", "l", "fl", "rr"])
     for request_id in [*FL2VA, *REF2VA]:
         (alone,) = step_mode(engine, config, [request_id]).values()

@@ -51,6 +51,46 @@ def psnr(frame: np.ndarray, reference: np.ndarray) -> float:
     return math.inf if mse == 0 else float(10 * math.log10(255.0**2 / mse))
 
 
+SSIM_WINDOW, SSIM_SIGMA, SSIM_K1, SSIM_K2 = 11, 1.5, 0.01, 0.03  # Wang et al. 2004, section III-C
+
+
+def ssim(frames: np.ndarray, reference: np.ndarray) -> float:
+    """Mean structural similarity of frames against reference (uint8 [..., H, W, 3] each, H and W
+    >= 11): SSIM of Wang, Bovik, Sheikh and Simoncelli (IEEE TIP 2004, eq. 13) with their
+    11 x 11 Gaussian window (sigma 1.5), K1 0.01, K2 0.03 and L 255, per channel over the
+    window positions inside the frame, averaged over positions, channels and frames; 1.0 for
+    identical inputs."""
+    import torch
+    import torch.nn.functional as F
+
+    def planes(x):  # [..., H, W, 3] -> [N, 1, H, W] float64
+        t = torch.from_numpy(np.asarray(x, np.float64))
+        return t.reshape(-1, *t.shape[-3:]).permute(0, 3, 1, 2).reshape(-1, 1, *t.shape[-3:-1])
+
+    a, b = planes(frames), planes(reference)
+    g = torch.exp(-((torch.arange(SSIM_WINDOW, dtype=torch.float64) - SSIM_WINDOW // 2) ** 2) / (2 * SSIM_SIGMA**2))
+    g = g / g.sum()
+    window = (g[:, None] * g[None, :])[None, None]
+
+    def blur(x):
+        return F.conv2d(x, window)
+
+    mu_a, mu_b = blur(a), blur(b)
+    var_a, var_b = blur(a * a) - mu_a**2, blur(b * b) - mu_b**2
+    cov = blur(a * b) - mu_a * mu_b
+    c1, c2 = (SSIM_K1 * 255.0) ** 2, (SSIM_K2 * 255.0) ** 2
+    index = ((2 * mu_a * mu_b + c1) * (2 * cov + c2)) / ((mu_a**2 + mu_b**2 + c1) * (var_a + var_b + c2))
+    return float(index.mean())
+
+
+def snr_db(audio: np.ndarray, reference: np.ndarray) -> float:
+    """Signal-to-noise ratio in dB of audio against reference (float arrays of one shape):
+    10 log10(sum reference^2 / sum (audio - reference)^2); inf for identical arrays."""
+    ref = np.asarray(reference, np.float64)
+    noise = np.sum((np.asarray(audio, np.float64) - ref) ** 2)
+    return math.inf if noise == 0 else float(10 * math.log10(np.sum(ref**2) / noise))
+
+
 def measure_video(frames: np.ndarray) -> dict:
     """frames uint8 [T, H, W, 3] -> {"colour", "direction", "foreground_fraction",
     "slope_px_per_frame": (x, y)}; colour / direction are None when no shape pixels are found."""

@@ -52,24 +52,23 @@ class Linear(nn.Linear):
     """nn.Linear that, when `row_tile` > 0, multiplies in GEMM calls of exactly `row_tile` rows
     (the last tile zero-padded), so every call has one shape and a row's result does not depend
     on how many rows share the forward (h3_spec §3.5 (3)). One-row inputs run as one call.
-    x: [rows, in_features] -> [rows, out_features] in x's dtype."""
+    x: [rows, in_features] -> [rows, out_features] in x's dtype. Subclasses change the GEMM
+    (`gemm`; h3_core.model.fp8.Fp8Linear), not the tiling."""
 
     row_tile: int = 0
+
+    def gemm(self, x: torch.Tensor) -> torch.Tensor:
+        """One GEMM call: x [rows, in_features] -> [rows, out_features]."""
+        return F.linear(x, self.weight, self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows, tile = x.shape[0], self.row_tile
         if tile <= 0 or rows == 1:
-            return super().forward(x)
+            return self.gemm(x)
         tiles = list(x.split(tile))
         if tiles[-1].shape[0] < tile:
             tiles[-1] = F.pad(tiles[-1], (0, 0, 0, tile - tiles[-1].shape[0]))
-        out = x.new_empty(len(tiles) * tile, self.out_features)
-        for part, dst in zip(tiles, out.split(tile), strict=True):
-            if self.bias is None:
-                torch.mm(part, self.weight.t(), out=dst)
-            else:
-                torch.addmm(self.bias, part, self.weight.t(), out=dst)
-        return out[:rows]
+        return torch.cat([self.gemm(part) for part in tiles])[:rows]
 
 
 class RMSNorm(nn.Module):

@@ -50,6 +50,7 @@ import torch.distributed as dist
 from ..config import DiTConfig, get_config
 from ..diffusion.engine import Engine, GroupFailure
 from ..model.dit import H3DiT, use_bitwise_cublas
+from ..model.fp8 import quantize_blocks
 from ..model.packed import PackedBatch
 from ..weights.checkpoint import load_dit
 from .exchange import Arena, CollectiveError, CollectiveExchange
@@ -86,7 +87,7 @@ def rank_devices(device: str | torch.device, sp_degree: int) -> list[str]:
 @dataclass(frozen=True)
 class WorkerSpec:
     """What a worker process needs to start: its rank of `world` on `device`, the DiT (config
-    name, weight source, attention backend), torch CPU threads, the collective timeout, and the
+    name, weight source, attention backend, quantization), torch CPU threads, the collective timeout, and the
     driver's TCPStore port and start number (a fresh rendezvous prefix per start)."""
 
     rank: int
@@ -95,6 +96,7 @@ class WorkerSpec:
     config_name: str
     source: str
     attention_backend: str
+    quantization: str
     cpu_threads: int
     timeout_s: float
     store_port: int
@@ -116,7 +118,7 @@ def exit_with_parent() -> None:
 
 def load_worker(spec: WorkerSpec) -> H3DiT:
     """This rank's DiT on its device as load_engine makes it (bitwise cuBLAS setting, weights,
-    compiled blocks on CUDA), warmed up alone: the compilation and first-use set-up happen before
+    quantization, compiled blocks on CUDA), warmed up alone: the compilation and first-use set-up happen before
     the process group exists, so no rendezvous or collective waits on another rank's compiler."""
     torch.set_num_threads(spec.cpu_threads)
     device = torch.device(spec.device)
@@ -125,6 +127,7 @@ def load_worker(spec: WorkerSpec) -> H3DiT:
         use_bitwise_cublas()
     dit = H3DiT(get_config(spec.config_name), attention_backend=spec.attention_backend, device=device)
     load_dit(dit, spec.source)
+    quantize_blocks(dit, spec.quantization)
     if device.type == "cuda":
         dit.compile_blocks()
     Engine(dit.eval(), None, None).warm_up()
@@ -274,6 +277,7 @@ class SequenceParallelDiT:
         attention_backend: the backend each rank runs per document (h3_core.model.attention).
         timeout_s: a worker that has not answered a step this many seconds after it was sent is
             hung; also each collective's timeout in the process group.
+        quantization: h3_dit's, applied by every rank (h3_core.model.fp8.quantize_blocks).
         start_timeout_s: the longest a start of the workers (weights, warm-up) may take.
     Raises ValueError for sp_degree / GPUs (check_sp_degree, rank_devices) and WorkerLost (from
     `start`, naming the rank and the cause) for workers that cannot start.
@@ -293,12 +297,13 @@ class SequenceParallelDiT:
         sp_degree: int,
         attention_backend: str = "sdpa",
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        quantization: str = "none",
         start_timeout_s: float = START_TIMEOUT_S,
     ):
         check_sp_degree(cfg, sp_degree)
         self.cfg, self.device, self.sp_degree = cfg, torch.device(device), sp_degree
         self.devices = rank_devices(device, sp_degree)
-        self.source, self.attention_backend = str(source), attention_backend
+        self.source, self.attention_backend, self.quantization = str(source), attention_backend, quantization
         self.timeout_s, self.start_timeout_s = timeout_s, start_timeout_s
         self.cpu_threads = torch.get_num_threads()  # the workers use the instance's setting
         self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
@@ -387,6 +392,7 @@ class SequenceParallelDiT:
                 self.cfg.name,
                 self.source,
                 self.attention_backend,
+                self.quantization,
                 self.cpu_threads,
                 self.timeout_s,
                 self.store.port,

@@ -2,7 +2,7 @@
 forward and each state's Euler update, `settle` reads the step's finiteness flags (through a CUDA
 event on a GPU) and sends what the step produced: progress, previews and the results of the jobs
 whose last step it was. The step between the two is `InFlight`. `PackedStep` is a base class of
-StepLoop and reads the loop's engine, scheduler, metrics, clock and jobs."""
+StepLoop and reads the loop's engine, settings, scheduler, metrics, clock and jobs."""
 
 import logging
 import time
@@ -221,6 +221,7 @@ class PackedStep:
                 "num_frames": state.num_frames,
                 "num_inference_steps": state.total_steps,
                 "largest_pack": job.largest_pack,
+                "quantization": self.settings.quantization,
                 **job.conditioning,
                 "stage_seconds": {
                     "queue": job.first_step_s - job.arrival_s,

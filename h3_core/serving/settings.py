@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ..diffusion.request import RequestLimits
 from ..images import ImageLimits
+from ..model.fp8 import QUANTIZATIONS
 from ..protocol import (
     DIT_MODEL,
     ENCODER_MODEL,
@@ -266,7 +267,9 @@ class DitSettings:
     sp_degree (devices one instance runs each packed forward on, sequence parallelism through
     worker processes, h3_core.parallel.workers: 1 = in the instance's own process; on cuda the
     instance's GPU and the next sp_degree - 1; it must divide the config's attention heads,
-    checked at load and by the writer); tasks (comma-separated h3_core.protocol.TASKS this
+    checked at load and by the writer); quantization (h3_core.model.fp8.QUANTIZATIONS: "none", or
+    "fp8": the block linears in float8 e4m3, on GPUs of compute capability >= 8.9 or the CPU,
+    checked at load); tasks (comma-separated h3_core.protocol.TASKS this
     instance's transformer serves; a request of another task is refused with INVALID_ARG: one
     instance loads one transformer, so requests of different transformers never share a pack).
     Step loop: execution_mode ("step": packed steps, each over the requests the policy picks;
@@ -303,6 +306,7 @@ class DitSettings:
     device: str = "cpu"
     attention_backend: str = "sdpa"
     sp_degree: int = 1
+    quantization: str = "none"
     tasks: str = ",".join(TASKS)
     execution_mode: str = "step"
     execute_budget_s: float = EXECUTE_BUDGET_S
@@ -332,6 +336,8 @@ class DitSettings:
     def check(self, max_batch_size: int | None = None, idle_s: float | None = None) -> None:
         """Raise ValueError naming the first broken rule (see the class docstring)."""
         self.served_tasks()
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"h3_dit parameter quantization={self.quantization!r} is not one of {QUANTIZATIONS}")
         if self.execution_mode not in EXECUTION_MODES:
             raise ValueError(f"h3_dit parameter execution_mode={self.execution_mode!r} is not one of {EXECUTION_MODES}")
         if self.scheduling_policy not in POLICIES:

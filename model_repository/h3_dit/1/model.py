@@ -164,12 +164,14 @@ class TritonPythonModel:
             limits=settings.limits(),
             sp_degree=settings.sp_degree,
             sp_timeout_s=idle_s / SP_TIMEOUT_FRACTION,  # a hung worker is replaced well within the idle timeout
+            quantization=settings.quantization,
         )
         seconds = engine.warm_up()
         pb_utils.Logger.log_info(
             f"h3_dit {instance}: warm-up step on {device} in {seconds:.1f} s"
             + (" (compiles the DiT blocks)" if device.startswith("cuda") and settings.sp_degree == 1 else "")
             + (f" over {settings.sp_degree} sequence-parallel workers" if settings.sp_degree > 1 else "")
+            + (f", block linears in {settings.quantization}" if settings.quantization != "none" else "")
         )
         self.loop = StepLoop(
             engine,

@@ -1,0 +1,242 @@
+"""fp8 block linears (h3_dit quantization = fp8, h3_core.model.fp8) against bf16, side by side in
+one process on one GPU (issue 32).
+
+    PYTHONUNBUFFERED=1 python benchmarks/fp8_bench.py --out DIR [--sections steps bitwise quality]
+        [--captions FILE]
+
+  steps    the full H3 DiT (config h3, 50 layers, `random:0` drawn on the GPU) built as h3_dit builds
+           it (h3_core.factory.load_engine: bitwise cuBLAS, compiled blocks, CUDA graphs up to 4,096
+           rows), first in bf16, then freed and built again in fp8: the weights' GPU memory (bytes
+           allocated after loading), the warm-up (compile) seconds, the median step seconds
+           (Engine.denoise_step, 3 runs after a warm-up) of the packs 1 x 128, 8 x 128, 1 x 16,384
+           and 4 x 16,384 rows, the peak memory of the 4 x 16,384 step over the weights (activation
+           bytes per row and unit of hidden_size, server.sizing's constant), and the velocity of
+           the 1 x 16,384-row request's first step in fp8 against bf16 (relative L2 error, cosine).
+           Then, on the fp8 DiT, the attention backends `sdpa` and `auto` (engine_bench's
+           attention_steps: flash-attn-4 from 8,192 rows where it is installed).
+  bitwise  on the fp8 DiT: engine_bench's bitwise packs (1 x 128; 8 x 128; 128 + 16,384;
+           3 x 16,384; 64 + 1,024 + 4,096, 2 or 3 steps each): packed == solo == request mode,
+           torch.equal -> fp8_bitwise_solo_packed_request.
+  quality  the trained demo model (weights/demo, config demo run in bf16: the baseline) and the
+           same weights in fp8, in-process on the GPU: the 36 held-out cases of every task of
+           training.data.TASKS (t2va, fl2va first / last / both, ref2va image / audio), 8 steps,
+           seed 0, 4 requests a forward (training.evaluate.generate with the caption states of
+           --captions, training.text_states' format: the GPU host has no MiniLM). Per clip the
+           SSIM and PSNR of the decoded frames and the SNR of the audio of fp8 against bf16
+           (training.measure), and each variant's attribute accuracy.
+Writes DIR/fp8_bench.json (after every section) whose `summary` bench_report.py --merge-into files
+into benchmarks/results/h200.json; prints a short table last. CUDA only.
+"""
+
+import argparse
+import dataclasses
+import datetime
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from engine_bench import GPU_BITWISE, attention_steps, bitwise, pack_states, timed  # noqa: E402 - after sys.path
+
+from h3_core.config import get_config  # noqa: E402 - after sys.path
+from h3_core.diffusion.request import RequestLimits  # noqa: E402 - after sys.path
+from h3_core.factory import load_engine  # noqa: E402 - after sys.path
+from h3_core.model.dit import use_bitwise_cublas  # noqa: E402 - after sys.path
+
+SECTIONS = ("steps", "bitwise", "quality")
+PACKS = {"1x128": [128], "8x128": [128] * 8, "1x16384": [16384], "4x16384": [16384] * 4}
+QUANTIZATIONS = ("none", "fp8")  # bf16 first, then fp8
+LIMITS = RequestLimits(max_height=1024, max_width=1024, max_num_frames=257, max_rows=2**20, max_request_mb=2**20)
+GIB = 2**30
+DEMO_WEIGHTS = ROOT / "weights" / "demo"
+DEMO_STEPS, DEMO_PACK, DEMO_SEED = 8, 4, 0
+
+
+def release(device: torch.device) -> None:
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+
+
+def measure_steps(quantization: str, device: torch.device, reference: torch.Tensor | None) -> tuple[dict, object]:
+    """One variant of the `steps` section; returns (its results, the engine) and, for bf16, keeps
+    the first step's velocity of the 1 x 16,384 request in results["_velocity"] (on the CPU)."""
+    release(device)
+    before = torch.cuda.memory_allocated(device)
+    start = time.perf_counter()
+    engine = load_engine("h3", "random:0", str(device), with_encoder=False, with_vaes=False, limits=LIMITS,
+                         quantization=quantization)  # fmt: skip
+    weights = torch.cuda.memory_allocated(device) - before
+    result = {"load_seconds": time.perf_counter() - start, "weight_bytes": weights, "weight_gib": weights / GIB}
+    result["compile_seconds"] = engine.warm_up()
+    result["steps"] = {}
+    for name, rows in PACKS.items():
+        states = pack_states(engine, rows)
+        torch.cuda.reset_peak_memory_stats(device)
+        seconds = timed(lambda states=states: engine.denoise_step(states), device, 3)
+        peak = torch.cuda.max_memory_allocated(device) - before - weights
+        result["steps"][name] = {"rows": sum(rows), "seconds": seconds, "peak_activation_bytes": peak}
+        if name == "1x16384":
+            ((video, audio),) = engine.denoise_step(states)
+            velocity = torch.cat([video.flatten(), audio.flatten()]).float().cpu()
+            if reference is None:
+                result["_velocity"] = velocity
+            else:
+                result["velocity_vs_bf16"] = {
+                    "relative_l2_error": float((velocity - reference).norm() / reference.norm()),
+                    "cosine": float(torch.nn.functional.cosine_similarity(velocity, reference, dim=0)),
+                }
+        del states
+    rows = PACKS["4x16384"]
+    peak = result["steps"]["4x16384"]["peak_activation_bytes"]
+    result["bytes_per_row_and_width"] = peak / sum(rows) / engine.dit.cfg.hidden_size
+    return result, engine
+
+
+def section_steps(device: torch.device, results: dict) -> object:
+    """bf16 then fp8 (see the module docstring); returns the fp8 engine for the next sections."""
+    variants, reference, engine = {}, None, None
+    for quantization in QUANTIZATIONS:
+        engine = None
+        result, engine = measure_steps(quantization, device, reference)
+        reference = result.pop("_velocity", reference)
+        variants[quantization] = result
+        print(f"--- steps {quantization}: " + json.dumps(result["steps"]), flush=True)
+    states = pack_states(engine, [16384] * 3)
+    variants["fp8"]["attention"] = attention_steps(engine, states, device)
+    del states
+    results["steps"] = variants
+    bf16, fp8 = variants["none"], variants["fp8"]
+    summary = results["summary"]
+    summary["fp8_dit_weight_gib"] = fp8["weight_gib"]
+    summary["bf16_dit_weight_gib"] = bf16["weight_gib"]
+    for name in PACKS:
+        summary[f"fp8_step_s_{name}_h3"] = fp8["steps"][name]["seconds"]
+        summary[f"bf16_step_s_{name}_h3"] = bf16["steps"][name]["seconds"]
+        summary[f"fp8_speedup_{name}_h3"] = bf16["steps"][name]["seconds"] / fp8["steps"][name]["seconds"]
+    summary["fp8_step_s_16384_h3"] = fp8["steps"]["1x16384"]["seconds"]
+    summary["fp8_speedup_16384_h3"] = summary["fp8_speedup_1x16384_h3"]
+    summary["fp8_velocity_relative_error"] = fp8["velocity_vs_bf16"]["relative_l2_error"]
+    summary["fp8_velocity_cosine"] = fp8["velocity_vs_bf16"]["cosine"]
+    summary["fp8_bytes_per_row_and_width"] = fp8["bytes_per_row_and_width"]
+    summary["bf16_bytes_per_row_and_width"] = bf16["bytes_per_row_and_width"]
+    summary["fp8_auto_over_sdpa_16384"] = variants["fp8"]["attention"]["1_over_sdpa"]["auto"]
+    return engine
+
+
+def section_bitwise(engine, results: dict) -> None:
+    packs = bitwise(engine, GPU_BITWISE)
+    results["bitwise"] = packs
+    results["summary"]["fp8_bitwise_solo_packed_request"] = all(p["bitwise"] for p in packs.values())
+
+
+def demo_engine(quantization: str, device: torch.device):
+    """The demo weights in a bf16 demo DiT (the baseline) with `quantization`, and its VAEs."""
+    cfg = dataclasses.replace(get_config("demo"), dtype="bfloat16")
+    return load_engine(cfg, DEMO_WEIGHTS, str(device), with_encoder=False, quantization=quantization)
+
+
+def section_quality(device: torch.device, captions: Path, results: dict) -> None:
+    from training import data, measure, text_states
+    from training.evaluate import generate, report
+
+    names, _, tensors = text_states.load(captions)
+    states = dict(zip(names, tensors, strict=True))
+    clips = data.held_out_clips()
+    outputs, accuracy = {}, {}
+    for quantization in QUANTIZATIONS:
+        release(device)
+        engine = demo_engine(quantization, device)
+        outputs[quantization] = {
+            task: generate(engine, clips, DEMO_STEPS, DEMO_SEED, DEMO_PACK, states, task) for task in data.TASKS
+        }
+        accuracy[quantization] = {
+            task: report(clips, outputs[quantization][task])["attribute_accuracy"] for task in data.TASKS
+        }
+        del engine
+    per_task = {}
+    for task in data.TASKS:
+        pairs = list(zip(outputs["fp8"][task], outputs["none"][task], strict=True))
+        ssims = [measure.ssim(f8[0], b16[0]) for f8, b16 in pairs]
+        psnrs = [measure.psnr(f8[0], b16[0]) for f8, b16 in pairs]
+        snrs = [measure.snr_db(f8[1], b16[1]) for f8, b16 in pairs]
+        per_task[task] = {
+            "ssim_min": min(ssims),
+            "ssim_median": statistics.median(ssims),
+            "psnr_db_min": min(psnrs),
+            "psnr_db_median": statistics.median(psnrs),
+            "audio_snr_db_min": min(snrs),
+            "audio_snr_db_median": statistics.median(snrs),
+            "attribute_accuracy_bf16": accuracy["none"][task],
+            "attribute_accuracy_fp8": accuracy["fp8"][task],
+        }
+    results["quality"] = {"n_cases": len(clips), "steps": DEMO_STEPS, "seed": DEMO_SEED, "per_task": per_task}
+    summary = results["summary"]
+    summary["fp8_demo_min_ssim"] = min(t["ssim_min"] for t in per_task.values())
+    summary["fp8_demo_min_psnr_db"] = min(t["psnr_db_min"] for t in per_task.values())
+    summary["fp8_demo_min_audio_snr_db"] = min(t["audio_snr_db_min"] for t in per_task.values())
+    summary["fp8_demo_accuracy_unchanged"] = all(
+        t["attribute_accuracy_fp8"] == t["attribute_accuracy_bf16"] for t in per_task.values()
+    )
+
+
+def print_table(results: dict) -> None:
+    summary = results["summary"]
+    print(f"{'key':>40} | value")
+    for key, value in summary.items():
+        print(f"{key:>40} | {value:.4f}" if isinstance(value, float) else f"{key:>40} | {value}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    parser.add_argument("--captions", type=Path, help="caption states of the held-out prompts (quality)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("fp8_bench.py needs a CUDA GPU")
+    if "quality" in args.sections and args.captions is None:
+        parser.error("the quality section needs --captions")
+    use_bitwise_cublas()
+    device = torch.device("cuda")
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = {
+        "date": datetime.date.today().isoformat(),
+        "hardware": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "command": "python benchmarks/fp8_bench.py --out DIR --sections " + " ".join(args.sections),
+        "summary": {},
+    }
+
+    def save() -> None:
+        (args.out / "fp8_bench.json").write_text(json.dumps(results, indent=1))
+
+    engine = None
+    if "steps" in args.sections or "bitwise" in args.sections:
+        if "steps" in args.sections:
+            engine = section_steps(device, results)
+        else:
+            engine = load_engine("h3", "random:0", "cuda", with_encoder=False, with_vaes=False, limits=LIMITS,
+                                 quantization="fp8")  # fmt: skip
+            engine.warm_up()
+        save()
+        if "bitwise" in args.sections:
+            section_bitwise(engine, results)
+            save()
+    del engine
+    if "quality" in args.sections:
+        section_quality(device, args.captions, results)
+        save()
+    print_table(results)
+
+
+if __name__ == "__main__":
+    main()
