@@ -12,8 +12,9 @@ one process on one GPU (issue 32).
            and 4 x 16,384 rows, the peak memory of the 4 x 16,384 step over the weights (activation
            bytes per row and unit of hidden_size, server.sizing's constant), and the velocity of
            the 1 x 16,384-row request's first step in fp8 against bf16 (relative L2 error, cosine).
-           Then, on the fp8 DiT, the attention backends `sdpa` and `auto` (engine_bench's
-           attention_steps: flash-attn-4 from 8,192 rows where it is installed).
+           Then, on the fp8 DiT, the 1 x 16,384 step with the attention backends `sdpa` and
+           `auto` (flash-attn-4 from 8,192 rows where it is installed), 2 interleaved runs of 3
+           timed steps each.
   bitwise  on the fp8 DiT: engine_bench's bitwise packs (1 x 128; 8 x 128; 128 + 16,384;
            3 x 16,384; 64 + 1,024 + 4,096, 2 or 3 steps each): packed == solo == request mode,
            torch.equal -> fp8_bitwise_solo_packed_request.
@@ -44,11 +45,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from engine_bench import GPU_BITWISE, attention_steps, bitwise, pack_states, timed  # noqa: E402 - after sys.path
+from engine_bench import ATTENTION_COMPARED, GPU_BITWISE, bitwise, pack_states, timed  # noqa: E402 - after sys.path
 
 from h3_core.config import get_config  # noqa: E402 - after sys.path
 from h3_core.diffusion.request import RequestLimits  # noqa: E402 - after sys.path
 from h3_core.factory import load_engine  # noqa: E402 - after sys.path
+from h3_core.model.attention import get_attention_backend  # noqa: E402 - after sys.path
 from h3_core.model.dit import use_bitwise_cublas  # noqa: E402 - after sys.path
 
 SECTIONS = ("steps", "bitwise", "quality")
@@ -101,6 +103,19 @@ def measure_steps(quantization: str, device: torch.device, reference: torch.Tens
     return result, engine
 
 
+def attention_seconds(engine, device: torch.device, runs: int = 2) -> dict:
+    """{backend: [median seconds of 3 steps of one 16,384-row request, per run]} for `sdpa` and
+    `auto` as the DiT's attention, the order reversed every other run; the DiT's own after."""
+    own, states = engine.dit.attention, pack_states(engine, [16384])
+    seconds = {name: [] for name in ATTENTION_COMPARED}
+    for i in range(runs):
+        for name in ATTENTION_COMPARED if i % 2 == 0 else reversed(ATTENTION_COMPARED):
+            engine.dit.attention = get_attention_backend(name, device, engine.dit.cfg.torch_dtype)
+            seconds[name].append(timed(lambda: engine.denoise_step(states), device, 3))
+    engine.dit.attention = own
+    return seconds
+
+
 def section_steps(device: torch.device, results: dict) -> object:
     """bf16 then fp8 (see the module docstring); returns the fp8 engine for the next sections."""
     variants, reference, engine = {}, None, None
@@ -110,9 +125,7 @@ def section_steps(device: torch.device, results: dict) -> object:
         reference = result.pop("_velocity", reference)
         variants[quantization] = result
         print(f"--- steps {quantization}: " + json.dumps(result["steps"]), flush=True)
-    states = pack_states(engine, [16384] * 3)
-    variants["fp8"]["attention"] = attention_steps(engine, states, device)
-    del states
+    variants["fp8"]["attention"] = attention_seconds(engine, device)
     results["steps"] = variants
     bf16, fp8 = variants["none"], variants["fp8"]
     summary = results["summary"]
@@ -128,7 +141,8 @@ def section_steps(device: torch.device, results: dict) -> object:
     summary["fp8_velocity_cosine"] = fp8["velocity_vs_bf16"]["cosine"]
     summary["fp8_bytes_per_row_and_width"] = fp8["bytes_per_row_and_width"]
     summary["bf16_bytes_per_row_and_width"] = bf16["bytes_per_row_and_width"]
-    summary["fp8_auto_over_sdpa_16384"] = variants["fp8"]["attention"]["1_over_sdpa"]["auto"]
+    attention = variants["fp8"]["attention"]
+    summary["fp8_auto_over_sdpa_16384"] = statistics.median(attention["auto"]) / statistics.median(attention["sdpa"])
     return engine
 
 
