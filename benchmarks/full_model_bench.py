@@ -2,11 +2,13 @@
 beside it (issue 15; docs/gpu_memory.md).
 
     PYTHONUNBUFFERED=1 python3 benchmarks/full_model_bench.py --out DIR [--work DIR] [--stages a qwen3vl b]
+        [--quantization none|fp8]
 
 One server serves every stage: a repository written with server.repository (plan + write_repository)
 for the `h3` DiT (50 layers, 33,122,992,896 parameters, bf16) from the weight source `random:0`
 (seeded random weights drawn on the GPU at load, no file: 66 GB do not fit the GPU host's disk;
-the VAEs from the same source), everything on GPU 0, h3_dit in step mode with max_num_seqs 4,
+the VAEs from the same source), everything on GPU 0, h3_dit's quantization as given (default none:
+bf16; fp8: h3_core.model.fp8), h3_dit in step mode with max_num_seqs 4,
 max_batch_rows = row_budget = 65,536 (four 16,384-row requests packed in one step), and the
 weight-free benchmark text encoder of width 5120 (benchmarks/bench_text_encoder.py). Its load
 time (tritonserver start -> ready) is recorded, then one unmeasured 2-step request of the full
@@ -69,6 +71,7 @@ from served_bench import FULL_PACK_DIT, without_machine_paths  # noqa: E402 - af
 from h3_core.config import get_config  # noqa: E402 - after the sys.path set-up above
 from h3_core.model import H3DiT  # noqa: E402 - after the sys.path set-up above
 from h3_core.model.encoder import QWEN3VL_H3_LAYER  # noqa: E402 - after the sys.path set-up above
+from h3_core.model.fp8 import QUANTIZATIONS  # noqa: E402 - after the sys.path set-up above
 from server.process import TritonServer, metric_samples, read_metrics, stub_pids  # noqa: E402 - after the sys.path set-up above
 from server.repository import plan, write_repository  # noqa: E402 - after the sys.path set-up above
 from server.sizing import dit_weight_bytes  # noqa: E402 - after the sys.path set-up above
@@ -438,6 +441,7 @@ def main() -> int:
         "--stages", nargs="+", choices=STAGES, default=list(STAGES), help="run in the order a, qwen3vl, b"
     )
     parser.add_argument("--no-mp4", action="store_true", help="return_mp4=false even where PyAV is importable")
+    parser.add_argument("--quantization", choices=QUANTIZATIONS, default="none", help="h3_dit's (default none: bf16)")
     parser.add_argument("--qwen3vl-probe", metavar="DEVICE", help=argparse.SUPPRESS)  # the qwen3vl stage's process
     parser.add_argument("--dims", choices=sorted(QWEN3VL_DIMS), default="h3", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -458,7 +462,10 @@ def main() -> int:
     encoder = args.work / "bench_text_encoder"
     if not (encoder / "model.safetensors").is_file():
         write_bench_text_encoder(encoder, width=cfg.text_dim)
-    overrides = {"h3_dit": FULL_PACK_DIT, "h3_encoder": {"encoder_path": str(encoder)}}
+    overrides = {
+        "h3_dit": {**FULL_PACK_DIT, "quantization": args.quantization},
+        "h3_encoder": {"encoder_path": str(encoder)},
+    }
     repository = plan(setting.config, WEIGHTS, setting.device, [0] if cuda else [], overrides=overrides)
     for model, source in (("h3_dit", repository.dit.checkpoint_dir), ("h3_vae", repository.vae.checkpoint_dir)):
         if source != WEIGHTS:
@@ -471,14 +478,15 @@ def main() -> int:
         "python": sys.version.split()[0],
         "command": "PYTHONUNBUFFERED=1 python3 benchmarks/full_model_bench.py --out DIR"
         + ("" if stages == list(STAGES) else " --stages " + " ".join(stages))
+        + ("" if args.quantization == "none" else f" --quantization {args.quantization}")
         + (" --no-mp4" if args.no_mp4 else ""),
         "settings": {
             **asdict(setting),
             "weights": WEIGHTS,
             "dit_parameters": meta_dit_params,
-            "dit_weight_bytes": dit_weight_bytes(cfg),
+            "dit_weight_bytes": dit_weight_bytes(cfg, args.quantization),
             "rows_per_request": None,  # filled from run a's packed rows
-            "h3_dit": {key: str(value) for key, value in FULL_PACK_DIT.items()},
+            "h3_dit": {key: str(value) for key, value in overrides["h3_dit"].items()},
             "h3_encoder_encoder_path": "benchmark text encoder (benchmarks/bench_text_encoder.py), "
             f"width {cfg.text_dim}, on {repository.encoder.device}",
             "h3_vae": {"checkpoint_dir": repository.vae.checkpoint_dir, "device": repository.vae.device},
