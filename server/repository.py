@@ -374,7 +374,7 @@ def _gpu_rows(
     largest canvas on h3_vae's GPU, the text encoder's weights on h3_encoder's). Raises ValueError
     for a GPU without a free-memory figure or too small."""
     weights = sizing.dit_weight_bytes(cfg, dit.quantization)
-    per_row = sizing.gpu_bytes_per_row_and_width(cfg)
+    per_row = sizing.gpu_bytes_per_row_and_width(cfg, dit.quantization)
     height, width, frames = dit.max_height, dit.max_width, dit.max_num_frames
     decode = sizing.decode_reserve_bytes(height, width, frames, vae.decode_workers)
     folder = encoder.encoder_path or minilm_path()
@@ -399,7 +399,7 @@ def _gpu_rows(
             f"GPU {gpu}: {free // sizing.MIB:,} MiB free - {weights // sizing.MIB:,} MiB DiT weights "
             f"(quantization {dit.quantization}){reserved} -> "
             f"{rows:,} rows at {per_row} bytes per row and unit of hidden_size {cfg.hidden_size} (measured on an "
-            f"H200 in bf16, server.sizing)"
+            f"H200 in {'fp8' if dit.quantization == 'fp8' else 'bf16'}, server.sizing)"
         )
         least = min(least, rows)
     return least

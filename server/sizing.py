@@ -14,8 +14,9 @@ packed DiT sequence.
   in bf16). Reserve, on the GPU that holds h3_vae and h3_encoder: decode_workers x the video VAE
   decode of the largest canvas the limits allow (request_memory_mb's decode term), plus the text
   encoder's weights (h3_core.model.encoder.weight_bytes: 50.3 GB for MiniMax-H3's Qwen3-VL cut to 50
-  layers, plus its vision tower). bytes_per_row_and_width: GPU_BF16_BYTES_PER_ROW_AND_WIDTH, measured on an H200, scaled
-  by the config's dtype bytes / 2.
+  layers, plus its vision tower). bytes_per_row_and_width: GPU_BF16_BYTES_PER_ROW_AND_WIDTH (or
+  GPU_FP8_BYTES_PER_ROW_AND_WIDTH with h3_dit quantization = fp8, whose DiT weights are also smaller),
+  measured on an H200, scaled by the config's dtype bytes / 2.
 - max_sequence_idle_microseconds: longer than the longest execute(), with sequence parallelism
   including one that loses a worker (see idle_timeout).
 - execute_budget_s on cuda: GPU_EXECUTE_BUDGET_S (below).
@@ -40,6 +41,11 @@ MIB = 2**20
 # 16,962 MiB / 49,152 rows = 0.345 MiB a row = 67 B x 5,376 (benchmarks/full_model_bench.py,
 # 2026-11-30, benchmarks/results/h200_full_model.json, docs/gpu_memory.md; eager 4,096-row tiles).
 GPU_BF16_BYTES_PER_ROW_AND_WIDTH = 67
+# The same with h3_dit quantization = fp8: in one process on one H200 (benchmarks/fp8_bench.py,
+# 2026-12-02, benchmarks/results/fp8_h200.json) the compiled 4 x 16,384-row step of the h3 DiT
+# peaked 35.5 B per row and unit of width over its weights in fp8 and 38.2 B in bf16 (both below
+# the served figure above, which holds more than the step); scaled: 67 x 35.5 / 38.2 = 62.
+GPU_FP8_BYTES_PER_ROW_AND_WIDTH = 62
 MAX_BATCH_ROWS = 65_536  # rows of one packed forward at most (4 x the 16,384-row benchmark request)
 # The recorded H200 step: the bench DiT (8 layers, hidden 5376, bf16) steps one 16,384-row request
 # in 0.355 s (benchmarks/results/h200.json, engine_bench e_packing_curve["16384"].one_s = 0.3548;
@@ -154,10 +160,12 @@ def dit_weight_bytes(config: DiTConfig, quantization: str = "none") -> int:
     return sum(t.numel() * t.element_size() for t in (*dit.parameters(), *dit.buffers()))
 
 
-def gpu_bytes_per_row_and_width(config: DiTConfig) -> int:
+def gpu_bytes_per_row_and_width(config: DiTConfig, quantization: str = "none") -> int:
     """The DiT activation bytes per packed row and unit of hidden_size on a GPU:
-    GPU_BF16_BYTES_PER_ROW_AND_WIDTH (67, measured in bf16) x dtype bytes / 2."""
-    return GPU_BF16_BYTES_PER_ROW_AND_WIDTH * dtype_bytes(config) // 2
+    GPU_BF16_BYTES_PER_ROW_AND_WIDTH (67, measured in bf16) or, with quantization fp8,
+    GPU_FP8_BYTES_PER_ROW_AND_WIDTH (62), x dtype bytes / 2."""
+    measured = GPU_FP8_BYTES_PER_ROW_AND_WIDTH if quantization == "fp8" else GPU_BF16_BYTES_PER_ROW_AND_WIDTH
+    return measured * dtype_bytes(config) // 2
 
 
 def decode_reserve_bytes(max_height: int, max_width: int, max_num_frames: int, decode_workers: int) -> int:
