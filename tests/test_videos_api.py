@@ -2,8 +2,10 @@
 server, then the official openai SDK as the client against a real tritonserver (create, poll,
 download, list, delete, cancel mid-run, bad input, overload) and a front end killed mid-job."""
 
+import base64
 import io
 import json
+import socket
 import sqlite3
 
 import httpx2
@@ -18,11 +20,13 @@ from client.generate import wav_bytes
 from h3_core.serving.scheduler import DitLoad
 from server.environment import pick_free_ports
 from server.videos_api.app import Settings, create_app
-from server.videos_api.fields import CREATE_FIELDS, error_from_server, parse_create
+from server.videos_api.fields import CREATE_FIELDS, error_from_server, form_fields, parse_create, task_of
 from server.videos_api.jobs import Jobs, first_frame
 from server.videos_api.store import Store
 
 from .serving import idle_metrics
+from .test_fl2va_serving import png as noise_png
+from .test_ref2va_serving import tone
 from .videos_api_serving import API_KEY, FrontEnd, wait_for
 
 # the SDK marks its videos methods deprecated (OpenAI retired its own video service); only that
@@ -38,23 +42,34 @@ def api_error(code: str, message: str, param: str | None = None) -> dict:
 # ---- without a server ------------------------------------------------------------------------
 
 
+def data_url(data: bytes, kind: str = "image/png") -> str:
+    """A base64 data URL of a file."""
+    return f"data:{kind};base64,{base64.b64encode(data).decode()}"
+
+
 def test_create_fields_map_onto_the_pipeline_request():
     # as the SDK sends them (multipart: every value a string) and as JSON
     sent = {"prompt": "a ball", "size": "96x64", "seconds": "0.5", "seed": "7", "n": "2", "model": "h3"}
-    assert parse_create(sent, "h3") == {
-        "prompt": "a ball",
-        "width": 96,
-        "height": 64,
-        "size": "96x64",
-        "seconds": "0.5",
-        "num_frames": 12,
-        "num_inference_steps": None,
-        "seed": 7,
-        "num_outputs": 2,
-        "preview_every": 1,
-    }
-    sent = {"prompt": "a ball", "num_frames": 9, "num_inference_steps": 3, "preview_every": 0}
-    assert parse_create(sent, "h3") == {
+    assert parse_create(sent, "h3") == (
+        {
+            "prompt": "a ball",
+            "width": 96,
+            "height": 64,
+            "size": "96x64",
+            "seconds": "0.5",
+            "num_frames": 12,
+            "num_inference_steps": None,
+            "seed": 7,
+            "num_outputs": 2,
+            "preview_every": 1,
+            "task": None,
+            "fit": None,
+            "inputs": {},
+        },
+        {},
+    )
+    sent = {"prompt": "a ball", "num_frames": 9, "num_inference_steps": 3, "preview_every": 0, "task": "t2va"}
+    assert parse_create(sent, "h3")[0] == {
         "prompt": "a ball",
         "width": None,
         "height": None,
@@ -65,7 +80,48 @@ def test_create_fields_map_onto_the_pipeline_request():
         "seed": None,
         "num_outputs": None,
         "preview_every": 0,
+        "task": "t2va",
+        "fit": None,
+        "inputs": {},
     }
+
+
+def test_file_fields_come_as_uploads_or_data_urls_and_imply_the_task():
+    first, last, audio = noise_png(64, 96, 1), b"\xff\xd8\xff\xe0 a JPEG's start", tone(2.0)
+    # multipart as the SDK sends extra_body lists ("name[]") and OpenAI's input_reference object
+    form = form_fields(
+        [
+            ("prompt", "a door opens"),
+            ("input_reference[image_url]", data_url(first)),
+            ("reference_images[]", first),
+            ("reference_images", data_url(last, "image/jpeg")),
+        ]
+    )
+    assert form == {
+        "prompt": "a door opens",
+        "input_reference": {"image_url": data_url(first)},
+        "reference_images": [first, data_url(last, "image/jpeg")],
+    }
+    with pytest.raises(Exception) as twice:
+        form_fields([("prompt", "a"), ("prompt", "b")])
+    assert (twice.value.status, twice.value.message) == (400, "INVALID_ARG: prompt was sent twice: it takes one value")
+    request, media = parse_create(
+        {"prompt": "a", "input_reference": first, "last_frame": data_url(last), "fit": "pad"}, "h3"
+    )
+    assert (request["inputs"], request["fit"], task_of(request)) == (
+        {"first_frame": ["image/png"], "last_frame": ["image/jpeg"]},
+        "pad",
+        "fl2va",
+    )
+    assert media == {"first_frame": [first], "last_frame": [last]}
+    request, media = parse_create(
+        {"prompt": "a", "reference_images": [data_url(first)], "reference_audio": audio}, "h3"
+    )
+    assert (request["inputs"], media, task_of(request)) == (
+        {"reference_image": ["image/png"], "reference_audio": ["audio/wav"]},
+        {"reference_image": [first], "reference_audio": [audio]},
+        "ref2va",
+    )
 
 
 @pytest.mark.parametrize(
@@ -90,10 +146,32 @@ def test_create_fields_map_onto_the_pipeline_request():
         ({"prompt": "a", "model": "sora-2"}, "model='sora-2' is not served here; allowed: 'h3'", "model"),
         ({"prompt": "a", "fps": 30}, f"unknown field 'fps'; allowed: {sorted(CREATE_FIELDS)}", "fps"),
         (
-            {"prompt": "a", "input_reference": "x"},
-            "input_reference is not supported: this server generates video from text only",
+            {"prompt": "a", "input_reference": {"image_url": "https://example.com/a.png"}},
+            "input_reference='https://example.com/a.png' must be a file or a base64 data URL "
+            "(data:image/png;base64,...): this server fetches no URLs",
             "input_reference",
         ),
+        (
+            {"prompt": "a", "input_reference": {"file_id": "file_1"}},
+            "input_reference file_id is not served: upload the file or send a data URL",
+            "input_reference",
+        ),
+        (
+            {"prompt": "a", "last_frame": "data:image/png;base64,iVBOR*"},
+            "last_frame is not valid base64 after 'data:...;base64,': Only base64 data is allowed",
+            "last_frame",
+        ),
+        (
+            {"prompt": "a", "reference_images": [b"x", b""]},
+            "reference_images[1] is empty (0 bytes)",
+            "reference_images[1]",
+        ),
+        (
+            {"prompt": "a", "reference_audio": 5},
+            "reference_audio[0] must be a file or a base64 data URL, got int",
+            "reference_audio[0]",
+        ),
+        ({"prompt": "a", "task": 2}, "task=2 must be a string", "task"),
     ],
 )
 def test_bad_create_fields_are_invalid_arg(sent, message, param):
@@ -120,6 +198,34 @@ def test_server_errors_map_to_http_codes():
     for (code, text), (status, headers, param) in cases.items():
         error = error_from_server(code, text)
         assert (error.status, error.headers, error.param, error.message) == (status, headers, param, f"{code}: {text}")
+    # a file's refusal names the API field it came in (KEYFRAMES holds the keyframes sent, first then last)
+    not_image = ": is not an image (no known file signature); the allowed formats are PNG, JPEG, WEBP"
+    for inputs, text, param, message in (
+        ({"last_frame": ["image/png"]}, f"KEYFRAMES[0]{not_image}", "last_frame", f"last_frame{not_image}"),
+        ({"first_frame": [], "last_frame": []}, f"KEYFRAMES[1]{not_image}", "last_frame", f"last_frame{not_image}"),
+        ({"first_frame": []}, f"KEYFRAMES[0]{not_image}", "input_reference", f"input_reference{not_image}"),
+        ({}, "REFERENCE_AUDIO[1]: is 16.000 s long", "reference_audio", "reference_audio[1]: is 16.000 s long"),
+        (
+            {},
+            "REFERENCE_IMAGES holds 10 files: allowed 0..9",
+            "reference_images",
+            "REFERENCE_IMAGES holds 10 files: allowed 0..9",
+        ),
+        (
+            {},
+            "TASK='i2v' is not allowed: allowed ['t2va', 'fl2va', 'ref2va']",
+            "task",
+            "TASK='i2v' is not allowed: allowed ['t2va', 'fl2va', 'ref2va']",
+        ),
+        (
+            {},
+            "fit='zoom' is not allowed: allowed ['crop', 'pad', 'stretch']",
+            "fit",
+            "fit='zoom' is not allowed: allowed ['crop', 'pad', 'stretch']",
+        ),
+    ):
+        error = error_from_server("INVALID_ARG", text, {"inputs": inputs})
+        assert (error.status, error.param, error.message) == (400, param, f"INVALID_ARG: {message}")
     error = error_from_server("INVALID_ARG", "num_frames=192 is out of range: allowed 1..121", {"seconds": "8"})
     assert (error.param, error.message) == (
         "seconds",
@@ -131,7 +237,7 @@ def test_server_errors_map_to_http_codes():
 def test_retention_removes_ended_jobs_their_files_and_stray_folders(tmp_path):
     store = Store(tmp_path / "jobs.sqlite3")
     jobs = Jobs(store, tmp_path, client=None, retention_s=60, max_attempts=3, accept_wait_s=1)
-    request = parse_create({"prompt": "a", "seed": 1}, "h3")
+    request, _ = parse_create({"prompt": "a", "seed": 1}, "h3")
     for job_id in ("old", "young", "running"):
         store.add(job_id, 1000, request)
         jobs.folder(job_id).mkdir()
