@@ -370,6 +370,8 @@ def test_sdk_creates_polls_and_downloads_what_the_client_api_generates(sdk, clie
         "total_steps": 3,
         "queue_position": 0,
         "preview_step": 3,
+        "task": "t2va",
+        "inputs": [],
     }
     (reference,) = client.generate(
         "a red ball rolls to the left",
@@ -420,6 +422,77 @@ def test_json_create_of_several_outputs_downloads_each(sdk, client, front_end):
     with pytest.raises(openai.BadRequestError) as refused:
         sdk.videos.download_content(video.id, extra_query={"index": 2})
     assert refused.value.body["message"] == "INVALID_ARG: index='2' is out of range: allowed 0..1"
+
+
+def result_info(data_dir, video_id: str) -> list[dict]:
+    """The server's INFO of each output of a completed job, read from the front end's SQLite file."""
+    with sqlite3.connect(data_dir / "jobs.sqlite3") as db:
+        return json.loads(db.execute("SELECT outputs FROM jobs WHERE id = ?", (video_id,)).fetchone()[0])
+
+
+def test_sdk_input_reference_and_a_last_frame_in_extra_body_make_the_client_apis_fl2va_clip(sdk, client, front_end):
+    # a first frame of 200 x 300 noise (a PNG over the 64 KiB JSON limit), cropped to the 96 x 64 canvas
+    first, last = noise_png(200, 300, 1), noise_png(64, 96, 2)
+    assert len(first) > 64 * 1024
+    shape = {"seed": 3, "num_frames": 9, "num_inference_steps": 2}
+    video = sdk.videos.create_and_poll(
+        prompt="a door opens",
+        size="96x64",
+        input_reference=("first.png", first, "image/png"),
+        extra_body={"last_frame": data_url(last), **shape},
+    )
+    assert (video.status, video.task, video.model_extra["inputs"]) == (
+        "completed",
+        "fl2va",
+        [
+            {
+                "variant": variant,
+                "index": 0,
+                "media_type": "image/png",
+                "url": f"/v1/videos/{video.id}/content?variant={variant}&index=0",
+            }
+            for variant in ("first_frame", "last_frame")
+        ],
+    )
+    (info,) = result_info(front_end.data_dir, video.id)
+    assert (info["task"], info["conditions"], info["geometry"]["fit"]) == (
+        "fl2va",
+        [{"kind": "keyframe", "frame": 0}, {"kind": "keyframe", "frame": -1}],
+        "crop",
+    )
+    (reference,) = client.generate(
+        "a door opens",
+        height=64,
+        width=96,
+        first_frame=first,
+        last_frame=last,
+        preview_every=1,
+        return_audio=True,
+        **shape,
+    )
+    assert sdk.videos.download_content(video.id).content == reference.video_mp4
+    assert sdk.videos.download_content(video.id, variant="audio").content == wav_bytes(reference.audio)
+    for item, sent in zip(video.model_extra["inputs"], (first, last), strict=True):
+        downloaded = httpx2.get(f"{front_end.url}{item['url']}", headers=AUTH)
+        assert (downloaded.headers["content-type"], downloaded.content) == ("image/png", sent)
+
+
+def test_multipart_reference_image_makes_the_client_apis_ref2va_clip(sdk, client, front_end):
+    image = noise_png(64, 64, 4)
+    shape = {"seed": 4, "num_frames": 9, "num_inference_steps": 2}
+    created = httpx2.post(
+        f"{front_end.url}/v1/videos",
+        data={"prompt": "a ball", "size": "96x64", "fit": "stretch", **{k: str(v) for k, v in shape.items()}},
+        files=[("reference_images", ("ball.png", image, "image/png"))],
+        headers=AUTH,
+    )
+    assert created.status_code == 200, created.text
+    video = sdk.videos.poll(created.json()["id"])
+    assert (video.status, video.task) == ("completed", "ref2va")
+    (reference,) = client.generate("a ball", height=64, width=96, reference_images=[image], fit="stretch", **shape)
+    assert sdk.videos.download_content(video.id).content == reference.video_mp4
+    downloaded = sdk.videos.download_content(video.id, variant="reference_image", extra_query={"index": 0})
+    assert downloaded.content == image
 
 
 def test_list_pages_through_the_videos(sdk):
@@ -517,13 +590,16 @@ def test_bad_input_is_refused_and_creates_nothing(sdk, front_end):
             400,
             {"error": api_error("INVALID_ARG", message, param)},
         ), body
-    # the SDK's multipart, with a file: refused by name
+    # the SDK's multipart with a file the server cannot decode: its refusal names the API field
     with pytest.raises(openai.BadRequestError) as refused:
-        sdk.videos.create(prompt="a", input_reference=("ref.png", b"\x89PNG", "image/png"))
-    assert (
-        refused.value.body["message"]
-        == "INVALID_ARG: input_reference is not supported: this server generates video from text only"
+        sdk.videos.create(prompt="a", input_reference=("ref.png", b"GIF89a", "image/png"))
+    assert refused.value.body == api_error(
+        "INVALID_ARG", "input_reference: is a GIF image; the allowed formats are PNG, JPEG, WEBP", "input_reference"
     )
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.videos.create(prompt="a", extra_body={"reference_audio": [data_url(b"RIFF", "audio/wav")]})
+    assert refused.value.body["param"] == "reference_audio"
+    assert refused.value.body["message"].startswith("INVALID_ARG: reference_audio[0]: ")
     large = json.dumps({"prompt": "a" * 70000}).encode()
     bad_json = "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"
     raw = [  # (method, path, body, Content-Type, status, message)
@@ -566,11 +642,20 @@ def test_bad_input_is_refused_and_creates_nothing(sdk, front_end):
         ),
         (
             "GET",
+            f"/v1/videos/{before[0]}/content?variant=first_frame",
+            None,
+            None,
+            404,
+            f"NOT_FOUND: video {before[0]} was sent no first_frame",
+        ),
+        (
+            "GET",
             f"/v1/videos/{before[0]}/content?variant=spritesheet",
             None,
             None,
             400,
-            "INVALID_ARG: variant='spritesheet' is not served; allowed: ['audio', 'preview', 'thumbnail', 'video']",
+            "INVALID_ARG: variant='spritesheet' is not served; allowed: ['audio', 'first_frame', 'last_frame', "
+            "'preview', 'reference_audio', 'reference_image', 'reference_video', 'thumbnail', 'video']",
         ),
     ]
     for method, path, body, kind, status, message in raw:
@@ -585,6 +670,24 @@ def test_bad_input_is_refused_and_creates_nothing(sdk, front_end):
             api_error("UNAUTHORIZED", "a valid API key is required: send Authorization: Bearer <key>"),
         )
     assert [v.id for v in sdk.videos.list(limit=100)] == before
+
+
+def test_an_oversize_upload_is_413_before_its_body_is_read(front_end):
+    """Headers announcing one byte over --max-upload-bytes (16 MiB by default) and no body: the
+    answer comes at once, so nothing of the body was waited for."""
+    limit = 16 * 1024 * 1024
+    head = (
+        f"POST /v1/videos HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {API_KEY}\r\n"
+        f"Content-Type: multipart/form-data; boundary=b\r\nContent-Length: {limit + 1}\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", front_end.port), timeout=30) as connection:
+        connection.sendall(head.encode())
+        answer = b""
+        while b"}}" not in answer:
+            answer += connection.recv(65536)
+    status, _, body = answer.partition(b"\r\n\r\n")
+    assert status.split(b"\r\n")[0] == b"HTTP/1.1 413 Request Entity Too Large"
+    assert json.loads(body)["error"]["message"] == f"TOO_LARGE: the body is {limit + 1} bytes: allowed {limit}"
 
 
 def test_a_full_dit_is_429_with_retry_after(sdk, server):
