@@ -725,7 +725,12 @@ def triton_state(data_dir, video_id: str) -> tuple:
 
 def test_a_killed_front_end_resubmits_its_job_or_fails_it_by_the_restart_rule(server, client, tmp_path):
     data = tmp_path / "data"
-    request = {"prompt": "restart me", "extra_body": {"num_frames": 9, "num_inference_steps": 150, "seed": 21}}
+    keyframe = noise_png(64, 96, 21)  # the job's file is sent again with the resubmission
+    request = {
+        "prompt": "restart me",
+        "input_reference": ("first.png", keyframe, "image/png"),
+        "extra_body": {"num_frames": 9, "num_inference_steps": 150, "seed": 21},
+    }
     first = FrontEnd(server.grpc_url, data, "--max-attempts", "2").start()
     try:
         video = sdk_for(first).videos.create(**request)
@@ -738,7 +743,9 @@ def test_a_killed_front_end_resubmits_its_job_or_fails_it_by_the_restart_rule(se
         assert sdk.videos.poll(video.id).status == "completed"
         assert triton_state(data, video.id) == ("completed", 2, f"{video.id}-2")
         assert f"{video.id}: Triton request {video.id}-1 cancelled (" in second.log()
-        (reference,) = client.generate("restart me", num_frames=9, num_inference_steps=150, seed=21)
+        (reference,) = client.generate(
+            "restart me", first_frame=keyframe, num_frames=9, num_inference_steps=150, seed=21
+        )
         assert sdk.videos.download_content(video.id).content == reference.video_mp4  # same seed, same output
         other = sdk.videos.create(**request)
         started(sdk, other.id)
@@ -754,4 +761,5 @@ def test_a_killed_front_end_resubmits_its_job_or_fails_it_by_the_restart_rule(se
             },
         )
         assert triton_state(data, other.id) == ("failed", 1, f"{other.id}-1")
+        assert sdk.videos.download_content(other.id, variant="first_frame").content == keyframe  # kept until it expires
         assert sdk.videos.download_content(video.id).content == reference.video_mp4  # nothing lost
