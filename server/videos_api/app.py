@@ -14,7 +14,8 @@
 With API keys, every /v1 route needs `Authorization: Bearer KEY` (401 otherwise); the page itself
 is public and asks for a key. POST bodies larger than max_body_bytes (a multipart create:
 max_upload_bytes) are refused with 413 from their Content-Length, before any of the body is read
-(411 for a chunked body). CORS is off unless origins are given. Errors are OpenAI-shaped (fields.ApiError).
+(411 for a chunked body). CORS is off unless origins are given. Errors are OpenAI-shaped
+(fields.ApiError).
 """
 
 from __future__ import annotations
@@ -66,9 +67,9 @@ class Settings:
     SQLite file (jobs.sqlite3) and the videos/ folder; api_keys: accepted Bearer keys (empty: no
     authentication); cors_origins: origins allowed by CORS (empty: CORS off); max_body_bytes:
     the largest POST body; max_upload_bytes: the largest multipart create (with its files);
-    retention_s: seconds an ended job is kept; max_attempts: submissions
-    of a job across restarts (Jobs docstring); accept_wait_s: the longest wait of a create for
-    Triton's first answer; model_name: the `model` this server answers to."""
+    retention_s: seconds an ended job is kept; max_attempts: submissions of a job across
+    restarts (Jobs docstring); accept_wait_s: the longest wait of a create for Triton's first
+    answer; model_name: the `model` this server answers to. Sizes in bytes."""
 
     triton_url: str = "127.0.0.1:8001"
     data_dir: Path = Path("out/videos_api")
@@ -85,10 +86,11 @@ class Settings:
 def video_object(job: dict, model_name: str) -> dict:
     """The OpenAI video object of a stored job, with our extensions (seed, n, num_frames,
     num_inference_steps, step, total_steps, queue_position, preview_step, task (sent or implied:
-    fields.task_of), inputs (the files sent: {"variant", "index", "media_type", "url"} each, the
-    url the content route's); outside_training once completed when the result's INFO has it). size and seconds are
-    what the client asked for, else the result's (null until then when the server's defaults
-    apply); progress is 100 once completed, else min(99, 100 x step / total_steps)."""
+    fields.task_of), inputs (the files sent, each {"variant", "index", "media_type", "url"}: its
+    download from the content route); outside_training once completed when the result's INFO
+    has it). size and seconds are what the client asked for, else the result's (null until then
+    when the server's defaults apply); progress is 100 once completed, else
+    min(99, 100 x step / total_steps)."""
     request, outputs = job["request"], job["outputs"]
     result = outputs[0] if outputs else {}
     width, height = result.get("width", request["width"]), result.get("height", request["height"])

@@ -209,16 +209,17 @@ def media_type(data: bytes) -> str:
     return next((kind for pattern, kind in SIGNATURES if pattern.match(data)), UNKNOWN_MEDIA_TYPE)
 
 
-def _file(name: str, value) -> bytes:
-    """The bytes of file field `name` (a single item's name, e.g. "reference_images[1]"): an
-    upload's bytes, a base64 data URL's decoded bytes, or (input_reference) OpenAI's
-    {"image_url": DATA_URL}. Raises ApiError 400 INVALID_ARG naming it for another value, a
-    file_id (there is no Files API), a URL that is not a base64 data URL, bad base64, no bytes."""
-    if isinstance(value, dict) and name == "input_reference":
+def _file(field: str, name: str, value) -> bytes:
+    """The bytes of an item of file field `field` (`name`: the item's, e.g. "reference_images[1]",
+    for the message): an upload's bytes, a base64 data URL's decoded bytes, or (input_reference)
+    OpenAI's {"image_url": DATA_URL}. Raises ApiError 400 INVALID_ARG about `field` for another
+    value, a file_id (there is no Files API), a URL that is not a base64 data URL, bad base64, no
+    bytes."""
+    if isinstance(value, dict) and field == "input_reference":
         if "file_id" in value:
-            raise invalid("input_reference file_id is not served: upload the file or send a data URL", name)
+            raise invalid("input_reference file_id is not served: upload the file or send a data URL", field)
         if set(value) != {"image_url"}:
-            raise invalid(f"input_reference must hold image_url alone, got keys {sorted(value)}", name)
+            raise invalid(f"input_reference must hold image_url alone, got keys {sorted(value)}", field)
         value = value["image_url"]
     if isinstance(value, str):
         if not DATA_URL.match(value):
@@ -226,16 +227,16 @@ def _file(name: str, value) -> bytes:
             raise invalid(
                 f"{name}={shown!r} must be a file or a base64 data URL (data:image/png;base64,...): "
                 "this server fetches no URLs",
-                name,
+                field,
             )
         try:
             value = base64.b64decode(value[DATA_URL.match(value).end() :], validate=True)
         except binascii.Error as error:
-            raise invalid(f"{name} is not valid base64 after 'data:...;base64,': {error}", name) from None
+            raise invalid(f"{name} is not valid base64 after 'data:...;base64,': {error}", field) from None
     if not isinstance(value, bytes):
-        raise invalid(f"{name} must be a file or a base64 data URL, got {type(value).__name__}", name)
+        raise invalid(f"{name} must be a file or a base64 data URL, got {type(value).__name__}", field)
     if not value:
-        raise invalid(f"{name} is empty (0 bytes)", name)
+        raise invalid(f"{name} is empty (0 bytes)", field)
     return value
 
 
@@ -248,9 +249,9 @@ def _media(form: Mapping[str, object]) -> dict[str, list[bytes]]:
             continue
         if repeatable:
             items = value if isinstance(value, list) else [value]
-            media[variant] = [_file(f"{name}[{k}]", item) for k, item in enumerate(items)]
+            media[variant] = [_file(name, f"{name}[{k}]", item) for k, item in enumerate(items)]
         else:
-            media[variant] = [_file(name, value)]
+            media[variant] = [_file(name, name, value)]
     return {variant: files for variant, files in media.items() if files}
 
 

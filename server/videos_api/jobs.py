@@ -52,7 +52,8 @@ log = logging.getLogger("server.videos_api")
 PURGE_INTERVAL_S = 60.0
 SEED_LIMIT = 2**31  # seeds the front end draws lie in 0..SEED_LIMIT - 1
 INPUTS = "inputs"  # the folder of a job's files as sent
-GENERATE_ARGUMENT = {variant: argument for variant, argument, _ in MEDIA_FIELDS.values()}
+# content variant -> (H3Client.generate's argument, whether it takes a list)
+GENERATE_ARGUMENT = {variant: (argument, repeatable) for variant, argument, repeatable in MEDIA_FIELDS.values()}
 
 
 def png_bytes(image: np.ndarray) -> bytes:
@@ -251,13 +252,11 @@ class Jobs:
             _write(folder / "preview.png", png_bytes(image))
             self.store.progress(job_id, preview_step=step)
 
-        files = {
-            GENERATE_ARGUMENT[variant]: [self.input_path(job_id, variant, k) for k in range(len(types))]
-            for variant, types in request["inputs"].items()
-        }
-        for argument in ("first_frame", "last_frame"):
-            if argument in files:
-                (files[argument],) = files[argument]
+        files = {}  # generate's file arguments: the paths of the job's inputs
+        for variant, kinds in request["inputs"].items():
+            argument, repeatable = GENERATE_ARGUMENT[variant]
+            paths = [self.input_path(job_id, variant, index) for index in range(len(kinds))]
+            files[argument] = paths if repeatable else paths[0]
         try:
             results = self.client.generate(
                 request["prompt"],
