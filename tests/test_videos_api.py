@@ -2,8 +2,10 @@
 server, then the official openai SDK as the client against a real tritonserver (create, poll,
 download, list, delete, cancel mid-run, bad input, overload) and a front end killed mid-job."""
 
+import base64
 import io
 import json
+import socket
 import sqlite3
 
 import httpx2
@@ -18,11 +20,13 @@ from client.generate import wav_bytes
 from h3_core.serving.scheduler import DitLoad
 from server.environment import pick_free_ports
 from server.videos_api.app import Settings, create_app
-from server.videos_api.fields import CREATE_FIELDS, error_from_server, parse_create
+from server.videos_api.fields import CREATE_FIELDS, error_from_server, form_fields, parse_create, task_of
 from server.videos_api.jobs import Jobs, first_frame
 from server.videos_api.store import Store
 
 from .serving import idle_metrics
+from .test_fl2va_serving import png as noise_png
+from .test_ref2va_serving import tone
 from .videos_api_serving import API_KEY, FrontEnd, wait_for
 
 # the SDK marks its videos methods deprecated (OpenAI retired its own video service); only that
@@ -38,23 +42,34 @@ def api_error(code: str, message: str, param: str | None = None) -> dict:
 # ---- without a server ------------------------------------------------------------------------
 
 
+def data_url(data: bytes, kind: str = "image/png") -> str:
+    """A base64 data URL of a file."""
+    return f"data:{kind};base64,{base64.b64encode(data).decode()}"
+
+
 def test_create_fields_map_onto_the_pipeline_request():
     # as the SDK sends them (multipart: every value a string) and as JSON
     sent = {"prompt": "a ball", "size": "96x64", "seconds": "0.5", "seed": "7", "n": "2", "model": "h3"}
-    assert parse_create(sent, "h3") == {
-        "prompt": "a ball",
-        "width": 96,
-        "height": 64,
-        "size": "96x64",
-        "seconds": "0.5",
-        "num_frames": 12,
-        "num_inference_steps": None,
-        "seed": 7,
-        "num_outputs": 2,
-        "preview_every": 1,
-    }
-    sent = {"prompt": "a ball", "num_frames": 9, "num_inference_steps": 3, "preview_every": 0}
-    assert parse_create(sent, "h3") == {
+    assert parse_create(sent, "h3") == (
+        {
+            "prompt": "a ball",
+            "width": 96,
+            "height": 64,
+            "size": "96x64",
+            "seconds": "0.5",
+            "num_frames": 12,
+            "num_inference_steps": None,
+            "seed": 7,
+            "num_outputs": 2,
+            "preview_every": 1,
+            "task": None,
+            "fit": None,
+            "inputs": {},
+        },
+        {},
+    )
+    sent = {"prompt": "a ball", "num_frames": 9, "num_inference_steps": 3, "preview_every": 0, "task": "t2va"}
+    assert parse_create(sent, "h3")[0] == {
         "prompt": "a ball",
         "width": None,
         "height": None,
@@ -65,7 +80,48 @@ def test_create_fields_map_onto_the_pipeline_request():
         "seed": None,
         "num_outputs": None,
         "preview_every": 0,
+        "task": "t2va",
+        "fit": None,
+        "inputs": {},
     }
+
+
+def test_file_fields_come_as_uploads_or_data_urls_and_imply_the_task():
+    first, last, audio = noise_png(64, 96, 1), b"\xff\xd8\xff\xe0 a JPEG's start", tone(2.0)
+    # multipart as the SDK sends extra_body lists ("name[]") and OpenAI's input_reference object
+    form = form_fields(
+        [
+            ("prompt", "a door opens"),
+            ("input_reference[image_url]", data_url(first)),
+            ("reference_images[]", first),
+            ("reference_images", data_url(last, "image/jpeg")),
+        ]
+    )
+    assert form == {
+        "prompt": "a door opens",
+        "input_reference": {"image_url": data_url(first)},
+        "reference_images": [first, data_url(last, "image/jpeg")],
+    }
+    with pytest.raises(Exception) as twice:
+        form_fields([("prompt", "a"), ("prompt", "b")])
+    assert (twice.value.status, twice.value.message) == (400, "INVALID_ARG: prompt was sent twice: it takes one value")
+    request, media = parse_create(
+        {"prompt": "a", "input_reference": first, "last_frame": data_url(last), "fit": "pad"}, "h3"
+    )
+    assert (request["inputs"], request["fit"], task_of(request)) == (
+        {"first_frame": ["image/png"], "last_frame": ["image/jpeg"]},
+        "pad",
+        "fl2va",
+    )
+    assert media == {"first_frame": [first], "last_frame": [last]}
+    request, media = parse_create(
+        {"prompt": "a", "reference_images": [data_url(first)], "reference_audio": audio}, "h3"
+    )
+    assert (request["inputs"], media, task_of(request)) == (
+        {"reference_image": ["image/png"], "reference_audio": ["audio/wav"]},
+        {"reference_image": [first], "reference_audio": [audio]},
+        "ref2va",
+    )
 
 
 @pytest.mark.parametrize(
@@ -90,10 +146,32 @@ def test_create_fields_map_onto_the_pipeline_request():
         ({"prompt": "a", "model": "sora-2"}, "model='sora-2' is not served here; allowed: 'h3'", "model"),
         ({"prompt": "a", "fps": 30}, f"unknown field 'fps'; allowed: {sorted(CREATE_FIELDS)}", "fps"),
         (
-            {"prompt": "a", "input_reference": "x"},
-            "input_reference is not supported: this server generates video from text only",
+            {"prompt": "a", "input_reference": {"image_url": "https://example.com/a.png"}},
+            "input_reference='https://example.com/a.png' must be a file or a base64 data URL "
+            "(data:image/png;base64,...): this server fetches no URLs",
             "input_reference",
         ),
+        (
+            {"prompt": "a", "input_reference": {"file_id": "file_1"}},
+            "input_reference file_id is not served: upload the file or send a data URL",
+            "input_reference",
+        ),
+        (
+            {"prompt": "a", "last_frame": "data:image/png;base64,iVBOR*"},
+            "last_frame is not valid base64 after 'data:...;base64,': Only base64 data is allowed",
+            "last_frame",
+        ),
+        (
+            {"prompt": "a", "reference_images": [b"x", b""]},
+            "reference_images[1] is empty (0 bytes)",
+            "reference_images",
+        ),
+        (
+            {"prompt": "a", "reference_audio": 5},
+            "reference_audio[0] must be a file or a base64 data URL, got int",
+            "reference_audio",
+        ),
+        ({"prompt": "a", "task": 2}, "task=2 must be a string", "task"),
     ],
 )
 def test_bad_create_fields_are_invalid_arg(sent, message, param):
@@ -120,6 +198,34 @@ def test_server_errors_map_to_http_codes():
     for (code, text), (status, headers, param) in cases.items():
         error = error_from_server(code, text)
         assert (error.status, error.headers, error.param, error.message) == (status, headers, param, f"{code}: {text}")
+    # a file's refusal names the API field it came in (KEYFRAMES holds the keyframes sent, first then last)
+    not_image = ": is not an image (no known file signature); the allowed formats are PNG, JPEG, WEBP"
+    for inputs, text, param, message in (
+        ({"last_frame": ["image/png"]}, f"KEYFRAMES[0]{not_image}", "last_frame", f"last_frame{not_image}"),
+        ({"first_frame": [], "last_frame": []}, f"KEYFRAMES[1]{not_image}", "last_frame", f"last_frame{not_image}"),
+        ({"first_frame": []}, f"KEYFRAMES[0]{not_image}", "input_reference", f"input_reference{not_image}"),
+        ({}, "REFERENCE_AUDIO[1]: is 16.000 s long", "reference_audio", "reference_audio[1]: is 16.000 s long"),
+        (
+            {},
+            "REFERENCE_IMAGES holds 10 files: allowed 0..9",
+            "reference_images",
+            "REFERENCE_IMAGES holds 10 files: allowed 0..9",
+        ),
+        (
+            {},
+            "TASK='i2v' is not allowed: allowed ['t2va', 'fl2va', 'ref2va']",
+            "task",
+            "TASK='i2v' is not allowed: allowed ['t2va', 'fl2va', 'ref2va']",
+        ),
+        (
+            {},
+            "fit='zoom' is not allowed: allowed ['crop', 'pad', 'stretch']",
+            "fit",
+            "fit='zoom' is not allowed: allowed ['crop', 'pad', 'stretch']",
+        ),
+    ):
+        error = error_from_server("INVALID_ARG", text, {"inputs": inputs})
+        assert (error.status, error.param, error.message) == (400, param, f"INVALID_ARG: {message}")
     error = error_from_server("INVALID_ARG", "num_frames=192 is out of range: allowed 1..121", {"seconds": "8"})
     assert (error.param, error.message) == (
         "seconds",
@@ -131,7 +237,7 @@ def test_server_errors_map_to_http_codes():
 def test_retention_removes_ended_jobs_their_files_and_stray_folders(tmp_path):
     store = Store(tmp_path / "jobs.sqlite3")
     jobs = Jobs(store, tmp_path, client=None, retention_s=60, max_attempts=3, accept_wait_s=1)
-    request = parse_create({"prompt": "a", "seed": 1}, "h3")
+    request, _ = parse_create({"prompt": "a", "seed": 1}, "h3")
     for job_id in ("old", "young", "running"):
         store.add(job_id, 1000, request)
         jobs.folder(job_id).mkdir()
@@ -264,6 +370,8 @@ def test_sdk_creates_polls_and_downloads_what_the_client_api_generates(sdk, clie
         "total_steps": 3,
         "queue_position": 0,
         "preview_step": 3,
+        "task": "t2va",
+        "inputs": [],
     }
     (reference,) = client.generate(
         "a red ball rolls to the left",
@@ -314,6 +422,77 @@ def test_json_create_of_several_outputs_downloads_each(sdk, client, front_end):
     with pytest.raises(openai.BadRequestError) as refused:
         sdk.videos.download_content(video.id, extra_query={"index": 2})
     assert refused.value.body["message"] == "INVALID_ARG: index='2' is out of range: allowed 0..1"
+
+
+def result_info(data_dir, video_id: str) -> list[dict]:
+    """The server's INFO of each output of a completed job, read from the front end's SQLite file."""
+    with sqlite3.connect(data_dir / "jobs.sqlite3") as db:
+        return json.loads(db.execute("SELECT outputs FROM jobs WHERE id = ?", (video_id,)).fetchone()[0])
+
+
+def test_sdk_input_reference_and_a_last_frame_in_extra_body_make_the_client_apis_fl2va_clip(sdk, client, front_end):
+    # a first frame of 200 x 300 noise (a PNG over the 64 KiB JSON limit), cropped to the 96 x 64 canvas
+    first, last = noise_png(200, 300, 1), noise_png(64, 96, 2)
+    assert len(first) > 64 * 1024
+    shape = {"seed": 3, "num_frames": 9, "num_inference_steps": 2}
+    video = sdk.videos.create_and_poll(
+        prompt="a door opens",
+        size="96x64",
+        input_reference=("first.png", first, "image/png"),
+        extra_body={"last_frame": data_url(last), **shape},
+    )
+    assert (video.status, video.task, video.model_extra["inputs"]) == (
+        "completed",
+        "fl2va",
+        [
+            {
+                "variant": variant,
+                "index": 0,
+                "media_type": "image/png",
+                "url": f"/v1/videos/{video.id}/content?variant={variant}&index=0",
+            }
+            for variant in ("first_frame", "last_frame")
+        ],
+    )
+    (info,) = result_info(front_end.data_dir, video.id)
+    assert (info["task"], info["conditions"], info["geometry"]["fit"]) == (
+        "fl2va",
+        [{"kind": "keyframe", "frame": 0}, {"kind": "keyframe", "frame": -1}],
+        "crop",
+    )
+    (reference,) = client.generate(
+        "a door opens",
+        height=64,
+        width=96,
+        first_frame=first,
+        last_frame=last,
+        preview_every=1,
+        return_audio=True,
+        **shape,
+    )
+    assert sdk.videos.download_content(video.id).content == reference.video_mp4
+    assert sdk.videos.download_content(video.id, variant="audio").content == wav_bytes(reference.audio)
+    for item, sent in zip(video.model_extra["inputs"], (first, last), strict=True):
+        downloaded = httpx2.get(f"{front_end.url}{item['url']}", headers=AUTH)
+        assert (downloaded.headers["content-type"], downloaded.content) == ("image/png", sent)
+
+
+def test_multipart_reference_image_makes_the_client_apis_ref2va_clip(sdk, client, front_end):
+    image = noise_png(64, 64, 4)
+    shape = {"seed": 4, "num_frames": 9, "num_inference_steps": 2}
+    created = httpx2.post(
+        f"{front_end.url}/v1/videos",
+        data={"prompt": "a ball", "size": "96x64", "fit": "stretch", **{k: str(v) for k, v in shape.items()}},
+        files=[("reference_images", ("ball.png", image, "image/png"))],
+        headers=AUTH,
+    )
+    assert created.status_code == 200, created.text
+    video = sdk.videos.poll(created.json()["id"])
+    assert (video.status, video.task) == ("completed", "ref2va")
+    (reference,) = client.generate("a ball", height=64, width=96, reference_images=[image], fit="stretch", **shape)
+    assert sdk.videos.download_content(video.id).content == reference.video_mp4
+    downloaded = sdk.videos.download_content(video.id, variant="reference_image", extra_query={"index": 0})
+    assert downloaded.content == image
 
 
 def test_list_pages_through_the_videos(sdk):
@@ -411,13 +590,16 @@ def test_bad_input_is_refused_and_creates_nothing(sdk, front_end):
             400,
             {"error": api_error("INVALID_ARG", message, param)},
         ), body
-    # the SDK's multipart, with a file: refused by name
+    # the SDK's multipart with a file the server cannot decode: its refusal names the API field
     with pytest.raises(openai.BadRequestError) as refused:
-        sdk.videos.create(prompt="a", input_reference=("ref.png", b"\x89PNG", "image/png"))
-    assert (
-        refused.value.body["message"]
-        == "INVALID_ARG: input_reference is not supported: this server generates video from text only"
+        sdk.videos.create(prompt="a", input_reference=("ref.png", b"GIF89a", "image/png"))
+    assert refused.value.body == api_error(
+        "INVALID_ARG", "input_reference: is a GIF image; the allowed formats are PNG, JPEG, WEBP", "input_reference"
     )
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.videos.create(prompt="a", extra_body={"reference_audio": [data_url(b"RIFF", "audio/wav")]})
+    assert refused.value.body["param"] == "reference_audio"
+    assert refused.value.body["message"].startswith("INVALID_ARG: reference_audio[0]: ")
     large = json.dumps({"prompt": "a" * 70000}).encode()
     bad_json = "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"
     raw = [  # (method, path, body, Content-Type, status, message)
@@ -460,11 +642,20 @@ def test_bad_input_is_refused_and_creates_nothing(sdk, front_end):
         ),
         (
             "GET",
+            f"/v1/videos/{before[0]}/content?variant=first_frame",
+            None,
+            None,
+            404,
+            f"NOT_FOUND: video {before[0]} was sent no first_frame",
+        ),
+        (
+            "GET",
             f"/v1/videos/{before[0]}/content?variant=spritesheet",
             None,
             None,
             400,
-            "INVALID_ARG: variant='spritesheet' is not served; allowed: ['audio', 'preview', 'thumbnail', 'video']",
+            "INVALID_ARG: variant='spritesheet' is not served; allowed: ['audio', 'first_frame', 'last_frame', "
+            "'preview', 'reference_audio', 'reference_image', 'reference_video', 'thumbnail', 'video']",
         ),
     ]
     for method, path, body, kind, status, message in raw:
@@ -479,6 +670,24 @@ def test_bad_input_is_refused_and_creates_nothing(sdk, front_end):
             api_error("UNAUTHORIZED", "a valid API key is required: send Authorization: Bearer <key>"),
         )
     assert [v.id for v in sdk.videos.list(limit=100)] == before
+
+
+def test_an_oversize_upload_is_413_before_its_body_is_read(front_end):
+    """Headers announcing one byte over --max-upload-bytes (16 MiB by default) and no body: the
+    answer comes at once, so nothing of the body was waited for."""
+    limit = 16 * 1024 * 1024
+    head = (
+        f"POST /v1/videos HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {API_KEY}\r\n"
+        f"Content-Type: multipart/form-data; boundary=b\r\nContent-Length: {limit + 1}\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", front_end.port), timeout=30) as connection:
+        connection.sendall(head.encode())
+        answer = b""
+        while b"}}" not in answer:
+            answer += connection.recv(65536)
+    status, _, body = answer.partition(b"\r\n\r\n")
+    assert status.split(b"\r\n")[0] == b"HTTP/1.1 413 Request Entity Too Large"
+    assert json.loads(body)["error"]["message"] == f"TOO_LARGE: the body is {limit + 1} bytes: allowed {limit}"
 
 
 def test_a_full_dit_is_429_with_retry_after(sdk, server):
@@ -516,7 +725,12 @@ def triton_state(data_dir, video_id: str) -> tuple:
 
 def test_a_killed_front_end_resubmits_its_job_or_fails_it_by_the_restart_rule(server, client, tmp_path):
     data = tmp_path / "data"
-    request = {"prompt": "restart me", "extra_body": {"num_frames": 9, "num_inference_steps": 150, "seed": 21}}
+    keyframe = noise_png(64, 96, 21)  # the job's file is sent again with the resubmission
+    request = {
+        "prompt": "restart me",
+        "input_reference": ("first.png", keyframe, "image/png"),
+        "extra_body": {"num_frames": 9, "num_inference_steps": 150, "seed": 21},
+    }
     first = FrontEnd(server.grpc_url, data, "--max-attempts", "2").start()
     try:
         video = sdk_for(first).videos.create(**request)
@@ -529,7 +743,9 @@ def test_a_killed_front_end_resubmits_its_job_or_fails_it_by_the_restart_rule(se
         assert sdk.videos.poll(video.id).status == "completed"
         assert triton_state(data, video.id) == ("completed", 2, f"{video.id}-2")
         assert f"{video.id}: Triton request {video.id}-1 cancelled (" in second.log()
-        (reference,) = client.generate("restart me", num_frames=9, num_inference_steps=150, seed=21)
+        (reference,) = client.generate(
+            "restart me", first_frame=keyframe, num_frames=9, num_inference_steps=150, seed=21
+        )
         assert sdk.videos.download_content(video.id).content == reference.video_mp4  # same seed, same output
         other = sdk.videos.create(**request)
         started(sdk, other.id)
@@ -545,4 +761,5 @@ def test_a_killed_front_end_resubmits_its_job_or_fails_it_by_the_restart_rule(se
             },
         )
         assert triton_state(data, other.id) == ("failed", 1, f"{other.id}-1")
+        assert sdk.videos.download_content(other.id, variant="first_frame").content == keyframe  # kept until it expires
         assert sdk.videos.download_content(video.id).content == reference.video_mp4  # nothing lost

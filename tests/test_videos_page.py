@@ -1,7 +1,7 @@
 """The Videos API's page in a real headless Chromium (Debian's chromium + chromium-driver through
-Selenium) against a real tritonserver: the API key, a prompt submitted, progress advancing,
-previews, the video element loading the clip, the job list; the screenshot is kept in
-out/test_videos_page/page.png."""
+Selenium) against a real tritonserver: the API key, a prompt with a first frame picked submitted,
+progress advancing, previews, the video element loading the clip beside the first frame, the job
+list with its task; the screenshot is kept in out/test_videos_page/page.png."""
 
 import shutil
 import time
@@ -14,6 +14,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 
 from .serving import ROOT
+from .test_fl2va_serving import png
 from .videos_api_serving import API_KEY, FrontEnd, wait_for
 
 SCREENSHOT = ROOT / "out" / "test_videos_page" / "page.png"
@@ -35,7 +36,7 @@ def chromium() -> webdriver.Chrome:
     return webdriver.Chrome(options=options, service=Service(driver))
 
 
-def test_the_page_generates_a_video_with_progress_previews_and_the_clip(server, tmp_path):
+def test_the_page_generates_a_video_from_a_first_frame_with_progress_previews_and_the_clip(server, tmp_path):
     with FrontEnd(server.grpc_url, tmp_path / "data") as front_end:
         browser = chromium()
         try:
@@ -54,6 +55,9 @@ def test_the_page_generates_a_video_with_progress_previews_and_the_clip(server, 
             find(By.ID, "size").send_keys("96x64")
             find(By.ID, "steps").send_keys(str(STEPS))
             find(By.ID, "seed").send_keys("5")
+            first_frame = tmp_path / "first.png"
+            first_frame.write_bytes(png(64, 96, 7))
+            find(By.ID, "first-frame").send_keys(str(first_frame))  # the picker's file, as a user picks it
             find(By.ID, "generate").click()
 
             seen = []  # (progress bar value, preview image width) as the page shows them
@@ -74,6 +78,16 @@ def test_the_page_generates_a_video_with_progress_previews_and_the_clip(server, 
             assert any(0 < value < 100 for value in values), f"no progress between 0 and 100 %: {seen}"
             assert any(0 < value < 100 and width == 6 for value, width in seen), f"no preview while it ran: {seen}"
             job_id = find(By.ID, "job-id").text
+            assert find(By.ID, "task").text == "fl2va"
+            shown = wait_for(
+                lambda: browser.execute_script(
+                    "const i = document.querySelector('#inputs img.input-first_frame');"
+                    " return i && i.naturalWidth ? [i.naturalWidth, i.naturalHeight, i.nextSibling.textContent] : null"
+                ),
+                30,
+                "the first frame beside the result",
+            )
+            assert shown == [96, 64, "first frame"]
             assert find(By.ID, "status").text == f"completed, step {STEPS} of {STEPS} (100 %)"
             assert find(By.ID, "preview-caption").text == f"preview after step {STEPS} (latent resolution)"
             video = browser.execute_script(
@@ -88,7 +102,7 @@ def test_the_page_generates_a_video_with_progress_previews_and_the_clip(server, 
                     return None  # the list was redrawn while it was read: read it again
 
             cells = wait_for(row_cells, 30, "the job in the list")
-            assert cells[1:] == [prompt_text, "96x64", "0.917", "5", "completed 100 %", "showdelete"]
+            assert cells[1:] == [prompt_text, "fl2va", "96x64", "0.917", "5", "completed 100 %", "showdelete"]
             # for the screenshot: the clip at its middle frame, once the player has drawn it
             browser.execute_async_script(
                 "const [v, done] = [document.getElementById('video'), arguments[0]];"

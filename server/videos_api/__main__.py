@@ -2,8 +2,8 @@
 
     python -m server.videos_api [--triton-url HOST:PORT] [--host ADDR] [--port P] [--data-dir DIR]
                                 [--api-key-file FILE] [--cors-origin ORIGIN]... [--max-body-bytes N]
-                                [--retention-hours H] [--max-attempts N] [--accept-wait SECONDS]
-                                [--model-name NAME]
+                                [--max-upload-bytes N] [--retention-hours H] [--max-attempts N]
+                                [--accept-wait SECONDS] [--model-name NAME]
 
 Bad flags exit with status 2 and one error line (argparse), before anything is served.
 """
@@ -68,7 +68,13 @@ def _parser() -> argparse.ArgumentParser:
         "--max-body-bytes",
         type=_positive(int),
         default=defaults.max_body_bytes,
-        help="largest POST body (default: %(default)s)",
+        help="largest POST body in bytes, other than a multipart create (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-upload-bytes",
+        type=_positive(int),
+        default=defaults.max_upload_bytes,
+        help="largest multipart POST /v1/videos (and /sync) body in bytes, its files included (default: %(default)s)",
     )
     p.add_argument(
         "--retention-hours",
@@ -120,6 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         api_keys=keys,
         cors_origins=tuple(args.cors_origin),
         max_body_bytes=args.max_body_bytes,
+        max_upload_bytes=args.max_upload_bytes,
         retention_s=args.retention_hours * 3600,
         max_attempts=args.max_attempts,
         accept_wait_s=args.accept_wait,

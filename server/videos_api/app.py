@@ -3,15 +3,19 @@
     POST   /v1/videos                  create a job (JSON or multipart): the video object
     GET    /v1/videos/{id}             the video object
     GET    /v1/videos                  a page of video objects: ?after=ID&limit=1..100&order=asc|desc
-    GET    /v1/videos/{id}/content     ?variant=video|audio|thumbnail|preview&index=K
+    GET    /v1/videos/{id}/content     ?variant=video|audio|thumbnail|preview&index=K, or an input
+                                       as sent: first_frame|last_frame|reference_image|
+                                       reference_video|reference_audio&index=K
     POST   /v1/videos/{id}/cancel      cancel a queued or in_progress job (ours): status cancelled
     DELETE /v1/videos/{id}             cancel it if it runs, remove it and its files
     POST   /v1/videos/sync             create, wait, answer the MP4 (header X-Video-Id)
     GET    /                           the page (static/index.html; static/ holds its script and style)
 
 With API keys, every /v1 route needs `Authorization: Bearer KEY` (401 otherwise); the page itself
-is public and asks for a key. POST bodies larger than max_body_bytes are refused with 413 (411
-for a chunked body). CORS is off unless origins are given. Errors are OpenAI-shaped (fields.ApiError).
+is public and asks for a key. POST bodies larger than max_body_bytes (a multipart create:
+max_upload_bytes) are refused with 413 from their Content-Length, before any of the body is read
+(411 for a chunked body). CORS is off unless origins are given. Errors are OpenAI-shaped
+(fields.ApiError).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from client.api import H3Client
@@ -52,6 +57,8 @@ CONTENT = {  # variant -> (file name of output k, media type)
     "thumbnail": ("{k}.png", "image/png"),
     "preview": ("preview.png", "image/png"),
 }
+INPUT_VARIANTS = tuple(variant for variant, _, _ in fields.MEDIA_FIELDS.values())  # content of the files sent
+CREATE_PATHS = ("/v1/videos", "/v1/videos/sync")  # where a multipart body may carry files
 
 
 @dataclass(frozen=True)
@@ -59,15 +66,17 @@ class Settings:
     """How the front end runs. triton_url: Triton's gRPC endpoint (host:port); data_dir: the
     SQLite file (jobs.sqlite3) and the videos/ folder; api_keys: accepted Bearer keys (empty: no
     authentication); cors_origins: origins allowed by CORS (empty: CORS off); max_body_bytes:
-    the largest POST body; retention_s: seconds an ended job is kept; max_attempts: submissions
-    of a job across restarts (Jobs docstring); accept_wait_s: the longest wait of a create for
-    Triton's first answer; model_name: the `model` this server answers to."""
+    the largest POST body; max_upload_bytes: the largest multipart create (with its files);
+    retention_s: seconds an ended job is kept; max_attempts: submissions of a job across
+    restarts (Jobs docstring); accept_wait_s: the longest wait of a create for Triton's first
+    answer; model_name: the `model` this server answers to. Sizes in bytes."""
 
     triton_url: str = "127.0.0.1:8001"
     data_dir: Path = Path("out/videos_api")
     api_keys: frozenset[str] = frozenset()
     cors_origins: tuple[str, ...] = ()
     max_body_bytes: int = 64 * 1024
+    max_upload_bytes: int = 16 * 1024 * 1024
     retention_s: float = 24 * 3600.0
     max_attempts: int = 3
     accept_wait_s: float = 30.0
@@ -76,10 +85,12 @@ class Settings:
 
 def video_object(job: dict, model_name: str) -> dict:
     """The OpenAI video object of a stored job, with our extensions (seed, n, num_frames,
-    num_inference_steps, step, total_steps, queue_position, preview_step; outside_training once
-    completed when the result's INFO has it). size and seconds are
-    what the client asked for, else the result's (null until then when the server's defaults
-    apply); progress is 100 once completed, else min(99, 100 x step / total_steps)."""
+    num_inference_steps, step, total_steps, queue_position, preview_step, task (sent or implied:
+    fields.task_of), inputs (the files sent, each {"variant", "index", "media_type", "url"}: its
+    download from the content route); outside_training once completed when the result's INFO
+    has it). size and seconds are what the client asked for, else the result's (null until then
+    when the server's defaults apply); progress is 100 once completed, else
+    min(99, 100 x step / total_steps)."""
     request, outputs = job["request"], job["outputs"]
     result = outputs[0] if outputs else {}
     width, height = result.get("width", request["width"]), result.get("height", request["height"])
@@ -114,6 +125,17 @@ def video_object(job: dict, model_name: str) -> dict:
         "total_steps": job["total_steps"],
         "queue_position": job["queue_position"],
         "preview_step": job["preview_step"],
+        "task": fields.task_of(request),
+        "inputs": [
+            {
+                "variant": variant,
+                "index": index,
+                "media_type": kind,
+                "url": f"/v1/videos/{job['id']}/content?variant={variant}&index={index}",
+            }
+            for variant, kinds in request["inputs"].items()
+            for index, kind in enumerate(kinds)
+        ],
         **({"outside_training": result["outside_training"]} if "outside_training" in result else {}),
     }
 
@@ -125,9 +147,10 @@ def _error_response(error: ApiError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
 
-async def _form(request: Request) -> dict:
-    """The fields of a POST body: a JSON object, or multipart / urlencoded form fields (an
-    uploaded file stays an UploadFile, which parse_create refuses by name)."""
+async def _form(request: Request, max_part_bytes: int) -> dict:
+    """The fields of a POST body: a JSON object, or multipart / urlencoded form fields
+    (fields.form_fields; an uploaded file's value its bytes). max_part_bytes: the largest
+    multipart field that is not a file (a data URL), in bytes."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind == "application/json":
         try:
@@ -138,8 +161,12 @@ async def _form(request: Request) -> dict:
             raise fields.invalid("the JSON body must be an object")
         return body
     if kind in ("multipart/form-data", "application/x-www-form-urlencoded"):
-        form = await request.form()
-        return {key: value for key, value in form.multi_items()}
+        async with request.form(max_part_size=max_part_bytes) as form:
+            items = [
+                (key, await value.read() if isinstance(value, UploadFile) else value)
+                for key, value in form.multi_items()
+            ]
+        return fields.form_fields(items)
     raise fields.invalid(f"Content-Type {kind or 'none'!r} is not served: send application/json or multipart/form-data")
 
 
@@ -211,9 +238,10 @@ def create_app(settings: Settings) -> FastAPI:
             error = ApiError(411, "LENGTH_REQUIRED", "send the body with a Content-Length")
             return _error_response(error)
         length = request.headers.get("content-length", "0")
-        if not length.isdigit() or int(length) > settings.max_body_bytes:
-            error = ApiError(413, "TOO_LARGE", f"the body is {length} bytes: allowed {settings.max_body_bytes}")
-            return _error_response(error)
+        multipart = request.headers.get("content-type", "").lower().startswith("multipart/form-data")
+        limit = settings.max_upload_bytes if multipart and request.url.path in CREATE_PATHS else settings.max_body_bytes
+        if not length.isdigit() or int(length) > limit:
+            return _error_response(ApiError(413, "TOO_LARGE", f"the body is {length} bytes: allowed {limit}"))
         return await call_next(request)
 
     @app.exception_handler(ApiError)
@@ -244,17 +272,17 @@ def create_app(settings: Settings) -> FastAPI:
 
     @api.post("/videos")
     async def create(request: Request):
-        parsed = fields.parse_create(await _form(request), settings.model_name)
-        job = await run_in_threadpool(jobs_of(request).create, parsed)
+        parsed, media = fields.parse_create(await _form(request, settings.max_upload_bytes), settings.model_name)
+        job = await run_in_threadpool(jobs_of(request).create, parsed, media)
         return video_object(job, settings.model_name)
 
     @api.post("/videos/sync")
     async def create_sync(request: Request):
-        parsed = fields.parse_create(await _form(request), settings.model_name)
+        parsed, media = fields.parse_create(await _form(request, settings.max_upload_bytes), settings.model_name)
         if (parsed["num_outputs"] or 1) != 1:
             raise fields.invalid(f"n={parsed['num_outputs']}: /v1/videos/sync answers one MP4; use /v1/videos", "n")
         jobs = jobs_of(request)
-        job = await run_in_threadpool(jobs.create, parsed)
+        job = await run_in_threadpool(jobs.create, parsed, media)
         while (ended := jobs.store.get(job["id"])) is not None and ended["status"] in ACTIVE:
             await asyncio.sleep(SYNC_POLL_S)  # no thread waits: syncs are bounded by the DiT's capacity only
         if ended is None:
@@ -298,8 +326,19 @@ def create_app(settings: Settings) -> FastAPI:
         jobs = jobs_of(request)
         job = jobs.get(video_id)
         variant = request.query_params.get("variant", "video")
+        if variant in INPUT_VARIANTS:
+            kinds = job["request"]["inputs"].get(variant)
+            if not kinds:
+                raise ApiError(404, "NOT_FOUND", f"video {video_id} was sent no {variant}")
+            index = _integer_query(request, "index", 0, 0, len(kinds) - 1)
+            try:
+                data = jobs.input_path(video_id, variant, index).read_bytes()
+            except FileNotFoundError:  # deleted or expired meanwhile
+                raise ApiError(404, "NOT_FOUND", f"no {variant} of video {video_id}") from None
+            return Response(data, media_type=kinds[index], headers={"X-Content-Type-Options": "nosniff"})
         if variant not in CONTENT:
-            raise fields.invalid(f"variant={variant!r} is not served; allowed: {sorted(CONTENT)}", "variant")
+            allowed = sorted([*CONTENT, *INPUT_VARIANTS])
+            raise fields.invalid(f"variant={variant!r} is not served; allowed: {allowed}", "variant")
         n = job["request"]["num_outputs"] or 1
         index = _integer_query(request, "index", 0, 0, n - 1)
         name, media_type = CONTENT[variant]

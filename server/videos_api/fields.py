@@ -4,6 +4,7 @@ onto HTTP status codes. No FastAPI here: plain functions over plain values.
     POST /v1/videos field    -> h3_pipeline                 notes
     prompt (required)        -> PROMPT                      checked by h3_encoder
     size "WxH"               -> WIDTH, HEIGHT               e.g. "96x64"; absent: the model's default
+                                                            (fl2va: the first keyframe's aspect)
     seconds "4"              -> NUM_FRAMES = round(s x 24)  a string (the SDK) or a number; not with num_frames
     num_frames               -> NUM_FRAMES                  our extension
     num_inference_steps      -> NUM_INFERENCE_STEPS         our extension
@@ -11,7 +12,19 @@ onto HTTP status codes. No FastAPI here: plain functions over plain values.
     n                        -> NUM_OUTPUTS                 clips seed, seed + 1, ...; content ?index=k
     preview_every            -> preview_every parameter     default 1; 0: no previews
     model                    -> (none)                      absent or the served model name
-    input_reference          -> refused                     text-to-video only
+    input_reference (file)   -> KEYFRAMES, index 0          the first frame (fl2va); PNG, JPEG, WebP
+    last_frame (file)        -> KEYFRAMES, index -1         our extension: the last frame (fl2va)
+    reference_images (files) -> REFERENCE_IMAGES            our extension (ref2va), repeatable
+    reference_videos (files) -> REFERENCE_VIDEOS            our extension (ref2va), repeatable; MP4
+    reference_audio (files)  -> REFERENCE_AUDIO             our extension (ref2va), repeatable; WAV, FLAC, MP3
+    task                     -> TASK                        our extension; absent: protocol.implied_task
+    fit                      -> fit parameter               our extension: crop (default), pad, stretch
+
+A file field is a multipart file, or a string holding a base64 data URL ("data:image/png;base64,...":
+what JSON bodies and the SDK's extra_body can carry); input_reference also as OpenAI's object
+{"image_url": DATA_URL} (multipart: the field `input_reference[image_url]`). The front end decodes
+no media: the server checks the files, and its refusal ("KEYFRAMES[0]: is not an image ...") comes
+back naming the API field ("input_reference: is not an image ...").
 
 Ranges are Triton's (h3_encoder / h3_dit parameters), so the refusal text is the server's own
 INVALID_ARG message (docs/request_contract.md); the front end only checks forms (a number where a
@@ -20,13 +33,25 @@ number belongs, "WxH"). Every error message starts with its code word, like Trit
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from h3_core import protocol
 
-# request fields of POST /v1/videos (and /v1/videos/sync), input_reference refused with a message
+# The file fields: API field -> (its content variant, which also names its files in the job's
+# inputs/ folder; H3Client.generate's argument; repeatable). input_reference is OpenAI's field.
+MEDIA_FIELDS = {
+    "input_reference": ("first_frame", "first_frame", False),
+    "last_frame": ("last_frame", "last_frame", False),
+    "reference_images": ("reference_image", "reference_images", True),
+    "reference_videos": ("reference_video", "reference_videos", True),
+    "reference_audio": ("reference_audio", "reference_audio", True),
+}
+KEYFRAME_FIELDS = ("input_reference", "last_frame")  # KEYFRAMES' order (client.api.keyframe_inputs)
+# request fields of POST /v1/videos (and /v1/videos/sync)
 CREATE_FIELDS = (
     "prompt",
     "model",
@@ -37,6 +62,9 @@ CREATE_FIELDS = (
     "seed",
     "n",
     "preview_every",
+    "task",
+    "fit",
+    *MEDIA_FIELDS,
 )
 INT_FIELDS = {
     "num_frames": "num_frames",
@@ -46,13 +74,26 @@ INT_FIELDS = {
 }
 SIZE_PATTERN = re.compile(r"^([0-9]+)x([0-9]+)$")
 INTEGER_PATTERN = re.compile(r"^-?[0-9]+$")
+DATA_URL = re.compile(r"^data:[^,]*;base64,", re.IGNORECASE)
+# the media type an input's download answers with, from its file's first bytes (PNG, JPEG, WebP
+# and WAV (RIFF), FLAC, MP3 (an ID3 tag or an MPEG frame sync), MP4 (ISO BMFF ftyp box))
+SIGNATURES = (
+    (re.compile(rb"^\x89PNG\r\n\x1a\n"), "image/png"),
+    (re.compile(rb"^\xff\xd8\xff"), "image/jpeg"),
+    (re.compile(rb"^RIFF....WEBP", re.DOTALL), "image/webp"),
+    (re.compile(rb"^RIFF....WAVE", re.DOTALL), "audio/wav"),
+    (re.compile(rb"^fLaC"), "audio/flac"),
+    (re.compile(rb"^(ID3|\xff[\xe0-\xff])"), "audio/mpeg"),
+    (re.compile(rb"^....ftyp", re.DOTALL), "video/mp4"),
+)
+UNKNOWN_MEDIA_TYPE = "application/octet-stream"
 DEFAULT_PREVIEW_EVERY = 1
 # Retry-After (seconds) for a full DiT (429) and for a server that cannot serve now (503: shutting
 # down, restarting under --supervise, unreachable)
 RETRY_AFTER_FULL_S = 5
 RETRY_AFTER_UNAVAILABLE_S = 10
-# a server refusal names its field first ("num_frames=0 is out of range ...", "prompt is 5000 bytes ..."):
-# the API field of each server field
+# a server refusal names its field first ("num_frames=0 is out of range ...", "prompt is 5000 bytes ...",
+# "KEYFRAMES[0]: is not an image ..."): the API field of each server field
 FIELD_IN_TEXT = re.compile(r"^([a-z_]+)(=| )")
 API_FIELD = {
     "prompt": "prompt",
@@ -62,7 +103,16 @@ API_FIELD = {
     "num_inference_steps": "num_inference_steps",
     "seed": "seed",
     "num_outputs": "n",
+    "fit": "fit",
+    "task": "task",
 }
+API_INPUT = {  # h3_pipeline inputs -> API fields (KEYFRAMES: _input_field)
+    protocol.TASK: "task",
+    protocol.REFERENCE_IMAGES: "reference_images",
+    protocol.REFERENCE_VIDEOS: "reference_videos",
+    protocol.REFERENCE_AUDIO: "reference_audio",
+}
+INPUT_IN_TEXT = re.compile(rf"^({'|'.join([protocol.KEYFRAMES, *API_INPUT])})(\[[0-9]+\])?")
 CODE_STATUS = {"INVALID_ARG": 400, "CANCELLED": 409, "TIMEOUT": 504, "INTERNAL": 500, "UNKNOWN": 502}
 
 
@@ -95,14 +145,35 @@ def invalid(text: str, param: str | None = None) -> ApiError:
     return ApiError(400, "INVALID_ARG", text, param)
 
 
+def _input_field(text: str, request: dict | None) -> tuple[str | None, str]:
+    """(the API field, the text) of a refusal that starts with an h3_pipeline input's name: a file's
+    name ("KEYFRAMES[1]", "REFERENCE_AUDIO[0]") is replaced by its API field's ("last_frame",
+    "reference_audio[0]"; KEYFRAMES[k] is the k-th keyframe the parsed `request` sent, in
+    KEYFRAME_FIELDS' order); (None, text) for a text that names none."""
+    match = INPUT_IN_TEXT.match(text)
+    if not match:
+        return None, text
+    name, index = match.group(1), match.group(2)
+    if name == protocol.KEYFRAMES:
+        inputs = request["inputs"] if request is not None else {}
+        sent = [field for field in KEYFRAME_FIELDS if MEDIA_FIELDS[field][0] in inputs] or ["input_reference"]
+        field = sent[min(int(index[1:-1]), len(sent) - 1)] if index else sent[0]
+        return field, field + text[match.end() :] if index else text
+    field = API_INPUT[name]
+    return field, f"{field}{index}{text[match.end() :]}" if index else text
+
+
 def error_from_server(code: str, text: str, request: dict | None = None) -> ApiError:
     """The HTTP error for an H3Error's code word and text (the message after the code):
     INVALID_ARG 400; UNAVAILABLE 429 with Retry-After when the DiT is full (its text ends with
     'retry later'), else 503 with Retry-After; CANCELLED 409; TIMEOUT 504; INTERNAL 500; anything
-    else 502. `param` is the API field the text names first; with the parsed `request`, a
-    num_frames refusal of a request that sent seconds names seconds and says how it was derived."""
-    name = FIELD_IN_TEXT.match(text)
-    field = API_FIELD.get(name.group(1)) if name else None
+    else 502. `param` is the API field the text names first (a file's refusal is reworded with
+    the API field's name: _input_field); with the parsed `request`, a num_frames refusal of a
+    request that sent seconds names seconds and says how it was derived."""
+    field, text = _input_field(text, request)
+    if field is None:
+        name = FIELD_IN_TEXT.match(text)
+        field = API_FIELD.get(name.group(1)) if name else None
     if request is not None and field == "num_frames" and request.get("seconds") is not None:
         field, text = "seconds", f"{text} (seconds={request['seconds']!r} at {protocol.VIDEO_FPS} fps)"
     if code == "UNAVAILABLE":
@@ -110,6 +181,78 @@ def error_from_server(code: str, text: str, request: dict | None = None) -> ApiE
         status, wait = (429, RETRY_AFTER_FULL_S) if full else (503, RETRY_AFTER_UNAVAILABLE_S)
         return ApiError(status, code, text, field, {"Retry-After": str(wait)})
     return ApiError(CODE_STATUS.get(code, 502), code, text, field)
+
+
+def form_fields(items: Iterable[tuple[str, object]]) -> dict:
+    """The fields of a multipart or urlencoded body, (name, value) pairs as sent (a file's value
+    its bytes, any other a string), as parse_create takes them: a repeatable file field
+    (MEDIA_FIELDS) a list of its values in their order, sent under its name or with the SDK's
+    "[]" (extra_body lists: `reference_images[]`); the SDK's `input_reference[image_url]` as
+    input_reference {"image_url": value}. Raises ApiError 400 INVALID_ARG naming a field sent
+    twice that is not repeatable."""
+    fields: dict = {}
+    for name, value in items:
+        name = name.removesuffix("[]")
+        if name == "input_reference[image_url]":
+            name, value = "input_reference", {"image_url": value}
+        if name in MEDIA_FIELDS and MEDIA_FIELDS[name][2]:
+            fields.setdefault(name, []).append(value)
+        elif name in fields:
+            raise invalid(f"{name} was sent twice: it takes one value", name)
+        else:
+            fields[name] = value
+    return fields
+
+
+def media_type(data: bytes) -> str:
+    """The media type of a file from its first bytes (SIGNATURES), else UNKNOWN_MEDIA_TYPE."""
+    return next((kind for pattern, kind in SIGNATURES if pattern.match(data)), UNKNOWN_MEDIA_TYPE)
+
+
+def _file(field: str, name: str, value) -> bytes:
+    """The bytes of an item of file field `field` (`name`: the item's, e.g. "reference_images[1]",
+    for the message): an upload's bytes, a base64 data URL's decoded bytes, or (input_reference)
+    OpenAI's {"image_url": DATA_URL}. Raises ApiError 400 INVALID_ARG about `field` for another
+    value, a file_id (there is no Files API), a URL that is not a base64 data URL, bad base64, no
+    bytes."""
+    if isinstance(value, dict) and field == "input_reference":
+        if "file_id" in value:
+            raise invalid("input_reference file_id is not served: upload the file or send a data URL", field)
+        if set(value) != {"image_url"}:
+            raise invalid(f"input_reference must hold image_url alone, got keys {sorted(value)}", field)
+        value = value["image_url"]
+    if isinstance(value, str):
+        if not DATA_URL.match(value):
+            shown = value if len(value) <= 40 else f"{value[:40]}..."
+            raise invalid(
+                f"{name}={shown!r} must be a file or a base64 data URL (data:image/png;base64,...): "
+                "this server fetches no URLs",
+                field,
+            )
+        try:
+            value = base64.b64decode(value[DATA_URL.match(value).end() :], validate=True)
+        except binascii.Error as error:
+            raise invalid(f"{name} is not valid base64 after 'data:...;base64,': {error}", field) from None
+    if not isinstance(value, bytes):
+        raise invalid(f"{name} must be a file or a base64 data URL, got {type(value).__name__}", field)
+    if not value:
+        raise invalid(f"{name} is empty (0 bytes)", field)
+    return value
+
+
+def _media(form: Mapping[str, object]) -> dict[str, list[bytes]]:
+    """The files of the file fields present: content variant -> the files' bytes, in order."""
+    media = {}
+    for name, (variant, _, repeatable) in MEDIA_FIELDS.items():
+        value = form.get(name)
+        if value is None:
+            continue
+        if repeatable:
+            items = value if isinstance(value, list) else [value]
+            media[variant] = [_file(name, f"{name}[{k}]", item) for k, item in enumerate(items)]
+        else:
+            media[variant] = [_file(name, name, value)]
+    return {variant: files for variant, files in media.items() if files}
 
 
 def _integer(name: str, value) -> int:
@@ -133,16 +276,18 @@ def _seconds(value) -> float:
     return seconds
 
 
-def parse_create(form: Mapping[str, object], model_name: str) -> dict:
-    """The generation request of a POST /v1/videos body (JSON or form fields, values as sent):
-    {"prompt", "width", "height", "num_frames", "num_inference_steps", "seed", "num_outputs",
-    "preview_every", "size", "seconds"}, None where the server's default applies ("size" and
-    "seconds" keep the strings as sent, for the video object). Raises ApiError 400 INVALID_ARG
-    naming the field for an unknown field, input_reference, a missing or non-string prompt, a
-    model other than `model_name`, a size not "WxH", seconds not a number > 0, seconds together
-    with num_frames, or a non-integer integer field."""
-    if "input_reference" in form:
-        raise invalid("input_reference is not supported: this server generates video from text only", "input_reference")
+def parse_create(form: Mapping[str, object], model_name: str) -> tuple[dict, dict[str, list[bytes]]]:
+    """The generation request of a POST /v1/videos body (JSON, or form_fields of a form) and its
+    files: (request, media). request: {"prompt", "width", "height", "num_frames",
+    "num_inference_steps", "seed", "num_outputs", "preview_every", "size", "seconds", "task",
+    "fit", "inputs"}, None where the server's default applies ("size" and "seconds" keep the
+    strings as sent, for the video object; "inputs" maps each content variant sent to its files'
+    media types, media_type). media: content variant -> the files' bytes (MEDIA_FIELDS). Raises
+    ApiError 400 INVALID_ARG naming the field for an unknown field, a missing or non-string
+    prompt, a model other than `model_name`, a size not "WxH", seconds not a number > 0, seconds
+    together with num_frames, a non-integer integer field, a task or fit that is not a string, or
+    a file field that holds no file (_file). Values (task, fit, the files' contents) are the
+    server's to check."""
     unknown = sorted(set(form) - set(CREATE_FIELDS))
     if unknown:
         raise invalid(f"unknown field {unknown[0]!r}; allowed: {sorted(CREATE_FIELDS)}", unknown[0])
@@ -171,4 +316,18 @@ def parse_create(form: Mapping[str, object], model_name: str) -> dict:
     request["preview_every"] = (
         DEFAULT_PREVIEW_EVERY if preview_every is None else _integer("preview_every", preview_every)
     )
-    return request
+    for name in ("task", "fit"):
+        value = form.get(name)
+        if value is not None and not isinstance(value, str):
+            raise invalid(f"{name}={value!r} must be a string", name)
+        request[name] = value
+    media = _media(form)
+    request["inputs"] = {variant: [media_type(data) for data in files] for variant, files in media.items()}
+    return request, media
+
+
+def task_of(request: dict) -> str:
+    """The task of a parsed request: its `task`, else the one its files imply (protocol.implied_task)."""
+    keyframe_variants = {MEDIA_FIELDS[field][0] for field in KEYFRAME_FIELDS}
+    sent = set(request["inputs"])
+    return request["task"] or protocol.implied_task(bool(sent & keyframe_variants), bool(sent - keyframe_variants))

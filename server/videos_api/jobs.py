@@ -5,18 +5,22 @@ in the Store (SQLite), its files under `<data_dir>/videos/<id>/`:
     <k>.wav   its audio, 16-bit PCM stereo 32 kHz (client.generate.wav_bytes)
     <k>.png   its thumbnail: the MP4's first frame
     preview.png  the latest preview image (latent resolution) while it runs
+    inputs/<variant>_<k>  the request's files as sent (variant first_frame, last_frame,
+             reference_image, reference_video, reference_audio: fields.MEDIA_FIELDS), kept for
+             resubmissions and downloads until the job is removed
 
-Submission: a job is sent to h3_pipeline under the Triton request id `<job id>-<attempt>`, with
-progress after every step and previews every `preview_every` steps. Creating a job waits for the
-request's first answer from Triton (a progress response, a refusal or a result) or
-`accept_wait_s`, whichever comes first: a refusal then (INVALID_ARG, UNAVAILABLE) removes the job
-and is raised to the caller; any later error fails the job.
+Submission: a job is sent to h3_pipeline, its files given to H3Client.generate by their paths,
+under the Triton request id `<job id>-<attempt>`, with progress after every step and previews
+every `preview_every` steps. Creating a job waits for the request's first answer from Triton (a
+progress response, a refusal or a result) or `accept_wait_s`, whichever comes first: a refusal
+then (INVALID_ARG, UNAVAILABLE) removes the job and is raised to the caller; any later error
+fails the job.
 
 Restart rule (`recover`, at start-up): every job still queued or in_progress was running when
 the previous front end stopped. Its last Triton request is cancelled by id first; if that cancel
 fails (Triton unreachable) the job is failed with the cancel's error. Otherwise a job submitted
-fewer than `max_attempts` times is submitted again under a new request id with the same request
-and seed, so it gives the same output; one submitted `max_attempts` times is failed with
+fewer than `max_attempts` times is submitted again under a new request id with the same request,
+seed and files, so it gives the same output; one submitted `max_attempts` times is failed with
 INTERNAL: "the front end stopped while this job ran (submissions: N; --max-attempts M)".
 
 Retention: an ended job (completed, failed, cancelled) and its files are removed `retention_s`
@@ -41,12 +45,15 @@ from PIL import Image
 from client.api import H3Client, H3Error
 from client.generate import wav_bytes
 
-from .fields import ApiError, error_from_server
+from .fields import MEDIA_FIELDS, ApiError, error_from_server
 from .store import ACTIVE, Store
 
 log = logging.getLogger("server.videos_api")
 PURGE_INTERVAL_S = 60.0
 SEED_LIMIT = 2**31  # seeds the front end draws lie in 0..SEED_LIMIT - 1
+INPUTS = "inputs"  # the folder of a job's files as sent
+# content variant -> (H3Client.generate's argument, whether it takes a list)
+GENERATE_ARGUMENT = {variant: (argument, repeatable) for variant, argument, repeatable in MEDIA_FIELDS.values()}
 
 
 def png_bytes(image: np.ndarray) -> bytes:
@@ -104,6 +111,10 @@ class Jobs:
         """The folder of a job's files."""
         return self.videos / job_id
 
+    def input_path(self, job_id: str, variant: str, index: int) -> Path:
+        """The path of a job's file `index` of content variant `variant` (as sent)."""
+        return self.folder(job_id) / INPUTS / f"{variant}_{index}"
+
     def get(self, job_id: str) -> dict:
         """The job with this id; ApiError 404 NOT_FOUND when there is none."""
         job = self.store.get(job_id)
@@ -111,15 +122,21 @@ class Jobs:
             raise ApiError(404, "NOT_FOUND", f"no video with id {job_id!r}")
         return job
 
-    def create(self, request: dict) -> dict:
-        """Store and submit a new job for `request` (fields.parse_create's; a missing seed is
-        drawn here, so a resubmission gives the same output); returns the job once Triton
-        answered or accept_wait_s passed. Raises ApiError (fields.error_from_server) when Triton
-        refused the request then; the job is removed."""
+    def create(self, request: dict, media: dict[str, list[bytes]]) -> dict:
+        """Store and submit a new job for `request` and its files `media` (fields.parse_create's;
+        a missing seed is drawn here and the files are written to the job's inputs/ folder, so a
+        resubmission gives the same output); returns the job once Triton answered or
+        accept_wait_s passed. Raises ApiError (fields.error_from_server) when Triton refused the
+        request then; the job and its files are removed."""
         if request["seed"] is None:
             request = dict(request, seed=secrets.randbelow(SEED_LIMIT))
         job_id = f"video_{secrets.token_hex(16)}"
         self.store.add(job_id, int(time.time()), request)
+        for variant, files in media.items():
+            for index, data in enumerate(files):
+                path = self.input_path(job_id, variant, index)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                _write(path, data)
         submission = _Submission()
         self._submit(job_id, 1, request, submission)
         submission.answered.wait(self.accept_wait_s)
@@ -127,13 +144,14 @@ class Jobs:
             submission.accepted = submission.refusal is None
         if submission.refusal is not None:
             self.store.delete(job_id)
+            shutil.rmtree(self.folder(job_id), ignore_errors=True)
             raise error_from_server(submission.refusal.code, submission.refusal.message, request)
         return self.store.get(job_id)
 
     def cancel(self, job_id: str) -> dict:
         """Cancel an active job: it becomes `cancelled` at once, its Triton request is cancelled by
-        id and its files are removed when its thread ends. Raises ApiError 404 for no such job,
-        409 CONFLICT for a job that already ended."""
+        id and its outputs are removed when its thread ends (its inputs stay until it expires).
+        Raises ApiError 404 for no such job, 409 CONFLICT for a job that already ended."""
         job = self.get(job_id)
         now = int(time.time())
         if job["status"] not in ACTIVE or not self.store.end(job_id, "cancelled", now, self._expiry(now)):
@@ -172,7 +190,7 @@ class Jobs:
                 self.store.end(job["id"], "failed", now, self._expiry(now), error=("INTERNAL", message))
                 continue
             log.info("%s: Triton request %s cancelled (%s); resubmitting", job["id"], job["triton_request_id"], answer)
-            shutil.rmtree(self.folder(job["id"]), ignore_errors=True)
+            self._remove_outputs(job["id"])
             submission = _Submission(accepted=True)
             self._submit(job["id"], job["attempts"] + 1, job["request"], submission)
 
@@ -193,6 +211,19 @@ class Jobs:
     # ---- internals --------------------------------------------------------------------------
     def _expiry(self, now: int) -> int:
         return now + round(self.retention_s)
+
+    def _remove_outputs(self, job_id: str) -> None:
+        """Remove a job's outputs (everything in its folder but inputs/); the whole folder when the
+        job is gone (deleted meanwhile)."""
+        folder = self.folder(job_id)
+        if self.store.get(job_id) is None:
+            shutil.rmtree(folder, ignore_errors=True)
+            return
+        for path in folder.glob("*"):
+            if path.is_dir() and path.name != INPUTS:
+                shutil.rmtree(path, ignore_errors=True)
+            elif path.is_file():
+                path.unlink(missing_ok=True)
 
     def _cancel_in_triton(self, request_id: str) -> None:
         try:
@@ -221,6 +252,11 @@ class Jobs:
             _write(folder / "preview.png", png_bytes(image))
             self.store.progress(job_id, preview_step=step)
 
+        files = {}  # generate's file arguments: the paths of the job's inputs
+        for variant, kinds in request["inputs"].items():
+            argument, repeatable = GENERATE_ARGUMENT[variant]
+            paths = [self.input_path(job_id, variant, index) for index in range(len(kinds))]
+            files[argument] = paths if repeatable else paths[0]
         try:
             results = self.client.generate(
                 request["prompt"],
@@ -236,6 +272,9 @@ class Jobs:
                 request_id=request_id,
                 on_progress=on_progress,
                 on_preview=on_preview,
+                task=request["task"],
+                fit=request["fit"],
+                **files,
             )
             folder.mkdir(parents=True, exist_ok=True)
             for k, result in enumerate(results):
@@ -244,7 +283,7 @@ class Jobs:
                 _write(folder / f"{k}.png", png_bytes(first_frame(result.video_mp4)))
             now = int(time.time())
             if not self.store.end(job_id, "completed", now, self._expiry(now), outputs=[r.info for r in results]):
-                shutil.rmtree(folder, ignore_errors=True)  # cancelled or deleted meanwhile
+                self._remove_outputs(job_id)  # cancelled or deleted meanwhile
         except H3Error as error:
             with submission.lock:
                 if not submission.accepted:
@@ -260,4 +299,4 @@ class Jobs:
     def _fail(self, job_id: str, code: str, message: str) -> None:
         now = int(time.time())
         if not self.store.end(job_id, "failed", now, self._expiry(now), error=(code, message)):
-            shutil.rmtree(self.folder(job_id), ignore_errors=True)  # cancelled or deleted meanwhile
+            self._remove_outputs(job_id)  # cancelled or deleted meanwhile

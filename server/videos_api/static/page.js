@@ -1,5 +1,5 @@
-// The page of the Videos API: submit a prompt, follow the job (progress, previews), play the
-// result, list the jobs. Plain JavaScript over the same /v1 routes as any client; media are
+// The page of the Videos API: submit a prompt (with keyframes or references: a multipart body),
+// follow the job (progress, previews), play the result beside its inputs, list the jobs. Plain JavaScript over the same /v1 routes as any client; media are
 // fetched with the API key and shown through object URLs.
 "use strict";
 
@@ -7,8 +7,23 @@ const $ = (id) => document.getElementById(id);
 const ACTIVE = ["queued", "in_progress"];
 const POLL_MS = 250;
 const LIST_MS = 2000;
+// the file pickers: element id -> the create field its files go in
+const PICKERS = {
+  "first-frame": "input_reference",
+  "last-frame": "last_frame",
+  "reference-images": "reference_images",
+  "reference-audio": "reference_audio",
+};
+const INPUT_NAMES = {
+  first_frame: "first frame",
+  last_frame: "last frame",
+  reference_image: "reference image",
+  reference_video: "reference video",
+  reference_audio: "reference audio",
+};
 let current = null; // id of the job shown
 let shownPreview = null; // its preview step on screen
+let shownInputs = null; // the id of the job whose inputs are on screen
 let objectUrls = [];
 
 $("api-key").value = localStorage.getItem("h3-api-key") || "";
@@ -49,18 +64,23 @@ $("form").addEventListener("submit", async (event) => {
   event.preventDefault();
   showError("");
   const body = { prompt: $("prompt").value };
-  const fields = { size: "size", seconds: "seconds", num_inference_steps: "steps", seed: "seed" };
+  const fields = { size: "size", seconds: "seconds", num_inference_steps: "steps", seed: "seed", fit: "fit" };
   for (const [name, id] of Object.entries(fields)) {
     const value = $(id).value.trim();
-    if (value) body[name] = name === "size" || name === "seconds" ? value : Number(value);
+    if (value) body[name] = ["size", "seconds", "fit"].includes(name) ? value : Number(value);
+  }
+  const files = Object.entries(PICKERS).flatMap(([id, name]) => Array.from($(id).files, (file) => [name, file]));
+  let request = { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) };
+  if (files.length) {
+    // files go as a multipart body (the browser sets its Content-Type with the boundary)
+    const form = new FormData();
+    for (const [name, value] of Object.entries(body)) form.append(name, String(value));
+    for (const [name, file] of files) form.append(name, file, file.name);
+    request = { method: "POST", body: form };
   }
   $("generate").disabled = true;
   try {
-    const response = await api("/v1/videos", {
-      method: "POST",
-      headers: { "Content-Type": "application/json" },
-      body: JSON.stringify(body),
-    });
+    const response = await api("/v1/videos", request);
     show((await response.json()).id);
     refreshList();
   } catch (error) {
@@ -73,6 +93,7 @@ $("form").addEventListener("submit", async (event) => {
 function show(id) {
   current = id;
   shownPreview = null;
+  shownInputs = null;
   objectUrls.forEach((url) => URL.revokeObjectURL(url));
   objectUrls = [];
   $("job").hidden = false;
@@ -80,6 +101,8 @@ function show(id) {
   $("progress").value = 0;
   $("preview").removeAttribute("src");
   $("preview-caption").textContent = "preview";
+  $("task").textContent = "";
+  $("inputs").replaceChildren();
   $("video").removeAttribute("src");
   $("video").load();
   for (const link of ["download-mp4", "download-wav"]) $(link).removeAttribute("href");
@@ -97,6 +120,10 @@ async function follow(id) {
     }
     if (current !== id) return;
     render(job);
+    if (shownInputs !== id) {
+      shownInputs = id;
+      await showInputs(job);
+    }
     if (job.preview_step !== null && job.preview_step !== shownPreview) {
       shownPreview = job.preview_step;
       try {
@@ -116,6 +143,7 @@ async function follow(id) {
 }
 
 function render(job) {
+  $("task").textContent = job.task;
   $("progress").value = job.progress;
   let text = job.status;
   if (job.status === "queued" && job.queue_position) text += `, position ${job.queue_position} in the queue`;
@@ -134,6 +162,30 @@ function render(job) {
 function outsideNote(job) {
   if (!job.outside_training) return "";
   return `outside what the model was trained on: ${job.outside_training.join("; ")}`;
+}
+
+// The files the job was sent (first / last frame, references), as the API keeps them.
+async function showInputs(job) {
+  const figures = [];
+  for (const input of job.inputs) {
+    const figure = document.createElement("figure");
+    const kind = input.media_type.split("/")[0];
+    const element = document.createElement(kind === "image" ? "img" : kind === "audio" ? "audio" : "video");
+    element.className = `input input-${input.variant}`;
+    if (kind !== "image") element.controls = true;
+    else element.alt = INPUT_NAMES[input.variant];
+    try {
+      element.src = await blobUrl(input.url);
+    } catch (ignored) {
+      continue; // deleted meanwhile: the next poll says so
+    }
+    const caption = document.createElement("figcaption");
+    const several = job.inputs.filter((other) => other.variant === input.variant).length > 1;
+    caption.textContent = INPUT_NAMES[input.variant] + (several ? ` ${input.index + 1}` : "");
+    figure.append(element, caption);
+    figures.push(figure);
+  }
+  if (current === job.id) $("inputs").replaceChildren(...figures);
 }
 
 async function showResult(id) {
@@ -174,7 +226,8 @@ async function refreshList() {
     const row = document.createElement("tr");
     row.dataset.id = job.id;
     const created = new Date(job.created_at * 1000).toLocaleTimeString();
-    const cells = [created, job.prompt, job.size || "", job.seconds || "", job.seed, `${job.status} ${job.progress} %`];
+    const status = `${job.status} ${job.progress} %`;
+    const cells = [created, job.prompt, job.task, job.size || "", job.seconds || "", job.seed, status];
     cells.forEach((value, i) => {
       const cell = document.createElement("td");
       cell.textContent = value;
@@ -185,7 +238,7 @@ async function refreshList() {
         note.textContent = outsideNote(job);
         cell.appendChild(note);
       }
-      if (i === 5) cell.className = `status-${job.status}`;
+      if (i === 6) cell.className = `status-${job.status}`;
       row.appendChild(cell);
     });
     const actions = document.createElement("td");
