@@ -75,7 +75,7 @@ def test_the_page_generates_a_video_with_progress_previews_and_the_clip(server, 
             assert any(0 < value < 100 and width == 6 for value, width in seen), f"no preview while it ran: {seen}"
             job_id = find(By.ID, "job-id").text
             assert find(By.ID, "status").text == f"completed, step {STEPS} of {STEPS} (100 %)"
-            assert find(By.ID, "preview-caption").text == f"preview after step {STEPS} (latent resolution)"
+            assert find(By.ID, "preview-caption").text == f"preview after step {STEPS}"
             video = browser.execute_script(
                 "const v = document.getElementById('video'); return [v.videoWidth, v.videoHeight, v.duration]"
             )

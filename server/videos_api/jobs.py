@@ -4,7 +4,7 @@ in the Store (SQLite), its files under `<data_dir>/videos/<id>/`:
     <k>.mp4   output k (seed + k): H.264 + AAC, as VIDEO_MP4 came from the server
     <k>.wav   its audio, 16-bit PCM stereo 32 kHz (client.generate.wav_bytes)
     <k>.png   its thumbnail: the MP4's first frame
-    preview.png  the latest preview image (latent resolution) while it runs
+    preview.png  the latest preview image (p px per latent cell, PreviewMap) while it runs
 
 Submission: a job is sent to h3_pipeline under the Triton request id `<job id>-<attempt>`, with
 progress after every step and previews every `preview_every` steps. Creating a job waits for the
