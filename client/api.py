@@ -116,7 +116,7 @@ class GenerationResult:
     frames: np.ndarray | None = None
     audio: np.ndarray | None = None
     progress: list[tuple[int, int, int]] = field(default_factory=list)  # (step, total, queue position)
-    previews: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (step, uint8 [Hl, Wl, 3])
+    previews: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (step, uint8 [Hl * p, Wl * p, 3])
 
 
 def _check_int64(name: str, value: int) -> None:
@@ -413,7 +413,7 @@ class H3Client:
 
         on_progress(step, total_steps, queue_position) is called for each progress response
         (progress_every > 0). preview_every k > 0 adds a PREVIEW image after steps k, 2k, ...;
-        on_preview(step, image) is called with each (uint8 [Hl, Wl, 3], latent resolution) as it
+        on_preview(step, image) is called with each (uint8 [Hl * p, Wl * p, 3], p px per latent cell) as it
         arrives, before on_progress for that step; the results hold them too (`previews`).
         deadline_s: seconds, counted by the server from the request's arrival, after which the
         server cancels the request at the next step boundary (it then ends with CANCELLED); also

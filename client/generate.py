@@ -185,7 +185,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--preview-dir",
         type=Path,
         metavar="DIR",
-        help="write the previews as DIR/step-<k>.npy (uint8 [h, w, 3], latent resolution)",
+        help="write the previews as DIR/step-<k>.npy (uint8 [h, w, 3], p px per latent cell)",
     )
     add("--preview-every", type=POSITIVE, metavar="N", help="a preview after every N steps (default 1)")
     add(

@@ -89,7 +89,7 @@ def test_the_page_generates_a_video_from_a_first_frame_with_progress_previews_an
             )
             assert shown == [96, 64, "first frame"]
             assert find(By.ID, "status").text == f"completed, step {STEPS} of {STEPS} (100 %)"
-            assert find(By.ID, "preview-caption").text == f"preview after step {STEPS} (latent resolution)"
+            assert find(By.ID, "preview-caption").text == f"preview after step {STEPS}"
             video = browser.execute_script(
                 "const v = document.getElementById('video'); return [v.videoWidth, v.videoHeight, v.duration]"
             )

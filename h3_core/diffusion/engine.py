@@ -264,13 +264,14 @@ class Engine:
 
     def preview_frame(self, state: RequestState, video_velocity: torch.Tensor) -> torch.Tensor:
         """A cheap preview of the current clean estimate (no VAE call): the middle latent frame of
-        x0_hat = x_t + sigma * v (h3_spec §3.2), mapped to RGB per latent cell with the engine's
-        PreviewMap, computed on the latents' device. video_velocity: float32 [V, 96] of this
-        step, on that device. Returns uint8 [Hl, Wl, 3] (latent resolution) on the CPU.
-        Nothing of it feeds back into the denoising."""
+        x0_hat = x_t + sigma * v (h3_spec §3.2), mapped to RGB by the engine's PreviewMap (a p x p
+        patch per latent cell, from its neighbourhood), computed on the latents' device.
+        video_velocity: float32 [V, 96] of this step, on that device. Returns uint8
+        [Hl * p, Wl * p, 3] on the CPU (p = self.preview.patch; 1 for RANDOM_PREVIEW: latent
+        resolution). Nothing of it feeds back into the denoising."""
         x0 = state.video_latents + state.sigmas_video[state.step_index] * video_velocity
         latent = L.unpatchify_video(x0, state.layout)[:, state.layout.latent_t // 2]  # [24, Hl, Wl]
-        rgb = self.preview.rgb(latent.permute(1, 2, 0))  # [Hl, Wl, 3]
+        rgb = self.preview.rgb(latent)  # [Hl * p, Wl * p, 3]
         return ((rgb * 0.5 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8).cpu()
 
     def decode(self, state: RequestState) -> tuple[torch.Tensor, torch.Tensor]:

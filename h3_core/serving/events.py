@@ -52,7 +52,7 @@ class Arrival:
 @dataclass
 class Progress:
     """A progress response: step of total after this step, queue_position (0 = in the
-    pack), preview uint8 [Hl, Wl, 3] when one is due."""
+    pack), preview uint8 [Hl * p, Wl * p, 3] (Engine.preview_frame) when one is due."""
 
     handle: Any
     request_id: str

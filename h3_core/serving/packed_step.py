@@ -27,7 +27,7 @@ class InFlight:
     finite; on a GPU it is filled by a copy queued right after the forward, and `copied` (a
     CUDA event recorded after that copy) tells when it may be read: waiting for the event
     waits for this step only, not for the next one queued behind it (reading a device tensor
-    would). previews: job -> uint8 [Hl, Wl, 3] on the CPU, due with the step's progress; start:
+    would). previews: job -> uint8 [Hl * p, Wl * p, 3] on the CPU, due with the step's progress; start:
     clock seconds when it was launched."""
 
     jobs: list[Job]

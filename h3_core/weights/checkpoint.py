@@ -40,7 +40,7 @@ from torch import nn
 from ..config import AUDIO_LATENT_CHANNELS, CONFIGS, PATCH, VIDEO_LATENT_CHANNELS, DiTConfig
 from ..model import H3DiT
 from ..model.initialization import init_weights
-from ..model.preview import RANDOM_PREVIEW, PreviewMap
+from ..model.preview import FEATURES, RANDOM_PREVIEW, PreviewMap
 
 DIT_FILE, VIDEO_VAE_FILE, AUDIO_VAE_FILE = "dit.safetensors", "video_vae.safetensors", "audio_vae.safetensors"
 PREVIEW_FILE = "preview.safetensors"  # optional: the previews' fitted latent-to-RGB map (load_preview)
@@ -249,26 +249,37 @@ def load_dit(dit: H3DiT, source: str | Path) -> None:
 
 
 def save_preview(preview: PreviewMap, path: str | Path) -> None:
-    """Write a preview map to a .safetensors file: "projection" float32 [24, 3], "bias" float32 [3]."""
-    save_file({"projection": preview.projection.float().contiguous(), "bias": preview.bias.float().contiguous()}, path)
+    """Write a preview map to a .safetensors file: "weight" [3, p, p, C, n, n] and "bias"
+    [3, p, p] (PreviewMap), stored as float16 (halves the file; load_preview reads float32)."""
+    save_file({"weight": preview.weight.half().contiguous(), "bias": preview.bias.half().contiguous()}, path)
 
 
 def load_preview(source: str | Path) -> PreviewMap:
     """The previews' latent-to-RGB map of a weight source: the folder's PREVIEW_FILE
     (training.preview_fit writes one for trained weights), else RANDOM_PREVIEW (an arbitrary
     colour map of the latent: motion visible, colours meaningless), also for `random:SEED`.
-    Loaded on the CPU (h3_dit reads it; it loads no VAE).
+    Loaded on the CPU as float32 (h3_dit reads it; it loads no VAE).
 
-    Raises ValueError when the file does not hold exactly "projection" [24, 3] and "bias" [3]."""
+    Raises ValueError when the file does not hold exactly "weight" [3, p, p, C, n, n] (p >= 1,
+    C 24 or 324, n odd) and "bias" [3, p, p]."""
     path = Path(source) / PREVIEW_FILE
     if source_seed(source) is not None or not path.is_file():
         return RANDOM_PREVIEW
     tensors = load_file(path)
-    check_state(
-        {name: tuple(tensor.shape) for name, tensor in tensors.items()},
-        {"projection": (VIDEO_LATENT_CHANNELS, 3), "bias": (3,)},
-    )
-    return PreviewMap(tensors["projection"].float(), tensors["bias"].float())
+    weight = tuple(tensors["weight"].shape) if "weight" in tensors else ()
+    if not (
+        len(weight) == 6
+        and weight[0] == 3
+        and weight[1] == weight[2] >= 1
+        and weight[3] in FEATURES
+        and weight[4] == weight[5]
+        and weight[4] % 2 == 1
+    ):
+        raise ValueError(
+            f"{path}: tensor 'weight' must be [3, p, p, C, n, n] with C in {FEATURES}, n odd, got {weight}"
+        )
+    check_state({name: tuple(tensor.shape) for name, tensor in tensors.items()}, {"weight": weight, "bias": weight[:3]})
+    return PreviewMap(tensors["weight"].float(), tensors["bias"].float())
 
 
 def diffusers_config(cfg: DiTConfig) -> dict:

@@ -4,7 +4,7 @@ in the Store (SQLite), its files under `<data_dir>/videos/<id>/`:
     <k>.mp4   output k (seed + k): H.264 + AAC, as VIDEO_MP4 came from the server
     <k>.wav   its audio, 16-bit PCM stereo 32 kHz (client.generate.wav_bytes)
     <k>.png   its thumbnail: the MP4's first frame
-    preview.png  the latest preview image (latent resolution) while it runs
+    preview.png  the latest preview image (p px per latent cell, PreviewMap) while it runs
     inputs/<variant>_<k>  the request's files as sent (variant first_frame, last_frame,
              reference_image, reference_video, reference_audio: fields.MEDIA_FIELDS), kept for
              resubmissions and downloads until the job is removed

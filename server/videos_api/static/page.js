@@ -128,7 +128,7 @@ async function follow(id) {
       shownPreview = job.preview_step;
       try {
         $("preview").src = await blobUrl(`/v1/videos/${id}/content?variant=preview`);
-        $("preview-caption").textContent = `preview after step ${job.preview_step} (latent resolution)`;
+        $("preview-caption").textContent = `preview after step ${job.preview_step}`;
       } catch (ignored) {
         // deleted meanwhile: the next poll says so
       }
