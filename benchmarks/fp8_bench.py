@@ -18,13 +18,15 @@ one process on one GPU (issue 32).
   bitwise  on the fp8 DiT: engine_bench's bitwise packs (1 x 128; 8 x 128; 128 + 16,384;
            3 x 16,384; 64 + 1,024 + 4,096, 2 or 3 steps each): packed == solo == request mode,
            torch.equal -> fp8_bitwise_solo_packed_request.
-  quality  the trained demo model (weights/demo, config demo run in bf16: the baseline) and the
-           same weights in fp8, in-process on the GPU: the 36 held-out cases of every task of
+  quality  the trained demo model (weights/demo, config demo run in bf16: the baseline), the
+           same weights in fp8, and in float32 (the config's own dtype, as shipped), in-process on
+           the GPU: the 36 held-out cases of every task of
            training.data.TASKS (t2va, fl2va first / last / both, ref2va image / audio), 8 steps,
            seed 0, 4 requests a forward (training.evaluate.generate with the caption states of
            --captions, training.text_states' format: the GPU host has no MiniLM). Per clip the
            SSIM and PSNR of the decoded frames and the SNR of the audio of fp8 against bf16
-           (training.measure), and each variant's attribute accuracy.
+           (training.measure), the same of bf16 against float32 (how far a mere rounding change
+           moves these clips), and each variant's attribute accuracy.
 Writes DIR/fp8_bench.json (after every section) whose `summary` bench_report.py --merge-into files
 into benchmarks/results/h200.json; prints a short table last. CUDA only.
 """
@@ -152,53 +154,62 @@ def section_bitwise(engine, results: dict) -> None:
     results["summary"]["fp8_bitwise_solo_packed_request"] = all(p["bitwise"] for p in packs.values())
 
 
-def demo_engine(quantization: str, device: torch.device):
-    """The demo weights in a bf16 demo DiT (the baseline) with `quantization`, and its VAEs."""
-    cfg = dataclasses.replace(get_config("demo"), dtype="bfloat16")
+DEMO_VARIANTS = {"none": ("bfloat16", "none"), "fp8": ("bfloat16", "fp8"), "float32": ("float32", "none")}
+
+
+def demo_engine(variant: str, device: torch.device):
+    """The demo weights and VAEs with DEMO_VARIANTS[variant]'s (DiT dtype, quantization)."""
+    dtype, quantization = DEMO_VARIANTS[variant]
+    cfg = dataclasses.replace(get_config("demo"), dtype=dtype)
     return load_engine(cfg, DEMO_WEIGHTS, str(device), with_encoder=False, quantization=quantization)
 
 
+def compared(outputs: list, reference: list) -> dict:
+    """Minimum and median per-clip SSIM, PSNR (frames) and audio SNR of outputs against reference."""
+    from training import measure
+
+    pairs = list(zip(outputs, reference, strict=True))
+    values = {
+        "ssim": [measure.ssim(a[0], b[0]) for a, b in pairs],
+        "psnr_db": [measure.psnr(a[0], b[0]) for a, b in pairs],
+        "audio_snr_db": [measure.snr_db(a[1], b[1]) for a, b in pairs],
+    }
+    return {f"{k}_{f.__name__}": f(v) for k, v in values.items() for f in (min, statistics.median)}
+
+
 def section_quality(device: torch.device, captions: Path, results: dict) -> None:
-    from training import data, measure, text_states
+    from training import data, text_states
     from training.evaluate import generate, report
 
     names, _, tensors = text_states.load(captions)
     states = dict(zip(names, tensors, strict=True))
     clips = data.held_out_clips()
     outputs, accuracy = {}, {}
-    for quantization in QUANTIZATIONS:
+    for variant in DEMO_VARIANTS:
         release(device)
-        engine = demo_engine(quantization, device)
-        outputs[quantization] = {
+        engine = demo_engine(variant, device)
+        outputs[variant] = {
             task: generate(engine, clips, DEMO_STEPS, DEMO_SEED, DEMO_PACK, states, task) for task in data.TASKS
         }
-        accuracy[quantization] = {
-            task: report(clips, outputs[quantization][task])["attribute_accuracy"] for task in data.TASKS
-        }
+        accuracy[variant] = {task: report(clips, outputs[variant][task])["attribute_accuracy"] for task in data.TASKS}
         del engine
-    per_task = {}
-    for task in data.TASKS:
-        pairs = list(zip(outputs["fp8"][task], outputs["none"][task], strict=True))
-        ssims = [measure.ssim(f8[0], b16[0]) for f8, b16 in pairs]
-        psnrs = [measure.psnr(f8[0], b16[0]) for f8, b16 in pairs]
-        snrs = [measure.snr_db(f8[1], b16[1]) for f8, b16 in pairs]
-        per_task[task] = {
-            "ssim_min": min(ssims),
-            "ssim_median": statistics.median(ssims),
-            "psnr_db_min": min(psnrs),
-            "psnr_db_median": statistics.median(psnrs),
-            "audio_snr_db_min": min(snrs),
-            "audio_snr_db_median": statistics.median(snrs),
-            "attribute_accuracy_bf16": accuracy["none"][task],
-            "attribute_accuracy_fp8": accuracy["fp8"][task],
+    per_task = {
+        task: {
+            "fp8_vs_bf16": compared(outputs["fp8"][task], outputs["none"][task]),
+            "bf16_vs_float32": compared(outputs["none"][task], outputs["float32"][task]),
+            "attribute_accuracy": {variant: accuracy[variant][task] for variant in DEMO_VARIANTS},
         }
+        for task in data.TASKS
+    }
     results["quality"] = {"n_cases": len(clips), "steps": DEMO_STEPS, "seed": DEMO_SEED, "per_task": per_task}
     summary = results["summary"]
-    summary["fp8_demo_min_ssim"] = min(t["ssim_min"] for t in per_task.values())
-    summary["fp8_demo_min_psnr_db"] = min(t["psnr_db_min"] for t in per_task.values())
-    summary["fp8_demo_min_audio_snr_db"] = min(t["audio_snr_db_min"] for t in per_task.values())
+    for pair, prefix in (("fp8_vs_bf16", "fp8_demo"), ("bf16_vs_float32", "bf16_vs_float32_demo")):
+        summary[f"{prefix}_min_ssim"] = min(t[pair]["ssim_min"] for t in per_task.values())
+        summary[f"{prefix}_min_psnr_db"] = min(t[pair]["psnr_db_min"] for t in per_task.values())
+        summary[f"{prefix}_median_psnr_db"] = statistics.median(t[pair]["psnr_db_median"] for t in per_task.values())
+        summary[f"{prefix}_min_audio_snr_db"] = min(t[pair]["audio_snr_db_min"] for t in per_task.values())
     summary["fp8_demo_accuracy_unchanged"] = all(
-        t["attribute_accuracy_fp8"] == t["attribute_accuracy_bf16"] for t in per_task.values()
+        t["attribute_accuracy"]["fp8"] == t["attribute_accuracy"]["none"] for t in per_task.values()
     )
 
 
