@@ -45,6 +45,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Route
 
 from client.api import H3Client
 from h3_core import protocol
@@ -160,6 +161,14 @@ async def _form(request: Request) -> dict:
     raise fields.invalid(f"Content-Type {kind or 'none'!r} is not served: send application/json or multipart/form-data")
 
 
+def authorize(request: Request) -> Caller:
+    """The caller of a request (auth.Keys.caller with the app's keys): ApiError 401 when refused."""
+    return request.app.state.keys.caller(request.headers.get("authorization"))
+
+
+Authorized = Annotated[Caller, Depends(authorize)]  # FastAPI runs it once per request, router check included
+
+
 def _file(path: Path, media_type: str, headers: dict, video_id: str, variant: str) -> FileResponse:
     """A file written once and never replaced, streamed from disk (Range and HEAD by Starlette).
     Raises ApiError 404 when it is gone (its job deleted or expired meanwhile)."""
@@ -255,6 +264,9 @@ def create_app(settings: Settings) -> FastAPI:
         if error.status_code == 404:
             text += "; its routes: docs/videos_api.md"
         elif error.status_code == 405:
+            routes = [route for route in (*api.routes, *app.router.routes) if isinstance(route, Route)]
+            allowed = {m for route in routes if route.path_regex.match(request.url.path) for m in route.methods}
+            error.headers["Allow"] = ", ".join(sorted(allowed))  # every route at the path, not only the first
             text += f"; allowed: {error.headers['Allow']}"
         else:
             text = str(error.detail)
@@ -274,12 +286,7 @@ def create_app(settings: Settings) -> FastAPI:
         log.error("unexpected error", exc_info=error)
         return _error_response(ApiError(500, "INTERNAL", f"{type(error).__name__}: {error}"))
 
-    keys = Keys(settings.api_keys)
-
-    def authorize(request: Request) -> Caller:
-        return keys.caller(request.headers.get("authorization"))
-
-    Authorized = Annotated[Caller, Depends(authorize)]  # evaluated once per request, also for the router's check
+    app.state.keys = Keys(settings.api_keys)
 
     def jobs_of(request: Request) -> Jobs:
         return request.app.state.jobs

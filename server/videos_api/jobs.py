@@ -238,9 +238,9 @@ class Jobs:
         def on_progress(step: int, total: int, position: int) -> None:
             with submission.lock:
                 submission.accepted = True  # the request runs: a later error fails the job
-            submission.answer()
             status = "in_progress" if step else "queued"
             self.store.progress(job_id, status=status, step=step, total_steps=total, queue_position=position)
+            submission.answer()  # after the write: the creator answers with this state
 
         def on_preview(step: int, image: np.ndarray) -> None:
             folder.mkdir(parents=True, exist_ok=True)

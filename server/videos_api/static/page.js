@@ -1,15 +1,20 @@
 // The page of the Videos API: submit a prompt, follow the job (progress, previews), play the
 // result, list the jobs. Plain JavaScript over the same /v1 routes as any client; media are
-// fetched with the API key and shown through object URLs.
+// fetched with the API key and shown through object URLs. While the server cannot be reached
+// (restarting, a proxy answering 502-504) the page says "reconnecting" and keeps polling, backing
+// off, and goes on where it was: jobs outlive a front end restart.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
 const ACTIVE = ["queued", "in_progress"];
 const POLL_MS = 250;
 const LIST_MS = 2000;
+const RETRY_MS = [500, 1000, 2000, 4000]; // waits between polls while the server cannot be reached
+const RETRY_STATUSES = [502, 503, 504];
 let current = null; // id of the job shown
 let shownPreview = null; // its preview step on screen
 let objectUrls = [];
+let listFailed = false; // the error shown is the list's
 
 $("api-key").value = localStorage.getItem("h3-api-key") || "";
 $("api-key").addEventListener("change", () => {
@@ -18,10 +23,23 @@ $("api-key").addEventListener("change", () => {
   refreshList();
 });
 
+// An error of api(); `retry`: the server could not be reached or answered 502-504, asking again may work.
+class ApiFailure extends Error {
+  constructor(message, retry) {
+    super(message);
+    this.retry = retry;
+  }
+}
+
 async function api(path, options = {}) {
   const key = $("api-key").value.trim();
   const headers = Object.assign({}, options.headers || {}, key ? { Authorization: `Bearer ${key}` } : {});
-  const response = await fetch(path, Object.assign({}, options, { headers }));
+  let response;
+  try {
+    response = await fetch(path, Object.assign({}, options, { headers }));
+  } catch (error) {
+    throw new ApiFailure(`the server cannot be reached (${error.message})`, true);
+  }
   if (!response.ok) {
     let message = `${response.status} ${response.statusText}`;
     try {
@@ -29,10 +47,12 @@ async function api(path, options = {}) {
     } catch (ignored) {
       // not an API error body: keep the status line
     }
-    throw new Error(message);
+    throw new ApiFailure(message, RETRY_STATUSES.includes(response.status));
   }
   return response;
 }
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 async function blobUrl(path) {
   const url = URL.createObjectURL(await (await api(path)).blob());
@@ -87,13 +107,18 @@ function show(id) {
 }
 
 async function follow(id) {
+  let failures = 0;
   while (current === id) {
     let job;
     try {
       job = await (await api(`/v1/videos/${id}`)).json();
+      failures = 0;
     } catch (error) {
-      $("status").textContent = error.message;
-      return;
+      if (current !== id) return;
+      $("status").textContent = error.retry ? `reconnecting: ${error.message}` : error.message;
+      if (!error.retry) return;
+      await sleep(RETRY_MS[Math.min(failures++, RETRY_MS.length - 1)]);
+      continue;
     }
     if (current !== id) return;
     render(job);
@@ -111,7 +136,7 @@ async function follow(id) {
       refreshList();
       return;
     }
-    await new Promise((resolve) => setTimeout(resolve, POLL_MS));
+    await sleep(POLL_MS);
   }
 }
 
@@ -168,7 +193,12 @@ async function refreshList() {
     page = await (await api("/v1/videos?limit=20")).json();
   } catch (error) {
     showError(error.message);
+    listFailed = true;
     return;
+  }
+  if (listFailed) {
+    showError(""); // the server answers again
+    listFailed = false;
   }
   const rows = page.data.map((job) => {
     const row = document.createElement("tr");
