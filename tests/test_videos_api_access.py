@@ -277,25 +277,20 @@ def test_unsupported_routes_say_so_and_health_routes_answer(tmp_path):
 
 # ---- the SDK against a real tritonserver ------------------------------------------------------
 
-KEYS = {"key-a": "ключ-a", "key-b": "key-b-🔑", "admin": "root-key"}
+KEYS = {"key-a": "key-a-0123", "key-b": "key-b-4567", "admin": "root-key", "utf-8": "ключ-café-🔑"}
 
 
 @pytest.fixture(scope="module")
 def front_end(server, tmp_path_factory):
-    keys = f"{KEYS['key-a']}\n{KEYS['key-b']}\n{KEYS['admin']} admin\n"
+    keys = f"{KEYS['key-a']}\n{KEYS['key-b']}\n{KEYS['admin']} admin\n{KEYS['utf-8']}\n"
     with FrontEnd(server.grpc_url, tmp_path_factory.mktemp("videos_api_access"), keys=keys) as running:
         yield running
 
 
 def sdk_as(front_end, who: str) -> openai.OpenAI:
-    """The official SDK with the key of `who` (KEYS; httpx sends a str header as ASCII, so a
-    non-ASCII key goes as its UTF-8 bytes), without retries."""
-    return openai.OpenAI(
-        base_url=f"{front_end.url}/v1",
-        api_key="unused",
-        max_retries=0,
-        default_headers={"Authorization": b"Bearer " + KEYS[who].encode()},
-    )
+    """The official SDK with the key of `who` (KEYS: an ASCII one; the SDK cannot send others),
+    without retries."""
+    return openai.OpenAI(base_url=f"{front_end.url}/v1", api_key=KEYS[who], max_retries=0)
 
 
 def test_models_name_the_served_model_and_its_limits(front_end):
@@ -359,8 +354,10 @@ def test_content_answers_ranges_and_head_and_keys_isolate_it(front_end):
         "audio/wav",
         "bytes",
     )
-    # the key in another encoding than UTF-8 is another key
-    cp1251 = httpx2.get(url, headers={"Authorization": b"Bearer " + KEYS["key-a"].encode("cp1251")})
+    # a non-ASCII key as curl sends it (UTF-8) is accepted; in another encoding it is another key
+    utf8 = httpx2.get(f"{front_end.url}/v1/videos", headers=bearer(KEYS["utf-8"]))
+    assert (utf8.status_code, utf8.json()["data"]) == (200, [])  # its own jobs: none
+    cp1251 = httpx2.get(f"{front_end.url}/v1/videos", headers={"Authorization": "Bearer ключ".encode("cp1251")})
     assert (cp1251.status_code, cp1251.json()) == (401, {"error": UNAUTHORIZED})
     # another key sees nothing of it; the admin key sees it
     other = sdk_as(front_end, "key-b")

@@ -27,7 +27,8 @@ OWNED_BY = "h3-triton"
 
 def _parameters(client: H3Client, model: str) -> dict[str, str]:
     config = client.model_config(model)
-    return {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
+    # an empty string_value is left out of the JSON (protobuf default)
+    return {key: value.get("string_value", "") for key, value in config.get("parameters", {}).items()}
 
 
 def model_card(client: H3Client, model_name: str, created: int) -> dict:
