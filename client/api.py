@@ -82,6 +82,8 @@ BALANCED_PREFIXES = ("dns:///", "ipv4:", "ipv6:")
 # from its creation (then closed): on one channel round_robin sends successive requests to
 # successive servers, and a new channel resolves a dns:/// name again (servers added since).
 CHANNEL_MAX_AGE_S = 300.0
+# seconds a unary call (model_config, ready) waits for its answer
+UNARY_TIMEOUT_S = 10.0
 
 
 class H3Error(Exception):
@@ -571,6 +573,41 @@ class H3Client:
         if errors and not {"cancelled", "finished"} & set(answers):
             raise errors[0]
         return next(state for state in protocol.CANCEL_STATES if state in answers)
+
+    def model_config(self, model: str) -> dict:
+        """Triton's configuration of `model` (get_model_config as JSON: "name", "parameters"
+        {key: {"string_value": ...}}, ...) from the next server behind the url. Raises H3Error
+        UNAVAILABLE when no server answers within UNARY_TIMEOUT_S, else with Triton's code word
+        (UNKNOWN for a model that is not loaded)."""
+        return self._unary(lambda client: client.get_model_config(model, as_json=True, client_timeout=UNARY_TIMEOUT_S))[
+            "config"
+        ]
+
+    def ready(self) -> bool:
+        """Whether the next server behind the url answers within UNARY_TIMEOUT_S and has
+        h3_pipeline ready (Triton's is_model_ready: every model of the ensemble loaded)."""
+        try:
+            return self._unary(
+                lambda client: client.is_model_ready(protocol.PIPELINE_MODEL, client_timeout=UNARY_TIMEOUT_S)
+            )
+        except H3Error:
+            return False
+
+    def _unary(self, call: Callable[[grpcclient.InferenceServerClient], object]):
+        """call(client) on a pooled connection to the url, kept for reuse when it answered. An
+        InferenceServerException becomes H3Error: UNAVAILABLE when the server could not be
+        reached or did not answer in time, else H3Error.from_server's."""
+        born, client = self._connection(self.url)
+        try:
+            answer = call(client)
+        except InferenceServerException as error:
+            client.close()
+            if error.status() in ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED"):
+                raise H3Error("UNAVAILABLE", f"{self.url} did not answer: {error.message()}") from None
+            raise H3Error.from_server(error) from None
+        with self._lock:
+            self._idle.setdefault(self.url, []).append((born, client))
+        return answer
 
     def _cancel_at(self, address: str, request_id: str) -> str:
         """cancel() of one server at address (host:port)."""

@@ -239,7 +239,7 @@ def test_retention_removes_ended_jobs_their_files_and_stray_folders(tmp_path):
     jobs = Jobs(store, tmp_path, client=None, retention_s=60, max_attempts=3, accept_wait_s=1)
     request, _ = parse_create({"prompt": "a", "seed": 1}, "h3")
     for job_id in ("old", "young", "running"):
-        store.add(job_id, 1000, request)
+        store.add(job_id, 1000, request, None)
         jobs.folder(job_id).mkdir()
         (jobs.folder(job_id) / "0.mp4").write_bytes(b"mp4")
     assert store.end("old", "completed", now=1000, expires_at=1060, outputs=[{"seed": 1}])
@@ -278,7 +278,7 @@ def test_cors_is_off_unless_origins_are_given_and_chunked_bodies_are_refused(tmp
                 assert "access-control-allow-origin" not in response.headers
                 assert (response.status_code, response.json()["error"]["message"]) == (
                     405,
-                    "METHOD_NOT_ALLOWED: Method Not Allowed",
+                    "METHOD_NOT_ALLOWED: OPTIONS /v1/videos is not supported by this server; allowed: GET, POST",
                 )
             chunked = http.post(
                 "/v1/videos", content=iter([b'{"prompt": "a"}']), headers={"Content-Type": "application/json"}

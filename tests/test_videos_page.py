@@ -1,11 +1,14 @@
 """The Videos API's page in a real headless Chromium (Debian's chromium + chromium-driver through
 Selenium) against a real tritonserver: the API key, a prompt with a first frame picked submitted,
 progress advancing, previews, the video element loading the clip beside the first frame, the job
-list with its task; the screenshot is kept in out/test_videos_page/page.png."""
+list with its task; then a front end killed mid-job and started again, the page reconnecting by
+itself. The screenshots are kept in out/test_videos_page/ (page.png, reconnecting.png,
+reconnected.png)."""
 
 import shutil
 import time
 
+import openai
 import pytest
 from selenium import webdriver
 from selenium.common.exceptions import StaleElementReferenceException
@@ -114,3 +117,41 @@ def test_the_page_generates_a_video_from_a_first_frame_with_progress_previews_an
             assert browser.save_screenshot(str(SCREENSHOT))
         finally:
             browser.quit()
+
+
+def test_the_page_reconnects_after_a_front_end_restart_and_the_sdk_resumes_by_id(server, tmp_path):
+    """The front end killed mid-job: the page says it is reconnecting, the SDK raises
+    APIConnectionError; started again on the same port, the job is resubmitted (the restart
+    rule), the page follows it to the clip by itself and the SDK retrieves it by id."""
+    front_end = FrontEnd(server.grpc_url, tmp_path / "data").start()
+    browser = chromium()
+    try:
+        browser.get(f"{front_end.url}/")
+        find = browser.find_element
+        find(By.TAG_NAME, "summary").click()
+        find(By.ID, "api-key").send_keys(API_KEY, Keys.TAB)
+        prompt = find(By.ID, "prompt")
+        prompt.clear()
+        prompt.send_keys("a red ball rolls to the left while a low tone plays on the left")
+        find(By.ID, "steps").send_keys("400")
+        find(By.ID, "generate").click()
+        wait_for(lambda: find(By.ID, "status").text.startswith("in_progress, step "), 120, "the job running")
+        job_id = find(By.ID, "job-id").text
+        front_end.kill()
+        down = "reconnecting: the server cannot be reached ("
+        wait_for(lambda: find(By.ID, "status").text.startswith(down), 60, "the page saying it reconnects")
+        sdk = openai.OpenAI(base_url=f"{front_end.url}/v1", api_key=API_KEY, max_retries=0)
+        with pytest.raises(openai.APIConnectionError):
+            sdk.videos.retrieve(job_id)
+        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        assert browser.save_screenshot(str(SCREENSHOT.with_name("reconnecting.png")))
+        front_end.start()  # the same port and data folder
+        ready = "return document.getElementById('video').readyState"
+        wait_for(lambda: browser.execute_script(ready) >= 2, 300, "the clip after the restart")
+        assert find(By.ID, "status").text == "completed, step 400 of 400 (100 %)"
+        assert not find(By.ID, "error").is_displayed()
+        assert (sdk.videos.retrieve(job_id).status, find(By.ID, "job-id").text) == ("completed", job_id)
+        assert browser.save_screenshot(str(SCREENSHOT.with_name("reconnected.png")))
+    finally:
+        browser.quit()
+        front_end.stop()

@@ -30,12 +30,13 @@ def wait_for(condition, timeout_s: float, what: str):
 
 
 class FrontEnd:
-    """`python -m server.videos_api` against Triton at `triton_url` on a free port, its data in
-    `data_dir`, with API_KEY as its only key and any `extra` flags; its output goes to
-    `data_dir`/front_end.log. A context manager: started on entry, stopped (SIGTERM) on exit."""
+    """`python -m server.videos_api` against Triton at `triton_url` on a free port (the same one
+    when started again), its data in `data_dir`, its key file `keys` (default: API_KEY alone)
+    and any `extra` flags; its output goes to `data_dir`/front_end.log. A context manager:
+    started on entry, stopped (SIGTERM) on exit."""
 
-    def __init__(self, triton_url: str, data_dir: Path, *extra: str):
-        self.triton_url, self.data_dir, self.extra = triton_url, Path(data_dir), extra
+    def __init__(self, triton_url: str, data_dir: Path, *extra: str, keys: str = f"{API_KEY}\n"):
+        self.triton_url, self.data_dir, self.extra, self.keys = triton_url, Path(data_dir), extra, keys
         self.process: subprocess.Popen | None = None
         self.port = 0
 
@@ -48,8 +49,9 @@ class FrontEnd:
         it exits first."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         keys = self.data_dir / "keys.txt"
-        keys.write_text(f"{API_KEY}\n")
-        (self.port,) = pick_free_ports(1, "127.0.0.1")
+        keys.write_text(self.keys, encoding="utf-8")
+        if not self.port:
+            (self.port,) = pick_free_ports(1, "127.0.0.1")
         command = [sys.executable, "-m", "server.videos_api", "--triton-url", self.triton_url]
         command += ["--port", str(self.port), "--data-dir", str(self.data_dir), "--api-key-file", str(keys)]
         with open(self.data_dir / "front_end.log", "a") as log:

@@ -22,6 +22,7 @@ import uvicorn
 from client.api import check_url
 
 from .app import Settings, create_app
+from .auth import parse_key_file
 
 
 def _positive(kind):
@@ -55,7 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--api-key-file",
         type=Path,
-        help="a file of API keys, one a line: every /v1 route then needs Authorization: Bearer KEY",
+        help="a UTF-8 file of API keys, one a line, 'KEY' or 'KEY admin': every /v1 route then needs "
+        "Authorization: Bearer KEY, and a key sees only its own jobs unless marked admin",
     )
     p.add_argument(
         "--cors-origin",
@@ -103,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse `argv` (default: sys.argv[1:]) and serve until SIGINT/SIGTERM; returns 0. Bad flags,
-    an unreadable or empty key file exit with status 2."""
+    an unreadable, malformed (auth.parse_key_file) or empty key file exit with status 2."""
     parser = _parser()
     args = parser.parse_args(argv)
     try:
@@ -112,11 +114,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--triton-url: {error}")
     if not 1 <= args.port <= 65535:
         parser.error(f"--port must be in 1..65535, got {args.port}")
-    keys = frozenset()
+    keys = {}
     if args.api_key_file is not None:
         try:
-            keys = frozenset(line.strip() for line in args.api_key_file.read_text().splitlines() if line.strip())
-        except OSError as error:
+            keys = parse_key_file(args.api_key_file.read_bytes())
+        except (OSError, ValueError) as error:
             parser.error(f"--api-key-file: {error}")
         if not keys:
             parser.error(f"--api-key-file {args.api_key_file} holds no key")

@@ -5,17 +5,25 @@
     GET    /v1/videos                  a page of video objects: ?after=ID&limit=1..100&order=asc|desc
     GET    /v1/videos/{id}/content     ?variant=video|audio|thumbnail|preview&index=K, or an input
                                        as sent: first_frame|last_frame|reference_image|
-                                       reference_video|reference_audio&index=K
+                                       reference_video|reference_audio&index=K; HEAD too; Range
     POST   /v1/videos/{id}/cancel      cancel a queued or in_progress job (ours): status cancelled
     DELETE /v1/videos/{id}             cancel it if it runs, remove it and its files
     POST   /v1/videos/sync             create, wait, answer the MP4 (header X-Video-Id)
+    POST   /v1/videos/{id}/remix       not supported: 404 saying so
+    GET    /v1/models, /v1/models/{id} the served model: OpenAI's model object + its limits (models.py)
+    GET    /healthz                    200 while the front end runs
+    GET    /readyz                     200 when Triton's h3_pipeline is ready, else 503
     GET    /                           the page (static/index.html; static/ holds its script and style)
 
-With API keys, every /v1 route needs `Authorization: Bearer KEY` (401 otherwise); the page itself
-is public and asks for a key. POST bodies larger than max_body_bytes (a multipart create:
-max_upload_bytes) are refused with 413 from their Content-Length, before any of the body is read
-(411 for a chunked body). CORS is off unless origins are given. Errors are OpenAI-shaped
-(fields.ApiError).
+With API keys, every /v1 route needs `Authorization: Bearer KEY` (401 otherwise) and a key sees
+only its own jobs unless it is an admin key (auth.py); the page and the health routes are public.
+POST bodies larger than max_body_bytes (a multipart create: max_upload_bytes) are refused with
+413 from their Content-Length, before any of the body is read (411 for a chunked body). CORS is
+off unless origins are given. Every error is OpenAI-shaped (fields.ApiError): unknown routes and
+methods say "not supported by this server", a jobs database locked by another process is 503.
+Media are served from their files (FileResponse: Content-Length, Range requests answered 206 /
+416, HEAD), the inputs as sent too, except the preview, which is replaced while its job runs and
+is answered from memory.
 """
 
 from __future__ import annotations
@@ -23,13 +31,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import hmac
 import json
+import logging
+import os
+import sqlite3
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
@@ -38,14 +50,19 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Route
 
 from client.api import H3Client
 from h3_core import protocol
 
 from . import fields
+from .auth import Caller, Keys
 from .fields import ApiError
 from .jobs import PURGE_INTERVAL_S, Jobs
-from .store import ACTIVE, Store
+from .models import model_card
+from .store import ACTIVE, BUSY_TIMEOUT_S, Store
+
+log = logging.getLogger("server.videos_api")
 
 STATIC = Path(__file__).resolve().parent / "static"
 SYNC_POLL_S = 0.1  # how often /v1/videos/sync looks whether its job ended
@@ -64,16 +81,17 @@ CREATE_PATHS = ("/v1/videos", "/v1/videos/sync")  # where a multipart body may c
 @dataclass(frozen=True)
 class Settings:
     """How the front end runs. triton_url: Triton's gRPC endpoint (host:port); data_dir: the
-    SQLite file (jobs.sqlite3) and the videos/ folder; api_keys: accepted Bearer keys (empty: no
-    authentication); cors_origins: origins allowed by CORS (empty: CORS off); max_body_bytes:
-    the largest POST body; max_upload_bytes: the largest multipart create (with its files);
-    retention_s: seconds an ended job is kept; max_attempts: submissions of a job across
-    restarts (Jobs docstring); accept_wait_s: the longest wait of a create for Triton's first
-    answer; model_name: the `model` this server answers to. Sizes in bytes."""
+    SQLite file (jobs.sqlite3) and the videos/ folder; api_keys: accepted Bearer keys, each
+    mapped to whether it is an admin key (auth.parse_key_file; empty: no authentication);
+    cors_origins: origins allowed by CORS (empty: CORS off); max_body_bytes: the largest POST
+    body; max_upload_bytes: the largest multipart create (with its files); retention_s: seconds
+    an ended job is kept; max_attempts: submissions of a job across restarts (Jobs docstring);
+    accept_wait_s: the longest wait of a create for Triton's first answer; model_name: the
+    `model` this server answers to. Sizes in bytes."""
 
     triton_url: str = "127.0.0.1:8001"
     data_dir: Path = Path("out/videos_api")
-    api_keys: frozenset[str] = frozenset()
+    api_keys: Mapping[str, bool] = field(default_factory=dict)
     cors_origins: tuple[str, ...] = ()
     max_body_bytes: int = 64 * 1024
     max_upload_bytes: int = 16 * 1024 * 1024
@@ -170,6 +188,24 @@ async def _form(request: Request, max_part_bytes: int) -> dict:
     raise fields.invalid(f"Content-Type {kind or 'none'!r} is not served: send application/json or multipart/form-data")
 
 
+def authorize(request: Request) -> Caller:
+    """The caller of a request (auth.Keys.caller with the app's keys): ApiError 401 when refused."""
+    return request.app.state.keys.caller(request.headers.get("authorization"))
+
+
+Authorized = Annotated[Caller, Depends(authorize)]  # FastAPI runs it once per request, router check included
+
+
+def _file(path: Path, media_type: str, headers: dict, video_id: str, variant: str) -> FileResponse:
+    """A file written once and never replaced, streamed from disk (Range and HEAD by Starlette).
+    Raises ApiError 404 when it is gone (its job deleted or expired meanwhile)."""
+    try:
+        stat = os.stat(path)
+    except FileNotFoundError:
+        raise ApiError(404, "NOT_FOUND", f"no {variant} of video {video_id}") from None
+    return FileResponse(path, media_type=media_type, headers=headers, stat_result=stat)
+
+
 def _integer_query(request: Request, name: str, default: int, low: int, high: int) -> int:
     raw = request.query_params.get(name)
     if raw is None:
@@ -185,6 +221,7 @@ def create_app(settings: Settings) -> FastAPI:
     and starts the retention sweep; at shutdown it stops the sweep."""
     data_dir = Path(settings.data_dir)
     client = H3Client(settings.triton_url)
+    started = int(time.time())  # the model object's `created`: when this front end started
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -249,21 +286,35 @@ def create_app(settings: Settings) -> FastAPI:
         return _error_response(error)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_request: Request, error: StarletteHTTPException):
+    async def http_error(request: Request, error: StarletteHTTPException):
         code = HTTPStatus(error.status_code).name  # NOT_FOUND for an unknown route, METHOD_NOT_ALLOWED, ...
-        return _error_response(ApiError(error.status_code, code, str(error.detail)))
+        text = f"{request.method} {request.url.path} is not supported by this server"
+        if error.status_code == 404:
+            text += "; its routes: docs/videos_api.md"
+        elif error.status_code == 405:
+            routes = [route for route in (*api.routes, *app.router.routes) if isinstance(route, Route)]
+            allowed = {m for route in routes if route.path_regex.match(request.url.path) for m in route.methods}
+            error.headers["Allow"] = ", ".join(sorted(allowed))  # every route at the path, not only the first
+            text += f"; allowed: {error.headers['Allow']}"
+        else:
+            text = str(error.detail)
+        return _error_response(ApiError(error.status_code, code, text, headers=error.headers))
 
-    def authorize(request: Request) -> None:
-        if not settings.api_keys:
-            return
-        scheme, _, key = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not any(hmac.compare_digest(key, k) for k in settings.api_keys):
-            raise ApiError(
-                401,
-                "UNAUTHORIZED",
-                "a valid API key is required: send Authorization: Bearer <key>",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+    @app.exception_handler(sqlite3.OperationalError)
+    async def store_error(_request: Request, error: sqlite3.OperationalError):
+        if "locked" not in str(error):
+            raise error
+        text = f"the jobs database is locked by another process (waited {BUSY_TIMEOUT_S:g} s); retry"
+        return _error_response(
+            ApiError(503, "UNAVAILABLE", text, headers={"Retry-After": str(fields.RETRY_AFTER_UNAVAILABLE_S)})
+        )
+
+    @app.exception_handler(Exception)
+    async def internal_error(_request: Request, error: Exception):
+        log.error("unexpected error", exc_info=error)
+        return _error_response(ApiError(500, "INTERNAL", f"{type(error).__name__}: {error}"))
+
+    app.state.keys = Keys(settings.api_keys)
 
     def jobs_of(request: Request) -> Jobs:
         return request.app.state.jobs
@@ -271,19 +322,19 @@ def create_app(settings: Settings) -> FastAPI:
     api = APIRouter(prefix="/v1", dependencies=[Depends(authorize)])
 
     @api.post("/videos")
-    async def create(request: Request):
+    async def create(request: Request, caller: Authorized):
         parsed, media = fields.parse_create(await _form(request, settings.max_upload_bytes), settings.model_name)
-        job = await run_in_threadpool(jobs_of(request).create, parsed, media)
+        job = await jobs_of(request).create(parsed, media, caller.owner)
         return video_object(job, settings.model_name)
 
     @api.post("/videos/sync")
-    async def create_sync(request: Request):
+    async def create_sync(request: Request, caller: Authorized):
         parsed, media = fields.parse_create(await _form(request, settings.max_upload_bytes), settings.model_name)
         if (parsed["num_outputs"] or 1) != 1:
             raise fields.invalid(f"n={parsed['num_outputs']}: /v1/videos/sync answers one MP4; use /v1/videos", "n")
         jobs = jobs_of(request)
-        job = await run_in_threadpool(jobs.create, parsed, media)
-        while (ended := jobs.store.get(job["id"])) is not None and ended["status"] in ACTIVE:
+        job = await jobs.create(parsed, media, caller.owner)
+        while (ended := await run_in_threadpool(jobs.store.get, job["id"])) is not None and ended["status"] in ACTIVE:
             await asyncio.sleep(SYNC_POLL_S)  # no thread waits: syncs are bounded by the DiT's capacity only
         if ended is None:
             raise ApiError(404, "NOT_FOUND", f"video {job['id']} was deleted while it ran")
@@ -292,18 +343,18 @@ def create_app(settings: Settings) -> FastAPI:
         if ended["status"] == "failed":
             code = ended["error_code"]
             raise fields.error_from_server(code, ended["error_message"].removeprefix(f"{code}: "), parsed)
-        path = jobs.folder(job["id"]) / "0.mp4"
-        return Response(path.read_bytes(), media_type="video/mp4", headers={"X-Video-Id": job["id"]})
+        return _file(jobs.folder(job["id"]) / "0.mp4", "video/mp4", {"X-Video-Id": job["id"]}, job["id"], "video")
 
     @api.get("/videos")
-    def list_videos(request: Request):
+    def list_videos(request: Request, caller: Authorized):
         limit = _integer_query(request, "limit", 20, 1, MAX_LIST_LIMIT)
         order = request.query_params.get("order", "desc")
         if order not in ("asc", "desc"):
             raise fields.invalid(f"order={order!r} must be 'asc' or 'desc'", "order")
         after = request.query_params.get("after")
         try:
-            jobs, has_more = jobs_of(request).store.page(after, limit, order == "desc")
+            owner = None if caller.admin else caller.owner
+            jobs, has_more = jobs_of(request).store.page(after, limit, order == "desc", owner)
         except KeyError:
             raise fields.invalid(f"after={after!r} is not the id of a video", "after") from None
         data = [video_object(job, settings.model_name) for job in jobs]
@@ -316,26 +367,23 @@ def create_app(settings: Settings) -> FastAPI:
         }
 
     @api.get("/videos/{video_id}")
-    def retrieve(request: Request, video_id: str):
-        job = jobs_of(request).get(video_id)
+    def retrieve(request: Request, video_id: str, caller: Authorized):
+        job = jobs_of(request).get(video_id, caller)
         headers = {"openai-poll-after-ms": str(POLL_AFTER_MS)} if job["status"] in ACTIVE else {}
         return JSONResponse(video_object(job, settings.model_name), headers=headers)
 
-    @api.get("/videos/{video_id}/content")
-    def content(request: Request, video_id: str):
+    @api.api_route("/videos/{video_id}/content", methods=["GET", "HEAD"])
+    def content(request: Request, video_id: str, caller: Authorized):
         jobs = jobs_of(request)
-        job = jobs.get(video_id)
+        job = jobs.get(video_id, caller)
         variant = request.query_params.get("variant", "video")
         if variant in INPUT_VARIANTS:
             kinds = job["request"]["inputs"].get(variant)
             if not kinds:
                 raise ApiError(404, "NOT_FOUND", f"video {video_id} was sent no {variant}")
             index = _integer_query(request, "index", 0, 0, len(kinds) - 1)
-            try:
-                data = jobs.input_path(video_id, variant, index).read_bytes()
-            except FileNotFoundError:  # deleted or expired meanwhile
-                raise ApiError(404, "NOT_FOUND", f"no {variant} of video {video_id}") from None
-            return Response(data, media_type=kinds[index], headers={"X-Content-Type-Options": "nosniff"})
+            path = jobs.input_path(video_id, variant, index)
+            return _file(path, kinds[index], {"X-Content-Type-Options": "nosniff"}, video_id, variant)
         if variant not in CONTENT:
             allowed = sorted([*CONTENT, *INPUT_VARIANTS])
             raise fields.invalid(f"variant={variant!r} is not served; allowed: {allowed}", "variant")
@@ -348,22 +396,59 @@ def create_app(settings: Settings) -> FastAPI:
                 raise ApiError(404, "NOT_FOUND", f"video {video_id} has no preview yet")
         elif job["status"] != "completed":
             raise ApiError(409, "CONFLICT", f"video {video_id} is {job['status']}: content comes once it is completed")
+        headers = {"Cache-Control": "no-store"}
+        if variant != "preview":
+            return _file(path, media_type, headers, video_id, variant)
         try:
-            data = path.read_bytes()
+            data = path.read_bytes()  # replaced after each step: read at once, never half of two
         except FileNotFoundError:  # deleted or expired meanwhile
             raise ApiError(404, "NOT_FOUND", f"no {variant} of video {video_id}") from None
-        return Response(data, media_type=media_type, headers={"Cache-Control": "no-store"})
+        return Response(data, media_type=media_type, headers=headers)
 
     @api.post("/videos/{video_id}/cancel")
-    def cancel(request: Request, video_id: str):
-        return video_object(jobs_of(request).cancel(video_id), settings.model_name)
+    def cancel(request: Request, video_id: str, caller: Authorized):
+        return video_object(jobs_of(request).cancel(video_id, caller), settings.model_name)
 
     @api.delete("/videos/{video_id}")
-    def delete(request: Request, video_id: str):
-        jobs_of(request).delete(video_id)
+    def delete(request: Request, video_id: str, caller: Authorized):
+        jobs_of(request).delete(video_id, caller)
         return {"id": video_id, "object": "video.deleted", "deleted": True}
 
+    @api.post("/videos/{video_id}/remix")
+    def remix(video_id: str):
+        raise ApiError(
+            404,
+            "NOT_FOUND",
+            "remix is not supported by this server: it does not edit a finished video; "
+            "create a new one with the changed prompt (and the same seed)",
+        )
+
+    @api.get("/models")
+    def list_models():
+        return {"object": "list", "data": [model_card(client, settings.model_name, started)]}
+
+    @api.get("/models/{model_id}")
+    def retrieve_model(model_id: str):
+        if model_id != settings.model_name:
+            raise ApiError(404, "NOT_FOUND", f"no model {model_id!r}; served: {settings.model_name!r}")
+        return model_card(client, settings.model_name, started)
+
     app.include_router(api)
+
+    @app.get("/healthz", include_in_schema=False)
+    def healthz():
+        return {"status": "ok"}
+
+    @app.get("/readyz", include_in_schema=False)
+    def readyz():
+        if not client.ready():
+            raise ApiError(
+                503,
+                "UNAVAILABLE",
+                f"Triton at {settings.triton_url} is not ready: unreachable, or {protocol.PIPELINE_MODEL} not loaded",
+                headers={"Retry-After": str(fields.RETRY_AFTER_UNAVAILABLE_S)},
+            )
+        return {"status": "ready"}
 
     @app.get("/", include_in_schema=False)
     def page():

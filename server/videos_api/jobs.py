@@ -13,8 +13,11 @@ Submission: a job is sent to h3_pipeline, its files given to H3Client.generate b
 under the Triton request id `<job id>-<attempt>`, with progress after every step and previews
 every `preview_every` steps. Creating a job waits for the request's first answer from Triton (a
 progress response, a refusal or a result) or `accept_wait_s`, whichever comes first: a refusal
-then (INVALID_ARG, UNAVAILABLE) removes the job and is raised to the caller; any later error
-fails the job.
+then (INVALID_ARG, UNAVAILABLE) removes the job and its files and is raised to the caller; any
+later error fails the job. The creator waits on the event loop (an asyncio.Event the job's thread
+sets), holding no thread of a pool.
+
+Who may see a job: `Caller.sees` (auth); another caller's job is 404 like a missing one.
 
 Restart rule (`recover`, at start-up): every job still queued or in_progress was running when
 the previous front end stopped. Its last Triton request is cancelled by id first; if that cancel
@@ -29,6 +32,8 @@ after it ended (`purge`, run every PURGE_INTERVAL_S by the app), as are folders 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import io
 import logging
 import secrets
@@ -45,6 +50,7 @@ from PIL import Image
 from client.api import H3Client, H3Error
 from client.generate import wav_bytes
 
+from .auth import Caller
 from .fields import MEDIA_FIELDS, ApiError, error_from_server
 from .store import ACTIVE, Store
 
@@ -79,13 +85,26 @@ def _write(path: Path, data: bytes) -> None:
 
 @dataclass
 class _Submission:
-    """The creator's view of a submission until its first answer. `accepted`: a refusal after
-    this point fails the job instead of being raised to the creator."""
+    """The creator's view of a submission until its first answer. `loop`: the creator's event
+    loop, whose `answered` the job's thread sets at the first answer (None: nobody waits, a
+    resubmission). `accepted`: a refusal after this point fails the job instead of being raised
+    to the creator."""
 
-    answered: threading.Event = field(default_factory=threading.Event)
+    loop: asyncio.AbstractEventLoop | None = None
+    answered: asyncio.Event = field(default_factory=asyncio.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
     accepted: bool = False
     refusal: H3Error | None = None
+    notified: bool = False
+
+    def answer(self) -> None:
+        """Wake the creator (from the job's thread), once."""
+        with self.lock:
+            if self.notified or self.loop is None:
+                return
+            self.notified = True
+        with contextlib.suppress(RuntimeError):  # the loop closed: the front end stopped, nobody waits
+            self.loop.call_soon_threadsafe(self.answered.set)
 
 
 class Jobs:
@@ -115,44 +134,42 @@ class Jobs:
         """The path of a job's file `index` of content variant `variant` (as sent)."""
         return self.folder(job_id) / INPUTS / f"{variant}_{index}"
 
-    def get(self, job_id: str) -> dict:
-        """The job with this id; ApiError 404 NOT_FOUND when there is none."""
+    def get(self, job_id: str, caller: Caller) -> dict:
+        """The job with this id; ApiError 404 NOT_FOUND when there is none or `caller` may not
+        see it."""
         job = self.store.get(job_id)
-        if job is None:
+        if job is None or not caller.sees(job):
             raise ApiError(404, "NOT_FOUND", f"no video with id {job_id!r}")
         return job
 
-    def create(self, request: dict, media: dict[str, list[bytes]]) -> dict:
-        """Store and submit a new job for `request` and its files `media` (fields.parse_create's;
-        a missing seed is drawn here and the files are written to the job's inputs/ folder, so a
-        resubmission gives the same output); returns the job once Triton answered or
-        accept_wait_s passed. Raises ApiError (fields.error_from_server) when Triton refused the
-        request then; the job and its files are removed."""
+    async def create(self, request: dict, media: dict[str, list[bytes]], owner: str | None) -> dict:
+        """Store and submit a new job of `owner` (auth.Caller.owner) for `request` and its files
+        `media` (fields.parse_create's; a missing seed is drawn here and the files are written to
+        the job's inputs/ folder, so a resubmission gives the same output); returns the job once
+        Triton answered or accept_wait_s passed, waiting on the running event loop (the database
+        and the files on a worker thread). Raises ApiError (fields.error_from_server) when Triton
+        refused the request then; the job and its files are removed."""
         if request["seed"] is None:
             request = dict(request, seed=secrets.randbelow(SEED_LIMIT))
         job_id = f"video_{secrets.token_hex(16)}"
-        self.store.add(job_id, int(time.time()), request)
-        for variant, files in media.items():
-            for index, data in enumerate(files):
-                path = self.input_path(job_id, variant, index)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                _write(path, data)
-        submission = _Submission()
-        self._submit(job_id, 1, request, submission)
-        submission.answered.wait(self.accept_wait_s)
+        submission = _Submission(loop=asyncio.get_running_loop())
+        await asyncio.to_thread(self._start, job_id, request, media, owner, submission)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(submission.answered.wait(), self.accept_wait_s)
         with submission.lock:
             submission.accepted = submission.refusal is None
         if submission.refusal is not None:
-            self.store.delete(job_id)
-            shutil.rmtree(self.folder(job_id), ignore_errors=True)
+            await asyncio.to_thread(self.store.delete, job_id)
+            await asyncio.to_thread(shutil.rmtree, self.folder(job_id), ignore_errors=True)
             raise error_from_server(submission.refusal.code, submission.refusal.message, request)
-        return self.store.get(job_id)
+        return await asyncio.to_thread(self.store.get, job_id)
 
-    def cancel(self, job_id: str) -> dict:
+    def cancel(self, job_id: str, caller: Caller) -> dict:
         """Cancel an active job: it becomes `cancelled` at once, its Triton request is cancelled by
         id and its outputs are removed when its thread ends (its inputs stay until it expires).
-        Raises ApiError 404 for no such job, 409 CONFLICT for a job that already ended."""
-        job = self.get(job_id)
+        Raises ApiError 404 for no such job (or one `caller` may not see), 409 CONFLICT for a job
+        that already ended."""
+        job = self.get(job_id, caller)
         now = int(time.time())
         if job["status"] not in ACTIVE or not self.store.end(job_id, "cancelled", now, self._expiry(now)):
             raise ApiError(
@@ -161,9 +178,10 @@ class Jobs:
         self._cancel_in_triton(job["triton_request_id"])
         return self.store.get(job_id)
 
-    def delete(self, job_id: str) -> None:
+    def delete(self, job_id: str, caller: Caller) -> None:
         """Remove a job and its files; an active one is cancelled in Triton by id first. Raises
-        ApiError 404 for no such job."""
+        ApiError 404 for no such job (or one `caller` may not see)."""
+        self.get(job_id, caller)
         job = self.store.delete(job_id)
         if job is None:
             raise ApiError(404, "NOT_FOUND", f"no video with id {job_id!r}")
@@ -231,6 +249,17 @@ class Jobs:
         except H3Error as error:  # the request's stream then ends by itself, or with Triton
             log.warning("could not cancel Triton request %s: %s", request_id, error)
 
+    def _start(
+        self, job_id: str, request: dict, media: dict[str, list[bytes]], owner: str | None, submission: _Submission
+    ) -> None:
+        self.store.add(job_id, int(time.time()), request, owner)
+        for variant, files in media.items():
+            for index, data in enumerate(files):
+                path = self.input_path(job_id, variant, index)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                _write(path, data)
+        self._submit(job_id, 1, request, submission)
+
     def _submit(self, job_id: str, attempt: int, request: dict, submission: _Submission) -> None:
         request_id = f"{job_id}-{attempt}"
         self.store.submitted(job_id, request_id)
@@ -243,9 +272,9 @@ class Jobs:
         def on_progress(step: int, total: int, position: int) -> None:
             with submission.lock:
                 submission.accepted = True  # the request runs: a later error fails the job
-            submission.answered.set()
             status = "in_progress" if step else "queued"
             self.store.progress(job_id, status=status, step=step, total_steps=total, queue_position=position)
+            submission.answer()  # after the write: the creator answers with this state
 
         def on_preview(step: int, image: np.ndarray) -> None:
             folder.mkdir(parents=True, exist_ok=True)
@@ -294,7 +323,7 @@ class Jobs:
             log.exception("job %s failed", job_id)
             self._fail(job_id, "INTERNAL", f"INTERNAL: {type(error).__name__}: {error}")
         finally:
-            submission.answered.set()
+            submission.answer()
 
     def _fail(self, job_id: str, code: str, message: str) -> None:
         now = int(time.time())

@@ -1,8 +1,15 @@
 """The Videos API's jobs in SQLite: one file, WAL mode, every commit synced (synchronous=FULL), so
-a job that was answered to a client survives a killed front end or a power cut. One connection
-under a lock serves every thread of the front end. Transitions of a job's state happen only
-while it is active (queued or in_progress): whichever of finishing, failing, cancelling or
-deleting comes first wins, and the others see that they lost.
+a job that was answered to a client survives a killed front end or a power cut. Two connections,
+each under its lock, serve every thread of the front end: one writes, one reads, so reads go on
+(WAL) while a write waits for the file's lock. A write waits at most BUSY_TIMEOUT_S for a lock
+another process holds, then raises sqlite3.OperationalError "database is locked" (the app answers
+503). Transitions of a job's state happen only while it is active (queued or in_progress):
+whichever of finishing, failing, cancelling or deleting comes first wins, and the others see that
+they lost.
+
+Each job has an `owner`: the SHA-256 of the API key that made it (auth.owner_of), NULL without
+keys. A store made before owners existed gains the column when opened; its jobs are owned by no
+key (only an admin key sees them).
 """
 
 from __future__ import annotations
@@ -31,9 +38,11 @@ CREATE TABLE IF NOT EXISTS jobs (
     error_code TEXT,
     error_message TEXT,
     completed_at INTEGER,                   -- unix seconds it ended (completed, failed or cancelled)
-    expires_at INTEGER                      -- unix seconds its files and record are removed
+    expires_at INTEGER,                     -- unix seconds its files and record are removed
+    owner TEXT                              -- auth.owner_of the creator's key; NULL: no key
 )
 """
+BUSY_TIMEOUT_S = 2.0  # the longest a statement waits for the file's lock held by another process
 _ACTIVE_SQL = "status IN ('queued', 'in_progress')"
 
 
@@ -43,16 +52,24 @@ class Store:
 
     def __init__(self, path: Path | str):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10.0)
-        self._db.row_factory = sqlite3.Row
+        self._lock, self._read_lock = threading.Lock(), threading.Lock()
+        self._db = self._connect(path)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute(SCHEMA)
+        if "owner" not in {row["name"] for row in self._db.execute("PRAGMA table_info(jobs)")}:
+            self._db.execute("ALTER TABLE jobs ADD COLUMN owner TEXT")  # a store from before owners
+        self._reader = self._connect(path)
+
+    @staticmethod
+    def _connect(path: Path | str) -> sqlite3.Connection:
+        db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=BUSY_TIMEOUT_S)
+        db.row_factory = sqlite3.Row
+        return db
 
     def _fetch(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
-        with self._lock:
-            return self._db.execute(sql, args).fetchall()
+        with self._read_lock:
+            return self._reader.execute(sql, args).fetchall()
 
     def _change(self, sql: str, args: tuple = ()) -> int:
         with self._lock:
@@ -65,11 +82,11 @@ class Store:
         job["outputs"] = json.loads(job["outputs"]) if job["outputs"] else None
         return job
 
-    def add(self, job_id: str, created_at: int, request: dict) -> None:
-        """Insert a queued job."""
+    def add(self, job_id: str, created_at: int, request: dict, owner: str | None) -> None:
+        """Insert a queued job of `owner` (auth.owner_of a key, None without keys)."""
         self._change(
-            "INSERT INTO jobs (id, created_at, status, request) VALUES (?, ?, 'queued', ?)",
-            (job_id, created_at, json.dumps(request)),
+            "INSERT INTO jobs (id, created_at, status, request, owner) VALUES (?, ?, 'queued', ?, ?)",
+            (job_id, created_at, json.dumps(request), owner),
         )
 
     def get(self, job_id: str) -> dict | None:
@@ -77,19 +94,21 @@ class Store:
         rows = self._fetch("SELECT * FROM jobs WHERE id = ?", (job_id,))
         return self._row(rows[0]) if rows else None
 
-    def page(self, after: str | None, limit: int, descending: bool) -> tuple[list[dict], bool]:
-        """Up to `limit` jobs in creation order (newest first when descending) after the job with
-        id `after` (None: from the start), and whether more follow. Raises KeyError for an
-        unknown `after`."""
-        with self._lock:
-            where, args = "", ()
+    def page(self, after: str | None, limit: int, descending: bool, owner: str | None) -> tuple[list[dict], bool]:
+        """Up to `limit` jobs of `owner` (None: every job) in creation order (newest first when
+        descending) after the job with id `after` (None: from the start), and whether more
+        follow. Raises KeyError for an `after` that is not one of those jobs."""
+        mine, mine_args = ("owner = ?", (owner,)) if owner is not None else ("1", ())
+        with self._read_lock:
+            where, args = mine, mine_args
             if after is not None:
-                row = self._db.execute("SELECT seq FROM jobs WHERE id = ?", (after,)).fetchone()
+                sql = f"SELECT seq FROM jobs WHERE id = ? AND {mine}"
+                row = self._reader.execute(sql, (after, *mine_args)).fetchone()
                 if row is None:
                     raise KeyError(after)
-                where, args = f"WHERE seq {'<' if descending else '>'} ?", (row["seq"],)
-            rows = self._db.execute(
-                f"SELECT * FROM jobs {where} ORDER BY seq {'DESC' if descending else 'ASC'} LIMIT ?",
+                where, args = f"{mine} AND seq {'<' if descending else '>'} ?", (*mine_args, row["seq"])
+            rows = self._reader.execute(
+                f"SELECT * FROM jobs WHERE {where} ORDER BY seq {'DESC' if descending else 'ASC'} LIMIT ?",
                 (*args, limit + 1),
             ).fetchall()
         return [self._row(row) for row in rows[:limit]], len(rows) > limit
@@ -138,7 +157,8 @@ class Store:
 
     def delete(self, job_id: str) -> dict | None:
         """Remove the job; returns it as it was, or None when there was none."""
-        rows = self._fetch("DELETE FROM jobs WHERE id = ? RETURNING *", (job_id,))
+        with self._lock:
+            rows = self._db.execute("DELETE FROM jobs WHERE id = ? RETURNING *", (job_id,)).fetchall()
         return self._row(rows[0]) if rows else None
 
     def expired(self, now: int) -> list[str]:
@@ -150,6 +170,7 @@ class Store:
         return {row["id"] for row in self._fetch("SELECT id FROM jobs")}
 
     def close(self) -> None:
-        """Close the database connection."""
-        with self._lock:
+        """Close the database connections."""
+        with self._lock, self._read_lock:
             self._db.close()
+            self._reader.close()

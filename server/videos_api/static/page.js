@@ -1,6 +1,9 @@
 // The page of the Videos API: submit a prompt (with keyframes or references: a multipart body),
-// follow the job (progress, previews), play the result beside its inputs, list the jobs. Plain JavaScript over the same /v1 routes as any client; media are
-// fetched with the API key and shown through object URLs.
+// follow the job (progress, previews), play the result beside its inputs, list the jobs. Plain
+// JavaScript over the same /v1 routes as any client; media are fetched with the API key and shown
+// through object URLs. While the server cannot be reached (restarting, a proxy answering 502-504)
+// the page says "reconnecting" and keeps polling, backing off, and goes on where it was: jobs
+// outlive a front end restart.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -21,10 +24,13 @@ const INPUT_NAMES = {
   reference_video: "reference video",
   reference_audio: "reference audio",
 };
+const RETRY_MS = [500, 1000, 2000, 4000]; // waits between polls while the server cannot be reached
+const RETRY_STATUSES = [502, 503, 504];
 let current = null; // id of the job shown
 let shownPreview = null; // its preview step on screen
 let shownInputs = null; // the id of the job whose inputs are on screen
 let objectUrls = [];
+let listFailed = false; // the error shown is the list's
 
 $("api-key").value = localStorage.getItem("h3-api-key") || "";
 $("api-key").addEventListener("change", () => {
@@ -33,10 +39,23 @@ $("api-key").addEventListener("change", () => {
   refreshList();
 });
 
+// An error of api(); `retry`: the server could not be reached or answered 502-504, asking again may work.
+class ApiFailure extends Error {
+  constructor(message, retry) {
+    super(message);
+    this.retry = retry;
+  }
+}
+
 async function api(path, options = {}) {
   const key = $("api-key").value.trim();
   const headers = Object.assign({}, options.headers || {}, key ? { Authorization: `Bearer ${key}` } : {});
-  const response = await fetch(path, Object.assign({}, options, { headers }));
+  let response;
+  try {
+    response = await fetch(path, Object.assign({}, options, { headers }));
+  } catch (error) {
+    throw new ApiFailure(`the server cannot be reached (${error.message})`, true);
+  }
   if (!response.ok) {
     let message = `${response.status} ${response.statusText}`;
     try {
@@ -44,10 +63,12 @@ async function api(path, options = {}) {
     } catch (ignored) {
       // not an API error body: keep the status line
     }
-    throw new Error(message);
+    throw new ApiFailure(message, RETRY_STATUSES.includes(response.status));
   }
   return response;
 }
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 async function blobUrl(path) {
   const url = URL.createObjectURL(await (await api(path)).blob());
@@ -110,19 +131,24 @@ function show(id) {
 }
 
 async function follow(id) {
+  let failures = 0;
   while (current === id) {
     let job;
     try {
       job = await (await api(`/v1/videos/${id}`)).json();
+      failures = 0;
     } catch (error) {
-      $("status").textContent = error.message;
-      return;
+      if (current !== id) return;
+      $("status").textContent = error.retry ? `reconnecting: ${error.message}` : error.message;
+      if (!error.retry) return;
+      await sleep(RETRY_MS[Math.min(failures++, RETRY_MS.length - 1)]);
+      continue;
     }
     if (current !== id) return;
     render(job);
     if (shownInputs !== id) {
       shownInputs = id;
-      await showInputs(job);
+      if (!(await showInputs(job)) && current === id) shownInputs = null; // unreachable: the next poll tries again
     }
     if (job.preview_step !== null && job.preview_step !== shownPreview) {
       shownPreview = job.preview_step;
@@ -138,7 +164,7 @@ async function follow(id) {
       refreshList();
       return;
     }
-    await new Promise((resolve) => setTimeout(resolve, POLL_MS));
+    await sleep(POLL_MS);
   }
 }
 
@@ -164,9 +190,11 @@ function outsideNote(job) {
   return `outside what the model was trained on: ${job.outside_training.join("; ")}`;
 }
 
-// The files the job was sent (first / last frame, references), as the API keeps them.
+// The files the job was sent (first / last frame, references), as the API keeps them. Returns
+// false when the server could not be reached for one of them (a missing one is left out).
 async function showInputs(job) {
   const figures = [];
+  let reached = true;
   for (const input of job.inputs) {
     const figure = document.createElement("figure");
     const kind = input.media_type.split("/")[0];
@@ -176,8 +204,9 @@ async function showInputs(job) {
     else element.alt = INPUT_NAMES[input.variant];
     try {
       element.src = await blobUrl(input.url);
-    } catch (ignored) {
-      continue; // deleted meanwhile: the next poll says so
+    } catch (error) {
+      reached = reached && !error.retry;
+      continue; // deleted meanwhile (the next poll says so), or the server is unreachable
     }
     const caption = document.createElement("figcaption");
     const several = job.inputs.filter((other) => other.variant === input.variant).length > 1;
@@ -186,6 +215,7 @@ async function showInputs(job) {
     figures.push(figure);
   }
   if (current === job.id) $("inputs").replaceChildren(...figures);
+  return reached;
 }
 
 async function showResult(id) {
@@ -220,7 +250,12 @@ async function refreshList() {
     page = await (await api("/v1/videos?limit=20")).json();
   } catch (error) {
     showError(error.message);
+    listFailed = true;
     return;
+  }
+  if (listFailed) {
+    showError(""); // the server answers again
+    listFailed = false;
   }
   const rows = page.data.map((job) => {
     const row = document.createElement("tr");
