@@ -230,7 +230,8 @@ def main() -> None:
         "date": datetime.date.today().isoformat(),
         "hardware": torch.cuda.get_device_name(),
         "torch": torch.__version__,
-        "command": "python benchmarks/batch_invariance.py --out DIR",
+        "command": "python benchmarks/batch_invariance.py --out DIR"
+        + ("" if args.variants == list(VARIANTS) else " --variants " + " ".join(args.variants)),
         "variants": {},
     }
     for name in args.variants:

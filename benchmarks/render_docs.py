@@ -358,6 +358,59 @@ def full_model_runs(root: Path) -> str:
     return "\n".join(lines)
 
 
+REFERENCE_STEP_S = 1.323  # vllm-omni's H3 DiT step of 16,384 rows on 2 x H100 (TP2, bf16), h3_spec §5.11
+
+
+def fp8_comparison(root: Path) -> str:
+    """bf16 and fp8 side by side (h3_dit quantization): the full h3 DiT's weights and steps from
+    fp8_h200.json (one process, bf16 then fp8), the demo model's quality from
+    fp8_h200_quality.json, the served full model in fp8 from h200_full_model_fp8.json beside the
+    reference's run b."""
+    sources = Sources()
+    steps = load(root, "fp8_h200")
+    quality = load(root, "fp8_h200_quality")
+    served = load(root, "h200_full_model_fp8")
+    step = sources.cite(provenance(steps, "benchmarks/results/fp8_h200.json"))
+    demo = sources.cite(provenance(quality, "benchmarks/results/fp8_h200_quality.json"))
+    full = sources.cite(provenance(served, "benchmarks/results/h200_full_model_fp8.json"))
+    bf16, fp8 = steps["steps"]["none"], steps["steps"]["fp8"]
+    lines = [
+        "| measure | bf16 | fp8 | bf16 / fp8 | source |",
+        "|---|---:|---:|---:|---|",
+        f"| full DiT weights in GPU memory, GiB | {bf16['weight_gib']:.2f} | {fp8['weight_gib']:.2f} "
+        f"| {bf16['weight_gib'] / fp8['weight_gib']:.2f} | {step} |",
+    ]
+    for name, row in bf16["steps"].items():
+        lines.append(
+            f"| step of {name.replace('x', ' x ')} rows, s | {row['seconds']:.4f} "
+            f"| {fp8['steps'][name]['seconds']:.4f} | {row['seconds'] / fp8['steps'][name]['seconds']:.3f} | {step} |"
+        )
+    velocity = fp8["velocity_vs_bf16"]
+    summary, q = steps["summary"], quality["summary"]
+    lines += [
+        f"| 16,384-row velocity against bf16 (random weights) | | relative error {velocity['relative_l2_error']:.4f}, "
+        f"cosine {velocity['cosine']:.4f} | | {step} |",
+        f"| solo == co-batched == request mode, torch.equal | | {summary['fp8_bitwise_solo_packed_request']} "
+        f"| | {step} |",
+        f"| demo model, 216 clips against bf16: min / median frame PSNR, dB | | {q['fp8_demo_min_psnr_db']:.2f} / "
+        f"{q['fp8_demo_median_psnr_db']:.2f} (bf16 against float32: {q['bf16_vs_float32_demo_min_psnr_db']:.2f} / "
+        f"{q['bf16_vs_float32_demo_median_psnr_db']:.2f}) | | {demo} |",
+        f"| same: min SSIM; min audio SNR, dB | | {q['fp8_demo_min_ssim']:.4f}; {q['fp8_demo_min_audio_snr_db']:.1f} "
+        f"| | {demo} |",
+        f"| same: attribute accuracy unchanged (every task) | | {q['fp8_demo_accuracy_unchanged']} | | {demo} |",
+        "",
+        "| served through tritonserver, 672 x 384, 209 frames, 30 steps | fp8, one H200 | reference, 2 x H100 "
+        "(vllm-omni TP2, bf16) | source |",
+        "|---|---:|---:|---|",
+        f"| one request, s | {served['summary']['run_a_wall_s']:.1f} | | {full} |",
+        f"| four at concurrency 4, wall s | {served['summary']['run_b_wall_s']:.1f} "
+        f"| {served['summary']['reference_run_b_wall_s']:.1f} | {full} |",
+        f"| seconds per 16,384-row step (run a) | {served['summary']['run_a_seconds_per_step']:.3f} "
+        f"| {REFERENCE_STEP_S} | {full} |",
+    ]
+    return "\n".join(lines + sources.render())
+
+
 SEQUENCE_PARALLEL = ("h200x2_sequence_parallel", "h200x2_sequence_parallel_inductor_deterministic")
 
 
@@ -462,6 +515,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     ),
     "served_bench_h200_issue16_final_fd f": served_f,
     "h200_full_model runs": full_model_runs,
+    "fp8_h200 comparison": fp8_comparison,
     "h200x2_sequence_parallel bitwise": sequence_parallel_bitwise,
     "h200x2_sequence_parallel max_abs_diff": sequence_parallel_max_diff,
     "registry_cpu calls": registry_cpu,
