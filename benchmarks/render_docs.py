@@ -60,6 +60,12 @@ TARGETS: dict[str, tuple[str, str, float | bool, str]] = {
     ),
     "server_overhead_fraction_f": ("(f) served / in-process step - 1, 16,384 rows", "<=", 0.01, "{:.4f}"),
     "server_overhead_ms_128": ("(f) served - in-process step, 128 rows, ms", "<=", 1.0, "{:.2f}"),
+    "fp8_bitwise_solo_packed_request": ("fp8: solo == packed == request mode, torch.equal", "==", True, "{}"),
+    "fp8_speedup_16384_h3": ("fp8: bf16 / fp8 step time, h3 DiT, 16,384 rows, same run", ">=", 1.2, "{:.3f}"),
+    "fp8_dit_weight_gib": ("fp8: h3 DiT weights in GPU memory, GiB", "<=", 45.0, "{:.2f}"),
+    "fp8_demo_min_ssim": ("fp8: demo clips against bf16, lowest SSIM", ">=", 0.97, "{:.4f}"),
+    "fp8_demo_min_psnr_db": ("fp8: demo clips against bf16, lowest PSNR, dB", ">=", 34.0, "{:.2f}"),
+    "fp8_step_s_16384_h3": ("fp8: h3 DiT step, 16,384 rows, s (moonshot: 2 x H100's 1.32)", "<=", 1.32, "{:.3f}"),
 }
 COMPARE = {">=": operator.ge, "<=": operator.le, "==": operator.eq}
 
