@@ -7,6 +7,7 @@ benchmarks' copies (benchmarks/served_bench.py) and the GPU repositories (`make 
                                 [--gpus all|0,1] [--placement shared|own|cpu] [--dit-instances N]
                                 [--set MODEL.KEY=VALUE ...] [--unsized]
     python -m server.repository model_repository --unsized     # rewrites the shipped repository
+    python -m server.repository --plan     # the official checkpoint on 1, 2, 4, 8 H200s (server.deploy_plan)
 
 A repository is a `Repository`: the settings of h3_encoder, h3_dit and h3_vae (h3_core.serving.settings;
 each config.pbtxt gets every key of its model's `parameters`), each model's instance group
@@ -59,7 +60,7 @@ from h3_core.weights.official_checkpoint import TEXT_ENCODER, TOKENIZER, is_offi
 from h3_core.weights.vae_hook import check_official_vaes, is_official_vae_folder
 
 from . import sizing
-from .options import DEVICES, PLACEMENTS, add_arguments
+from .options import DEVICES, PLACEMENTS, add_arguments, given_options
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "model_repository"
@@ -993,14 +994,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The CLI (module docstring): write TARGET, print what was sized and why. Returns 0, or 2
     after printing the error for a bad option, setting, GPU or checkpoint."""
     parser = argparse.ArgumentParser(prog="python -m server.repository", description=__doc__.split("\n\n")[0])
-    parser.add_argument("target", type=Path, help="repository folder to write (model_repository: the shipped one)")
+    parser.add_argument(
+        "target", type=Path, nargs="?", help="repository folder to write (model_repository: the shipped one)"
+    )
     add_arguments(parser)
     parser.add_argument(
         "--unsized",
         action="store_true",
         help="size nothing from this machine (how model_repository/ itself is written)",
     )
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="write nothing: print what the official checkpoint gets on 1, 2, 4 and 8 H200s (server.deploy_plan)",
+    )
     args = parser.parse_args(argv)
+    if args.plan:
+        if args.target is not None or given_options(args) or args.unsized:
+            parser.error("--plan takes no other option")
+        from .deploy_plan import plan_table
+
+        print(plan_table())
+        return 0
+    if args.target is None:
+        parser.error("the target folder is required (or --plan)")
     try:
         repository = _plan_from_args(args)
         check_checkpoint(repository.dit, repository.vae, repository.encoder)
