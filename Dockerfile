@@ -6,9 +6,13 @@
 #   GPUs:  docker run --gpus all --shm-size 1g -p 8000-8002:8000-8002 h3-triton
 #   CPU:   docker run --shm-size 1g -p 8000-8002:8000-8002 h3-triton
 # Without GPUs it serves the trained demo model on the CPU; with them, the same model with one
-# h3_dit instance per GPU (server.repository sizes the repository at start). Other weights:
-#   docker run --gpus all -v /data/h3:/weights ... h3-triton python -m server.launch --host 0.0.0.0 \
-#       --exit-timeout 3 --device cuda --config h3 --checkpoint /weights
+# h3_dit instance per GPU (server.repository sizes the repository at start). The official
+# MiniMax-H3 checkpoint, its folder mounted read-only at /weights (its VAE folders are remote code:
+# trust_remote_code opts in), the writer's placement and sizing printed at start
+# (docs/deploy_h200.md; add --set h3_dit.quantization=fp8 for fp8):
+#   docker run --gpus all --shm-size 1g -p 8000-8002:8000-8002 -v /data/MiniMax-H3:/weights:ro h3-triton \
+#       python -m server.launch --host 0.0.0.0 --exit-timeout 3 --device cuda --gpus all --config h3 \
+#       --checkpoint /weights --set h3_vae.trust_remote_code=true
 #
 # Python 3.11, as on the development machines (glibc 2.36 >= the 2.35 tritonserver needs). No
 # CUDA base image: PyTorch's wheels bring their CUDA libraries, the pytriton wheel its libcudart,

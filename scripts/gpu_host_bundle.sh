@@ -2,8 +2,11 @@
 # Pack what a GPU host without internet needs, beyond its own PyTorch, to run the served
 # benchmarks (benchmarks/served_bench.py): tritonserver 2.51 from this .venv's nvidia-pytriton
 # (binary, backends, the python backend stub for the host's Python, bundled libraries except
-# pytriton's libpython 3.13), the tritonclient Python package (perf_analyzer binaries left out)
-# and a python-rapidjson wheel for the host's Python, unpacked. About 28 MB as tar.xz.
+# pytriton's libpython 3.13), the tritonclient Python package (perf_analyzer binaries left out),
+# and python-rapidjson and PyAV (this .venv's versions; PyAV's wheel brings its FFmpeg libraries)
+# wheels for the host's Python, unpacked: with PyAV h3_vae encodes MP4 on the GPU host, so served
+# benchmarks return what users get. About 28 MB as tar.xz without PyAV, whose wheel adds 35.8 MB
+# (av 18.1.0, compressed).
 #
 #   bash scripts/gpu_host_bundle.sh [OUT.tar.xz] [PYTHON_VERSION]     (defaults: build/gpu_host_bundle.tar.xz 3.12)
 #
@@ -34,12 +37,13 @@ rm -f "$S"/nvidia_pytriton.libs/libpython3*  # the 3.13 stub's; the host's own l
 cp -r "$SP/tritonclient" "$SP/prometheus_client" "$S/"
 rm -rf "$S/tritonclient/bin"
 RAPIDJSON="$("$VPY" -c 'import importlib.metadata as m; print(m.version("python-rapidjson"))')"
+AV="$("$VPY" -c 'import importlib.metadata as m; print(m.version("av"))')"
 "$VPY" -m pip download --quiet --no-deps --only-binary=:all: --python-version "$PYV" --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$STAGE/wheels" \
-    "python-rapidjson==$RAPIDJSON" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
-"$VPY" -m zipfile -e "$STAGE"/wheels/*.whl "$S"
+    "python-rapidjson==$RAPIDJSON" "av==$AV" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+for wheel in "$STAGE"/wheels/*.whl; do "$VPY" -m zipfile -e "$wheel" "$S"; done
 find "$S" -name __pycache__ -prune -exec rm -rf {} +
 mkdir -p "$(dirname "$OUT")"
 tar -C "$STAGE" -cJf "$OUT" site
-echo "wrote $OUT ($(du -h "$OUT" | cut -f1)): tritonserver + python $PYV stub, tritonclient, python-rapidjson $RAPIDJSON"
+echo "wrote $OUT ($(du -h "$OUT" | cut -f1)): tritonserver + python $PYV stub, tritonclient, python-rapidjson $RAPIDJSON, av $AV"

@@ -9,7 +9,8 @@ model repository.
                             [--supervise [--stale-after SECONDS]] [--then CMD ARGS...]
 
     REPOSITORY OPTIONS: [--config NAME] [--checkpoint DIR] [--device {cpu,cuda,auto}]
-                        [--gpus all|0,1] [--dit-instances N] [--set MODEL.KEY=VALUE]...
+                        [--gpus all|0,1] [--placement shared|own|cpu] [--dit-instances N]
+                        [--set MODEL.KEY=VALUE]...
                         [--write-repository DIR]
 
 Without repository options it serves ``--model-repository`` (default: model_repository/, the

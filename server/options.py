@@ -1,5 +1,5 @@
 """The repository options shared by `python -m server.repository` and `python -m server.launch`
-(--config, --checkpoint, --device, --gpus, --dit-instances, --set). Standard library only: the
+(--config, --checkpoint, --device, --gpus, --placement, --dit-instances, --set). Standard library only: the
 launcher imports it without torch and hands the options to the writer's own process.
 """
 
@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 
 DEVICES = ("cpu", "cuda")
-OPTIONS = ("config", "checkpoint", "device", "gpus", "dit_instances", "set")
+# where h3_encoder and h3_vae run on cuda: the first GPU beside an h3_dit instance, a GPU of their own, the CPU
+PLACEMENTS = ("shared", "own", "cpu")
+OPTIONS = ("config", "checkpoint", "device", "gpus", "placement", "dit_instances", "set")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,6 +33,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--gpus",
         help="cuda: 'all' (default) or a comma list such as 0,1; one h3_dit instance per GPU, or per "
         "h3_dit.sp_degree consecutive GPUs with --set h3_dit.sp_degree=N",
+    )
+    parser.add_argument(
+        "--placement",
+        choices=PLACEMENTS,
+        help="cuda: where h3_encoder and h3_vae run: shared (the first GPU, beside an h3_dit instance), own (the "
+        "last GPU, with no h3_dit instance) or cpu; default: shared on one GPU, else whichever of shared and own "
+        "gives the more h3_dit instances that each take a request of the config's default canvas (printed with "
+        "its reason)",
     )
     parser.add_argument("--dit-instances", type=int, help="cpu: h3_dit instances (default 1)")
     parser.add_argument(

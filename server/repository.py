@@ -4,8 +4,10 @@ byte for byte), the demo repository (`make demo`), the tests' copies (tests/serv
 benchmarks' copies (benchmarks/served_bench.py) and the GPU repositories (`make serve-gpu`).
 
     python -m server.repository TARGET [--config NAME] [--checkpoint DIR] [--device {cpu,cuda,auto}]
-                                [--gpus all|0,1] [--dit-instances N] [--set MODEL.KEY=VALUE ...] [--unsized]
+                                [--gpus all|0,1] [--placement shared|own|cpu] [--dit-instances N]
+                                [--set MODEL.KEY=VALUE ...] [--unsized]
     python -m server.repository model_repository --unsized     # rewrites the shipped repository
+    python -m server.repository --plan     # the official checkpoint on 1, 2, 4, 8 H200s (server.deploy_plan)
 
 A repository is a `Repository`: the settings of h3_encoder, h3_dit and h3_vae (h3_core.serving.settings;
 each config.pbtxt gets every key of its model's `parameters`), each model's instance group
@@ -33,7 +35,7 @@ import dataclasses
 import shutil
 import sys
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,7 +60,7 @@ from h3_core.weights.official_checkpoint import TEXT_ENCODER, TOKENIZER, is_offi
 from h3_core.weights.vae_hook import check_official_vaes, is_official_vae_folder
 
 from . import sizing
-from .options import DEVICES, add_arguments
+from .options import DEVICES, PLACEMENTS, add_arguments, given_options
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "model_repository"
@@ -102,20 +104,32 @@ class Repository:
     notes: tuple[str, ...] = field(default=(), compare=False)
 
 
+def side_gpu(gpus: Sequence[int], placement: str) -> int | None:
+    """The GPU h3_encoder and h3_vae run on under `placement` (PLACEMENTS): gpus[0] shared,
+    gpus[-1] own, None for cpu."""
+    return {"shared": gpus[0], "own": gpus[-1], "cpu": None}[placement]
+
+
+def dit_gpus(gpus: Sequence[int], placement: str) -> list[int]:
+    """The GPUs of `gpus` that h3_dit runs on: all but the last under placement own."""
+    return list(gpus[:-1] if placement == "own" else gpus)
+
+
 def instance_groups(
-    device: str, gpus: Sequence[int] = (), dit_instances: int = 1, sp_degree: int = 1
+    device: str, gpus: Sequence[int] = (), dit_instances: int = 1, sp_degree: int = 1, placement: str = "shared"
 ) -> dict[str, InstanceGroup]:
     """Where each python model runs. cpu: KIND_CPU, `dit_instances` of h3_dit (each running its
     steps over sp_degree worker processes when sp_degree > 1), one h3_encoder and one h3_vae.
-    cuda: the GPUs in groups of sp_degree consecutive indices, one h3_dit instance on the first
-    GPU of each group (count 1 with the gpus list means one instance per listed GPU), which
-    drives its group (h3_core.parallel.workers.rank_devices: its own GPU and the next
-    sp_degree - 1), so instances x sp_degree = GPUs; one KIND_GPU h3_encoder and h3_vae on
-    gpus[0] (h3_encoder has no device setting: it computes on the CPU wherever its instance is
-    placed).
-    Raises ValueError for an unknown device, dit_instances < 1, GPUs on the CPU, no GPU,
-    dit_instances != 1 on cuda (there the DiT instances are the GPUs), or GPUs that do not fall
-    into groups of sp_degree consecutive indices."""
+    cuda: h3_dit's GPUs (dit_gpus: every GPU, or all but the last under placement own) in groups
+    of sp_degree consecutive indices, one h3_dit instance on the first GPU of each group (count 1
+    with the gpus list means one instance per listed GPU), which drives its group
+    (h3_core.parallel.workers.rank_devices: its own GPU and the next sp_degree - 1), so instances
+    x sp_degree = h3_dit's GPUs; one h3_encoder and one h3_vae, KIND_GPU on side_gpu (shared:
+    gpus[0], beside an h3_dit instance; own: gpus[-1], alone) or KIND_CPU (placement cpu). Their
+    device settings follow the group (plan()).
+    Raises ValueError for an unknown device or placement, dit_instances < 1, GPUs on the CPU, no
+    GPU, placement own with one GPU, dit_instances != 1 on cuda (there the DiT instances are the
+    GPUs), or GPUs that do not fall into groups of sp_degree consecutive indices."""
     if device == "cpu":
         if gpus:
             raise ValueError("GPUs were given for --device cpu; use --device cuda")
@@ -130,6 +144,14 @@ def instance_groups(
         raise ValueError(f"device {device!r} is not one of {DEVICES}")
     if not gpus:
         raise ValueError("--device cuda needs at least one GPU")
+    if placement not in PLACEMENTS:
+        raise ValueError(f"--placement {placement!r} is not one of {PLACEMENTS}")
+    if placement == "own" and len(gpus) < 2:
+        raise ValueError(
+            f"--placement own needs at least 2 GPUs (h3_encoder and h3_vae take the last, h3_dit the others), "
+            f"got {list(gpus)}"
+        )
+    side, gpus = side_gpu(gpus, placement), dit_gpus(gpus, placement)
     if dit_instances != 1:
         raise ValueError(
             f"dit_instances={dit_instances}: on cuda h3_dit has one instance per GPU; choose them with --gpus"
@@ -146,11 +168,11 @@ def instance_groups(
                 f"GPUs {group} are not consecutive: with sp_degree={sp_degree} an h3_dit instance drives "
                 f"{sp_degree} consecutive GPUs from its own; list the GPUs in such groups (e.g. --gpus all)"
             )
-    first = (gpus[0],)
+    beside = InstanceGroup(CPU_GROUP) if side is None else InstanceGroup(GPU_GROUP, 1, (side,))
     return {
-        EncoderSettings.MODEL: InstanceGroup(GPU_GROUP, 1, first),
+        EncoderSettings.MODEL: beside,
         DitSettings.MODEL: InstanceGroup(GPU_GROUP, 1, tuple(group[0] for group in groups)),
-        VaeSettings.MODEL: InstanceGroup(GPU_GROUP, 1, first),
+        VaeSettings.MODEL: beside,
     }
 
 
@@ -168,6 +190,8 @@ def plan(
     overrides: Mapping[str, Mapping[str, object]] | None = None,
     machine: sizing.Machine | None = None,
     idle_timeout_s: float | None = None,
+    placement: str | None = None,
+    text_encoder_bytes: int | None = None,
 ) -> Repository:
     """The Repository serving DiT config `config` (h3_core.config) from `checkpoint` (a folder
     holding CHECKPOINT_FILES; default checkpoints/<config>, relative to ROOT) on `device` ("cpu"
@@ -187,6 +211,16 @@ def plan(
     max_sequence_idle_microseconds (sizing.idle_timeout). h3_dit.sp_degree (an override; it must
     divide the config's heads) makes each h3_dit instance drive that many devices
     (instance_groups places them; cpu_threads counts each instance's workers).
+
+    placement (cuda only, PLACEMENTS): where h3_encoder and h3_vae run, their instance groups and
+    device settings: shared (the first GPU, beside an h3_dit instance), own (the last GPU, without
+    one) or cpu. None chooses (default_placement, its reason the first note). With a machine each
+    h3_dit instance's rows come from its own GPU (the text encoder's weights and the decode
+    reserve taken off the GPU holding them): max_batch_rows is the least over the instances (the
+    largest request, which every instance must take), max_batch_rows_by_gpu each instance's where
+    they differ. text_encoder_bytes: the text encoder's weight bytes where its folder is not at hand
+    (server.repository --plan); None reads them from its safetensors headers
+    (h3_core.model.encoder.weight_bytes), and only then is its width checked.
     Raises ValueError for an unknown config, device, model or key, a value the settings refuse
     (h3_core.serving.settings messages), bad GPUs or instances, a text encoder of another width than the
     config's text_dim (check_text_width), or a GPU where the DiT does not fit."""
@@ -204,9 +238,30 @@ def plan(
             f"h3_dit parameter sp_degree={given[DitSettings.MODEL]['sp_degree']!r} is not a valid int"
         ) from None
     check_sp_degree(cfg, sp_degree)
-    groups = instance_groups(device, gpus, dit_instances, sp_degree)
+    if device != "cuda" and placement is not None:
+        raise ValueError(f"--placement {placement} places h3_encoder and h3_vae beside GPUs: it needs --device cuda")
+    if device == "cuda" and placement is None:
+        return default_placement(
+            gpus,
+            machine,
+            request_rows(cfg),
+            lambda chosen: plan(
+                config,
+                checkpoint,
+                device,
+                gpus,
+                dit_instances,
+                overrides,
+                machine,
+                idle_timeout_s,
+                chosen,
+                text_encoder_bytes,
+            ),
+        )
+    groups = instance_groups(device, gpus, dit_instances, sp_degree, placement or "shared")
     checkpoint = str(Path("checkpoints") / config if checkpoint is None else checkpoint)
-    vae_device = "cpu" if device == "cpu" else f"cuda:{gpus[0]}"
+    side = None if device == "cpu" else side_gpu(gpus, placement)
+    vae_device = "cpu" if side is None else f"cuda:{side}"
     values = {
         EncoderSettings.MODEL: EncoderSettings().to_parameters(),
         DitSettings.MODEL: DitSettings(config_name=config, checkpoint_dir=checkpoint, device=device).to_parameters(),
@@ -232,7 +287,7 @@ def plan(
         size(DitSettings.MODEL, "max_width", max(int(dit_values["max_width"]), side), canvas)
         size(DitSettings.MODEL, "max_num_frames", frames, canvas)
     if device == "cuda":
-        size(EncoderSettings.MODEL, "device", f"cuda:{gpus[0]}", "the text encoder runs on the first GPU")
+        size(EncoderSettings.MODEL, "device", vae_device, f"placement {placement}: {PLACED[placement]}")
         size(
             DitSettings.MODEL,
             "execute_budget_s",
@@ -298,18 +353,27 @@ def plan(
     encoder = EncoderSettings.from_parameters(values[EncoderSettings.MODEL])
     if is_official(folder):  # a checkpoint of another config is named as such, before its text width
         check_transformer_config(folder / TRANSFORMER_FOLDER, cfg)
-    check_text_width(config, encoder.encoder_path)
+    if text_encoder_bytes is None:
+        check_text_width(config, encoder.encoder_path)
     vae = VaeSettings.from_parameters(values[VaeSettings.MODEL])
     typed = DitSettings.from_parameters({**dit_values, "row_budget": "1"})  # every value typed; row_budget below
     rows = typed.max_batch_rows
     if device == "cuda" and machine is not None:
-        rows = _gpu_rows(cfg, typed, vae, encoder, gpus, machine, notes)
+        by_gpu = _gpu_rows(cfg, typed, vae, encoder, groups, sp_degree, machine, notes, text_encoder_bytes)
         size(
             DitSettings.MODEL,
             "max_batch_rows",
-            rows,
-            f"the least over GPUs {list(gpus)}, a multiple of 64, at most {sizing.MAX_BATCH_ROWS:,}",
+            min(by_gpu.values()),
+            f"the largest request, which every h3_dit instance takes: the least over the instances' GPUs "
+            f"{list(by_gpu)}, a multiple of 64, at most {sizing.MAX_BATCH_ROWS:,}",
         )
+        if len(set(by_gpu.values())) > 1 and "max_batch_rows" not in given[DitSettings.MODEL]:
+            size(
+                DitSettings.MODEL,
+                "max_batch_rows_by_gpu",
+                ",".join(f"{gpu}:{rows}" for gpu, rows in by_gpu.items()),
+                "each h3_dit instance packs up to what its own GPU holds (read through model_instance_device_id)",
+            )
         rows = int(dit_values["max_batch_rows"])
     if "row_budget" not in given[DitSettings.MODEL] and int(dit_values["row_budget"]) > rows:
         size(DitSettings.MODEL, "row_budget", rows, "at most max_batch_rows")
@@ -322,9 +386,8 @@ def plan(
             f"{typed.max_num_frames} frames, with the CPU float32 constant Engine.prepare applies",
         )
     dit = DitSettings.from_parameters(dit_values)
-    idle, reason = sizing.idle_timeout(
-        device, dit.execution_mode, dit.max_batch_rows, cfg.num_layers, dit.max_steps, sp_degree
-    )
+    longest = max([dit.max_batch_rows, *dit.rows_by_gpu().values()])  # the largest pack of any instance
+    idle, reason = sizing.idle_timeout(device, dit.execution_mode, longest, cfg.num_layers, dit.max_steps, sp_degree)
     if idle_timeout_s is not None:
         idle, reason = round(idle_timeout_s * 1e6), f"{idle_timeout_s:g} s, given."
     if sp_degree > 1:
@@ -366,24 +429,35 @@ def _gpu_rows(
     dit: DitSettings,
     vae: VaeSettings,
     encoder: EncoderSettings,
-    gpus: Sequence[int],
+    groups: Mapping[str, InstanceGroup],
+    sp_degree: int,
     machine: sizing.Machine,
     notes: list[str],
-) -> int:
-    """sizing.gpu_max_batch_rows least over `gpus`, one note per GPU (the decode reserve for dit's
-    largest canvas on h3_vae's GPU, the text encoder's weights on h3_encoder's). Raises ValueError
-    for a GPU without a free-memory figure or too small."""
+    text_encoder_bytes: int | None = None,
+) -> dict[int, int]:
+    """{first GPU of each h3_dit instance: its rows}: sizing.gpu_max_batch_rows of each GPU it
+    drives (its own and the next sp_degree - 1), the least of them; the decode reserve for dit's
+    largest canvas taken off h3_vae's GPU, the text encoder's weights (text_encoder_bytes, else
+    read from its folder) off h3_encoder's. One note per GPU, also for a GPU that holds only
+    h3_encoder and h3_vae (what is left there). Raises ValueError for a GPU without a free-memory
+    figure, one where the DiT does not fit, or one where h3_encoder and h3_vae do not."""
     weights = sizing.dit_weight_bytes(cfg, dit.quantization)
     per_row = sizing.gpu_bytes_per_row_and_width(cfg, dit.quantization)
     height, width, frames = dit.max_height, dit.max_width, dit.max_num_frames
     decode = sizing.decode_reserve_bytes(height, width, frames, vae.decode_workers)
     folder = encoder.encoder_path or minilm_path()
-    try:
-        text, text_what = weight_bytes(folder, encoder.hidden_layer), "text encoder weights"
-    except OSError:  # h3_encoder will refuse to load it, naming the folder
-        text, text_what = 0, f"text encoder weights (none found in {folder})"
-    least = sizing.MAX_BATCH_ROWS
-    for gpu in gpus:
+    if text_encoder_bytes is not None:
+        text, text_what = text_encoder_bytes, "text encoder weights"
+    else:
+        try:
+            text, text_what = weight_bytes(folder, encoder.hidden_layer), "text encoder weights"
+        except OSError:  # h3_encoder will refuse to load it, naming the folder
+            text, text_what = 0, f"text encoder weights (none found in {folder})"
+    firsts = groups[DitSettings.MODEL].gpus
+    driven = {first + rank: first for first in firsts for rank in range(sp_degree)}
+    beside = {int(device.split(":")[1]) for device in (vae.device, encoder.device) if device.startswith("cuda:")}
+    gpu_rows: dict[int, int] = {}
+    for gpu in sorted(set(driven) | beside):
         if gpu not in machine.gpu_free_bytes:
             raise ValueError(f"no free-memory figure for GPU {gpu}")
         reserves = []
@@ -393,16 +467,82 @@ def _gpu_rows(
         if encoder.device in ("cuda", f"cuda:{gpu}"):
             reserves.append((text, text_what))
         free, kept = machine.gpu_free_bytes[gpu], sum(size for size, _ in reserves)
-        rows = sizing.gpu_max_batch_rows(free, weights, kept, cfg.hidden_size, per_row)
         reserved = "".join(f" - {size // sizing.MIB:,} MiB {what}" for size, what in reserves)
+        if gpu not in driven:
+            left = (free - kept) // sizing.MIB
+            if left < 0:
+                raise ValueError(
+                    f"h3_encoder and h3_vae do not fit GPU {gpu}: {free // sizing.MIB:,} MiB free{reserved}"
+                )
+            notes.append(f"GPU {gpu}: {free // sizing.MIB:,} MiB free{reserved} -> {left:,} MiB left (no h3_dit)")
+            continue
+        rows = sizing.gpu_max_batch_rows(free, weights, kept, cfg.hidden_size, per_row)
         notes.append(
             f"GPU {gpu}: {free // sizing.MIB:,} MiB free - {weights // sizing.MIB:,} MiB DiT weights "
             f"(quantization {dit.quantization}){reserved} -> "
             f"{rows:,} rows at {per_row} bytes per row and unit of hidden_size {cfg.hidden_size} (measured on an "
             f"H200 in {'fp8' if dit.quantization == 'fp8' else 'bf16'}, server.sizing)"
         )
-        least = min(least, rows)
-    return least
+        gpu_rows[driven[gpu]] = min(rows, gpu_rows.get(driven[gpu], rows))
+    return gpu_rows
+
+
+PLACED = {
+    "shared": "h3_encoder and h3_vae on the first GPU, beside its h3_dit instance",
+    "own": "h3_encoder and h3_vae on a GPU of their own, the last; h3_dit on the others",
+    "cpu": "h3_encoder and h3_vae on the CPU; h3_dit on every GPU",
+}
+REQUEST_PROMPT_TOKENS = 64  # the prompt of request_rows: 672 x 384 px, 209 frames and 64 tokens are 16,384 rows
+
+
+def request_rows(cfg) -> int:
+    """Packed rows of a request at the config's default canvas with a REQUEST_PROMPT_TOKENS-token
+    prompt (h3: 672 x 384 px, 209 frames: 16,384 rows, the benchmarks' request)."""
+    return make_layout(REQUEST_PROMPT_TOKENS, cfg.default_height, cfg.default_width, cfg.default_num_frames).seq_len
+
+
+def default_placement(
+    gpus: Sequence[int], machine: sizing.Machine | None, rows: int, plan_with: Callable[[str], Repository]
+) -> Repository:
+    """The Repository of the placement chosen for `gpus` (plan_with(placement) builds one), with
+    the choice and its reason as its first note. One GPU, or no machine to size from: shared
+    (everything on the first GPU). Several GPUs with a machine: of shared and own, the one with the
+    more h3_dit instances when every instance takes a request of `rows` rows (request_rows; an
+    instance that cannot makes the server refuse it), shared on a tie: with the text encoder and
+    two decodes beside it, the first GPU of an H200 host keeps 7,616 rows of the bf16 h3 DiT, under
+    one 16,384-row request, and 65,536 in fp8 (docs/deploy_h200.md). The cpu placement is never
+    chosen: the Qwen3-VL encode and the VAE decode are slow there. Raises the shared placement's
+    ValueError when neither placement can be planned."""
+    if len(gpus) == 1 or machine is None:
+        chosen, why = "shared", "one GPU" if len(gpus) == 1 else "no machine to size the others from"
+        repository = plan_with(chosen)
+    else:
+        plans, errors, said = {}, {}, []
+        for candidate in ("shared", "own"):
+            try:
+                plans[candidate] = plan_with(candidate)
+            except ValueError as error:
+                errors[candidate] = error
+        if not plans:
+            raise errors["shared"]
+        score = {}
+        for candidate, repository in plans.items():
+            instances = repository.groups[DitSettings.MODEL].instances
+            takes = repository.dit.max_batch_rows >= rows
+            score[candidate] = instances if takes else 0
+            said.append(
+                f"{candidate}: {instances} h3_dit instances, the largest request {repository.dit.max_batch_rows:,} rows"
+                + ("" if takes else f", under a {rows:,}-row request")
+            )
+        said += [f"{candidate}: {error}" for candidate, error in errors.items()]
+        chosen = max(plans, key=lambda candidate: (score[candidate], candidate == "shared"))
+        repository = plans[chosen]
+        why = (
+            f"the most h3_dit instances that each take a {rows:,}-row request of the default canvas ({'; '.join(said)})"
+        )
+    count = f"{len(gpus)} GPU{'s' if len(gpus) > 1 else ''}"
+    note = f"placement {chosen} (chosen for {count}: {why}): {PLACED[chosen]}"
+    return dataclasses.replace(repository, notes=(note, *repository.notes))
 
 
 # ---- config.pbtxt texts ------------------------------------------------------------------------
@@ -442,6 +582,8 @@ COMMENTS = {
         "max_wait_s": "seconds a request may wait for a step (since its arrival or its last step) before it ranks "
         "before every request that has not waited that long, whatever the policy and the priorities: the longest "
         "wait, h3_core.serving.scheduler",
+        "max_batch_rows_by_gpu": '"" or GPU:ROWS pairs: the h3_dit instance on a listed GPU packs up to its own rows '
+        "(sized from that GPU's memory); max_batch_rows stays the largest request, which every instance takes",
         "priority_max": "request_priority lies in -priority_max..priority_max (higher runs first under srpt)",
         "tasks": "the tasks this instance's transformer serves (comma-separated t2va, fl2va, ref2va); a request of "
         "another task is refused with INVALID_ARG: one instance loads one transformer, so requests of different "
@@ -852,14 +994,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The CLI (module docstring): write TARGET, print what was sized and why. Returns 0, or 2
     after printing the error for a bad option, setting, GPU or checkpoint."""
     parser = argparse.ArgumentParser(prog="python -m server.repository", description=__doc__.split("\n\n")[0])
-    parser.add_argument("target", type=Path, help="repository folder to write (model_repository: the shipped one)")
+    parser.add_argument(
+        "target", type=Path, nargs="?", help="repository folder to write (model_repository: the shipped one)"
+    )
     add_arguments(parser)
     parser.add_argument(
         "--unsized",
         action="store_true",
         help="size nothing from this machine (how model_repository/ itself is written)",
     )
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="write nothing: print what the official checkpoint gets on 1, 2, 4 and 8 H200s (server.deploy_plan)",
+    )
     args = parser.parse_args(argv)
+    if args.plan:
+        if args.target is not None or given_options(args) or args.unsized:
+            parser.error("--plan takes no other option")
+        from .deploy_plan import plan_table
+
+        print(plan_table())
+        return 0
+    if args.target is None:
+        parser.error("the target folder is required (or --plan)")
     try:
         repository = _plan_from_args(args)
         check_checkpoint(repository.dit, repository.vae, repository.encoder)
@@ -906,7 +1064,16 @@ def _plan_from_args(args: argparse.Namespace) -> Repository:
         if encoder.get(key):
             encoder[key] = str(Path(encoder[key]).resolve())
     machine = None if args.unsized else sizing.probe(gpus)
-    return plan(args.config or "tiny", checkpoint, device, gpus, args.dit_instances or 1, overrides, machine)
+    return plan(
+        args.config or "tiny",
+        checkpoint,
+        device,
+        gpus,
+        args.dit_instances or 1,
+        overrides,
+        machine,
+        placement=args.placement,
+    )
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ packed DiT sequence.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -147,9 +148,11 @@ def dtype_bytes(config: DiTConfig) -> int:
     return config.torch_dtype.itemsize
 
 
+@functools.cache
 def dit_weight_bytes(config: DiTConfig, quantization: str = "none") -> int:
     """Bytes of the DiT's parameters and buffers in their dtypes after h3_dit's `quantization`
-    (h3_core.model.fp8.quantize_blocks), counted on the meta device (no memory used): bench
+    (h3_core.model.fp8.quantize_blocks), counted on the meta device (no memory used; cached, as
+    building the 50-layer model there takes a fraction of a second): bench
     12,052,395,520 (6,008,975,616 parameters, mostly bf16); h3 66,280,430,080 in bf16 and
     47,025,031,680 (43.80 GiB) in fp8."""
     from h3_core.model import H3DiT

@@ -4,6 +4,7 @@ grace, serving the GPU repository or the CPU demo) and its health check is serve
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from dockerfile_parse import DockerfileParser
 
 from server import health, launch
 from server.process import DRAIN_TIMEOUT_S
+from server.repository import SETTINGS, parse_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER_STOP_GRACE_S = 10  # docker stop's default --time: SIGTERM, then SIGKILL this many seconds later
@@ -56,6 +58,36 @@ def test_its_command_is_the_launcher(dockerfile):
     assert (args.device, args.config, args.checkpoint, args.gpus) == ("auto", "demo", "weights/demo", None)
     assert (ROOT / args.checkpoint / "dit.safetensors").is_file() and "weights weights" in values(dockerfile, "COPY")
     assert (args.model_repository, args.supervise, args.then) == (None, False, None)
+
+
+def examples() -> list[list[str]]:
+    """The `docker run` commands of the Dockerfile's header comment, continuation lines joined."""
+    comment = "".join(
+        line[1:] + "\n" for line in (ROOT / "Dockerfile").read_text().splitlines() if line.startswith("#")
+    )
+    joined = comment.replace("\\\n", " ")
+    return [shlex.split(line[line.index("docker run") :]) for line in joined.splitlines() if "docker run" in line]
+
+
+def test_the_official_checkpoint_example_is_complete_and_the_launcher_takes_it():
+    (official,) = [example for example in examples() if "server.launch" in example]
+    image = official.index("h3-triton")
+    docker, command = official[:image], official[image + 1 :]
+    assert docker[:3] == ["docker", "run", "--gpus"] and "--shm-size" in docker
+    assert docker[docker.index("-p") + 1] == "8000-8002:8000-8002"
+    host, mounted, mode = docker[docker.index("-v") + 1].split(":")
+    assert command[:3] == ["python", "-m", "server.launch"]
+    args = launch._parser().parse_args(command[3:])
+    assert (args.host, args.device, args.config, args.checkpoint, mode) == ("0.0.0.0", "cuda", "h3", mounted, "ro")
+    assert DRAIN_TIMEOUT_S + args.exit_timeout < DOCKER_STOP_GRACE_S
+    assert "h3_vae.trust_remote_code=true" in args.set  # the official VAE folders are remote code
+    overrides = parse_overrides(args.set)
+    for model, given in overrides.items():  # values the settings take
+        SETTINGS[model].from_parameters({**SETTINGS[model]().to_parameters(), **given})
+    # the published ports are the launcher's defaults, which the image exposes
+    assert [str(port) for port in (args.http_port, args.grpc_port, args.metrics_port)] == values(
+        DockerfileParser(path=str(ROOT / "Dockerfile")), "EXPOSE"
+    )[0].split()
 
 
 def test_its_health_check_is_server_health(dockerfile):

@@ -17,14 +17,14 @@ from dockerfile_parse import DockerfileParser
 
 from h3_core.config import get_config
 from h3_core.serving.settings import DitSettings
-from server import drain, sizing
+from server import deploy_plan, drain, sizing
 from server.options import add_arguments
 from server.process import DEFAULT_STALE_AFTER_S, DRAIN_TIMEOUT_S
-from server.repository import SETTINGS, parse_overrides, plan
+from server.repository import parse_overrides, plan, request_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy" / "k8s"
-OVERLAYS = ("cpu-demo", "gpu")
+OVERLAYS = ("cpu-demo", "gpu", "gpu-8")
 KUBERNETES_VERSION = "1.32"
 # Prometheus Operator kinds: kubernetes-validate has no schema for them
 CUSTOM_KINDS = {"PodMonitor", "PrometheusRule"}
@@ -154,15 +154,33 @@ def test_the_repository_options_are_valid_and_shm_follows_their_canvas(rendered)
     overrides = parse_overrides(args.set)
     if overlay == "cpu-demo":  # the writer plans it here as the pod will
         dit = plan(args.config, str(ROOT / args.checkpoint), args.device, overrides=overrides).dit
-    else:  # the official checkpoint is not here: the settings check the values given
-        assert (args.device, args.config, args.checkpoint) == ("cuda", "h3", "/weights")
-        for model, values in overrides.items():
-            SETTINGS[model].from_parameters({**SETTINGS[model]().to_parameters(), **values})
-        dit = DitSettings.from_parameters({**DitSettings().to_parameters(), **overrides["h3_dit"]})
+    else:  # planned for the pod's H200s as `python -m server.repository --plan` plans them (docs/deploy_h200.md)
+        assert (args.device, args.config, args.checkpoint, args.gpus) == ("cuda", "h3", "/weights", "all")
+        (container,) = pod(objects)["containers"]
+        gpus = list(range(container["resources"]["limits"]["nvidia.com/gpu"]))
+        machine = sizing.Machine(16, dict.fromkeys(gpus, deploy_plan.H200_FREE_BYTES))
+        repository = plan(
+            "h3",
+            "random:0",
+            "cuda",
+            gpus,
+            overrides=overrides,
+            machine=machine,
+            text_encoder_bytes=deploy_plan.QWEN3VL_H3_BYTES,
+        )
+        dit = repository.dit
+        # every instance takes the benchmarks' 16,384-row request (672 x 384 px, 209 frames)
+        assert dit.max_batch_rows >= request_rows(get_config("h3")) == 16_384
+        if overlay == "gpu":  # one H200 in bf16: the measured limit with the text encoder (docs/gpu_memory.md)
+            assert (dit.max_batch_rows, repository.vae.decode_workers) == (32_768, 1)
+        else:  # 8 H200s in bf16: the encoder and VAEs on GPU 7, a full h3_dit instance on each other
+            assert repository.notes[0].startswith("placement own (chosen for 8 GPUs")
+            assert (repository.groups["h3_dit"].gpus, repository.vae.device) == (tuple(range(7)), "cuda:7")
+            assert dit.max_batch_rows == 65_536
     frames_bytes = dit.max_num_frames * dit.max_height * dit.max_width * 3
     (shm,) = [volume for volume in pod(objects)["volumes"] if volume["name"] == "dshm"]
     assert shm["emptyDir"]["medium"] == "Memory"
-    size = {"128Mi": 128 * 2**20, "1Gi": 2**30}[shm["emptyDir"]["sizeLimit"]]
+    size = {"128Mi": 128 * 2**20, "512Mi": 512 * 2**20, "1Gi": 2**30}[shm["emptyDir"]["sizeLimit"]]
     assert 3 * frames_bytes <= size < 6 * frames_bytes, (overlay, frames_bytes)
     (container,) = pod(objects)["containers"]
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
@@ -189,7 +207,11 @@ def test_probes_drain_and_grace(rendered):
     drain_s = float(prestop[4])
     exit_timeout_s = args.exit_timeout
     assert spec["terminationGracePeriodSeconds"] > drain_s + DRAIN_TIMEOUT_S + exit_timeout_s
-    assert (overlay, drain_s, spec["terminationGracePeriodSeconds"]) in (("cpu-demo", 60, 90), ("gpu", 600, 630))
+    assert (overlay, drain_s, spec["terminationGracePeriodSeconds"]) in (
+        ("cpu-demo", 60, 90),
+        ("gpu", 600, 630),
+        ("gpu-8", 600, 630),
+    )
 
 
 def test_services_monitor_and_autoscaler_point_at_the_pods(rendered):
@@ -214,7 +236,7 @@ def test_services_monitor_and_autoscaler_point_at_the_pods(rendered):
     assert objects["PodDisruptionBudget", "h3-triton"]["spec"]["selector"]["matchLabels"] == labels
     hpa = objects["HorizontalPodAutoscaler", "h3-triton"]["spec"]
     assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "h3-triton"}
-    assert (hpa["minReplicas"], hpa["maxReplicas"]) == (1, 4 if overlay == "cpu-demo" else 8)
+    assert (hpa["minReplicas"], hpa["maxReplicas"]) == (1, {"cpu-demo": 4, "gpu": 8, "gpu-8": 2}[overlay])
     dashboard = objects["ConfigMap", "h3-triton-dashboard"]
     assert dashboard["metadata"]["labels"] == {"grafana_dashboard": "1"}
     assert list(dashboard["data"]) == ["h3-triton-dashboard.json"]
@@ -225,8 +247,9 @@ def test_gpu_pods_get_a_gpu_and_the_weights(rendered):
     (container,) = pod(objects)["containers"]
     gpus = container["resources"]["limits"].get("nvidia.com/gpu")
     mounts = {mount["mountPath"] for mount in container["volumeMounts"]}
-    if overlay == "gpu":
-        assert gpus == 1 and "/weights" in mounts
+    if overlay != "cpu-demo":
+        assert gpus == container["resources"]["requests"]["nvidia.com/gpu"] == {"gpu": 1, "gpu-8": 8}[overlay]
+        assert "/weights" in mounts
         (weights,) = [volume for volume in pod(objects)["volumes"] if volume["name"] == "weights"]
         assert weights["persistentVolumeClaim"] == {"claimName": "h3-weights", "readOnly": True}
     else:

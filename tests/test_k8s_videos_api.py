@@ -14,6 +14,7 @@ from .test_k8s import KUBERNETES_VERSION, render
 OVERLAYS = {"cpu-demo-videos-api": ("cpu-demo", "h3-demo"), "gpu-videos-api": ("gpu", "h3")}
 ADDED = [
     ("Deployment", "h3-videos-api"),
+    ("NetworkPolicy", "h3-triton"),
     ("PersistentVolumeClaim", "h3-videos-api-data"),
     ("Service", "h3-videos-api"),
 ]
@@ -33,6 +34,22 @@ def test_the_component_adds_only_its_objects_to_the_overlay(rendered):
     assert {objects[key]["metadata"]["namespace"] for key in ADDED} == {namespace}
     for key in ADDED:
         assert kubernetes_validate.validate(objects[key], KUBERNETES_VERSION, strict=True) == KUBERNETES_VERSION
+
+
+def test_only_the_front_end_and_the_metrics_scraper_reach_tritons_ports(rendered):
+    _, objects = rendered
+    policy = objects["NetworkPolicy", "h3-triton"]["spec"]
+    triton = objects["Deployment", "h3-triton"]["spec"]["template"]
+    front_end = objects["Deployment", "h3-videos-api"]["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"] == triton["metadata"]["labels"] and policy["policyTypes"] == ["Ingress"]
+    (container,) = triton["spec"]["containers"]
+    assert {port["name"] for port in container["ports"]} == {"http", "grpc", "metrics"}
+    api, scraper = policy["ingress"]
+    assert api == {"from": [{"podSelector": {"matchLabels": front_end}}], "ports": [{"port": "http"}, {"port": "grpc"}]}
+    assert scraper == {
+        "from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}],
+        "ports": [{"port": "metrics"}],
+    }
 
 
 def test_the_front_end_reaches_every_server_and_keeps_its_data_on_its_volume(rendered):

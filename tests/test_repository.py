@@ -135,24 +135,27 @@ def test_overrides_are_validated_by_the_settings():
 
 def test_gpu_sizing_golden_numbers():
     machine = Machine(16, {0: 40 * GIB, 1: 40 * GIB})
-    repository = R.plan("bench", "/w", "cuda", [0, 1], machine=machine, overrides=WIDE)
+    repository = R.plan("bench", "/w", "cuda", [0, 1], machine=machine, overrides=WIDE, placement="shared")
     dit = repository.dit
     # GPU 0 holds h3_vae and h3_encoder (whose folder /encoder-5120 holds no weights): (40 GiB -
-    # 12,052,395,520 B weights - 2 x 14,402 MiB decodes) / (67 x 5376 B) = 1,927.0 -> 1,920 rows
-    assert (dit.max_batch_rows, dit.row_budget) == (1_920, 1_920)
+    # 12,052,395,520 B weights - 2 x 14,402 MiB decodes) / (67 x 5376 B) = 1,927.0 -> 1,920 rows;
+    # GPU 1 only its DiT instance: 65,536 rows, its own packs
+    assert (dit.max_batch_rows, dit.row_budget, dit.max_batch_rows_by_gpu) == (1_920, 1_920, "0:1920,1:65536")
+    assert (dit.for_gpu(0).max_batch_rows, dit.for_gpu(1).max_batch_rows) == (1_920, 65_536)
     # request_memory_mb(672, 672, 209, 1920, 5376): 96 x 1920 x 5376 + 160 x 672 x 672 x 209 B -> 15,347 MiB
     assert dit.max_request_mb == 15_347
     assert (dit.max_height, dit.max_width, dit.max_num_frames) == (672, 672, 209)  # bench's 672 x 384, 209 frames
     assert (repository.encoder.cpu_threads, dit.cpu_threads, repository.vae.cpu_threads) == (4, 4, 4)  # 16 / 4
     assert repository.idle_microseconds == 60_000_000
     assert (
-        "GPU 0: 40,960 MiB free - 11,494 MiB DiT weights - 28,804 MiB decode reserve (2 decode workers x a 672 x "
-        "672 px, 209-frame decode) - 0 MiB text encoder weights (none found in /encoder-5120) -> 1,920 rows at 67 "
-        "bytes per row and unit of hidden_size 5376 (measured on an H200 in bf16, server.sizing)" in repository.notes
+        "GPU 0: 40,960 MiB free - 11,494 MiB DiT weights (quantization none) - 28,804 MiB decode reserve (2 decode "
+        "workers x a 672 x 672 px, 209-frame decode) - 0 MiB text encoder weights (none found in /encoder-5120) -> "
+        "1,920 rows at 67 bytes per row and unit of hidden_size 5376 (measured on an H200 in bf16, server.sizing)"
+        in repository.notes
     )
     assert (
-        "GPU 1: 40,960 MiB free - 11,494 MiB DiT weights -> 65,536 rows at 67 bytes per row and unit of "
-        "hidden_size 5376 (measured on an H200 in bf16, server.sizing)" in repository.notes
+        "GPU 1: 40,960 MiB free - 11,494 MiB DiT weights (quantization none) -> 65,536 rows at 67 bytes per row and "
+        "unit of hidden_size 5376 (measured on an H200 in bf16, server.sizing)" in repository.notes
     )
     # explicit settings win over sizing
     given = R.plan(
@@ -162,6 +165,7 @@ def test_gpu_sizing_golden_numbers():
         [0, 1],
         machine=machine,
         overrides={"h3_dit": {"max_batch_rows": 1024, "cpu_threads": 2, "max_height": 384}, **WIDE},
+        placement="shared",
     )
     assert (given.dit.max_batch_rows, given.dit.row_budget, given.dit.cpu_threads, given.dit.max_height) == (
         1024,
@@ -172,11 +176,83 @@ def test_gpu_sizing_golden_numbers():
     # sized for the given 672 x 384 px canvas: a 2 x 8,230 MiB decode reserve leaves
     # 13,637,716,480 B / (67 x 5376 B) = 37,862.3 -> 37,824 rows
     assert (
-        "h3_dit.max_batch_rows 1024: given (sized it would be 37824: the least over GPUs [0, 1], a multiple of "
-        "64, at most 65,536)" in given.notes
+        "h3_dit.max_batch_rows 1024: given (sized it would be 37824: the largest request, which every h3_dit "
+        "instance takes: the least over the instances' GPUs [0, 1], a multiple of 64, at most 65,536)" in given.notes
     )
+    assert given.dit.max_batch_rows_by_gpu == ""  # a given max_batch_rows is every instance's
     with pytest.raises(ValueError, match="the DiT does not fit"):
         R.plan("h3", "/w", "cuda", [0], machine=Machine(16, {0: 40 * GIB}), overrides=WIDE)
+
+
+def test_the_default_placement_is_the_one_with_more_instances_that_take_the_default_request():
+    machine = Machine(16, {0: 40 * GIB, 1: 40 * GIB})
+    chosen = R.plan("bench", "/w", "cuda", [0, 1], machine=machine, overrides=WIDE)
+    # shared: GPU 0 keeps 1,920 rows, under bench's 16,384-row default request; own: GPU 1 holds
+    # h3_encoder and h3_vae, GPU 0 one h3_dit instance of 65,536 rows
+    assert chosen.notes[0] == (
+        "placement own (chosen for 2 GPUs: the most h3_dit instances that each take a 16,384-row request of the "
+        "default canvas (shared: 2 h3_dit instances, the largest request 1,920 rows, under a 16,384-row request; "
+        "own: 1 h3_dit instances, the largest request 65,536 rows)): h3_encoder and h3_vae on a GPU of their own, "
+        "the last; h3_dit on the others"
+    )
+    assert chosen == R.plan("bench", "/w", "cuda", [0, 1], machine=machine, overrides=WIDE, placement="own")
+    texts = R.config_texts(chosen)
+    assert line(texts["h3_dit"], "instance_group") == "instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]"
+    assert line(texts["h3_vae"], "instance_group") == "instance_group [ { kind: KIND_GPU count: 1 gpus: [ 1 ] } ]"
+    assert line(texts["h3_encoder"], "instance_group") == line(texts["h3_vae"], "instance_group")
+    assert (chosen.dit.max_batch_rows, chosen.encoder.device, chosen.vae.device) == (65_536, "cuda:1", "cuda:1")
+    # 40,960 MiB - 28,804 MiB of decodes - 0 MiB of text encoder weights
+    assert any(note.startswith("GPU 1: 40,960 MiB free - 28,804 MiB decode reserve") for note in chosen.notes)
+    assert any(note.endswith("-> 12,156 MiB left (no h3_dit)") for note in chosen.notes)
+    # where both take the request the shared placement, with more instances, wins; one GPU is shared
+    roomy = Machine(16, {0: 140 * GIB, 1: 140 * GIB})
+    assert (
+        R.plan("bench", "/w", "cuda", [0, 1], machine=roomy, overrides=WIDE)
+        .notes[0]
+        .startswith(
+            "placement shared (chosen for 2 GPUs: the most h3_dit instances that each take a 16,384-row request of "
+            "the default canvas (shared: 2 h3_dit instances, the largest request 65,536 rows; own: 1 h3_dit instances"
+        )
+    )
+    single = R.plan("bench", "/w", "cuda", [0], machine=roomy, overrides=WIDE)
+    assert single.notes[0] == (
+        "placement shared (chosen for 1 GPU: one GPU): h3_encoder and h3_vae on the first GPU, beside its h3_dit "
+        "instance"
+    )
+    # the text encoder's weights, when given, come off its GPU: 140 GiB - 100 GiB leaves the 40 GiB case above
+    given = R.plan("bench", "/w", "cuda", [0], machine=roomy, overrides=WIDE, text_encoder_bytes=100 * GIB)
+    assert given.dit.max_batch_rows == 1_920
+
+
+def test_placement_cpu_and_sequence_parallel_groups_beside_own():
+    cpu = R.plan("bench", "/w", "cuda", [0, 1], overrides=WIDE, placement="cpu")
+    texts = R.config_texts(cpu)
+    assert line(texts["h3_dit"], "instance_group") == "instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0, 1 ] } ]"
+    assert line(texts["h3_encoder"], "instance_group") == "instance_group [ { kind: KIND_CPU count: 1 } ]"
+    assert line(texts["h3_vae"], "instance_group") == "instance_group [ { kind: KIND_CPU count: 1 } ]"
+    assert (cpu.encoder.device, cpu.vae.device) == ("cpu", "cpu")
+    own = R.plan("bench", "/w", "cuda", [0, 1, 2], overrides={"h3_dit": {"sp_degree": 2}, **WIDE}, placement="own")
+    assert R.config_texts(own)["h3_dit"].count("gpus: [ 0 ]") == 1 and own.vae.device == "cuda:2"
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(device="cuda", gpus=[0], placement="own"), r"--placement own needs at least 2 GPUs .*, got \[0\]"),
+        (dict(placement="cpu"), "--placement cpu places h3_encoder and h3_vae beside GPUs: it needs --device cuda"),
+        (
+            dict(device="cuda", gpus=[0, 1], placement="gpu"),
+            r"--placement 'gpu' is not one of \('shared', 'own', 'cpu'\)",
+        ),
+        (
+            dict(device="cuda", gpus=[0, 1], placement="own", machine=Machine(2, {0: 40 * GIB, 1: 20 * GIB})),
+            "h3_encoder and h3_vae do not fit GPU 1: 20,480 MiB free - 28,804 MiB decode reserve",
+        ),
+    ],
+)
+def test_bad_encoder_and_vae_placements_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        R.plan("bench", "/w", **{"overrides": WIDE, **kwargs})
 
 
 def test_cuda_without_a_machine_keeps_the_rows_and_derives_the_rest():

@@ -54,6 +54,16 @@ def test_the_dit_limits_are_the_request_limits():
         ({"execute_budget_s": "-0.5"}, "h3_dit parameter execute_budget_s=-0.5 is out of range: allowed finite >= 0"),
         ({"execute_budget_s": "nan"}, "h3_dit parameter execute_budget_s=nan is out of range: allowed finite >= 0"),
         (
+            {"max_batch_rows_by_gpu": "0=8192"},
+            "h3_dit parameter max_batch_rows_by_gpu='0=8192' is not comma-separated GPU:ROWS pairs, each GPU once",
+        ),
+        ({"max_batch_rows_by_gpu": "0:8192,0:9000"}, "h3_dit parameter max_batch_rows_by_gpu='0:8192,0:9000' is not"),
+        (
+            {"max_batch_rows_by_gpu": "0:8192,1:2048"},
+            "h3_dit parameter max_batch_rows_by_gpu='0:8192,1:2048': GPU 1's 2048 rows are out of range: allowed >= "
+            "max_batch_rows (4096), the largest request every instance takes",
+        ),
+        (
             {"max_num_seqs": "6"},
             "h3_dit max_batch_size=14 must equal max_num_seqs + max_waiting + 2 = 16 (its sequence slots)",
         ),
@@ -69,6 +79,22 @@ def test_bad_dit_parameters_are_refused_at_load(change, message):
     with pytest.raises(ValueError) as error:
         DitSettings.from_parameters(parameters, max_batch_size)
     assert str(error.value).startswith(message)
+
+
+def test_each_gpu_instance_reads_its_own_rows():
+    parameters, max_batch_size = shipped("h3_dit")
+    settings = DitSettings.from_parameters({**parameters, "max_batch_rows_by_gpu": "0:7616,1:65536"}, max_batch_size)
+    assert settings.rows_by_gpu() == {0: 7616, 1: 65536}
+    on_1 = settings.for_gpu(1)
+    assert (on_1.max_batch_rows, on_1.max_batch_rows_by_gpu, on_1.limits().max_rows, on_1.row_budget) == (
+        65536,
+        "",
+        65536,
+        4096,
+    )
+    assert settings.for_gpu(0).max_batch_rows == 7616
+    assert settings.for_gpu(2) is settings  # an unlisted GPU keeps max_batch_rows
+    assert DitSettings().rows_by_gpu() == {}
 
 
 def test_the_longest_wait_and_the_priority_range_are_read_from_the_parameters():

@@ -286,7 +286,11 @@ class DitSettings:
     wait for a step before it ranks before every request that has not waited that long, under
     every policy: the longest wait, h3_core.serving.scheduler), priority_max (request_priority lies in
     -priority_max..priority_max), max_num_seqs (documents per forward), max_waiting (live
-    requests beyond a full pack), max_batch_rows (rows per forward and per request). Request
+    requests beyond a full pack), max_batch_rows (rows per forward and per request; h3_encoder
+    refuses a request beyond it, so it is the largest request the server takes),
+    max_batch_rows_by_gpu ("" or GPU:ROWS pairs, comma-separated, such as "0:7616,1:65536": the
+    instance on a listed CUDA device packs up to its own rows instead, sized by server.sizing from
+    that GPU's memory; each at least max_batch_rows, for_gpu). Request
     limits: max_height, max_width (pixels), max_num_frames, max_steps, max_outputs,
     max_request_mb (MiB, h3_core.diffusion.request.request_memory_mb). allow_fault_injection: lets the
     test-only request parameter inject_fault act.
@@ -318,6 +322,7 @@ class DitSettings:
     max_num_seqs: int = 4
     max_waiting: int = 8
     max_batch_rows: int = RequestLimits.max_rows
+    max_batch_rows_by_gpu: str = ""
     max_height: int = RequestLimits.max_height
     max_width: int = RequestLimits.max_width
     max_num_frames: int = RequestLimits.max_num_frames
@@ -359,6 +364,7 @@ class DitSettings:
         for name in ("max_waiting", "priority_max"):
             if getattr(self, name) < 0:
                 raise ValueError(f"h3_dit parameter {name}={getattr(self, name)} is out of range: allowed >= 0")
+        self.rows_by_gpu()
         if not 1 <= self.row_budget <= self.max_batch_rows:
             raise ValueError(
                 f"h3_dit parameter row_budget={self.row_budget} is out of range: allowed "
@@ -387,6 +393,34 @@ class DitSettings:
                 f"h3_dit max_batch_size={max_batch_size} must equal max_num_seqs + max_waiting + "
                 f"{CONTROL_SLOTS} = {slots} (its sequence slots)"
             )
+
+    def rows_by_gpu(self) -> dict[int, int]:
+        """max_batch_rows_by_gpu as {CUDA device index: rows} ({} for ""). Raises ValueError for
+        another form than GPU:ROWS pairs, a GPU listed twice, or rows below max_batch_rows (every
+        instance must take the largest request h3_encoder lets through)."""
+        rows: dict[int, int] = {}
+        for item in filter(None, self.max_batch_rows_by_gpu.split(",")):
+            gpu, _, value = item.partition(":")
+            if not (gpu.isdigit() and value.isdigit()) or int(gpu) in rows:
+                raise ValueError(
+                    f"h3_dit parameter max_batch_rows_by_gpu={self.max_batch_rows_by_gpu!r} is not comma-separated "
+                    "GPU:ROWS pairs, each GPU once (e.g. '0:7616,1:65536')"
+                )
+            rows[int(gpu)] = int(value)
+            if rows[int(gpu)] < self.max_batch_rows:
+                raise ValueError(
+                    f"h3_dit parameter max_batch_rows_by_gpu={self.max_batch_rows_by_gpu!r}: GPU {gpu}'s {value} rows "
+                    f"are out of range: allowed >= max_batch_rows ({self.max_batch_rows}), the largest request "
+                    "every instance takes"
+                )
+        return rows
+
+    def for_gpu(self, gpu: int) -> "DitSettings":
+        """The settings of the h3_dit instance on CUDA device `gpu` (Triton's
+        model_instance_device_id): max_batch_rows its max_batch_rows_by_gpu entry where it has one
+        (its scheduler's rows per forward, and the rows of one request it steps), else unchanged."""
+        rows = self.rows_by_gpu().get(gpu)
+        return self if rows is None else dataclasses.replace(self, max_batch_rows=rows, max_batch_rows_by_gpu="")
 
     @classmethod
     def from_parameters(

@@ -149,6 +149,7 @@ class TritonPythonModel:
         labels = {"model": "h3_dit"}
         if args["model_instance_kind"] == "GPU":  # one instance per GPU of instance_group's gpus
             device = f"cuda:{args['model_instance_device_id']}"
+            settings = settings.for_gpu(int(args["model_instance_device_id"]))  # its GPU's max_batch_rows
             labels["gpu"] = args["model_instance_device_id"]
             instance += f"_gpu{args['model_instance_device_id']}"  # Triton names them alike on every GPU
         labels["instance"] = instance
@@ -172,6 +173,7 @@ class TritonPythonModel:
             + (" (compiles the DiT blocks)" if device.startswith("cuda") and settings.sp_degree == 1 else "")
             + (f" over {settings.sp_degree} sequence-parallel workers" if settings.sp_degree > 1 else "")
             + (f", block linears in {settings.quantization}" if settings.quantization != "none" else "")
+            + f"; up to {settings.max_batch_rows:,} rows a step"
         )
         self.loop = StepLoop(
             engine,
