@@ -187,6 +187,8 @@ def test_server_errors_map_to_http_codes():
     full = DitLoad(held=12, max_num_seqs=4, max_waiting=8).message()
     cases = {
         ("INVALID_ARG", "num_outputs=5 is out of range: allowed 1..4"): (400, {}, "n"),
+        ("INVALID_ARG", f"SEED={2**64} does not fit INT64 ({-(2**63)}..{2**63 - 1})"): (400, {}, "seed"),
+        ("INVALID_ARG", "preview_every=-1 is out of range: allowed >= 0"): (400, {}, "preview_every"),
         ("UNAVAILABLE", full): (429, {"Retry-After": "5"}, None),
         ("UNAVAILABLE", "the server is shutting down"): (503, {"Retry-After": "10"}, None),
         ("UNAVAILABLE", "Stub process 'h3_dit_0_0' is not healthy."): (503, {"Retry-After": "10"}, None),
@@ -576,6 +578,12 @@ def test_bad_input_is_refused_and_creates_nothing(sdk, front_end):
         ({"prompt": "a", "size": "100x64"}, "width=100 is out of range: allowed multiples of 32 in 32..256", "size"),
         ({"prompt": "a", "n": 5}, "num_outputs=5 is out of range: allowed 1..4", "n"),
         ({"prompt": "a", "seed": -1}, "seed=-1 is out of range: allowed 0..9223372036854775807", "seed"),
+        (
+            {"prompt": "a", "seed": 2**64},
+            f"SEED={2**64} does not fit INT64 ({-(2**63)}..{2**63 - 1})",
+            "seed",
+        ),
+        ({"prompt": "a", "preview_every": -1}, "preview_every=-1 is out of range: allowed >= 0", "preview_every"),
         ({"prompt": " "}, "prompt must contain visible characters, got ' '", "prompt"),
         (
             {"prompt": "a", "num_inference_steps": 0},
@@ -611,7 +619,8 @@ def test_bad_input_is_refused_and_creates_nothing(sdk, front_end):
             b"a",
             "text/plain",
             400,
-            "INVALID_ARG: Content-Type 'text/plain' is not served: send application/json or multipart/form-data",
+            "INVALID_ARG: Content-Type 'text/plain' is not served: "
+            "send application/json, multipart/form-data or application/x-www-form-urlencoded",
         ),
         (
             "POST",

@@ -25,6 +25,7 @@ from .videos_api_serving import FrontEnd, wait_for
 
 pytestmark = pytest.mark.filterwarnings("ignore:The Sora API is scheduled to permanently shut down:DeprecationWarning")
 UNREACHABLE = "127.0.0.1:1"
+JSON = {"Content-Type": "application/json"}
 UNAUTHORIZED = {
     "message": "UNAUTHORIZED: a valid API key is required: send Authorization: Bearer <key>",
     "type": "invalid_request_error",
@@ -292,6 +293,20 @@ def test_unsupported_routes_say_so_and_health_routes_answer(tmp_path):
             assert (response.status_code, response.json()["error"]["message"]) == (status, message), path
         assert http.put("/v1/videos").headers["allow"] == "GET, POST"
         assert (http.get("/healthz").status_code, http.get("/healthz").json()) == (200, {"status": "ok"})
+        assert (http.head("/healthz").status_code, http.head("/readyz").status_code) == (200, 503)  # probes may HEAD
+        for response, message, param in (  # refused before Triton is asked
+            (
+                http.post("/v1/videos", content=b'{"prompt": "a", "seed": 1, "seed": 2}', headers=JSON),
+                "INVALID_ARG: seed was sent twice: it takes one value",
+                "seed",
+            ),
+            (http.get("/v1/videos?limit=x"), "INVALID_ARG: limit='x' must be an integer in 1..100", "limit"),
+        ):
+            assert (response.status_code, response.json()["error"]["message"], response.json()["error"]["param"]) == (
+                400,
+                message,
+                param,
+            )
         for path, message in (
             ("/readyz", f"UNAVAILABLE: Triton at {UNREACHABLE} is not ready: unreachable, or h3_pipeline not loaded"),
             ("/v1/models", f"UNAVAILABLE: {UNREACHABLE} did not answer: failed to connect to all addresses"),

@@ -11,8 +11,8 @@
     POST   /v1/videos/sync             create, wait, answer the MP4 (header X-Video-Id)
     POST   /v1/videos/{id}/remix       not supported: 404 saying so
     GET    /v1/models, /v1/models/{id} the served model: OpenAI's model object + its limits (models.py)
-    GET    /healthz                    200 while the front end runs
-    GET    /readyz                     200 when Triton's h3_pipeline is ready, else 503
+    GET    /healthz (also HEAD)        200 while the front end runs
+    GET    /readyz (also HEAD)         200 when Triton's h3_pipeline is ready, else 503
     GET    /                           the page (static/index.html; static/ holds its script and style)
 
 With API keys, every /v1 route needs `Authorization: Bearer KEY` (401 otherwise) and a key sees
@@ -165,6 +165,18 @@ def _error_response(error: ApiError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
 
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object of `pairs` (json.loads' object_pairs_hook). Raises ApiError 400 INVALID_ARG
+    naming a key sent twice, as form_fields does for a repeated form field (json alone would keep
+    the last value)."""
+    body = {}
+    for key, value in pairs:
+        if key in body:
+            raise fields.invalid(f"{key} was sent twice: it takes one value", key)
+        body[key] = value
+    return body
+
+
 async def _form(request: Request, max_part_bytes: int) -> dict:
     """The fields of a POST body: a JSON object, or multipart / urlencoded form fields
     (fields.form_fields; an uploaded file's value its bytes). max_part_bytes: the largest
@@ -172,7 +184,7 @@ async def _form(request: Request, max_part_bytes: int) -> dict:
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind == "application/json":
         try:
-            body = json.loads(await request.body())
+            body = json.loads(await request.body(), object_pairs_hook=_unique_keys)
         except ValueError as error:
             raise fields.invalid(f"the body is not valid JSON: {error}") from None
         if not isinstance(body, dict):
@@ -185,7 +197,10 @@ async def _form(request: Request, max_part_bytes: int) -> dict:
                 for key, value in form.multi_items()
             ]
         return fields.form_fields(items)
-    raise fields.invalid(f"Content-Type {kind or 'none'!r} is not served: send application/json or multipart/form-data")
+    raise fields.invalid(
+        f"Content-Type {kind or 'none'!r} is not served: "
+        "send application/json, multipart/form-data or application/x-www-form-urlencoded"
+    )
 
 
 def authorize(request: Request) -> Caller:
@@ -210,7 +225,9 @@ def _integer_query(request: Request, name: str, default: int, low: int, high: in
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    if not fields.INTEGER_PATTERN.match(raw) or not low <= int(raw) <= high:
+    if not fields.INTEGER_PATTERN.match(raw):
+        raise fields.invalid(f"{name}={raw!r} must be an integer in {low}..{high}", name)
+    if not low <= int(raw) <= high:
         raise fields.invalid(f"{name}={raw!r} is out of range: allowed {low}..{high}", name)
     return int(raw)
 
@@ -435,11 +452,11 @@ def create_app(settings: Settings) -> FastAPI:
 
     app.include_router(api)
 
-    @app.get("/healthz", include_in_schema=False)
+    @app.api_route("/healthz", methods=["GET", "HEAD"], include_in_schema=False)
     def healthz():
         return {"status": "ok"}
 
-    @app.get("/readyz", include_in_schema=False)
+    @app.api_route("/readyz", methods=["GET", "HEAD"], include_in_schema=False)
     def readyz():
         if not client.ready():
             raise ApiError(

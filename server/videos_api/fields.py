@@ -93,8 +93,9 @@ DEFAULT_PREVIEW_EVERY = 1
 RETRY_AFTER_FULL_S = 5
 RETRY_AFTER_UNAVAILABLE_S = 10
 # a server refusal names its field first ("num_frames=0 is out of range ...", "prompt is 5000 bytes ...",
-# "KEYFRAMES[0]: is not an image ..."): the API field of each server field
-FIELD_IN_TEXT = re.compile(r"^([a-z_]+)(=| )")
+# "KEYFRAMES[0]: is not an image ...", the client's "SEED=... does not fit INT64"): the API field of each
+# server field, its name lower-cased
+FIELD_IN_TEXT = re.compile(r"^([A-Za-z_]+)(=| )")
 API_FIELD = {
     "prompt": "prompt",
     "width": "size",
@@ -105,6 +106,7 @@ API_FIELD = {
     "num_outputs": "n",
     "fit": "fit",
     "task": "task",
+    "preview_every": "preview_every",
 }
 API_INPUT = {  # h3_pipeline inputs -> API fields (KEYFRAMES: _input_field)
     protocol.TASK: "task",
@@ -173,7 +175,7 @@ def error_from_server(code: str, text: str, request: dict | None = None) -> ApiE
     field, text = _input_field(text, request)
     if field is None:
         name = FIELD_IN_TEXT.match(text)
-        field = API_FIELD.get(name.group(1)) if name else None
+        field = API_FIELD.get(name.group(1).lower()) if name else None
     if request is not None and field == "num_frames" and request.get("seconds") is not None:
         field, text = "seconds", f"{text} (seconds={request['seconds']!r} at {protocol.VIDEO_FPS} fps)"
     if code == "UNAVAILABLE":
