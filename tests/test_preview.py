@@ -13,21 +13,22 @@ from training import preview_fit
 
 
 def test_the_fit_recovers_a_map_from_its_previews_and_the_file_keeps_it(tmp_path):
-    """Frames rendered by a known map (3 x 3 cells with channel products, 2 x 2 px per cell,
-    each pixel an 8 x 8 block) from random latents: the fit gives back the known map (to the
-    float16 rounding and the ridge), the same map twice, and save / load keep it exactly."""
+    """Frames rendered by a known map (3 x 3 cells of the 24 channels, 2 x 2 px per cell, each
+    pixel an 8 x 8 block) from random latents: the fit gives back the known map (to the float16
+    rounding and the ridge), the same map twice, and save / load keep it exactly. (The channel
+    products' features: tests/test_demo_model.py checks the shipped map against the formula.)"""
     generator = torch.Generator().manual_seed(0)
     known = PreviewMap(
-        torch.randn(3, 2, 2, 324, 3, 3, generator=generator) * 0.01, torch.randn(3, 2, 2, generator=generator) * 0.1
+        torch.randn(3, 2, 2, 24, 3, 3, generator=generator) * 0.01, torch.randn(3, 2, 2, generator=generator) * 0.1
     )
-    latents = torch.randn(40, 7, 24, 4, 6, generator=generator)  # 6,720 cells for 2,917 unknowns
-    rgb = torch.stack([known.rgb(latent) for latent in latents.flatten(0, 1)])  # [280, 8, 12, 3]
-    frames = F.interpolate(rgb.permute(0, 3, 1, 2), scale_factor=8, mode="nearest").view(40, 7, 3, 64, 96)
-    fitted = preview_fit.fit(latents, frames, neighbourhood=3, patch=2, products=True)
-    assert fitted.weight.shape == (3, 2, 2, 324, 3, 3) and fitted.bias.shape == (3, 2, 2)
+    latents = torch.randn(8, 7, 24, 4, 6, generator=generator)  # 1,344 cells for 217 unknowns
+    rgb = torch.stack([known.rgb(latent) for latent in latents.flatten(0, 1)])  # [56, 8, 12, 3]
+    frames = F.interpolate(rgb.permute(0, 3, 1, 2), scale_factor=8, mode="nearest").view(8, 7, 3, 64, 96)
+    fitted = preview_fit.fit(latents, frames, neighbourhood=3, patch=2, products=False)
+    assert fitted.weight.shape == (3, 2, 2, 24, 3, 3) and fitted.bias.shape == (3, 2, 2)
     torch.testing.assert_close(fitted.weight, known.weight, rtol=0, atol=1e-3)
     torch.testing.assert_close(fitted.bias, known.bias, rtol=0, atol=1e-3)
-    again = preview_fit.fit(latents, frames, neighbourhood=3, patch=2, products=True)
+    again = preview_fit.fit(latents, frames, neighbourhood=3, patch=2, products=False)
     assert torch.equal(again.weight, fitted.weight) and torch.equal(again.bias, fitted.bias)
     assert torch.equal(fitted.weight, fitted.weight.half().float())  # already at the stored precision
     save_preview(fitted, tmp_path / PREVIEW_FILE)
