@@ -151,7 +151,7 @@ def test_seeded_random_weights_fail_the_same_check(engine):
 TIMINGS = ("stage_seconds", "silent_s")  # seconds: not compared
 INFO_KEYS = sorted(
     ["kind", "request_id", "output_index", "num_outputs", "seed", "height", "width", "num_frames"]
-    + ["num_inference_steps", "largest_pack", "task", "flow_shift", "audio_flow_shift"]
+    + ["num_inference_steps", "largest_pack", "quantization", "task", "flow_shift", "audio_flow_shift"]
 )
 
 
@@ -199,6 +199,7 @@ def test_short_evaluation_through_the_server(tmp_path):
         "num_frames": 5,
         "num_inference_steps": 8,
         "largest_pack": 1,
+        "quantization": "none",
         "task": "t2va",
         "flow_shift": 12.0,
         "audio_flow_shift": 3.0,
