@@ -154,6 +154,8 @@ def test_keys_own_their_jobs_and_an_admin_key_sees_all(tmp_path):
 
 
 OLD_REQUEST, _ = parse_create({"prompt": "old", "seed": 3}, "h3")
+# the same request as stored before conditioned inputs (no task, fit, inputs)
+BEFORE_INPUTS = {key: value for key, value in OLD_REQUEST.items() if key not in ("task", "fit", "inputs")}
 OLD_SCHEMA = """
 CREATE TABLE jobs (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, created_at INTEGER NOT NULL,
@@ -171,7 +173,7 @@ def test_a_store_from_before_owners_gains_the_column_and_its_jobs_are_the_admins
         db.execute(
             "INSERT INTO jobs (id, created_at, status, request, completed_at, expires_at) "
             "VALUES ('video_old', 1000, 'cancelled', ?, 1000, ?)",
-            (json.dumps(OLD_REQUEST), 2**40),
+            (json.dumps(BEFORE_INPUTS), 2**40),
         )
     store = Store(tmp_path / "jobs.sqlite3")
     assert (store.get("video_old")["owner"], store.get("video_old")["request"]) == (None, OLD_REQUEST)
@@ -182,6 +184,8 @@ def test_a_store_from_before_owners_gains_the_column_and_its_jobs_are_the_admins
         assert http.get("/v1/videos", headers=bearer("key-a")).json()["data"] == []
         assert http.get("/v1/videos/video_old", headers=bearer("key-a")).status_code == 404
         assert [job["id"] for job in http.get("/v1/videos", headers=bearer("root")).json()["data"]] == ["video_old"]
+        old = http.get("/v1/videos/video_old", headers=bearer("root")).json()
+        assert (old["status"], old["task"], old["inputs"]) == ("cancelled", "t2va", [])
 
 
 def test_a_store_locked_by_another_process_is_503_and_reads_go_on(tmp_path):

@@ -44,6 +44,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 """
 BUSY_TIMEOUT_S = 2.0  # the longest a statement waits for the file's lock held by another process
 _ACTIVE_SQL = "status IN ('queued', 'in_progress')"
+REQUEST_BEFORE_INPUTS = {"task": None, "fit": None, "inputs": {}}  # fields.parse_create's, absent from older rows
 
 
 class Store:
@@ -78,7 +79,8 @@ class Store:
     @staticmethod
     def _row(row: sqlite3.Row) -> dict:
         job = dict(row)
-        job["request"] = json.loads(job["request"])
+        # a request stored before conditioned inputs: no task (implied), the server's fit, no files
+        job["request"] = {**REQUEST_BEFORE_INPUTS, **json.loads(job["request"])}
         job["outputs"] = json.loads(job["outputs"]) if job["outputs"] else None
         return job
 
