@@ -141,15 +141,17 @@ def test_field_case_c3_cancel_stops_the_request_wherever_it_is(server, client):
     )  # h3_vae only passed the endings on
 
 
-def test_field_case_c4_soak_one_minute():
+def test_field_case_c4_soak():
+    """scripts/soak.py at a size for make test (64 requests, 8 at a time; the standalone soak runs
+    longer): one final response each, outputs byte-identical to their references, no state left."""
     spec = importlib.util.spec_from_file_location("soak", ROOT / "scripts" / "soak.py")
     soak = sys.modules["soak"] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
     spec.loader.exec_module(soak)
-    summary = soak.run(soak.parser().parse_args(["--requests", "120", "--warmup", "24", "--concurrency", "8"]))
-    assert summary["final_responses_per_request"] == {1: 120}
+    summary = soak.run(soak.parser().parse_args(["--requests", "64", "--warmup", "14", "--concurrency", "8"]))
+    assert summary["final_responses_per_request"] == {1: 64}
     assert summary["outputs_not_identical"] == [] and summary["cancelled_with_results"] == []
     assert summary["completed_without_all_outputs"] == [] and set(summary["errors"]) <= {"CANCELLED"}
-    assert summary["outputs_compared"] > 60 and summary["errors"]["CANCELLED"] > 10
+    assert summary["outputs_compared"] > 32 and summary["errors"]["CANCELLED"] > 5
     assert summary["dit_rss_kb"]["growth"] < 0.05
     assert summary["left_at_end"] == {"h3_active_requests": 0, "h3_waiting_requests": 0, "pending": 0}
     assert summary["in_flight_at_stop"] == 0
