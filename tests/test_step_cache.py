@@ -19,6 +19,7 @@ from h3_core.model.initialization import init_weights
 from h3_core.model.vae import create_vaes
 from h3_core.serving.events import Refused, Result
 from h3_core.serving.settings import DitSettings
+from h3_core.serving.simulate import SimState, make_workload, simulate, summarize
 from tests.test_step_loop import Client, make_loop, text
 
 
@@ -166,3 +167,16 @@ def test_settings_check_the_cache_thresholds():
         DitSettings(max_cache_threshold=float("inf"))
     with pytest.raises(ValueError, match=r"^h3_dit parameter cache_threshold=0.1 needs sp_degree 1"):
         DitSettings(cache_threshold=0.1, sp_degree=2)
+
+
+def test_the_simulator_skips_steps_at_the_hit_rate():
+    state, rows = SimState(100, 8, skipped_steps=3), []
+    while not state.finished:
+        rows.append(state.step_rows)
+        state.step_index += 1
+    assert rows == [100, 100, 0, 100, 0, 100, 0, 100]
+    # reference: 20 steps of 0.26 s; half of them skipped -> 2.6 s of denoising + 0.1 encode + 0.52 decode
+    cached = make_workload("reference", hit_rate=0.5)
+    assert summarize(cached, simulate(cached, "srpt"))["mean_latency_s"] == 3.22
+    with pytest.raises(ValueError, match=r"^hit_rate=1.0 is out of range: allowed 0 <= hit_rate < 1$"):
+        make_workload("reference", hit_rate=1.0)
