@@ -1,6 +1,7 @@
 """Step caching on the demo model: quality and row-steps saved per cache_threshold (issue 34).
 
     OMP_NUM_THREADS=1 python -m benchmarks.cache_quality --fit      # writes weights/demo/step_cache.json
+    python -m benchmarks.cache_quality --simulate                     # adds "simulation" to --out
     OMP_NUM_THREADS=1 python -m benchmarks.cache_quality [--clips 8] [--steps 8 30] \
         [--thresholds 0 0.01 0.02 0.05 0.1 0.2] [--out benchmarks/results/cache_demo_cpu.json] \
         [--figure docs/cache_curve.png]
@@ -30,7 +31,13 @@ cached request solo, co-batched with three neighbours (other thresholds and task
 request mode (Engine.generate) and compares the latents with torch.equal. Writes the JSON
 (with "summary": recommended_threshold, cache_row_step_reduction and cache_min_ssim at it,
 cache_bitwise_solo_packed) and a figure of SSIM and row-step reduction per threshold.
-"""
+
+--simulate: the serving simulator (h3_core.serving.simulate, srpt) on the reference and mixed
+workloads without caching and at the hit rate measured at the recommended threshold (the skipped
+fraction at 30 steps, the larger step count), added to --out as "simulation": per workload the
+capacity gain (DiT seconds of all its requests without / with caching, each alone) and both runs'
+summaries on the same arrivals; for mixed also a cached run with the uncached run's arrival rate
+(requests / last arrival) raised by the gain: the same utilisation as the uncached run."""
 
 import argparse
 import json
@@ -206,15 +213,51 @@ def figure(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
+def simulation(hit_rate: float) -> dict:
+    """--simulate's "simulation" for `hit_rate` (module docstring)."""
+    from h3_core.serving.simulate import make_workload, simulate, summarize
+
+    def work(workload) -> float:  # DiT seconds of its requests, each alone, computed steps only
+        return sum(
+            (r.steps - min(round(workload.hit_rate * r.steps), max(r.steps - 2, 0))) * workload.cost.step_s(r.rows)
+            for r in workload.requests
+        )
+
+    result = {"hit_rate": hit_rate, "policy": "srpt"}
+    for name in ("reference", "mixed"):
+        plain, cached = make_workload(name), make_workload(name, hit_rate=hit_rate)
+        gain = work(plain) / work(cached)
+        result[name] = {
+            "capacity_gain": round(gain, 4),
+            "uncached": summarize(plain, simulate(plain, "srpt")),
+            "cached": summarize(cached, simulate(cached, "srpt")),
+        }
+        if name == "mixed":
+            rate = len(plain.requests) * 60 / plain.requests[-1].submit_s * gain
+            faster = make_workload(name, rate_per_min=rate, hit_rate=hit_rate)
+            result[name]["cached_at_gain_x_rate"] = {
+                "rate_per_min": round(rate, 3),
+                **summarize(faster, simulate(faster, "srpt")),
+            }
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fit", action="store_true", help="fit the polynomial and write it beside the weights")
+    parser.add_argument("--simulate", action="store_true", help="add the simulator's capacity gain to --out")
     parser.add_argument("--clips", type=int, default=8, help="held-out clips per task")
     parser.add_argument("--steps", type=int, nargs="+", default=[8, 30])
     parser.add_argument("--thresholds", type=float, nargs="+", default=[0.0, 0.01, 0.02, 0.05, 0.1, 0.2])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/cache_demo_cpu.json"))
     parser.add_argument("--figure", type=Path, default=Path("docs/cache_curve.png"))
     args = parser.parse_args()
+    if args.simulate:
+        result = json.loads(args.out.read_text())
+        result["simulation"] = simulation(result["summary"]["cache_skipped_fraction"][str(max(args.steps))])
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        print(json.dumps(result["simulation"]))
+        return
     engine, states = load(max(args.thresholds))
     start = time.monotonic()
     if args.fit:
