@@ -13,7 +13,7 @@ the MiniLM encoder.
 --fit: the step cache's polynomial (h3_core.diffusion.step_cache). For FIT_CLIPS held-out clips
 (the last ones of data.held_out_clips, disjoint from the measured ones) and FIT_TASKS, each at
 8 and 30 steps without caching, every step after the first gives one point (x: the relative
-change of the first block's modulated input, H3DiT.modulated_input; y: the relative change of
+change of the first block's modulated input, step_cache.modulated_input; y: the relative change of
 the velocity, video and audio rows together); numpy.polyfit of degree FIT_DEGREE through them
 is written to the weights' CACHE_FILE with its source and fit residual. Degree 1: on the demo
 model degree 2 fits barely better (rms residual 0.00887 against 0.00901) and turns down past
@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from h3_core.diffusion.request import GenerationRequest
-from h3_core.diffusion.step_cache import relative_change
+from h3_core.diffusion.step_cache import modulated_input, relative_change
 from h3_core.factory import load_engine
 from h3_core.weights.checkpoint import CACHE_FILE
 from training import data, measure, text_states
@@ -84,7 +84,8 @@ def fit(engine, states: dict) -> dict:
                 previous = None
                 while not state.finished:
                     k = state.step_index
-                    modulated = engine.dit.modulated_input(
+                    modulated = modulated_input(
+                        engine.dit,
                         state.video_latents,
                         state.audio_latents,
                         1.0 - state.sigmas_video[k],

@@ -20,7 +20,7 @@ from . import layout as L
 from .conditions import Condition, condition_rows
 from .request import GenerationRequest, RequestLimits, random_seed, request_memory_mb, validate_request
 from .sampling import euler_step, sigma_schedule
-from .step_cache import IDENTITY_POLYNOMIAL, StepCache
+from .step_cache import IDENTITY_POLYNOMIAL, StepCache, modulated_input
 
 if TYPE_CHECKING:
     from ..model.encoder import TextEncoder
@@ -245,11 +245,11 @@ class Engine:
     def plan_step(self, states: list[RequestState]) -> list[bool]:
         """Whether each state computes its next step (True) or takes it with its cached velocity
         (False): the step cache's decision (h3_core.diffusion.step_cache), made once per step of
-        a state with cache threshold > 0 from its own rows alone (H3DiT.modulated_input; its
+        a state with cache threshold > 0 from its own rows alone (step_cache.modulated_input; its
         change metric is read on the host, so on a GPU this waits for the state's latents) and
         kept in its StepCache (later calls for the same step return it). A state with threshold
-        0 and a finished state compute. Raises AttributeError for a cached state when the DiT
-        has no modulated_input (a sequence-parallel DiT; h3_dit refuses such requests)."""
+        0 and a finished state compute. Raises AttributeError for a cached state when the DiT is
+        not an H3DiT (a sequence-parallel DiT; h3_dit refuses such requests)."""
         for state in states:
             cache, step = state.cache, state.step_index
             if cache.threshold > 0 and cache.planned_step != step and not state.finished:
@@ -257,7 +257,8 @@ class Engine:
                 modulated = (
                     None
                     if last
-                    else self.dit.modulated_input(
+                    else modulated_input(
+                        self.dit,
                         state.video_latents,
                         state.audio_latents,
                         1.0 - state.sigmas_video[step],

@@ -10,7 +10,7 @@ request's change metric is
     rel_k = mean |m_k - m_{k-1}| / mean |m_{k-1}|
 
 m_k being the first DiT block's AdaLN-modulated input of its noisy video and audio rows
-(H3DiT.modulated_input; condition rows stay out). `accumulated += polynomial(rel_k)`, where the
+(`modulated_input`; condition rows stay out). `accumulated += polynomial(rel_k)`, where the
 polynomial (numpy.polyval coefficients, highest power first) maps the input's relative change to
 the estimated relative change of the model's output (fitted per model, benchmarks/cache_quality.py
 --fit; CACHE_FILE beside the weights; IDENTITY_POLYNOMIAL where the weights have none). While
@@ -22,8 +22,39 @@ from dataclasses import dataclass
 
 import torch
 
+from ..model import H3DiT
+from .layout import TAG_AUDIO, TAG_VIDEO
+
 # numpy.polyval coefficients, highest power first: the estimated output change is the input's.
 IDENTITY_POLYNOMIAL = (1.0, 0.0)
+
+
+@torch.inference_mode()
+def modulated_input(
+    dit: H3DiT, video: torch.Tensor, audio: torch.Tensor, t_video: float, t_audio: float
+) -> torch.Tensor:
+    """The first block's AdaLN-modulated input norm1(x) (1 + scale_msa) + shift_msa of one
+    request's noisy rows, embedded as H3DiT.embed_rows embeds them (the patch projections, the
+    time embedding of each of its timesteps, the block's video / audio modulation rows): the
+    change metric's quantity (TeaCache, Liu et al. 2024, arXiv:2411.19108, §3.3). It runs on the
+    request's rows alone, so the result cannot depend on a pack.
+
+    dit: an H3DiT (AttributeError for a DiT without its modules, e.g. a SequenceParallelDiT).
+    video: float32 [V, 96] target video rows; audio: float32 [2*T_a, 32] audio rows (no condition
+    rows); t_video, t_audio: their model timesteps t = 1 - sigma. Returns [V + 2*T_a, hidden] in
+    the model dtype, video rows first."""
+    cfg, dtype, block = dit.cfg, dit.cfg.torch_dtype, dit.blocks[0]
+    timesteps = torch.tensor([t_video, t_audio], dtype=torch.float32, device=dit.device)
+    t_emb = torch.cat([dit.time_embedder(t) for t in timesteps.split(1)])
+    table = block.adaln_proj(t_emb).view(-1, 6 * cfg.hidden_size)  # rows timestep * 3 + modality
+    shift, scale = table[:, : cfg.hidden_size], table[:, cfg.hidden_size : 2 * cfg.hidden_size]
+    rows = []
+    for index, (x, proj, tag) in enumerate(
+        ((video, dit.video_patch_proj, TAG_VIDEO), (audio, dit.audio_patch_proj, TAG_AUDIO))
+    ):
+        h, row = proj(x.to(dit.device)).to(dtype), index * 3 + tag
+        rows.append(block.norm1(h) * (1 + scale[row]) + shift[row])
+    return torch.cat(rows)
 
 
 def polyval(coefficients: tuple[float, ...], x: float) -> float:

@@ -40,8 +40,6 @@ BITWISE_CUBLAS_WORKSPACE = ":0:0"  # CUBLAS_WORKSPACE_CONFIG: no workspace, so n
 # bench DiT is bound by the host, not the GPU (14.95 ms a step, 4.25 ms of kernels; issue 16);
 # from about 4,096 rows the kernels dominate and a graph would only add memory.
 GRAPH_MAX_ROWS, GRAPHS_KEPT = 4096, 16
-# The AdaLN modality of video and audio rows (h3_core.diffusion.layout's TAG_VIDEO, TAG_AUDIO).
-MODALITY_VIDEO, MODALITY_AUDIO = 0, 2
 
 
 def use_bitwise_cublas() -> None:
@@ -476,31 +474,6 @@ class H3DiT(nn.Module):
         # Conditioning: one time embedding per unique timestep; row -> AdaLN row index.
         t_emb = torch.cat([self.time_embedder(t) for t in unique_timesteps.split(1)])
         return Embedded(x, t_emb, inverse_indices * 3 + rows.modality, inverse_indices, rows)
-
-    @torch.inference_mode()
-    def modulated_input(self, video: torch.Tensor, audio: torch.Tensor, t_video: float, t_audio: float) -> torch.Tensor:
-        """The first block's AdaLN-modulated input norm1(x) (1 + scale_msa) + shift_msa of one
-        request's noisy rows, embedded as `embed_rows` embeds them (the patch projections, the
-        time embedding of each of its timesteps, the block's video / audio modulation rows): the
-        step cache's change metric (h3_core.diffusion.step_cache; TeaCache, Liu et al. 2024,
-        arXiv:2411.19108, §3.3 uses the same quantity). It runs on the request's rows alone, so
-        the result cannot depend on a pack.
-
-        video: float32 [V, 96] target video rows; audio: float32 [2*T_a, 32] audio rows (no
-        condition rows); t_video, t_audio: their model timesteps t = 1 - sigma. Returns
-        [V + 2*T_a, hidden] in the model dtype, video rows first."""
-        cfg, dtype, block = self.cfg, self.cfg.torch_dtype, self.blocks[0]
-        timesteps = torch.tensor([t_video, t_audio], dtype=torch.float32, device=self.device)
-        t_emb = torch.cat([self.time_embedder(t) for t in timesteps.split(1)])
-        table = block.adaln_proj(t_emb).view(-1, 6 * cfg.hidden_size)  # rows timestep * 3 + modality
-        shift, scale = table[:, : cfg.hidden_size], table[:, cfg.hidden_size : 2 * cfg.hidden_size]
-        rows = []
-        for index, (x, proj, tag) in enumerate(
-            ((video, self.video_patch_proj, MODALITY_VIDEO), (audio, self.audio_patch_proj, MODALITY_AUDIO))
-        ):
-            h, row = proj(x.to(self.device)).to(dtype), index * 3 + tag
-            rows.append(block.norm1(h) * (1 + scale[row]) + shift[row])
-        return torch.cat(rows)
 
     def transformer(
         self,
