@@ -33,8 +33,9 @@ request mode (Engine.generate) and compares the latents with torch.equal. Writes
 cache_bitwise_solo_packed) and a figure of SSIM and row-step reduction per threshold.
 
 --simulate: the serving simulator (h3_core.serving.simulate, srpt) on the reference and mixed
-workloads without caching and at the hit rate measured at the recommended threshold (the skipped
-fraction at 30 steps, the larger step count), added to --out as "simulation": per workload the
+workloads without caching and at the hit rate measured at each threshold above 0 (its skipped
+fraction at the largest step count, 30), added to --out as "simulation" (one entry per
+threshold, the recommended one marked): per workload the
 capacity gain (DiT seconds of all its requests without / with caching, each alone) and both runs'
 summaries on the same arrivals; for mixed also a cached run with the uncached run's arrival rate
 (requests / last arrival) raised by the gain: the same utilisation as the uncached run."""
@@ -255,7 +256,16 @@ def main() -> None:
     args = parser.parse_args()
     if args.simulate:
         result = json.loads(args.out.read_text())
-        result["simulation"] = simulation(result["summary"]["cache_skipped_fraction"][str(max(args.steps))])
+        recommended = result["summary"]["recommended_threshold"]
+        result["simulation"] = [
+            {
+                "threshold": row["threshold"],
+                "recommended": row["threshold"] == recommended,
+                **simulation(row["skipped_fraction"]),
+            }
+            for row in result["curves"][str(max(args.steps))]
+            if row["threshold"] > 0
+        ]
         args.out.write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps(result["simulation"]))
         return
