@@ -6,6 +6,9 @@ loop reports skipped steps, packs only the outputs that compute and refuses bad 
 The tiny DiT on seeded random weights with the identity polynomial: its modulated input changes
 by about 0.03-0.1 a step, so a threshold of 0.5 skips every middle step of a short request."""
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -20,6 +23,7 @@ from h3_core.model.vae import create_vaes
 from h3_core.serving.events import Refused, Result
 from h3_core.serving.settings import DitSettings
 from h3_core.serving.simulate import SimState, make_workload, simulate, summarize
+from h3_core.weights.checkpoint import CACHE_FILE, load_cache_polynomial
 from tests.test_step_loop import Client, make_loop, text
 
 
@@ -180,3 +184,15 @@ def test_the_simulator_skips_steps_at_the_hit_rate():
     assert summarize(cached, simulate(cached, "srpt"))["mean_latency_s"] == 3.22
     with pytest.raises(ValueError, match=r"^hit_rate=1.0 is out of range: allowed 0 <= hit_rate < 1$"):
         make_workload("reference", hit_rate=1.0)
+
+
+def test_the_polynomial_is_read_beside_the_weights(tmp_path):
+    assert load_cache_polynomial(tmp_path) is None and load_cache_polynomial("random:0") is None
+    (tmp_path / CACHE_FILE).write_text(json.dumps({"polynomial": [0.25, 1], "source": "a fit"}))
+    assert load_cache_polynomial(tmp_path) == (0.25, 1.0)
+    (tmp_path / CACHE_FILE).write_text(json.dumps({"polynomial": []}))
+    with pytest.raises(ValueError, match=r"'polynomial' must be a non-empty list of finite numbers, got \[\]$"):
+        load_cache_polynomial(tmp_path)
+    assert (
+        load_cache_polynomial(Path(__file__).parents[1] / "weights" / "demo")[0] > 0
+    )  # the demo's fit: the output grows with the input's change
