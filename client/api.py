@@ -402,6 +402,7 @@ class H3Client:
         fit: str | None = None,
         flow_shift: float | None = None,
         audio_flow_shift: float | None = None,
+        cache_threshold: float | None = None,
         task: str | None = None,
         reference_images: Sequence[str | os.PathLike | bytes] = (),
         reference_videos: Sequence[str | os.PathLike | bytes] = (),
@@ -433,7 +434,9 @@ class H3Client:
         order first, last with KEYFRAME_INDICES INT64 [1, K] (0 first, -1 last; keyframe_inputs).
         fit: how the server fits a keyframe to the canvas, one of protocol.FITS (server default
         protocol.DEFAULT_FIT). flow_shift / audio_flow_shift: the shift of the video / audio sigma
-        schedule, > 0 and <= protocol.MAX_FLOW_SHIFT (h3_spec §3.1). task: one of protocol.TASKS
+        schedule, > 0 and <= protocol.MAX_FLOW_SHIFT (h3_spec §3.1). cache_threshold: the step
+        cache's threshold, 0 (every step computed) .. the server's max_cache_threshold; larger
+        skips more steps (docs/request_contract.md). task: one of protocol.TASKS
         (TASK BYTES [1, 1]); None lets the server choose it from the inputs (keyframes: fl2va;
         references or guides: ref2va). Each of these is sent only when given (None: the server's
         default).
@@ -479,6 +482,7 @@ class H3Client:
         _check_type("fit", fit, "str", optional=True)
         _check_type("flow_shift", flow_shift, "number", optional=True)
         _check_type("audio_flow_shift", audio_flow_shift, "number", optional=True)
+        _check_type("cache_threshold", cache_threshold, "number", optional=True)
         _check_type("task", task, "str", optional=True)
         keyframes = keyframe_inputs(
             None if first_frame is None else media_bytes("first_frame", first_frame, "image"),
@@ -519,7 +523,11 @@ class H3Client:
             parameters["inject_fault"] = inject_fault
         if fit is not None:
             parameters["fit"] = fit
-        for name, value in (("flow_shift", flow_shift), ("audio_flow_shift", audio_flow_shift)):
+        for name, value in (
+            ("flow_shift", flow_shift),
+            ("audio_flow_shift", audio_flow_shift),
+            ("cache_threshold", cache_threshold),
+        ):
             if value is not None:
                 parameters[name] = _number(value)
         if self.total_timeout_s is not None:

@@ -137,6 +137,7 @@ NON_NEGATIVE = flag_type(int, "an integer >= 0", lambda v: v >= 0)
 SECONDS = flag_type(float, "a number of seconds > 0", lambda v: math.isfinite(v) and v > 0)
 REQUEST_ID = flag_type(str, "a non-empty string", bool)
 SHIFT = flag_type(float, f"a number > 0 and <= {protocol.MAX_FLOW_SHIFT:g}", lambda v: 0 < v <= protocol.MAX_FLOW_SHIFT)
+CACHE_THRESHOLD = flag_type(float, "a finite number >= 0", lambda v: 0 <= v < math.inf)
 
 
 def image_at_frame(text: str) -> tuple[Path, int]:
@@ -206,6 +207,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     add("--flow-shift", type=SHIFT, metavar="SHIFT", help="the video sigma schedule's shift (server default)")
     add("--audio-flow-shift", type=SHIFT, metavar="SHIFT", help="the audio sigma schedule's shift (server default)")
+    add(
+        "--cache-threshold",
+        type=CACHE_THRESHOLD,
+        metavar="T",
+        help="step caching: skip the steps whose velocity barely changes, 0 (off) .. the server's "
+        "max_cache_threshold (server default; docs/request_contract.md)",
+    )
     add(
         "--reference-image",
         dest="reference_images",
@@ -362,6 +370,7 @@ def main(argv: list[str] | None = None, interrupted: threading.Event = INTERRUPT
                     fit=args.fit,
                     flow_shift=args.flow_shift,
                     audio_flow_shift=args.audio_flow_shift,
+                    cache_threshold=args.cache_threshold,
                     task=args.task,
                     reference_images=args.reference_images,
                     reference_videos=args.reference_videos,

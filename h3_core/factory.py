@@ -9,13 +9,14 @@ import torch
 from .config import DiTConfig, get_config
 from .diffusion.engine import DEFAULT_LIMITS, Engine
 from .diffusion.request import RequestLimits
+from .diffusion.step_cache import IDENTITY_POLYNOMIAL
 from .model import H3DiT
 from .model.dit import use_bitwise_cublas
 from .model.fp8 import check_quantization, quantize_blocks
 from .parallel.ulysses import check_sp_degree
 from .parallel.workers import DEFAULT_TIMEOUT_S as DEFAULT_SP_TIMEOUT_S
 from .parallel.workers import SequenceParallelDiT
-from .weights.checkpoint import load_dit, load_preview
+from .weights.checkpoint import load_cache_polynomial, load_dit, load_preview
 from .weights.vae_hook import load_vaes
 
 
@@ -46,7 +47,9 @@ def load_engine(
     loading the weights, with sp_timeout_s seconds as their step and collective timeout.
     quantization: h3_dit's (h3_core.model.fp8.quantize_blocks, applied after loading and before
     compiling, in every worker too). Previews use the source's fitted latent-to-RGB map
-    (checkpoint.load_preview), else an arbitrary colour map of the latent (RANDOM_PREVIEW).
+    (checkpoint.load_preview), else an arbitrary colour map of the latent (RANDOM_PREVIEW); the
+    step cache the source's fitted polynomial (checkpoint.load_cache_polynomial), else
+    IDENTITY_POLYNOMIAL (h3_core.diffusion.step_cache).
     Raises ValueError / FileNotFoundError as checkpoint.load_dit, load_preview and vae_hook.load_vaes;
     ValueError for a quantization the device cannot run (fp8.check_quantization);
     ValueError for an sp_degree that does not divide the heads or GPUs that are not there, and
@@ -73,4 +76,5 @@ def load_engine(
     if with_encoder:
         from .model.encoder import TextEncoder  # imported here: a GPU host without MiniLM can run the DiT
     encoder = TextEncoder() if with_encoder else None
-    return Engine(dit, video_vae, audio_vae, encoder, limits, load_preview(source))
+    polynomial = load_cache_polynomial(source) or IDENTITY_POLYNOMIAL
+    return Engine(dit, video_vae, audio_vae, encoder, limits, load_preview(source), polynomial)

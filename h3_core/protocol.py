@@ -146,6 +146,7 @@ REQUEST_PARAMETERS = {
     "fit": (str,),
     "flow_shift": (int, float),
     "audio_flow_shift": (int, float),
+    "cache_threshold": (int, float),  # its range: h3_dit's max_cache_threshold (validate_request)
 }
 RESERVED_PARAMETERS = ("priority", "timeout")
 MAX_FLOW_SHIFT = 100.0  # flow_shift / audio_flow_shift: the sigma schedule's shift (h3_spec §3.1)

@@ -20,7 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--checkpoint",
         help="weights: a folder holding dit.safetensors, video_vae.safetensors and audio_vae.safetensors "
-        "(optional: preview.safetensors, the previews' latent-to-RGB map; training.json, what they were trained on); "
+        "(optional: preview.safetensors, the previews' latent-to-RGB map; training.json, what they were trained on; "
+        "step_cache.json, the step cache's fitted polynomial); "
         "an official MiniMax-H3 checkpoint folder (transformer/, text_encoder/, tokenizer/, video_vae/, "
         "audio_vae/); or random:SEED, seeded random weights drawn at load (default: checkpoints/CONFIG)",
     )

@@ -183,9 +183,9 @@ CASES = {
     # request parameters
     "unknown_parameter": (
         lambda s, c: raw_error(s, [prompt()], parameters={"colour": "red"}),
-        "request parameter 'colour' is unknown; allowed: ['audio_flow_shift', 'deadline_s', 'fit', 'flow_shift', "
-        "'inject_fault', 'keepalive', 'preview_every', 'progress_every', 'request_priority', 'return_audio', "
-        "'return_frames', 'return_mp4']",
+        "request parameter 'colour' is unknown; allowed: ['audio_flow_shift', 'cache_threshold', 'deadline_s', 'fit', "
+        "'flow_shift', 'inject_fault', 'keepalive', 'preview_every', 'progress_every', 'request_priority', "
+        "'return_audio', 'return_frames', 'return_mp4']",
     ),
     "progress_every_wrong_type": (
         lambda s, c: raw_error(s, [prompt()], parameters={"progress_every": "x"}),
@@ -202,6 +202,10 @@ CASES = {
     "progress_every_negative": (
         lambda s, c: client_error(c, progress_every=-1),
         "progress_every=-1 is out of range: allowed >= 0",
+    ),
+    "cache_threshold_above_max": (
+        lambda s, c: raw_error(s, [prompt()], parameters={"cache_threshold": 0.9}),
+        "cache_threshold=0.9 is out of range: allowed 0..0.5 (max_cache_threshold)",
     ),
     "deadline_zero": (
         lambda s, c: raw_error(s, [prompt()], parameters={"deadline_s": 0}),

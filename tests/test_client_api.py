@@ -331,13 +331,20 @@ def test_generate_sends_fit_flow_shifts_and_task_only_when_given(monkeypatch, tm
             fit="pad",
             flow_shift=np.float32(2.5),
             audio_flow_shift=3,
+            cache_threshold=0.1,
             task="fl2va",
         )
     plain, conditioned = fake.requests
     assert (plain.inputs, plain.parameters) == (["PROMPT"], {"progress_every": 0})
     assert conditioned.inputs == ["PROMPT", "KEYFRAMES", "KEYFRAME_INDICES", "TASK"]
     assert conditioned.tensors["TASK"] == ("BYTES", [1, 1], [b"fl2va"])
-    assert conditioned.parameters == {"progress_every": 0, "fit": "pad", "flow_shift": 2.5, "audio_flow_shift": 3}
+    assert conditioned.parameters == {
+        "progress_every": 0,
+        "fit": "pad",
+        "flow_shift": 2.5,
+        "audio_flow_shift": 3,
+        "cache_threshold": 0.1,
+    }
     assert type(conditioned.parameters["flow_shift"]) is float  # numpy's float32 is not JSON
     assert protocol.check_request_parameters(json.dumps(conditioned.parameters)) == conditioned.parameters
 
@@ -479,6 +486,7 @@ def test_the_client_as_a_context_manager_closes_its_kept_channels(monkeypatch):
         (["--flow-shift", "0"], "argument --flow-shift: must be a number > 0 and <= 100, got '0'"),
         (["--audio-flow-shift", "nan"], "argument --audio-flow-shift: must be a number > 0 and <= 100, got 'nan'"),
         (["--flow-shift", "101"], "argument --flow-shift: must be a number > 0 and <= 100, got '101'"),
+        (["--cache-threshold", "-0.1"], "argument --cache-threshold: must be a finite number >= 0, got '-0.1'"),
         (["--first-frame", "/nonexistent/a.png"], "--first-frame /nonexistent/a.png: no such file"),
         (["--last-frame", "."], "--last-frame . is not a file; give an image file's path"),
         (["--out", "."], "--out . is a folder; give a file path"),

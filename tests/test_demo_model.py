@@ -18,7 +18,7 @@ from h3_core.factory import load_engine
 from h3_core.model import H3DiT
 from h3_core.model.encoder import TextEncoder
 from h3_core.model.initialization import init_weights
-from h3_core.weights.checkpoint import PREVIEW_FILE, load_preview, load_weights
+from h3_core.weights.checkpoint import CACHE_FILE, PREVIEW_FILE, load_preview, load_weights
 from h3_core.weights.training_metadata import TRAINING_FILE, load_training_metadata
 from h3_core.weights.vae_hook import load_vaes
 from server.process import TritonServer
@@ -35,7 +35,7 @@ from tests.test_engine import (  # noqa: F401 - collected by pytest from this mo
 )
 from training import data, evaluate, preview_fit
 
-FILES = ("dit.safetensors", "video_vae.safetensors", "audio_vae.safetensors", PREVIEW_FILE, TRAINING_FILE)
+FILES = ("dit.safetensors", "video_vae.safetensors", "audio_vae.safetensors", PREVIEW_FILE, TRAINING_FILE, CACHE_FILE)
 
 
 @pytest.fixture(scope="module")

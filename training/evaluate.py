@@ -27,7 +27,7 @@ import torch
 
 from h3_core.diffusion import layout as L
 from h3_core.diffusion.conditions import Condition
-from h3_core.diffusion.engine import Engine
+from h3_core.diffusion.engine import Engine, RequestState
 from h3_core.diffusion.request import GenerationRequest
 from h3_core.factory import load_engine
 from h3_core.media import write_mp4
@@ -77,13 +77,38 @@ def generate(
     Raises ValueError for a request outside the engine's limits and KeyError for a caption
     missing from text_states or an unknown task.
     """
+    return [
+        (frames, audio) for _, frames, audio in generate_states(engine, clips, steps, seed, pack, text_states, task)
+    ]
+
+
+def generate_states(
+    engine: Engine,
+    clips: list[data.Clip],
+    steps: int,
+    seed: int = 0,
+    pack: int = 4,
+    text_states: dict[str, torch.Tensor] | None = None,
+    task: str = "t2va",
+    cache_threshold: float = 0.0,
+) -> list[tuple[RequestState, np.ndarray, np.ndarray]]:
+    """`generate` with each clip's finished RequestState (its rows, its step cache's skipped
+    steps) before its frames and audio; cache_threshold: each request's (0: every step
+    computed; the engine's limits bound it)."""
     outputs = []
     for start in range(0, len(clips), pack):
         states = []
         for clip in clips[start : start + pack]:
             prompt = clip.caption_for(task)
             request = GenerationRequest(
-                prompt, data.HEIGHT, data.WIDTH, data.NUM_FRAMES, steps, seed, task=data.REQUEST_TASKS[task]
+                prompt,
+                data.HEIGHT,
+                data.WIDTH,
+                data.NUM_FRAMES,
+                steps,
+                seed,
+                task=data.REQUEST_TASKS[task],
+                cache_threshold=cache_threshold,
             )
             embeds = None if text_states is None else text_states[prompt]
             states += engine.prepare(request, embeds, conditions(engine, clip, task))
@@ -92,7 +117,7 @@ def generate(
                 engine.update(state, velocity)
         for state in states:
             frames, audio = engine.decode(state)
-            outputs.append((frames.cpu().numpy(), audio.cpu().numpy()))
+            outputs.append((state, frames.cpu().numpy(), audio.cpu().numpy()))
     return outputs
 
 

@@ -6,7 +6,7 @@ All per-request state lives in RequestState; the Engine holds only the models.
 """
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -20,6 +20,7 @@ from . import layout as L
 from .conditions import Condition, condition_rows
 from .request import GenerationRequest, RequestLimits, random_seed, request_memory_mb, validate_request
 from .sampling import euler_step, sigma_schedule
+from .step_cache import IDENTITY_POLYNOMIAL, StepCache, modulated_input
 
 if TYPE_CHECKING:
     from ..model.encoder import TextEncoder
@@ -39,7 +40,8 @@ class RequestState:
     update never touches them, so they are "re-pinned" after every step by construction);
     all on the engine's device from prepare() on (the Euler update runs there; they reach the
     CPU only when the result is sent). Sigma lists have num_inference_steps + 1 entries;
-    step_index counts completed DiT forwards.
+    step_index counts completed steps (computed or taken with the cached velocity); cache is
+    the request's step cache (h3_core.diffusion.step_cache; threshold 0: off).
     """
 
     request_id: str
@@ -58,6 +60,7 @@ class RequestState:
     condition_audio: torch.Tensor
     task: str = "t2va"
     step_index: int = 0
+    cache: StepCache = field(default_factory=StepCache)
 
     @property
     def total_steps(self) -> int:
@@ -71,6 +74,12 @@ class RequestState:
     def rows(self) -> int:
         """Padded packed rows this request occupies in a forward."""
         return self.layout.seq_len
+
+    @property
+    def step_rows(self) -> int:
+        """Rows its next step occupies in a forward: 0 when Engine.plan_step planned it skipped,
+        else `rows` (the scheduler packs by it)."""
+        return 0 if self.cache.skips(self.step_index) else self.rows
 
 
 def initial_noise(layout: L.RequestLayout, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,6 +116,9 @@ class Engine:
         limits: request limits checked in prepare().
         preview: the latent-to-RGB map of preview_frame (the weights' fitted one, or
             RANDOM_PREVIEW).
+        cache_polynomial: the step cache's output-change polynomial (numpy.polyval
+            coefficients; the weights' fitted one, h3_core.weights.checkpoint.load_cache_polynomial,
+            or IDENTITY_POLYNOMIAL).
     """
 
     def __init__(
@@ -117,9 +129,10 @@ class Engine:
         encoder: "TextEncoder | None" = None,
         limits: RequestLimits = DEFAULT_LIMITS,
         preview: PreviewMap = RANDOM_PREVIEW,
+        cache_polynomial: tuple[float, ...] = IDENTITY_POLYNOMIAL,
     ):
         self.dit, self.video_vae, self.audio_vae, self.encoder, self.limits = dit, video_vae, audio_vae, encoder, limits
-        self.preview = preview
+        self.preview, self.cache_polynomial = preview, tuple(cache_polynomial)
         self.device = dit.device
 
     def warm_up(self) -> float:
@@ -224,20 +237,58 @@ class Engine:
                     condition_video=fixed_video.to(self.device),
                     condition_audio=fixed_audio.to(self.device),
                     task=request.task,
+                    cache=StepCache(request.cache_threshold),
                 )
             )
         return states
 
+    def plan_step(self, states: list[RequestState]) -> list[bool]:
+        """Whether each state computes its next step (True) or takes it with its cached velocity
+        (False): the step cache's decision (h3_core.diffusion.step_cache), made once per step of
+        a state with cache threshold > 0 from its own rows alone (step_cache.modulated_input; its
+        change metric is read on the host, so on a GPU this waits for the state's latents) and
+        kept in its StepCache (later calls for the same step return it). A state with threshold
+        0 and a finished state compute. Raises AttributeError for a cached state when the DiT is
+        not an H3DiT (a sequence-parallel DiT; h3_dit refuses such requests)."""
+        for state in states:
+            cache, step = state.cache, state.step_index
+            if cache.threshold > 0 and cache.planned_step != step and not state.finished:
+                last = step == state.total_steps - 1  # computed: no metric needed
+                modulated = (
+                    None
+                    if last
+                    else modulated_input(
+                        self.dit,
+                        state.video_latents,
+                        state.audio_latents,
+                        1.0 - state.sigmas_video[step],
+                        1.0 - state.sigmas_audio[step],
+                    )
+                )
+                cache.plan(step, state.total_steps, modulated, self.cache_polynomial)
+        return [not state.cache.skips(state.step_index) for state in states]
+
     def denoise_step(self, states: list[RequestState]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """ONE packed DiT forward for all states at their own step, each state's condition rows
-        (its anchors) before its target rows; returns each state's (target video velocity
-        float32 [V, 96], audio velocity float32 [2*T_a, 32]) on the engine's
-        device: views of the packed output, nothing is copied to the CPU (on a GPU the call
-        returns before the forward ends; reading a value synchronises). The states' rows are
-        concatenated once, on the device. Raises ValueError if a state has already finished."""
+        """One step's velocities for all states at their own step: `plan_step` picks the states
+        that compute; ONE packed DiT forward runs for those (none when every state skips), each
+        state's condition rows (its anchors) before its target rows; a skipped state gets its
+        cached velocity. Returns each state's (target video velocity float32 [V, 96], audio
+        velocity float32 [2*T_a, 32]) on the engine's device: views of the packed output or of
+        the cache, nothing is copied to the CPU (on a GPU the call returns before the forward
+        ends; reading a value synchronises). The computing states' rows are concatenated once,
+        on the device. Raises ValueError if a state has already finished."""
         for state in states:
             if state.finished:
                 raise ValueError(f"request {state.request_id!r} has finished all {state.total_steps} steps")
+        computes = self.plan_step(states)
+        computed = iter(self.forward([state for state, c in zip(states, computes, strict=True) if c]))
+        return [next(computed) if c else state.cache.velocity for state, c in zip(states, computes, strict=True)]
+
+    def forward(self, states: list[RequestState]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """ONE packed DiT forward for `states` (denoise_step's outputs for them; [] for no
+        states, without a forward)."""
+        if not states:
+            return []
         batch = L.pack_requests(
             [s.layout for s in states],
             [1.0 - s.sigmas_video[s.step_index] for s in states],
@@ -252,8 +303,14 @@ class Engine:
     @staticmethod
     def update(state: RequestState, velocity: tuple[torch.Tensor, torch.Tensor]) -> None:
         """Advance `state` one Euler step with its (video, audio) velocity (h3_spec §3.2), on the
-        device of the state's latents (the velocities must be there: denoise_step's are)."""
-        k = state.step_index
+        device of the state's latents (the velocities must be there: denoise_step's are). With
+        its step cache on, a computed step's velocity is kept (a copy) for the steps it skips,
+        and a skipped step is counted (StepCache.skipped)."""
+        k, cache = state.step_index, state.cache
+        if cache.skips(k):
+            cache.skipped += 1
+        elif cache.threshold > 0:
+            cache.velocity = (velocity[0].clone(), velocity[1].clone())
         state.video_latents = euler_step(
             state.video_latents, velocity[0], state.sigmas_video[k], state.sigmas_video[k + 1]
         )

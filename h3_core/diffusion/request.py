@@ -29,6 +29,7 @@ class RequestLimits:
     max_rows: int = 4096  # padded packed rows of one request
     max_prompt_bytes: int = 4096
     max_request_mb: int = 2048  # request_memory_mb of one request
+    max_cache_threshold: float = 0.5  # a request's cache_threshold (h3_core.diffusion.step_cache)
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class GenerationRequest:
     fps: int = FPS
     request_id: str = ""
     task: str = "t2va"
+    cache_threshold: float = 0.0  # step cache (h3_core.diffusion.step_cache); 0 = every step computed
 
 
 def _check_range(field: str, value, low, high) -> None:
@@ -77,7 +79,8 @@ def validate_request(request: GenerationRequest, limits: RequestLimits) -> None:
     limits.max_prompt_bytes of UTF-8 (a leading byte-order mark counted);
     height/width positive multiples of 32 up to the maxima; 1 <= num_frames <= max;
     1 <= num_inference_steps <= max; 1 <= num_outputs <= max; seed in 0..2^63-1 with
-    seed + num_outputs - 1 also in range; shifts > 0; fps must be the model's 24.
+    seed + num_outputs - 1 also in range; shifts > 0; fps must be the model's 24;
+    0 <= cache_threshold <= limits.max_cache_threshold.
     The padded row count is checked in Engine.prepare, once the prompt's token count is known.
     """
     check_prompt(request.prompt)
@@ -92,6 +95,11 @@ def validate_request(request: GenerationRequest, limits: RequestLimits) -> None:
     for field in ("video_shift", "audio_shift"):
         if not getattr(request, field) > 0:
             raise ValueError(f"{field}={getattr(request, field)} is out of range: allowed > 0")
+    if not 0 <= request.cache_threshold <= limits.max_cache_threshold:
+        raise ValueError(
+            f"cache_threshold={request.cache_threshold} is out of range: allowed "
+            f"0..{limits.max_cache_threshold} (max_cache_threshold)"
+        )
     if request.fps != FPS:
         raise ValueError(f"fps={request.fps} is not supported: the model generates {FPS} fps")
 

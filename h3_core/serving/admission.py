@@ -246,6 +246,12 @@ def parse(
     words = fields.get("outside_training", [])
     if type(words) is not list or not all(type(entry) is str for entry in words):
         raise ValueError(f"REQUEST field 'outside_training' must be a list of strings, got {words!r}")
+    cache_threshold = parameters.get("cache_threshold", settings.cache_threshold)
+    if cache_threshold > 0 and settings.sp_degree > 1:
+        raise ValueError(
+            f"cache_threshold={cache_threshold} is out of range: allowed 0 with h3_dit parameter "
+            f"sp_degree={settings.sp_degree} (step caching needs sp_degree 1)"
+        )
     task, conditions, vision_spans = read_conditions(arrival, fields)
     check_served(task, settings.served_tasks())
     request_id = arrival.request_id or f"h3-{secrets.token_hex(8)}"
@@ -255,6 +261,7 @@ def parse(
         task=task,
         video_shift=parameters.get("flow_shift", DEFAULT_VIDEO_SHIFT),
         audio_shift=parameters.get("audio_flow_shift", DEFAULT_AUDIO_SHIFT),
+        cache_threshold=cache_threshold,
         **values,
     )
     states = engine.prepare(generation, text, conditions, vision_spans)

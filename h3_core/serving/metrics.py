@@ -17,6 +17,7 @@ METRICS = {
     "h3_deadline_expiries_total": ("counter", "requests whose deadline_s expired", None),
     "h3_refusals_total": ("counter", "requests refused (INVALID_ARG or UNAVAILABLE)", None),
     "h3_completions_total": ("counter", "request outputs completed", None),
+    "h3_cached_steps_total": ("counter", "request output steps taken with the cached velocity (no forward)", None),
     "h3_failures_total": ("counter", "requests failed with INTERNAL", None),
     "h3_heartbeat_timestamp_seconds": ("gauge", "unix time of the step loop's last iteration", None),
     "h3_execute_in_progress": ("gauge", "1 while an iteration runs (with an old heartbeat: a stalled step)", None),

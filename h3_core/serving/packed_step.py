@@ -28,7 +28,8 @@ class InFlight:
     CUDA event recorded after that copy) tells when it may be read: waiting for the event
     waits for this step only, not for the next one queued behind it (reading a device tensor
     would). previews: job -> uint8 [Hl * p, Wl * p, 3] on the CPU, due with the step's progress; start:
-    clock seconds when it was launched."""
+    clock seconds when it was launched; computed: (outputs, rows) in its forward (the states
+    whose step the step cache skips are not; (0, 0): no forward ran)."""
 
     jobs: list[Job]
     steps: dict[Job, int]
@@ -36,6 +37,7 @@ class InFlight:
     copied: torch.cuda.Event | None
     previews: dict[Job, torch.Tensor]
     start: float
+    computed: tuple[int, int] = (0, 0)
 
 
 class PackedStep:
@@ -51,8 +53,11 @@ class PackedStep:
         h3_core.diffusion.engine) fails every job left in the pack with its message instead,
         retrying none alone. A state's velocity that is not finite is applied as
         zero, so no non-finite latent enters a later forward before `settle` fails its job
-        (with flex attention a masked NaN would reach the other documents). A job whose last
-        step this is leaves the scheduler now; its result follows when the step settles.
+        (with flex attention a masked NaN would reach the other documents). The forward holds
+        only the states that compute (Engine.denoise_step; a state whose step its step cache
+        skips takes it with its cached velocity, counted in h3_cached_steps_total; when all
+        skip, no forward runs). A job whose last step this is leaves the scheduler now; its
+        result follows when the step settles.
         Returns the step in flight, for `settle`."""
         start, pack = self.clock(), list(pack)
         outputs = sum(len(job.states) for job in pack)
@@ -89,6 +94,10 @@ class PackedStep:
                 (torch.where(ok, video, 0.0), torch.where(ok, audio, 0.0))
                 for ok, (video, audio) in zip(flags, velocities, strict=True)
             ]
+        computing = [state for job in pack for state in job.states if state.step_rows]
+        skipped = sum(len(job.states) for job in pack) - len(computing)
+        if skipped:
+            self.metrics.increment("h3_cached_steps_total", skipped)
         flight = InFlight(
             pack,
             {job: job.step_index + 1 for job in pack},
@@ -96,6 +105,7 @@ class PackedStep:
             copied,
             {},
             start,
+            (len(computing), sum(state.rows for state in computing)),
         )
         velocity_of = iter(velocities)
         for job in pack:
@@ -129,8 +139,9 @@ class PackedStep:
         end = self.clock()
         self.last_step_s = end - max(flight.start, self.settled_at)
         self.metrics.observe("h3_step_seconds", self.last_step_s)
-        self.metrics.observe("h3_pack_requests", len(finite))
-        self.metrics.observe("h3_pack_rows", sum(state.rows for job in flight.jobs for state in job.states))
+        if flight.computed[0]:
+            self.metrics.observe("h3_pack_requests", flight.computed[0])
+            self.metrics.observe("h3_pack_rows", flight.computed[1])
         self.settled_at = end
         flags = iter(finite)
         for job in flight.jobs:
@@ -221,6 +232,8 @@ class PackedStep:
                 "num_frames": state.num_frames,
                 "num_inference_steps": state.total_steps,
                 "largest_pack": job.largest_pack,
+                "cache_threshold": state.cache.threshold,
+                "skipped_steps": state.cache.skipped,
                 "quantization": self.settings.quantization,
                 **job.conditioning,
                 "stage_seconds": {

@@ -16,6 +16,10 @@ the job and it resumes at the same step later. The policies (docs/scheduling.md 
   rows, earlier arrival). The first-ranked job always runs; the others join in rank order
   while the pack stays within row_budget rows.
 
+A pack's documents and rows count only the outputs that compute at this step: a step the
+request's step cache skips (planned before the boundary, Engine.plan_step; h3_core.diffusion.step_cache)
+runs no forward, so a job whose outputs all skip joins any pack (Job.step_rows, step_outputs).
+
 The longest wait (every policy): a job that has waited max_wait_s seconds or more for a step
 (since its arrival, or since the last schedule() that packed it, so preempted jobs count too)
 is overdue. Overdue jobs rank before every other job whatever their priority, the longest
@@ -86,12 +90,12 @@ class Overloaded(Exception):
 class Job:
     """One client request as the scheduler sees it. Times are seconds on one clock
     (time.monotonic() in the server, simulated seconds in h3_core.serving.simulate). The scheduler reads
-    only rows, step_index, total_steps, len(states), arrival_s and priority; the step loop's Job
+    only rows, step_rows, step_index, total_steps, len(states), arrival_s and priority; the step loop's Job
     (h3_core.serving.step_loop) adds the serving lifecycle."""
 
     key: object  # Triton correlation id
     request_id: str
-    states: list  # one per output: engine.RequestState, or simulate.SimState (rows, step_index, total_steps, finished)
+    states: list  # one per output: engine.RequestState, or simulate.SimState (rows, step_rows, step_index, ...)
     priority: int = 0  # request parameter request_priority; higher runs first (srpt)
     arrival_s: float = field(default_factory=time.monotonic)
     first_step_s: float | None = None
@@ -100,6 +104,17 @@ class Job:
     def rows(self) -> int:
         """Packed rows the job occupies in one forward (all its outputs)."""
         return sum(state.rows for state in self.states)
+
+    @property
+    def step_rows(self) -> int:
+        """Packed rows its next step occupies in a forward: its outputs' step_rows (0 for an
+        output whose step the step cache skips)."""
+        return sum(state.step_rows for state in self.states)
+
+    @property
+    def step_outputs(self) -> int:
+        """Documents its next step adds to a forward: its outputs that compute."""
+        return sum(1 for state in self.states if state.step_rows)
 
     @property
     def step_index(self) -> int:
@@ -207,17 +222,18 @@ class Scheduler:
 
     def _fill(self, ranked: list[Job], row_limit: int, stop_at_misfit: bool) -> list[Job]:
         """The first job, then later ones in order while the pack stays within max_num_seqs
-        documents and row_limit rows; a job that does not fit stops the fill (stop_at_misfit,
-        head-of-line blocking) or is skipped."""
+        documents and row_limit rows of the outputs that compute (step_outputs, step_rows); a
+        job that does not fit stops the fill (stop_at_misfit, head-of-line blocking) or is
+        skipped."""
         pack = ranked[:1]
-        seqs, rows = sum(len(job.states) for job in pack), sum(job.rows for job in pack)
+        seqs, rows = sum(job.step_outputs for job in pack), sum(job.step_rows for job in pack)
         for job in ranked[1:]:
-            if seqs + len(job.states) > self.max_num_seqs or rows + job.rows > row_limit:
+            if seqs + job.step_outputs > self.max_num_seqs or rows + job.step_rows > row_limit:
                 if stop_at_misfit:
                     break
                 continue
             pack.append(job)
-            seqs, rows = seqs + len(job.states), rows + job.rows
+            seqs, rows = seqs + job.step_outputs, rows + job.step_rows
         return pack
 
     def remove(self, job: Job) -> None:

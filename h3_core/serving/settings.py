@@ -292,11 +292,15 @@ class DitSettings:
     instance on a listed CUDA device packs up to its own rows instead, sized by server.sizing from
     that GPU's memory; each at least max_batch_rows, for_gpu). Request
     limits: max_height, max_width (pixels), max_num_frames, max_steps, max_outputs,
-    max_request_mb (MiB, h3_core.diffusion.request.request_memory_mb). allow_fault_injection: lets the
-    test-only request parameter inject_fault act.
+    max_request_mb (MiB, h3_core.diffusion.request.request_memory_mb). Step cache
+    (h3_core.diffusion.step_cache): cache_threshold (a request's when it sends none; 0 = off),
+    max_cache_threshold (the largest a request may send; with sp_degree > 1 a request's
+    cache_threshold above 0 is refused: the metric runs the DiT's first block in this process).
+    allow_fault_injection: lets the test-only request parameter inject_fault act.
 
     Rules checked by check(): execution_mode in EXECUTION_MODES, scheduling_policy in POLICIES,
     1 <= row_budget <= max_batch_rows, max_wait_s and heartbeat_s finite > 0, priority_max >= 0,
+    0 <= cache_threshold <= max_cache_threshold (finite), cache_threshold 0 unless sp_degree is 1,
     execute_budget_s >= 0, positive sizes, and (with Triton's max_batch_size) max_batch_size ==
     max_num_seqs + max_waiting + CONTROL_SLOTS, (with its max_sequence_idle_microseconds as
     idle_s) execute_budget_s < idle_s / 2: an execute lasts about its budget or MIN_EXECUTE_STEPS
@@ -329,6 +333,8 @@ class DitSettings:
     max_steps: int = RequestLimits.max_steps
     max_outputs: int = RequestLimits.max_outputs
     max_request_mb: int = RequestLimits.max_request_mb
+    cache_threshold: float = 0.0
+    max_cache_threshold: float = RequestLimits.max_cache_threshold
     allow_fault_injection: bool = False
 
     def __post_init__(self):
@@ -365,6 +371,20 @@ class DitSettings:
             if getattr(self, name) < 0:
                 raise ValueError(f"h3_dit parameter {name}={getattr(self, name)} is out of range: allowed >= 0")
         self.rows_by_gpu()
+        if not 0 <= self.max_cache_threshold < math.inf:
+            raise ValueError(
+                f"h3_dit parameter max_cache_threshold={self.max_cache_threshold} is out of range: allowed finite >= 0"
+            )
+        if not 0 <= self.cache_threshold <= self.max_cache_threshold:
+            raise ValueError(
+                f"h3_dit parameter cache_threshold={self.cache_threshold} is out of range: allowed "
+                f"0..{self.max_cache_threshold} (max_cache_threshold)"
+            )
+        if self.cache_threshold > 0 and self.sp_degree > 1:
+            raise ValueError(
+                f"h3_dit parameter cache_threshold={self.cache_threshold} needs sp_degree 1: the step cache's "
+                "metric runs the DiT's first block in the instance's process"
+            )
         if not 1 <= self.row_budget <= self.max_batch_rows:
             raise ValueError(
                 f"h3_dit parameter row_budget={self.row_budget} is out of range: allowed "
@@ -450,4 +470,5 @@ class DitSettings:
             max_outputs=self.max_outputs,
             max_rows=self.max_batch_rows,
             max_request_mb=self.max_request_mb,
+            max_cache_threshold=self.max_cache_threshold,
         )

@@ -20,6 +20,9 @@ requests it was sent and has not completed, lowest index on ties). Capacity plan
 (`capacity`) finds for an arrival rate the fewest replicas that keep p95 time to first step and
 p95 latency under bounds (docs/scaling.md).
 
+Step caching (h3_core.diffusion.step_cache): --hit-rate F makes each request skip the fraction F of
+its steps (evenly spread, first and last computed), which cost no rows.
+
 Run `python -m h3_core.serving.simulate --workload reference|mixed|burst [--json]`; --c0, --c1 set a
 calibrated step cost (--step-costs fits them to a benchmark's measured steps), --row-budget srpt's
 row budget, --replicas and --routing the servers, --rate / --requests / --mix the mixed workload,
@@ -130,22 +133,38 @@ class SimRequest:
 
 @dataclass(frozen=True)
 class Workload:
+    """requests in submission order; hit_rate: the fraction of each request's steps its step
+    cache skips (round(hit_rate x steps), at most steps - 2; benchmarks/cache_quality.py measures
+    it), which cost no rows."""
+
     name: str
-    requests: list[SimRequest]  # in submission order
+    requests: list[SimRequest]
     cost: CostModel
+    hit_rate: float = 0.0
 
 
 @dataclass
 class SimState:
-    """The part of a RequestState the scheduler reads."""
+    """The part of a RequestState the scheduler reads. skipped_steps: steps its step cache skips
+    (at most total_steps - 2: the first and last are computed), spread evenly over the others."""
 
     rows: int
     total_steps: int
     step_index: int = 0
+    skipped_steps: int = 0
 
     @property
     def finished(self) -> bool:
         return self.step_index >= self.total_steps
+
+    @property
+    def step_rows(self) -> int:
+        """Rows its next step occupies: 0 when it is one of the skipped ones (step k of the middle
+        steps 1..n, n = total_steps - 2, is skipped when floor(k s / n) > floor((k - 1) s / n),
+        s = skipped_steps), else rows."""
+        k, n, s = self.step_index, self.total_steps - 2, self.skipped_steps
+        skipped = 1 <= k <= n and (k * s) // n > ((k - 1) * s) // n
+        return 0 if skipped else self.rows
 
 
 @dataclass(frozen=True)
@@ -167,8 +186,10 @@ def make_workload(
     rate_per_min: float | None = None,
     count: int = 200,
     mix: Sequence[tuple[float, int, int]] = MIXED_MIX,
+    hit_rate: float = 0.0,
 ) -> Workload:
-    """The named workload (issue 5); `cost` replaces its cost model.
+    """The named workload (issue 5); `cost` replaces its cost model; hit_rate: its step cache's
+    (Workload; the arrivals do not depend on it, so runs with and without caching compare).
 
     reference: 10 requests, one every 5 s, 20 steps, 16,384 rows, REFERENCE_COST.
     mixed: `count` requests (200), Poisson arrivals at `rate_per_min` requests a minute, by default
@@ -176,8 +197,10 @@ def make_workload(
     ((weight, rows, steps), ...; default MIXED_MIX: 70% 1,280 rows x 20 steps, 30% 16,384 rows x
     30 steps), LOADED_COST; random.Random(seed) draws sizes and gaps.
     burst: 4 large requests (16,384 rows, 30 steps) at t = 0, LOADED_COST.
-    Raises ValueError for an unknown name, or a rate or count not > 0.
+    Raises ValueError for an unknown name, a rate or count not > 0, or a hit_rate outside [0, 1).
     """
+    if not 0 <= hit_rate < 1:
+        raise ValueError(f"hit_rate={hit_rate} is out of range: allowed 0 <= hit_rate < 1")
     if name == "reference":
         requests, default_cost = [SimRequest(5.0 * i, LARGE_ROWS, 20) for i in range(10)], REFERENCE_COST
     elif name == "burst":
@@ -197,7 +220,7 @@ def make_workload(
             t += rng.expovariate(rate_per_s)
     else:
         raise ValueError(f"workload={name!r} is not one of {', '.join(WORKLOADS)}")
-    return Workload(name, requests, cost or default_cost)
+    return Workload(name, requests, cost or default_cost, hit_rate)
 
 
 def _draw(rng: random.Random, mix: Sequence[tuple[float, int, int]], weights: list[float]) -> tuple[float, int, int]:
@@ -239,10 +262,14 @@ class Replica:
                 key=index,
                 request_id=str(index),
                 arrival_s=self.encoder_free,
-                states=[SimState(request.rows, request.steps)],
+                states=[SimState(request.rows, request.steps, skipped_steps=self.skipped_steps(request.steps))],
             )
         )
         self.rows[index] = request.rows
+
+    def skipped_steps(self, steps: int) -> int:
+        """Steps of a `steps`-step request the step cache skips at the workload's hit rate."""
+        return min(round(self.workload.hit_rate * steps), max(steps - 2, 0))
 
     def outstanding_rows(self, now: float) -> int:
         """Rows of the requests sent here that are not completed at `now` (never earlier than a
@@ -266,7 +293,7 @@ class Replica:
                 continue
             for job in pack:
                 job.first_step_s = self.now if job.first_step_s is None else job.first_step_s
-            self.now += cost.step_s(sum(job.rows for job in pack))
+            self.now += cost.step_s(sum(job.step_rows for job in pack))
             for job in pack:
                 for state in job.states:
                     state.step_index += 1
@@ -471,6 +498,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-p95", type=float, default=60.0, help="--capacity: p95 latency bound, s")
     parser.add_argument("--max-replicas", type=int, default=64, help="--capacity: the most replicas tried")
     parser.add_argument("--policy", choices=POLICIES, default=DEFAULT_POLICY, help="--capacity: the DiT's policy")
+    parser.add_argument(
+        "--hit-rate",
+        type=float,
+        default=0.0,
+        help="fraction of each request's steps the step cache skips (benchmarks/cache_quality.py)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = parser.parse_args(argv)
     if args.capacity and args.workload != "mixed":
@@ -494,7 +527,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         out = json.dumps(rows) if args.json else capacity_table(rows, cost, args.max_ttfs, args.max_p95, args.policy)
     else:
-        workload = make_workload(args.workload, args.seed, cost, args.rate, args.requests, args.mix)
+        workload = make_workload(args.workload, args.seed, cost, args.rate, args.requests, args.mix, args.hit_rate)
         results = compare(workload, args.row_budget, args.replicas, args.routing)
         out = (
             json.dumps(results) if args.json else table(workload, args.row_budget, results, args.replicas, args.routing)

@@ -15,7 +15,10 @@ drive it without a server:
    forgotten.
 2. Step boundary (`end_cancelled`): jobs cancelled by id, natively cancelled by their client, past
    their deadline, or all of them while the server drains, end with a final `Ended` (CANCELLED).
-3. The pack: `Scheduler.schedule()` (h3_core/serving/scheduler.py) picks the jobs this step advances.
+3. The pack: each live job's step cache plans its next step (`plan`, Engine.plan_step: whether it
+   computes or takes its cached velocity), then `Scheduler.schedule()`
+   (h3_core/serving/scheduler.py) picks the jobs this step advances, counting only the outputs
+   that compute against its limits.
 4. ONE packed forward for them, launched with each state's Euler update queued after it
    (`launch`; a forward that raises is retried one job at a time so only the offending job fails,
    INTERNAL), then settled (`settle`: its finiteness flags are read, a job with a non-finite
@@ -279,6 +282,7 @@ class StepLoop(Admission, PackedStep):
         mode "request" the pack's first job runs to completion (`run_to_completion`).
         Returns whether a forward was launched."""
         self.end_cancelled(present, send)
+        self.plan(send)
         pack = [job for job in self.scheduler.schedule(self.clock()) if job in present]
         if pack and self.settings.execution_mode == "request":
             self.run_to_completion(pack[0], present, send)
@@ -287,6 +291,19 @@ class StepLoop(Admission, PackedStep):
         if settled or not pack:
             self.answer(present, send)
         return bool(pack)
+
+    def plan(self, send: Send) -> None:
+        """Plan the next step of every live job that has steps left (Engine.plan_step: its step
+        cache decides whether it computes; a job without caching costs nothing here), so the
+        scheduler packs by the rows that compute. A job whose planning raises fails alone
+        (INTERNAL)."""
+        for job in [job for job in self.jobs.values() if not job.finished]:
+            try:
+                self.engine.plan_step(job.states)
+            except Exception as error:  # noqa: BLE001 - the job fails alone
+                self.metrics.increment("h3_failures_total")
+                message = f"planning step {job.step_index + 1} failed: {type(error).__name__}: {error}"
+                self.end(job, send, Status.FAILED, "INTERNAL", message)
 
     def run_to_completion(self, job: Job, present: list[Job], send: Send) -> None:
         """Execution mode "request": take `job`'s steps within this execute until it finishes or

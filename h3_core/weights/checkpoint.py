@@ -28,6 +28,7 @@ the tensor names; transformer/ holds the official one:
 """
 
 import json
+import math
 import re
 from contextlib import ExitStack
 from pathlib import Path
@@ -44,6 +45,7 @@ from ..model.preview import FEATURES, RANDOM_PREVIEW, PreviewMap
 
 DIT_FILE, VIDEO_VAE_FILE, AUDIO_VAE_FILE = "dit.safetensors", "video_vae.safetensors", "audio_vae.safetensors"
 PREVIEW_FILE = "preview.safetensors"  # optional: the previews' fitted latent-to-RGB map (load_preview)
+CACHE_FILE = "step_cache.json"  # optional: the step cache's fitted polynomial (load_cache_polynomial)
 RANDOM_PREFIX = "random:"
 MAX_SEED = 2**63 - 2  # SEED + VAE_SEED_OFFSET must fit torch's int64 seeds
 VAE_SEED_OFFSET = 1  # the VAEs of `random:SEED` are create_vaes(SEED + VAE_SEED_OFFSET)
@@ -252,6 +254,26 @@ def save_preview(preview: PreviewMap, path: str | Path) -> None:
     """Write a preview map to a .safetensors file: "weight" [3, p, p, C, n, n] and "bias"
     [3, p, p] (PreviewMap), stored as float16 (halves the file; load_preview reads float32)."""
     save_file({"weight": preview.weight.half().contiguous(), "bias": preview.bias.half().contiguous()}, path)
+
+
+def load_cache_polynomial(source: str | Path) -> tuple[float, ...] | None:
+    """The step cache's output-change polynomial of a weight source (numpy.polyval coefficients,
+    highest power first; h3_core.diffusion.step_cache): "polynomial" of the folder's CACHE_FILE
+    (benchmarks/cache_quality.py --fit writes it, with its "source"), else None (also for
+    `random:SEED`; h3_core.factory.load_engine then uses the identity polynomial).
+
+    Raises ValueError when "polynomial" is not a non-empty list of finite numbers."""
+    path = Path(source) / CACHE_FILE
+    if source_seed(source) is not None or not path.is_file():
+        return None
+    polynomial = json.loads(path.read_text()).get("polynomial")
+    if not (
+        isinstance(polynomial, list)
+        and polynomial
+        and all(type(c) in (int, float) and math.isfinite(c) for c in polynomial)
+    ):
+        raise ValueError(f"{path}: 'polynomial' must be a non-empty list of finite numbers, got {polynomial!r}")
+    return tuple(float(c) for c in polynomial)
 
 
 def load_preview(source: str | Path) -> PreviewMap:

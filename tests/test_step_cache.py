@@ -1,0 +1,198 @@
+"""Per-request step caching (h3_core.diffusion.step_cache, issue 34): a cached request is
+bit-identical solo, co-batched and in request mode; an uncached one is untouched by cached
+neighbours; the first and last steps are computed; the cache lives in the request (K6); the step
+loop reports skipped steps, packs only the outputs that compute and refuses bad thresholds.
+
+The tiny DiT on seeded random weights with the identity polynomial: its modulated input changes
+by about 0.03-0.1 a step, so a threshold of 0.5 skips every middle step of a short request."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from h3_core.config import get_config
+from h3_core.diffusion import layout as L
+from h3_core.diffusion.engine import Engine
+from h3_core.diffusion.request import GenerationRequest, RequestLimits, validate_request
+from h3_core.diffusion.step_cache import polyval
+from h3_core.model import H3DiT
+from h3_core.model.initialization import init_weights
+from h3_core.model.vae import create_vaes
+from h3_core.serving.events import Refused, Result
+from h3_core.serving.settings import DitSettings
+from h3_core.serving.simulate import SimState, make_workload, simulate, summarize
+from h3_core.weights.checkpoint import CACHE_FILE, load_cache_polynomial
+from tests.test_step_loop import Client, make_loop, text
+
+
+@pytest.fixture(scope="module")
+def engine():
+    dit = H3DiT(get_config("tiny"), row_tile=64)
+    init_weights(dit, 0)
+    video_vae, audio_vae = create_vaes(1)  # Engine.generate decodes
+    return Engine(dit.eval(), video_vae.eval(), audio_vae.eval())
+
+
+def request(height=32, width=64, seed=1, threshold=0.0, steps=8) -> GenerationRequest:
+    return GenerationRequest("-", height, width, 5, steps, seed=seed, cache_threshold=threshold)
+
+
+def prepare(engine, req):
+    return engine.prepare(req, torch.from_numpy(text(req.seed)[0]))[0]
+
+
+def step_together(engine, states) -> list[list[bool]]:
+    """Step the states co-batched until the first finishes; returns plan_step's answer per step."""
+    plans = []
+    while not states[0].finished:
+        plans.append(engine.plan_step(states))
+        for state, velocity in zip(states, engine.denoise_step(states), strict=True):
+            engine.update(state, velocity)
+    return plans
+
+
+def assert_equal(a, b):
+    assert torch.equal(a.video_latents, b.video_latents) and torch.equal(a.audio_latents, b.audio_latents)
+
+
+def test_a_cached_request_is_bitwise_equal_solo_co_batched_and_in_request_mode(engine):
+    solo = prepare(engine, request(threshold=0.1))
+    step_together(engine, [solo])
+    ((request_mode, _, _),) = engine.generate(request(threshold=0.1), torch.from_numpy(text(1)[0]))
+    neighbours = [request(96, 64, 2, 0.0), request(64, 96, 3, 0.5), request(32, 64, 4, 0.05)]
+    packed = [prepare(engine, req) for req in [request(threshold=0.1), *neighbours]]
+    step_together(engine, packed)
+    assert solo.cache.skipped > 0 and solo.cache.skipped == request_mode.cache.skipped == packed[0].cache.skipped
+    assert_equal(solo, request_mode)
+    assert_equal(solo, packed[0])
+    for req, state in zip(neighbours, packed[1:], strict=True):  # each neighbour equals its own solo run
+        alone = prepare(engine, req)
+        step_together(engine, [alone])
+        assert_equal(alone, state)
+        assert alone.cache.skipped == state.cache.skipped
+    assert packed[1].cache.skipped == 0 and packed[1].cache.planned_step == -1  # uncached: never planned
+
+
+def test_the_first_and_last_steps_are_computed(engine):
+    state = prepare(engine, request(threshold=0.5))
+    assert step_together(engine, [state]) == [[True]] + [[False]] * 6 + [[True]]
+    assert state.cache.skipped == 6
+    one_step = prepare(engine, request(threshold=0.5, steps=2))
+    assert step_together(engine, [one_step]) == [[True], [True]] and one_step.cache.skipped == 0
+
+
+def test_k6_the_cache_lives_in_the_request_across_shapes(engine):
+    """field_bug_cases.md K6: 16:9 and 9:16 requests interleaved with caching on and off, two
+    of them with the same seed and shape but different thresholds; each equals its solo run."""
+    reqs = [request(64, 96, 5, 0.2), request(96, 64, 6, 0.2), request(64, 96, 5, 0.0), request(96, 64, 6, 0.05)]
+    packed = [prepare(engine, req) for req in reqs]
+    step_together(engine, packed)
+    for req, state in zip(reqs, packed, strict=True):
+        alone = prepare(engine, req)
+        step_together(engine, [alone])
+        assert_equal(alone, state)
+        assert alone.cache.skipped == state.cache.skipped
+    assert packed[0].cache.skipped > 0 and packed[2].cache.skipped == 0
+    assert len({id(state.cache) for state in packed}) == 4
+
+
+def test_polyval_and_threshold_range():
+    assert polyval((0.5, 2.0, 1.0), 2.0) == 7.0
+    limits = RequestLimits()
+    for value in (-0.1, 0.6, float("nan")):
+        with pytest.raises(ValueError, match=rf"^cache_threshold={value} is out of range: allowed 0..0.5 \(max_"):
+            validate_request(request(threshold=value), limits)
+
+
+def test_the_step_loop_reports_skipped_steps_and_packs_only_computing_outputs(engine):
+    """A cached request beside an uncached one with max_num_seqs 1: while its steps are skipped
+    both advance every step (the cached one costs no document), each equals its solo run, the
+    skipped steps are in INFO and h3_cached_steps_total, and the packed rows count only the
+    computing outputs."""
+    client = Client(make_loop(engine, max_num_seqs=1, max_waiting=2))
+    client.send("cached", steps=6, seed=1, parameters={"cache_threshold": 0.5, "progress_every": 1})
+    client.send("plain", steps=6, seed=2)
+    client.run()
+    (cached,) = client.of("cached", Result)
+    (plain,) = client.of("plain", Result)
+    assert (cached.info["skipped_steps"], cached.info["cache_threshold"]) == (4, 0.5)
+    assert (plain.info["skipped_steps"], plain.info["cache_threshold"]) == (0, 0.0)
+    assert cached.info["largest_pack"] == 2  # packed beside plain while skipping, with max_num_seqs 1
+    assert [event.step for event in client.of("cached") if not isinstance(event, Result)] == [1, 2, 3, 4, 5, 6]
+    metrics = client.loop.metrics
+    assert metrics.values["h3_cached_steps_total"] == 4
+    rows = prepare(engine, request()).rows
+    assert sum(metrics.observed["h3_pack_rows"]) == 12 * rows - 4 * rows  # 12 output-steps, 4 skipped
+    for result, seed, threshold in ((cached, 1, 0.5), (plain, 2, 0.0)):
+        state = prepare(engine, request(seed=seed, threshold=threshold, steps=6))
+        step_together(engine, [state])
+        assert torch.equal(result.video_latent, L.unpatchify_video(state.video_latents, state.layout))
+        assert torch.equal(result.audio_latent, L.audio_rows_to_latent(state.audio_latents, state.layout))
+
+
+def test_a_step_where_every_request_skips_runs_no_forward(engine):
+    client = Client(make_loop(engine))
+    client.send("only", steps=5, seed=3, parameters={"cache_threshold": 0.5, "progress_every": 1})
+    client.run()
+    assert [event.step for event in client.of("only") if not isinstance(event, Result)] == [1, 2, 3, 4, 5]
+    assert len(client.loop.metrics.observed["h3_pack_rows"]) == 2  # the first and the last step
+    assert len(client.loop.metrics.observed["h3_step_seconds"]) == 5
+
+
+@pytest.mark.parametrize(
+    "settings, value, message",
+    [
+        ({}, 0.7, "cache_threshold=0.7 is out of range: allowed 0..0.5 (max_cache_threshold)"),
+        ({}, -1, "cache_threshold=-1 is out of range: allowed 0..0.5 (max_cache_threshold)"),
+        ({}, "x", "request parameter 'cache_threshold' must be int or float, got 'x'"),
+        (
+            {"sp_degree": 2},
+            0.1,
+            "cache_threshold=0.1 is out of range: allowed 0 with h3_dit parameter sp_degree=2 "
+            "(step caching needs sp_degree 1)",
+        ),
+    ],
+)
+def test_a_bad_cache_threshold_is_refused(engine, settings, value, message):
+    client = Client(make_loop(engine, **settings))
+    client.send("bad", steps=3, parameters={"cache_threshold": value})
+    client.run()
+    (refused,) = [event for event in client.events if isinstance(event, Refused)]
+    assert (refused.code, refused.message) == ("INVALID_ARG", message)
+
+
+def test_settings_check_the_cache_thresholds():
+    assert DitSettings(cache_threshold=0.2).limits().max_cache_threshold == 0.5
+    with pytest.raises(ValueError, match=r"^h3_dit parameter cache_threshold=0.6 is out of range: allowed 0..0.5 "):
+        DitSettings(cache_threshold=0.6)
+    with pytest.raises(ValueError, match=r"^h3_dit parameter max_cache_threshold=inf is out of range"):
+        DitSettings(max_cache_threshold=float("inf"))
+    with pytest.raises(ValueError, match=r"^h3_dit parameter cache_threshold=0.1 needs sp_degree 1"):
+        DitSettings(cache_threshold=0.1, sp_degree=2)
+
+
+def test_the_simulator_skips_steps_at_the_hit_rate():
+    state, rows = SimState(100, 8, skipped_steps=3), []
+    while not state.finished:
+        rows.append(state.step_rows)
+        state.step_index += 1
+    assert rows == [100, 100, 0, 100, 0, 100, 0, 100]
+    # reference: 20 steps of 0.26 s; half of them skipped -> 2.6 s of denoising + 0.1 encode + 0.52 decode
+    cached = make_workload("reference", hit_rate=0.5)
+    assert summarize(cached, simulate(cached, "srpt"))["mean_latency_s"] == 3.22
+    with pytest.raises(ValueError, match=r"^hit_rate=1.0 is out of range: allowed 0 <= hit_rate < 1$"):
+        make_workload("reference", hit_rate=1.0)
+
+
+def test_the_polynomial_is_read_beside_the_weights(tmp_path):
+    assert load_cache_polynomial(tmp_path) is None and load_cache_polynomial("random:0") is None
+    (tmp_path / CACHE_FILE).write_text(json.dumps({"polynomial": [0.25, 1], "source": "a fit"}))
+    assert load_cache_polynomial(tmp_path) == (0.25, 1.0)
+    (tmp_path / CACHE_FILE).write_text(json.dumps({"polynomial": []}))
+    with pytest.raises(ValueError, match=r"'polynomial' must be a non-empty list of finite numbers, got \[\]$"):
+        load_cache_polynomial(tmp_path)
+    assert (
+        load_cache_polynomial(Path(__file__).parents[1] / "weights" / "demo")[0] > 0
+    )  # the demo's fit: the output grows with the input's change
