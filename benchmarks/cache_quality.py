@@ -41,8 +41,10 @@ summaries on the same arrivals; for mixed also a cached run with the uncached ru
 (requests / last arrival) raised by the gain: the same utilisation as the uncached run."""
 
 import argparse
+import datetime
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -294,6 +296,8 @@ def main() -> None:
     at = {steps: rows[args.thresholds.index(recommended)] for steps, rows in curves.items()}
     bitwise = bitwise_check(engine, states, recommended if recommended > 0 else args.thresholds[1])
     result = {
+        "date": datetime.date.today().isoformat(),
+        "command": "OMP_NUM_THREADS=1 python -m benchmarks.cache_quality " + " ".join(sys.argv[1:]),
         "hardware": f"{platform.processor() or platform.machine()}, OMP threads {torch.get_num_threads()}",
         "weights": str(WEIGHTS),
         "polynomial": list(engine.cache_polynomial),

@@ -364,6 +364,31 @@ def full_model_runs(root: Path) -> str:
     return "\n".join(lines)
 
 
+def cache_curve(root: Path) -> str:
+    """The step cache per threshold and step count on the demo model, from cache_demo_cpu.json
+    (benchmarks/cache_quality.py), the recommended threshold in bold."""
+    path = "benchmarks/results/cache_demo_cpu.json"
+    document = load(root, "cache_demo_cpu")
+    best = document["summary"]["recommended_threshold"]
+    lines = [
+        provenance(document, path) + ":",
+        "",
+        "| steps | threshold | steps skipped | row-step reduction | SSIM min / median | PSNR min / median dB "
+        "| audio SNR min / median dB | attribute accuracy unchanged |",
+        "|---:|---:|---:|---:|---|---|---|---|",
+    ]
+    for steps, rows in document["curves"].items():
+        for row in rows:
+            mark = "**" if row["threshold"] == best else ""
+            lines.append(
+                f"| {steps} | {mark}{row['threshold']:g}{mark} | {row['skipped_fraction']:.1%} "
+                f"| {mark}{row['row_step_reduction']:.2f} x{mark} | {row['ssim_min']:.4f} / {row['ssim_median']:.4f} "
+                f"| {row['psnr_min_db']:.1f} / {row['psnr_median_db']:.1f} "
+                f"| {row['audio_snr_min_db']:.1f} / {row['audio_snr_median_db']:.1f} | {row['accuracy_unchanged']} |"
+            )
+    return "\n".join(lines)
+
+
 REFERENCE_STEP_S = 1.323  # vllm-omni's H3 DiT step of 16,384 rows on 2 x H100 (TP2, bf16), h3_spec §5.11
 
 
@@ -522,6 +547,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "served_bench_h200_issue16_final_fd f": served_f,
     "h200_full_model runs": full_model_runs,
     "fp8_h200 comparison": fp8_comparison,
+    "cache_demo_cpu curve": cache_curve,
     "h200x2_sequence_parallel bitwise": sequence_parallel_bitwise,
     "h200x2_sequence_parallel max_abs_diff": sequence_parallel_max_diff,
     "registry_cpu calls": registry_cpu,
