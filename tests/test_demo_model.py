@@ -152,6 +152,7 @@ TIMINGS = ("stage_seconds", "silent_s")  # seconds: not compared
 INFO_KEYS = sorted(
     ["kind", "request_id", "output_index", "num_outputs", "seed", "height", "width", "num_frames"]
     + ["num_inference_steps", "largest_pack", "quantization", "task", "flow_shift", "audio_flow_shift"]
+    + ["cache_threshold", "skipped_steps"]
 )
 
 
@@ -200,6 +201,8 @@ def test_short_evaluation_through_the_server(tmp_path):
         "num_inference_steps": 8,
         "largest_pack": 1,
         "quantization": "none",
+        "cache_threshold": 0.0,
+        "skipped_steps": 0,
         "task": "t2va",
         "flow_shift": 12.0,
         "audio_flow_shift": 3.0,
