@@ -54,10 +54,10 @@ from h3_core.diffusion.request import RequestLimits  # noqa: E402 - after sys.pa
 from h3_core.factory import load_engine  # noqa: E402 - after sys.path
 from h3_core.model.attention import get_attention_backend  # noqa: E402 - after sys.path
 from h3_core.model.dit import use_bitwise_cublas  # noqa: E402 - after sys.path
+from h3_core.model.fp8 import QUANTIZATIONS  # noqa: E402 - after sys.path (none, then fp8)
 
 SECTIONS = ("steps", "bitwise", "quality")
 PACKS = {"1x128": [128], "8x128": [128] * 8, "1x16384": [16384], "4x16384": [16384] * 4}
-QUANTIZATIONS = ("none", "fp8")  # bf16 first, then fp8
 LIMITS = RequestLimits(max_height=1024, max_width=1024, max_num_frames=257, max_rows=2**20, max_request_mb=2**20)
 GIB = 2**30
 DEMO_WEIGHTS = ROOT / "weights" / "demo"

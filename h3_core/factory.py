@@ -61,8 +61,8 @@ def load_engine(
     check_sp_degree(cfg, sp_degree)
     if sp_degree > 1 and cfg != get_config(cfg.name):
         raise ValueError(f"sequence parallelism loads the config by name: {cfg.name!r} differs from config.CONFIGS'")
-    check_quantization(quantization, device)
     if sp_degree > 1:
+        check_quantization(quantization, device)  # before the workers start (each quantises its DiT)
         dit = SequenceParallelDiT(cfg, str(source), device, sp_degree, attention_backend, sp_timeout_s, quantization)
     else:
         dit = H3DiT(cfg, attention_backend=attention_backend, device=device)

@@ -95,7 +95,7 @@ class PackedStep:
                 for ok, (video, audio) in zip(flags, velocities, strict=True)
             ]
         computing = [state for job in pack for state in job.states if state.step_rows]
-        skipped = sum(len(job.states) for job in pack) - len(computing)
+        skipped = sum(len(job.states) for job in pack) - len(computing)  # pack: without the jobs that failed
         if skipped:
             self.metrics.increment("h3_cached_steps_total", skipped)
         flight = InFlight(
