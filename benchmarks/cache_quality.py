@@ -64,11 +64,11 @@ MIN_SSIM, PACK = 0.97, 4
 WEIGHTS, CAPTIONS = Path("weights/demo"), Path("build/captions/caption_states.safetensors")
 
 
-def load(max_cache_threshold: float):
-    """The demo engine (no text encoder, request limits allowing `max_cache_threshold`) and the
-    caption -> text states map."""
+def load(max_cache_threshold: float, device: str = "cpu"):
+    """The demo engine on `device` (no text encoder, request limits allowing
+    `max_cache_threshold`) and the caption -> text states map."""
     captions, _, states = text_states.load(CAPTIONS)
-    engine = load_engine("demo", WEIGHTS, with_encoder=False)
+    engine = load_engine("demo", WEIGHTS, device, with_encoder=False)
     engine.limits = engine.limits.__class__(**{**engine.limits.__dict__, "max_cache_threshold": max_cache_threshold})
     return engine, dict(zip(captions, states, strict=True))
 
