@@ -46,9 +46,10 @@ last. Warm-up (untimed): Engine.warm_up, then the shape's first step (replay: a 
 replaying computed / skipped / computed; concurrency: the 4-request run at 3 steps, half of them
 replaying it), so compilation of the new pack sizes is not timed.
 
-CPU smoke (tests/test_cache_speed.py): --config tiny (64x96, 22 frames: 128 rows) with patterns
-of --steps steps already in the file; the patterns section on the CPU with --clips 1 takes
-about a minute (OMP_NUM_THREADS=1).
+CPU smoke (tests/test_cache_speed.py): --config tiny (64x32, 5 frames: 64 rows) with patterns
+of --steps steps already in the file. All three sections on the 2-core CPU (the demo's
+build/captions/caption_states.safetensors present, cache_quality.CAPTIONS):
+OMP_NUM_THREADS=1 python -m benchmarks.cache_speed --out DIR --clips 1 (about 15 s).
 """
 
 import argparse
@@ -80,7 +81,7 @@ from training.evaluate import generate_states
 SECTIONS = ("patterns", "replay", "concurrency")
 PICKS = ("min", "median", "max")
 PATTERN_STEPS = (8, 30)
-SHAPES = {"tiny": (64, 96, 22), "bench": (384, 672, 209), "h3": (384, 672, 209)}  # height, width, num_frames
+SHAPES = {"tiny": (32, 64, 5), "bench": (384, 672, 209), "h3": (384, 672, 209)}  # height, width, num_frames
 WEIGHTS = "random:0"  # h3_core.weights.checkpoint: seeded random weights drawn at load
 TEXT_LEN = 9  # text tokens of the replayed requests (engine_bench's): 16,384 rows at 672x384, 209 frames
 CONCURRENCY = 4
@@ -270,7 +271,9 @@ def replay(engine: Engine, config: str, steps: int, choices: dict[str, dict], th
     text = bench_text(engine)
     patterns = {"warm-up": WARM_UP_PATTERN, **{f"replay_{name}": tuple(r["computed"]) for name, r in choices.items()}}
     engine = replaying(engine, patterns)
-    warm_up = GenerationRequest("warm-up", height, width, frames, len(WARM_UP_PATTERN), seed=0, request_id="warm-up")
+    warm_up = GenerationRequest(
+        "warm-up", height, width, frames, len(WARM_UP_PATTERN), seed=0, request_id="warm-up", cache_threshold=threshold
+    )
     warm_up_s, _ = timed_request(engine, warm_up, text)
     requests = {"uncached": (0.0, None), **{f"replay_{name}": (threshold, r) for name, r in choices.items()}}
     rows, runs = None, {}
