@@ -230,7 +230,8 @@ def picked(patterns: dict, steps: int, names: list[str]) -> dict[str, dict]:
 
 def big_engine(config: str, quantization: str, device: str, steps: int) -> tuple[Engine, float, float]:
     """(engine, load seconds, Engine.warm_up seconds): load_engine of `config` from WEIGHTS as
-    h3_dit builds it, request limits admitting the config's shape, 4 of it and `steps` steps."""
+    h3_dit builds it (--quantization applied), request limits admitting the config's shape and
+    `steps` steps."""
     height, width, frames = SHAPES[config]
     limits = RequestLimits(
         max_height=height,
