@@ -271,7 +271,7 @@ def test_video_loss_adds_the_centre_term_with_its_weight():
     assert with_centre.item() - plain.item() == pytest.approx(logs["centre_px"], rel=1e-5)
 
 
-def test_reversal_distance_is_zero_for_an_encoder_blind_to_frame_order():
+def test_reversal_distance_and_term_for_an_encoder_blind_to_frame_order():
     vae = VideoVAE().eval()
     init_weights(vae, 0)
     clips = data.held_out_clips()[:2]
@@ -280,6 +280,9 @@ def test_reversal_distance_is_zero_for_an_encoder_blind_to_frame_order():
         first = vae.encoder[0].weight  # [32, 12, 3, 3]: 4 frames x RGB
         first.copy_(first[:, :3].repeat(1, 4, 1, 1))  # every frame weighted alike
     assert vae_train.reversal_distance(vae, clips) == pytest.approx(0.0, abs=1e-5)
+    groups = vae_train.video_groups(clips[:1], "cpu")  # 5 moving groups, 2 stills
+    _, logs = vae_train.video_loss(vae, groups)
+    assert logs["reversal"] == pytest.approx(vae_train.REVERSAL_MARGIN, abs=1e-4)  # the whole margin
 
 
 def test_video_vae_fine_tunes_from_the_shipped_weights(tmp_path):

@@ -18,8 +18,10 @@ the centre term alone gets it to (fine-tuning the shipped VAE with them left the
 frame 3.7 px off). So a third term, REVERSAL_WEIGHT x relu(REVERSAL_MARGIN - d) averaged over the
 batch's moving groups, where d is the RMS of encoder(group) - encoder(the group reversed) over the
 batch's latent RMS (reversal_distance measures the same), makes the encoder code the order above
-the noise; the decoder then learns to use it. Audio: each stereo channel as a mono crop of 8,000 samples (10 latents,
-crops start at latent boundaries); loss = 100 x MSE + L1 on the waveform. (A first try with a
+the noise; the decoder then learns to use it.
+
+Audio: each stereo channel as a mono crop of 8,000 samples (10 latents, crops start at latent
+boundaries); loss = 100 x MSE + L1 on the waveform. (A first try with a
 multi-resolution STFT loss and gradient clipping at 1 collapsed to silence: the log-magnitude
 gradients dominated and the clipping starved the waveform terms.) For both, the latent gets Gaussian
 noise of 0.1 x the batch's latent RMS before decoding (and a 1e-4 * mean(z^2) penalty that only
