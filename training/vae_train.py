@@ -50,7 +50,7 @@ from . import data, measure
 from .loop import Run
 
 LATENT_NOISE, LATENT_PENALTY, FOREGROUND_WEIGHT = 0.1, 1e-4, 5.0
-CENTRE_WEIGHT = 0.2  # loss per pixel of shape-centre distance (0.05: 1.3 px, 0.5 dB more PSNR)
+CENTRE_WEIGHT = 0.2  # loss per pixel of shape-centre distance (docs/demo_model.md compares 0.05)
 REVERSAL_WEIGHT, REVERSAL_MARGIN = 1.0, 0.3  # the margin: 3 x the latent noise
 CENTRE_THRESHOLD = 0.5  # L1 RGB distance from the background (in [-1, 1] units) below which a pixel weighs 0
 AUDIO_INIT_GAIN = 3.0  # N(0, gain / fan_in): keeps the activation RMS about 0.5 through all 16 layers
