@@ -3,6 +3,7 @@ state, and a smoke run of every training stage on the CPU (tiny sizes, seconds).
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from h3_core.diffusion.conditions import Condition, condition_rows
 from h3_core.diffusion.engine import Engine
 from h3_core.model import H3DiT
 from h3_core.model.initialization import init_weights
-from h3_core.model.vae import create_vaes, keyframe_latent
+from h3_core.model.vae import VideoVAE, create_vaes, keyframe_latent
 from training import data, dit_train, evaluate, evaluate_conditions, measure, state, text_states, vae_train
 from training.loop import lr_at, read_loss_csv
 
@@ -241,6 +242,57 @@ def fake_caption_states(path):
         str(path),
         metadata={"captions": json.dumps(captions), "num_train": str(len(data.train_captions()))},
     )
+
+
+def test_shape_centres_is_the_foreground_centre_of_mass_with_gradients_on_the_shape_only():
+    background = torch.tensor(data.BACKGROUND) / 127.5 - 1.0
+    frames = background[None, :, None, None].repeat(3, 1, 64, 96)  # [3 frames, 3, H, W]
+    red = torch.tensor(data.COLOURS["red"]) / 127.5 - 1.0
+    frames[0, :, 10:14, 20:24] = red[:, None, None]  # a 4 x 4 square: centre (21.5, 11.5)
+    frames[1, :, 10:14, 22:26] = red[:, None, None]  # 2 px to the right
+    frames.requires_grad_()
+    centres = vae_train.shape_centres(frames)
+    assert centres.tolist() == [[21.5, 11.5], [23.5, 11.5], [0.0, 0.0]]  # frame 2 is blank
+    centres[:2, 0].sum().backward()
+    moved = frames.grad[0].abs().sum(0) > 0
+    assert moved[10:14, 20:24].all() and moved.sum() == 16  # background pixels weigh nothing
+
+
+def test_video_loss_adds_the_centre_term_with_its_weight():
+    vae = VideoVAE()
+    init_weights(vae, 0)
+    groups = vae_train.video_groups(data.held_out_clips()[:1], "cpu")[1:3]  # two 4-frame groups
+    losses = []
+    for weight in (0.0, 1.0):
+        torch.manual_seed(0)  # the same latent noise
+        losses.append(vae_train.video_loss(vae, groups, weight))
+    (plain, logs), (with_centre, logs_centre) = losses
+    assert logs == logs_centre and logs["centre_px"] > 1.0  # random weights miss the shape
+    assert with_centre.item() - plain.item() == pytest.approx(logs["centre_px"], rel=1e-5)
+
+
+def test_reversal_distance_and_term_for_an_encoder_blind_to_frame_order():
+    vae = VideoVAE().eval()
+    init_weights(vae, 0)
+    clips = data.held_out_clips()[:2]
+    assert vae_train.reversal_distance(vae, clips) > 0.01
+    with torch.no_grad():
+        first = vae.encoder[0].weight  # [32, 12, 3, 3]: 4 frames x RGB
+        first.copy_(first[:, :3].repeat(1, 4, 1, 1))  # every frame weighted alike
+    assert vae_train.reversal_distance(vae, clips) == pytest.approx(0.0, abs=1e-5)
+    groups = vae_train.video_groups(clips[:1], "cpu")  # 5 moving groups, 2 stills
+    _, logs = vae_train.video_loss(vae, groups)
+    assert logs["reversal"] == pytest.approx(vae_train.REVERSAL_MARGIN, abs=1e-4)  # the whole margin
+
+
+def test_video_vae_fine_tunes_from_the_shipped_weights(tmp_path):
+    torch.set_flush_denormal(True)
+    shipped = Path(__file__).resolve().parents[1] / "weights" / "demo" / "video_vae.safetensors"
+    vae_train.train("video", tmp_path, 0.5, 1000.0, "cpu", batch=2, stats_clips=4, init=shipped)
+    rows = read_loss_csv(tmp_path / "video_vae_loss.csv")
+    assert float(rows[0]["loss"]) < 0.3  # a fresh init starts near 1.5 (docs/demo_model.md)
+    with pytest.raises(FileNotFoundError):
+        vae_train.train("video", tmp_path / "x", 0.5, 1000.0, "cpu", batch=2, init=tmp_path / "missing.safetensors")
 
 
 def test_every_stage_runs_and_resumes_on_the_cpu(tmp_path):

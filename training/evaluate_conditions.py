@@ -78,7 +78,8 @@ def summary(scores: list[dict]) -> dict:
 def vae_round_trip(video_vae, clips: list[data.Clip]) -> dict:
     """The video VAE alone (encode, decode) on the clips: {"psnr_db": mean PSNR of the first and
     last frames, "first_centre_px" / "last_centre_px": median shape-centre distance of the first /
-    last frame, "last_within_3px": the fraction of last frames within 3 px} - what a keyframe can
+    last frame, "first_within_3px" / "last_within_3px": the fraction of first / last frames within
+    3 px} - what a keyframe can
     at best be matched to (the last frame is the fourth of its latent's 4-frame group)."""
     psnrs, distances = [], {0: [], -1: []}
     for frames in data.render_video(clips):
@@ -90,6 +91,7 @@ def vae_round_trip(video_vae, clips: list[data.Clip]) -> dict:
     return {
         "psnr_db": round(statistics.fmean(psnrs), 4),
         "first_centre_px": round(statistics.median(distances[0]), 4),
+        "first_within_3px": round(sum(d <= CENTRE_TOLERANCE for d in distances[0]) / len(distances[0]), 4),
         "last_centre_px": round(statistics.median(distances[-1]), 4),
         "last_within_3px": round(sum(d <= CENTRE_TOLERANCE for d in distances[-1]) / len(distances[-1]), 4),
     }

@@ -1,23 +1,41 @@
 """Train the video and audio VAEs (h3_core.model.vae) on the procedural clips; resumable.
 
     python -m training.vae_train --work build/demo/train --which video audio \
-        --seconds 600 --total-seconds 600 [--device cpu]
+        --seconds 600 --total-seconds 600 [--device cpu] [--init weights/demo/video_vae.safetensors]
+    python -m training.vae_train --work build/demo/train --check   # the held-out round trip
 
 Video: batches of latent frame groups (frames_to_groups of freshly rendered training clips,
 12 x 64 x 96 in [-1, 1]); loss = L1 + MSE with the pixels of the shape weighted 5x (it covers
-about 5 % of the frame). Audio: each stereo channel as a mono crop of 8,000 samples (10 latents,
-crops start at latent boundaries); loss = 100 x MSE + L1 on the waveform. (A first try with a
+about 5 % of the frame), plus centre_weight (default CENTRE_WEIGHT) x the mean distance in pixels
+(|dx| + |dy|) between each decoded frame's shape centre and the target frame's (shape_centres:
+the centre of mass of the pixels, each weighted by how far its RGB is from the background beyond
+CENTRE_THRESHOLD, so it is differentiable). The centre term makes the codec keep where the shape is
+in every frame of a 4-frame group: without it the first and last frame of a group come out near
+the group's middle, and the last frame of a clip is such a frame. That happens because the encoder
+hardly codes which way the shape moves inside a group (a group and its 4 frames reversed encode a
+few % of the latent RMS apart, under the latent noise below), and neither the reconstruction nor
+the centre term alone gets it to (fine-tuning the shipped VAE with them left the round trip's last
+frame 3.7 px off). So a third term, REVERSAL_WEIGHT x relu(REVERSAL_MARGIN - d) averaged over the
+batch's moving groups, where d is the RMS of encoder(group) - encoder(the group reversed) over the
+batch's latent RMS (reversal_distance measures the same), makes the encoder code the order above
+the noise; the decoder then learns to use it.
+
+Audio: each stereo channel as a mono crop of 8,000 samples (10 latents, crops start at latent
+boundaries); loss = 100 x MSE + L1 on the waveform. (A first try with a
 multi-resolution STFT loss and gradient clipping at 1 collapsed to silence: the log-magnitude
 gradients dominated and the clipping starved the waveform terms.) For both, the latent gets Gaussian
 noise of 0.1 x the batch's latent RMS before decoding (and a 1e-4 * mean(z^2) penalty that only
 pins the scale), so the decoder tolerates the DiT's imperfect latents. AdamW, lr 1e-3 with
 warm-up + cosine over --total-seconds; gradient norm clipped at 1 for the video VAE only.
+`--init FILE` starts from trained weights (e.g. weights/demo/video_vae.safetensors) and fine-tunes
+encoder and decoder.
 
 At the end the per-channel latents_mean / latents_std buffers are measured over 256 training
 clips (so the DiT sees unit-scale latents) and the VAE is written to <work>/<which>_vae.safetensors.
 """
 
 import argparse
+import json
 import random
 import time
 from pathlib import Path
@@ -26,12 +44,15 @@ import torch
 
 from h3_core.model.initialization import init_weights
 from h3_core.model.vae import AudioVAE, VideoVAE, frames_to_groups
-from h3_core.weights.checkpoint import save_weights
+from h3_core.weights.checkpoint import load_weights, save_weights
 
 from . import data, measure
 from .loop import Run
 
 LATENT_NOISE, LATENT_PENALTY, FOREGROUND_WEIGHT = 0.1, 1e-4, 5.0
+CENTRE_WEIGHT = 0.2  # loss per pixel of shape-centre distance (docs/demo_model.md compares 0.05)
+REVERSAL_WEIGHT, REVERSAL_MARGIN = 1.0, 0.3  # the margin: 3 x the latent noise
+CENTRE_THRESHOLD = 0.5  # L1 RGB distance from the background (in [-1, 1] units) below which a pixel weighs 0
 AUDIO_INIT_GAIN = 3.0  # N(0, gain / fan_in): keeps the activation RMS about 0.5 through all 16 layers
 AUDIO_CROP = 8000
 
@@ -50,17 +71,43 @@ def add_noise(z: torch.Tensor) -> torch.Tensor:
     return z + LATENT_NOISE * z.detach().pow(2).mean().sqrt() * torch.randn_like(z)
 
 
-def video_loss(vae: VideoVAE, groups: torch.Tensor) -> tuple[torch.Tensor, dict]:
+def shape_centres(frames: torch.Tensor) -> torch.Tensor:
+    """The shape's centre in each frame: frames float [..., 3, H, W] in [-1, 1] -> float [..., 2]
+    (x, y in pixels), the centre of mass of the pixels weighted by relu(L1 RGB distance from
+    data.BACKGROUND - CENTRE_THRESHOLD); differentiable in `frames`. A frame without such pixels
+    gives (0, 0)."""
+    background = torch.tensor(data.BACKGROUND, device=frames.device) / 127.5 - 1.0
+    weight = ((frames - background[:, None, None]).abs().sum(-3) - CENTRE_THRESHOLD).relu()  # [..., H, W]
+    ys = torch.arange(frames.shape[-2], device=frames.device, dtype=frames.dtype)
+    xs = torch.arange(frames.shape[-1], device=frames.device, dtype=frames.dtype)
+    mass = weight.sum((-2, -1)).clamp(min=1e-6)
+    cx = (weight.sum(-2) * xs).sum(-1) / mass
+    cy = (weight.sum(-1) * ys).sum(-1) / mass
+    return torch.stack([cx, cy], -1)
+
+
+def video_loss(vae: VideoVAE, groups: torch.Tensor, centre_weight: float = CENTRE_WEIGHT) -> tuple[torch.Tensor, dict]:
+    """The video VAE's training loss (module docstring) of float32 [N, 12, H, W] latent-frame
+    groups in [-1, 1]: (loss scalar with gradient, float logs: "loss" the weighted L1 + MSE,
+    "centre_px" the mean |dx| + |dy| of the frames' shape centres, "latent_rms", "reversal" the
+    hinge of the reversal term)."""
     z = vae.encoder(groups)
     recon = vae.decoder(add_noise(z))
     background = torch.tensor(data.BACKGROUND, device=groups.device) / 127.5 - 1.0
     target = groups.view(groups.shape[0], 4, 3, *groups.shape[2:])
+    moving = (target != target.flip(1)).flatten(1).any(1)  # 1-frame groups repeat their frame
+    z_reversed = vae.encoder(target[moving].flip(1).flatten(1, 2))
+    gap = (z[moving] - z_reversed).pow(2).mean((1, 2, 3)).sqrt() / z.detach().pow(2).mean().sqrt()
+    reversal = (REVERSAL_MARGIN - gap).relu().mean() if gap.numel() else gap.sum()
     foreground = (target - background[None, None, :, None, None]).abs().amax(2, keepdim=True) > 0.1
     weight = (1 + (FOREGROUND_WEIGHT - 1) * foreground.float()).expand_as(target).reshape(groups.shape)
     err = recon - groups
     rec = (weight * (err.abs() + err**2)).mean()
+    centre = (shape_centres(recon.view_as(target)) - shape_centres(target)).abs().sum(-1).mean()
     penalty = LATENT_PENALTY * z.pow(2).mean()
-    return rec + penalty, {"loss": rec.item(), "latent_rms": z.pow(2).mean().sqrt().item()}
+    logs = {"loss": rec.item(), "centre_px": centre.item(), "latent_rms": z.pow(2).mean().sqrt().item()}
+    logs["reversal"] = reversal.item()
+    return rec + centre_weight * centre + REVERSAL_WEIGHT * reversal + penalty, logs
 
 
 def audio_crops(clips: list[data.Clip], rng: random.Random, device) -> torch.Tensor:
@@ -133,10 +180,20 @@ def train(
     lr: float = 1e-3,
     seed: int = 0,
     stats_clips: int = 256,
+    init: Path | None = None,
+    centre_weight: float = CENTRE_WEIGHT,
 ) -> Path:
+    """Train (or resume, from <work>/<which>_vae_state-*) the `which` ("video" / "audio") VAE for
+    `seconds` of `total_seconds` (module docstring); `init`: a weights file to start from instead
+    of init_vae's random weights (a resumed state wins over it); `centre_weight`: video_loss's.
+    Writes and returns <work>/<which>_vae.safetensors. Raises FileNotFoundError / ValueError as
+    checkpoint.load_weights for a missing or mismatched `init`."""
     torch.manual_seed(seed)
     vae = (VideoVAE() if which == "video" else AudioVAE()).to(device)
-    init_vae(vae, which, seed + 1)
+    if init is None:
+        init_vae(vae, which, seed + 1)
+    else:
+        load_weights(vae, init)
     optimizer = torch.optim.AdamW(vae.parameters(), lr=lr, weight_decay=0.0)
     run = Run(f"{which}_vae", work, vae, optimizer, seconds, total_seconds, lr, log_every=20)
     rng = random.Random(seed * 1000 + run.step)
@@ -145,7 +202,7 @@ def train(
         if which == "video":
             groups = video_groups(random_clips(rng, max(1, batch // 7 + 1)), device)
             groups = groups[torch.randperm(groups.shape[0], device=device)[:batch]]
-            loss, logs = video_loss(vae, groups)
+            loss, logs = video_loss(vae, groups, centre_weight)
         else:
             loss, logs = audio_loss(vae, audio_crops(random_clips(rng, max(1, batch // 2)), rng, device))
         optimizer.zero_grad(set_to_none=True)
@@ -164,26 +221,57 @@ def train(
 
 
 @torch.no_grad()
+def reversal_distance(video_vae: VideoVAE, clips: list[data.Clip]) -> float:
+    """How much the encoder codes the motion inside a latent group: over the 4-frame groups of the
+    clips (frames_to_groups), the median RMS of encoder(group) - encoder(the group's 4 frames in
+    reverse order), relative to the RMS of all the groups' latents (raw encoder output, before
+    latents_mean / latents_std). 0 when the encoder ignores the frames' order."""
+    device = video_vae.latents_mean.device
+    groups = video_groups(clips, device)
+    groups = groups.view(len(clips), -1, 4, 3, *groups.shape[2:])[
+        :, [k for k in range(groups.shape[0] // len(clips)) if k % 5]
+    ]
+    groups = groups.flatten(0, 1)  # [N * 5, 4, 3, H, W]: the latents that code 4 frames
+    z = video_vae.encoder(groups.flatten(1, 2))
+    z_reversed = video_vae.encoder(groups.flip(1).flatten(1, 2))
+    per_group = (z - z_reversed).pow(2).mean((1, 2, 3)).sqrt()
+    return (per_group.median() / z.pow(2).mean().sqrt()).item()
+
+
+@torch.no_grad()
 def roundtrip_report(work: Path, device, clips: list[data.Clip]) -> dict:
-    """Encode and decode `clips` with the trained VAEs of `work`; measure.score the results and
-    report the attribute accuracy and the PSNR of the video (dB over the frame)."""
+    """Encode and decode `clips` with the trained VAEs of `work` (video_vae.safetensors,
+    audio_vae.safetensors): {"attribute_accuracy": measure.score's fraction right, "n_clips",
+    "video_psnr_db": mean PSNR (dB) of the whole videos, "keyframe_psnr_db", "first_centre_px",
+    "first_within_3px", "last_centre_px", "last_within_3px": evaluate_conditions.vae_round_trip's
+    of the first and last frames (median px, fraction within 3 px), "reversal_distance"}."""
     from h3_core.config import audio_num_samples
-    from h3_core.weights.checkpoint import load_weights
+
+    from .evaluate_conditions import vae_round_trip
 
     video_vae, audio_vae = VideoVAE().to(device), AudioVAE().to(device)
     load_weights(video_vae, work / "video_vae.safetensors")
     load_weights(audio_vae, work / "audio_vae.safetensors")
+    video_vae.eval(), audio_vae.eval()
     frames, audio = data.render_video(clips, device), data.render_audio(clips, device)
     right = total = 0
     psnr = []
     for clip, f, a in zip(clips, frames, audio, strict=True):
-        f2 = video_vae.eval().decode(video_vae.encode(f))
-        a2 = audio_vae.eval().decode(audio_vae.encode(a))[:, : audio_num_samples(data.NUM_FRAMES)]
+        f2 = video_vae.decode(video_vae.encode(f))
+        a2 = audio_vae.decode(audio_vae.encode(a))[:, : audio_num_samples(data.NUM_FRAMES)]
         correct = measure.score(clip, f2.cpu().numpy(), a2.cpu().numpy())["correct"]
         right, total = right + sum(correct.values()), total + len(correct)
         mse = (f2.float() - f.float()).pow(2).mean().item()
         psnr.append(10 * torch.log10(torch.tensor(255.0**2 / max(mse, 1e-9))).item())
-    return {"attribute_accuracy": right / total, "n_clips": len(clips), "video_psnr_db": sum(psnr) / len(psnr)}
+    keyframes = vae_round_trip(video_vae, clips)
+    return {
+        "attribute_accuracy": right / total,
+        "n_clips": len(clips),
+        "video_psnr_db": round(sum(psnr) / len(psnr), 4),
+        "keyframe_psnr_db": keyframes["psnr_db"],
+        **{k: keyframes[k] for k in ("first_centre_px", "first_within_3px", "last_centre_px", "last_within_3px")},
+        "reversal_distance": round(reversal_distance(video_vae, clips), 4),
+    }
 
 
 def main() -> None:
@@ -194,15 +282,32 @@ def main() -> None:
     parser.add_argument("--total-seconds", type=float, default=600.0, help="training seconds over all runs (each VAE)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--batch", type=int, default=16, help="video: groups per step; audio: mono crops per step")
+    parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
+    parser.add_argument("--init", type=Path, help="weights file to fine-tune from (one --which)")
+    parser.add_argument(
+        "--centre-weight", type=float, default=CENTRE_WEIGHT, help="video loss per pixel of shape-centre distance"
+    )
     parser.add_argument("--check", action="store_true", help="only report the round trip of the held-out clips")
     args = parser.parse_args()
+    if args.init is not None and len(args.which) != 1:
+        parser.error(f"--init takes one --which, got {args.which}")
     torch.set_flush_denormal(True)
     if args.check:
-        print(roundtrip_report(args.work, args.device, data.held_out_clips()))
+        print(json.dumps(roundtrip_report(args.work, args.device, data.held_out_clips())))
         return
     for which in args.which:
         start = time.monotonic()
-        train(which, args.work, args.seconds, args.total_seconds, args.device, args.batch)
+        train(
+            which,
+            args.work,
+            args.seconds,
+            args.total_seconds,
+            args.device,
+            args.batch,
+            lr=args.lr,
+            init=args.init,
+            centre_weight=args.centre_weight,
+        )
         print(f"[{which}_vae] run took {time.monotonic() - start:.0f} s", flush=True)
 
 
