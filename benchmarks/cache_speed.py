@@ -318,7 +318,7 @@ def serve(engine: Engine, settings: DitSettings, config: str, steps: int, cached
                 new=True,
                 request_json=[json.dumps({**fields, "seed": key}).encode()],
                 text_embeds=text[None].numpy(),
-                parameters_json=json.dumps({"cache_threshold": cached.get(request_id, 0.0)}),
+                parameters_json=json.dumps({"cache_threshold": cached.get(request_id, 0.0), "return_mp4": False}),
             )
             for key, request_id in enumerate(request_ids(), start=1)
         }
@@ -326,8 +326,10 @@ def serve(engine: Engine, settings: DitSettings, config: str, steps: int, cached
         start = time.perf_counter()
 
         def send(event) -> None:
-            if isinstance(event, (Refused, Ended)):
-                raise RuntimeError(f"request {event.request_id} did not finish: {event}")
+            if isinstance(event, Refused):
+                raise RuntimeError(f"request {event.handle} was refused: {event.code}: {event.message}")
+            if isinstance(event, Ended):
+                raise RuntimeError(f"request {event.request_id} did not finish: {event.message}")
             if isinstance(event, Result) and event.final:  # its latents are on the CPU: the step has ended
                 results[event.request_id] = {"latency_s": time.perf_counter() - start, "info": event.info}
 
