@@ -389,6 +389,50 @@ def cache_curve(root: Path) -> str:
     return "\n".join(lines)
 
 
+def cache_speed(root: Path) -> str:
+    """Step caching's speed on the H200 from cache_speed_h200.json (benchmarks/cache_speed.py): the
+    demo model's median skip pattern at the recommended threshold replayed by one 30-step request
+    of the bench and the full h3 DiT, and 4 requests at concurrency 4 with half of them cached."""
+    document = load(root, "cache_speed_h200")
+    path = "benchmarks/results/cache_speed_h200.json"
+    sources = Sources()
+    patterns = document["patterns"]
+    lines = [
+        "| 16,384 rows (672 x 384, 209 frames), 30 steps | uncached | cached | uncached / cached | source |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for name, entry in document["replay"].items():
+        source = sources.cite(provenance(entry, path))
+        uncached, cached = entry["requests"]["uncached"], entry["requests"]["replay_median"]
+        precision = "bf16" if entry["quantization"] == "none" else entry["quantization"]
+        lines.append(
+            f"| one request, `{name}` DiT ({precision}), s ({cached['computed_steps']} of "
+            f"{entry['steps']} steps computed) | {uncached['seconds']:.2f} | {cached['seconds']:.2f} "
+            f"| {cached['speedup']:.2f} | {source} |"
+        )
+    for name, entry in document["concurrency"].items():
+        source = sources.cite(provenance(entry, path))
+        uncached, cached = entry["uncached"], entry["half_cached"]
+        lines += [
+            f"| 4 requests at concurrency 4, half cached, `{name}` DiT: wall s | {uncached['seconds']:.2f} "
+            f"| {cached['seconds']:.2f} | {uncached['seconds'] / cached['seconds']:.2f} | {source} |",
+            f"| same: requests a minute | {uncached['throughput_req_per_min']:.2f} "
+            f"| {cached['throughput_req_per_min']:.2f} | {cached['throughput_over_uncached']:.2f} | {source} |",
+            f"| same: row-steps computed | {uncached['row_steps_computed']:,} | {cached['row_steps_computed']:,} "
+            f"| {cached['row_step_reduction']:.2f} | {source} |",
+        ]
+    pattern = sources.cite(provenance(patterns, path))
+    return "\n".join(
+        [
+            f"Skip pattern: the median of the demo model's {len(patterns['steps']['30']['requests'])} requests at "
+            f"threshold {patterns['threshold']:g} and 30 steps ({pattern}).",
+            "",
+            *lines,
+            *sources.render(),
+        ]
+    )
+
+
 REFERENCE_STEP_S = 1.323  # vllm-omni's H3 DiT step of 16,384 rows on 2 x H100 (TP2, bf16), h3_spec §5.11
 
 
@@ -418,12 +462,14 @@ def fp8_comparison(root: Path) -> str:
         )
     velocity = fp8["velocity_vs_bf16"]
     summary, q = steps["summary"], quality["summary"]
+    runs = quality["quality"]
+    clips = runs["n_cases"] * len(runs["per_task"]) * len(runs["seeds"])  # held-out cases x tasks x seeds
     lines += [
         f"| 16,384-row velocity against bf16 (random weights) | | relative error {velocity['relative_l2_error']:.4f}, "
         f"cosine {velocity['cosine']:.4f} | | {step} |",
         f"| solo == co-batched == request mode, torch.equal | | {summary['fp8_bitwise_solo_packed_request']} "
         f"| | {step} |",
-        f"| demo model, 216 clips against bf16: min / median frame PSNR, dB | | {q['fp8_demo_min_psnr_db']:.2f} / "
+        f"| demo model, {clips} clips against bf16: min / median frame PSNR, dB | | {q['fp8_demo_min_psnr_db']:.2f} / "
         f"{q['fp8_demo_median_psnr_db']:.2f} (bf16 against float32: {q['bf16_vs_float32_demo_min_psnr_db']:.2f} / "
         f"{q['bf16_vs_float32_demo_median_psnr_db']:.2f}) | | {demo} |",
         f"| same: min SSIM; min audio SNR, dB | | {q['fp8_demo_min_ssim']:.4f}; {q['fp8_demo_min_audio_snr_db']:.1f} "
@@ -548,6 +594,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "h200_full_model runs": full_model_runs,
     "fp8_h200 comparison": fp8_comparison,
     "cache_demo_cpu curve": cache_curve,
+    "cache_speed_h200 table": cache_speed,
     "h200x2_sequence_parallel bitwise": sequence_parallel_bitwise,
     "h200x2_sequence_parallel max_abs_diff": sequence_parallel_max_diff,
     "registry_cpu calls": registry_cpu,
