@@ -20,7 +20,7 @@ from h3_core.diffusion.step_cache import polyval
 from h3_core.model import H3DiT
 from h3_core.model.initialization import init_weights
 from h3_core.model.vae import create_vaes
-from h3_core.serving.events import Refused, Result
+from h3_core.serving.events import Ended, Refused, Result
 from h3_core.serving.settings import DitSettings
 from h3_core.serving.simulate import SimState, make_workload, simulate, summarize
 from h3_core.weights.checkpoint import CACHE_FILE, load_cache_polynomial
@@ -130,6 +130,29 @@ def test_the_step_loop_reports_skipped_steps_and_packs_only_computing_outputs(en
         step_together(engine, [state])
         assert torch.equal(result.video_latent, L.unpatchify_video(state.video_latents, state.layout))
         assert torch.equal(result.audio_latent, L.audio_rows_to_latent(state.audio_latents, state.layout))
+
+
+def test_k6_a_cancelled_cached_request_leaves_nothing_to_the_request_in_its_slot(engine):
+    """K6 with a slot reused: a cached request cancelled after 3 of 6 steps (max_num_seqs 1), then
+    one of the same shape, seed and threshold takes its slot: it skips its own 4 middle steps and
+    equals its solo run (no cached velocity or change sum carried over)."""
+    client = Client(make_loop(engine, max_num_seqs=1))
+    client.send("first", steps=6, seed=1, parameters={"cache_threshold": 0.5, "progress_every": 1})
+    for _ in range(3):
+        client.iterate()
+    client.cancel("first")
+    client.run()
+    assert not client.of("first", Result)
+    (ended,) = client.of("first", Ended)
+    assert (ended.code, ended.step, ended.total) == ("CANCELLED", 3, 6)
+    client.send("second", steps=6, seed=1, parameters={"cache_threshold": 0.5})
+    client.run()
+    (second,) = client.of("second", Result)
+    assert second.info["skipped_steps"] == 4
+    state = prepare(engine, request(seed=1, threshold=0.5, steps=6))
+    step_together(engine, [state])
+    assert torch.equal(second.video_latent, L.unpatchify_video(state.video_latents, state.layout))
+    assert torch.equal(second.audio_latent, L.audio_rows_to_latent(state.audio_latents, state.layout))
 
 
 def test_a_step_where_every_request_skips_runs_no_forward(engine):
