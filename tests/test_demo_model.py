@@ -134,18 +134,19 @@ def test_the_demo_preview_is_the_fitted_map_applied_to_x0_hat(engine):
     target = preview_fit.encode([clip], engine.video_vae)[1][0, 3]  # [3, 64, 96]
     target = ((torch.nn.functional.avg_pool2d(target, 2).permute(1, 2, 0) * 0.5 + 0.5) * 255).round()
     error = (preview.float() - target).pow(2).mean().sqrt()
-    assert error < 20, error  # in 8-bit levels; measured 12.2
+    assert error < 20, error  # in 8-bit levels; measured 16.5
     tiny = load_engine("tiny", ROOT / "checkpoints" / "tiny", with_encoder=False, with_vaes=False)
     assert tiny.preview is RANDOM_PREVIEW and load_preview("random:0") is RANDOM_PREVIEW
 
 
 def test_seeded_random_weights_fail_the_same_check(engine):
     """The check above on init_weights' seeded DiT (the trained VAEs kept): its clips do not
-    follow the prompts (measured: red, down, medium, left for both), so the check can fail."""
+    follow the prompts (measured with the motion fine-tuned video VAE: colour green for the red
+    prompt and red for the green one; down, medium, left for both), so the check can fail."""
     dit = H3DiT(get_config("demo"), row_tile=64)
     init_weights(dit, 0)
     accuracy = prompt_accuracy(Engine(dit.eval(), engine.video_vae, engine.audio_vae, engine.encoder, engine.limits))
-    assert accuracy == {"colour": 0.5, "direction": 0.5, "pitch": 0.0, "side": 0.5}
+    assert accuracy == {"colour": 0.0, "direction": 0.5, "pitch": 0.0, "side": 0.5}
 
 
 TIMINGS = ("stage_seconds", "silent_s")  # seconds: not compared

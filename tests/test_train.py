@@ -17,7 +17,7 @@ from h3_core.diffusion.engine import Engine
 from h3_core.model import H3DiT
 from h3_core.model.initialization import init_weights
 from h3_core.model.vae import VideoVAE, create_vaes, keyframe_latent
-from training import data, dit_train, evaluate, evaluate_conditions, measure, state, text_states, vae_train
+from training import data, dit_train, evaluate, evaluate_conditions, measure, state, strips, text_states, vae_train
 from training.loop import lr_at, read_loss_csv
 
 
@@ -336,3 +336,22 @@ def test_every_stage_runs_and_resumes_on_the_cpu(tmp_path):
     report = json.loads((tmp_path / "dit_eval.json").read_text())
     assert report["n_cases"] == 1 and report["steps"] == 1 and 0.0 <= report["t2va_attribute_accuracy"] <= 1.0
     assert set(report["per_task"]) == set(data.TASKS)
+
+
+def test_strip_tiles_are_the_condition_then_the_frames():
+    """training.strips: a task's condition tile is the clip's rendered first / last frame or its
+    reference image (none for t2va); a strip is the tiles with GAP white columns between them and a
+    double gap after the condition."""
+    clip = data.held_out_clips()[0]
+    video = data.render_video([clip])[0].numpy()
+    assert np.array_equal(strips.condition_tile(clip, "first"), video[0])
+    assert np.array_equal(strips.condition_tile(clip, "last"), video[-1])
+    assert np.array_equal(strips.condition_tile(clip, "image"), data.render_reference_image([clip])[0].numpy())
+    assert strips.condition_tile(clip, "t2va") is None
+    frames = [video[i] for i in strips.FRAMES]
+    with_condition, text_only = strips.strip(video[-1], frames), strips.strip(None, frames)
+    assert with_condition.shape == (64, 5 * 96 + 5 * strips.GAP, 3)
+    assert text_only.shape == (64, 4 * 96 + 3 * strips.GAP, 3)
+    assert np.array_equal(with_condition[:, :96], video[-1])
+    assert (with_condition[:, 96 : 96 + 2 * strips.GAP] == 255).all()
+    assert np.array_equal(with_condition[:, 96 + 2 * strips.GAP :], text_only)

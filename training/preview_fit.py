@@ -1,6 +1,6 @@
 """Fit the preview's latent-to-RGB map to a trained video VAE and write it beside the weights.
 
-    python -m training.preview_fit --weights weights/demo [--neighbourhood 3] [--patch 4] \
+    python -m training.preview_fit --weights weights/demo [--neighbourhood 3] [--patch 8] \
         [--no-products] [--no-save]
 
 h3_dit previews a request without a VAE (h3_core.diffusion.engine.Engine.preview_frame): the
@@ -134,7 +134,7 @@ def main() -> None:
     parser.add_argument("--weights", type=Path, default=Path("weights/demo"))
     parser.add_argument("--variants", type=int, default=2, help="clips per training combination")
     parser.add_argument("--neighbourhood", type=int, default=3, help="n: latent cells per side around a cell (odd)")
-    parser.add_argument("--patch", type=int, default=4, help="p: preview pixels per latent cell per side (divides 16)")
+    parser.add_argument("--patch", type=int, default=8, help="p: preview pixels per latent cell per side (divides 16)")
     parser.add_argument("--products", action=argparse.BooleanOptionalAction, default=True, help="z_i z_j features")
     parser.add_argument("--save", action=argparse.BooleanOptionalAction, default=True, help="write the map")
     args = parser.parse_args()
