@@ -132,8 +132,8 @@ def scores(preview: PreviewMap, clips: list[data.Clip], latents: torch.Tensor, f
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--weights", type=Path, default=Path("weights/demo"))
-    parser.add_argument("--variants", type=int, default=2, help="clips per training combination")
-    parser.add_argument("--neighbourhood", type=int, default=3, help="n: latent cells per side around a cell (odd)")
+    parser.add_argument("--variants", type=int, default=4, help="clips per training combination")
+    parser.add_argument("--neighbourhood", type=int, default=5, help="n: latent cells per side around a cell (odd)")
     parser.add_argument("--patch", type=int, default=8, help="p: preview pixels per latent cell per side (divides 16)")
     parser.add_argument("--products", action=argparse.BooleanOptionalAction, default=True, help="z_i z_j features")
     parser.add_argument("--save", action=argparse.BooleanOptionalAction, default=True, help="write the map")
