@@ -41,7 +41,9 @@ the recommended threshold (a threshold above 0 turns the planning on).
 Each call adds its sections to DIR/cache_speed_h200.json (DIR/cache_speed_cpu.json without
 CUDA), saved after every finished section with date, hardware, torch and command; replay and
 concurrency are filed under their setting (config, _fp8 when quantised) and read the patterns
-from that file, so `--sections patterns` and later calls may be split. Prints a short table
+from that file, so `--sections patterns` and later calls may be split (the recorded run: patterns
+on the CPU, that cache_speed_cpu.json copied as DIR/cache_speed_h200.json before the GPU calls;
+every entry keeps its own hardware, torch and command). Prints a short table
 last. Warm-up (untimed): Engine.warm_up, then the shape's first step (replay: a 3-step request
 replaying computed / skipped / computed; concurrency: the 4-request run at 3 steps, half of them
 replaying it), so compilation of the new pack sizes is not timed.
@@ -168,6 +170,7 @@ def recommended_threshold() -> float:
 
 
 def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA); nothing on the CPU."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -302,9 +305,10 @@ def replay(engine: Engine, config: str, steps: int, choices: dict[str, dict], th
 def serve(engine: Engine, settings: DitSettings, config: str, steps: int, cached: dict, text: torch.Tensor) -> dict:
     """CONCURRENCY requests of the config's shape and `steps` steps arriving at once at a
     StepLoop over `engine` (a replaying one), stepped until all have their result; the ids in
-    `cached` send cache_threshold cached[id]. Returns total seconds, per request latency and
-    INFO (skipped_steps, largest_pack), the forwards' rows (h3_pack_rows) and
-    h3_cached_steps_total. Raises RuntimeError when a request is refused or ends otherwise."""
+    `cached` send cache_threshold cached[id]. Returns seconds (total), throughput_req_per_min,
+    forwards (packed DiT forwards), row_steps_computed (sum of h3_pack_rows),
+    cached_steps_total (h3_cached_steps_total) and per request its latency_s and INFO's
+    cache_threshold, skipped_steps and largest_pack. Raises RuntimeError when a request is refused or ends otherwise."""
     height, width, frames = SHAPES[config]
     fields = {"height": height, "width": width, "num_frames": frames, "num_inference_steps": steps}
     metrics, results = MetricsRecord(), {}

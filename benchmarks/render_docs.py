@@ -397,8 +397,11 @@ def cache_speed(root: Path) -> str:
     path = "benchmarks/results/cache_speed_h200.json"
     sources = Sources()
     patterns = document["patterns"]
+    first = next(iter(document["replay"].values()))
+    height, width, frames = first["shape"]
     lines = [
-        "| 16,384 rows (672 x 384, 209 frames), 30 steps | uncached | cached | uncached / cached | source |",
+        f"| {first['rows']:,} rows ({width} x {height}, {frames} frames), {first['steps']} steps | uncached | cached "
+        "| uncached / cached | source |",
         "|---|---:|---:|---:|---|",
     ]
     for name, entry in document["replay"].items():

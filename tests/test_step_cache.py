@@ -133,24 +133,26 @@ def test_the_step_loop_reports_skipped_steps_and_packs_only_computing_outputs(en
 
 
 def test_k6_a_cancelled_cached_request_leaves_nothing_to_the_request_in_its_slot(engine):
-    """K6 with a slot reused: a cached request cancelled after 3 of 6 steps (max_num_seqs 1), then
-    one of the same shape, seed and threshold takes its slot: it skips its own 4 middle steps and
-    equals its solo run (no cached velocity or change sum carried over)."""
+    """K6 with a slot reused: a cached 9:16 request cancelled after 3 of 8 steps (max_num_seqs 1),
+    then a 16:9 one of another seed takes its slot at a threshold where only some middle steps
+    skip: its decisions and latents equal its solo run's (no cached velocity, modulated input or
+    change sum carried over from the slot's previous request)."""
     client = Client(make_loop(engine, max_num_seqs=1))
-    client.send("first", steps=6, seed=1, parameters={"cache_threshold": 0.5, "progress_every": 1})
+    client.send("first", steps=8, seed=7, parameters={"cache_threshold": 0.5}, height=96, width=64)
     for _ in range(3):
         client.iterate()
     client.cancel("first")
     client.run()
     assert not client.of("first", Result)
     (ended,) = client.of("first", Ended)
-    assert (ended.code, ended.step, ended.total) == ("CANCELLED", 3, 6)
-    client.send("second", steps=6, seed=1, parameters={"cache_threshold": 0.5})
+    assert (ended.code, ended.step, ended.total) == ("CANCELLED", 3, 8)
+    client.send("second", steps=8, seed=1, parameters={"cache_threshold": 0.1}, height=64, width=96)
     client.run()
     (second,) = client.of("second", Result)
-    assert second.info["skipped_steps"] == 4
-    state = prepare(engine, request(seed=1, threshold=0.5, steps=6))
+    state = prepare(engine, request(64, 96, seed=1, threshold=0.1, steps=8))
     step_together(engine, [state])
+    assert 0 < state.cache.skipped < 6  # some middle steps computed, some skipped
+    assert second.info["skipped_steps"] == state.cache.skipped
     assert torch.equal(second.video_latent, L.unpatchify_video(state.video_latents, state.layout))
     assert torch.equal(second.audio_latent, L.audio_rows_to_latent(state.audio_latents, state.layout))
 

@@ -1,7 +1,7 @@
 """Fit the preview's latent-to-RGB map to a trained video VAE and write it beside the weights.
 
-    python -m training.preview_fit --weights weights/demo [--neighbourhood 3] [--patch 8] \
-        [--no-products] [--no-save]
+    python -m training.preview_fit --weights weights/demo [--neighbourhood 5] [--patch 8] \
+        [--variants 4] [--no-products] [--no-save]
 
 h3_dit previews a request without a VAE (h3_core.diffusion.engine.Engine.preview_frame): the
 middle latent frame of the clean estimate, each latent cell mapped to a p x p RGB patch from the

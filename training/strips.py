@@ -60,6 +60,8 @@ def main() -> None:
     unknown = [task for task in tasks if task not in TASKS]
     if unknown:
         parser.error(f"--tasks: unknown {', '.join(unknown)} (allowed: {', '.join(TASKS)})")
+    if "t2va" in tasks and len(tasks) > 1:
+        parser.error("--tasks: t2va strips have no condition tile: draw them alone (--tasks t2va)")
     engine = load_engine("demo", args.weights)
     by_colour = {clip.combo[0]: clip for clip in reversed(data.held_out_clips())}  # one clip per colour
     clips = list(by_colour.values())[: args.clips]

@@ -1,7 +1,9 @@
 """Train the video and audio VAEs (h3_core.model.vae) on the procedural clips; resumable.
 
     python -m training.vae_train --work build/demo/train --which video audio \
-        --seconds 600 --total-seconds 600 [--device cpu] [--init weights/demo/video_vae.safetensors]
+        --seconds 600 --total-seconds 600 [--device cpu]
+    python -m training.vae_train --work DIR --which video --init VIDEO_VAE.safetensors \
+        --seconds 480 --total-seconds 480 [--lr 1e-3] [--centre-weight 0.2]   # a fine-tune
     python -m training.vae_train --work build/demo/train --check   # the held-out round trip
 
 Video: batches of latent frame groups (frames_to_groups of freshly rendered training clips,
@@ -17,8 +19,8 @@ few % of the latent RMS apart, under the latent noise below), and neither the re
 the centre term alone gets it to (fine-tuning the shipped VAE with them left the round trip's last
 frame 3.7 px off). So a third term, REVERSAL_WEIGHT x relu(REVERSAL_MARGIN - d) averaged over the
 batch's moving groups, where d is the RMS of encoder(group) - encoder(the group reversed) over the
-batch's latent RMS (reversal_distance measures the same), makes the encoder code the order above
-the noise; the decoder then learns to use it.
+batch's latent RMS (reversal_distance reports a similar ratio: the median over 4-frame groups),
+makes the encoder code the order above the noise; the decoder then learns to use it.
 
 Audio: each stereo channel as a mono crop of 8,000 samples (10 latents, crops start at latent
 boundaries); loss = 100 x MSE + L1 on the waveform. (A first try with a
@@ -42,8 +44,9 @@ from pathlib import Path
 
 import torch
 
+from h3_core.config import FRAMES_PER_LATENT
 from h3_core.model.initialization import init_weights
-from h3_core.model.vae import AudioVAE, VideoVAE, frames_to_groups
+from h3_core.model.vae import GROUP_FRAMES, AudioVAE, VideoVAE, frames_to_groups
 from h3_core.weights.checkpoint import load_weights, save_weights
 
 from . import data, measure
@@ -229,7 +232,7 @@ def reversal_distance(video_vae: VideoVAE, clips: list[data.Clip]) -> float:
     device = video_vae.latents_mean.device
     groups = video_groups(clips, device)
     groups = groups.view(len(clips), -1, 4, 3, *groups.shape[2:])[
-        :, [k for k in range(groups.shape[0] // len(clips)) if k % 5]
+        :, [k for k in range(groups.shape[0] // len(clips)) if FRAMES_PER_LATENT[k % 5] == GROUP_FRAMES]
     ]
     groups = groups.flatten(0, 1)  # [N * 5, 4, 3, H, W]: the latents that code 4 frames
     z = video_vae.encoder(groups.flatten(1, 2))
