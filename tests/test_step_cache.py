@@ -133,12 +133,12 @@ def test_the_step_loop_reports_skipped_steps_and_packs_only_computing_outputs(en
 
 
 def test_k6_a_cancelled_cached_request_leaves_nothing_to_the_request_in_its_slot(engine):
-    """K6 with a slot reused: a cached 9:16 request cancelled after 3 of 8 steps (max_num_seqs 1),
-    then a 16:9 one of another seed takes its slot at a threshold where only some middle steps
+    """K6 with a slot reused: a cached 1:2 request cancelled after 3 of 8 steps (max_num_seqs 1),
+    then a 2:1 one of another seed takes its slot at a threshold where only some middle steps
     skip: its decisions and latents equal its solo run's (no cached velocity, modulated input or
     change sum carried over from the slot's previous request)."""
     client = Client(make_loop(engine, max_num_seqs=1))
-    client.send("first", steps=8, seed=7, parameters={"cache_threshold": 0.5}, height=96, width=64)
+    client.send("first", steps=8, seed=7, parameters={"cache_threshold": 0.5}, height=64, width=32)
     for _ in range(3):
         client.iterate()
     client.cancel("first")
@@ -146,10 +146,10 @@ def test_k6_a_cancelled_cached_request_leaves_nothing_to_the_request_in_its_slot
     assert not client.of("first", Result)
     (ended,) = client.of("first", Ended)
     assert (ended.code, ended.step, ended.total) == ("CANCELLED", 3, 8)
-    client.send("second", steps=8, seed=1, parameters={"cache_threshold": 0.1}, height=64, width=96)
+    client.send("second", steps=8, seed=1, parameters={"cache_threshold": 0.1})
     client.run()
     (second,) = client.of("second", Result)
-    state = prepare(engine, request(64, 96, seed=1, threshold=0.1, steps=8))
+    state = prepare(engine, request(seed=1, threshold=0.1, steps=8))
     step_together(engine, [state])
     assert 0 < state.cache.skipped < 6  # some middle steps computed, some skipped
     assert second.info["skipped_steps"] == state.cache.skipped
