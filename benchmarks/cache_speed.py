@@ -66,6 +66,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import cache_quality
+from benchmarks.engine_bench import sync
 from h3_core.diffusion.engine import Engine
 from h3_core.diffusion.request import GenerationRequest, RequestLimits
 from h3_core.diffusion.step_cache import StepCache
@@ -169,12 +170,6 @@ def recommended_threshold() -> float:
     return json.loads(DEMO_RESULTS.read_text())["summary"]["recommended_threshold"]
 
 
-def synchronize(device: torch.device) -> None:
-    """Wait for the device's queued work (CUDA); nothing on the CPU."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 # ---- patterns ----------------------------------------------------------------------------------
 
 
@@ -261,11 +256,11 @@ def timed_request(engine: Engine, request: GenerationRequest, text: torch.Tensor
     """(seconds, finished state) of `request` stepped alone to completion (Engine.denoise_step
     + Engine.update), the device synchronised before and after."""
     (state,) = engine.prepare(request, text)
-    synchronize(engine.device)
+    sync(engine.device)
     start = time.perf_counter()
     while not state.finished:
         engine.update(state, engine.denoise_step([state])[0])
-    synchronize(engine.device)
+    sync(engine.device)
     return time.perf_counter() - start, state
 
 
@@ -326,7 +321,7 @@ def serve(engine: Engine, settings: DitSettings, config: str, steps: int, cached
             )
             for key, request_id in enumerate(request_ids(), start=1)
         }
-        synchronize(engine.device)
+        sync(engine.device)
         start = time.perf_counter()
 
         def send(event) -> None:
