@@ -1,7 +1,8 @@
 """Data parallelism through tritonserver (issue 14): one h3_dit instance per GPU, measured on every
-GPU of the host against one GPU, plus where h3_vae may decode without slowing a DiT step.
+GPU of the host against one GPU. (Where h3_vae may decode beside a DiT instance, once its
+`placement` run, is benchmarks/decode_placement.py.)
 
-    PYTHONUNBUFFERED=1 python3 benchmarks/multi_gpu_bench.py --out DIR [--runs throughput mixed placement]
+    PYTHONUNBUFFERED=1 python3 benchmarks/multi_gpu_bench.py --out DIR [--runs throughput mixed]
 
 Each served run writes a repository with server.repository (bench config, the seed-0 bench
 checkpoint drawn on the GPU, the benchmark text encoder of width 5120, return_mp4=false), starts
@@ -13,8 +14,6 @@ tritonserver (server.process.TritonServer) and runs benchmarks/bench_client.py a
      24 x N requests at N x RATE on N GPUs against 24 requests at RATE on 1 GPU: mean time to first
      step and mean latency ratios; row imbalance = max / mean over the GPUs of the packed rows each
      DiT instance ran (h3_pack_rows_sum per instance on /metrics).
-  placement (no server): a 16,384-row bench DiT step on cuda:0 alone, and while another process
-     (as h3_vae is) decodes 672x384x209 clips without pause on cuda:0, on cuda:1, on the CPU.
 Writes DIR/multi_gpu_bench.json after every run and prints a table last. On a machine without
 two GPUs it refuses to start.
 """
@@ -25,7 +24,6 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -34,12 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from served_bench import FULL_PACK_DIT, GPU, TEXT_LEN, prepare_weights, without_machine_paths  # noqa: E402 - after the sys.path set-up above
+from served_bench import FULL_PACK_DIT, GPU, prepare_weights, without_machine_paths  # noqa: E402 - after the sys.path set-up above
 
-from h3_core.config import audio_latent_frames, latent_frames  # noqa: E402 - after the sys.path set-up above
-from h3_core.diffusion.request import GenerationRequest, RequestLimits  # noqa: E402 - after the sys.path set-up above
-from h3_core.factory import load_engine  # noqa: E402 - after the sys.path set-up above
-from h3_core.weights.vae_hook import load_vaes  # noqa: E402 - after the sys.path set-up above
 from server.process import TritonServer, metric_samples, read_metrics  # noqa: E402 - after the sys.path set-up above
 from server.repository import plan, write_repository  # noqa: E402 - after the sys.path set-up above
 
@@ -123,74 +117,14 @@ def served(
     return without_machine_paths(document, work, out)
 
 
-def decode_forever(checkpoint: Path, device: str) -> None:
-    """Decode 672x384x209 clips on `device` without pause (a process of its own, as h3_vae is;
-    on the CPU with h3_vae's sized cpu_threads, 5 of 16 cores); prints "ready" once loaded."""
-    torch.set_num_threads(5)
-    video_vae, audio_vae = load_vaes(checkpoint, device)
-    latent = torch.randn(24, latent_frames(209), 384 // 16, 672 // 16, device=device)
-    audio = torch.randn(2, 32, audio_latent_frames(209), device=device)
-    print("ready", flush=True)
-    while True:
-        video_vae.decode(latent)
-        audio_vae.decode(audio)
-        if device != "cpu":
-            torch.cuda.synchronize(device)
-
-
-def step_seconds_beside_decodes(checkpoint: Path, work: Path, decode_device: str | None, steps: int = 10) -> float:
-    """Mean seconds of a 16,384-row bench DiT step on cuda:0 (after 2 warm-up steps) while
-    another process decodes 672x384x209 clips on `decode_device` without pause (None: none)."""
-    engine = load_engine(
-        "bench",
-        checkpoint,
-        "cuda:0",
-        with_encoder=False,
-        with_vaes=False,
-        limits=RequestLimits(
-            max_height=384, max_width=672, max_num_frames=209, max_rows=1 << 20, max_request_mb=1 << 20
-        ),
-    )
-    text = torch.randn(TEXT_LEN, engine.dit.cfg.text_dim, generator=torch.Generator().manual_seed(0))
-    state = engine.prepare(GenerationRequest("placement", 384, 672, 209, steps + 2, seed=0), text)[0]
-    decoder = None
-    if decode_device is not None:
-        decoder = subprocess.Popen(
-            [sys.executable, __file__, "--out", str(work), "--work", str(work), "--decode-forever", decode_device],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert decoder.stdout.readline().strip() == "ready"
-    for _ in range(2):
-        engine.update(state, engine.denoise_step([state])[0])
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    while not state.finished:
-        engine.update(state, engine.denoise_step([state])[0])  # latents stay on the GPU: steps queue
-    torch.cuda.synchronize()
-    seconds = (time.perf_counter() - start) / steps
-    if decoder is not None:
-        decoder.kill()
-        decoder.wait()
-    del engine
-    torch.cuda.empty_cache()
-    return seconds
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument(
         "--work", type=Path, help="checkpoint, encoder, repositories, logs (default: a temporary folder)"
     )
-    parser.add_argument(
-        "--runs", nargs="+", choices=("throughput", "mixed", "placement"), default=["throughput", "mixed", "placement"]
-    )
-    parser.add_argument("--decode-forever", metavar="DEVICE", help=argparse.SUPPRESS)  # placement's decoder
+    parser.add_argument("--runs", nargs="+", choices=("throughput", "mixed"), default=["throughput", "mixed"])
     args = parser.parse_args()
-    if args.decode_forever:
-        return decode_forever(args.work / "checkpoints" / GPU.config, args.decode_forever)
     gpus = list(range(torch.cuda.device_count()))
     if len(gpus) < 2:
         parser.error(f"needs at least two GPUs, found {len(gpus)}")
@@ -237,19 +171,6 @@ def main() -> None:
             summary[f"mixed_dp{n}_over_dp1_mean_{key}"] = all_["summary"][key]["mean"] / one["summary"][key]["mean"]
         rows = list(all_["packed_rows_per_instance"].values())
         summary[f"mixed_dp{n}_row_imbalance"] = max(rows) / (sum(rows) / len(rows))
-    if "placement" in args.runs:
-        seconds = {
-            where: step_seconds_beside_decodes(checkpoint, args.work, device)
-            for where, device in (
-                ("alone", None),
-                ("decodes_same_gpu", "cuda:0"),
-                ("decodes_other_gpu", "cuda:1"),
-                ("decodes_cpu", "cpu"),
-            )
-        }
-        results["placement_step_s"] = seconds
-        for where in ("decodes_same_gpu", "decodes_other_gpu", "decodes_cpu"):
-            summary[f"step_with_{where}_over_alone"] = seconds[where] / seconds["alone"]
     save()
     print(f"\n{results['hardware']}, bench DiT bf16")
     print(f"{'run':<18}{'req':>5}{'wall s':>9}{'req/min':>9}{'mean lat s':>11}{'mean TTFS s':>12}")

@@ -288,6 +288,14 @@ def plan(
         size(DitSettings.MODEL, "max_num_frames", frames, canvas)
     if device == "cuda":
         size(EncoderSettings.MODEL, "device", vae_device, f"placement {placement}: {PLACED[placement]}")
+        if placement == "shared" and sp_degree == 1:
+            turns = (
+                "h3_vae shares its GPU with an h3_dit instance: its decode tiles take turns with the DiT steps "
+                "there instead of time-slicing the GPU, which made those steps 2.1x slower "
+                "(h3_core.serving.gpu_turns, docs/deploy_h200.md)"
+            )
+            size(VaeSettings.MODEL, "gpu_turns", True, turns)
+            size(DitSettings.MODEL, "gpu_turns", True, turns)
         size(
             DitSettings.MODEL,
             "execute_budget_s",
@@ -594,6 +602,8 @@ COMMENTS = {
         "quantization": "none, or fp8: the DiT blocks' linears in float8 e4m3 (per-channel weight and per-row "
         "activation scales, h3_core.model.fp8; about 44 GiB of weights instead of 62 for the h3 config; needs a GPU "
         "of compute capability >= 8.9, or the CPU for tests)",
+        "gpu_turns": '"true" (cuda, sp_degree 1): each packed step takes its GPU\'s turn, so that an h3_vae with '
+        "gpu_turns on the same GPU decodes only between steps (h3_core.serving.gpu_turns)",
     },
     VaeSettings.MODEL: {
         "cpu_threads": CPU_THREADS_COMMENT,
@@ -603,6 +613,11 @@ COMMENTS = {
         "max_height": "the canvas a result may have (h3_dit's limits; a direct caller's INFO is checked too)",
         "heartbeat_s": "seconds without a response after which a decode (queued or running) sends its client a "
         "keep-alive response; keep it under the idle timeout of any proxy in front of the server",
+        "gpu_turns": '"true" (a CUDA device): decode in tiles that take turns with the steps of the h3_dit '
+        "instances on the same GPU (which set gpu_turns too) instead of time-slicing it with them "
+        "(h3_core.serving.gpu_turns)",
+        "turn_share": "the fraction of the last DiT step's seconds that a turn of decode tiles may last while a "
+        "DiT step waits for the GPU",
     },
 }
 PROMPT_INPUTS = """\

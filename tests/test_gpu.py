@@ -331,9 +331,10 @@ def test_a_non_finite_velocity_read_through_its_cuda_event_fails_only_its_reques
 
 
 def test_a_request_served_through_tritonserver_runs_the_dit_on_cuda(tmp_path):
-    """The repository writer's plan for config tiny on cuda GPU 0 (DiT, encoder and VAEs there;
-    the weight-free benchmark text encoder of width 384), tritonserver from the pytriton wheel or
-    the GPU-host bundle; one request through h3_pipeline with return_mp4=false (no PyAV)."""
+    """The repository writer's plan for config tiny on cuda GPU 0 (DiT, encoder and VAEs there,
+    the VAE's decodes in turns with the DiT steps; the weight-free benchmark text encoder of width
+    384), tritonserver from the pytriton wheel or the GPU-host bundle; one request through
+    h3_pipeline with return_mp4=false (no PyAV)."""
     from server.environment import LaunchError, find_tritonserver
 
     try:
@@ -380,6 +381,8 @@ def test_a_request_served_through_tritonserver_runs_the_dit_on_cuda(tmp_path):
         "num_inference_steps": 3,
     }
     assert "warm-up step on cuda:0" in log, log[-3000:]
+    # the writer's one-GPU placement is shared: h3_vae decodes in turns with the DiT steps there
+    assert "each step takes the GPU's turn (gpu_turns)" in log, log[-3000:]
     (memory,) = metric_samples(metrics, "h3_device_memory_bytes", model="h3_dit")
     assert memory.labels["gpu"] == "0" and memory.value > 0  # torch.cuda.memory_allocated of the DiT's GPU
     (steps,) = metric_samples(metrics, "h3_step_seconds_count", model="h3_dit")

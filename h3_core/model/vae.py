@@ -18,6 +18,9 @@ clip, no batch dim, run under torch.inference_mode on the module's device); trai
 `self.encoder` / `self.decoder` directly on `frames_to_groups` / float waveforms.
 """
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+
 import torch
 from torch import nn
 
@@ -36,6 +39,7 @@ from h3_core.model.initialization import init_weights
 GROUP_FRAMES = max(config.FRAMES_PER_LATENT)  # 4 frames decoded per video latent
 VIDEO_GROUP_CHANNELS = 3 * GROUP_FRAMES  # 12: 4 RGB frames stacked on the channel axis
 VIDEO_WIDTHS = (32, 48, 64, 64)  # conv widths at 1/2, 1/4, 1/8, 1/16 resolution
+DECODE_TILE_LATENTS = 5  # latent frames decoded at a time (17 video frames; VideoVAE.decode)
 AUDIO_ENCODER_RATES = (2, 4, 4, 5, 5)  # conv1d strides, product 800 = config.AUDIO_HOP
 AUDIO_ENCODER_WIDTHS = (32, 64, 64, 128, 128)  # channels after each strided conv
 AUDIO_DECODER_RATES = (5, 5, 2, 2, 2, 2, 2)  # transposed-conv1d strides, product 800
@@ -185,16 +189,25 @@ class VideoVAE(nn.Module):
         return z.transpose(0, 1).contiguous()
 
     @torch.inference_mode()
-    def decode(self, latent: torch.Tensor) -> torch.Tensor:
+    def decode(self, latent: torch.Tensor, tile: Callable[[], AbstractContextManager] = nullcontext) -> torch.Tensor:
         """Decode one clip: normalised float32 latents [24, T_lat, Hl, Wl] (T_lat = 5n + 2) ->
         uint8 frames [17n + 5, Hl*16, Wl*16, 3] on the module's device (clamped to [0, 1], x255,
         rounded).
+
+        The decoder runs over DECODE_TILE_LATENTS latent frames at a time, each tile inside
+        `with tile():` (h3_core.serving.gpu_turns gives the GPU to a DiT step between tiles).
+        Latents are decoded independently, so the tiles change no value; the peak memory is a
+        tile's.
 
         Raises ValueError for a wrong dtype, shape or latent frame count (check_video_latent)."""
         check_video_latent(latent)
         z = latent.to(self.latents_mean.device).transpose(0, 1)
         z = z * self.latents_std[:, None, None] + self.latents_mean[:, None, None]
-        return frames_to_uint8(groups_to_frames(self.decoder(z)))
+        groups = []
+        for start in range(0, z.shape[0], DECODE_TILE_LATENTS):
+            with tile():
+                groups.append(frames_to_uint8(self.decoder(z[start : start + DECODE_TILE_LATENTS])))
+        return groups_to_frames(torch.cat(groups)).contiguous()
 
 
 def _encoder_conv(width: int, out: int, stride: int) -> nn.Conv1d:
@@ -284,12 +297,19 @@ def create_vaes(seed: int) -> tuple[VideoVAE, AudioVAE]:
 
 
 def decode_clip(
-    video_vae: VideoVAE, audio_vae: AudioVAE, num_frames: int, video_latent: torch.Tensor, audio_latent: torch.Tensor
+    video_vae: VideoVAE,
+    audio_vae: AudioVAE,
+    num_frames: int,
+    video_latent: torch.Tensor,
+    audio_latent: torch.Tensor,
+    tile: Callable[[], AbstractContextManager] = nullcontext,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Final latents -> (frames uint8 [num_frames, H, W, 3], audio float32 [2, samples]); see
     Engine.decode. video_latent: float32 [24, T_lat, Hl, Wl] with T_lat = latent_frames(num_frames);
-    audio_latent: float32 [2, 32, T_a] with T_a = audio_latent_frames(num_frames). Shared by the
-    engine and the Triton VAE model. Raises ValueError for latents that do not fit num_frames."""
+    audio_latent: float32 [2, 32, T_a] with T_a = audio_latent_frames(num_frames). The video decode
+    runs in tiles (VideoVAE.decode), the audio decode in one more, each inside `with tile():`.
+    Shared by the engine and the Triton VAE model. Raises ValueError for latents that do not fit
+    num_frames."""
     if video_latent.dim() != 4 or video_latent.shape[1] != latent_frames(num_frames):
         raise ValueError(
             f"video latent has shape {tuple(video_latent.shape)}; num_frames={num_frames} needs "
@@ -300,8 +320,9 @@ def decode_clip(
         raise ValueError(
             f"audio latent has shape {tuple(audio_latent.shape)}; num_frames={num_frames} needs {list(audio_shape)}"
         )
-    frames = video_vae.decode(video_latent)[:num_frames]
-    audio = audio_vae.decode(audio_latent)
+    frames = video_vae.decode(video_latent, tile)[:num_frames]
+    with tile():
+        audio = audio_vae.decode(audio_latent)
     samples = audio_num_samples(num_frames)
     audio = torch.nn.functional.pad(audio[:, :samples], (0, max(0, samples - audio.shape[1])))
     return frames, audio

@@ -23,6 +23,7 @@ from ..protocol import (
     VAE_MODEL,
 )
 from ..references import MediaLimits
+from .gpu_turns import DEFAULT_SHARE
 from .scheduler import DEFAULT_MAX_WAIT_S, DEFAULT_POLICY, POLICIES
 
 CONTROL_SLOTS = 2  # h3_dit sequence slots kept for cancel requests (max_batch_size = seqs + waiting + 2)
@@ -222,7 +223,11 @@ class VaeSettings:
     h3_dit's heartbeat timing, under the idle timeout of any proxy in front of the server);
     max_queued_decodes (>= 0: results that may wait for a decode worker; one beyond is refused at
     once with UNAVAILABLE); max_height, max_width (pixels), max_num_frames: the canvas a result
-    may have (INFO can be forged by a direct caller; the writer copies h3_dit's limits)."""
+    may have (INFO can be forged by a direct caller; the writer copies h3_dit's limits);
+    gpu_turns (on a CUDA device: decode in turns with the h3_dit instances of the same GPU, which
+    must set it too, h3_core.serving.gpu_turns; the writer sets it where h3_vae shares a GPU with
+    h3_dit); turn_share (finite > 0: the fraction of the last DiT step's seconds a turn of decode
+    tiles may last while a DiT step waits)."""
 
     MODEL = VAE_MODEL
     cpu_threads: int = 1
@@ -235,8 +240,14 @@ class VaeSettings:
     max_height: int = RequestLimits.max_height
     max_width: int = RequestLimits.max_width
     max_num_frames: int = RequestLimits.max_num_frames
+    gpu_turns: bool = False
+    turn_share: float = DEFAULT_SHARE
 
     def __post_init__(self):
+        if not 0 < self.turn_share < math.inf:
+            raise ValueError(f"h3_vae parameter turn_share={self.turn_share} is out of range: allowed finite > 0")
+        if self.gpu_turns and not self.device.startswith("cuda"):
+            raise ValueError(f"h3_vae parameter gpu_turns=true needs a CUDA device, got device={self.device!r}")
         for name in ("decode_workers", "max_height", "max_width", "max_num_frames"):
             if getattr(self, name) < 1:
                 raise ValueError(f"h3_vae parameter {name}={getattr(self, name)} is out of range: allowed >= 1")
@@ -296,7 +307,10 @@ class DitSettings:
     (h3_core.diffusion.step_cache): cache_threshold (a request's when it sends none; 0 = off),
     max_cache_threshold (the largest a request may send; with sp_degree > 1 a request's
     cache_threshold above 0 is refused: the metric runs the DiT's first block in this process).
-    allow_fault_injection: lets the test-only request parameter inject_fault act.
+    allow_fault_injection: lets the test-only request parameter inject_fault act. gpu_turns (on
+    cuda with sp_degree 1: each packed step takes the GPU's turn, so that an h3_vae decoding on
+    the same GPU with gpu_turns computes only between steps, h3_core.serving.gpu_turns; steps
+    then do not overlap the next step's host work).
 
     Rules checked by check(): execution_mode in EXECUTION_MODES, scheduling_policy in POLICIES,
     1 <= row_budget <= max_batch_rows, max_wait_s and heartbeat_s finite > 0, priority_max >= 0,
@@ -336,6 +350,7 @@ class DitSettings:
     cache_threshold: float = 0.0
     max_cache_threshold: float = RequestLimits.max_cache_threshold
     allow_fault_injection: bool = False
+    gpu_turns: bool = False
 
     def __post_init__(self):
         self.check()
@@ -384,6 +399,11 @@ class DitSettings:
             raise ValueError(
                 f"h3_dit parameter cache_threshold={self.cache_threshold} needs sp_degree 1: the step cache's "
                 "metric runs the DiT's first block in the instance's process"
+            )
+        if self.gpu_turns and (not self.device.startswith("cuda") or self.sp_degree != 1):
+            raise ValueError(
+                f"h3_dit parameter gpu_turns=true needs device cuda and sp_degree 1, got device={self.device!r} "
+                f"and sp_degree={self.sp_degree}"
             )
         if not 1 <= self.row_budget <= self.max_batch_rows:
             raise ValueError(

@@ -75,6 +75,7 @@ from .events import (
     Send,
     Status,
 )
+from .gpu_turns import GpuTurns
 from .metrics import MetricsRecord, device_memory_bytes, end_line
 from .packed_step import InFlight, PackedStep
 from .registry import Registry, record_cancel
@@ -111,6 +112,8 @@ class StepLoop(Admission, PackedStep):
         clock: monotonic seconds (tests pass a fake one).
         training: what the weights were trained on (their training.json), or None: a request
             outside it gets "outside_training" in its results' INFO.
+        turns: the GPU's turns (h3_core.serving.gpu_turns, settings.gpu_turns), or None: each
+            step is taken inside `turns.step()` and settled before the next is launched.
     Raises ValueError when settings.max_batch_rows exceeds the rows the DiT's compiled blocks
     take (H3DiT.max_compiled_rows).
     """
@@ -123,6 +126,7 @@ class StepLoop(Admission, PackedStep):
         metrics=None,
         clock: Callable[[], float] = time.monotonic,
         training: TrainingMetadata | None = None,
+        turns: GpuTurns | None = None,
     ):
         compiled_rows = getattr(engine.dit, "max_compiled_rows", None)  # a sequence-parallel DiT has none
         if compiled_rows is not None and settings.max_batch_rows > compiled_rows:
@@ -132,7 +136,7 @@ class StepLoop(Admission, PackedStep):
             )
         self.engine, self.settings, self.registry = engine, settings, registry
         self.metrics = metrics if metrics is not None else MetricsRecord()
-        self.clock, self.training = clock, training
+        self.clock, self.training, self.turns = clock, training, turns
         self.scheduler = Scheduler(
             settings.max_num_seqs,
             settings.max_batch_rows,
@@ -325,7 +329,14 @@ class StepLoop(Admission, PackedStep):
     def advance(self, pack: list[Job], send: Send) -> tuple[InFlight, bool]:
         """Launch `pack`'s step, then settle the previous one if it is still in flight (the two
         overlap while steps are short, OVERLAP_MAX_STEP_S); after a long step, settle this one
-        too. Returns the launched step and whether a step was settled."""
+        too. With GPU turns each step holds the turn from its launch until the device has done
+        it and is settled at once. Returns the launched step and whether a step was settled."""
+        if self.turns is not None:
+            settled = self.settle_in_flight(send)
+            with self.turns.step():
+                flight = self.launch(pack, send)
+            self.in_flight = flight
+            return flight, self.settle_in_flight(send) or settled
         flight = self.launch(pack, send)
         previous, self.in_flight = self.in_flight, flight
         settled = self.settle(previous, send)

@@ -40,6 +40,8 @@ import importlib.util
 import json
 import shutil
 import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -217,9 +219,10 @@ class RemoteVideoVAE(RemoteVAE):
         return ((z - mean) / std).contiguous()
 
     @torch.inference_mode()
-    def decode(self, latent: torch.Tensor) -> torch.Tensor:
+    def decode(self, latent: torch.Tensor, tile: Callable[[], AbstractContextManager] = nullcontext) -> torch.Tensor:
         """Decode one clip: normalised float32 latents [24, T_lat, Hl, Wl] (T_lat = 5n + 2) ->
-        uint8 frames [17n + 5, Hl*16, Wl*16, 3] on the device (clamped to [0, 1], x255, rounded).
+        uint8 frames [17n + 5, Hl*16, Wl*16, 3] on the device (clamped to [0, 1], x255, rounded),
+        in one tile (`with tile():`, as VideoVAE.decode's): the hook decodes a whole clip.
 
         Raises ValueError for a wrong dtype, shape or latent frame count (vae.check_video_latent),
         or a decode output of another shape than [1, 3, 17n + 5, Hl*16, Wl*16] or not finite
@@ -230,9 +233,10 @@ class RemoteVideoVAE(RemoteVAE):
         _, num_latents, height, width = latent.shape
         step = VIDEO_SPATIAL_DOWNSAMPLE
         expected = [1, 3, num_video_frames(num_latents), height * step, width * step]
-        return frames_to_uint8(
-            hook_tensor(self.folder, "decode", self.model.decode(z[None]), [expected])[0].permute(1, 2, 3, 0)
-        )
+        with tile():
+            return frames_to_uint8(
+                hook_tensor(self.folder, "decode", self.model.decode(z[None]), [expected])[0].permute(1, 2, 3, 0)
+            )
 
 
 class RemoteAudioVAE(RemoteVAE):

@@ -24,6 +24,7 @@ from h3_core.factory import load_engine
 from h3_core.parallel.workers import SP_TIMEOUT_FRACTION
 from h3_core.protocol import AUDIO_LATENT, CONDITION_LATENTS, REQUEST, TEXT_EMBEDS, VIDEO_LATENT, cancel_info
 from h3_core.serving.events import Arrival, CancelAnswer, Ended, Heartbeat, Progress, Refused, Result
+from h3_core.serving.gpu_turns import GpuTurns
 from h3_core.serving.metrics import METRICS
 from h3_core.serving.registry import Registry, server_folder
 from h3_core.serving.settings import DitSettings
@@ -174,13 +175,16 @@ class TritonPythonModel:
             + (f" over {settings.sp_degree} sequence-parallel workers" if settings.sp_degree > 1 else "")
             + (f", block linears in {settings.quantization}" if settings.quantization != "none" else "")
             + f"; up to {settings.max_batch_rows:,} rows a step"
+            + ("; each step takes the GPU's turn (gpu_turns)" if settings.gpu_turns else "")
         )
+        folder = server_folder()
         self.loop = StepLoop(
             engine,
             settings,
-            Registry(server_folder(), instance),
+            Registry(folder, instance),
             TritonMetrics(labels),
             training=load_training_metadata(source),
+            turns=GpuTurns.on_device(folder, device) if settings.gpu_turns else None,
         )
         signal.signal(signal.SIGUSR1, lambda signum, frame: self.loop.start_draining())
 

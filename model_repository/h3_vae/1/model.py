@@ -19,6 +19,7 @@ true there). A malformed direct request is refused with INVALID_ARG, also a resu
 names a canvas beyond h3_vae's own max_height, max_width, max_num_frames or whose latents do not
 fit it."""
 
+import contextlib
 import functools
 import json
 import logging
@@ -42,6 +43,7 @@ from h3_core.protocol import (
 )
 from h3_core.serving.decodes import BacklogFull, Decode, Decodes, check_result
 from h3_core.serving.gone_clients import GoneClients
+from h3_core.serving.gpu_turns import GpuTurns
 from h3_core.serving.metrics import end_line
 from h3_core.serving.ordered_pool import OrderedPool
 from h3_core.serving.registry import Registry, server_folder
@@ -141,6 +143,10 @@ class TritonPythonModel:
         )
         self.open_gauges = [self.open_family.Metric(labels={"model": "h3_vae", "state": s}) for s in DECODE_STATES]
         self.limits = settings.limits()
+        # decodes in turns with the DiT steps of this GPU (h3_core.serving.gpu_turns), or at once
+        self.turns = (
+            GpuTurns.on_device(server_folder(), settings.device, settings.turn_share) if settings.gpu_turns else None
+        )
         self.pool = OrderedPool(settings.decode_workers, name="h3_vae-decode")
         # Everything that touches the stub (reading requests, making tensors, logging, sending, BLS
         # calls) happens under this lock: in Triton 2.51 a decode thread sending while execute()
@@ -248,7 +254,9 @@ class TritonPythonModel:
             self.open_decodes.start(decode)
         start, error, outputs = time.perf_counter(), None, None
         try:
-            frames, audio = decode_clip(self.video_vae, self.audio_vae, info["num_frames"], video, audio)
+            tiles = self.turns.tiles() if self.turns is not None else contextlib.nullcontext(contextlib.nullcontext)
+            with tiles as tile:
+                frames, audio = decode_clip(self.video_vae, self.audio_vae, info["num_frames"], video, audio, tile)
             frames, audio = frames.cpu(), audio.cpu()
             mp4 = (
                 np.array([[encode_mp4(frames, audio)]], dtype=object)

@@ -1,0 +1,209 @@
+"""h3_core.serving.gpu_turns on the CPU: the flock turns between a DiT's steps and h3_vae's decode
+tiles (two GpuTurns on one folder and key stand for the two processes: flocks of separate opens
+conflict within a process too), their order, the share of a turn, crash safety, the settings and
+the step loop taking each step in a turn. Orders and counts only, no timings."""
+
+import fcntl
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from h3_core.model.vae import DECODE_TILE_LATENTS, create_vaes, decode_clip, frames_to_uint8, groups_to_frames
+from h3_core.serving.gpu_turns import GpuTurns
+from h3_core.serving.metrics import MetricsRecord
+from h3_core.serving.registry import Registry
+from h3_core.serving.settings import DitSettings, VaeSettings
+from h3_core.serving.step_loop import StepLoop
+from tests.test_step_loop import Client, Clock, assert_solo, engine  # noqa: F401 - engine is a fixture
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def turns(folder: Path, share: float = 0.05, synced: list | None = None, name: str = "") -> GpuTurns:
+    return GpuTurns(folder, "gpu-test", share, lambda: synced.append(name) if synced is not None else None)
+
+
+def turn_is_free(folder: Path) -> bool:
+    """Whether nobody holds the turn (a non-blocking exclusive flock of a fresh open succeeds)."""
+    fd = os.open(folder / "gpu-gpu-test.turn", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def wait_for(condition) -> None:
+    """Poll `condition` until it holds (an order, not a timing: the bound only stops a hang)."""
+    for _ in range(20000):
+        if condition():
+            return
+        time.sleep(0.001)
+    raise AssertionError("condition never held")
+
+
+def decode_with_a_step(folder: Path, share: float, tiles: int = 3) -> list[str]:
+    """A decode of `tiles` tiles; while its first tile runs, a DiT step starts waiting for the turn.
+    Returns the order of tiles and the step."""
+    dit, vae, events = turns(folder), turns(folder, share), []
+
+    def take_step():
+        with dit.step():
+            events.append("step")
+
+    step = threading.Thread(target=take_step)
+    with vae.tiles() as tile:
+        for index in range(tiles):
+            with tile():
+                events.append(f"tile {index}")
+                if index == 0:
+                    step.start()
+                    wait_for(vae.dit_waiting)
+    step.join()
+    return events
+
+
+def test_a_waiting_step_takes_the_gpu_after_the_current_tile(tmp_path):
+    # no step seen yet: a turn's share of it is 0 s, so the turn ends after one tile
+    assert decode_with_a_step(tmp_path, share=0.05) == ["tile 0", "step", "tile 1", "tile 2"]
+
+
+def test_a_turn_lasts_its_share_of_the_last_step_while_a_step_waits(tmp_path):
+    dit = turns(tmp_path)
+    with dit.step():
+        time.sleep(0.01)
+    assert turns(tmp_path).last_step_s() >= 0.01
+    # a share far above the decode's length: the waiting step comes after the whole decode
+    assert decode_with_a_step(tmp_path, share=1e9) == ["tile 0", "tile 1", "tile 2", "step"]
+
+
+def test_tiles_run_at_once_while_no_step_waits_and_synchronize_before_the_turn_ends(tmp_path):
+    synced = []
+    vae = turns(tmp_path, synced=synced, name="vae")
+    with vae.tiles() as tile:
+        for _ in range(3):
+            with tile():
+                assert not turn_is_free(tmp_path)
+    assert synced == ["vae"] * 4  # after each tile, and as the turn is given up
+    assert turn_is_free(tmp_path)
+
+
+def test_a_step_holds_the_turn_until_the_device_is_done_also_when_it_raises(tmp_path):
+    seen = []
+    dit = GpuTurns(tmp_path, "gpu-test", 0.05, lambda: seen.append(turn_is_free(tmp_path)))
+    with pytest.raises(RuntimeError, match="forward failed"):
+        with dit.step():
+            raise RuntimeError("forward failed")
+    assert seen == [False] and turn_is_free(tmp_path)
+
+
+def test_a_decode_that_raises_gives_the_turn_up(tmp_path):
+    vae = turns(tmp_path)
+    with pytest.raises(ValueError, match="bad latents"):
+        with vae.tiles() as tile:
+            with tile():
+                raise ValueError("bad latents")
+    assert turn_is_free(tmp_path)
+
+
+def test_a_process_killed_holding_the_turn_blocks_nobody(tmp_path):
+    code = (
+        "import sys, time; from h3_core.serving.gpu_turns import GpuTurns; "
+        "t = GpuTurns(sys.argv[1], 'gpu-test', 0.05, lambda: None); s = t.step(); s.__enter__(); "
+        "print('held', flush=True); time.sleep(600)"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert not turn_is_free(tmp_path)
+    finally:
+        holder.kill()
+        holder.wait()
+    events = []
+    with turns(tmp_path).tiles() as tile:
+        with tile():
+            events.append("tile")
+    assert events == ["tile"]
+
+
+def test_decode_clip_runs_each_tile_inside_a_turn_and_tiles_change_no_value():
+    video_vae, audio_vae = create_vaes(1)
+    latents = 2 + 5 * 2  # 12 latent frames: 3 video tiles of 5, 5, 2
+    video = torch.randn(24, latents, 2, 3, generator=torch.Generator().manual_seed(0))
+    audio = torch.randn(2, 32, 65, generator=torch.Generator().manual_seed(1))
+    entered = []
+
+    class Tile:
+        def __enter__(self):
+            entered.append(len(entered))
+
+        def __exit__(self, *exc):
+            return False
+
+    frames, waveform = decode_clip(video_vae, audio_vae, 39, video, audio, Tile)
+    assert DECODE_TILE_LATENTS == 5 and entered == [0, 1, 2, 3]  # 3 video tiles + the audio
+    with torch.inference_mode():
+        whole = frames_to_uint8(groups_to_frames(video_vae.decoder(video.transpose(0, 1))))
+    assert torch.equal(frames, whole)
+    assert torch.equal(waveform, decode_clip(video_vae, audio_vae, 39, video, audio)[1])
+
+
+def test_the_step_loop_takes_each_step_in_a_turn_and_settles_it_before_the_next(engine, tmp_path):  # noqa: F811
+    held = []
+    folder = tmp_path / "server"
+    dit = GpuTurns(folder, "gpu-test", 0.05, lambda: held.append(not turn_is_free(folder)))
+    loop = StepLoop(
+        engine,
+        DitSettings(max_steps=20, execute_budget_s=0.0),
+        Registry(tmp_path / "registry", "i0"),
+        MetricsRecord(),
+        Clock(),
+        turns=dit,
+    )
+    client = Client(loop)
+    client.send("a", steps=3, seed=1)
+    client.send("b", steps=2, seed=2)
+    while client.live:
+        client.iterate()
+        assert loop.in_flight is None  # settled in the execute that launched it
+    assert held == [True, True, True]  # three packed steps, each done on the device inside its turn
+    assert turn_is_free(folder) and dit.last_step_s() > 0
+    results = {result.request_id: result for result in client.events if type(result).__name__ == "Result"}
+    assert_solo(engine, results["a"], 3, 1)
+    assert_solo(engine, results["b"], 2, 2)
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (
+            lambda: VaeSettings(gpu_turns=True, device="cpu"),
+            "h3_vae parameter gpu_turns=true needs a CUDA device, got device='cpu'",
+        ),
+        (lambda: VaeSettings(turn_share=0.0), "h3_vae parameter turn_share=0.0 is out of range: allowed finite > 0"),
+        (
+            lambda: VaeSettings(turn_share=float("inf")),
+            "h3_vae parameter turn_share=inf is out of range: allowed finite > 0",
+        ),
+        (
+            lambda: DitSettings(gpu_turns=True, device="cpu"),
+            "h3_dit parameter gpu_turns=true needs device cuda and sp_degree 1, got device='cpu' and sp_degree=1",
+        ),
+        (
+            lambda: DitSettings(gpu_turns=True, device="cuda", sp_degree=2),
+            "h3_dit parameter gpu_turns=true needs device cuda and sp_degree 1, got device='cuda' and sp_degree=2",
+        ),
+    ],
+)
+def test_turn_settings_are_checked(settings, message):
+    with pytest.raises(ValueError) as error:
+        settings()
+    assert str(error.value) == message
