@@ -579,6 +579,51 @@ def conditioned_steps(root: Path) -> str:
     return "\n".join(lines)
 
 
+PLACEMENT_NAMES = {
+    "alone": "nothing beside it",
+    "same_gpu": "decodes on the same GPU, beside the steps (time-sliced)",
+    "cpu": "decodes on the CPU",
+    "other_gpu": "decodes on another GPU",
+}
+
+
+def decode_placement(root: Path) -> str:
+    """A DiT step beside decodes, per placement, from decode_placement_h200.json
+    (benchmarks/decode_placement.py): step seconds, the ratio over alone and the decodes done."""
+    document = load(root, "decode_placement_h200")
+    sources = Sources()
+    source = sources.cite(provenance(document, "benchmarks/results/decode_placement_h200.json"))
+    configs = list(document["configs"])
+    lines = [
+        "| decodes of 672 x 384 px, 209-frame clips without pause | "
+        + " | ".join(f"`{config}` DiT: step s | over alone | decodes done (mean s)" for config in configs)
+        + " | source |",
+        "|---|" + "---:|---:|---:|" * len(configs) + "---|",
+    ]
+    for name in document["configs"][configs[0]]:
+        label = PLACEMENT_NAMES.get(name)
+        if label is None:  # turns_S
+            label = f"decodes on the same GPU in turns with the steps, turn_share {name.removeprefix('turns_')}"
+        cells = []
+        for config in configs:
+            run = document["configs"][config][name]
+            decodes = (
+                "-"
+                if name == "alone"
+                else f"{run['decodes']}"
+                + (f" ({run['decode_s_mean']:.3f})" if run["decode_s_mean"] is not None else "")
+            )
+            cells += [f"{run['step_s']:.3f}", f"{run['over_alone']:.3f}", decodes]
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {source} |")
+    alone = document["decode_alone_s"]
+    lines += [
+        "",
+        f"One decode with nothing beside it: {alone['cuda:0']:.3f} s on the GPU, {alone['cpu']:.2f} s on the CPU "
+        f"(5 threads) {source}.",
+    ]
+    return "\n".join(lines + sources.render())
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "conditioned_bench_h200 steps": conditioned_steps,
     "h200 headline": h200_headline,
@@ -598,6 +643,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "fp8_h200 comparison": fp8_comparison,
     "cache_demo_cpu curve": cache_curve,
     "cache_speed_h200 table": cache_speed,
+    "decode_placement_h200 table": decode_placement,
     "h200x2_sequence_parallel bitwise": sequence_parallel_bitwise,
     "h200x2_sequence_parallel max_abs_diff": sequence_parallel_max_diff,
     "registry_cpu calls": registry_cpu,

@@ -3,8 +3,9 @@
 # benchmarks (benchmarks/served_bench.py): tritonserver 2.51 from this .venv's nvidia-pytriton
 # (binary, backends, the python backend stub for the host's Python, bundled libraries except
 # pytriton's libpython 3.13), the tritonclient Python package (perf_analyzer binaries left out),
-# and python-rapidjson (this .venv's version, a wheel for the host's Python, unpacked): about 28 MB
-# as tar.xz. PyAV (this .venv's version; its wheel brings its FFmpeg libraries) goes into a second
+# python-rapidjson (this .venv's version) and numpy 1.26.4 (the 2.51 stub cannot read BYTES tensors
+# with numpy 2; server.launch refuses it), wheels for the host's Python, unpacked: about 40 MB as
+# tar.xz. PyAV (this .venv's version; its wheel brings its FFmpeg libraries) goes into a second
 # archive beside it, OUT with _av before .tar.xz (about 30 MB), which unpacks into the same site
 # folder: with it h3_vae encodes MP4 on the GPU host, so served benchmarks return what users get.
 # Two archives, so that each travels where a transfer is limited to 64 MiB.
@@ -14,9 +15,9 @@
 # On the host:  for f in gpu_host_bundle.tar.xz gpu_host_bundle_av.tar.xz; do tar -xJf $f -C /tmp; done
 #               export PYTHONPATH=/tmp/site
 # The stub embeds the host's libpython (libpython3.12.so.1.0 must be on the loader path) and
-# runs the models with the python3 first on PATH, whose site-packages must hold torch, numpy 1
-# (numpy<2: the 2.51 stub cannot read BYTES tensors with numpy 2; server.launch refuses it),
-# safetensors and transformers, and a .pth with this repository's root (see docs/benchmarks.md).
+# runs the models with the python3 first on PATH, whose site-packages must hold torch, safetensors
+# and transformers (and not scipy or scikit-learn built for numpy 2, which transformers imports),
+# and a .pth with this repository's root (see docs/benchmarks.md).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="$(realpath -m "${1:-$ROOT/build/gpu_host_bundle.tar.xz}")"
@@ -40,16 +41,17 @@ cp -r "$SP/tritonclient" "$SP/prometheus_client" "$S/"
 rm -rf "$S/tritonclient/bin"
 RAPIDJSON="$("$VPY" -c 'import importlib.metadata as m; print(m.version("python-rapidjson"))')"
 AV="$("$VPY" -c 'import importlib.metadata as m; print(m.version("av"))')"
+NUMPY=1.26.4  # the last numpy 1 with wheels for Python 3.12
 "$VPY" -m pip download --quiet --no-deps --only-binary=:all: --python-version "$PYV" --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$STAGE/wheels" \
-    "python-rapidjson==$RAPIDJSON" "av==$AV" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+    "python-rapidjson==$RAPIDJSON" "numpy==$NUMPY" "av==$AV" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
 AV_OUT="${OUT%.tar.xz}_av.tar.xz"
 mkdir -p "$STAGE/av/site" "$(dirname "$OUT")"
-"$VPY" -m zipfile -e "$STAGE"/wheels/python_rapidjson-*.whl "$S"
+for wheel in "$STAGE"/wheels/python_rapidjson-*.whl "$STAGE"/wheels/numpy-*.whl; do "$VPY" -m zipfile -e "$wheel" "$S"; done
 "$VPY" -m zipfile -e "$STAGE"/wheels/av-*.whl "$STAGE/av/site"
 find "$STAGE" -name __pycache__ -prune -exec rm -rf {} +
 tar -C "$STAGE" -cJf "$OUT" site
 tar -C "$STAGE/av" -cJf "$AV_OUT" site
-echo "wrote $OUT ($(du -h "$OUT" | cut -f1)): tritonserver + python $PYV stub, tritonclient, python-rapidjson $RAPIDJSON"
+echo "wrote $OUT ($(du -h "$OUT" | cut -f1)): tritonserver + python $PYV stub, tritonclient, python-rapidjson $RAPIDJSON, numpy $NUMPY"
 echo "wrote $AV_OUT ($(du -h "$AV_OUT" | cut -f1)): av $AV"

@@ -85,6 +85,28 @@ def test_a_turn_lasts_its_share_of_the_last_step_while_a_step_waits(tmp_path):
     assert decode_with_a_step(tmp_path, share=1e9) == ["tile 0", "tile 1", "tile 2", "step"]
 
 
+def test_a_dit_stepping_without_pause_leaves_a_waiting_decode_one_turn_between_steps(tmp_path):
+    dit, vae, events = turns(tmp_path), turns(tmp_path, share=1e-9), []
+
+    def decode():
+        with vae.tiles() as tile:
+            for index in range(3):
+                with tile():
+                    events.append(f"tile {index}")
+                    wait_for(vae.dit_waiting)  # the next step asks for the GPU while this tile runs
+
+    decoder = threading.Thread(target=decode)
+    for index in range(4):
+        with dit.step():
+            events.append(f"step {index}")
+            if index == 0:
+                decoder.start()
+            if index < 3:
+                wait_for(dit.tiles_waiting)  # the decode asks for the GPU while this step runs
+    decoder.join()
+    assert events == ["step 0", "tile 0", "step 1", "tile 1", "step 2", "tile 2", "step 3"]
+
+
 def test_tiles_run_at_once_while_no_step_waits_and_synchronize_before_the_turn_ends(tmp_path):
     synced = []
     vae = turns(tmp_path, synced=synced, name="vae")

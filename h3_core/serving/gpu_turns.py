@@ -8,15 +8,18 @@ latent frames each) and takes the turn for its tiles in the gaps between steps (
 
 While a DiT instance waits for the turn, h3_vae gives it up after the tile in which its turn reached
 `share` x the last step's seconds (at least one tile per turn), so a waiting step is delayed by at
-most that plus one tile, and h3_vae's next turn comes after that step. While no DiT instance waits,
-tiles follow one another at full speed. A step therefore costs (1 + about `share`) x its time while
+most that plus one tile. While h3_vae waits for the turn, a DiT instance about to step lets it take
+the turn first, so that a DiT stepping without pause leaves h3_vae one turn between any two steps
+(a lock alone would let the DiT take it back at once). While no DiT instance waits, tiles follow one
+another at full speed. A step therefore costs (1 + about `share`) x its time while
 a decode runs, and a decode takes about its own time / `share` while the DiT steps without pause
 (docs/deploy_h200.md measures both).
 
 The turn is an exclusive flock on <folder>/gpu-<uuid>.turn, where <folder> is the server's shared
 folder (h3_core.serving.registry.server_folder) and <uuid> the GPU's, so that every process of the
 server that names the GPU, under any index, meets the same lock. A DiT instance waiting for the turn
-holds a shared flock on gpu-<uuid>.want; the last step's seconds are the turn file's first 8 bytes
+holds a shared flock on gpu-<uuid>.want, h3_vae waiting for it one on gpu-<uuid>.tiles-want; the
+last step's seconds are the turn file's first 8 bytes
 (a little-endian float64). The kernel drops a dead process's flocks, so a crash on one side never
 blocks the other.
 """
@@ -32,8 +35,10 @@ from pathlib import Path
 
 import torch
 
-DEFAULT_SHARE = 0.05  # of the last step's seconds: a turn while a DiT step waits (docs/deploy_h200.md)
-POLL_S = 0.0005  # seconds between looks at whether the waiting DiT instance has taken the turn
+# of the last step's seconds: a turn while a DiT step waits; with the tile that ends the turn, a
+# waiting step is delayed about 5 % at most (docs/deploy_h200.md)
+DEFAULT_SHARE = 0.04
+POLL_S = 0.0005  # seconds between looks at whether the other side, waiting, has taken the turn
 _STEP_SECONDS = struct.Struct("<d")
 
 
@@ -66,6 +71,7 @@ class GpuTurns:
         self.share, self.synchronize = share, synchronize
         self.turn = os.open(folder / f"gpu-{key}.turn", os.O_RDWR | os.O_CREAT, 0o600)
         self.want = os.open(folder / f"gpu-{key}.want", os.O_RDWR | os.O_CREAT, 0o600)
+        self.tiles_want = os.open(folder / f"gpu-{key}.tiles-want", os.O_RDWR | os.O_CREAT, 0o600)
         self.tiling = threading.Lock()  # one decode of this process takes turns at a time
         self.held, self.since = False, 0.0
 
@@ -77,8 +83,8 @@ class GpuTurns:
 
     def close(self) -> None:
         """Close the files (giving up any turn held)."""
-        os.close(self.turn)
-        os.close(self.want)
+        for fd in (self.turn, self.want, self.tiles_want):
+            os.close(fd)
 
     def last_step_s(self) -> float:
         """Seconds of the last step a DiT instance took on this GPU (0.0 before the first)."""
@@ -87,20 +93,22 @@ class GpuTurns:
 
     def dit_waiting(self) -> bool:
         """Whether a DiT instance waits for the turn now."""
-        try:
-            fcntl.flock(self.want, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(self.want, fcntl.LOCK_UN)
-        return False
+        return _held_by_others(self.want)
+
+    def tiles_waiting(self) -> bool:
+        """Whether h3_vae waits for the turn now."""
+        return _held_by_others(self.tiles_want)
 
     @contextmanager
     def step(self) -> Iterator[None]:
         """The DiT's side: hold the turn for one packed step. Waits (announcing itself in the want
-        file) for the turn; on leaving, waits for the device to finish the step, stores its
-        seconds (turn taken to device done) and gives the turn up, also when the step raised."""
+        file) for the turn, letting a waiting h3_vae take it first; on leaving, waits for the device
+        to finish the step, stores its seconds (turn taken to device done) and gives the turn up,
+        also when the step raised."""
         fcntl.flock(self.want, fcntl.LOCK_SH)
         try:
+            while self.tiles_waiting():  # until h3_vae holds the turn; then wait for its turn to end
+                time.sleep(POLL_S)
             fcntl.flock(self.turn, fcntl.LOCK_EX)
         finally:
             fcntl.flock(self.want, fcntl.LOCK_UN)
@@ -133,7 +141,11 @@ class GpuTurns:
             while self.dit_waiting():  # until the waiting instance holds the turn; then wait for its step
                 time.sleep(POLL_S)
         if not self.held:
-            fcntl.flock(self.turn, fcntl.LOCK_EX)
+            fcntl.flock(self.tiles_want, fcntl.LOCK_SH)
+            try:
+                fcntl.flock(self.turn, fcntl.LOCK_EX)
+            finally:
+                fcntl.flock(self.tiles_want, fcntl.LOCK_UN)
             self.held, self.since = True, time.perf_counter()
         yield
         self.synchronize()  # the tile is done on the device: the turn's length counts device time
@@ -145,3 +157,13 @@ class GpuTurns:
             finally:
                 self.held = False
                 fcntl.flock(self.turn, fcntl.LOCK_UN)
+
+
+def _held_by_others(fd: int) -> bool:
+    """Whether another open file holds a flock on `fd`'s file (a non-blocking exclusive flock fails)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return False
