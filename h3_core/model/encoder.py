@@ -161,6 +161,8 @@ def load_qwen3vl(folder: Path, num_layers: int, device: str | torch.device, seed
     model.language_model.norm = torch.nn.Identity()
     if seed is not None:
         init_weights(model, seed)
+        if model.device.type == "cuda":
+            torch.cuda.empty_cache()  # init_weights' float32 draws: their cache is not kept from the GPU's others
         return model.eval()
     state = checkpoint_tensors(folder, {QWEN3VL_PREFIX + name for name in model.state_dict()})
     model.load_state_dict({name.removeprefix(QWEN3VL_PREFIX): t for name, t in state.items()}, strict=True)
