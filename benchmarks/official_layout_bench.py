@@ -289,7 +289,8 @@ def print_table(results: dict) -> None:
     for name in LOADED_FOLDERS:
         if name in out.get("load", {}):
             r = out["load"][name]
-            print(f"load      {name}: {r['bytes'] / GB:.2f} GB in {f(r['seconds'], '.2f')} s = {r['bytes_per_s'] / GB:.2f} GB/s")
+            rate = r["bytes_per_s"] / GB
+            print(f"load      {name}: {r['bytes'] / GB:.2f} GB in {f(r['seconds'], '.2f')} s = {rate:.2f} GB/s")
     if "full_model_load" in out:
         x = out["full_model_load"]
         print(
