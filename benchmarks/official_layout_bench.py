@@ -10,7 +10,8 @@ In order, each step timed:
            parameters, 12.1 GB; the byte-level tokenizer; our VAEs behind the remote-code hook; all
            drawn on the GPU, about 24 GB on the host's disk): seconds and bytes written;
   cache:   `sync; echo 3 > /proc/sys/vm/drop_caches`, so that the next step reads the disk, not the
-           page cache; in a container it may be refused: the JSON says whether it worked;
+           page cache; in a container it may be refused: the JSON says whether it worked (the
+           CPU smoke does not try);
   load:    in a process of its own, every safetensors file of transformer/ and of text_encoder/ read
            to the GPU (safetensors.torch.load_file onto cuda:0, then a synchronize): bytes,
            seconds and bytes per second per folder; then the load time of the full model's
@@ -80,6 +81,7 @@ class Setting:
 
 GPU = Setting("bench", "h3", 8, "cuda", 384, 672, 209, steps=4)
 CPU = Setting("tiny", "tiny", 8, "cpu", 64, 96, 22, steps=2)
+SETTINGS = {"gpu": GPU, "cpu": CPU}
 
 
 def folder_bytes(folder: Path) -> int:
@@ -87,8 +89,11 @@ def folder_bytes(folder: Path) -> int:
     return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
 
 
-def drop_page_cache() -> dict:
-    """Run DROP_CACHES; {"dropped": whether it exited 0, "message": its stderr or ""}."""
+def drop_page_cache(cuda: bool) -> dict:
+    """Run DROP_CACHES on a GPU host (not on the CPU smoke's machine: its other work keeps its
+    cache); {"command", "dropped": whether it ran and exited 0, "message": its stderr, or why not}."""
+    if not cuda:
+        return {"command": DROP_CACHES, "dropped": False, "message": "not tried: the CPU smoke leaves the cache"}
     done = subprocess.run(["sh", "-c", DROP_CACHES], capture_output=True, text=True)
     return {"command": DROP_CACHES, "dropped": done.returncode == 0, "message": done.stderr.strip()}
 
@@ -140,7 +145,7 @@ def client_phase(args) -> int:
     """The launcher's --then command: the time it started (the server is ready), then one
     bench_client.py request to the server of H3_GRPC_URL / H3_METRICS_URL."""
     (args.work / "ready_unix_s").write_text(repr(time.time()))
-    setting = GPU if torch.cuda.is_available() else CPU
+    setting = SETTINGS[args.client]  # not torch.cuda.is_available(): no CUDA context in this process
     mp4 = importlib.util.find_spec("av") is not None and not args.no_mp4
     command = [
         sys.executable,
@@ -162,7 +167,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, help="denoise steps of the request (default 4; 2 on the CPU)")
     parser.add_argument("--no-mp4", action="store_true", help="return_mp4=false even where PyAV is importable")
     parser.add_argument("--load-probe", metavar="DEVICE", help=argparse.SUPPRESS)  # the load step's process
-    parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)  # the launcher's --then command
+    parser.add_argument("--client", choices=sorted(SETTINGS), help=argparse.SUPPRESS)  # the launcher's --then command
     args = parser.parse_args()
     checkpoint = args.work / "checkpoint"
     if args.load_probe:
@@ -219,7 +224,7 @@ def main() -> int:
     out["write"]["folders_bytes"] = {path.name: folder_bytes(path) for path in sorted(checkpoint.iterdir())}
     save()
 
-    out["page_cache"] = drop_page_cache()
+    out["page_cache"] = drop_page_cache(cuda)
     print(f"--- page cache dropped: {out['page_cache']['dropped']} {out['page_cache']['message']}", flush=True)
     device = "cuda:0" if cuda else "cpu"
     ok, seconds = run("load", [sys.executable, __file__, "--work", str(args.work), "--load-probe", device])
@@ -241,7 +246,8 @@ def main() -> int:
         *("--free-ports", "--timeout", str(SERVER_TIMEOUT_S), "--quiet", "--log-file", str(args.work / "server.log")),
     ]
     results["settings"]["launch_command"] = " ".join(["python3", *launch[1:]]).replace(str(args.work), "$WORK")
-    client = [sys.executable, __file__, "--work", str(args.work), "--client", *(["--no-mp4"] if not mp4 else [])]
+    client = [sys.executable, __file__, "--work", str(args.work), "--client", "gpu" if cuda else "cpu"]
+    client += [] if mp4 else ["--no-mp4"]
     client += ["--steps", str(steps)]
     for stale in ("ready_unix_s", "bench_t2va.json"):
         (args.work / stale).unlink(missing_ok=True)

@@ -16,6 +16,8 @@ Two kinds of encoder folder are served, told apart by the `model_type` of their 
   features, DeepStack included.
 
 Models are loaded from local files only, weights from safetensors (no pickle); nothing is ever downloaded.
+A Qwen3-VL may instead get seeded random weights drawn on its device (encoder_weights
+"random:SEED": its sizes from config.json alone, for hosts without the real weights).
 One prompt runs per forward with an all-ones mask, so no padding can change a prompt's states.
 """
 
