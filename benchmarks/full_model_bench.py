@@ -106,7 +106,7 @@ ENCODE_REPEATS = 3
 
 
 # the CPU smoke's Qwen3-VL: write_random_qwen3vl's tiny sizes at the tiny DiT's text width, the same 50 layers
-QWEN3VL_TINY = tiny_qwen3vl(get_config("tiny").text_dim, QWEN3VL_H3_LAYER)
+QWEN3VL_CPU = tiny_qwen3vl(get_config("tiny").text_dim, QWEN3VL_H3_LAYER)
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ class Setting:
 
 GPU = Setting("h3", "cuda", 384, 672, 209, steps=30, b_requests=4, qwen3vl="h3")
 CPU = Setting("tiny", "cpu", 64, 96, 22, steps=2, b_requests=4, qwen3vl="tiny")
-QWEN3VL_DIMS = {"h3": QWEN3VL_H3, "tiny": QWEN3VL_TINY}
+QWEN3VL_DIMS = {"h3": QWEN3VL_H3, "tiny": QWEN3VL_CPU}
 ENCODER_STAGES = {"bench": ("a", "qwen3vl", "b"), "qwen3vl": ("a", "b")}  # --encoder -> its stages, in order
 QWEN3VL_WEIGHTS = "random:0"  # h3_encoder's encoder_weights under --encoder qwen3vl: drawn on its device
 # h3_dit's rows beside the served Qwen3-VL (docs/deploy_h200.md: 32,768 fit beside it in bf16: two

@@ -541,9 +541,9 @@ def test_official_layout_bench_cpu_smoke(tmp_path):
     text_config = json.loads((checkpoint / "text_encoder" / "config.json").read_text())["text_config"]
     assert (text_config["num_hidden_layers"], text_config["hidden_size"]) == (8, 384)
     write = results["write"]
-    sizes = {
-        name: sum(p.stat().st_size for p in (checkpoint / name).rglob("*") if p.is_file())
-        for name in write["folders_bytes"]
+    files = {name: [p for p in (checkpoint / name).rglob("*") if p.is_file()] for name in write["folders_bytes"]}
+    sizes = {  # serving the VAEs' remote code has since written its __pycache__
+        name: sum(p.stat().st_size for p in paths if "__pycache__" not in p.parts) for name, paths in files.items()
     }
     assert write["folders_bytes"] == sizes and write["bytes"] == sum(sizes.values())
     assert results["page_cache"]["dropped"] is False
@@ -554,7 +554,7 @@ def test_official_layout_bench_cpu_smoke(tmp_path):
         assert load[name]["bytes_per_s"] == pytest.approx(load[name]["bytes"] / load[name]["seconds"], rel=1e-12)
     full = results["full_model_load"]
     assert full["extrapolated"] is True
-    assert (full["dit_bytes"], full["qwen3vl_text_decoder_50_layers_bytes"]) == (66_280_430_080, 50_315_658_752)
+    assert (full["dit_bytes"], full["qwen3vl_text_decoder_50_layers_bytes"]) == (66_280_430_080, 2 * 25_157_829_120)
     assert full["total_seconds"] == pytest.approx(
         full["dit_bytes"] / load["transformer"]["bytes_per_s"]
         + full["qwen3vl_text_decoder_50_layers_bytes"] / load["text_encoder"]["bytes_per_s"],
