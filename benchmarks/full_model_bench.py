@@ -2,7 +2,7 @@
 beside it (issue 15; docs/gpu_memory.md).
 
     PYTHONUNBUFFERED=1 python3 benchmarks/full_model_bench.py --out DIR [--work DIR] [--stages a qwen3vl b]
-        [--quantization none|fp8]
+        [--quantization none|fp8] [--encoder bench|qwen3vl]
 
 One server serves every stage: a repository written with server.repository (plan + write_repository)
 for the `h3` DiT (50 layers, 33,122,992,896 parameters, bf16) from the weight source `random:0`
@@ -10,9 +10,19 @@ for the `h3` DiT (50 layers, 33,122,992,896 parameters, bf16) from the weight so
 the VAEs from the same source), everything on GPU 0, h3_dit's quantization as given (default none:
 bf16; fp8: h3_core.model.fp8), h3_dit in step mode with max_num_seqs 4,
 max_batch_rows = row_budget = 65,536 (four 16,384-row requests packed in one step), and the
-weight-free benchmark text encoder of width 5120 (benchmarks/bench_text_encoder.py). Its load
-time (tritonserver start -> ready) is recorded, then one unmeasured 2-step request of the full
-shape warms it up, then, in this order:
+text encoder `--encoder`:
+  bench (default): the weight-free benchmark text encoder of width 5120
+           (benchmarks/bench_text_encoder.py);
+  qwen3vl: MiniMax-H3's own, served by h3_encoder on cuda:0 beside the DiT and encoding every
+           request: a Qwen3-VL at its real sizes (QWEN3VL_H3 of h3_core.weights.official_checkpoint:
+           the text decoder cut to 50 layers, hidden_layer 50, and transformers' default vision
+           tower, 25.8 B parameters, 51.5 GB in bf16) from a config-only folder
+           (write_weightless_qwen3vl) with encoder_weights random:0 (seeded random weights drawn
+           on the GPU at load, no file); beside it h3_dit gets max_batch_rows = row_budget = 32,768
+           in bf16 (two 16,384-row requests a step, docs/deploy_h200.md) and 65,536 in fp8, and
+           h3_vae one decode worker. Stages a and b only (the probe below is not needed).
+Its load time (tritonserver start -> ready) is recorded, then one unmeasured 2-step request of
+the full shape warms it up, then, in this order:
   a:       one 672x384, 209-frame request (16,384 rows, h3_spec §4.4) of 30 steps, end to end
            through benchmarks/bench_client.py;
   qwen3vl: with the server up (DiT resident, its allocator holding what run a used), the MiniMax-H3
@@ -24,7 +34,8 @@ shape warms it up, then, in this order:
            (random ids, all-ones mask; the median of 3 after a warm-up), and the device's used
            memory with DiT server + Qwen3-VL resident. The process ends before run b;
   b:       4 such requests at concurrency 4 (the reference's run: 2 x H100, TP2, 174.8 s wall).
-For a and b: wall time and per-request latency (bench_client.py), seconds per step and packed rows
+For a and b: wall time and per-request latency and stage seconds (INFO stage_seconds: queue,
+encode, denoise, decode; bench_client.py), seconds per step and packed rows
 per step from the deltas of h3_step_seconds_sum / _count and h3_pack_rows_sum / _count on
 /metrics, and the peak used memory of GPU 0 as a whole (nvidia-smi every 0.5 s while it runs)
 and of each process on it (h3_dit_0_0, h3_vae_0_0, h3_encoder_0_0, tritonserver, this script).
@@ -38,16 +49,17 @@ every bench_client.py document, the Qwen3-VL measurement, summary), so that a ru
 what was measured, and DIR/timeline_run_a.png / _b.png where matplotlib is importable; prints a
 table last. Server log, repository and encoder go under --work. Expected on one H200: about 7-8
 minutes (load ~1 min, run a ~1 min at ~1.8-2.2 s a 16,384-row step, the Qwen3-VL ~0.5 min, run b
-~4-4.5 min at 4x that); --stages a qwen3vl and --stages b split it over two calls.
+~4-4.5 min at 4x that); --stages a qwen3vl and --stages b split it over two calls. With
+--encoder qwen3vl about 7 minutes too (load ~1.5 min; run b at two requests a step in bf16).
 On a machine without CUDA the same code runs as a CPU smoke test (30-50 s): the `tiny` DiT,
 96x64, 22 frames, 2 steps, a bench encoder of the tiny text width (384), a tiny 50-layer Qwen3-VL,
-no GPU memory figures (null); tests/test_benchmarks_smoke.py runs it.
+no GPU memory figures (null); --encoder qwen3vl serves a tiny 50-layer Qwen3-VL of width 384
+(write_random_qwen3vl's sizes) the same way; tests/test_benchmarks_smoke.py runs both.
 """
 
 import argparse
 import datetime
 import importlib.util
-import inspect
 import json
 import os
 import statistics
@@ -72,6 +84,13 @@ from h3_core.config import get_config  # noqa: E402 - after the sys.path set-up 
 from h3_core.model import H3DiT  # noqa: E402 - after the sys.path set-up above
 from h3_core.model.encoder import QWEN3VL_H3_LAYER  # noqa: E402 - after the sys.path set-up above
 from h3_core.model.fp8 import QUANTIZATIONS  # noqa: E402 - after the sys.path set-up above
+from h3_core.weights.official_checkpoint import (  # noqa: E402 - after the sys.path set-up above
+    QWEN3VL_H3,
+    Qwen3VLDims,
+    qwen3vl_config,
+    tiny_qwen3vl,
+    write_weightless_qwen3vl,
+)
 from server.process import TritonServer, metric_samples, read_metrics, stub_pids  # noqa: E402 - after the sys.path set-up above
 from server.repository import plan, write_repository  # noqa: E402 - after the sys.path set-up above
 from server.sizing import dit_weight_bytes  # noqa: E402 - after the sys.path set-up above
@@ -86,34 +105,8 @@ ENCODE_TOKENS = (9, 256)
 ENCODE_REPEATS = 3
 
 
-@dataclass(frozen=True)
-class Qwen3VLDims:
-    """Sizes of a Qwen3-VL text decoder (transformers' Qwen3VLTextConfig fields)."""
-
-    hidden_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    num_hidden_layers: int
-    rope_theta: float
-    mrope_section: tuple[int, int, int]
-    max_position_embeddings: int
-
-    def parameters(self) -> int:
-        """Parameters of the decoder with its final norm replaced by the identity: the token
-        embedding, and per layer the q/k/v/o projections (no biases), the per-head q/k norms, the
-        gated MLP (gate, up, down) and the two RMSNorms. H3's: 25,157,829,120."""
-        attention = self.hidden_size * self.head_dim * (2 * self.num_attention_heads + 2 * self.num_key_value_heads)
-        layer = attention + 2 * self.head_dim + 3 * self.hidden_size * self.intermediate_size + 2 * self.hidden_size
-        return self.vocab_size * self.hidden_size + self.num_hidden_layers * layer
-
-
-# h3_spec §4.1: MiniMax-H3's text encoder (the Qwen3-VL 32B dims), cut to the 50 layers H3 reads
-QWEN3VL_H3 = Qwen3VLDims(5120, 64, 8, 128, 25600, 151936, QWEN3VL_H3_LAYER, 5e6, (24, 20, 20), 262144)
-# the CPU smoke's: h3_core.weights.official_checkpoint.write_random_qwen3vl's tiny dims, the same 50 layers
-QWEN3VL_TINY = Qwen3VLDims(64, 4, 2, 32, 128, 263, QWEN3VL_H3_LAYER, 5e6, (6, 5, 5), 4096)
+# the CPU smoke's Qwen3-VL: write_random_qwen3vl's tiny sizes at the tiny DiT's text width, the same 50 layers
+QWEN3VL_CPU = tiny_qwen3vl(get_config("tiny").text_dim, QWEN3VL_H3_LAYER)
 
 
 @dataclass(frozen=True)
@@ -127,12 +120,17 @@ class Setting:
     num_frames: int
     steps: int
     b_requests: int
-    qwen3vl: str  # "h3" or "tiny"
+    qwen3vl: str  # "h3" or "tiny": the Qwen3-VL's sizes (QWEN3VL_DIMS), probed or served
 
 
 GPU = Setting("h3", "cuda", 384, 672, 209, steps=30, b_requests=4, qwen3vl="h3")
 CPU = Setting("tiny", "cpu", 64, 96, 22, steps=2, b_requests=4, qwen3vl="tiny")
-QWEN3VL_DIMS = {"h3": QWEN3VL_H3, "tiny": QWEN3VL_TINY}
+QWEN3VL_DIMS = {"h3": QWEN3VL_H3, "tiny": QWEN3VL_CPU}
+ENCODER_STAGES = {"bench": ("a", "qwen3vl", "b"), "qwen3vl": ("a", "b")}  # --encoder -> its stages, in order
+QWEN3VL_WEIGHTS = "random:0"  # h3_encoder's encoder_weights under --encoder qwen3vl: drawn on its device
+# h3_dit's rows beside the served Qwen3-VL (docs/deploy_h200.md: 32,768 fit beside it in bf16: two
+# 16,384-row requests a step; fp8's DiT is 17.9 GiB smaller and keeps the four of FULL_PACK_DIT)
+QWEN3VL_ROWS = {"none": 32768, "fp8": 65536}
 
 
 # ---- device memory ---------------------------------------------------------------------------------
@@ -224,30 +222,6 @@ class PeakMemory:
 # ---- the Qwen3-VL text encoder at its real size (runs in a process of its own) --------------------
 
 
-def qwen3vl_text_config(dims: Qwen3VLDims):
-    """transformers' Qwen3VLTextConfig of `dims` in bf16 (M-RoPE interleaved, as Qwen3-VL's):
-    rope_parameters on transformers 5, rope_theta + rope_scaling on 4.x."""
-    from transformers import Qwen3VLTextConfig
-
-    rope = {"rope_type": "default", "mrope_section": list(dims.mrope_section), "mrope_interleaved": True}
-    if "rope_parameters" in inspect.signature(Qwen3VLTextConfig.__init__).parameters:
-        rope_kwargs = {"rope_parameters": {**rope, "rope_theta": dims.rope_theta}}
-    else:
-        rope_kwargs = {"rope_theta": dims.rope_theta, "rope_scaling": rope}
-    return Qwen3VLTextConfig(
-        vocab_size=dims.vocab_size,
-        hidden_size=dims.hidden_size,
-        intermediate_size=dims.intermediate_size,
-        num_hidden_layers=dims.num_hidden_layers,
-        num_attention_heads=dims.num_attention_heads,
-        num_key_value_heads=dims.num_key_value_heads,
-        head_dim=dims.head_dim,
-        max_position_embeddings=dims.max_position_embeddings,
-        dtype="bfloat16",
-        **rope_kwargs,
-    )
-
-
 def build_qwen3vl_text(dims: Qwen3VLDims, device: str) -> torch.nn.Module:
     """The Qwen3-VL text decoder of `dims` (already cut: num_hidden_layers layers), built as
     h3_core.model.encoder.load_qwen3vl builds its language_model (from_config under the device, bf16, the
@@ -256,7 +230,7 @@ def build_qwen3vl_text(dims: Qwen3VLDims, device: str) -> torch.nn.Module:
     from transformers import AutoModel
 
     with torch.device(device):
-        model = AutoModel.from_config(qwen3vl_text_config(dims), dtype=torch.bfloat16)
+        model = AutoModel.from_config(qwen3vl_config(dims).text_config, dtype=torch.bfloat16)
     model.norm = torch.nn.Identity()
     return model.eval()
 
@@ -344,6 +318,58 @@ def run_qwen3vl_probe(setting: Setting, work: Path, cuda: bool, names: dict[int,
 
 
 # ---- the served runs -------------------------------------------------------------------------------
+
+
+def encoder_overrides(encoder: str, setting: Setting, quantization: str, work: Path) -> dict[str, dict]:
+    """The h3_dit, h3_encoder and h3_vae settings given to plan() for `encoder` (module docstring),
+    writing its folder under `work` when it is not there: bench -> the weight-free bench text
+    encoder of the DiT's text width; qwen3vl -> write_weightless_qwen3vl of QWEN3VL_DIMS[setting.qwen3vl]
+    served with encoder_weights QWEN3VL_WEIGHTS at hidden_layer QWEN3VL_H3_LAYER, h3_dit's rows
+    QWEN3VL_ROWS[quantization] and one decode worker."""
+    dit = {**FULL_PACK_DIT, "quantization": quantization}
+    if encoder == "bench":
+        folder = work / "bench_text_encoder"
+        if not (folder / "model.safetensors").is_file():
+            write_bench_text_encoder(folder, width=get_config(setting.config).text_dim)
+        return {"h3_dit": dit, "h3_encoder": {"encoder_path": str(folder)}}
+    folder = work / f"qwen3vl_{setting.qwen3vl}"
+    if not (folder / "config.json").is_file():
+        write_weightless_qwen3vl(folder, QWEN3VL_DIMS[setting.qwen3vl])
+    rows = QWEN3VL_ROWS[quantization]
+    return {
+        "h3_dit": {**dit, "max_batch_rows": rows, "row_budget": rows},
+        "h3_encoder": {
+            "encoder_path": str(folder),
+            "encoder_weights": QWEN3VL_WEIGHTS,
+            "hidden_layer": QWEN3VL_H3_LAYER,
+        },
+        "h3_vae": {"decode_workers": 1},
+    }
+
+
+def encoder_description(encoder: str, setting: Setting, text_dim: int, settings) -> dict:
+    """What h3_encoder serves under `encoder`, for the JSON (its EncoderSettings `settings`)."""
+    if encoder == "bench":
+        return {
+            "text_encoder": f"benchmark text encoder (benchmarks/bench_text_encoder.py), width {text_dim}",
+            "device": settings.device,
+        }
+    dims = QWEN3VL_DIMS[setting.qwen3vl]
+    return {
+        "text_encoder": f"Qwen3-VL, {setting.qwen3vl} sizes (h3_core.weights.official_checkpoint), "
+        f"config-only folder (write_weightless_qwen3vl), cut to {settings.hidden_layer} decoder layers",
+        "dims": asdict(dims),
+        "text_decoder_parameters": dims.parameters(),
+        "encoder_weights": settings.encoder_weights,
+        "hidden_layer": settings.hidden_layer,
+        "device": settings.device,
+    }
+
+
+def stage_seconds(document: dict) -> list[dict | None]:
+    """Each request's INFO stage_seconds (queue, encode, denoise, decode) of a bench_client.py
+    document, in submission order."""
+    return [r["stage_seconds"] for r in document["requests"]]
 
 
 def per_process_gib(document: dict) -> dict[str, float]:
@@ -438,7 +464,14 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True, help="full_model_bench.json and the timeline PNGs")
     parser.add_argument("--work", type=Path, help="repository, server log, encoder (default: a temporary folder)")
     parser.add_argument(
-        "--stages", nargs="+", choices=STAGES, default=list(STAGES), help="run in the order a, qwen3vl, b"
+        "--encoder",
+        choices=sorted(ENCODER_STAGES),
+        default="bench",
+        help="h3_encoder's text encoder: bench (weight-free, default) or qwen3vl (MiniMax-H3's at its real sizes, "
+        "50 layers, seeded random weights on GPU 0: every request really encoded)",
+    )
+    parser.add_argument(
+        "--stages", nargs="+", choices=STAGES, help="run in the order a, qwen3vl, b (qwen3vl: --encoder bench only)"
     )
     parser.add_argument("--no-mp4", action="store_true", help="return_mp4=false even where PyAV is importable")
     parser.add_argument("--quantization", choices=QUANTIZATIONS, default="none", help="h3_dit's (default none: bf16)")
@@ -449,6 +482,13 @@ def main() -> int:
         result = qwen3vl_probe(args.dims, args.qwen3vl_probe)
         (args.out / "qwen3vl_probe.json").write_text(json.dumps(result, indent=2) + "\n")
         return 0
+    valid = ENCODER_STAGES[args.encoder]
+    args.stages = args.stages or list(valid)
+    if not set(args.stages) <= set(valid):
+        parser.error(
+            f"--stages {' '.join(args.stages)}: with --encoder {args.encoder} choose from {', '.join(valid)}"
+            + (" (the Qwen3-VL is served, no probe runs)" if args.encoder == "qwen3vl" else "")
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     args.work = args.work or Path(tempfile.mkdtemp(prefix="h3_full_model."))
     args.work.mkdir(parents=True, exist_ok=True)
@@ -457,15 +497,8 @@ def main() -> int:
     setting = GPU if cuda else CPU
     cfg = get_config(setting.config)
     mp4 = importlib.util.find_spec("av") is not None and not args.no_mp4
-    stages = [stage for stage in STAGES if stage in args.stages]
-
-    encoder = args.work / "bench_text_encoder"
-    if not (encoder / "model.safetensors").is_file():
-        write_bench_text_encoder(encoder, width=cfg.text_dim)
-    overrides = {
-        "h3_dit": {**FULL_PACK_DIT, "quantization": args.quantization},
-        "h3_encoder": {"encoder_path": str(encoder)},
-    }
+    stages = [stage for stage in valid if stage in args.stages]
+    overrides = encoder_overrides(args.encoder, setting, args.quantization, args.work)
     repository = plan(setting.config, WEIGHTS, setting.device, [0] if cuda else [], overrides=overrides)
     for model, source in (("h3_dit", repository.dit.checkpoint_dir), ("h3_vae", repository.vae.checkpoint_dir)):
         if source != WEIGHTS:
@@ -477,7 +510,8 @@ def main() -> int:
         "torch": torch.__version__,
         "python": sys.version.split()[0],
         "command": "PYTHONUNBUFFERED=1 python3 benchmarks/full_model_bench.py --out DIR"
-        + ("" if stages == list(STAGES) else " --stages " + " ".join(stages))
+        + ("" if args.encoder == "bench" else f" --encoder {args.encoder}")
+        + ("" if stages == list(valid) else " --stages " + " ".join(stages))
         + ("" if args.quantization == "none" else f" --quantization {args.quantization}")
         + (" --no-mp4" if args.no_mp4 else ""),
         "settings": {
@@ -487,9 +521,13 @@ def main() -> int:
             "dit_weight_bytes": dit_weight_bytes(cfg, args.quantization),
             "rows_per_request": None,  # filled from run a's packed rows
             "h3_dit": {key: str(value) for key, value in overrides["h3_dit"].items()},
-            "h3_encoder_encoder_path": "benchmark text encoder (benchmarks/bench_text_encoder.py), "
-            f"width {cfg.text_dim}, on {repository.encoder.device}",
-            "h3_vae": {"checkpoint_dir": repository.vae.checkpoint_dir, "device": repository.vae.device},
+            "encoder": args.encoder,
+            "h3_encoder": encoder_description(args.encoder, setting, cfg.text_dim, repository.encoder),
+            "h3_vae": {
+                "checkpoint_dir": repository.vae.checkpoint_dir,
+                "device": repository.vae.device,
+                "decode_workers": repository.vae.decode_workers,
+            },
             "return_mp4": mp4,
             "return_mp4_why": "PyAV importable: the MP4 is encoded as a user gets it"
             if mp4
@@ -542,6 +580,7 @@ def main() -> int:
                 run_a_failed=a["summary"]["failed"],
                 run_a_seconds_per_step=a["dit_steps"]["seconds_per_step"],
                 run_a_rows_per_step=a["dit_steps"]["rows_per_step"],
+                run_a_stage_seconds=stage_seconds(a),
                 peak_gpu_memory_gib_a=gib(a["peak_gpu_memory_mib"]),
                 peak_gpu_memory_gib_per_process_a=per_process_gib(a),
             )
@@ -574,6 +613,7 @@ def main() -> int:
                 run_b_failed=b["summary"]["failed"],
                 run_b_seconds_per_step=b["dit_steps"]["seconds_per_step"],
                 run_b_rows_per_step=b["dit_steps"]["rows_per_step"],
+                run_b_stage_seconds=stage_seconds(b),
                 peak_gpu_memory_gib_b=gib(b["peak_gpu_memory_mib"]),
                 peak_gpu_memory_gib_per_process_b=per_process_gib(b),
                 run_b_over_reference_wall=b["summary"]["wall_s"] / REFERENCE_RUN_B_WALL_S,
@@ -599,8 +639,8 @@ def print_table(results: dict, setting: Setting) -> None:
     print(
         f"\n{results['hardware']}, {setting.config} DiT ({results['settings']['dit_parameters']:,} parameters) from "
         f"{WEIGHTS}, {setting.width}x{setting.height}, {setting.num_frames} frames, {setting.steps} steps, "
-        f"return_mp4={str(results['settings']['return_mp4']).lower()}; "
-        f"server ready in {f(s.get('load_seconds'), '.1f')} s"
+        f"return_mp4={str(results['settings']['return_mp4']).lower()}, text encoder "
+        f"{results['settings']['encoder']}; server ready in {f(s.get('load_seconds'), '.1f')} s"
     )
     print(
         f"{'run':<8}{'req':>4}{'wall s':>9}{'mean lat s':>11}{'max lat s':>10}{'s/step':>9}{'rows/step':>11}"
@@ -620,6 +660,11 @@ def print_table(results: dict, setting: Setting) -> None:
         peaks = runs.get(name, {}).get("peak_gpu_memory_mib_per_process")
         if peaks:
             print(f"{name} peak GiB per process: " + ", ".join(f"{k} {gib(v):.2f}" for k, v in peaks.items()))
+    for name in ("run_a", "run_b"):
+        stages = [seconds for seconds in s.get(f"{name}_stage_seconds", []) if seconds]
+        if stages:
+            means = {key: statistics.mean(seconds.get(key, 0.0) for seconds in stages) for key in stages[0]}
+            print(f"{name} mean stage s: " + ", ".join(f"{key} {value:.2f}" for key, value in means.items()))
     print(f"reference run b (2 x H100, TP2, request mode): {REFERENCE_RUN_B_WALL_S} s wall")
     if "qwen3vl_params" in s:
         print(

@@ -564,6 +564,8 @@ COMMENTS = {
     EncoderSettings.MODEL: {
         "cpu_threads": CPU_THREADS_COMMENT,
         "encoder_path": '"" = the MiniLM-L6 package folder',
+        "encoder_weights": '"" = the encoder folder\'s safetensors; "random:SEED" = seeded random weights '
+        "(Qwen3-VL folders)",
         "tokenizer_path": '"" = encoder_path',
         "checkpoint_dir": "the video VAE that encodes keyframes: h3_vae's (checkpoint_dir, trust_remote_code)",
         "config_name": "h3_dit's: a canvas inferred from a keyframe has about its default canvas area",

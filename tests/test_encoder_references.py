@@ -17,7 +17,13 @@ from transformers.video_utils import VideoMetadata
 
 from h3_core.model.encoder import QWEN3VL_H3_LAYER, TextEncoder
 from h3_core.model.presentation import video_patches
-from h3_core.weights.official_checkpoint import TEXT_ENCODER, TOKENIZER, write_byte_tokenizer, write_random_qwen3vl
+from h3_core.weights.official_checkpoint import (
+    TEXT_ENCODER,
+    TOKENIZER,
+    tiny_qwen3vl,
+    write_byte_tokenizer,
+    write_random_qwen3vl,
+)
 from tests.test_encoder_vision import qwen3vl
 
 PROMPT = "a red ball rolls"  # 16 bytes -> 16 tokens of the byte-level tokenizer
@@ -44,7 +50,7 @@ def video(seed: int, frames: int = 4, side: int = 64) -> np.ndarray:
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     folder = tmp_path_factory.mktemp("official")
-    write_random_qwen3vl(folder / TEXT_ENCODER, 384)
+    write_random_qwen3vl(folder / TEXT_ENCODER, tiny_qwen3vl(384))
     write_byte_tokenizer(folder / TOKENIZER)
     return folder
 

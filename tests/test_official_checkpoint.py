@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import tritonclient.grpc as grpcclient
+from safetensors.torch import load_file
 
 from client.api import H3Client
 from h3_core.diffusion.request import GenerationRequest
@@ -62,10 +63,37 @@ def test_layout_and_writer_settings(checkpoint):
         write_synthetic_checkpoint(checkpoint)
     with pytest.raises(
         ValueError,
-        match=r"^config h3 has 33,122,992,896 parameters: a synthetic checkpoint is drawn in the CPU's memory, for "
-        r"configs of at most 1,000,000,000 \(tiny, small, demo\); serve h3 without a file with --checkpoint random:0$",
+        match=r"^config h3 has 33,122,992,896 parameters: a synthetic checkpoint drawn on the CPU is for configs of "
+        r"at most 1,000,000,000 \(tiny, small, demo\); draw it on a GPU \(device cuda\), or serve h3 without a "
+        r"file with --checkpoint random:0$",
     ):
-        write_synthetic_checkpoint(checkpoint.parent / "h3", "h3")
+        write_synthetic_checkpoint(checkpoint.parent / "h3", "h3", text_encoder="h3")
+
+
+def test_writer_text_encoder_options(checkpoint, tmp_path):
+    """--text-encoder-layers sets the Qwen3-VL's depth and leaves the DiT as it was; text encoders
+    of another width than the DiT's, unknown ones and no layers are refused, naming them."""
+    two = write_synthetic_checkpoint(tmp_path / "two", "tiny", text_encoder="tiny", text_encoder_layers=2)
+    text_config = json.loads((two / TEXT_ENCODER / "config.json").read_text())["text_config"]
+    assert (text_config["num_hidden_layers"], text_config["hidden_size"]) == (2, 384)
+    dit_file = "transformer/diffusion_pytorch_model.safetensors"
+    ours, default = load_file(str(two / dit_file)), load_file(str(checkpoint / dit_file))
+    assert ours.keys() == default.keys() and all(torch.equal(ours[name], default[name]) for name in ours)
+    encoder = TextEncoder(str(two / TEXT_ENCODER), 2, tokenizer_path=str(two / TOKENIZER))
+    assert encoder.encode(PROMPTS[0]).shape == (16, 384)
+    for options, message in (
+        (
+            {"text_encoder": "h3"},
+            "text_encoder h3 gives 5120-wide states but config tiny reads 384-wide ones: choose text_encoder tiny "
+            "or a config of text width 5120 (bench, h3)",
+        ),
+        ({"text_encoder": "large"}, "text_encoder 'large' is not one of ['tiny', 'h3']"),
+        ({"text_encoder_layers": 0}, "text_encoder_layers=0 is out of range: allowed >= 1"),
+    ):
+        with pytest.raises(ValueError) as caught:
+            write_synthetic_checkpoint(tmp_path / "refused", "tiny", **options)
+        assert str(caught.value) == message
+    assert not (tmp_path / "refused").exists()
 
 
 def test_served_clip_equals_in_process(server, checkpoint):

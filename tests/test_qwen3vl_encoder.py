@@ -6,10 +6,16 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import Qwen3VLForConditionalGeneration
+from transformers import AutoTokenizer, Qwen3VLForConditionalGeneration
 
-from h3_core.model.encoder import TextEncoder, text_width, weight_bytes
-from h3_core.weights.official_checkpoint import write_byte_tokenizer, write_random_qwen3vl
+from h3_core.model.encoder import QWEN3VL_H3_LAYER, TextEncoder, load_qwen3vl, minilm_path, text_width, weight_bytes
+from h3_core.weights.official_checkpoint import (
+    QWEN3VL_H3,
+    tiny_qwen3vl,
+    write_byte_tokenizer,
+    write_random_qwen3vl,
+    write_weightless_qwen3vl,
+)
 
 PROMPT = "a red ball rolls"  # 16 bytes -> 16 tokens of the byte-level tokenizer
 
@@ -17,7 +23,7 @@ PROMPT = "a red ball rolls"  # 16 bytes -> 16 tokens of the byte-level tokenizer
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("qwen3vl")
-    text = write_random_qwen3vl(root / "text_encoder", width=64, num_layers=4, dtype="float32")
+    text = write_random_qwen3vl(root / "text_encoder", tiny_qwen3vl(64, 4), dtype="float32")
     return text, write_byte_tokenizer(root / "tokenizer")
 
 
@@ -76,7 +82,7 @@ def test_layer_selection_refused_and_unused_layers_never_read(folders, tmp_path)
 
 
 def test_bf16_checkpoint_gives_float32_states(tmp_path):
-    text = write_random_qwen3vl(tmp_path / "text_encoder", width=64, num_layers=2)  # bf16, as MiniMax-H3's
+    text = write_random_qwen3vl(tmp_path / "text_encoder", tiny_qwen3vl(64, 2))  # bf16, as MiniMax-H3's
     tokenizer = write_byte_tokenizer(tmp_path / "tokenizer")
     encoder = TextEncoder(str(text), hidden_layer=2, tokenizer_path=str(tokenizer))
     assert next(encoder.model.parameters()).dtype == torch.bfloat16
@@ -101,3 +107,81 @@ def test_weight_bytes_counts_what_the_cut_loads(folders):
     # proj 1,056, MLP 2,112 + 2,080) 8,544, merger (norm 64, 128x128 + 128, 128x64 + 64) 24,832 and one
     # DeepStack merger (norm 256, same linears) 25,024
     assert weight_bytes(text, 2) == 67_328 + 2 * 197_376 + 432_384
+
+
+def test_seeded_random_weights_from_a_config_only_folder(tmp_path):
+    """encoder_weights random:SEED: the model is built from config.json alone (the folder has no
+    weights) and drawn by init_weights on the encoder's device: the same seed gives bit-identical
+    weights and states, another seed others."""
+    folder = write_weightless_qwen3vl(tmp_path / "qwen3vl", tiny_qwen3vl(64, 4))
+    assert not list(folder.glob("*.safetensors*"))
+    assert {"config.json", "preprocessor_config.json", "video_preprocessor_config.json", "tokenizer.json"} <= {
+        path.name for path in folder.iterdir()
+    }
+    first, again, other = (TextEncoder(str(folder), 3, encoder_weights=w) for w in ("random:0", "random:0", "random:1"))
+    state, state_again, state_other = (e.model.state_dict() for e in (first, again, other))
+    assert state.keys() == state_again.keys() == state_other.keys()
+    assert all(torch.equal(state[name], state_again[name]) for name in state)
+    assert len(first.model.language_model.layers) == 3 and next(first.model.parameters()).dtype == torch.bfloat16
+    # init_weights draws in parameter-name order: the embedding is first, N(0, 1/64) from the seed's generator
+    embedding = torch.randn((263, 64), generator=torch.Generator().manual_seed(0)) / 8
+    assert torch.equal(state["language_model.embed_tokens.weight"], embedding.to(torch.bfloat16))
+    assert torch.equal(state["language_model.layers.0.input_layernorm.weight"], torch.ones(64, dtype=torch.bfloat16))
+    embedding_name = "language_model.embed_tokens.weight"
+    assert not torch.equal(state[embedding_name], state_other[embedding_name])
+    states = first.encode(PROMPT)
+    assert states.shape == (16, 64) and states.dtype == torch.float32
+    assert torch.equal(states, again.encode(PROMPT)) and not torch.equal(states, other.encode(PROMPT))
+    with pytest.raises(OSError, match=r"qwen3vl holds no model\.safetensors or model\.safetensors\.index\.json$"):
+        TextEncoder(str(folder), 3)  # encoder_weights "": the weights are read, and there are none
+
+
+@pytest.mark.parametrize("weights", ["random:", "random:-1", "seed:0", "random:0x1"])
+def test_malformed_encoder_weights_are_refused_naming_the_field(folders, weights):
+    text, tokenizer = folders
+    with pytest.raises(ValueError) as caught:
+        TextEncoder(str(text), 2, tokenizer_path=str(tokenizer), encoder_weights=weights)
+    assert str(caught.value) == (
+        f'encoder_weights={weights!r} is not allowed: "" (read the weights from the folder\'s safetensors) or '
+        "random:SEED (seeded random weights) with SEED an integer in 0..9223372036854775806, e.g. random:0"
+    )
+
+
+def test_random_weights_are_refused_for_other_encoders():
+    with pytest.raises(ValueError) as caught:
+        TextEncoder(None, encoder_weights="random:0")
+    assert str(caught.value) == (
+        f"encoder_weights='random:0' is for Qwen3-VL encoder folders (config.json model_type \"qwen3_vl\"); "
+        f"{minilm_path()} is model_type 'bert': use encoder_weights \"\""
+    )
+
+
+def test_weightless_qwen3vl_at_minimax_h3s_sizes(tmp_path):
+    """The config-only folder of MiniMax-H3's text encoder: its 50-layer cut, built on the meta
+    device, has the text decoder's 25,157,829,120 parameters (measured on the H200 too) and
+    transformers' default Qwen3-VL vision tower projecting to 5120; the byte-level tokenizer's ids
+    lie inside its 151,936-token vocabulary."""
+    folder = write_weightless_qwen3vl(tmp_path / "qwen3vl")
+    text = json.loads((folder / "config.json").read_text())["text_config"]
+    assert (text["hidden_size"], text["num_attention_heads"], text["num_key_value_heads"], text["head_dim"]) == (
+        5120,
+        64,
+        8,
+        128,
+    )
+    assert (text["intermediate_size"], text["vocab_size"], text["num_hidden_layers"]) == (25600, 151936, 50)
+    assert text["max_position_embeddings"] == 262144 and text["rope_parameters"] == {
+        "rope_type": "default",
+        "rope_theta": 5e6,
+        "mrope_section": [24, 20, 20],
+        "mrope_interleaved": True,
+    }
+    model = load_qwen3vl(folder, QWEN3VL_H3_LAYER, "meta", seed=0)  # init_weights draws nothing on meta
+    assert sum(p.numel() for p in model.language_model.parameters()) == QWEN3VL_H3.parameters() == 25_157_829_120
+    vision = model.config.vision_config
+    assert (vision.depth, vision.hidden_size, vision.out_hidden_size) == (27, 1152, 5120)
+    assert sum(p.numel() for p in model.visual.parameters()) == 595_266_800
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    ids = tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
+    assert len(ids) == 16 and max(ids) < 151936
+    assert tokenizer.convert_tokens_to_ids("<|image_pad|>") == model.config.image_token_id == 261

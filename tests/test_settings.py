@@ -138,3 +138,15 @@ def test_the_writer_gives_h3_vae_the_dits_canvas_limits_unless_given():
     assert plan(overrides={"h3_dit": {"max_height": 128}}).vae.limits().max_height == 128
     given = plan(overrides={"h3_dit": {"max_height": 128}, "h3_vae": {"max_height": 64}})
     assert (given.vae.max_height, given.dit.max_height) == (64, 128)
+
+
+@pytest.mark.parametrize("value", ["x", "random:", "random:-3", "/weights"])
+def test_encoder_weights_are_empty_or_random_seed(value):
+    assert EncoderSettings(encoder_weights="random:7").encoder_weights == "random:7"
+    with pytest.raises(ValueError) as caught:
+        EncoderSettings(encoder_weights=value)
+    assert str(caught.value) == (
+        f'h3_encoder parameter encoder_weights={value!r} is not allowed: "" (read the weights from the folder\'s '
+        "safetensors) or random:SEED (seeded random weights) with SEED an integer in 0..9223372036854775806, "
+        "e.g. random:0"
+    )

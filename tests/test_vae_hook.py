@@ -16,7 +16,7 @@ from h3_core.model.vae import create_vaes
 from h3_core.serving.settings import DitSettings, EncoderSettings, VaeSettings
 from h3_core.weights import remote_vae_modeling
 from h3_core.weights.checkpoint import save_official_transformer, save_weights
-from h3_core.weights.official_checkpoint import write_byte_tokenizer, write_random_qwen3vl
+from h3_core.weights.official_checkpoint import tiny_qwen3vl, write_byte_tokenizer, write_random_qwen3vl
 from h3_core.weights.vae_hook import load_vaes, write_official_vaes
 from server import repository as R
 
@@ -308,7 +308,7 @@ def test_the_writer_accepts_an_official_checkpoint_only_with_the_opt_in(tmp_path
     dit = H3DiT(get_config("tiny"))
     save_official_transformer(dit, tmp_path / "official", 1 << 30)
     write_official_vaes(tmp_path / "official", *vaes)
-    write_random_qwen3vl(tmp_path / "official" / "text_encoder", 384, num_layers=1)  # the writer checks its width
+    write_random_qwen3vl(tmp_path / "official" / "text_encoder", tiny_qwen3vl(384, 1))  # the writer checks its width
     write_byte_tokenizer(tmp_path / "official" / "tokenizer")
     argv = [str(tmp_path / "repo"), "--checkpoint", str(tmp_path / "official"), "--unsized"]
     assert R.main(argv) == 2

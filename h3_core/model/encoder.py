@@ -16,6 +16,8 @@ Two kinds of encoder folder are served, told apart by the `model_type` of their 
   features, DeepStack included.
 
 Models are loaded from local files only, weights from safetensors (no pickle); nothing is ever downloaded.
+A Qwen3-VL may instead get seeded random weights drawn on its device (encoder_weights
+"random:SEED": its sizes from config.json alone, for hosts without the real weights).
 One prompt runs per forward with an all-ones mask, so no padding can change a prompt's states.
 """
 
@@ -28,8 +30,10 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModel, AutoTokenizer
 
+from h3_core.model.initialization import init_weights
 from h3_core.model.presentation import load_image_processor, load_video_processor, present
 from h3_core.protocol import check_prompt
+from h3_core.weights.checkpoint import weights_seed
 
 QWEN3VL = "qwen3_vl"
 QWEN3VL_H3_LAYER = 50  # h3_spec §4.1: H3 conditions on hidden_states[50]
@@ -128,17 +132,20 @@ def checkpoint_tensors(folder: Path, names: set[str]) -> dict[str, torch.Tensor]
     return tensors
 
 
-def load_qwen3vl(folder: Path, num_layers: int, device: str | torch.device) -> torch.nn.Module:
+def load_qwen3vl(folder: Path, num_layers: int, device: str | torch.device, seed: int | None = None) -> torch.nn.Module:
     """The Qwen3-VL checkpoint `folder` as a transformers Qwen3VLModel (vision tower + text decoder)
     whose text decoder is cut to its first `num_layers` decoder layers, in eval mode on `device`,
-    in the checkpoint's dtype (bf16 for MiniMax-H3). Its language_model's final norm is replaced
-    by the identity, so language_model's (and the whole model's) last_hidden_state is the residual
-    stream after layer num_layers - 1 (h3_spec §4.1). (hidden_states[-1] cannot be used:
-    transformers puts the final norm into the last entry, so a cut model's last entry is not the
-    full model's hidden_states[num_layers].) Only the tensors qwen3vl_keeps names are read.
+    in the checkpoint's dtype (config.json's; bf16 for MiniMax-H3). Its language_model's final
+    norm is replaced by the identity, so language_model's (and the whole model's)
+    last_hidden_state is the residual stream after layer num_layers - 1 (h3_spec §4.1).
+    (hidden_states[-1] cannot be used: transformers puts the final norm into the last entry, so a
+    cut model's last entry is not the full model's hidden_states[num_layers].) With seed None only
+    the tensors qwen3vl_keeps names are read; with a seed no weights file is read: the cut model's
+    parameters are drawn on `device` by h3_core.model.initialization.init_weights(model, seed)
+    (bit-identical for the same seed, device and config; CPU values differ from CUDA values).
 
     Raises ValueError when num_layers is not in [0, the model's decoder layers] or a tensor is
-    missing; OSError when the folder holds no safetensors weights."""
+    missing; OSError when (seed None) the folder holds no safetensors weights."""
     config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
     text_config = config.text_config
     available = text_config.num_hidden_layers
@@ -154,6 +161,11 @@ def load_qwen3vl(folder: Path, num_layers: int, device: str | torch.device) -> t
     with torch.device(device):
         model = AutoModel.from_config(config, dtype=dtype)
     model.language_model.norm = torch.nn.Identity()
+    if seed is not None:
+        init_weights(model, seed)
+        if model.device.type == "cuda":
+            torch.cuda.empty_cache()  # init_weights' float32 draws: their cache is not kept from the GPU's others
+        return model.eval()
     state = checkpoint_tensors(folder, {QWEN3VL_PREFIX + name for name in model.state_dict()})
     model.load_state_dict({name.removeprefix(QWEN3VL_PREFIX): t for name, t in state.items()}, strict=True)
     return model.eval()
@@ -171,6 +183,10 @@ class TextEncoder:
         device: torch device the model runs on.
         tokenizer_path: the tokenizer's folder (None = `path`; the official checkpoint keeps it
             in tokenizer/ beside text_encoder/).
+        encoder_weights: "" = read the weights from the folder's safetensors; "random:SEED" =
+            Qwen3-VL folders only: build the model from config.json alone and draw seeded random
+            weights on `device` (load_qwen3vl's seed; no weights file is read, the folder may
+            hold none), for serving the real model's sizes without its weights.
 
     Attributes: `width` (hidden size: 384 for MiniLM, 5120 for MiniMax-H3's Qwen3-VL),
     `max_tokens`, `hidden_layer`, `folder`, the loaded `tokenizer` and `model` (a Qwen3VLModel for
@@ -181,7 +197,9 @@ class TextEncoder:
     Raises FileNotFoundError if `path` or `tokenizer_path` is not a folder; OSError if it holds
     no loadable model (weights load only from safetensors, never from a pickled
     pytorch_model.bin); ValueError if hidden_layer is out of range, max_tokens is not in
-    [1, max_position_embeddings], or the image or video processor does not fit the vision tower.
+    [1, max_position_embeddings], the image or video processor does not fit the vision tower,
+    or encoder_weights is neither "" nor random:SEED, or random:SEED for a folder that is not a
+    Qwen3-VL's (naming encoder_weights).
     """
 
     def __init__(
@@ -191,7 +209,9 @@ class TextEncoder:
         max_tokens: int = 256,
         device: str | torch.device = "cpu",
         tokenizer_path: str | None = None,
+        encoder_weights: str = "",
     ):
+        seed = weights_seed("encoder_weights", encoder_weights)
         folder = minilm_path() if path is None else Path(path)
         tokenizer_folder = folder if tokenizer_path is None else Path(tokenizer_path)
         for name, where in (("text encoder", folder), ("tokenizer", tokenizer_folder)):
@@ -199,9 +219,14 @@ class TextEncoder:
                 raise FileNotFoundError(f"{name} folder {where} not found")
         self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_folder), local_files_only=True)
         self.qwen3vl = model_type(folder) == QWEN3VL
+        if seed is not None and not self.qwen3vl:
+            raise ValueError(
+                f"encoder_weights={encoder_weights!r} is for Qwen3-VL encoder folders (config.json model_type "
+                f'"{QWEN3VL}"); {folder} is model_type {model_type(folder)!r}: use encoder_weights ""'
+            )
         self.folder, self.image_processor, self.video_processor = folder, None, None
         if self.qwen3vl:
-            self.model = load_qwen3vl(folder, hidden_layer, device)
+            self.model = load_qwen3vl(folder, hidden_layer, device, seed)
             self.image_processor = load_image_processor(folder, self.model.config.vision_config)
             self.video_processor = load_video_processor(folder, self.model.config.vision_config)
         else:

@@ -23,6 +23,7 @@ from ..protocol import (
     VAE_MODEL,
 )
 from ..references import MediaLimits
+from ..weights.checkpoint import weights_seed
 from .gpu_turns import DEFAULT_SHARE
 from .scheduler import DEFAULT_MAX_WAIT_S, DEFAULT_POLICY, POLICIES
 
@@ -113,6 +114,8 @@ def _to_parameters(settings) -> dict[str, str]:
 class EncoderSettings:
     """h3_encoder: cpu_threads (torch threads of the model's process); encoder_path ("" = the
     MiniLM-L6 package folder; a Qwen3-VL folder such as an official checkpoint's text_encoder/);
+    encoder_weights ("" = the encoder folder's safetensors; "random:SEED" = seeded random weights
+    drawn on `device` for a Qwen3-VL folder's config.json, no weights file read: TextEncoder);
     tokenizer_path ("" = encoder_path); device ("cpu", "cuda", "cuda:N"); hidden_layer (index into
     hidden_states: -1 = last for MiniLM, the number of decoder layers run for Qwen3-VL, 50 for
     H3, h3_core.model.encoder); max_tokens (prompt tokens, special tokens included, vision tokens
@@ -135,6 +138,7 @@ class EncoderSettings:
     MODEL = ENCODER_MODEL
     cpu_threads: int = 1
     encoder_path: str = ""
+    encoder_weights: str = ""
     tokenizer_path: str = ""
     device: str = "cpu"
     hidden_layer: int = -1
@@ -164,6 +168,7 @@ class EncoderSettings:
     tasks: str = ",".join(TASKS)
 
     def __post_init__(self):
+        weights_seed("h3_encoder parameter encoder_weights", self.encoder_weights)
         self.served_tasks()
         self.image_limits()
         self.media_limits()

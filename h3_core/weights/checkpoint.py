@@ -231,6 +231,24 @@ def source_seed(source: str | Path) -> int | None:
     return int(digits)
 
 
+def weights_seed(field: str, value: str) -> int | None:
+    """The seed of a weights setting that is "" (read the weights from their files: None) or
+    `random:SEED` (SEED, as source_seed parses it). Raises ValueError naming `field` and both
+    allowed forms for any other value."""
+    if not value:
+        return None
+    try:
+        seed = source_seed(value)
+    except ValueError:
+        seed = None
+    if seed is None:
+        raise ValueError(
+            f'{field}={value!r} is not allowed: "" (read the weights from the folder\'s safetensors) or '
+            f"{RANDOM_PREFIX}SEED (seeded random weights) with SEED an integer in 0..{MAX_SEED}, e.g. {RANDOM_PREFIX}0"
+        )
+    return seed
+
+
 def load_dit(dit: H3DiT, source: str | Path) -> None:
     """Fill `dit` from a weight source (module docstring): `random:SEED` -> init_weights(dit, SEED)
     on the DiT's device; a folder with transformer/ -> load_official_transformer; any other folder

@@ -70,6 +70,7 @@ class TritonPythonModel:
             settings.max_tokens,
             settings.device,
             settings.tokenizer_path or None,
+            settings.encoder_weights,
         )
         self.encoder.encode("warm up")  # first-call set-up is not paid by the first client
         source = settings.checkpoint_dir  # random:SEED is no path
