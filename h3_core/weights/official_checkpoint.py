@@ -44,6 +44,7 @@ from transformers.utils.logging import disable_progress_bar
 
 from ..config import get_config
 from ..model import H3DiT
+from ..model.dit import use_bitwise_cublas
 from ..model.encoder import QWEN3VL_H3_LAYER
 from ..model.initialization import init_weights
 from ..model.vae import create_vaes
@@ -297,6 +298,8 @@ def write_synthetic_checkpoint(
     folder = Path(folder)
     if folder.exists() and any(folder.iterdir()):
         raise FileExistsError(f"{folder} exists and is not empty; choose a new folder")
+    if torch.device(device).type == "cuda":
+        use_bitwise_cublas()  # H3DiT refuses CUDA without it (no GEMM runs here)
     dit = H3DiT(cfg, device=device)
     init_weights(dit, seed)
     save_official_transformer(dit, folder, SHARD_BYTES)
