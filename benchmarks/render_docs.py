@@ -26,6 +26,7 @@ import difflib
 import json
 import operator
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -579,6 +580,96 @@ def conditioned_steps(root: Path) -> str:
     return "\n".join(lines)
 
 
+def full_model_qwen3vl(root: Path) -> str:
+    """The full h3 DiT served on one H200 with MiniMax-H3's Qwen3-VL (50 layers) doing the encoding,
+    from h200_full_model_qwen3vl.json (benchmarks/full_model_bench.py --encoder qwen3vl)."""
+    document = load(root, "h200_full_model_qwen3vl")
+    summary, settings = document["summary"], document["settings"]
+    sources = Sources()
+    source = sources.cite(provenance(document, "benchmarks/results/h200_full_model_qwen3vl.json"))
+    lines = [
+        f"| {settings['width']} x {settings['height']} px, {settings['num_frames']} frames, {settings['steps']} steps "
+        "| requests | wall s | mean latency s | s / step | rows / step | peak GPU GiB: all (DiT, Qwen3-VL, VAE) "
+        "| mean s: encode, denoise, decode | source |",
+        "|---|---:|---:|---:|---:|---:|---|---|---|",
+    ]
+    for run in ("a", "b"):
+        stages = summary[f"run_{run}_stage_seconds"]
+        mean = {key: statistics.mean(stage[key] for stage in stages) for key in ("encode", "denoise", "decode")}
+        processes = summary[f"peak_gpu_memory_gib_per_process_{run}"]
+        lines.append(
+            f"| run {run} | {len(stages)} | {summary[f'run_{run}_wall_s']:.1f} | {summary[f'run_{run}_latency_s']:.1f} "
+            f"| {summary[f'run_{run}_seconds_per_step']:.3f} | {summary[f'run_{run}_rows_per_step']:,.0f} "
+            f"| {summary[f'peak_gpu_memory_gib_{run}']:.1f} ({processes['h3_dit_0_0']:.1f}, "
+            f"{processes['h3_encoder_0_0']:.1f}, {processes['h3_vae_0_0']:.1f}) "
+            f"| {mean['encode']:.2f}, {mean['denoise']:.1f}, {mean['decode']:.2f} | {source} |"
+        )
+    lines += [
+        "",
+        f"Server start to ready (the DiT and the Qwen3-VL drawn on the GPU, no file): {summary['load_seconds']:.1f} s; "
+        f"run b over the reference's run b ({summary['reference_run_b_wall_s']} s on 2 x H100): "
+        f"{summary['run_b_over_reference_wall']:.2f} {source}.",
+    ]
+    return "\n".join(lines + sources.render())
+
+
+def full_model_qwen3vl_figure(key: str) -> Callable[[Path], str]:
+    """An inline figure of h200_full_model_qwen3vl.json: run_a_wall_s / run_b_wall_s (seconds) or
+    peak_gib (the larger of the two runs' peaks of GPU 0)."""
+
+    def figure(root: Path) -> str:
+        summary = load(root, "h200_full_model_qwen3vl")["summary"]
+        if key == "peak_gib":
+            return f"{max(summary['peak_gpu_memory_gib_a'], summary['peak_gpu_memory_gib_b']):.1f} GiB"
+        return f"{summary[key]:.1f} s"
+
+    return figure
+
+
+def official_layout(root: Path) -> str:
+    """An official-layout checkpoint written, read from disk and served on one H200, from
+    official_layout_h200.json (benchmarks/official_layout_bench.py)."""
+    document = load(root, "official_layout_h200")
+    results, settings = document["results"], document["settings"]
+    sources = Sources()
+    source = sources.cite(provenance(document, "benchmarks/results/official_layout_h200.json"))
+    write, load_, full, serve = results["write"], results["load"], results["full_model_load"], results["serve"]
+    stages = serve["stage_seconds"]
+    dropped = "after the page cache was dropped" if load_["page_cache_dropped"] else "page cache NOT dropped"
+    rows = [
+        (
+            f"write the checkpoint (`bench` DiT, Qwen3-VL at H3's sizes with "
+            f"{settings['text_encoder_layers']} layers), {write['bytes'] / 1e9:.2f} GB",
+            f"{write['seconds']:.1f} s ({write['bytes_per_s'] / 1e9:.2f} GB/s)",
+        ),
+        *(
+            (
+                f"read `{folder}/` to the GPU, {load_[folder]['bytes'] / 1e9:.2f} GB ({dropped})",
+                f"{load_[folder]['seconds']:.2f} s ({load_[folder]['bytes_per_s'] / 1e9:.2f} GB/s)",
+            )
+            for folder in ("transformer", "text_encoder")
+        ),
+        (
+            f"the full model's weights at those rates, **extrapolated**: DiT {full['dit_bytes'] / 1e9:.1f} GB + "
+            f"Qwen3-VL cut to 50 layers {full['qwen3vl_text_decoder_50_layers_bytes'] / 1e9:.1f} GB",
+            f"{full['total_seconds']:.1f} s ({full['dit_seconds']:.1f} + {full['qwen3vl_seconds']:.1f})",
+        ),
+        (
+            "`server.launch` to ready (writer, tritonserver, every model loaded from the folder)",
+            f"{serve['launch_to_ready_s']:.1f} s",
+        ),
+        (
+            f"one t2va request, {settings['width']} x {settings['height']} px, {settings['num_frames']} frames, "
+            f"{settings['steps']} steps, end to end",
+            f"{serve['latency_s']:.2f} s (encode {stages['encode']:.2f}, denoise {stages['denoise']:.2f}, "
+            f"decode {stages['decode']:.2f})",
+        ),
+    ]
+    lines = ["| step | measured | source |", "|---|---|---|"]
+    lines += [f"| {what} | {value} | {source} |" for what, value in rows]
+    return "\n".join(lines + sources.render())
+
+
 PLACEMENT_NAMES = {
     "alone": "nothing beside it",
     "same_gpu": "decodes on the same GPU, beside the steps (time-sliced)",
@@ -644,6 +735,12 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "cache_demo_cpu curve": cache_curve,
     "cache_speed_h200 table": cache_speed,
     "decode_placement_h200 table": decode_placement,
+    "h200_full_model_qwen3vl table": full_model_qwen3vl,
+    **{
+        f"h200_full_model_qwen3vl {key}": full_model_qwen3vl_figure(key)
+        for key in ("run_a_wall_s", "run_b_wall_s", "peak_gib")
+    },
+    "official_layout_h200 table": official_layout,
     "h200x2_sequence_parallel bitwise": sequence_parallel_bitwise,
     "h200x2_sequence_parallel max_abs_diff": sequence_parallel_max_diff,
     "registry_cpu calls": registry_cpu,

@@ -42,7 +42,7 @@ from pathlib import Path
 from h3_core.config import get_config
 from h3_core.diffusion.layout import make_layout
 from h3_core.diffusion.request import request_memory_mb
-from h3_core.model.encoder import QWEN3VL_H3_LAYER, minilm_path, text_width, weight_bytes
+from h3_core.model.encoder import QWEN3VL_H3_LAYER, drawn_weight_bytes, minilm_path, text_width, weight_bytes
 from h3_core.parallel.ulysses import check_sp_degree
 from h3_core.parallel.workers import SP_TIMEOUT_FRACTION
 from h3_core.protocol import CANCEL_MODEL
@@ -456,6 +456,9 @@ def _gpu_rows(
     folder = encoder.encoder_path or minilm_path()
     if text_encoder_bytes is not None:
         text, text_what = text_encoder_bytes, "text encoder weights"
+    elif encoder.encoder_weights:
+        text = drawn_weight_bytes(folder, encoder.hidden_layer)
+        text_what = f"text encoder weights (drawn, encoder_weights {encoder.encoder_weights})"
     else:
         try:
             text, text_what = weight_bytes(folder, encoder.hidden_layer), "text encoder weights"

@@ -8,7 +8,15 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer, Qwen3VLForConditionalGeneration
 
-from h3_core.model.encoder import QWEN3VL_H3_LAYER, TextEncoder, load_qwen3vl, minilm_path, text_width, weight_bytes
+from h3_core.model.encoder import (
+    QWEN3VL_H3_LAYER,
+    TextEncoder,
+    drawn_weight_bytes,
+    load_qwen3vl,
+    minilm_path,
+    text_width,
+    weight_bytes,
+)
 from h3_core.weights.official_checkpoint import (
     QWEN3VL_H3,
     tiny_qwen3vl,
@@ -181,6 +189,8 @@ def test_weightless_qwen3vl_at_minimax_h3s_sizes(tmp_path):
     vision = model.config.vision_config
     assert (vision.depth, vision.hidden_size, vision.out_hidden_size) == (27, 1152, 5120)
     assert sum(p.numel() for p in model.visual.parameters()) == 595_266_800
+    # what the repository writer reserves on h3_encoder's GPU for these drawn weights (bf16)
+    assert drawn_weight_bytes(folder, QWEN3VL_H3_LAYER) == 2 * (25_157_829_120 + 595_266_800)
     tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     ids = tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
     assert len(ids) == 16 and max(ids) < 151936

@@ -85,6 +85,17 @@ def weight_bytes(folder: str | Path, hidden_layer: int) -> int:
     return total
 
 
+def drawn_weight_bytes(folder: str | Path, hidden_layer: int) -> int:
+    """Bytes of the weights TextEncoder(folder, hidden_layer, encoder_weights="random:SEED") draws
+    on its device: the parameters of build_qwen3vl(folder, hidden_layer, "meta"), each of its
+    dtype's size (the vision tower and the text decoder's embedding and first hidden_layer layers).
+    Raises ValueError as build_qwen3vl and for a folder that is not a Qwen3-VL's."""
+    if model_type(folder) != QWEN3VL:
+        raise ValueError(f"{folder} is not a Qwen3-VL folder: only a Qwen3-VL's weights are drawn")
+    model = build_qwen3vl(Path(folder), hidden_layer, "meta")
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
 def qwen3vl_keeps(name: str, num_layers: int) -> bool:
     """True when the Qwen3-VL checkpoint tensor `name` is one load_qwen3vl reads: the vision tower
     (model.visual.*), and the text decoder cut to its first num_layers layers (embedding and those
@@ -132,20 +143,11 @@ def checkpoint_tensors(folder: Path, names: set[str]) -> dict[str, torch.Tensor]
     return tensors
 
 
-def load_qwen3vl(folder: Path, num_layers: int, device: str | torch.device, seed: int | None = None) -> torch.nn.Module:
-    """The Qwen3-VL checkpoint `folder` as a transformers Qwen3VLModel (vision tower + text decoder)
-    whose text decoder is cut to its first `num_layers` decoder layers, in eval mode on `device`,
-    in the checkpoint's dtype (config.json's; bf16 for MiniMax-H3). Its language_model's final
-    norm is replaced by the identity, so language_model's (and the whole model's)
-    last_hidden_state is the residual stream after layer num_layers - 1 (h3_spec §4.1).
-    (hidden_states[-1] cannot be used: transformers puts the final norm into the last entry, so a
-    cut model's last entry is not the full model's hidden_states[num_layers].) With seed None only
-    the tensors qwen3vl_keeps names are read; with a seed no weights file is read: the cut model's
-    parameters are drawn on `device` by h3_core.model.initialization.init_weights(model, seed)
-    (bit-identical for the same seed, device and config; CPU values differ from CUDA values).
-
-    Raises ValueError when num_layers is not in [0, the model's decoder layers] or a tensor is
-    missing; OSError when (seed None) the folder holds no safetensors weights."""
+def build_qwen3vl(folder: Path, num_layers: int, device: str | torch.device) -> torch.nn.Module:
+    """The Qwen3-VL of `folder`'s config.json as load_qwen3vl builds it, before any weight is set:
+    a Qwen3VLModel on `device` ("meta" allocates nothing) in the config's dtype, the text decoder
+    cut to `num_layers` layers, its final norm the identity. Raises ValueError when num_layers is
+    not in [0, the model's decoder layers]."""
     config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
     text_config = config.text_config
     available = text_config.num_hidden_layers
@@ -161,6 +163,24 @@ def load_qwen3vl(folder: Path, num_layers: int, device: str | torch.device, seed
     with torch.device(device):
         model = AutoModel.from_config(config, dtype=dtype)
     model.language_model.norm = torch.nn.Identity()
+    return model
+
+
+def load_qwen3vl(folder: Path, num_layers: int, device: str | torch.device, seed: int | None = None) -> torch.nn.Module:
+    """The Qwen3-VL checkpoint `folder` as a transformers Qwen3VLModel (vision tower + text decoder)
+    whose text decoder is cut to its first `num_layers` decoder layers, in eval mode on `device`,
+    in the checkpoint's dtype (config.json's; bf16 for MiniMax-H3). Its language_model's final
+    norm is replaced by the identity, so language_model's (and the whole model's)
+    last_hidden_state is the residual stream after layer num_layers - 1 (h3_spec §4.1).
+    (hidden_states[-1] cannot be used: transformers puts the final norm into the last entry, so a
+    cut model's last entry is not the full model's hidden_states[num_layers].) With seed None only
+    the tensors qwen3vl_keeps names are read; with a seed no weights file is read: the cut model's
+    parameters are drawn on `device` by h3_core.model.initialization.init_weights(model, seed)
+    (bit-identical for the same seed, device and config; CPU values differ from CUDA values).
+
+    Raises ValueError when num_layers is not in [0, the model's decoder layers] or a tensor is
+    missing; OSError when (seed None) the folder holds no safetensors weights."""
+    model = build_qwen3vl(folder, num_layers, device)
     if seed is not None:
         init_weights(model, seed)
         if model.device.type == "cuda":
