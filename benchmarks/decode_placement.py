@@ -46,7 +46,7 @@ from h3_core.config import audio_latent_frames, latent_frames  # noqa: E402 - af
 from h3_core.diffusion.request import GenerationRequest, RequestLimits  # noqa: E402 - after the sys.path set-up above
 from h3_core.factory import load_engine  # noqa: E402 - after the sys.path set-up above
 from h3_core.model.vae import decode_clip  # noqa: E402 - after the sys.path set-up above
-from h3_core.serving.gpu_turns import DEFAULT_SHARE, GpuTurns  # noqa: E402 - after the sys.path set-up above
+from h3_core.serving.gpu_turns import DEFAULT_SHARE, GpuTurns, decode_tiles  # noqa: E402 - after the sys.path set-up above
 from h3_core.weights.vae_hook import load_vaes  # noqa: E402 - after the sys.path set-up above
 
 WEIGHTS = "random:0"
@@ -91,8 +91,7 @@ def decode_forever(device: str, turns_folder: str | None, share: float) -> None:
     print("ready", flush=True)
     while True:
         start = time.perf_counter()
-        tiles = turns.tiles() if turns is not None else contextlib.nullcontext(contextlib.nullcontext)
-        with tiles as tile:
+        with decode_tiles(turns) as tile:
             decode_clip(video_vae, audio_vae, NUM_FRAMES, video, audio, tile)
         if device != "cpu":
             torch.cuda.synchronize(device)
@@ -139,7 +138,7 @@ def steps_beside(engine, work: Path, steps: int, device: str | None, share: floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True, help="folder for decode_placement.json")
     parser.add_argument("--configs", nargs="+", default=["h3"], help="DiT configs (h3_core.config)")
     parser.add_argument("--steps", type=int, default=8, help="measured DiT steps per placement")
     parser.add_argument("--shares", nargs="+", type=float, default=[DEFAULT_SHARE], help="turn_share values to measure")

@@ -12,12 +12,11 @@
 #
 #   bash scripts/gpu_host_bundle.sh [OUT.tar.xz] [PYTHON_VERSION]     (defaults: build/gpu_host_bundle.tar.xz 3.12)
 #
-# On the host:  for f in gpu_host_bundle.tar.xz gpu_host_bundle_av.tar.xz; do tar -xJf $f -C /tmp; done
-#               export PYTHONPATH=/tmp/site
-# The stub embeds the host's libpython (libpython3.12.so.1.0 must be on the loader path) and
-# runs the models with the python3 first on PATH, whose site-packages must hold torch, safetensors
-# and transformers (and not scipy or scikit-learn built for numpy 2, which transformers imports),
-# and a .pth with this repository's root (see docs/benchmarks.md).
+# On the host, in the checkout: bash scripts/gpu_host_install.sh OUT.tar.xz [OUT_av.tar.xz], then
+# export PYTHONPATH=/tmp/site. The stub embeds the host's libpython (libpython3.12.so.1.0 must be
+# on the loader path) and runs the models with the python3 first on PATH, whose site-packages must
+# hold torch, safetensors and transformers; the install script puts numpy 1 and a .pth with this
+# repository's root there (see README.md, "A GPU host without internet").
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="$(realpath -m "${1:-$ROOT/build/gpu_host_bundle.tar.xz}")"

@@ -14,6 +14,7 @@
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: bash scripts/gpu_host_install.sh BUNDLE.tar.xz [BUNDLE_av.tar.xz]" >&2; exit 2; }
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+rm -rf /tmp/site  # an older bundle's files would mix with these
 for archive in "$@"; do tar -xJf "$archive" -C /tmp; done
 PURELIB="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 INFO="$(ls -d /tmp/site/numpy-*.dist-info)"

@@ -12,8 +12,8 @@ the benchmarks' request). Requests per minute = sum over the instances of 60 x k
 k = the requests an instance steps together (max_num_seqs, and its rows // 16,384), t(k) the
 measured step of k x 16,384 rows of the full DiT on one H200 (benchmarks/results/fp8_h200.json:
 1 and 4 requests measured, 2 and 3 on the line between); a server whose largest request is below
-16,384 rows refuses the request (0). Not counted: a decode beside a DiT step makes it 2.1x slower
-while it runs (docs/multi_gpu.md), the text encoding and decoding themselves, and Triton's round
+16,384 rows refuses the request (0). Not counted: the few percent a step waits for a decode's turn
+beside it (docs/deploy_h200.md), the text encoding and decoding themselves, and Triton's round
 trips.
 """
 

@@ -42,7 +42,15 @@ from pathlib import Path
 from h3_core.config import get_config
 from h3_core.diffusion.layout import make_layout
 from h3_core.diffusion.request import request_memory_mb
-from h3_core.model.encoder import QWEN3VL_H3_LAYER, drawn_weight_bytes, minilm_path, text_width, weight_bytes
+from h3_core.model.encoder import (
+    QWEN3VL,
+    QWEN3VL_H3_LAYER,
+    drawn_weight_bytes,
+    minilm_path,
+    model_type,
+    text_width,
+    weight_bytes,
+)
 from h3_core.parallel.ulysses import check_sp_degree
 from h3_core.parallel.workers import SP_TIMEOUT_FRACTION
 from h3_core.protocol import CANCEL_MODEL
@@ -274,7 +282,7 @@ def plan(
             notes.append(f"{model}.{key} {given[model][key]}: given (sized it would be {value}: {why})")
         else:
             values[model][key] = _text(value)
-            notes.append(f"{model}.{key} {value}: {why}")
+            notes.append(f"{model}.{key} {_text(value)}: {why}")
 
     if device == "cuda":
         side = max(int(dit_values["max_height"]), cfg.default_height, cfg.default_width)
@@ -288,7 +296,8 @@ def plan(
         size(DitSettings.MODEL, "max_num_frames", frames, canvas)
     if device == "cuda":
         size(EncoderSettings.MODEL, "device", vae_device, f"placement {placement}: {PLACED[placement]}")
-        if placement == "shared" and sp_degree == 1:
+        vae_on_gpu = given[VaeSettings.MODEL].get("device", vae_device).startswith("cuda")
+        if placement == "shared" and sp_degree == 1 and vae_on_gpu:
             turns = (
                 "h3_vae shares its GPU with an h3_dit instance: its decode tiles take turns with the DiT steps "
                 "there instead of time-slicing the GPU, which made those steps 2.1x slower "
@@ -363,6 +372,12 @@ def plan(
         check_transformer_config(folder / TRANSFORMER_FOLDER, cfg)
     if text_encoder_bytes is None:
         check_text_width(config, encoder.encoder_path)
+        if encoder.encoder_weights and model_type(encoder.encoder_path or minilm_path()) != QWEN3VL:
+            raise ValueError(
+                f"h3_encoder parameter encoder_weights={encoder.encoder_weights!r} draws a Qwen3-VL's weights: "
+                f"encoder_path {encoder.encoder_path or '(the MiniLM default)'!s} is not a Qwen3-VL folder; "
+                'leave encoder_weights "" to read the folder\'s weights'
+            )
     vae = VaeSettings.from_parameters(values[VaeSettings.MODEL])
     typed = DitSettings.from_parameters({**dit_values, "row_budget": "1"})  # every value typed; row_budget below
     rows = typed.max_batch_rows

@@ -4,7 +4,9 @@ conflict within a process too), their order, the share of a turn, crash safety, 
 the step loop taking each step in a turn. Orders and counts only, no timings."""
 
 import fcntl
+import logging
 import os
+import select
 import subprocess
 import sys
 import threading
@@ -144,6 +146,7 @@ def test_a_process_killed_holding_the_turn_blocks_nobody(tmp_path):
     )
     holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
+        assert select.select([holder.stdout], [], [], 120)[0], "the holder never took the turn"
         assert holder.stdout.readline().strip() == "held"
         assert not turn_is_free(tmp_path)
     finally:
@@ -154,6 +157,22 @@ def test_a_process_killed_holding_the_turn_blocks_nobody(tmp_path):
         with tile():
             events.append("tile")
     assert events == ["tile"]
+
+
+def test_a_step_waits_for_a_stuck_decode_at_most_its_limit_then_steps_without_the_turn(tmp_path, caplog):
+    vae, events = turns(tmp_path), []
+    dit = GpuTurns(tmp_path, "gpu-test", 0.05, lambda: events.append("synchronize"), step_wait_limit_s=0.2)
+    with vae.tiles() as tile:
+        with tile():  # a decode stuck in its tile: it holds the turn
+            with caplog.at_level(logging.WARNING, logger="h3_dit"):
+                with dit.step():
+                    events.append("step")
+            assert not turn_is_free(tmp_path)  # the step released nothing it did not hold
+    assert events == ["step", "synchronize"] and turn_is_free(tmp_path)
+    assert [record.getMessage() for record in caplog.records] == [
+        "GPU turns: the turn was not given in 0.2 s (h3_vae stuck in a decode?): this step runs without it"
+    ]
+    assert dit.last_step_s() == 0.0  # a step without the turn stores no step time
 
 
 def test_decode_clip_runs_each_tile_inside_a_turn_and_tiles_change_no_value():

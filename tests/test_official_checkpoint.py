@@ -4,7 +4,10 @@ remote-code hook) served end to end through tritonserver on the CPU, equal bit f
 same models run in-process."""
 
 import json
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -94,6 +97,19 @@ def test_writer_text_encoder_options(checkpoint, tmp_path):
             write_synthetic_checkpoint(tmp_path / "refused", "tiny", **options)
         assert str(caught.value) == message
     assert not (tmp_path / "refused").exists()
+
+
+@pytest.mark.parametrize(
+    "device, message",
+    [
+        ("meta", "--device meta: choose cpu, or cuda / cuda:N on a machine with a CUDA GPU"),
+    ],
+)
+def test_writer_command_refuses_a_bad_device(tmp_path, device, message):
+    command = [sys.executable, "-m", "h3_core.weights.official_checkpoint", str(tmp_path / "c"), "--device", device]
+    run = subprocess.run(command, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    assert run.returncode == 2 and run.stderr.splitlines()[-1].endswith(f"error: {message}")
+    assert not (tmp_path / "c").exists()
 
 
 def test_served_clip_equals_in_process(server, checkpoint):

@@ -437,3 +437,33 @@ def test_the_launcher_refuses_bad_repository_options_before_starting_a_server(ca
         launch.main(["--model-repository", str(R.SHIPPED), "--config", "demo"])
     assert error.value.code == 2
     assert "--model-repository serves a repository as it is" in capsys.readouterr().err
+
+
+def test_gpu_turns_only_where_h3_vae_decodes_on_a_gpu_beside_h3_dit():
+    machine = Machine(16, {0: 140 * GIB, 1: 140 * GIB})
+
+    def turns(placement: str, **overrides) -> tuple[bool, bool]:
+        repository = R.plan(
+            "bench", "/w", "cuda", [0, 1], machine=machine, overrides={**WIDE, **overrides}, placement=placement
+        )
+        return repository.vae.gpu_turns, repository.dit.gpu_turns
+
+    shared = R.plan("bench", "/w", "cuda", [0, 1], machine=machine, overrides=WIDE, placement="shared")
+    assert (shared.vae.gpu_turns, shared.dit.gpu_turns, shared.vae.device) == (True, True, "cuda:0")
+    assert [note.split(":")[0] for note in shared.notes if "gpu_turns" in note] == [
+        "h3_vae.gpu_turns true",
+        "h3_dit.gpu_turns true",
+    ]
+    assert turns("own") == (False, False)  # h3_vae on a GPU of its own
+    assert turns("cpu") == (False, False)
+    assert turns("shared", h3_vae={"device": "cpu"}) == (False, False)  # moved off the GPU by hand
+    assert turns("shared", h3_dit={"sp_degree": 2}) == (False, False)  # a sequence-parallel group takes none
+
+
+def test_drawn_encoder_weights_need_a_qwen3vl_folder():
+    with pytest.raises(ValueError) as error:
+        R.plan(overrides={"h3_encoder": {"encoder_weights": "random:0"}})
+    assert str(error.value) == (
+        "h3_encoder parameter encoder_weights='random:0' draws a Qwen3-VL's weights: encoder_path (the MiniLM "
+        'default) is not a Qwen3-VL folder; leave encoder_weights "" to read the folder\'s weights'
+    )

@@ -12,8 +12,8 @@ most that plus one tile. While h3_vae waits for the turn, a DiT instance about t
 the turn first, so that a DiT stepping without pause leaves h3_vae one turn between any two steps
 (a lock alone would let the DiT take it back at once). While no DiT instance waits, tiles follow one
 another at full speed. A step therefore costs (1 + about `share`) x its time while
-a decode runs, and a decode takes about its own time / `share` while the DiT steps without pause
-(docs/deploy_h200.md measures both).
+a decode runs, and a decode takes at least about one step while the DiT steps without pause (its
+own time / `share` when that is longer; docs/deploy_h200.md measures both).
 
 The turn is an exclusive flock on <folder>/gpu-<uuid>.turn, where <folder> is the server's shared
 folder (h3_core.serving.registry.server_folder) and <uuid> the GPU's, so that every process of the
@@ -25,12 +25,13 @@ blocks the other.
 """
 
 import fcntl
+import logging
 import os
 import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -39,7 +40,12 @@ import torch
 # waiting step is delayed about 5 % at most (docs/deploy_h200.md)
 DEFAULT_SHARE = 0.04
 POLL_S = 0.0005  # seconds between looks at whether the other side, waiting, has taken the turn
+# seconds a DiT step waits for the turn before it steps without it (time-slicing the GPU), so that an
+# h3_vae stuck in a decode stalls no step for longer: far above a turn (0.04 x a step of seconds)
+# and above a hook VAE's whole-clip decode, which is one tile
+STEP_WAIT_LIMIT_S = 60.0
 _STEP_SECONDS = struct.Struct("<d")
+log = logging.getLogger("h3_dit")
 
 
 def gpu_key(device: str | torch.device) -> str:
@@ -60,15 +66,27 @@ class GpuTurns:
         share: the fraction of the last step's seconds that a turn of `tiles` may last while a
             DiT instance waits (h3_vae's turn_share, checked by VaeSettings: finite, > 0).
         synchronize: waits until the device has finished the work queued so far (on a GPU
-            torch.cuda.synchronize of its device); called before every turn is given up.
+            torch.cuda.synchronize of its device); called after every tile and before every
+            turn is given up (an error it raises is raised after the turn is given up).
+        step_wait_limit_s: seconds `step` waits for the turn before it steps without it.
+
+    The guarantee of one turn between two steps holds for one DiT process per GPU (the writer
+    places one); with more, h3_vae still gets turns, later.
 
     Raises OSError when the files cannot be opened.
     """
 
-    def __init__(self, folder: str | Path, key: str, share: float, synchronize: Callable[[], None]):
+    def __init__(
+        self,
+        folder: str | Path,
+        key: str,
+        share: float,
+        synchronize: Callable[[], None],
+        step_wait_limit_s: float = STEP_WAIT_LIMIT_S,
+    ):
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        self.share, self.synchronize = share, synchronize
+        self.share, self.synchronize, self.step_wait_limit_s = share, synchronize, step_wait_limit_s
         self.turn = os.open(folder / f"gpu-{key}.turn", os.O_RDWR | os.O_CREAT, 0o600)
         self.want = os.open(folder / f"gpu-{key}.want", os.O_RDWR | os.O_CREAT, 0o600)
         self.tiles_want = os.open(folder / f"gpu-{key}.tiles-want", os.O_RDWR | os.O_CREAT, 0o600)
@@ -104,23 +122,32 @@ class GpuTurns:
         """The DiT's side: hold the turn for one packed step. Waits (announcing itself in the want
         file) for the turn, letting a waiting h3_vae take it first; on leaving, waits for the device
         to finish the step, stores its seconds (turn taken to device done) and gives the turn up,
-        also when the step raised."""
+        also when the step raised. Without the turn after step_wait_limit_s seconds (an h3_vae
+        stuck in a decode) it logs a warning and steps without it."""
+        deadline = time.monotonic() + self.step_wait_limit_s
         fcntl.flock(self.want, fcntl.LOCK_SH)
         try:
-            while self.tiles_waiting():  # until h3_vae holds the turn; then wait for its turn to end
+            while self.tiles_waiting() and time.monotonic() < deadline:  # until h3_vae holds the turn
                 time.sleep(POLL_S)
-            fcntl.flock(self.turn, fcntl.LOCK_EX)
+            held = _lock_before(self.turn, deadline)
         finally:
             fcntl.flock(self.want, fcntl.LOCK_UN)
+        if not held:
+            log.warning(
+                "GPU turns: the turn was not given in %g s (h3_vae stuck in a decode?): this step runs without it",
+                self.step_wait_limit_s,
+            )
         start = time.perf_counter()
         try:
             yield
         finally:
             try:
                 self.synchronize()
-                os.pwrite(self.turn, _STEP_SECONDS.pack(time.perf_counter() - start), 0)
+                if held:
+                    os.pwrite(self.turn, _STEP_SECONDS.pack(time.perf_counter() - start), 0)
             finally:
-                fcntl.flock(self.turn, fcntl.LOCK_UN)
+                if held:
+                    fcntl.flock(self.turn, fcntl.LOCK_UN)
 
     @contextmanager
     def tiles(self) -> Iterator[Callable[[], AbstractContextManager[None]]]:
@@ -136,6 +163,8 @@ class GpuTurns:
 
     @contextmanager
     def _tile(self) -> Iterator[None]:
+        """One tile of the decode in `tiles`: take the turn unless held (giving it up first when a
+        DiT step waits and this turn has lasted its share), run the tile, wait for the device."""
         if self.held and self.dit_waiting() and time.perf_counter() - self.since >= self.share * self.last_step_s():
             self._give_up()
             while self.dit_waiting():  # until the waiting instance holds the turn; then wait for its step
@@ -167,3 +196,22 @@ def _held_by_others(fd: int) -> bool:
         return True
     fcntl.flock(fd, fcntl.LOCK_UN)
     return False
+
+
+def _lock_before(fd: int, deadline: float) -> bool:
+    """Take an exclusive flock on `fd`, polling until time.monotonic() reaches `deadline`.
+    Returns whether it was taken."""
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(POLL_S)
+
+
+def decode_tiles(turns: "GpuTurns | None") -> AbstractContextManager[Callable[[], AbstractContextManager[None]]]:
+    """The context of one decode: turns.tiles() with turns, else one that yields
+    contextlib.nullcontext as the tile (h3_core.model.vae.decode_clip's default)."""
+    return turns.tiles() if turns is not None else nullcontext(nullcontext)

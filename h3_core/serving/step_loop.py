@@ -331,12 +331,10 @@ class StepLoop(Admission, PackedStep):
         overlap while steps are short, OVERLAP_MAX_STEP_S); after a long step, settle this one
         too. With GPU turns each step holds the turn from its launch until the device has done
         it and is settled at once. Returns the launched step and whether a step was settled."""
-        if self.turns is not None:
-            settled = self.settle_in_flight(send)
+        if self.turns is not None:  # nothing is in flight here: every step settled in its advance
             with self.turns.step():
                 flight = self.launch(pack, send)
-            self.in_flight = flight
-            return flight, self.settle_in_flight(send) or settled
+            return flight, self.settle(flight, send)
         flight = self.launch(pack, send)
         previous, self.in_flight = self.in_flight, flight
         settled = self.settle(previous, send)

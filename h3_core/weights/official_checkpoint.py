@@ -314,6 +314,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         prog="python -m h3_core.weights.official_checkpoint",
         description="Write a synthetic official-layout checkpoint.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("folder", type=Path, help="new (or empty) folder to write")
     parser.add_argument("--config", default="tiny", help="DiT config (h3_core.config): its sizes and text width")
@@ -330,6 +331,12 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="where the weights are drawn (cpu, cuda, cuda:N)")
     args = parser.parse_args()
     try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        parser.error(f"--device {args.device!r} is not a device: choose cpu, cuda or cuda:N")
+    if device.type not in ("cpu", "cuda") or (device.type == "cuda" and not torch.cuda.is_available()):
+        parser.error(f"--device {args.device}: choose cpu, or cuda / cuda:N on a machine with a CUDA GPU")
+    try:
         folder = write_synthetic_checkpoint(
             args.folder, args.config, args.seed, args.text_encoder, args.text_encoder_layers, args.device
         )
@@ -338,8 +345,9 @@ def main() -> None:
     print(f"synthetic official checkpoint ({args.config}, seed {args.seed}) written to {folder}")
     cut = args.text_encoder_layers < QWEN3VL_H3_LAYER  # served at hidden_layer 50 unless told
     layers = f" --set h3_encoder.hidden_layer={args.text_encoder_layers}" if cut else ""
+    gpus = " --device cuda --gpus all" if device.type == "cuda" else ""
     print(
-        f"serve it: python -m server.launch --config {args.config} --checkpoint {folder} "
+        f"serve it: python -m server.launch{gpus} --config {args.config} --checkpoint {folder} "
         f"--set h3_vae.trust_remote_code=true{layers}"
     )
 

@@ -19,7 +19,6 @@ true there). A malformed direct request is refused with INVALID_ARG, also a resu
 names a canvas beyond h3_vae's own max_height, max_width, max_num_frames or whose latents do not
 fit it."""
 
-import contextlib
 import functools
 import json
 import logging
@@ -43,7 +42,7 @@ from h3_core.protocol import (
 )
 from h3_core.serving.decodes import BacklogFull, Decode, Decodes, check_result
 from h3_core.serving.gone_clients import GoneClients
-from h3_core.serving.gpu_turns import GpuTurns
+from h3_core.serving.gpu_turns import GpuTurns, decode_tiles
 from h3_core.serving.metrics import end_line
 from h3_core.serving.ordered_pool import OrderedPool
 from h3_core.serving.registry import Registry, server_folder
@@ -254,8 +253,7 @@ class TritonPythonModel:
             self.open_decodes.start(decode)
         start, error, outputs = time.perf_counter(), None, None
         try:
-            tiles = self.turns.tiles() if self.turns is not None else contextlib.nullcontext(contextlib.nullcontext)
-            with tiles as tile:
+            with decode_tiles(self.turns) as tile:
                 frames, audio = decode_clip(self.video_vae, self.audio_vae, info["num_frames"], video, audio, tile)
             frames, audio = frames.cpu(), audio.cpu()
             mp4 = (
