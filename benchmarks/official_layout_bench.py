@@ -13,7 +13,7 @@ In order, each step timed:
            page cache; in a container it may be refused: the JSON says whether it worked (the
            CPU smoke does not try);
   load:    in a process of its own, every safetensors file of transformer/ and of text_encoder/ read
-           to the GPU (safetensors.torch.load_file onto cuda:0, then a synchronize): bytes,
+           to the GPU (safetensors' load_file onto cuda:0, then a synchronize): bytes,
            seconds and bytes per second per folder; then the load time of the full model's
            weights at those rates, EXTRAPOLATED (not measured): the `h3` DiT's 66.3 GB
            (server.sizing.dit_weight_bytes) at transformer/'s rate, MiniMax-H3's Qwen3-VL text

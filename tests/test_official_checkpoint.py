@@ -237,13 +237,22 @@ def test_served_ref2va_clip_equals_in_process(server, checkpoint):
         return_frames=True,
         return_audio=True,
     )
-    refs = read_references(files, [4], 64, 96, 9, 1, None, EncoderSettings(), (64, 96))
-    encoder = TextEncoder(str(checkpoint / TEXT_ENCODER), QWEN3VL_H3_LAYER, tokenizer_path=str(checkpoint / TOKENIZER))
-    images = [image for _, image in refs.guides] + refs.images
-    embeds, spans = encoder.encode_references(request.prompt, images, [frames for frames, _ in refs.videos], 1)
+    # in process with the served models' one CPU thread (cpu_threads 1): the audio VAE's conv1d
+    # sums differently when two threads split it
+    threads = torch.get_num_threads()
+    torch.set_num_threads(EncoderSettings().cpu_threads)
+    try:
+        refs = read_references(files, [4], 64, 96, 9, 1, None, EncoderSettings(), (64, 96))
+        encoder = TextEncoder(
+            str(checkpoint / TEXT_ENCODER), QWEN3VL_H3_LAYER, tokenizer_path=str(checkpoint / TOKENIZER)
+        )
+        images = [image for _, image in refs.guides] + refs.images
+        embeds, spans = encoder.encode_references(request.prompt, images, [frames for frames, _ in refs.videos], 1)
+        engine = load_engine("tiny", checkpoint, with_encoder=False, trust_remote_code=True)
+        conditions = reference_conditions(engine.video_vae, engine.audio_vae, refs)
+        ((_, frames, audio),) = engine.generate(request, embeds, conditions, tuple(spans))
+    finally:
+        torch.set_num_threads(threads)
     assert len(spans) >= 3 and served.info["task"] == "ref2va"
-    engine = load_engine("tiny", checkpoint, with_encoder=False, trust_remote_code=True)
-    conditions = reference_conditions(engine.video_vae, engine.audio_vae, refs)
-    ((_, frames, audio),) = engine.generate(request, embeds, conditions, tuple(spans))
     assert torch.equal(torch.from_numpy(served.frames.copy()), frames)
     assert torch.equal(torch.from_numpy(served.audio.copy()), audio)

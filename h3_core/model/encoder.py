@@ -30,10 +30,9 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModel, AutoTokenizer
 
-from h3_core.model.initialization import init_weights
+from h3_core.model.initialization import init_weights, weights_seed
 from h3_core.model.presentation import load_image_processor, load_video_processor, present
 from h3_core.protocol import check_prompt
-from h3_core.weights.checkpoint import weights_seed
 
 QWEN3VL = "qwen3_vl"
 QWEN3VL_H3_LAYER = 50  # h3_spec §4.1: H3 conditions on hidden_states[50]

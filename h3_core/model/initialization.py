@@ -2,9 +2,13 @@
 the VAEs of create_vaes, the trainers' starting points)."""
 
 import math
+from pathlib import Path
 
 import torch
 from torch import nn
+
+RANDOM_PREFIX = "random:"
+MAX_SEED = 2**63 - 2  # SEED + VAE_SEED_OFFSET must fit torch's int64 seeds
 
 
 def init_weights(module: nn.Module, seed: int) -> None:
@@ -34,3 +38,38 @@ def init_weights(module: nn.Module, seed: int) -> None:
             else:
                 values = torch.randn(p.shape, generator=generator, device=device) * 0.02
             p.copy_(values.to(p.dtype))
+
+
+def source_seed(source: str | Path) -> int | None:
+    """SEED of a `random:SEED` weight source; None for a folder (h3_core.weights.checkpoint's module
+    docstring).
+
+    Raises ValueError when `source` starts with "random:" but SEED is not an integer in 0..MAX_SEED."""
+    text = str(source)
+    if not text.startswith(RANDOM_PREFIX):
+        return None
+    digits = text[len(RANDOM_PREFIX) :]
+    if not (digits.isascii() and digits.isdigit() and int(digits) <= MAX_SEED):
+        raise ValueError(
+            f"weight source {text!r} is not {RANDOM_PREFIX}SEED with SEED an integer in 0..{MAX_SEED} "
+            f"(e.g. {RANDOM_PREFIX}0), nor a checkpoint folder"
+        )
+    return int(digits)
+
+
+def weights_seed(field: str, value: str) -> int | None:
+    """The seed of a weights setting that is "" (read the weights from their files: None) or
+    `random:SEED` (SEED, as source_seed parses it). Raises ValueError naming `field` and both
+    allowed forms for any other value."""
+    if not value:
+        return None
+    try:
+        seed = source_seed(value)
+    except ValueError:
+        seed = None
+    if seed is None:
+        raise ValueError(
+            f'{field}={value!r} is not allowed: "" (read the weights from the folder\'s safetensors) or '
+            f"{RANDOM_PREFIX}SEED (seeded random weights) with SEED an integer in 0..{MAX_SEED}, e.g. {RANDOM_PREFIX}0"
+        )
+    return seed

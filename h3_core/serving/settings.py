@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from ..diffusion.request import RequestLimits
 from ..images import ImageLimits
 from ..model.fp8 import QUANTIZATIONS
+from ..model.initialization import weights_seed
 from ..protocol import (
     DIT_MODEL,
     ENCODER_MODEL,
@@ -23,7 +24,6 @@ from ..protocol import (
     VAE_MODEL,
 )
 from ..references import MediaLimits
-from ..weights.checkpoint import weights_seed
 from .gpu_turns import DEFAULT_SHARE
 from .scheduler import DEFAULT_MAX_WAIT_S, DEFAULT_POLICY, POLICIES
 

@@ -40,14 +40,12 @@ from torch import nn
 
 from ..config import AUDIO_LATENT_CHANNELS, CONFIGS, PATCH, VIDEO_LATENT_CHANNELS, DiTConfig
 from ..model import H3DiT
-from ..model.initialization import init_weights
+from ..model.initialization import init_weights, source_seed
 from ..model.preview import FEATURES, RANDOM_PREVIEW, PreviewMap
 
 DIT_FILE, VIDEO_VAE_FILE, AUDIO_VAE_FILE = "dit.safetensors", "video_vae.safetensors", "audio_vae.safetensors"
 PREVIEW_FILE = "preview.safetensors"  # optional: the previews' fitted latent-to-RGB map (load_preview)
 CACHE_FILE = "step_cache.json"  # optional: the step cache's fitted polynomial (load_cache_polynomial)
-RANDOM_PREFIX = "random:"
-MAX_SEED = 2**63 - 2  # SEED + VAE_SEED_OFFSET must fit torch's int64 seeds
 VAE_SEED_OFFSET = 1  # the VAEs of `random:SEED` are create_vaes(SEED + VAE_SEED_OFFSET)
 TRANSFORMER_FOLDER = "transformer"
 OFFICIAL_CONFIG = "config.json"
@@ -213,40 +211,6 @@ def load_state_dict_strict(module: nn.Module, state: dict[str, torch.Tensor]) ->
 
 
 # ---- weight sources ------------------------------------------------------------------------------
-
-
-def source_seed(source: str | Path) -> int | None:
-    """SEED of a `random:SEED` weight source; None for a folder (module docstring).
-
-    Raises ValueError when `source` starts with "random:" but SEED is not an integer in 0..MAX_SEED."""
-    text = str(source)
-    if not text.startswith(RANDOM_PREFIX):
-        return None
-    digits = text[len(RANDOM_PREFIX) :]
-    if not (digits.isascii() and digits.isdigit() and int(digits) <= MAX_SEED):
-        raise ValueError(
-            f"weight source {text!r} is not {RANDOM_PREFIX}SEED with SEED an integer in 0..{MAX_SEED} "
-            f"(e.g. {RANDOM_PREFIX}0), nor a checkpoint folder"
-        )
-    return int(digits)
-
-
-def weights_seed(field: str, value: str) -> int | None:
-    """The seed of a weights setting that is "" (read the weights from their files: None) or
-    `random:SEED` (SEED, as source_seed parses it). Raises ValueError naming `field` and both
-    allowed forms for any other value."""
-    if not value:
-        return None
-    try:
-        seed = source_seed(value)
-    except ValueError:
-        seed = None
-    if seed is None:
-        raise ValueError(
-            f'{field}={value!r} is not allowed: "" (read the weights from the folder\'s safetensors) or '
-            f"{RANDOM_PREFIX}SEED (seeded random weights) with SEED an integer in 0..{MAX_SEED}, e.g. {RANDOM_PREFIX}0"
-        )
-    return seed
 
 
 def load_dit(dit: H3DiT, source: str | Path) -> None:
