@@ -143,15 +143,14 @@ class TritonPythonModel:
         self.open_gauges = [self.open_family.Metric(labels={"model": "h3_vae", "state": s}) for s in DECODE_STATES]
         self.limits = settings.limits()
         # decodes in turns with the DiT steps of this GPU (h3_core.serving.gpu_turns), or at once
-        self.turns = (
-            GpuTurns.on_device(server_folder(), settings.device, settings.turn_share) if settings.gpu_turns else None
-        )
+        folder = server_folder()  # shared with the server's other models (registry, GPU turns)
+        self.turns = GpuTurns.on_device(folder, settings.device, settings.turn_share) if settings.gpu_turns else None
         self.pool = OrderedPool(settings.decode_workers, name="h3_vae-decode")
         # Everything that touches the stub (reading requests, making tensors, logging, sending, BLS
         # calls) happens under this lock: in Triton 2.51 a decode thread sending while execute()
         # ran crashed tritonserver (docs/reliability.md); the decodes themselves run outside it.
         self.stub_lock = threading.Lock()
-        self.gone = GoneClients(Registry(server_folder()), pb_utils.Logger.log_info, self.stub_lock)
+        self.gone = GoneClients(Registry(folder), pb_utils.Logger.log_info, self.stub_lock)
         self.open_decodes = Decodes(
             self.stub_lock,
             settings.decode_workers,
