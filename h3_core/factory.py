@@ -11,6 +11,7 @@ from .diffusion.engine import DEFAULT_LIMITS, Engine
 from .diffusion.request import RequestLimits
 from .diffusion.step_cache import IDENTITY_POLYNOMIAL
 from .model import H3DiT
+from .model.adaln_table import DEFAULT_CAPACITY
 from .model.dit import use_bitwise_cublas
 from .model.fp8 import check_quantization, quantize_blocks
 from .parallel.ulysses import check_sp_degree
@@ -32,6 +33,7 @@ def load_engine(
     sp_degree: int = 1,
     sp_timeout_s: float = DEFAULT_SP_TIMEOUT_S,
     quantization: str = "none",
+    adaln_table_values: int = DEFAULT_CAPACITY,
 ) -> Engine:
     """Build an Engine of a DiT config (a name of config.CONFIGS, or a DiTConfig such as one with
     another dtype; sequence parallelism only by name) from a weight source
@@ -46,7 +48,9 @@ def load_engine(
     (h3_core.parallel.workers: on the CPU, or on the consecutive GPUs from `device`), each of them
     loading the weights, with sp_timeout_s seconds as their step and collective timeout.
     quantization: h3_dit's (h3_core.model.fp8.quantize_blocks, applied after loading and before
-    compiling, in every worker too). Previews use the source's fitted latent-to-RGB map
+    compiling, in every worker too). adaln_table_values: with sp_degree 1 and > 0, the DiT keeps
+    the AdaLN projections of that many timestep values (H3DiT.use_adaln_table); 0 leaves it off.
+    Previews use the source's fitted latent-to-RGB map
     (checkpoint.load_preview), else an arbitrary colour map of the latent (RANDOM_PREVIEW); the
     step cache the source's fitted polynomial (checkpoint.load_cache_polynomial), else
     IDENTITY_POLYNOMIAL (h3_core.diffusion.step_cache).
@@ -68,6 +72,8 @@ def load_engine(
         dit = H3DiT(cfg, attention_backend=attention_backend, device=device)
         load_dit(dit, source)
         quantize_blocks(dit, quantization)
+        if adaln_table_values > 0:
+            dit.use_adaln_table(adaln_table_values)
         if cuda:
             dit.compile_blocks()
             dit.use_cuda_graphs()

@@ -464,7 +464,7 @@ def _gpu_rows(
     read from its folder) off h3_encoder's. One note per GPU, also for a GPU that holds only
     h3_encoder and h3_vae (what is left there). Raises ValueError for a GPU without a free-memory
     figure, one where the DiT does not fit, or one where h3_encoder and h3_vae do not."""
-    weights = sizing.dit_weight_bytes(cfg, dit.quantization)
+    weights = sizing.dit_weight_bytes(cfg, dit.quantization) + sizing.adaln_table_bytes(cfg, dit)
     per_row = sizing.gpu_bytes_per_row_and_width(cfg, dit.quantization)
     height, width, frames = dit.max_height, dit.max_width, dit.max_num_frames
     decode = sizing.decode_reserve_bytes(height, width, frames, vae.decode_workers)
@@ -505,7 +505,7 @@ def _gpu_rows(
         rows = sizing.gpu_max_batch_rows(free, weights, kept, cfg.hidden_size, per_row)
         notes.append(
             f"GPU {gpu}: {free // sizing.MIB:,} MiB free - {weights // sizing.MIB:,} MiB DiT weights "
-            f"(quantization {dit.quantization}){reserved} -> "
+            f"(quantization {dit.quantization}, AdaLN table of {dit.adaln_table_values} values){reserved} -> "
             f"{rows:,} rows at {per_row} bytes per row and unit of hidden_size {cfg.hidden_size} (measured on an "
             f"H200 in {'fp8' if dit.quantization == 'fp8' else 'bf16'}, server.sizing)"
         )
@@ -622,6 +622,9 @@ COMMENTS = {
         "quantization": "none, or fp8: the DiT blocks' linears in float8 e4m3 (per-channel weight and per-row "
         "activation scales, h3_core.model.fp8; about 44 GiB of weights instead of 62 for the h3 config; needs a GPU "
         "of compute capability >= 8.9, or the CPU for tests)",
+        "adaln_table_values": "timestep values whose AdaLN projections the DiT keeps (sp_degree 1; about 9.7 MB a "
+        "value for the h3 config, h3_core.model.adaln_table): each distinct timestep's projections are computed once, "
+        "not once per step; 0 = off",
         "gpu_turns": '"true" (cuda, sp_degree 1): each packed step takes its GPU\'s turn, so that an h3_vae with '
         "gpu_turns on the same GPU decodes only between steps (h3_core.serving.gpu_turns)",
     },

@@ -163,6 +163,15 @@ def dit_weight_bytes(config: DiTConfig, quantization: str = "none") -> int:
     return sum(t.numel() * t.element_size() for t in (*dit.parameters(), *dit.buffers()))
 
 
+def adaln_table_bytes(config: DiTConfig, dit) -> int:
+    """GPU bytes of an h3_dit instance's AdaLN table (DitSettings `dit`: adaln_table_values
+    values of h3_core.model.adaln_table.value_bytes each, 9,698,304 B for h3; 0 with
+    sp_degree > 1, where the workers project per step)."""
+    from h3_core.model.adaln_table import value_bytes
+
+    return dit.adaln_table_values * value_bytes(config) if dit.sp_degree == 1 else 0
+
+
 def gpu_bytes_per_row_and_width(config: DiTConfig, quantization: str = "none") -> int:
     """The DiT activation bytes per packed row and unit of hidden_size on a GPU:
     GPU_BF16_BYTES_PER_ROW_AND_WIDTH (67, measured in bf16) or, with quantization fp8,

@@ -18,7 +18,6 @@ value.
 
 import math
 import os
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +25,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import AUDIO_ROW_WIDTH, ROW_ALIGN, VIDEO_ROW_WIDTH, DiTConfig
+from .adaln_table import AdaLNSlots, AdaLNTable
 from .attention import AttentionFn, Documents, get_attention_backend
+from .graphs import GRAPH_MAX_ROWS, GRAPHS_KEPT, GraphedForward
 from .packed import PackedBatch
 from .rope import apply_rope, rope_table
 
@@ -35,11 +36,6 @@ from .rope import apply_rope, rope_table
 # 43.6 vs 17.9 ms a step on the H200 (bench config, benchmarks/results/batch_invariance_h200.json).
 CPU_ROW_TILE, GPU_ROW_TILE = 64, 0
 BITWISE_CUBLAS_WORKSPACE = ":0:0"  # CUBLAS_WORKSPACE_CONFIG: no workspace, so no split-K reduction
-# CUDA graphs (H3DiT.use_cuda_graphs): packs of at most GRAPH_MAX_ROWS rows replay a graph, at
-# most GRAPHS_KEPT pack structures are kept (least recently used dropped). A 128-row step of the
-# bench DiT is bound by the host, not the GPU (14.95 ms a step, 4.25 ms of kernels; issue 16);
-# from about 4,096 rows the kernels dominate and a graph would only add memory.
-GRAPH_MAX_ROWS, GRAPHS_KEPT = 4096, 16
 
 
 def use_bitwise_cublas() -> None:
@@ -179,13 +175,16 @@ class AdaLNProj(nn.Module):
     """Linear(time_embed_dim -> n x hidden) over SiLU(t_emb): t_emb float32 [M, time_embed_dim]
     -> [M, n x hidden] in the model dtype. per_timestep=True (serving) makes one call per
     timestep, so the result is independent of how many timesteps share the forward; False
-    (training) one call for all M."""
+    (training) one call for all M. Given AdaLNSlots (H3DiT.use_adaln_table) instead of t_emb, the
+    stored rows of those one-row calls."""
 
     def __init__(self, cfg: DiTConfig, n: int, dtype: torch.dtype):
         super().__init__()
         self.linear = Linear(cfg.time_embed_dim, n * cfg.hidden_size, dtype=dtype)
 
     def forward(self, t_emb: torch.Tensor, per_timestep: bool = True) -> torch.Tensor:
+        if isinstance(t_emb, AdaLNSlots):
+            return t_emb.rows(self)
         dtype = self.linear.weight.dtype
         if not per_timestep:
             return self.linear(F.silu(t_emb).to(dtype))
@@ -277,7 +276,7 @@ class Embedded:
     pack's rows, M = its unique timesteps."""
 
     x: torch.Tensor  # [S, hidden] model dtype: the embedded rows (padding rows 0)
-    t_emb: torch.Tensor  # float32 [M, time_embed_dim]
+    t_emb: torch.Tensor | AdaLNSlots  # float32 [M, time_embed_dim], or the table's slots (use_adaln_table)
     mod_index: torch.Tensor  # int64 [S]: a row's AdaLN modulation row (timestep_index * 3 + modality)
     timestep_index: torch.Tensor  # int64 [S]: a row's row of t_emb
     rows: PackRows
@@ -328,6 +327,7 @@ class H3DiT(nn.Module):
             row_tile = GPU_ROW_TILE if cuda else CPU_ROW_TILE
         self.set_row_tile(row_tile)
         self.graphs: GraphedForward | None = None  # use_cuda_graphs
+        self.adaln_table: AdaLNTable | None = None  # use_adaln_table
         self.max_compiled_rows: int | None = None  # compile_blocks
 
     def compile_blocks(self) -> None:
@@ -362,6 +362,18 @@ class H3DiT(nn.Module):
         if kept < 1 or max_rows < 1:
             raise ValueError(f"CUDA graphs need max_rows >= 1 and kept >= 1, got {max_rows} and {kept}")
         self.graphs = GraphedForward(self, max_rows, kept)
+
+    def use_adaln_table(self, capacity: int) -> None:
+        """Read every AdaLN projection from an AdaLNTable of `capacity` timestep values (h3_core.
+        model.adaln_table: bitwise the per-timestep projections, each value computed once). Call it
+        after loading the weights (the table keeps values of the weights it saw). ValueError for
+        capacity < 1."""
+        self.adaln_table = AdaLNTable(self, capacity)
+
+    def step_timesteps(self, batch: PackedBatch) -> torch.Tensor:
+        """The pack's timestep input of forward_rows: its unique timesteps (float32 [M]), or with
+        the AdaLN table their slots (int64 [M] on the DiT's device, filling unseen values)."""
+        return batch.unique_timesteps if self.adaln_table is None else self.adaln_table.slots(batch.unique_timesteps)
 
     def set_row_tile(self, row_tile: int) -> None:
         """Run every row-wise linear in GEMM calls of `row_tile` rows (0 = one call per linear).
@@ -411,7 +423,8 @@ class H3DiT(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward` from device tensors only (what a CUDA graph captures: no host read-back, no
         copy to the device): video, audio, text as forward's; unique_timesteps float32 [M] and
-        inverse_indices int64 [S] of the PackedBatch, on the device; rows = pack_rows(batch)."""
+        inverse_indices int64 [S] of the PackedBatch, on the device (with the AdaLN table the int64
+        slots of step_timesteps in place of unique_timesteps); rows = pack_rows(batch)."""
         e = self.embed_rows(video, audio, text, unique_timesteps, inverse_indices, rows)
         video_out, audio_out = self.transformer(
             e.x, e.t_emb, e.mod_index, e.timestep_index, self.attention, rows.documents, rows.rope
@@ -419,10 +432,10 @@ class H3DiT(nn.Module):
         return video_out[rows.video_rows], audio_out[rows.audio_rows]
 
     def device_batch(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor, PackRows]:
-        """What forward_rows and embed_rows take of `batch`, on the DiT's device: its unique
-        timesteps (float32 [M]), each row's index into them (int64 [S]) and its PackRows."""
+        """What forward_rows and embed_rows take of `batch`, on the DiT's device: step_timesteps
+        (float32 [M], or int64 slots), each row's index into them (int64 [S]) and its PackRows."""
         device = self.device
-        return batch.unique_timesteps.to(device), batch.inverse_indices.to(device), self.pack_rows(batch)
+        return self.step_timesteps(batch).to(device), batch.inverse_indices.to(device), self.pack_rows(batch)
 
     def pack_rows(self, batch: PackedBatch) -> PackRows:
         """The batch's layout-determined tensors on the DiT's device (PackRows), with its
@@ -471,8 +484,11 @@ class H3DiT(nn.Module):
         refined = self.token_refiner(self.condition_proj(text_in), self.attention, rows.refiner_documents)
         x.index_copy_(0, rows.text_rows, refined[rows.refiner_text_rows])
 
-        # Conditioning: one time embedding per unique timestep; row -> AdaLN row index.
-        t_emb = torch.cat([self.time_embedder(t) for t in unique_timesteps.split(1)])
+        # Conditioning: one time embedding per unique timestep (or the table's slots); row -> AdaLN row index.
+        if self.adaln_table is not None:
+            t_emb = AdaLNSlots(self.adaln_table, unique_timesteps)
+        else:
+            t_emb = torch.cat([self.time_embedder(t) for t in unique_timesteps.split(1)])
         return Embedded(x, t_emb, inverse_indices * 3 + rows.modality, inverse_indices, rows)
 
     def transformer(
@@ -512,79 +528,3 @@ class H3DiT(nn.Module):
         for block in self.blocks:
             x = block(x, t_emb, mod_index, attention, documents, rope, per_timestep)
         return self.final_layer(x, t_emb, timestep_index, per_timestep)
-
-
-@dataclass
-class CapturedPack:
-    """One captured forward: the graph, its static inputs (video, audio, text, unique_timesteps,
-    inverse_indices, refilled before each replay), its outputs and the PackRows it reads."""
-
-    graph: torch.cuda.CUDAGraph
-    inputs: list[torch.Tensor]
-    outputs: tuple[torch.Tensor, torch.Tensor]
-    rows: PackRows
-
-
-class GraphedForward:
-    """H3DiT.forward_rows replayed from CUDA graphs, one per pack structure: the key is the DiT's
-    attention backend, the requests' layouts in pack order and the number of unique timesteps,
-    which fix every kernel, every shape and every layout-determined tensor (PackRows); the step's
-    values (latents, text states, timesteps, each row's timestep index) are copied into the
-    graph's static inputs.
-
-    A pack structure met for the first time runs forward_rows once on a side stream (its lazy
-    set-up: compiled-graph guards, cuBLAS and cuDNN plans, what attention backends derive from
-    Documents), is captured, then replayed; later steps of the same requests with as many unique
-    timesteps only replay (a request's first step has one, video and audio at t = 0; later steps
-    two). A replay runs the kernels the eager forward runs, so outputs are bitwise those of the
-    eager compiled forward (checked on the H200 by benchmarks/engine_bench.py, `bitwise`, with
-    sdpa). All graphs share one memory pool; outputs are cloned after each replay, so no graph's
-    outputs outlive the next replay. The pool keeps the peak of the largest graphed forward
-    (about 0.25 GB of fc1 output at 4,096 rows and H3 widths) besides the eager packs' memory.
-    Returns forward's outputs. Raises ValueError when an input's shape does not fit the batch
-    (as the eager forward's index_copy_ does), and what forward_rows raises.
-    """
-
-    def __init__(self, dit: "H3DiT", max_rows: int = GRAPH_MAX_ROWS, kept: int = GRAPHS_KEPT):
-        self.dit, self.max_rows, self.kept = dit, max_rows, kept
-        self.captured: OrderedDict[tuple, CapturedPack] = OrderedDict()
-        self.pool = torch.cuda.graph_pool_handle()
-        self.captures = 0  # graphs captured so far (benchmarks report it)
-
-    def __call__(
-        self, video: torch.Tensor, audio: torch.Tensor, text: torch.Tensor, batch: PackedBatch
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        values = (video, audio, text, batch.unique_timesteps, batch.inverse_indices)
-        key = (self.dit.attention, tuple(batch.layouts), len(batch.unique_timesteps))
-        pack = self.captured.get(key)
-        if pack is None:
-            pack = self.capture(key, values, batch)
-        self.captured.move_to_end(key)
-        for name, static, value in zip(
-            ("video", "audio", "text", "timesteps", "rows"), pack.inputs, values, strict=True
-        ):
-            if value.shape != static.shape:
-                raise ValueError(f"{name} has shape {tuple(value.shape)}; the batch needs {tuple(static.shape)}")
-            static.copy_(value)
-        pack.graph.replay()
-        return pack.outputs[0].clone(), pack.outputs[1].clone()
-
-    def capture(self, key: tuple, values: tuple[torch.Tensor, ...], batch: PackedBatch) -> CapturedPack:
-        device = self.dit.device
-        inputs = [value.to(device).clone() for value in values]
-        rows = self.dit.pack_rows(batch)
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        try:
-            with torch.cuda.stream(side):
-                self.dit.forward_rows(*inputs, rows)  # lazy set-up outside the capture
-        finally:  # also when it raises: the inputs must not be freed while the side stream reads them
-            torch.cuda.current_stream(device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            outputs = self.dit.forward_rows(*inputs, rows)
-        self.captures += 1
-        self.captured[key] = CapturedPack(graph, inputs, outputs, rows)
-        while len(self.captured) > self.kept:
-            self.captured.popitem(last=False)
-        return self.captured[key]

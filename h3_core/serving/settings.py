@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ..diffusion.request import RequestLimits
 from ..images import ImageLimits
+from ..model.adaln_table import DEFAULT_CAPACITY
 from ..model.fp8 import QUANTIZATIONS
 from ..model.initialization import weights_seed
 from ..protocol import (
@@ -285,7 +286,9 @@ class DitSettings:
     instance's GPU and the next sp_degree - 1; it must divide the config's attention heads,
     checked at load and by the writer); quantization (h3_core.model.fp8.QUANTIZATIONS: "none", or
     "fp8": the block linears in float8 e4m3, on GPUs of compute capability >= 8.9 or the CPU,
-    checked at load); tasks (comma-separated h3_core.protocol.TASKS this
+    checked at load); adaln_table_values (timestep values whose AdaLN projections the DiT keeps,
+    h3_core.model.adaln_table, with sp_degree 1; 0 = project per step, as sp_degree > 1 does);
+    tasks (comma-separated h3_core.protocol.TASKS this
     instance's transformer serves; a request of another task is refused with INVALID_ARG: one
     instance loads one transformer, so requests of different transformers never share a pack).
     Step loop: execution_mode ("step": packed steps, each over the requests the policy picks;
@@ -334,6 +337,7 @@ class DitSettings:
     attention_backend: str = "sdpa"
     sp_degree: int = 1
     quantization: str = "none"
+    adaln_table_values: int = DEFAULT_CAPACITY
     tasks: str = ",".join(TASKS)
     execution_mode: str = "step"
     execute_budget_s: float = EXECUTE_BUDGET_S
@@ -387,7 +391,7 @@ class DitSettings:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"h3_dit parameter {name}={getattr(self, name)} is out of range: allowed >= 1")
-        for name in ("max_waiting", "priority_max"):
+        for name in ("max_waiting", "priority_max", "adaln_table_values"):
             if getattr(self, name) < 0:
                 raise ValueError(f"h3_dit parameter {name}={getattr(self, name)} is out of range: allowed >= 0")
         self.rows_by_gpu()
