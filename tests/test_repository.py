@@ -150,9 +150,9 @@ def test_gpu_sizing_golden_numbers():
     assert repository.idle_microseconds == 60_000_000
     assert (
         "GPU 0: 40,960 MiB free - 11,589 MiB DiT weights (quantization none, AdaLN table of 64 values) - 28,804 MiB "
-        "decode reserve (2 decode workers x a 672 x 672 px, 209-frame decode) - 0 MiB text encoder weights (none found in /encoder-5120) -> "
-        "1,600 rows at 67 bytes per row and unit of hidden_size 5376 (measured on an H200 in bf16, server.sizing)"
-        in repository.notes
+        "decode reserve (2 decode workers x a 672 x 672 px, 209-frame decode) - 0 MiB text encoder weights (none "
+        "found in /encoder-5120) -> 1,600 rows at 67 bytes per row and unit of hidden_size 5376 (measured on an H200 "
+        "in bf16, server.sizing)" in repository.notes
     )
     assert (
         "GPU 1: 40,960 MiB free - 11,589 MiB DiT weights (quantization none, AdaLN table of 64 values) -> 65,536 rows "

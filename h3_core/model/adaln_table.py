@@ -20,7 +20,8 @@ from collections import OrderedDict
 
 import torch
 
-DEFAULT_CAPACITY = 64  # values kept: a 49-forward schedule and its condition values; 0.62 GB for h3 (server.sizing counts it)
+# values kept by default: a 49-forward schedule and its condition values; 0.62 GB for h3 (server.sizing counts it)
+DEFAULT_CAPACITY = 64
 
 
 def value_bytes(cfg) -> int:
