@@ -10,10 +10,9 @@ from .config import DiTConfig, get_config
 from .diffusion.engine import DEFAULT_LIMITS, Engine
 from .diffusion.request import RequestLimits
 from .diffusion.step_cache import IDENTITY_POLYNOMIAL
-from .model import H3DiT
 from .model.adaln_table import DEFAULT_CAPACITY
 from .model.dit import use_bitwise_cublas
-from .model.fp8 import check_quantization, quantize_blocks
+from .model.fp8 import build_dit, check_quantization
 from .parallel.ulysses import check_sp_degree
 from .parallel.workers import DEFAULT_TIMEOUT_S as DEFAULT_SP_TIMEOUT_S
 from .parallel.workers import SequenceParallelDiT
@@ -47,8 +46,8 @@ def load_engine(
     needs neither). sp_degree > 1 runs the DiT in that many worker processes
     (h3_core.parallel.workers: on the CPU, or on the consecutive GPUs from `device`), each of them
     loading the weights, with sp_timeout_s seconds as their step and collective timeout.
-    quantization: h3_dit's (h3_core.model.fp8.quantize_blocks, applied after loading and before
-    compiling, in every worker too). adaln_table_values: with sp_degree 1 and > 0, the DiT keeps
+    quantization: h3_dit's (h3_core.model.fp8.build_dit: fp8 block linears quantised while the
+    weights load, in every worker too). adaln_table_values: with sp_degree 1 and > 0, the DiT keeps
     the AdaLN projections of that many timestep values (H3DiT.use_adaln_table); 0 leaves it off.
     Previews use the source's fitted latent-to-RGB map
     (checkpoint.load_preview), else an arbitrary colour map of the latent (RANDOM_PREVIEW); the
@@ -69,9 +68,8 @@ def load_engine(
         check_quantization(quantization, device)  # before the workers start (each quantises its DiT)
         dit = SequenceParallelDiT(cfg, str(source), device, sp_degree, attention_backend, sp_timeout_s, quantization)
     else:
-        dit = H3DiT(cfg, attention_backend=attention_backend, device=device)
-        load_dit(dit, source)
-        quantize_blocks(dit, quantization)
+        dit = build_dit(cfg, attention_backend, device, quantization)
+        load_dit(dit, source)  # fp8: each block linear quantised as it is loaded
         if adaln_table_values > 0:
             dit.use_adaln_table(adaln_table_values)
         if cuda:

@@ -1,5 +1,6 @@
 """fp8 block linears (h3_dit quantization = fp8, h3_core.model.fp8) on the CPU, through PyTorch's
 reference torch._scaled_mm: the scales, an exact product, which linears are quantised, the
+quantisation while loading (bitwise that after a bf16 load, from every weight source), the
 settings and sizing that report it, and the step loop's bitwise solo == co-batched == request
 mode in fp8 with INFO naming it. The CUDA kernels are checked on the H200 (tests/test_gpu.py,
 benchmarks/fp8_bench.py)."""
@@ -10,11 +11,21 @@ import torch
 from h3_core.config import get_config
 from h3_core.model import H3DiT
 from h3_core.model.dit import Linear
-from h3_core.model.fp8 import E4M3, E4M3_MAX, Fp8Linear, block_linears, check_quantization, quantize_blocks, row_scales
+from h3_core.model.fp8 import (
+    E4M3,
+    E4M3_MAX,
+    Fp8Linear,
+    block_linears,
+    build_dit,
+    check_quantization,
+    quantize_blocks,
+    row_scales,
+)
 from h3_core.model.fp8 import to_e4m3 as quantise
 from h3_core.model.initialization import init_weights
 from h3_core.serving.events import Result
 from h3_core.serving.settings import DitSettings
+from h3_core.weights.checkpoint import DIT_FILE, load_dit, save_official_transformer, save_weights
 from server import sizing
 
 from .test_step_loop import Client, assert_solo, make_loop
@@ -116,3 +127,36 @@ def test_fp8_co_batched_requests_equal_their_solo_and_request_mode_runs_and_info
     assert_solo(fp8_engine, a, 3, 1)  # request mode: the request stepped alone to completion
     assert_solo(fp8_engine, b, 2, 2)
     assert isinstance(fp8_engine.dit.blocks[1].mlp.fc2, Fp8Linear)
+
+
+def bits(tensor):
+    """A tensor's bytes (float8 has no torch.equal on the CPU)."""
+    return tensor.contiguous().view(torch.uint8)
+
+
+@pytest.mark.parametrize("kind", ["random", "native", "official"])
+def test_quantised_while_loading_equals_load_then_quantise_bit_for_bit(tmp_path, kind):
+    cfg = get_config("tiny")
+    if kind == "random":
+        source = "random:3"
+    else:
+        written = H3DiT(cfg)
+        init_weights(written, 5)
+        if kind == "native":
+            save_weights(written, tmp_path / DIT_FILE)
+        else:
+            save_official_transformer(written, tmp_path, max_shard_bytes=200_000)  # several shards
+        source = tmp_path
+    reference = H3DiT(cfg)  # today's path: the whole bf16 DiT loaded, then quantised
+    load_dit(reference, source)
+    quantize_blocks(reference, "fp8")
+    streamed = build_dit(cfg, "sdpa", "cpu", "fp8")  # empty fp8 block linears: no bf16 block weights held
+    assert isinstance(streamed.blocks[1].mlp.fc1, Fp8Linear) and streamed.blocks[1].mlp.fc1.weight.dtype == E4M3
+    held = sum(t.numel() * t.element_size() for t in (*streamed.parameters(), *streamed.buffers()))
+    assert held == sizing.dit_weight_bytes(cfg, "fp8")
+    load_dit(streamed, source)
+    expected, got = reference.state_dict(), streamed.state_dict()
+    assert list(got) == list(expected) and "blocks.0.attn.qkv_proj.weight_scale" in got
+    for name, tensor in expected.items():
+        assert got[name].dtype == tensor.dtype and torch.equal(bits(got[name]), bits(tensor)), name
+    assert build_dit(cfg, "sdpa", "cpu", "none").blocks[0].mlp.fc1.weight.dtype == cfg.torch_dtype

@@ -81,15 +81,16 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    """Fused qkv (no bias) -> per-head QK RMSNorm -> optional RoPE -> varlen attention -> out_proj."""
+    """Fused qkv (no bias) -> per-head QK RMSNorm -> optional RoPE -> varlen attention -> out_proj.
+    linear_device: where qkv_proj and out_proj are built (None: the surrounding default device)."""
 
-    def __init__(self, cfg: DiTConfig, dtype: torch.dtype):
+    def __init__(self, cfg: DiTConfig, dtype: torch.dtype, linear_device: str | None = None):
         super().__init__()
         self.heads, self.head_dim = cfg.num_heads, cfg.head_dim
-        self.qkv_proj = Linear(cfg.hidden_size, 3 * cfg.attn_width, bias=False, dtype=dtype)
+        self.qkv_proj = Linear(cfg.hidden_size, 3 * cfg.attn_width, bias=False, dtype=dtype, device=linear_device)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.eps, dtype)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.eps, dtype)
-        self.out_proj = Linear(cfg.attn_width, cfg.hidden_size, bias=False, dtype=dtype)
+        self.out_proj = Linear(cfg.attn_width, cfg.hidden_size, bias=False, dtype=dtype, device=linear_device)
 
     def forward(
         self,
@@ -108,12 +109,13 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SiLU-gated MLP: fc1 -> [gate; up] -> silu(gate) * up -> fc2 (no biases)."""
+    """SiLU-gated MLP: fc1 -> [gate; up] -> silu(gate) * up -> fc2 (no biases), built on
+    linear_device (None: the surrounding default device)."""
 
-    def __init__(self, cfg: DiTConfig, dtype: torch.dtype):
+    def __init__(self, cfg: DiTConfig, dtype: torch.dtype, linear_device: str | None = None):
         super().__init__()
-        self.fc1 = Linear(cfg.hidden_size, 2 * cfg.ffn_size, bias=False, dtype=dtype)
-        self.fc2 = Linear(cfg.ffn_size, cfg.hidden_size, bias=False, dtype=dtype)
+        self.fc1 = Linear(cfg.hidden_size, 2 * cfg.ffn_size, bias=False, dtype=dtype, device=linear_device)
+        self.fc2 = Linear(cfg.ffn_size, cfg.hidden_size, bias=False, dtype=dtype, device=linear_device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.fc1(x).chunk(2, dim=-1)
@@ -202,13 +204,13 @@ class DiTBlock(nn.Module):
     stays eager: its loop over documents depends on the pack).
     """
 
-    def __init__(self, cfg: DiTConfig, dtype: torch.dtype):
+    def __init__(self, cfg: DiTConfig, dtype: torch.dtype, linear_device: str | None = None):
         super().__init__()
         self.hidden = cfg.hidden_size
         self.norm1 = RMSNorm(cfg.hidden_size, cfg.eps, dtype)
-        self.attn = Attention(cfg, dtype)
+        self.attn = Attention(cfg, dtype, linear_device)
         self.norm2 = RMSNorm(cfg.hidden_size, cfg.eps, dtype)
-        self.mlp = MLP(cfg, dtype)
+        self.mlp = MLP(cfg, dtype, linear_device)
         self.adaln_proj = AdaLNProj(cfg, 18, dtype)
 
     def before_attention(self, x, table, mod_index, rope):
@@ -295,6 +297,8 @@ class H3DiT(nn.Module):
             use_bitwise_cublas); 0 = one call per linear, batch-invariant only on CUDA with
             that workspace setting (training uses it).
         device: where the parameters live ("meta" for shape-only models).
+        block_linears_device: where the blocks' qkv_proj, out_proj, fc1 and fc2 are built (None:
+            `device`; "meta" for a loader that replaces them, h3_core.model.fp8.build_dit).
     """
 
     def __init__(
@@ -303,6 +307,7 @@ class H3DiT(nn.Module):
         attention_backend: str = "sdpa",
         row_tile: int | None = None,
         device: str | torch.device = "cpu",
+        block_linears_device: str | None = None,
     ):
         super().__init__()
         cuda = torch.device(device).type == "cuda"
@@ -320,7 +325,7 @@ class H3DiT(nn.Module):
             self.condition_proj = Linear(cfg.text_dim, cfg.hidden_size, dtype=dtype)
             self.token_refiner = TokenRefiner(cfg, dtype)
             self.time_embedder = TimeEmbedder(cfg)
-            self.blocks = nn.ModuleList(DiTBlock(cfg, dtype) for _ in range(cfg.num_layers))
+            self.blocks = nn.ModuleList(DiTBlock(cfg, dtype, block_linears_device) for _ in range(cfg.num_layers))
             self.final_layer = FinalLayer(cfg, dtype)
         self.attention = get_attention_backend(attention_backend, device, dtype)
         if row_tile is None:

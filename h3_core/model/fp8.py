@@ -52,6 +52,21 @@ class Fp8Linear(Linear):
         self.register_buffer("weight_scale", weight_scale)
 
     @classmethod
+    def empty(cls, out_features: int, in_features: int, device: str | torch.device) -> "Fp8Linear":
+        """An unfilled Fp8Linear [out_features, in_features] on `device` (quantize_ fills it)."""
+        weight = torch.empty(out_features, in_features, dtype=E4M3, device=device)
+        return cls(weight, torch.empty(1, out_features, dtype=torch.float32, device=device))
+
+    @torch.no_grad()
+    def quantize_(self, weight: torch.Tensor) -> None:
+        """Fill the fp8 weight and its scales from a full-precision weight [out_features,
+        in_features] (any float dtype, any device), as from_linear quantises a Linear's weight."""
+        weight = weight.to(self.weight.device)
+        scale = row_scales(weight)
+        self.weight.copy_(to_e4m3(weight, scale))
+        self.weight_scale.copy_(scale.t())
+
+    @classmethod
     def from_linear(cls, linear: Linear) -> "Fp8Linear":
         """Quantise a bias-free Linear's weight (per output channel). Raises ValueError for a
         linear with a bias."""
@@ -95,6 +110,25 @@ def check_quantization(quantization: str, device: str | torch.device) -> None:
                 f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} (fp8 tensor cores), {device} has "
                 f"{capability[0]}.{capability[1]}"
             )
+
+
+def build_dit(cfg, attention_backend: str, device: str | torch.device, quantization: str) -> H3DiT:
+    """An unloaded H3DiT (a DiTConfig `cfg`) for h3_dit's `quantization`: "none" builds it as it
+    is; "fp8" builds its block linears on the meta device and puts an empty Fp8Linear on `device`
+    in each one's place, so the bf16 block weights are never allocated: h3_core.weights.checkpoint
+    .load_dit then quantises each block linear's weight as it is read or drawn (Fp8Linear.quantize_),
+    one tensor at a time, to the bits quantize_blocks gives after a bf16 load (tests/test_fp8.py).
+    Raises ValueError as check_quantization, and what H3DiT raises."""
+    check_quantization(quantization, device)
+    if quantization == "none":
+        return H3DiT(cfg, attention_backend=attention_backend, device=device)
+    dit = H3DiT(cfg, attention_backend=attention_backend, device=device, block_linears_device="meta")
+    for parent, name in block_linears(dit):
+        linear = getattr(parent, name)
+        fp8 = Fp8Linear.empty(linear.out_features, linear.in_features, dit.device)
+        fp8.row_tile = linear.row_tile
+        setattr(parent, name, fp8)
+    return dit
 
 
 def quantize_blocks(dit: H3DiT, quantization: str) -> None:

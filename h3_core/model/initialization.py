@@ -2,6 +2,7 @@
 the VAEs of create_vaes, the trainers' starting points)."""
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -9,6 +10,24 @@ from torch import nn
 
 RANDOM_PREFIX = "random:"
 MAX_SEED = 2**63 - 2  # SEED + VAE_SEED_OFFSET must fit torch's int64 seeds
+
+
+def drawn_values(
+    shapes: dict[str, tuple[tuple[int, ...], torch.dtype]], seed: int, device: str | torch.device
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, values) for `shapes` (name -> (shape, dtype)) in name order, one tensor at a time,
+    drawn as init_weights draws them (its docstring) on `device` and cast to each dtype."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    for name in sorted(shapes):
+        shape, dtype = shapes[name]
+        if len(shape) >= 2:
+            std = 1.0 / math.sqrt(math.prod(shape) // shape[0])
+            values = torch.randn(shape, generator=generator, device=device) * std
+        elif "norm" in name and name.endswith("weight"):
+            values = torch.ones(shape, device=device)
+        else:
+            values = torch.randn(shape, generator=generator, device=device) * 0.02
+        yield name, values.to(dtype)
 
 
 def init_weights(module: nn.Module, seed: int) -> None:
@@ -19,6 +38,7 @@ def init_weights(module: nn.Module, seed: int) -> None:
     get 1; other vectors (biases) get N(0, 0.02^2). Nothing is zero, so outputs depend on the
     timestep and the modality (h3_spec §1.6, §8); norm biases are treated like other biases. The
     random numbers come from one torch.Generator on the parameters' device (CPU values differ from CUDA values).
+    drawn_values draws the same numbers one tensor at a time.
     """
     params = dict(module.named_parameters())
     if not params:
@@ -26,18 +46,10 @@ def init_weights(module: nn.Module, seed: int) -> None:
     device = next(iter(params.values())).device
     if device.type == "meta":
         return
-    generator = torch.Generator(device=device).manual_seed(seed)
+    shapes = {name: (tuple(p.shape), p.dtype) for name, p in params.items()}
     with torch.no_grad():
-        for name in sorted(params):
-            p = params[name]
-            if p.dim() >= 2:
-                std = 1.0 / math.sqrt(p.numel() // p.shape[0])
-                values = torch.randn(p.shape, generator=generator, device=device) * std
-            elif "norm" in name and name.endswith("weight"):
-                values = torch.ones(p.shape, device=device)
-            else:
-                values = torch.randn(p.shape, generator=generator, device=device) * 0.02
-            p.copy_(values.to(p.dtype))
+        for name, values in drawn_values(shapes, seed, device):
+            params[name].copy_(values)
 
 
 def source_seed(source: str | Path) -> int | None:

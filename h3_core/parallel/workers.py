@@ -50,7 +50,7 @@ import torch.distributed as dist
 from ..config import DiTConfig, get_config
 from ..diffusion.engine import Engine, GroupFailure
 from ..model.dit import H3DiT, use_bitwise_cublas
-from ..model.fp8 import quantize_blocks
+from ..model.fp8 import build_dit
 from ..model.packed import PackedBatch
 from ..weights.checkpoint import load_dit
 from .exchange import Arena, CollectiveError, CollectiveExchange
@@ -125,9 +125,8 @@ def load_worker(spec: WorkerSpec) -> H3DiT:
     if device.type == "cuda":
         torch.cuda.set_device(device)
         use_bitwise_cublas()
-    dit = H3DiT(get_config(spec.config_name), attention_backend=spec.attention_backend, device=device)
+    dit = build_dit(get_config(spec.config_name), spec.attention_backend, device, spec.quantization)
     load_dit(dit, spec.source)
-    quantize_blocks(dit, spec.quantization)
     if device.type == "cuda":
         dit.compile_blocks()
     Engine(dit.eval(), None, None).warm_up()
@@ -277,7 +276,7 @@ class SequenceParallelDiT:
         attention_backend: the backend each rank runs per document (h3_core.model.attention).
         timeout_s: a worker that has not answered a step this many seconds after it was sent is
             hung; also each collective's timeout in the process group.
-        quantization: h3_dit's, applied by every rank (h3_core.model.fp8.quantize_blocks).
+        quantization: h3_dit's, applied by every rank (h3_core.model.fp8.build_dit).
         start_timeout_s: the longest a start of the workers (weights, warm-up) may take.
     Raises ValueError for sp_degree / GPUs (check_sp_degree, rank_devices) and WorkerLost (from
     `start`, naming the rank and the cause) for workers that cannot start.

@@ -30,7 +30,9 @@ the tensor names; transformer/ holds the official one:
 import json
 import math
 import re
+from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -40,7 +42,8 @@ from torch import nn
 
 from ..config import AUDIO_LATENT_CHANNELS, CONFIGS, PATCH, VIDEO_LATENT_CHANNELS, DiTConfig
 from ..model import H3DiT
-from ..model.initialization import init_weights, source_seed
+from ..model.fp8 import Fp8Linear
+from ..model.initialization import drawn_values, source_seed
 from ..model.preview import FEATURES, RANDOM_PREVIEW, PreviewMap
 
 DIT_FILE, VIDEO_VAE_FILE, AUDIO_VAE_FILE = "dit.safetensors", "video_vae.safetensors", "audio_vae.safetensors"
@@ -75,6 +78,33 @@ OFFICIAL_RENAMES = (
 QKV_WEIGHT, FC1_WEIGHT = "attn.qkv_proj.weight", "mlp.fc1.weight"
 
 
+@dataclass
+class WeightSlot:
+    """One native DiT tensor as the loaders fill it: its shape and dtype as a checkpoint holds
+    it, and fill(value) (value in any dtype, on any device)."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    fill: Callable[[torch.Tensor], None]
+
+
+def weight_slots(dit: H3DiT) -> dict[str, WeightSlot]:
+    """Native name -> WeightSlot of every tensor of `dit`, in state-dict order: a tensor of its
+    state dict is copied into (cast to its dtype); the weight of an Fp8Linear
+    (h3_core.model.fp8.build_dit) comes in the model dtype and is quantised as it arrives
+    (Fp8Linear.quantize_; its weight_scale is no checkpoint tensor)."""
+    dtype = dit.cfg.torch_dtype
+    fp8 = {name: module for name, module in dit.named_modules() if isinstance(module, Fp8Linear)}
+    slots = {}
+    for name, tensor in dit.state_dict().items():
+        owner, _, attribute = name.rpartition(".")
+        if owner not in fp8:
+            slots[name] = WeightSlot(tuple(tensor.shape), tensor.dtype, lambda v, t=tensor: t.copy_(v.to(t.dtype)))
+        elif attribute == "weight":
+            slots[name] = WeightSlot(tuple(tensor.shape), dtype, lambda v, m=fp8[owner]: m.quantize_(v.to(dtype)))
+    return slots
+
+
 def save_weights(module: nn.Module, path: str | Path) -> None:
     """Write `module`'s state dict (parameters and persistent buffers) to a .safetensors file;
     a DiT in the native layout (qkv_proj head-grouped, see the module docstring)."""
@@ -99,9 +129,13 @@ def load_weights(module: nn.Module, path: str | Path) -> None:
     if not path.is_file():
         raise FileNotFoundError(f"weights file {path} not found")
     state = load_file(str(path))
-    if isinstance(module, H3DiT):
-        state = dit_state_from_checkpoint(module, state)
-    load_state_dict_strict(module, state)
+    if not isinstance(module, H3DiT):
+        load_state_dict_strict(module, state)
+        return
+    state = dit_state_from_checkpoint(module, state)
+    with torch.no_grad():
+        for name, slot in weight_slots(module).items():
+            slot.fill(state.pop(name))
 
 
 def grouped_to_qkv(weight: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
@@ -130,10 +164,10 @@ def official_shapes(dit: H3DiT) -> dict[str, tuple[int, ...]]:
     """Official tensor name -> shape of every tensor of `dit` in the official layout (h3_spec §1.3):
     a fused qkv_proj weight [3A, H] gives to_q / to_k / to_v of [A, H] each."""
     shapes = {}
-    for name, tensor in dit.state_dict().items():
+    for name, slot in weight_slots(dit).items():
         names = official_sources(name)
         for source in names:
-            shapes[source] = (tensor.shape[0] // len(names), *tensor.shape[1:])
+            shapes[source] = (slot.shape[0] // len(names), *slot.shape[1:])
     return shapes
 
 
@@ -169,7 +203,7 @@ def dit_state_from_checkpoint(dit: H3DiT, state: dict[str, torch.Tensor]) -> dic
     Raises ValueError when the checkpoint mixes native-only and official-only names, or (for
     the detected layout) a tensor is missing, unexpected or mis-shaped; the message names it.
     """
-    shapes = {name: tuple(t.shape) for name, t in dit.state_dict().items()}
+    shapes = {name: slot.shape for name, slot in weight_slots(dit).items()}
     expected = official_shapes(dit)
     official = sorted(set(state) & (set(expected) - set(shapes)))
     native = sorted(set(state) & (set(shapes) - set(expected)))
@@ -214,8 +248,10 @@ def load_state_dict_strict(module: nn.Module, state: dict[str, torch.Tensor]) ->
 
 
 def load_dit(dit: H3DiT, source: str | Path) -> None:
-    """Fill `dit` from a weight source (module docstring): `random:SEED` -> init_weights(dit, SEED)
-    on the DiT's device; a folder with transformer/ -> load_official_transformer; any other folder
+    """Fill `dit` from a weight source (module docstring), one tensor at a time (weight_slots: a DiT
+    of h3_core.model.fp8.build_dit gets each block linear quantised as it arrives, so its load
+    never holds the bf16 block weights): `random:SEED` -> init_weights(dit, SEED)'s values
+    (drawn_values) on the DiT's device; a folder with transformer/ -> load_official_transformer; any other folder
     -> its dit.safetensors (load_weights, native or official tensor names).
 
     Raises:
@@ -225,7 +261,10 @@ def load_dit(dit: H3DiT, source: str | Path) -> None:
     """
     seed = source_seed(source)
     if seed is not None:
-        init_weights(dit, seed)
+        slots = weight_slots(dit)
+        with torch.no_grad():
+            for name, values in drawn_values({n: (s.shape, s.dtype) for n, s in slots.items()}, seed, dit.device):
+                slots[name].fill(values)
     elif (Path(source) / TRANSFORMER_FOLDER).is_dir():
         load_official_transformer(dit, Path(source) / TRANSFORMER_FOLDER)
     else:
@@ -401,9 +440,9 @@ def load_official_transformer(dit: H3DiT, folder: str | Path) -> None:
         found = {name: tuple(handles[path].get_slice(name).get_shape()) for name, path in files.items()}
         check_state(found, official_shapes(dit))
         with torch.no_grad():
-            for name, target in dit.state_dict().items():
+            for name, slot in weight_slots(dit).items():
                 tensors = [handles[files[source]].get_tensor(source) for source in official_sources(name)]
-                target.copy_(native_from_official(name, tensors).to(target.dtype))
+                slot.fill(native_from_official(name, tensors))
 
 
 def save_official_transformer(dit: H3DiT, folder: str | Path, max_shard_bytes: int) -> Path:
