@@ -371,9 +371,11 @@ class H3DiT(nn.Module):
     def use_adaln_table(self, capacity: int) -> None:
         """Read every AdaLN projection from an AdaLNTable of `capacity` timestep values (h3_core.
         model.adaln_table: bitwise the per-timestep projections, each value computed once). Call it
-        after loading the weights (the table keeps values of the weights it saw). ValueError for
-        capacity < 1."""
+        after loading the weights (the table keeps values of the weights it saw); captured CUDA
+        graphs are dropped (they read the old table's memory). ValueError for capacity < 1."""
         self.adaln_table = AdaLNTable(self, capacity)
+        if self.graphs is not None:
+            self.use_cuda_graphs(self.graphs.max_rows, self.graphs.kept)
 
     def step_timesteps(self, batch: PackedBatch) -> torch.Tensor:
         """The pack's timestep input of forward_rows: its unique timesteps (float32 [M]), or with
