@@ -171,7 +171,8 @@ def profile_stage(setting: Setting, quantization: str, cuda: bool) -> tuple[obje
 def trajectory(dit, stagger: int, cuda: bool, steps: int) -> dict:
     """ADALN_REQUESTS 128-row requests, request r admitted at step r x stagger, each stepping
     `steps` sigma points: per global step its seconds (host wall, synchronised), requests in the
-    pack, distinct timesteps and table fills."""
+    pack, distinct timesteps and table fills; "outputs": the velocities of the last full pack's
+    step (what the table must not change, bitwise)."""
     height, width, frames = ADALN_CANVAS
     layout = L.make_layout(16, height, width, frames)
     g = torch.Generator(dit.device).manual_seed(1)
@@ -196,9 +197,11 @@ def trajectory(dit, stagger: int, cuda: bool, steps: int) -> dict:
         fills = table.fills if table is not None else 0
         sync(cuda)
         start = time.perf_counter()
-        dit(*values, batch)
+        velocities = dit(*values, batch)
         sync(cuda)
         out["seconds"].append(time.perf_counter() - start)
+        if len(active) == ADALN_REQUESTS:
+            out["outputs"] = velocities
         out["requests"].append(len(active))
         out["timesteps"].append(len(batch.unique_timesteps))
         out["fills"].append((table.fills if table is not None else 0) - fills)
@@ -207,7 +210,7 @@ def trajectory(dit, stagger: int, cuda: bool, steps: int) -> dict:
 
 def adaln_stage(dit, cuda: bool, steps: int) -> dict:
     """The adaln stage (module docstring) on the bf16 DiT of the profile stage."""
-    result, runs = {}, {}
+    result, runs, outputs = {}, {}, {}
     for table in (True, False):
         if not table:
             dit.adaln_table = None
@@ -223,8 +226,14 @@ def adaln_stage(dit, cuda: bool, steps: int) -> dict:
             full = [s for s, n in zip(run["seconds"], run["requests"], strict=True) if n == max(run["requests"])]
             run["mean_full_step_s"] = statistics.mean(full)
             run["fills_per_step"] = sum(run["fills"]) / len(run["fills"])
+            outputs[mode, table] = run.pop("outputs", None)
             runs[f"{mode}_{'table' if table else 'no_table'}"] = run
     result["runs"] = runs
+    result["table_bitwise"] = all(
+        outputs[mode, True] is not None
+        and all(torch.equal(a, b) for a, b in zip(outputs[mode, True], outputs[mode, False], strict=True))
+        for mode in ("mixed", "single")
+    )
     for suffix, name in (("", "table"), ("_no_table", "no_table")):
         result[f"mixed_over_single{suffix}"] = (
             runs[f"mixed_{name}"]["mean_full_step_s"] / runs[f"single_{name}"]["mean_full_step_s"]
@@ -378,6 +387,7 @@ def main() -> int:
                 summary["adaln_mixed_over_single_8x128"] = a["mixed_over_single"]
                 summary["adaln_mixed_over_single_8x128_no_table"] = a["mixed_over_single_no_table"]
                 summary["adaln_fills_per_step_mixed"] = a["runs"]["mixed_table"]["fills_per_step"]
+                summary["adaln_table_bitwise"] = a["table_bitwise"]
 
             stage("adaln", adaln)
         held.clear()
