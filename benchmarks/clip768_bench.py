@@ -93,12 +93,13 @@ SERVER_TIMEOUT_S = 900.0
 GPU = Setting("h3", "cuda", 768, 1344, 124, steps=49, b_requests=1, qwen3vl="h3")
 CPU = Setting("tiny", "cpu", 64, 96, 22, steps=2, b_requests=1, qwen3vl="tiny")
 CLIP_ROWS = {"h3": 38_400, "tiny": 4_096}  # h3_dit's max_batch_rows = row_budget for the clip (item 1)
-# SGLang's, vLLM-Omni's and Diffusers' own reports of this clip (issue 48): (system, GPUs, wall s)
+# SGLang's, vLLM-Omni's and Diffusers' own reports of this clip, as issue 48 quotes them: (system, H200s,
+# wall s, GPU-seconds per clip; the last from the reports' unrounded walls)
 PUBLISHED = (
-    ("SGLang diffusion, Ulysses 4", 4, 74.4),
-    ("SGLang diffusion, Ulysses 8", 8, 39.7),
-    ("vLLM-Omni, SP4 (quality=lossless)", 4, 85.5),
-    ("Diffusers, CP8", 8, 74.3),
+    ("SGLang diffusion, Ulysses 4", 4, 74.4, 297.5),
+    ("SGLang diffusion, Ulysses 8", 8, 39.7, 317.4),
+    ("vLLM-Omni, SP4 (quality=lossless)", 4, 85.5, 342.0),
+    ("Diffusers, CP8", 8, 74.3, 594.7),
 )
 
 
@@ -340,10 +341,10 @@ def main() -> int:
         "hardware": torch.cuda.get_device_name(0) if cuda else "CPU",
         "torch": torch.__version__,
         "command": "PYTHONUNBUFFERED=1 python3 benchmarks/clip768_bench.py "
-        + " ".join(sys.argv[1:]).replace(str(args.out), "DIR"),  # fmt: skip
+        + " ".join(sys.argv[1:]).replace(str(args.work), "WORK").replace(str(args.out), "DIR"),
         "setting": {**setting.__dict__, "weights": WEIGHTS, "clip_rows_setting": CLIP_ROWS[setting.config]},
         "gpu_memory_total_gib": gib(gpu_memory_mib("memory.total")) if cuda else None,
-        "published": [{"system": s, "gpus": g, "wall_s": w, "gpu_s_per_clip": g * w} for s, g, w in PUBLISHED],
+        "published": [{"system": s, "gpus": g, "wall_s": w, "gpu_s_per_clip": c} for s, g, w, c in PUBLISHED],
         "errors": {},
         "summary": {},
     }

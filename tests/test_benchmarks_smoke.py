@@ -572,3 +572,48 @@ def test_official_layout_bench_cpu_smoke(tmp_path):
     ]
     assert str(tmp_path) not in json.dumps(report)
     assert run.stdout.splitlines()[-1].startswith("request   success True")
+
+
+def test_clip768_bench_cpu_smoke(tmp_path):
+    """benchmarks/clip768_bench.py's CPU path, every stage (about 50 s): the tiny DiT at 96 x 64 px,
+    22 frames; the profile (bf16, fp8 quantised while loading), the AdaLN trajectories of 8
+    requests (8 steps: full packs from step 7) with the table bitwise equal to none, and the served
+    clip beside a tiny Qwen3-VL with the clip's canvas limits."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    script = [sys.executable, str(ROOT / "benchmarks" / "clip768_bench.py"), "--out", str(out), "--work", str(work)]
+    flags = ["--stages", "profile", "adaln", "served", "--adaln-steps", "8", "--clips", "1", "--warmup-steps", "1"]
+    run = subprocess.run([*script, *flags], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    report = json.loads((out / "clip768_bench.json").read_text())
+    summary = report["summary"]
+    assert report["errors"] == {} and report["hardware"] == "CPU"
+    assert report[
+        "command"
+    ] == "PYTHONUNBUFFERED=1 python3 benchmarks/clip768_bench.py --out DIR --work WORK " + " ".join(flags)
+    for name in ("bf16", "fp8"):
+        profile = report["profile"][name]
+        assert profile["rows"] == summary[f"step768_{name}_rows"] == 192 and profile["load_peak_gib"] is None
+        assert set(profile["kernels"]) <= {"attention", "gemm", "norm", "elementwise/copy"} and profile["kernels"]
+        assert len(profile["step_s"]["runs"]) == 2
+    runs = report["adaln"]["runs"]
+    assert set(runs) == {"mixed_table", "single_table", "mixed_no_table", "single_no_table"}
+    mixed, single = runs["mixed_table"], runs["single_table"]
+    assert mixed["requests"] == [1, 2, 3, 4, 5, 6, 7, 8, 7, 6, 5, 4, 3, 2, 1] and single["requests"] == [8] * 8
+    # a cold table: the first step's 1.0 (video and audio), then each newly admitted request's
+    # video and audio values; a single pack fills the same 15 values
+    assert mixed["fills"] == [1] + [2] * 7 + [0] * 7 and single["fills"] == [1] + [2] * 7
+    assert runs["mixed_no_table"]["fills"] == [0] * 15 and mixed["captures"] == 0
+    assert summary["adaln_table_bitwise"] is True and summary["adaln_fills_per_step_mixed"] == 1.0
+    assert summary["adaln_mixed_over_single_8x128"] == pytest.approx(
+        mixed["mean_full_step_s"] / single["mean_full_step_s"], rel=1e-12
+    )
+    served = report["served"]
+    assert list(served["runs"]) == ["cold", "clip_0"] and served["settings"]["max_batch_rows"] == "4096"
+    assert (served["settings"]["max_height"], served["settings"]["max_width"]) == ("64", "96")
+    info = served["runs"]["clip_0"]["requests"][0]["server_info"]
+    assert (info["height"], info["width"], info["num_frames"], info["num_inference_steps"]) == (64, 96, 22, 2)
+    assert summary["clip768_5s_bf16_clips"] == 1 and summary["clip768_5s_bf16_rows"] == 192
+    assert summary["clip768_5s_bf16_s"] == served["runs"]["clip_0"]["summary"]["wall_s"]
+    assert summary["clip768_5s_bf16_denoise_s"] == info["stage_seconds"]["denoise"]
+    assert summary["clip768_5s_bf16_cold_s"] == served["runs"]["cold"]["summary"]["wall_s"]
+    assert [row["gpus"] * row["wall_s"] for row in report["published"]] == [297.6, 317.6, 342.0, 594.4]
