@@ -136,9 +136,9 @@ def load(setting: Setting, quantization: str, cuda: bool) -> tuple[object, dict]
     }
 
 
-def profile_stage(setting: Setting, quantization: str, cuda: bool) -> tuple[object, dict]:
-    """The profile stage for one quantization (module docstring): the DiT and its figures."""
-    dit, result = load(setting, quantization, cuda)
+def profile_stage(dit, setting: Setting, cuda: bool) -> dict:
+    """The profile stage on a loaded DiT (module docstring): its figures."""
+    result = {}
     values, batch = clip_inputs(setting, dit.cfg.text_dim, setting.device)
     result["rows"] = batch.total_rows
 
@@ -166,7 +166,7 @@ def profile_stage(setting: Setting, quantization: str, cuda: bool) -> tuple[obje
         sync(cuda)
         fills.append((time.perf_counter() - start) * 1000)
     result["adaln_fill_ms"] = statistics.median(fills)
-    return dit, result
+    return result
 
 
 def trajectory(dit, stagger: int, cuda: bool, steps: int) -> dict:
@@ -362,17 +362,31 @@ def main() -> int:
         save()
 
     save()
-    quantizations = args.profile_quantizations if "profile" in args.stages else []
-    if "adaln" in args.stages and "none" not in quantizations:
-        quantizations = ["none", *quantizations]
-    for quantization in [q for q in QUANTIZATIONS if q in quantizations]:
+    # one load per quantization: bf16 first (the adaln stage, then its profile: an out-of-memory
+    # profile on a smaller GPU then costs nothing else), then fp8
+    for quantization in QUANTIZATIONS:
         name, held = NAMES[quantization], {}
+        profiled = "profile" in args.stages and quantization in args.profile_quantizations
+        adaln = "adaln" in args.stages and quantization == "none"
+        if not (profiled or adaln):
+            continue
 
-        def profile(quantization=quantization, name=name, held=held):
-            held["dit"], p = profile_stage(setting, quantization, cuda)
-            results.setdefault("profile", {})[name] = p
+        def load_dit(quantization=quantization, name=name, held=held):
+            held["dit"], figures = load(setting, quantization, cuda)
+            results.setdefault("loads", {})[name] = figures
+            summary[f"{name}_load_peak_gib"] = figures["load_peak_gib"]
+            print(f"--- load {name}: {json.dumps(figures)}", flush=True)
+
+        def adaln_run(held=held):
+            a = results["adaln"] = adaln_stage(held["dit"], cuda, args.adaln_steps)
+            summary["adaln_mixed_over_single_8x128"] = a["mixed_over_single"]
+            summary["adaln_mixed_over_single_8x128_no_table"] = a["mixed_over_single_no_table"]
+            summary["adaln_fills_per_step_mixed"] = a["runs"]["mixed_table"]["fills_per_step"]
+            summary["adaln_table_bitwise"] = a["table_bitwise"]
+
+        def profile(name=name, held=held):
+            p = results.setdefault("profile", {})[name] = profile_stage(held["dit"], setting, cuda)
             summary.update({
-                f"{name}_load_peak_gib": p["load_peak_gib"],
                 f"step768_{name}_s": p["step_s"]["median"],
                 f"step768_{name}_rows": p["rows"],
                 f"step768_{name}_kernels_ms": {k: v["ms"] for k, v in p["kernels"].items()},
@@ -380,17 +394,11 @@ def main() -> int:
             })  # fmt: skip
             print(f"--- profile {name}: {json.dumps({k: v for k, v in p.items() if k != 'kernels'})}", flush=True)
 
-        stage(f"profile_{name}", profile)
-        if quantization == "none" and "adaln" in args.stages and "dit" in held:
-
-            def adaln(held=held):
-                a = results["adaln"] = adaln_stage(held["dit"], cuda, args.adaln_steps)
-                summary["adaln_mixed_over_single_8x128"] = a["mixed_over_single"]
-                summary["adaln_mixed_over_single_8x128_no_table"] = a["mixed_over_single_no_table"]
-                summary["adaln_fills_per_step_mixed"] = a["runs"]["mixed_table"]["fills_per_step"]
-                summary["adaln_table_bitwise"] = a["table_bitwise"]
-
-            stage("adaln", adaln)
+        stage(f"load_{name}", load_dit)
+        if adaln and "dit" in held:
+            stage("adaln", adaln_run)
+        if profiled and "dit" in held:
+            stage(f"profile_{name}", profile)
         held.clear()
         gc.collect()
         if cuda:
