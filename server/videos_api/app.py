@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import json
 import logging
 import os
 import sqlite3
@@ -48,7 +47,6 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
-from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
@@ -57,6 +55,7 @@ from h3_core import protocol
 
 from . import fields
 from .auth import Caller, Keys
+from .bodies import read_form
 from .fields import ApiError
 from .jobs import PURGE_INTERVAL_S, Jobs
 from .models import model_card
@@ -76,6 +75,19 @@ CONTENT = {  # variant -> (file name of output k, media type)
 }
 INPUT_VARIANTS = tuple(variant for variant, _, _ in fields.MEDIA_FIELDS.values())  # content of the files sent
 CREATE_PATHS = ("/v1/videos", "/v1/videos/sync")  # where a multipart body may carry files
+# a 411 / 413 closes the connection: the body it refused is never read (uvicorn would read and drop it)
+CLOSE = {"Connection": "close"}
+# the response headers a page on another origin may read (CORS): polling, retries, ranges, /sync's id
+EXPOSED_HEADERS = (
+    "openai-poll-after-ms",
+    "Retry-After",
+    "x-should-retry",
+    "Content-Range",
+    "Content-Length",
+    "Accept-Ranges",
+    "X-Video-Id",
+    "WWW-Authenticate",
+)
 
 
 @dataclass(frozen=True)
@@ -86,7 +98,9 @@ class Settings:
     cors_origins: origins allowed by CORS (empty: CORS off); max_body_bytes: the largest POST
     body; max_upload_bytes: the largest multipart create (with its files); retention_s: seconds
     an ended job is kept; max_attempts: submissions of a job across restarts (Jobs docstring);
-    accept_wait_s: the longest wait of a create for Triton's first answer; model_name: the
+    accept_wait_s: the longest wait of a create for Triton's first answer; recover_wait_s: the
+    longest wait at start-up for Triton to be ready before the restart rule runs (Jobs.recover),
+    in seconds; model_name: the
     `model` this server answers to. Sizes in bytes."""
 
     triton_url: str = "127.0.0.1:8001"
@@ -98,6 +112,7 @@ class Settings:
     retention_s: float = 24 * 3600.0
     max_attempts: int = 3
     accept_wait_s: float = 30.0
+    recover_wait_s: float = 120.0
     model_name: str = "h3"
 
 
@@ -165,44 +180,6 @@ def _error_response(error: ApiError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
 
-def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
-    """A JSON object of `pairs` (json.loads' object_pairs_hook). Raises ApiError 400 INVALID_ARG
-    naming a key sent twice, as form_fields does for a repeated form field (json alone would keep
-    the last value)."""
-    body = {}
-    for key, value in pairs:
-        if key in body:
-            raise fields.invalid(f"{key} was sent twice: it takes one value", key)
-        body[key] = value
-    return body
-
-
-async def _form(request: Request, max_part_bytes: int) -> dict:
-    """The fields of a POST body: a JSON object, or multipart / urlencoded form fields
-    (fields.form_fields; an uploaded file's value its bytes). max_part_bytes: the largest
-    multipart field that is not a file (a data URL), in bytes."""
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if kind == "application/json":
-        try:
-            body = json.loads(await request.body(), object_pairs_hook=_unique_keys)
-        except ValueError as error:
-            raise fields.invalid(f"the body is not valid JSON: {error}") from None
-        if not isinstance(body, dict):
-            raise fields.invalid("the JSON body must be an object")
-        return body
-    if kind in ("multipart/form-data", "application/x-www-form-urlencoded"):
-        async with request.form(max_part_size=max_part_bytes) as form:
-            items = [
-                (key, await value.read() if isinstance(value, UploadFile) else value)
-                for key, value in form.multi_items()
-            ]
-        return fields.form_fields(items)
-    raise fields.invalid(
-        f"Content-Type {kind or 'none'!r} is not served: "
-        "send application/json, multipart/form-data or application/x-www-form-urlencoded"
-    )
-
-
 def authorize(request: Request) -> Caller:
     """The caller of a request (auth.Keys.caller with the app's keys): ApiError 401 when refused."""
     return request.app.state.keys.caller(request.headers.get("authorization"))
@@ -258,7 +235,7 @@ def create_app(settings: Settings) -> FastAPI:
             max_attempts=settings.max_attempts,
             accept_wait_s=settings.accept_wait_s,
         )
-        await run_in_threadpool(jobs.recover)
+        await run_in_threadpool(jobs.recover, settings.recover_wait_s)
         stop = threading.Event()
 
         def sweep() -> None:
@@ -278,25 +255,30 @@ def create_app(settings: Settings) -> FastAPI:
             lock.close()
 
     app = FastAPI(title="h3-triton Videos API", lifespan=lifespan, docs_url=None, redoc_url=None)
-    if settings.cors_origins:
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=list(settings.cors_origins),
-            allow_methods=["GET", "POST", "DELETE"],
-            allow_headers=["Authorization", "Content-Type"],
-        )
 
     @app.middleware("http")
     async def limit_body(request: Request, call_next):
         if "chunked" in request.headers.get("transfer-encoding", "").lower():
-            error = ApiError(411, "LENGTH_REQUIRED", "send the body with a Content-Length")
+            error = ApiError(411, "LENGTH_REQUIRED", "send the body with a Content-Length", headers=CLOSE)
             return _error_response(error)
         length = request.headers.get("content-length", "0")
         multipart = request.headers.get("content-type", "").lower().startswith("multipart/form-data")
         limit = settings.max_upload_bytes if multipart and request.url.path in CREATE_PATHS else settings.max_body_bytes
         if not length.isdigit() or int(length) > limit:
-            return _error_response(ApiError(413, "TOO_LARGE", f"the body is {length} bytes: allowed {limit}"))
+            return _error_response(
+                ApiError(413, "TOO_LARGE", f"the body is {length} bytes: allowed {limit}", headers=CLOSE)
+            )
         return await call_next(request)
+
+    if settings.cors_origins:  # added last: outermost, so refusals (401, 413, ...) carry its headers too
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["GET", "HEAD", "POST", "DELETE"],
+            allow_headers=["*"],  # the JS SDK's X-Stainless-*, Range (a suffix or several), If-Range, ...
+            expose_headers=list(EXPOSED_HEADERS),
+            max_age=600,
+        )
 
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, error: ApiError):
@@ -340,13 +322,13 @@ def create_app(settings: Settings) -> FastAPI:
 
     @api.post("/videos")
     async def create(request: Request, caller: Authorized):
-        parsed, media = fields.parse_create(await _form(request, settings.max_upload_bytes), settings.model_name)
+        parsed, media = fields.parse_create(await read_form(request, settings.max_upload_bytes), settings.model_name)
         job = await jobs_of(request).create(parsed, media, caller.owner)
         return video_object(job, settings.model_name)
 
     @api.post("/videos/sync")
     async def create_sync(request: Request, caller: Authorized):
-        parsed, media = fields.parse_create(await _form(request, settings.max_upload_bytes), settings.model_name)
+        parsed, media = fields.parse_create(await read_form(request, settings.max_upload_bytes), settings.model_name)
         if (parsed["num_outputs"] or 1) != 1:
             raise fields.invalid(f"n={parsed['num_outputs']}: /v1/videos/sync answers one MP4; use /v1/videos", "n")
         jobs = jobs_of(request)
