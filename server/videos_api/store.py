@@ -126,7 +126,8 @@ class Store:
         with self._read_lock:
             where, args = mine, mine_args
             if after is not None:  # a job, or one removed since (its place in `gone`)
-                sql = f"SELECT seq FROM jobs WHERE id = ? AND {mine} UNION ALL SELECT seq FROM gone WHERE id = ? AND {mine}"
+                sql = f"SELECT seq FROM jobs WHERE id = ? AND {mine} UNION ALL "
+                sql += f"SELECT seq FROM gone WHERE id = ? AND {mine}"
                 row = self._reader.execute(sql, (after, *mine_args, after, *mine_args)).fetchone()
                 if row is None:
                     raise KeyError(after)
