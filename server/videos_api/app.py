@@ -3,7 +3,7 @@
     POST   /v1/videos                  create a job (JSON or multipart): the video object
     GET    /v1/videos/{id}             the video object
     GET    /v1/videos                  a page of video objects: ?after=ID&limit=1..100&order=asc|desc
-    GET    /v1/videos/{id}/content     ?variant=video|audio|thumbnail|preview&index=K, or an input
+    GET    /v1/videos/{id}/content     ?variant=video|audio|thumbnail|spritesheet|preview&index=K, or an input
                                        as sent: first_frame|last_frame|reference_image|
                                        reference_video|reference_audio&index=K; HEAD too; Range
     POST   /v1/videos/{id}/cancel      cancel a queued or in_progress job (ours): status cancelled
@@ -56,6 +56,7 @@ from h3_core import protocol
 from . import fields
 from .auth import Caller, Keys
 from .bodies import read_form
+from .content import MediaFile
 from .fields import ApiError
 from .jobs import PURGE_INTERVAL_S, Jobs
 from .models import model_card
@@ -71,6 +72,7 @@ CONTENT = {  # variant -> (file name of output k, media type)
     "video": ("{k}.mp4", "video/mp4"),
     "audio": ("{k}.wav", "audio/wav"),
     "thumbnail": ("{k}.png", "image/png"),
+    "spritesheet": ("{k}_spritesheet.jpg", "image/jpeg"),  # made at the first ask (Jobs.spritesheet)
     "preview": ("preview.png", "image/png"),
 }
 INPUT_VARIANTS = tuple(variant for variant, _, _ in fields.MEDIA_FIELDS.values())  # content of the files sent
@@ -136,41 +138,74 @@ def video_object(job: dict, model_name: str) -> dict:
     else:
         progress = min(99, 100 * job["step"] // job["total_steps"]) if job["total_steps"] else 0
     error = {"code": job["error_code"], "message": job["error_message"]} if job["error_code"] else None
-    return {
-        "id": job["id"],
-        "object": "video",
-        "model": model_name,
-        "status": job["status"],
-        "progress": progress,
-        "created_at": job["created_at"],
-        "completed_at": job["completed_at"],
-        "expires_at": job["expires_at"],
-        "prompt": request["prompt"],
-        "seconds": seconds,
-        "size": f"{width}x{height}" if width and height else None,
-        "error": error,
-        "remixed_from_video_id": None,
-        "seed": request["seed"],
-        "n": request["num_outputs"] or 1,
-        "num_frames": num_frames,
-        "num_inference_steps": result.get("num_inference_steps", job["total_steps"] or request["num_inference_steps"]),
-        "step": job["step"],
-        "total_steps": job["total_steps"],
-        "queue_position": job["queue_position"],
-        "preview_step": job["preview_step"],
-        "task": fields.task_of(request),
-        "inputs": [
-            {
-                "variant": variant,
-                "index": index,
-                "media_type": kind,
-                "url": f"/v1/videos/{job['id']}/content?variant={variant}&index={index}",
-            }
-            for variant, kinds in request["inputs"].items()
-            for index, kind in enumerate(kinds)
-        ],
-        **({"outside_training": result["outside_training"]} if "outside_training" in result else {}),
-    }
+    return _utf8(
+        {
+            "id": job["id"],
+            "object": "video",
+            "model": model_name,
+            "status": job["status"],
+            "progress": progress,
+            "created_at": job["created_at"],
+            "completed_at": job["completed_at"],
+            "expires_at": job["expires_at"],
+            "prompt": request["prompt"],
+            "seconds": seconds,
+            "size": f"{width}x{height}" if width and height else None,
+            "error": error,
+            "remixed_from_video_id": None,
+            "seed": request["seed"],
+            "n": request["num_outputs"] or 1,
+            "num_frames": num_frames,
+            "num_inference_steps": result.get(
+                "num_inference_steps", job["total_steps"] or request["num_inference_steps"]
+            ),
+            "step": job["step"],
+            "total_steps": job["total_steps"],
+            "queue_position": job["queue_position"],
+            "preview_step": job["preview_step"],
+            "task": fields.task_of(request),
+            "inputs": [
+                {
+                    "variant": variant,
+                    "index": index,
+                    "media_type": kind,
+                    "url": f"/v1/videos/{job['id']}/content?variant={variant}&index={index}",
+                }
+                for variant, kinds in request["inputs"].items()
+                for index, kind in enumerate(kinds)
+            ],
+            **({"outside_training": result["outside_training"]} if "outside_training" in result else {}),
+        }
+    )
+
+
+def _utf8(value):
+    """A video object's JSON `value` with every string UTF-8 text: a lone surrogate (in a row
+    stored before the front end refused them, bodies.py) becomes U+FFFD, so no row can make a
+    response fail to encode."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    if isinstance(value, dict):
+        return {key: _utf8(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_utf8(item) for item in value]
+    return value
+
+
+def _listed(job: dict, model_name: str) -> dict:
+    """The video object of a job in a list; one that cannot be rendered (a damaged row) is
+    logged and listed as {"id", "object", "status", "error": INTERNAL}, never failing the list."""
+    try:
+        return video_object(job, model_name)
+    except Exception as error:
+        log.exception("video %s cannot be rendered", job["id"])
+        text = f"INTERNAL: this video's record cannot be shown: {type(error).__name__}"
+        return {
+            "id": job["id"],
+            "object": "video",
+            "status": job["status"],
+            "error": {"code": "INTERNAL", "message": text},
+        }
 
 
 def _error_response(error: ApiError) -> JSONResponse:
@@ -188,14 +223,14 @@ def authorize(request: Request) -> Caller:
 Authorized = Annotated[Caller, Depends(authorize)]  # FastAPI runs it once per request, router check included
 
 
-def _file(path: Path, media_type: str, headers: dict, video_id: str, variant: str) -> FileResponse:
+def _file(path: Path, media_type: str, headers: dict, video_id: str, variant: str) -> MediaFile:
     """A file written once and never replaced, streamed from disk (Range and HEAD by Starlette).
     Raises ApiError 404 when it is gone (its job deleted or expired meanwhile)."""
     try:
         stat = os.stat(path)
     except FileNotFoundError:
         raise ApiError(404, "NOT_FOUND", f"no {variant} of video {video_id}") from None
-    return FileResponse(path, media_type=media_type, headers=headers, stat_result=stat)
+    return MediaFile(path, media_type=media_type, headers=headers, stat_result=stat)
 
 
 def _integer_query(request: Request, name: str, default: int, low: int, high: int) -> int:
@@ -356,7 +391,7 @@ def create_app(settings: Settings) -> FastAPI:
             jobs, has_more = jobs_of(request).store.page(after, limit, order == "desc", owner)
         except KeyError:
             raise fields.invalid(f"after={after!r} is not the id of a video", "after") from None
-        data = [video_object(job, settings.model_name) for job in jobs]
+        data = [_listed(job, settings.model_name) for job in jobs]
         return {
             "object": "list",
             "data": data,
@@ -396,6 +431,11 @@ def create_app(settings: Settings) -> FastAPI:
         elif job["status"] != "completed":
             raise ApiError(409, "CONFLICT", f"video {video_id} is {job['status']}: content comes once it is completed")
         headers = {"Cache-Control": "no-store"}
+        if variant == "spritesheet":
+            try:
+                path = jobs.spritesheet(video_id, index)
+            except FileNotFoundError:  # deleted or expired meanwhile
+                raise ApiError(404, "NOT_FOUND", f"no {variant} of video {video_id}") from None
         if variant != "preview":
             return _file(path, media_type, headers, video_id, variant)
         try:

@@ -4,6 +4,7 @@ in the Store (SQLite), its files under `<data_dir>/videos/<id>/`:
     <k>.mp4   output k (seed + k): H.264 + AAC, as VIDEO_MP4 came from the server
     <k>.wav   its audio, 16-bit PCM stereo 32 kHz (client.generate.wav_bytes)
     <k>.png   its thumbnail: the MP4's first frame
+    <k>_spritesheet.jpg  its spritesheet (content.py), made at the first download
     preview.png  the latest preview image (p px per latent cell, PreviewMap) while it runs
     inputs/<variant>_<k>  the request's files as sent (variant first_frame, last_frame,
              reference_image, reference_video, reference_audio: fields.MEDIA_FIELDS), kept for
@@ -54,6 +55,7 @@ from client.api import H3Client, H3Error
 from client.generate import wav_bytes
 
 from .auth import Caller
+from .content import spritesheet_bytes
 from .fields import MEDIA_FIELDS, ApiError, error_from_server
 from .store import ACTIVE, Store
 
@@ -137,6 +139,18 @@ class Jobs:
     def input_path(self, job_id: str, variant: str, index: int) -> Path:
         """The path of a job's file `index` of content variant `variant` (as sent)."""
         return self.folder(job_id) / INPUTS / f"{variant}_{index}"
+
+    def spritesheet(self, job_id: str, index: int) -> Path:
+        """The path of output `index`'s spritesheet (content.spritesheet_bytes), made from its MP4
+        at the first ask and kept with the job. Raises FileNotFoundError when the MP4 is gone (the
+        job deleted or expired meanwhile)."""
+        path = self.folder(job_id) / f"{index}_spritesheet.jpg"
+        if not path.is_file():
+            sheet = spritesheet_bytes((self.folder(job_id) / f"{index}.mp4").read_bytes())
+            temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")  # two asks at once
+            temporary.write_bytes(sheet)
+            temporary.replace(path)
+        return path
 
     def get(self, job_id: str, caller: Caller) -> dict:
         """The job with this id; ApiError 404 NOT_FOUND when there is none or `caller` may not
