@@ -33,6 +33,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -77,6 +78,7 @@ CONTENT = {  # variant -> (file name of output k, media type)
 }
 INPUT_VARIANTS = tuple(variant for variant, _, _ in fields.MEDIA_FIELDS.values())  # content of the files sent
 CREATE_PATHS = ("/v1/videos", "/v1/videos/sync")  # where a multipart body may carry files
+SURROGATE = re.compile("[\ud800-\udfff]")  # what UTF-8 cannot encode
 # a 411 / 413 closes the connection: the body it refused is never read (uvicorn would read and drop it)
 CLOSE = {"Connection": "close"}
 # the response headers a page on another origin may read (CORS): polling, retries, ranges, /sync's id
@@ -184,7 +186,7 @@ def _utf8(value):
     stored before the front end refused them, bodies.py) becomes U+FFFD, so no row can make a
     response fail to encode."""
     if isinstance(value, str):
-        return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+        return SURROGATE.sub("\ufffd", value)
     if isinstance(value, dict):
         return {key: _utf8(item) for key, item in value.items()}
     if isinstance(value, list):
@@ -212,7 +214,7 @@ def _error_response(error: ApiError) -> JSONResponse:
     headers = dict(error.headers)
     if error.status < 500 and error.status != 429:
         headers.setdefault("x-should-retry", "false")  # the SDK retries 409 otherwise
-    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+    return JSONResponse(_utf8(error.body()), status_code=error.status, headers=headers)
 
 
 def authorize(request: Request) -> Caller:

@@ -100,13 +100,13 @@ class Keys:
             return ANYONE
         scheme, _, presented = (authorization or "").encode("latin-1").partition(b" ")
         presented = presented.lstrip(b" ")  # RFC 9110 11.4: 1*SP after the scheme
-        forms = [presented]
+        sent = [(presented, True)]  # (bytes, whether a key's Latin-1 form may match them)
         if presented.startswith(ENCODED_PREFIX):
-            forms.append(unquote_to_bytes(presented[len(ENCODED_PREFIX) :]))
+            sent.append((unquote_to_bytes(presented[len(ENCODED_PREFIX) :]), False))  # UTF-8 only
         found = None
-        for form in forms:  # every key and form compared: the time does not tell which matched
+        for form, any_form in sent:  # every key and form compared: the time does not tell which matched
             for sent_as, key, admin in self.forms:
-                if hmac.compare_digest(form, sent_as):
+                if hmac.compare_digest(form, sent_as) and (any_form or sent_as == key):
                     found = Caller(owner_of(key), admin)
         if scheme.lower() != b"bearer" or found is None:
             raise ApiError(

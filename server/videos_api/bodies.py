@@ -52,15 +52,19 @@ def check_json(body: object) -> None:
             raise fields.invalid(f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels", field)
         items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
         for key, item in items:
+            at = _not_utf8(key) if isinstance(key, str) else None
+            if at is not None and field is None:  # a top-level field's own name: shown escaped
+                raise fields.invalid(f"the field name {ascii(key)} {_surrogate(key, at)}")
             name = field or key  # the top-level field the value belongs to
             for text in (key, item):
                 at = _not_utf8(text) if isinstance(text, str) else None
                 if at is not None:
-                    raise fields.invalid(
-                        f"{name} holds a lone surrogate U+{ord(text[at]):04X} at character {at}: text must be UTF-8",
-                        name,
-                    )
+                    raise fields.invalid(f"{name} {_surrogate(text, at)}", name)
             stack.append((item, name, depth + 1))
+
+
+def _surrogate(text: str, at: int) -> str:
+    return f"holds a lone surrogate U+{ord(text[at]):04X} at character {at}: text must be UTF-8"
 
 
 def _text(name: str, data: bytes) -> str:

@@ -72,7 +72,7 @@ class Store:
         if problems != ["ok"]:
             self._db.close()
             raise RuntimeError(
-                f"the jobs database {path} failed its integrity check: {'; '.join(problems)}. "
+                f"the jobs database {path} failed its integrity check: {'; '.join(problems).replace(chr(10), '; ')}. "
                 "Stop, move it aside (with its -wal and -shm files) and restore a copy, or start empty"
             )
         self._db.execute("PRAGMA journal_mode=WAL")
