@@ -27,7 +27,7 @@ from .videos_api_serving import API_KEY, FrontEnd, wait_for
 JS = ROOT / "tests" / "js"
 ESBUILD = JS / "node_modules" / ".bin" / "esbuild"
 NON_LATIN1_KEYS = ("ключ", "🔑")  # a browser cannot put either in a header as it is
-STEPS = 60  # enough steps for the SDK's polls to see the job active before it completes
+STEPS = 200  # enough steps for the SDK's polls to see the job active before it completes
 PAGE = """<!doctype html>
 <html><head><meta charset="utf-8"><title>another origin</title><script src="bundle.js"></script></head>
 <body>a page on another origin</body></html>
