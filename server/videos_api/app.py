@@ -60,7 +60,7 @@ from .bodies import read_form
 from .content import MediaFile
 from .fields import ApiError
 from .jobs import PURGE_INTERVAL_S, Jobs
-from .models import model_card
+from .models import model_card, resolved_defaults
 from .store import ACTIVE, BUSY_TIMEOUT_S, Store
 
 log = logging.getLogger("server.videos_api")
@@ -125,13 +125,15 @@ def video_object(job: dict, model_name: str) -> dict:
     num_inference_steps, step, total_steps, queue_position, preview_step, task (sent or implied:
     fields.task_of), inputs (the files sent, each {"variant", "index", "media_type", "url"}: its
     download from the content route); outside_training once completed when the result's INFO
-    has it). size and seconds are what the client asked for, else the result's (null until then
-    when the server's defaults apply); progress is 100 once completed, else
+    has it). size and seconds are what the client asked for, else the result's, else (until it
+    completes) the defaults resolved at create (models.resolved_defaults); progress is 100 once
+    completed, else
     min(99, 100 x step / total_steps)."""
     request, outputs = job["request"], job["outputs"]
     result = outputs[0] if outputs else {}
+    defaults = request.get("defaults") or {}  # resolved at create (models.resolved_defaults)
     width, height = result.get("width", request["width"]), result.get("height", request["height"])
-    num_frames = result.get("num_frames", request["num_frames"])
+    num_frames = result.get("num_frames", request["num_frames"]) or defaults.get("num_frames")
     seconds = request["seconds"]
     if seconds is None and num_frames is not None:
         seconds = f"{round(num_frames / protocol.VIDEO_FPS, 3):g}"
@@ -152,7 +154,7 @@ def video_object(job: dict, model_name: str) -> dict:
             "expires_at": job["expires_at"],
             "prompt": request["prompt"],
             "seconds": seconds,
-            "size": f"{width}x{height}" if width and height else None,
+            "size": f"{width}x{height}" if width and height else defaults.get("size"),
             "error": error,
             "remixed_from_video_id": None,
             "seed": request["seed"],
@@ -357,15 +359,23 @@ def create_app(settings: Settings) -> FastAPI:
 
     api = APIRouter(prefix="/v1", dependencies=[Depends(authorize)])
 
+    async def parse(request: Request) -> tuple[dict, dict[str, list[bytes]]]:
+        """The parsed create of a POST body with the defaults the server will use where it left
+        them (size, num_frames): fields.parse_create, models.resolved_defaults."""
+        parsed, media = fields.parse_create(await read_form(request, settings.max_upload_bytes), settings.model_name)
+        if parsed["width"] is None or parsed["num_frames"] is None:
+            parsed["defaults"] = await run_in_threadpool(resolved_defaults, client, parsed, media, settings.model_name)
+        return parsed, media
+
     @api.post("/videos")
     async def create(request: Request, caller: Authorized):
-        parsed, media = fields.parse_create(await read_form(request, settings.max_upload_bytes), settings.model_name)
+        parsed, media = await parse(request)
         job = await jobs_of(request).create(parsed, media, caller.owner)
         return video_object(job, settings.model_name)
 
     @api.post("/videos/sync")
     async def create_sync(request: Request, caller: Authorized):
-        parsed, media = fields.parse_create(await read_form(request, settings.max_upload_bytes), settings.model_name)
+        parsed, media = await parse(request)
         if (parsed["num_outputs"] or 1) != 1:
             raise fields.invalid(f"n={parsed['num_outputs']}: /v1/videos/sync answers one MP4; use /v1/videos", "n")
         jobs = jobs_of(request)
