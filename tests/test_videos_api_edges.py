@@ -413,3 +413,21 @@ def test_a_damaged_jobs_database_stops_the_start(tmp_path):
     assert message.endswith(". Stop, move it aside (with its -wal and -shm files) and restore a copy, or start empty")
     with pytest.raises(RuntimeError), TestClient(create_app(Settings(triton_url=UNREACHABLE, data_dir=tmp_path))):
         pass
+
+
+# ---- 7. OpenAI's last published routes that this server does not serve --------------------------
+
+
+def test_openais_edit_extend_and_character_routes_answer_404_saying_so(http):
+    for method, path in (
+        ("POST", "/v1/videos/edits"),
+        ("POST", "/v1/videos/extensions"),
+        ("POST", "/v1/videos/characters"),
+        ("GET", "/v1/videos/characters/char_1"),
+    ):
+        response = http.request(method, path, headers=bearer(API_KEY), json={"prompt": "a"})
+        assert (response.status_code, response.json()["error"]["message"]) == (
+            404,
+            f"NOT_FOUND: {method} {path} is not supported by this server: it edits and extends no video and "
+            "keeps no characters; create a new video (docs/videos_api.md, Differences from OpenAI)",
+        )

@@ -9,7 +9,8 @@
     POST   /v1/videos/{id}/cancel      cancel a queued or in_progress job (ours): status cancelled
     DELETE /v1/videos/{id}             cancel it if it runs, remove it and its files
     POST   /v1/videos/sync             create, wait, answer the MP4 (header X-Video-Id)
-    POST   /v1/videos/{id}/remix       not supported: 404 saying so
+    POST   /v1/videos/{id}/remix       not supported: 404 saying so; so are OpenAI's /v1/videos/edits,
+                                       /v1/videos/extensions and /v1/videos/characters
     GET    /v1/models, /v1/models/{id} the served model: OpenAI's model object + its limits (models.py)
     GET    /healthz (also HEAD)        200 while the front end runs
     GET    /readyz (also HEAD)         200 when Triton's h3_pipeline is ready, else 503
@@ -472,6 +473,18 @@ def create_app(settings: Settings) -> FastAPI:
             "NOT_FOUND",
             "remix is not supported by this server: it does not edit a finished video; "
             "create a new one with the changed prompt (and the same seed)",
+        )
+
+    @api.post("/videos/edits")
+    @api.post("/videos/extensions")
+    @api.post("/videos/characters")
+    @api.get("/videos/characters/{character_id}")
+    def not_served(request: Request):  # OpenAI's last published routes this server has no model for
+        raise ApiError(
+            404,
+            "NOT_FOUND",
+            f"{request.method} {request.url.path} is not supported by this server: it edits and extends no "
+            "video and keeps no characters; create a new video (docs/videos_api.md, Differences from OpenAI)",
         )
 
     @api.get("/models")
