@@ -680,12 +680,13 @@ def test_bad_input_is_refused_and_creates_nothing(sdk, front_end):
         ),
         (
             "GET",
-            f"/v1/videos/{before[0]}/content?variant=spritesheet",
+            f"/v1/videos/{before[0]}/content?variant=webm",
             None,
             None,
             400,
-            "INVALID_ARG: variant='spritesheet' is not served; allowed: ['audio', 'first_frame', 'last_frame', "
-            "'preview', 'reference_audio', 'reference_image', 'reference_video', 'thumbnail', 'video']",
+            "INVALID_ARG: variant='webm' is not served; allowed: ['audio', 'first_frame', 'last_frame', "
+            "'preview', 'reference_audio', 'reference_image', 'reference_video', 'spritesheet', 'thumbnail', "
+            "'video']",
         ),
     ]
     for method, path, body, kind, status, message in raw:
