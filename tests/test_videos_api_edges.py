@@ -106,6 +106,16 @@ def test_a_stored_row_with_a_lone_surrogate_renders_in_lists_and_gets(http):
     ]
     one = http.get("/v1/videos/video_bad", headers=bearer(API_KEY))
     assert (one.status_code, one.json()["prompt"]) == (200, "a red ball \ufffd rolls")
+    # a row that cannot be rendered at all (its request lost its fields) is listed with an error
+    jobs.store.add("video_broken", 1000, {}, owner_of(API_KEY.encode()))
+    listed = http.get("/v1/videos?order=asc", headers=bearer(API_KEY)).json()["data"]
+    assert [job["id"] for job in listed] == ["video_ok1", "video_bad", "video_ok2", "video_broken"]
+    assert listed[-1] == {
+        "id": "video_broken",
+        "object": "video",
+        "status": "queued",
+        "error": {"code": "INTERNAL", "message": "INTERNAL: this video's record cannot be shown: KeyError"},
+    }
     assert http.delete("/v1/videos/video_bad", headers=bearer(API_KEY)).json()["deleted"] is True
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import re
@@ -134,7 +135,9 @@ def video_object(job: dict, model_name: str) -> dict:
     result = outputs[0] if outputs else {}
     defaults = request.get("defaults") or {}  # resolved at create (models.resolved_defaults)
     width, height = result.get("width", request["width"]), result.get("height", request["height"])
-    num_frames = result.get("num_frames", request["num_frames"]) or defaults.get("num_frames")
+    num_frames = result.get("num_frames", request["num_frames"])
+    if num_frames is None:
+        num_frames = defaults.get("num_frames")
     seconds = request["seconds"]
     if seconds is None and num_frames is not None:
         seconds = f"{round(num_frames / protocol.VIDEO_FPS, 3):g}"
@@ -143,58 +146,41 @@ def video_object(job: dict, model_name: str) -> dict:
     else:
         progress = min(99, 100 * job["step"] // job["total_steps"]) if job["total_steps"] else 0
     error = {"code": job["error_code"], "message": job["error_message"]} if job["error_code"] else None
-    return _utf8(
-        {
-            "id": job["id"],
-            "object": "video",
-            "model": model_name,
-            "status": job["status"],
-            "progress": progress,
-            "created_at": job["created_at"],
-            "completed_at": job["completed_at"],
-            "expires_at": job["expires_at"],
-            "prompt": request["prompt"],
-            "seconds": seconds,
-            "size": f"{width}x{height}" if width and height else defaults.get("size"),
-            "error": error,
-            "remixed_from_video_id": None,
-            "seed": request["seed"],
-            "n": request["num_outputs"] or 1,
-            "num_frames": num_frames,
-            "num_inference_steps": result.get(
-                "num_inference_steps", job["total_steps"] or request["num_inference_steps"]
-            ),
-            "step": job["step"],
-            "total_steps": job["total_steps"],
-            "queue_position": job["queue_position"],
-            "preview_step": job["preview_step"],
-            "task": fields.task_of(request),
-            "inputs": [
-                {
-                    "variant": variant,
-                    "index": index,
-                    "media_type": kind,
-                    "url": f"/v1/videos/{job['id']}/content?variant={variant}&index={index}",
-                }
-                for variant, kinds in request["inputs"].items()
-                for index, kind in enumerate(kinds)
-            ],
-            **({"outside_training": result["outside_training"]} if "outside_training" in result else {}),
-        }
-    )
-
-
-def _utf8(value):
-    """A video object's JSON `value` with every string UTF-8 text: a lone surrogate (in a row
-    stored before the front end refused them, bodies.py) becomes U+FFFD, so no row can make a
-    response fail to encode."""
-    if isinstance(value, str):
-        return SURROGATE.sub("\ufffd", value)
-    if isinstance(value, dict):
-        return {key: _utf8(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_utf8(item) for item in value]
-    return value
+    return {
+        "id": job["id"],
+        "object": "video",
+        "model": model_name,
+        "status": job["status"],
+        "progress": progress,
+        "created_at": job["created_at"],
+        "completed_at": job["completed_at"],
+        "expires_at": job["expires_at"],
+        "prompt": request["prompt"],
+        "seconds": seconds,
+        "size": f"{width}x{height}" if width and height else defaults.get("size"),
+        "error": error,
+        "remixed_from_video_id": None,
+        "seed": request["seed"],
+        "n": request["num_outputs"] or 1,
+        "num_frames": num_frames,
+        "num_inference_steps": result.get("num_inference_steps", job["total_steps"] or request["num_inference_steps"]),
+        "step": job["step"],
+        "total_steps": job["total_steps"],
+        "queue_position": job["queue_position"],
+        "preview_step": job["preview_step"],
+        "task": fields.task_of(request),
+        "inputs": [
+            {
+                "variant": variant,
+                "index": index,
+                "media_type": kind,
+                "url": f"/v1/videos/{job['id']}/content?variant={variant}&index={index}",
+            }
+            for variant, kinds in request["inputs"].items()
+            for index, kind in enumerate(kinds)
+        ],
+        **({"outside_training": result["outside_training"]} if "outside_training" in result else {}),
+    }
 
 
 def _listed(job: dict, model_name: str) -> dict:
@@ -213,11 +199,21 @@ def _listed(job: dict, model_name: str) -> dict:
         }
 
 
+class ApiJSONResponse(JSONResponse):
+    """Every JSON answer of the API: its text is always UTF-8, a lone surrogate in a value (of a
+    row stored before bodies.py refused them) sent as U+FFFD, so no stored value can make an
+    answer fail."""
+
+    def render(self, content) -> bytes:
+        text = json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        return SURROGATE.sub("\ufffd", text).encode("utf-8")
+
+
 def _error_response(error: ApiError) -> JSONResponse:
     headers = dict(error.headers)
     if error.status < 500 and error.status != 429:
         headers.setdefault("x-should-retry", "false")  # the SDK retries 409 otherwise
-    return JSONResponse(_utf8(error.body()), status_code=error.status, headers=headers)
+    return ApiJSONResponse(error.body(), status_code=error.status, headers=headers)
 
 
 def authorize(request: Request) -> Caller:
@@ -294,7 +290,13 @@ def create_app(settings: Settings) -> FastAPI:
             store.close()
             lock.close()
 
-    app = FastAPI(title="h3-triton Videos API", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="h3-triton Videos API",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        default_response_class=ApiJSONResponse,
+    )
 
     @app.middleware("http")
     async def limit_body(request: Request, call_next):
@@ -417,7 +419,7 @@ def create_app(settings: Settings) -> FastAPI:
     def retrieve(request: Request, video_id: str, caller: Authorized):
         job = jobs_of(request).get(video_id, caller)
         headers = {"openai-poll-after-ms": str(POLL_AFTER_MS)} if job["status"] in ACTIVE else {}
-        return JSONResponse(video_object(job, settings.model_name), headers=headers)
+        return ApiJSONResponse(video_object(job, settings.model_name), headers=headers)
 
     @api.api_route("/videos/{video_id}/content", methods=["GET", "HEAD"])
     def content(request: Request, video_id: str, caller: Authorized):
