@@ -246,6 +246,11 @@ def test_deep_json_non_utf8_forms_and_int64_parameters_are_400_naming_the_field(
         "/v1/videos", content=multipart, headers={"Content-Type": "multipart/form-data; boundary=B", **auth}
     )
     assert (response.status_code, response.json()) == (400, not_utf8)
+    named = http.post("/v1/videos", content=b"pr%FFompt=a", headers=form)
+    assert (named.status_code, named.json()) == (
+        400,
+        invalid("a field name is not UTF-8 text: byte 0xFF at byte 2", None),
+    )
     # UTF-8 text passes the edge (then Triton, unreachable here, is 503)
     for body in (b"prompt=caf%C3%A9&seed=1", "prompt=café&seed=1".encode()):
         assert http.post("/v1/videos", content=body, headers=form).status_code == 503

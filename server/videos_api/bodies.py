@@ -67,14 +67,16 @@ def _surrogate(text: str, at: int) -> str:
     return f"holds a lone surrogate U+{ord(text[at]):04X} at character {at}: text must be UTF-8"
 
 
-def _text(name: str, data: bytes) -> str:
-    """A form field's bytes as UTF-8 text; ApiError 400 INVALID_ARG naming it otherwise."""
+def _text(name: str | None, data: bytes) -> str:
+    """The bytes of form field `name`'s value (None: of a field's name) as UTF-8 text; ApiError
+    400 INVALID_ARG naming the field otherwise."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise fields.invalid(
-            f"{name} is not UTF-8 text: byte 0x{data[error.start]:02X} at byte {error.start}", name
-        ) from None
+        where = f"byte 0x{data[error.start]:02X} at byte {error.start}"
+        if name is None:
+            raise fields.invalid(f"a field name is not UTF-8 text: {where}") from None
+        raise fields.invalid(f"{name} is not UTF-8 text: {where}", name) from None
 
 
 class _Utf8MultiPartParser(MultiPartParser):
@@ -110,7 +112,7 @@ async def read_form(request: Request, max_part_bytes: int) -> dict:
         # bytes that are not UTF-8, raw or percent-encoded, are kept as surrogate escapes until _text
         text = (await request.body()).decode("utf-8", "surrogateescape")
         pairs = parse_qsl(text, keep_blank_values=True, errors="surrogateescape")
-        items = [(_text("a field name", k.encode("utf-8", "surrogateescape")), v) for k, v in pairs]
+        items = [(_text(None, k.encode("utf-8", "surrogateescape")), v) for k, v in pairs]
         return fields.form_fields([(k, _text(k, v.encode("utf-8", "surrogateescape"))) for k, v in items])
     if kind == "multipart/form-data":
         parser = _Utf8MultiPartParser(request.headers, request.stream(), max_part_size=max_part_bytes)
