@@ -8,7 +8,10 @@
 #      (promtool) for the deploy/k8s tests (apt-get, only if missing; sudo only when not root)
 #   4. the python backend stub for the venv's Python copied into pytriton's backends/python/
 #   5. python -m h3_core.weights.checkpoint_setup (seeded weights under checkpoints/), if that module exists
-# Downloads only from the configured PyPI index and Debian apt.
+#   6. nodejs + npm (apt), then `npm ci` in tests/js: the official openai JS SDK and esbuild at the
+#      versions tests/js/package-lock.json pins, for the cross-origin browser test; skipped while
+#      tests/js/node_modules/.lock.sha256 matches the lock file
+# Downloads only from the configured PyPI index, Debian apt and the npm registry (tests/js only).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -109,6 +112,7 @@ apt_ensure() {  # apt_ensure "what needs them" PACKAGE...
 apt_ensure "perf_analyzer will not run (the server and tests do not need it)" libb64-0d
 apt_ensure "tests/test_videos_page.py will fail (it needs a headless browser)" chromium chromium-driver
 apt_ensure "tests/test_prometheus.py will fail (it needs promtool and prometheus)" prometheus
+apt_ensure "tests/test_videos_api_browser.py will fail (it bundles the openai JS SDK with node)" nodejs npm
 
 # ---- 4. python backend stub for this Python --------------------------------------------------
 T="$(tritonserver_dir)"
@@ -131,6 +135,20 @@ if [ -f h3_core/weights/checkpoint_setup.py ] || [ -f h3_core/weights/checkpoint
     "$VPY" -m h3_core.weights.checkpoint_setup
 else
     log "h3_core.weights.checkpoint_setup does not exist yet; skipping the weights step"
+fi
+
+# ---- 6. the JS SDK for the browser test (npm ci: exactly the lock file's versions) --------------
+JS_STAMP="$ROOT/tests/js/node_modules/.lock.sha256"
+JS_WANT="$(sha256sum "$ROOT/tests/js/package-lock.json" | cut -d' ' -f1)"
+if ! command -v npm >/dev/null 2>&1; then
+    warn "npm is missing: tests/test_videos_api_browser.py will fail (apt-get install nodejs npm)"
+elif [ -f "$JS_STAMP" ] && [ "$(cat "$JS_STAMP")" = "$JS_WANT" ]; then
+    log "tests/js/package-lock.json unchanged since the last npm ci; skipping npm"
+else
+    log "npm ci in tests/js (openai JS SDK, esbuild)"
+    (cd "$ROOT/tests/js" && npm ci --no-audit --no-fund --loglevel=error)
+    echo "$JS_WANT" > "$JS_STAMP"
+    log "tests/js/node_modules installed"
 fi
 
 log "done in $((SECONDS - START)) s"

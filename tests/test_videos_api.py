@@ -426,6 +426,25 @@ def test_json_create_of_several_outputs_downloads_each(sdk, client, front_end):
     assert refused.value.body["message"] == "INVALID_ARG: index='2' is out of range: allowed 0..1"
 
 
+def test_size_and_seconds_are_filled_at_create_from_the_defaults_the_server_uses(sdk):
+    # the model's defaults (tiny: 96x64, 22 frames), then a portrait keyframe's aspect; both as completed
+    short = {"num_inference_steps": 2, "preview_every": 0, "seed": 6}
+    made = [(sdk.videos.create(prompt="a ball", extra_body={**short}), "96x64", "0.917")]
+    portrait = noise_png(192, 108, 8)  # 108 wide, 192 high: about the default area at its aspect
+    made.append(
+        (
+            sdk.videos.create(prompt="a ball", input_reference=("p.png", portrait, "image/png"), extra_body=short),
+            "64x96",
+            "0.917",
+        )
+    )
+    made.append((sdk.videos.create(prompt="a ball", seconds="0.5", extra_body=short), "96x64", "0.5"))
+    for created, size, seconds in made:
+        assert (created.size, created.seconds) == (size, seconds), created.id
+        done = sdk.videos.poll(created.id)
+        assert (done.status, done.size, done.seconds) == ("completed", size, seconds), created.id
+
+
 def result_info(data_dir, video_id: str) -> list[dict]:
     """The server's INFO of each output of a completed job, read from the front end's SQLite file."""
     with sqlite3.connect(data_dir / "jobs.sqlite3") as db:
@@ -661,12 +680,13 @@ def test_bad_input_is_refused_and_creates_nothing(sdk, front_end):
         ),
         (
             "GET",
-            f"/v1/videos/{before[0]}/content?variant=spritesheet",
+            f"/v1/videos/{before[0]}/content?variant=webm",
             None,
             None,
             400,
-            "INVALID_ARG: variant='spritesheet' is not served; allowed: ['audio', 'first_frame', 'last_frame', "
-            "'preview', 'reference_audio', 'reference_image', 'reference_video', 'thumbnail', 'video']",
+            "INVALID_ARG: variant='webm' is not served; allowed: ['audio', 'first_frame', 'last_frame', "
+            "'preview', 'reference_audio', 'reference_image', 'reference_video', 'spritesheet', 'thumbnail', "
+            "'video']",
         ),
     ]
     for method, path, body, kind, status, message in raw:

@@ -194,7 +194,8 @@ def test_a_store_locked_by_another_process_is_503_and_reads_go_on(tmp_path):
         other = sqlite3.connect(tmp_path / "jobs.sqlite3", isolation_level=None)
         other.execute("BEGIN IMMEDIATE")  # holds the write lock, as a backup tool or a stuck process would
         try:
-            for method, path, body in (("POST", "/v1/videos", {"prompt": "a"}), ("DELETE", "/v1/videos/video_x", None)):
+            create = {"prompt": "a", "size": "96x64", "num_frames": 9}  # no defaults to ask Triton for
+            for method, path, body in (("POST", "/v1/videos", create), ("DELETE", "/v1/videos/video_x", None)):
                 response = http.request(method, path, json=body)
                 assert (response.status_code, response.headers["retry-after"], response.json()) == (
                     503,
@@ -243,7 +244,11 @@ def test_creates_waiting_for_triton_hold_no_worker_thread(tmp_path, monkeypatch)
     with TestClient(create_app(settings)) as http:
         answers = []
         posts = [
-            threading.Thread(target=lambda: answers.append(http.post("/v1/videos", json={"prompt": "a"})))
+            threading.Thread(
+                target=lambda: answers.append(
+                    http.post("/v1/videos", json={"prompt": "a", "size": "96x64", "num_frames": 9})
+                )
+            )
             for _ in range(creates)
         ]
         for post in posts:

@@ -3,7 +3,8 @@
     python -m server.videos_api [--triton-url HOST:PORT] [--host ADDR] [--port P] [--data-dir DIR]
                                 [--api-key-file FILE] [--cors-origin ORIGIN]... [--max-body-bytes N]
                                 [--max-upload-bytes N] [--retention-hours H] [--max-attempts N]
-                                [--accept-wait SECONDS] [--model-name NAME]
+                                [--accept-wait SECONDS] [--recover-wait SECONDS]
+                                [--model-name NAME]
 
 Bad flags exit with status 2 and one error line (argparse), before anything is served.
 """
@@ -98,6 +99,14 @@ def _parser() -> argparse.ArgumentParser:
         help="longest wait of a create for Triton's first answer (default: %(default)s)",
     )
     p.add_argument(
+        "--recover-wait",
+        type=_positive(float),
+        default=defaults.recover_wait_s,
+        metavar="SECONDS",
+        help="longest wait at start-up for Triton to be ready before jobs left running by the previous "
+        "front end are resubmitted or failed (default: %(default)s)",
+    )
+    p.add_argument(
         "--model-name", default=defaults.model_name, help="the model field answered to (default: %(default)s)"
     )
     return p
@@ -132,6 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         retention_s=args.retention_hours * 3600,
         max_attempts=args.max_attempts,
         accept_wait_s=args.accept_wait,
+        recover_wait_s=args.recover_wait,
         model_name=args.model_name,
     )
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")

@@ -3,13 +3,14 @@
     POST   /v1/videos                  create a job (JSON or multipart): the video object
     GET    /v1/videos/{id}             the video object
     GET    /v1/videos                  a page of video objects: ?after=ID&limit=1..100&order=asc|desc
-    GET    /v1/videos/{id}/content     ?variant=video|audio|thumbnail|preview&index=K, or an input
+    GET    /v1/videos/{id}/content     ?variant=video|audio|thumbnail|spritesheet|preview&index=K, or an input
                                        as sent: first_frame|last_frame|reference_image|
                                        reference_video|reference_audio&index=K; HEAD too; Range
     POST   /v1/videos/{id}/cancel      cancel a queued or in_progress job (ours): status cancelled
     DELETE /v1/videos/{id}             cancel it if it runs, remove it and its files
     POST   /v1/videos/sync             create, wait, answer the MP4 (header X-Video-Id)
-    POST   /v1/videos/{id}/remix       not supported: 404 saying so
+    POST   /v1/videos/{id}/remix       not supported: 404 saying so; so are OpenAI's /v1/videos/edits,
+                                       /v1/videos/extensions and /v1/videos/characters
     GET    /v1/models, /v1/models/{id} the served model: OpenAI's model object + its limits (models.py)
     GET    /healthz (also HEAD)        200 while the front end runs
     GET    /readyz (also HEAD)         200 when Triton's h3_pipeline is ready, else 503
@@ -34,6 +35,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -48,7 +50,6 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
-from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
@@ -57,9 +58,11 @@ from h3_core import protocol
 
 from . import fields
 from .auth import Caller, Keys
+from .bodies import read_form
+from .content import MediaFile
 from .fields import ApiError
 from .jobs import PURGE_INTERVAL_S, Jobs
-from .models import model_card
+from .models import model_card, resolved_defaults
 from .store import ACTIVE, BUSY_TIMEOUT_S, Store
 
 log = logging.getLogger("server.videos_api")
@@ -72,10 +75,25 @@ CONTENT = {  # variant -> (file name of output k, media type)
     "video": ("{k}.mp4", "video/mp4"),
     "audio": ("{k}.wav", "audio/wav"),
     "thumbnail": ("{k}.png", "image/png"),
+    "spritesheet": ("{k}_spritesheet.jpg", "image/jpeg"),  # made at the first ask (Jobs.spritesheet)
     "preview": ("preview.png", "image/png"),
 }
 INPUT_VARIANTS = tuple(variant for variant, _, _ in fields.MEDIA_FIELDS.values())  # content of the files sent
 CREATE_PATHS = ("/v1/videos", "/v1/videos/sync")  # where a multipart body may carry files
+SURROGATE = re.compile("[\ud800-\udfff]")  # what UTF-8 cannot encode
+# a 411 / 413 closes the connection: the body it refused is never read (uvicorn would read and drop it)
+CLOSE = {"Connection": "close"}
+# the response headers a page on another origin may read (CORS): polling, retries, ranges, /sync's id
+EXPOSED_HEADERS = (
+    "openai-poll-after-ms",
+    "Retry-After",
+    "x-should-retry",
+    "Content-Range",
+    "Content-Length",
+    "Accept-Ranges",
+    "X-Video-Id",
+    "WWW-Authenticate",
+)
 
 
 @dataclass(frozen=True)
@@ -86,7 +104,9 @@ class Settings:
     cors_origins: origins allowed by CORS (empty: CORS off); max_body_bytes: the largest POST
     body; max_upload_bytes: the largest multipart create (with its files); retention_s: seconds
     an ended job is kept; max_attempts: submissions of a job across restarts (Jobs docstring);
-    accept_wait_s: the longest wait of a create for Triton's first answer; model_name: the
+    accept_wait_s: the longest wait of a create for Triton's first answer; recover_wait_s: the
+    longest wait at start-up for Triton to be ready before the restart rule runs (Jobs.recover),
+    in seconds; model_name: the
     `model` this server answers to. Sizes in bytes."""
 
     triton_url: str = "127.0.0.1:8001"
@@ -98,6 +118,7 @@ class Settings:
     retention_s: float = 24 * 3600.0
     max_attempts: int = 3
     accept_wait_s: float = 30.0
+    recover_wait_s: float = 120.0
     model_name: str = "h3"
 
 
@@ -106,13 +127,17 @@ def video_object(job: dict, model_name: str) -> dict:
     num_inference_steps, step, total_steps, queue_position, preview_step, task (sent or implied:
     fields.task_of), inputs (the files sent, each {"variant", "index", "media_type", "url"}: its
     download from the content route); outside_training once completed when the result's INFO
-    has it). size and seconds are what the client asked for, else the result's (null until then
-    when the server's defaults apply); progress is 100 once completed, else
+    has it). size and seconds are what the client asked for, else the result's, else (until it
+    completes) the defaults resolved at create (models.resolved_defaults); progress is 100 once
+    completed, else
     min(99, 100 x step / total_steps)."""
     request, outputs = job["request"], job["outputs"]
     result = outputs[0] if outputs else {}
+    defaults = request.get("defaults") or {}  # resolved at create (models.resolved_defaults)
     width, height = result.get("width", request["width"]), result.get("height", request["height"])
     num_frames = result.get("num_frames", request["num_frames"])
+    if num_frames is None:
+        num_frames = defaults.get("num_frames")
     seconds = request["seconds"]
     if seconds is None and num_frames is not None:
         seconds = f"{round(num_frames / protocol.VIDEO_FPS, 3):g}"
@@ -132,7 +157,7 @@ def video_object(job: dict, model_name: str) -> dict:
         "expires_at": job["expires_at"],
         "prompt": request["prompt"],
         "seconds": seconds,
-        "size": f"{width}x{height}" if width and height else None,
+        "size": f"{width}x{height}" if width and height else defaults.get("size"),
         "error": error,
         "remixed_from_video_id": None,
         "seed": request["seed"],
@@ -158,49 +183,37 @@ def video_object(job: dict, model_name: str) -> dict:
     }
 
 
+def _listed(job: dict, model_name: str) -> dict:
+    """The video object of a job in a list; one that cannot be rendered (a damaged row) is
+    logged and listed as {"id", "object", "status", "error": INTERNAL}, never failing the list."""
+    try:
+        return video_object(job, model_name)
+    except Exception as error:
+        log.exception("video %s cannot be rendered", job["id"])
+        text = f"INTERNAL: this video's record cannot be shown: {type(error).__name__}"
+        return {
+            "id": job["id"],
+            "object": "video",
+            "status": job["status"],
+            "error": {"code": "INTERNAL", "message": text},
+        }
+
+
+class ApiJSONResponse(JSONResponse):
+    """Every JSON answer of the API: its text is always UTF-8, a lone surrogate in a value (of a
+    row stored before bodies.py refused them) sent as U+FFFD, so no stored value can make an
+    answer fail."""
+
+    def render(self, content) -> bytes:
+        text = json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        return SURROGATE.sub("\ufffd", text).encode("utf-8")
+
+
 def _error_response(error: ApiError) -> JSONResponse:
     headers = dict(error.headers)
     if error.status < 500 and error.status != 429:
         headers.setdefault("x-should-retry", "false")  # the SDK retries 409 otherwise
-    return JSONResponse(error.body(), status_code=error.status, headers=headers)
-
-
-def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
-    """A JSON object of `pairs` (json.loads' object_pairs_hook). Raises ApiError 400 INVALID_ARG
-    naming a key sent twice, as form_fields does for a repeated form field (json alone would keep
-    the last value)."""
-    body = {}
-    for key, value in pairs:
-        if key in body:
-            raise fields.invalid(f"{key} was sent twice: it takes one value", key)
-        body[key] = value
-    return body
-
-
-async def _form(request: Request, max_part_bytes: int) -> dict:
-    """The fields of a POST body: a JSON object, or multipart / urlencoded form fields
-    (fields.form_fields; an uploaded file's value its bytes). max_part_bytes: the largest
-    multipart field that is not a file (a data URL), in bytes."""
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if kind == "application/json":
-        try:
-            body = json.loads(await request.body(), object_pairs_hook=_unique_keys)
-        except ValueError as error:
-            raise fields.invalid(f"the body is not valid JSON: {error}") from None
-        if not isinstance(body, dict):
-            raise fields.invalid("the JSON body must be an object")
-        return body
-    if kind in ("multipart/form-data", "application/x-www-form-urlencoded"):
-        async with request.form(max_part_size=max_part_bytes) as form:
-            items = [
-                (key, await value.read() if isinstance(value, UploadFile) else value)
-                for key, value in form.multi_items()
-            ]
-        return fields.form_fields(items)
-    raise fields.invalid(
-        f"Content-Type {kind or 'none'!r} is not served: "
-        "send application/json, multipart/form-data or application/x-www-form-urlencoded"
-    )
+    return ApiJSONResponse(error.body(), status_code=error.status, headers=headers)
 
 
 def authorize(request: Request) -> Caller:
@@ -211,14 +224,14 @@ def authorize(request: Request) -> Caller:
 Authorized = Annotated[Caller, Depends(authorize)]  # FastAPI runs it once per request, router check included
 
 
-def _file(path: Path, media_type: str, headers: dict, video_id: str, variant: str) -> FileResponse:
+def _file(path: Path, media_type: str, headers: dict, video_id: str, variant: str) -> MediaFile:
     """A file written once and never replaced, streamed from disk (Range and HEAD by Starlette).
     Raises ApiError 404 when it is gone (its job deleted or expired meanwhile)."""
     try:
         stat = os.stat(path)
     except FileNotFoundError:
         raise ApiError(404, "NOT_FOUND", f"no {variant} of video {video_id}") from None
-    return FileResponse(path, media_type=media_type, headers=headers, stat_result=stat)
+    return MediaFile(path, media_type=media_type, headers=headers, stat_result=stat)
 
 
 def _integer_query(request: Request, name: str, default: int, low: int, high: int) -> int:
@@ -258,7 +271,7 @@ def create_app(settings: Settings) -> FastAPI:
             max_attempts=settings.max_attempts,
             accept_wait_s=settings.accept_wait_s,
         )
-        await run_in_threadpool(jobs.recover)
+        await run_in_threadpool(jobs.recover, settings.recover_wait_s)
         stop = threading.Event()
 
         def sweep() -> None:
@@ -277,26 +290,37 @@ def create_app(settings: Settings) -> FastAPI:
             store.close()
             lock.close()
 
-    app = FastAPI(title="h3-triton Videos API", lifespan=lifespan, docs_url=None, redoc_url=None)
-    if settings.cors_origins:
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=list(settings.cors_origins),
-            allow_methods=["GET", "POST", "DELETE"],
-            allow_headers=["Authorization", "Content-Type"],
-        )
+    app = FastAPI(
+        title="h3-triton Videos API",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        default_response_class=ApiJSONResponse,
+    )
 
     @app.middleware("http")
     async def limit_body(request: Request, call_next):
         if "chunked" in request.headers.get("transfer-encoding", "").lower():
-            error = ApiError(411, "LENGTH_REQUIRED", "send the body with a Content-Length")
+            error = ApiError(411, "LENGTH_REQUIRED", "send the body with a Content-Length", headers=CLOSE)
             return _error_response(error)
         length = request.headers.get("content-length", "0")
         multipart = request.headers.get("content-type", "").lower().startswith("multipart/form-data")
         limit = settings.max_upload_bytes if multipart and request.url.path in CREATE_PATHS else settings.max_body_bytes
         if not length.isdigit() or int(length) > limit:
-            return _error_response(ApiError(413, "TOO_LARGE", f"the body is {length} bytes: allowed {limit}"))
+            return _error_response(
+                ApiError(413, "TOO_LARGE", f"the body is {length} bytes: allowed {limit}", headers=CLOSE)
+            )
         return await call_next(request)
+
+    if settings.cors_origins:  # added last: outermost, so refusals (401, 413, ...) carry its headers too
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["GET", "HEAD", "POST", "DELETE"],
+            allow_headers=["*"],  # the JS SDK's X-Stainless-*, Range (a suffix or several), If-Range, ...
+            expose_headers=list(EXPOSED_HEADERS),
+            max_age=600,
+        )
 
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, error: ApiError):
@@ -338,15 +362,23 @@ def create_app(settings: Settings) -> FastAPI:
 
     api = APIRouter(prefix="/v1", dependencies=[Depends(authorize)])
 
+    async def parse(request: Request) -> tuple[dict, dict[str, list[bytes]]]:
+        """The parsed create of a POST body with the defaults the server will use where it left
+        them (size, num_frames): fields.parse_create, models.resolved_defaults."""
+        parsed, media = fields.parse_create(await read_form(request, settings.max_upload_bytes), settings.model_name)
+        if parsed["width"] is None or parsed["num_frames"] is None:
+            parsed["defaults"] = await run_in_threadpool(resolved_defaults, client, parsed, media, settings.model_name)
+        return parsed, media
+
     @api.post("/videos")
     async def create(request: Request, caller: Authorized):
-        parsed, media = fields.parse_create(await _form(request, settings.max_upload_bytes), settings.model_name)
+        parsed, media = await parse(request)
         job = await jobs_of(request).create(parsed, media, caller.owner)
         return video_object(job, settings.model_name)
 
     @api.post("/videos/sync")
     async def create_sync(request: Request, caller: Authorized):
-        parsed, media = fields.parse_create(await _form(request, settings.max_upload_bytes), settings.model_name)
+        parsed, media = await parse(request)
         if (parsed["num_outputs"] or 1) != 1:
             raise fields.invalid(f"n={parsed['num_outputs']}: /v1/videos/sync answers one MP4; use /v1/videos", "n")
         jobs = jobs_of(request)
@@ -374,7 +406,7 @@ def create_app(settings: Settings) -> FastAPI:
             jobs, has_more = jobs_of(request).store.page(after, limit, order == "desc", owner)
         except KeyError:
             raise fields.invalid(f"after={after!r} is not the id of a video", "after") from None
-        data = [video_object(job, settings.model_name) for job in jobs]
+        data = [_listed(job, settings.model_name) for job in jobs]
         return {
             "object": "list",
             "data": data,
@@ -387,7 +419,7 @@ def create_app(settings: Settings) -> FastAPI:
     def retrieve(request: Request, video_id: str, caller: Authorized):
         job = jobs_of(request).get(video_id, caller)
         headers = {"openai-poll-after-ms": str(POLL_AFTER_MS)} if job["status"] in ACTIVE else {}
-        return JSONResponse(video_object(job, settings.model_name), headers=headers)
+        return ApiJSONResponse(video_object(job, settings.model_name), headers=headers)
 
     @api.api_route("/videos/{video_id}/content", methods=["GET", "HEAD"])
     def content(request: Request, video_id: str, caller: Authorized):
@@ -414,6 +446,11 @@ def create_app(settings: Settings) -> FastAPI:
         elif job["status"] != "completed":
             raise ApiError(409, "CONFLICT", f"video {video_id} is {job['status']}: content comes once it is completed")
         headers = {"Cache-Control": "no-store"}
+        if variant == "spritesheet":
+            try:
+                path = jobs.spritesheet(video_id, index)
+            except FileNotFoundError:  # deleted or expired meanwhile
+                raise ApiError(404, "NOT_FOUND", f"no {variant} of video {video_id}") from None
         if variant != "preview":
             return _file(path, media_type, headers, video_id, variant)
         try:
@@ -438,6 +475,18 @@ def create_app(settings: Settings) -> FastAPI:
             "NOT_FOUND",
             "remix is not supported by this server: it does not edit a finished video; "
             "create a new one with the changed prompt (and the same seed)",
+        )
+
+    @api.post("/videos/edits")
+    @api.post("/videos/extensions")
+    @api.post("/videos/characters")
+    @api.get("/videos/characters/{character_id}")
+    def not_served(request: Request):  # OpenAI's last published routes this server has no model for
+        raise ApiError(
+            404,
+            "NOT_FOUND",
+            f"{request.method} {request.url.path} is not supported by this server: it edits and extends no "
+            "video and keeps no characters; create a new video (docs/videos_api.md, Differences from OpenAI)",
         )
 
     @api.get("/models")

@@ -4,6 +4,7 @@ in the Store (SQLite), its files under `<data_dir>/videos/<id>/`:
     <k>.mp4   output k (seed + k): H.264 + AAC, as VIDEO_MP4 came from the server
     <k>.wav   its audio, 16-bit PCM stereo 32 kHz (client.generate.wav_bytes)
     <k>.png   its thumbnail: the MP4's first frame
+    <k>_spritesheet.jpg  its spritesheet (content.py), made at the first download
     preview.png  the latest preview image (p px per latent cell, PreviewMap) while it runs
     inputs/<variant>_<k>  the request's files as sent (variant first_frame, last_frame,
              reference_image, reference_video, reference_audio: fields.MEDIA_FIELDS), kept for
@@ -19,9 +20,12 @@ sets), holding no thread of a pool.
 
 Who may see a job: `Caller.sees` (auth); another caller's job is 404 like a missing one.
 
-Restart rule (`recover`, at start-up): every job still queued or in_progress was running when
-the previous front end stopped. Its last Triton request is cancelled by id first; if that cancel
-fails (Triton unreachable) the job is failed with the cancel's error. Otherwise a job submitted
+Restart rule (`recover`, at start-up): every job still queued or in_progress was
+running when the previous front end stopped. The rule waits for Triton's h3_pipeline to be
+ready, at most `wait_s` (`--recover-wait`): a Triton started beside the front end may still be
+loading.
+Its last Triton request is cancelled by id first; if that cancel fails (Triton still
+unreachable) the job is failed with the cancel's error. Otherwise a job submitted
 fewer than `max_attempts` times is submitted again under a new request id with the same request,
 seed and files, so it gives the same output; one submitted `max_attempts` times is failed with
 INTERNAL: "the front end stopped while this job ran (submissions: N; --max-attempts M)".
@@ -51,11 +55,13 @@ from client.api import H3Client, H3Error
 from client.generate import wav_bytes
 
 from .auth import Caller
+from .content import spritesheet_bytes
 from .fields import MEDIA_FIELDS, ApiError, error_from_server
 from .store import ACTIVE, Store
 
 log = logging.getLogger("server.videos_api")
 PURGE_INTERVAL_S = 60.0
+RECOVER_POLL_S = 0.5  # how often the restart rule asks whether Triton is ready
 SEED_LIMIT = 2**31  # seeds the front end draws lie in 0..SEED_LIMIT - 1
 INPUTS = "inputs"  # the folder of a job's files as sent
 # content variant -> (H3Client.generate's argument, whether it takes a list)
@@ -134,6 +140,18 @@ class Jobs:
         """The path of a job's file `index` of content variant `variant` (as sent)."""
         return self.folder(job_id) / INPUTS / f"{variant}_{index}"
 
+    def spritesheet(self, job_id: str, index: int) -> Path:
+        """The path of output `index`'s spritesheet (content.spritesheet_bytes), made from its MP4
+        at the first ask and kept with the job. Raises FileNotFoundError when the MP4 is gone (the
+        job deleted or expired meanwhile)."""
+        path = self.folder(job_id) / f"{index}_spritesheet.jpg"
+        if not path.is_file():
+            sheet = spritesheet_bytes((self.folder(job_id) / f"{index}.mp4").read_bytes())
+            temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")  # two asks at once
+            temporary.write_bytes(sheet)
+            temporary.replace(path)
+        return path
+
     def get(self, job_id: str, caller: Caller) -> dict:
         """The job with this id; ApiError 404 NOT_FOUND when there is none or `caller` may not
         see it."""
@@ -159,7 +177,7 @@ class Jobs:
         with submission.lock:
             submission.accepted = submission.refusal is None
         if submission.refusal is not None:
-            await asyncio.to_thread(self.store.delete, job_id)
+            await asyncio.to_thread(self.store.delete, job_id, int(time.time()))
             await asyncio.to_thread(shutil.rmtree, self.folder(job_id), ignore_errors=True)
             raise error_from_server(submission.refusal.code, submission.refusal.message, request)
         return await asyncio.to_thread(self.store.get, job_id)
@@ -182,15 +200,26 @@ class Jobs:
         """Remove a job and its files; an active one is cancelled in Triton by id first. Raises
         ApiError 404 for no such job (or one `caller` may not see)."""
         self.get(job_id, caller)
-        job = self.store.delete(job_id)
+        job = self.store.delete(job_id, int(time.time()))
         if job is None:
             raise ApiError(404, "NOT_FOUND", f"no video with id {job_id!r}")
         if job["status"] in ACTIVE:
             self._cancel_in_triton(job["triton_request_id"])
         shutil.rmtree(self.folder(job_id), ignore_errors=True)
 
-    def recover(self) -> None:
-        """Apply the restart rule (module docstring) to every job left active by the previous run."""
+    def recover(self, wait_s: float) -> None:
+        """Apply the restart rule (module docstring) to every job left active by the previous run,
+        once Triton's h3_pipeline is ready: asked every RECOVER_POLL_S for at most `wait_s`
+        seconds (a Triton started beside the front end may still be loading), then the rule runs
+        anyway. Without such jobs it returns at once."""
+        if not self.store.active():
+            return
+        deadline = time.monotonic() + wait_s
+        while not self.client.ready():
+            if time.monotonic() >= deadline:
+                log.warning("Triton is not ready after %g s: the restart rule runs anyway", wait_s)
+                break
+            time.sleep(RECOVER_POLL_S)
         for job in self.store.active():
             now = int(time.time())
             try:
@@ -217,11 +246,15 @@ class Jobs:
         returns the removed jobs' ids."""
         removed = []
         for job_id in self.store.expired(int(now)):
-            if self.store.delete(job_id) is not None:
+            if self.store.delete(job_id, int(now)) is not None:
                 removed.append(job_id)
             shutil.rmtree(self.folder(job_id), ignore_errors=True)
+        self.store.forget(int(now) - round(self.retention_s))
+        # the folders first, then the ids: a job adds its row before it makes its folder, so a
+        # folder listed here that has no row then is of no job (a job created meanwhile is not listed)
+        folders = list(self.videos.iterdir())
         known = self.store.ids()
-        for folder in self.videos.iterdir():
+        for folder in folders:
             if folder.name not in known:
                 shutil.rmtree(folder, ignore_errors=True)
         return removed

@@ -17,12 +17,17 @@ to the smaller of the two models' maxima; tasks are those h3_dit serves.
 
 from __future__ import annotations
 
+import io
+
+from PIL import Image, UnidentifiedImageError
+
 from client.api import H3Client, H3Error
 from h3_core import protocol
 
-from .fields import error_from_server
+from .fields import KEYFRAME_FIELDS, MEDIA_FIELDS, error_from_server
 
 OWNED_BY = "h3-triton"
+TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
 
 
 def _parameters(client: H3Client, model: str) -> dict[str, str]:
@@ -64,3 +69,38 @@ def model_card(client: H3Client, model_name: str, created: int) -> dict:
         "n": {"min": 1, "max": dit.max_outputs},
         "max_prompt_bytes": encoder.max_prompt_bytes,
     }
+
+
+def _upright_size(data: bytes) -> tuple[int, int] | None:
+    """(height, width) of an image file as the server decodes it (EXIF orientation applied), read
+    from its header by Pillow (no pixels decoded); None when Pillow cannot read it (the server
+    will refuse it)."""
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+            transposed = image.getexif().get(0x0112) in TRANSPOSED
+    except (UnidentifiedImageError, OSError, ValueError):
+        return None
+    return (width, height) if transposed else (height, width)
+
+
+def resolved_defaults(client: H3Client, request: dict, media: dict[str, list[bytes]], model_name: str) -> dict:
+    """What the server will use where a parsed create `request` (fields.parse_create) left the
+    defaults to it: {"size": "WxH", "num_frames": N}, for the video object from create on (its
+    size and seconds are never null). The size: the model's default canvas, or with a keyframe the
+    first keyframe's aspect at about the default area (h3_core.images.canvas_for_image, as the
+    server computes it; its header read with Pillow). Raises ApiError 503 when Triton cannot be
+    asked (model_card)."""
+    from h3_core.images import canvas_for_image
+
+    card = model_card(client, model_name, 0)
+    size, num_frames = card["size"], card["num_frames"]["default"]
+    keyframes = [media[MEDIA_FIELDS[field][0]][0] for field in KEYFRAME_FIELDS if MEDIA_FIELDS[field][0] in media]
+    source = _upright_size(keyframes[0]) if keyframes else None
+    if source is None:
+        return {"size": size["default"], "num_frames": num_frames}
+    default_width, default_height = (int(side) for side in size["default"].split("x"))
+    height, width = canvas_for_image(
+        *source, default_width * default_height, size["height"]["max"], size["width"]["max"]
+    )
+    return {"size": f"{width}x{height}", "num_frames": num_frames}

@@ -42,6 +42,16 @@ CREATE TABLE IF NOT EXISTS jobs (
     owner TEXT                              -- auth.owner_of the creator's key; NULL: no key
 )
 """
+# the place of each removed job (deleted or expired), so a list's `after` cursor that names it
+# goes on from where it stood; kept as long as an ended job (forget)
+GONE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS gone (
+    id TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL,                   -- its jobs.seq
+    owner TEXT,
+    removed_at INTEGER NOT NULL             -- unix seconds
+)
+"""
 BUSY_TIMEOUT_S = 2.0  # the longest a statement waits for the file's lock held by another process
 _ACTIVE_SQL = "status IN ('queued', 'in_progress')"
 REQUEST_BEFORE_INPUTS = {"task": None, "fit": None, "inputs": {}}  # fields.parse_create's, absent from older rows
@@ -55,9 +65,20 @@ class Store:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._lock, self._read_lock = threading.Lock(), threading.Lock()
         self._db = self._connect(path)
+        try:
+            problems = [row[0] for row in self._db.execute("PRAGMA integrity_check(5)")]
+        except sqlite3.DatabaseError as error:  # not a database at all, or a header past repair
+            problems = [str(error)]
+        if problems != ["ok"]:
+            self._db.close()
+            raise RuntimeError(
+                f"the jobs database {path} failed its integrity check: {'; '.join(problems).replace(chr(10), '; ')}. "
+                "Stop, move it aside (with its -wal and -shm files) and restore a copy, or start empty"
+            )
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute(SCHEMA)
+        self._db.execute(GONE_SCHEMA)
         if "owner" not in {row["name"] for row in self._db.execute("PRAGMA table_info(jobs)")}:
             self._db.execute("ALTER TABLE jobs ADD COLUMN owner TEXT")  # a store from before owners
         self._reader = self._connect(path)
@@ -98,14 +119,16 @@ class Store:
 
     def page(self, after: str | None, limit: int, descending: bool, owner: str | None) -> tuple[list[dict], bool]:
         """Up to `limit` jobs of `owner` (None: every job) in creation order (newest first when
-        descending) after the job with id `after` (None: from the start), and whether more
-        follow. Raises KeyError for an `after` that is not one of those jobs."""
+        descending) after the job with id `after` (None: from the start; a job removed since:
+        from its place), and whether more follow. Raises KeyError for an `after` that is not one
+        of those jobs, nor one removed within the retention (forget)."""
         mine, mine_args = ("owner = ?", (owner,)) if owner is not None else ("1", ())
         with self._read_lock:
             where, args = mine, mine_args
-            if after is not None:
-                sql = f"SELECT seq FROM jobs WHERE id = ? AND {mine}"
-                row = self._reader.execute(sql, (after, *mine_args)).fetchone()
+            if after is not None:  # a job, or one removed since (its place in `gone`)
+                sql = f"SELECT seq FROM jobs WHERE id = ? AND {mine} UNION ALL "
+                sql += f"SELECT seq FROM gone WHERE id = ? AND {mine}"
+                row = self._reader.execute(sql, (after, *mine_args, after, *mine_args)).fetchone()
                 if row is None:
                     raise KeyError(after)
                 where, args = f"{mine} AND seq {'<' if descending else '>'} ?", (*mine_args, row["seq"])
@@ -157,11 +180,22 @@ class Store:
         )
         return changed == 1
 
-    def delete(self, job_id: str) -> dict | None:
-        """Remove the job; returns it as it was, or None when there was none."""
-        with self._lock:
+    def delete(self, job_id: str, now: int) -> dict | None:
+        """Remove the job at unix time `now`, keeping its place for list cursors (`gone`); returns
+        it as it was, or None when there was none."""
+        with self._lock, self._db:
+            self._db.execute("BEGIN IMMEDIATE")
             rows = self._db.execute("DELETE FROM jobs WHERE id = ? RETURNING *", (job_id,)).fetchall()
+            if rows:
+                self._db.execute(
+                    "INSERT OR REPLACE INTO gone (id, seq, owner, removed_at) VALUES (?, ?, ?, ?)",
+                    (job_id, rows[0]["seq"], rows[0]["owner"], now),
+                )
         return self._row(rows[0]) if rows else None
+
+    def forget(self, before: int) -> int:
+        """Drop the places of jobs removed before unix time `before`; returns how many."""
+        return self._change("DELETE FROM gone WHERE removed_at < ?", (before,))
 
     def expired(self, now: int) -> list[str]:
         """The ids of the ended jobs whose expires_at is at or before unix time `now`."""

@@ -47,9 +47,16 @@ class ApiFailure extends Error {
   }
 }
 
+// The Authorization header of a key: a header holds characters up to U+00FF only (a browser sends
+// them as Latin-1 bytes, which the server accepts), so a key with others (Cyrillic, emoji) goes
+// percent-encoded as UTF-8 after "UTF-8''" (RFC 8187's form; docs/videos_api.md, Security).
+function authorization(key) {
+  return /^[\u0000-\u00ff]*$/.test(key) ? `Bearer ${key}` : `Bearer UTF-8''${encodeURIComponent(key)}`;
+}
+
 async function api(path, options = {}) {
   const key = $("api-key").value.trim();
-  const headers = Object.assign({}, options.headers || {}, key ? { Authorization: `Bearer ${key}` } : {});
+  const headers = Object.assign({}, options.headers || {}, key ? { Authorization: authorization(key) } : {});
   let response;
   try {
     response = await fetch(path, Object.assign({}, options, { headers }));
