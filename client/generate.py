@@ -136,7 +136,11 @@ POSITIVE = flag_type(int, "an integer >= 1", lambda v: v >= 1)
 NON_NEGATIVE = flag_type(int, "an integer >= 0", lambda v: v >= 0)
 SECONDS = flag_type(float, "a number of seconds > 0", lambda v: math.isfinite(v) and v > 0)
 REQUEST_ID = flag_type(str, "a non-empty string", bool)
-SHIFT = flag_type(float, f"a number > 0 and <= {protocol.MAX_FLOW_SHIFT:g}", lambda v: 0 < v <= protocol.MAX_FLOW_SHIFT)
+SHIFT = flag_type(
+    float,
+    f"a number from {protocol.MIN_FLOW_SHIFT:g} to {protocol.MAX_FLOW_SHIFT:g}",
+    lambda v: protocol.MIN_FLOW_SHIFT <= v <= protocol.MAX_FLOW_SHIFT,
+)
 CACHE_THRESHOLD = flag_type(float, "a finite number >= 0", lambda v: 0 <= v < math.inf)
 
 

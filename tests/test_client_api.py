@@ -361,6 +361,12 @@ def test_generate_sends_fit_flow_shifts_and_task_only_when_given(monkeypatch, tm
         (dict(flow_shift="5"), TypeError, "flow_shift must be number or None, got str '5'"),
         (dict(audio_flow_shift=True), TypeError, "audio_flow_shift must be number or None, got bool True"),
         (dict(task=b"fl2va"), TypeError, "task must be str or None, got bytes b'fl2va'"),
+        (
+            dict(request_id="a\0b"),
+            ValueError,
+            "request_id holds a NUL character at index 1: not allowed in a request id",
+        ),
+        (dict(request_id="x" * 257), ValueError, "request_id has 257 characters: allowed 1..256"),
     ],
 )
 def test_bad_keyframes_and_conditioning_arguments_are_refused_before_sending(
@@ -483,9 +489,9 @@ def test_the_client_as_a_context_manager_closes_its_kept_channels(monkeypatch):
         (["--preview-every", "2"], "--preview-every needs --preview-dir"),
         (["--fit", "bad"], "argument --fit: invalid choice: 'bad' (choose from 'crop', 'pad', 'stretch')"),
         (["--task", "i2v"], "argument --task: invalid choice: 'i2v' (choose from 't2va', 'fl2va', 'ref2va')"),
-        (["--flow-shift", "0"], "argument --flow-shift: must be a number > 0 and <= 100, got '0'"),
-        (["--audio-flow-shift", "nan"], "argument --audio-flow-shift: must be a number > 0 and <= 100, got 'nan'"),
-        (["--flow-shift", "101"], "argument --flow-shift: must be a number > 0 and <= 100, got '101'"),
+        (["--flow-shift", "0"], "argument --flow-shift: must be a number from 0.01 to 100, got '0'"),
+        (["--audio-flow-shift", "nan"], "argument --audio-flow-shift: must be a number from 0.01 to 100, got 'nan'"),
+        (["--flow-shift", "101"], "argument --flow-shift: must be a number from 0.01 to 100, got '101'"),
         (["--cache-threshold", "-0.1"], "argument --cache-threshold: must be a finite number >= 0, got '-0.1'"),
         (["--first-frame", "/nonexistent/a.png"], "--first-frame /nonexistent/a.png: no such file"),
         (["--last-frame", "."], "--last-frame . is not a file; give an image file's path"),

@@ -176,8 +176,14 @@ class TritonPythonModel:
         (under stub_lock). Raises ValueError for a malformed request."""
         info, video, audio, passed = read_inputs(request)
         request_id = str(info.get("request_id", ""))
-        if request.is_cancelled() and info["kind"] in ("progress", "heartbeat", "result"):
+        gone = request.is_cancelled() and info["kind"] in ("progress", "heartbeat", "result")
+        if gone:
             self.gone.cancel(request_id)  # the client is gone: no decode
+        if info["kind"] == "error" or (
+            info["kind"] == "result" and info.get("output_index") == info.get("num_outputs", 1) - 1
+        ):
+            self.gone.forget(request_id)  # its last response: the id may come back in a new request
+        if gone:
             reply.send(final=True)
             return
         parameters = check_request_parameters(request.parameters())
