@@ -42,25 +42,39 @@ log = logging.getLogger("h3_dit")
 MAX_CONDITIONS = MAX_REFERENCES + 2  # condition blocks a REQUEST may describe (a video_audio block is one)
 VANISHED_EXECUTES = 3  # a job missing from this many executes in a row was dropped by Triton
 WORKER_FAULTS = ("worker_exit", "worker_hang", "worker_raise")  # inject_fault for sequence-parallel workers
+# inject_fault acting in h3_encoder (with its allow_fault_injection): its encode raises a RuntimeError
+# (as a VAE out of memory would), or its registry announcement does
+ENCODER_FAULTS = ("encode_raise", "announce_raise")
+# inject_fault acting in h3_vae (with its allow_fault_injection): the decode fails as it starts, or
+# each of the request's decodes takes S seconds more ("decode_slow:S")
+VAE_FAULTS = ("decode_start_raise",)
+
+
+def fault_seconds(fault: str, prefix: str) -> float | None:
+    """S of an inject_fault "PREFIX:S" with 0 < S <= 600, else None."""
+    try:
+        seconds = float(fault.removeprefix(prefix)) if fault.startswith(prefix) else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and 0 < seconds <= 600 else None
 
 
 def check_fault(fault: str) -> None:
-    """Validate request parameter inject_fault (tests only), acting at the request's first step:
-    "raise" makes the forward raise, "nan" makes it return NaN video velocities for the request,
-    "slow:S" makes the step S seconds slower (0 < S <= 600); with sp_degree > 1, the last
-    sequence-parallel rank exits ("worker_exit", once), hangs ("worker_hang", once) or raises
-    ("worker_raise", at every try of that step) at its first all-to-all
-    (SequenceParallelDiT.inject_fault). Raises ValueError naming it."""
-    if fault in ("raise", "nan", *WORKER_FAULTS):
+    """Validate request parameter inject_fault (tests only). In h3_dit it acts at the request's
+    first step: "raise" makes the forward raise, "nan" makes it return NaN video velocities for
+    the request, "slow:S" makes the step S seconds slower (0 < S <= 600); with sp_degree > 1,
+    the last sequence-parallel rank exits ("worker_exit", once), hangs ("worker_hang", once) or
+    raises ("worker_raise", at every try of that step) at its first all-to-all
+    (SequenceParallelDiT.inject_fault). ENCODER_FAULTS act in h3_encoder, VAE_FAULTS and
+    "decode_slow:S" in h3_vae, each where that model allows fault injection. Raises ValueError
+    naming it."""
+    if fault in ("raise", "nan", *WORKER_FAULTS, *ENCODER_FAULTS, *VAE_FAULTS):
         return
-    try:
-        seconds = float(fault[5:]) if fault.startswith("slow:") else None
-    except ValueError:
-        seconds = None
-    if seconds is None or not 0 < seconds <= 600:
+    if fault_seconds(fault, "slow:") is None and fault_seconds(fault, "decode_slow:") is None:
         raise ValueError(
             f"inject_fault={fault!r} is not one of 'raise', 'nan', 'slow:S' (0 < S <= 600 seconds), "
-            "'worker_exit', 'worker_hang', 'worker_raise'"
+            f"'worker_exit', 'worker_hang', 'worker_raise', {', '.join(map(repr, ENCODER_FAULTS + VAE_FAULTS))}, "
+            "'decode_slow:S'"
         )
 
 

@@ -133,7 +133,8 @@ class EncoderSettings:
     0.4..2.5; guides, fitted to the canvas, take max_image_aspect); max_batch_rows and
     max_request_mb (h3_dit's: a request whose rows or memory, conditions included, pass them is
     refused before any VAE runs); tasks (h3_dit's: a request of another task is refused before its
-    media are read)."""
+    media are read); allow_fault_injection (tests only: lets request parameter inject_fault act
+    here, h3_core.serving.admission.ENCODER_FAULTS)."""
 
     MODEL = ENCODER_MODEL
     cpu_threads: int = 1
@@ -166,6 +167,7 @@ class EncoderSettings:
     max_batch_rows: int = RequestLimits.max_rows
     max_request_mb: int = RequestLimits.max_request_mb
     tasks: str = ",".join(TASKS)
+    allow_fault_injection: bool = False
 
     def __post_init__(self):
         weights_seed("h3_encoder parameter encoder_weights", self.encoder_weights)
@@ -232,7 +234,8 @@ class VaeSettings:
     gpu_turns (on a CUDA device: decode in turns with the h3_dit instances of the same GPU, which
     must set it too, h3_core.serving.gpu_turns; the writer sets it where h3_vae shares a GPU with
     h3_dit); turn_share (finite > 0: the fraction of the last DiT step's seconds a turn of decode
-    tiles may last while a DiT step waits)."""
+    tiles may last while a DiT step waits); allow_fault_injection (tests only: lets request
+    parameter inject_fault act here, h3_core.serving.admission.VAE_FAULTS)."""
 
     MODEL = VAE_MODEL
     cpu_threads: int = 1
@@ -247,6 +250,7 @@ class VaeSettings:
     max_num_frames: int = RequestLimits.max_num_frames
     gpu_turns: bool = False
     turn_share: float = DEFAULT_SHARE
+    allow_fault_injection: bool = False
 
     def __post_init__(self):
         if not 0 < self.turn_share < math.inf:

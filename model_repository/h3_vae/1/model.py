@@ -40,6 +40,7 @@ from h3_core.protocol import (
     VIDEO_LATENT,
     check_request_parameters,
 )
+from h3_core.serving.admission import fault_seconds
 from h3_core.serving.decodes import BacklogFull, Decode, Decodes, check_result
 from h3_core.serving.gone_clients import GoneClients
 from h3_core.serving.gpu_turns import GpuTurns, decode_tiles
@@ -142,6 +143,7 @@ class TritonPythonModel:
         )
         self.open_gauges = [self.open_family.Metric(labels={"model": "h3_vae", "state": s}) for s in DECODE_STATES]
         self.limits = settings.limits()
+        self.allow_faults = settings.allow_fault_injection  # inject_fault's VAE_FAULTS act (tests only)
         # decodes in turns with the DiT steps of this GPU (h3_core.serving.gpu_turns), or at once
         folder = server_folder()  # shared with the server's other models (registry, GPU turns)
         self.turns = GpuTurns.on_device(folder, settings.device, settings.turn_share) if settings.gpu_turns else None
@@ -164,7 +166,11 @@ class TritonPythonModel:
     def execute(self, requests):
         with self.stub_lock:
             for request in requests:
-                reply = Reply(request.get_response_sender())
+                try:
+                    reply = Reply(request.get_response_sender())
+                except Exception as error:  # noqa: BLE001 - nothing can reach this request; the others go on
+                    self.failure(error, "a request's response sender could not be made")
+                    continue
                 try:
                     self.answer(request, reply)
                 except Exception as error:  # noqa: BLE001 - this request fails alone, with its final flag
@@ -254,10 +260,15 @@ class TritonPythonModel:
         decode and send its response and the final flag (under stub_lock): the clip, INVALID_ARG
         for latents that do not fit INFO, or INTERNAL for any other failure (in the decode or in
         building the response). Keep-alives go out meanwhile (self.open_decodes)."""
-        with self.stub_lock:
-            self.open_decodes.start(decode)
         start, error, outputs = time.perf_counter(), None, None
         try:
+            with self.stub_lock:
+                self.open_decodes.start(decode)
+            fault = parameters.get("inject_fault") if self.allow_faults else None
+            if fault == "decode_start_raise":
+                raise RuntimeError("injected fault as the decode started")
+            if fault is not None and fault_seconds(fault, "decode_slow:") is not None:
+                time.sleep(fault_seconds(fault, "decode_slow:"))
             with decode_tiles(self.turns) as tile:
                 frames, audio = decode_clip(self.video_vae, self.audio_vae, info["num_frames"], video, audio, tile)
             frames, audio = frames.cpu(), audio.cpu()
@@ -276,8 +287,8 @@ class TritonPythonModel:
             error = caught
         request_id, message = info.get("request_id"), None
         with self.stub_lock:
-            self.open_decodes.finish(decode)
             try:
+                self.open_decodes.finish(decode)  # closed first: no keep-alive after this
                 if error is not None:
                     raise error
                 message = response(*outputs, passed, info)
