@@ -10,7 +10,7 @@ bar follows the denoise steps. Exit status: 0 written, 1 the server refused or f
 or a timeout expired, 2 bad flags (the usage and one error line on stderr, no traceback, nothing
 sent), 130 stopped with Ctrl-C.
 
-Ctrl-C (SIGINT) is noticed from this module's first statement (a handler of the interpreter's own
+Ctrl-C (SIGINT) is noticed from this module's first statements (a handler of the interpreter's own
 _signal module, before any import), while its imports load too, and never raises KeyboardInterrupt
 (no traceback); only a Ctrl-C while Python itself starts, before the module runs, gets Python's
 default. The program ends with one line:
