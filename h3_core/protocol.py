@@ -151,6 +151,13 @@ REQUEST_PARAMETERS = {
     "cache_threshold": (int, float),  # its range: h3_dit's max_cache_threshold (validate_request)
 }
 RESERVED_PARAMETERS = ("priority", "timeout")
+# inject_fault (tests only; h3_core.serving.admission.check_fault lists every value) acting in
+# h3_encoder where its allow_fault_injection is true: its encode raises a RuntimeError (as a VAE out
+# of memory would), or its registry announcement does
+ENCODER_FAULTS = ("encode_raise", "announce_raise")
+# ... acting in h3_vae where its allow_fault_injection is true: the decode fails as it starts; and
+# "decode_slow:S", each of the request's decodes takes S seconds more (fault_seconds)
+VAE_FAULTS = ("decode_start_raise",)
 MAX_FLOW_SHIFT = 100.0  # flow_shift / audio_flow_shift: the sigma schedule's shift (h3_spec §3.1)
 # Below it the schedule's float32 arithmetic (sampling.shift_sigma) is wrong: (shift - 1) rounds,
 # by 1e-3 relative at 1e-5, 50 % at 3e-8, and to -1 (0/0 = NaN at sigma 1) below 6e-8. At 0.01
@@ -255,6 +262,15 @@ def check_request_id(name: str, request_id: str) -> None:
         raise ValueError(
             f"{name} holds a NUL character at index {request_id.index(chr(0))}: not allowed in a request id"
         )
+
+
+def fault_seconds(fault: str, prefix: str) -> float | None:
+    """S of an inject_fault "PREFIX:S" with 0 < S <= 600, else None."""
+    try:
+        seconds = float(fault.removeprefix(prefix)) if fault.startswith(prefix) else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and 0 < seconds <= 600 else None
 
 
 def read_request_json(elements: list) -> dict:

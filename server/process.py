@@ -120,6 +120,42 @@ def stub_pids(server_pid: int) -> dict[int, str]:
     return pids
 
 
+def stub_model(instance: str) -> str:
+    """The model of a stub's instance name (``h3_vae_0_0`` -> ``h3_vae``)."""
+    return instance.rsplit("_", 2)[0]
+
+
+def gone_stub(recorded: dict[int, str], server_pid: int) -> str | None:
+    """Why the server's model processes are incomplete, or None: the first of ``recorded``
+    (stub_pids() when the server became ready) no longer running. Triton 2.51 restarts no stub
+    of a decoupled model and keeps /v2/health/ready at 200: every request to that model fails
+    (or, for h3_vae, hangs) until the server restarts."""
+    live = stub_pids(server_pid)
+    gone = sorted(pid for pid, instance in recorded.items() if live.get(pid) != instance)
+    if not gone:
+        return None
+    return f"the {stub_model(recorded[gone[0]])} process (pid {gone[0]}) is gone"
+
+
+def tritonserver_pid(http_port: int) -> int | None:
+    """The pid of the tritonserver process on this host whose command line serves HTTP on
+    ``http_port`` (server.process.TritonServer.command's ``--http-port N``), or None."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile
+            continue
+        if Path(argv[0].decode(errors="replace")).name != "tritonserver":
+            continue
+        ports = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == b"--http-port"]
+        ports += [arg.split(b"=", 1)[1] for arg in argv if arg.startswith(b"--http-port=")]
+        if str(http_port).encode() in ports:
+            return int(entry.name)
+    return None
+
+
 def dit_stubs(pids: dict[int, str]) -> list[int]:
     """The pids of the h3_dit instances among stub_pids()'s."""
     return sorted(pid for pid, instance in pids.items() if instance.startswith(f"{DIT_MODEL}_"))
@@ -237,6 +273,7 @@ class TritonServer:
         self._log_fh = None
         self.ready = False  # became ready since the last start
         self.dit_stubs: list[int] = []  # pids of the h3_dit stubs when the server became ready
+        self.stubs: dict[int, str] = {}  # pid -> instance of every model's stub then
         self._gpu_noise_explained = False  # GPU_NOISE_NOTE was echoed
 
     # ---- addresses ---------------------------------------------------------------------------
@@ -416,7 +453,8 @@ class TritonServer:
             status, _ = self._http("GET", "/v2/health/ready")
             if status == 200:
                 self.ready = True
-                self.dit_stubs = dit_stubs(stub_pids(self.process.pid))
+                self.stubs = stub_pids(self.process.pid)
+                self.dit_stubs = dit_stubs(self.stubs)
                 return
             now = time.monotonic()
             if status is not None:
@@ -505,19 +543,20 @@ class TritonServer:
         )
 
     def failure(self, stale_after: float) -> str | None:
-        """Why the server can no longer serve, or None. Measured on Triton 2.51: when the
-        h3_dit stub dies, live and ready stay 200 and the stub is not restarted (the model is
-        decoupled); every request then fails with "Stub process 'h3_dit_0_0' is not
-        healthy.". A step stuck in Python is not noticed by Triton at all; it shows as an
+        """Why the server can no longer serve, or None. Measured on Triton 2.51: when a model's
+        stub dies (h3_dit, h3_encoder, h3_vae or h3_cancel), live and ready stay 200 and the stub
+        is not restarted; every request to h3_dit or h3_encoder then fails with "Stub process
+        'h3_dit_0_0' is not healthy.", and h3_vae's clients get nothing at all (gone_stub). A
+        step stuck in Python is not noticed by Triton at all; it shows as an
         instance's heartbeat (h3_heartbeat_timestamp_seconds) older than ``stale_after`` s while
         its step runs (h3_execute_in_progress), or every instance's while requests wait in
         Triton's queue for h3_dit (an idle instance does not iterate)."""
         code = self.process.poll()
         if code is not None:
             return f"tritonserver exited with code {code}"
-        gone = sorted(set(self.dit_stubs) - set(dit_stubs(stub_pids(self.process.pid))))
-        if gone:
-            return f"the {DIT_MODEL} process (pid {gone[0]}) is gone"
+        gone = gone_stub(self.stubs, self.process.pid)
+        if gone is not None:
+            return gone
         text = read_metrics(self.metrics_url)
         return None if text is None else dit_stall(text, stale_after, time.time())
 

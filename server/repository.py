@@ -413,6 +413,7 @@ def plan(
     idle, reason = sizing.idle_timeout(device, dit.execution_mode, longest, cfg.num_layers, dit.max_steps, sp_degree)
     if idle_timeout_s is not None:
         idle, reason = round(idle_timeout_s * 1e6), f"{idle_timeout_s:g} s, given."
+    dit.check(idle_s=idle / 1e6)  # a given one too: request mode's longest generation must fit in it
     if sp_degree > 1:
         reason += (
             f" A sequence-parallel worker that has not answered a step after a quarter of it "

@@ -25,10 +25,13 @@ from ..protocol import (
     CONDITION_KINDS,
     CONDITION_LATENTS,
     EARLY_CANCEL_SECONDS,
+    ENCODER_FAULTS,
     INT_INPUTS,
     MAX_REFERENCES,
     MAX_REQUEST_ID_CHARS,
+    VAE_FAULTS,
     check_request_parameters,
+    fault_seconds,
     implied_task,
     read_request_json,
 )
@@ -42,21 +45,6 @@ log = logging.getLogger("h3_dit")
 MAX_CONDITIONS = MAX_REFERENCES + 2  # condition blocks a REQUEST may describe (a video_audio block is one)
 VANISHED_EXECUTES = 3  # a job missing from this many executes in a row was dropped by Triton
 WORKER_FAULTS = ("worker_exit", "worker_hang", "worker_raise")  # inject_fault for sequence-parallel workers
-# inject_fault acting in h3_encoder (with its allow_fault_injection): its encode raises a RuntimeError
-# (as a VAE out of memory would), or its registry announcement does
-ENCODER_FAULTS = ("encode_raise", "announce_raise")
-# inject_fault acting in h3_vae (with its allow_fault_injection): the decode fails as it starts, or
-# each of the request's decodes takes S seconds more ("decode_slow:S")
-VAE_FAULTS = ("decode_start_raise",)
-
-
-def fault_seconds(fault: str, prefix: str) -> float | None:
-    """S of an inject_fault "PREFIX:S" with 0 < S <= 600, else None."""
-    try:
-        seconds = float(fault.removeprefix(prefix)) if fault.startswith(prefix) else None
-    except ValueError:
-        return None
-    return seconds if seconds is not None and 0 < seconds <= 600 else None
 
 
 def check_fault(fault: str) -> None:

@@ -39,8 +39,8 @@ from h3_core.protocol import (
     KEEPALIVE,
     VIDEO_LATENT,
     check_request_parameters,
+    fault_seconds,
 )
-from h3_core.serving.admission import fault_seconds
 from h3_core.serving.decodes import BacklogFull, Decode, Decodes, check_result
 from h3_core.serving.gone_clients import GoneClients
 from h3_core.serving.gpu_turns import GpuTurns, decode_tiles
