@@ -57,6 +57,11 @@ from .environment import (
 
 DIT_MODEL = "h3_dit"  # the decoupled DiT: drained before a stop, watched by --supervise
 DRAIN_TIMEOUT_S = 5.0  # longest wait for the DiT to end its requests before SIGTERM
+# After the DiT drained, a stop waits for h3_vae's open decodes (results denoised before the stop)
+# for as long as they progress: it gives up only when no decode finished and none left the backlog
+# for this long (a stalled decode; the longest measured, 256 x 256 x 121 frames on 2 busy CPU
+# cores, took 11 s).
+DECODE_STALL_S = 120.0
 DEFAULT_STALE_AFTER_S = 120.0  # heartbeat age that counts as a stalled DiT (launcher --supervise, health check)
 # tritonserver's start-up messages about a GPU it cannot use: expected on a machine without one
 GPU_NOISE_LINE = re.compile(
@@ -515,32 +520,51 @@ class TritonServer:
             values["pending"] = sample.value
         return values
 
-    def drain(self, timeout: float | None = None) -> None:
+    def drain(self, timeout: float | None = None, decode_stall_s: float = DECODE_STALL_S) -> None:
         """Send SIGUSR1 to every h3_dit stub, which then ends every request with a CANCELLED:
         final response at its next step boundary and refuses newcomers with UNAVAILABLE:; wait
         up to ``timeout`` s (None: the server's drain_timeout_s) until they report no request and
-        no step running and h3_vae no decode (h3_vae_decodes: a result denoised before the drain
-        is still delivered). What is still held then is logged in one line naming it (the
-        decodes left are cut by the stop). No-op when the repository has no h3_dit or one of its
+        no step running. Then wait until h3_vae holds no decode (h3_vae_decodes: every result
+        denoised before the drain is delivered, and h3_vae sends nothing while tritonserver
+        stops), for as long as its decodes progress: the wait is cut only when none finished or
+        started for ``decode_stall_s`` s. What is still held when a wait is cut is logged in one
+        line naming it (the stop cuts it). No-op when the repository has no h3_dit or one of its
         stubs is gone."""
         if not self.dit_stubs or self.dit_stubs != dit_stubs(stub_pids(self.process.pid)):
             return
         timeout = self.drain_timeout_s if timeout is None else timeout
         for pid in self.dit_stubs:
             os.kill(pid, signal.SIGUSR1)
-        deadline = time.monotonic() + timeout
-        busy = ("h3_active_requests", "h3_waiting_requests", "h3_execute_in_progress", "h3_vae_decodes")
-        m = {}
-        while time.monotonic() < deadline:
+        busy = ("h3_active_requests", "h3_waiting_requests", "h3_execute_in_progress")
+        m = self._wait_idle(busy, timeout, lambda m: None)
+        if m is not None:
+            held = ", ".join(f"{name} {m[name]:g}" for name in busy if m.get(name))
+            self._note(
+                f"drain: after {timeout:g} s the DiT still holds {held or 'requests'}; the stop cuts them "
+                "(a longer --drain-timeout lets it reach a step boundary)"
+            )
+        decodes = ("h3_vae_decodes",)
+        m = self._wait_idle(decodes, decode_stall_s, lambda m: (m.get("h3_vae_decodes"), m.get("h3_vae_decodes_total")))
+        if m is not None:
+            self._note(
+                f"drain: no decode of h3_vae progressed for {decode_stall_s:g} s; the stop cuts the "
+                f"{m.get('h3_vae_decodes', 0):g} still open"
+            )
+
+    def _wait_idle(self, busy: Sequence[str], patience: float, progress) -> dict | None:
+        """Poll h3_metrics() until none of `busy` is non-zero; returns None then, or the last
+        metrics once `patience` s passed without a change of progress(metrics)."""
+        m, last, since = {}, None, time.monotonic()
+        while True:
             m = self.h3_metrics()
             if m and not any(m.get(name) for name in busy):
-                return
+                return None
+            now, state = time.monotonic(), progress(m) if m else None
+            if state != last:
+                last, since = state, now
+            if now - since >= patience:
+                return m
             time.sleep(0.05)
-        held = ", ".join(f"{name} {m[name]:g}" for name in busy if m.get(name))
-        self._note(
-            f"drain: after {timeout:g} s the server still holds {held or 'requests'}; the stop cuts them "
-            "(a longer --drain-timeout lets h3_vae finish its decodes)"
-        )
 
     def failure(self, stale_after: float) -> str | None:
         """Why the server can no longer serve, or None. Measured on Triton 2.51: when a model's

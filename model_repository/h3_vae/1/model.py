@@ -288,7 +288,6 @@ class TritonPythonModel:
         request_id, message = info.get("request_id"), None
         with self.stub_lock:
             try:
-                self.open_decodes.finish(decode)  # closed first: no keep-alive after this
                 if error is not None:
                     raise error
                 message = response(*outputs, passed, info)
@@ -310,8 +309,17 @@ class TritonPythonModel:
                 message = self.failure(failed, f"decode of request {request_id} failed")
             finally:
                 self.close(decode.reply, request_id, message)
+                self.finish(decode)
 
-    def finalize(self):
+    def finish(self, decode: Decode) -> None:
+        """Close the open decode after its final response went out (under stub_lock, so no
+        keep-alive falls between the two): h3_vae_decodes reaches 0 only when every response is
+        with Triton, which a stop's drain waits for (server.process.TritonServer.drain). A
+        failure of the gauge is logged."""
+        try:
+            self.open_decodes.finish(decode)
+        except Exception as error:  # noqa: BLE001 - the decode is closed (removed before the gauge is set)
+            pb_utils.Logger.log_error(f"h3_vae: the decode gauges could not be set: {error}")
         self.pool.close()
         self.open_decodes.close()
         self.gone.close()
