@@ -320,6 +320,8 @@ class TritonPythonModel:
             self.open_decodes.finish(decode)
         except Exception as error:  # noqa: BLE001 - the decode is closed (removed before the gauge is set)
             pb_utils.Logger.log_error(f"h3_vae: the decode gauges could not be set: {error}")
+
+    def finalize(self):
         self.pool.close()
         self.open_decodes.close()
         self.gone.close()
