@@ -23,7 +23,8 @@ import urllib.request
 from collections.abc import Sequence
 
 from .environment import DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT
-from .process import DEFAULT_STALE_AFTER_S, dit_stall, metric_samples, read_metrics, stub_pids, tritonserver_pid
+from .process import DEFAULT_STALE_AFTER_S, dit_stall, metric_samples, read_metrics
+from .stubs import stub_pids, tritonserver_pid
 
 HEARTBEAT = "h3_heartbeat_timestamp_seconds"
 
