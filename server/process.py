@@ -465,7 +465,7 @@ class TritonServer:
         stops), for as long as its decodes progress: the wait is cut only when none finished or
         started for ``decode_stall_s`` s. What is still held when a wait is cut is logged in one
         line naming it (the stop cuts it). No-op when the repository has no h3_dit or one of its
-        stubs is gone."""
+        stubs is gone; no wait for decodes when any model's stub is gone."""
         if not self.dit_stubs or self.dit_stubs != dit_stubs(stub_pids(self.process.pid)):
             return
         timeout = self.drain_timeout_s if timeout is None else timeout
@@ -479,6 +479,8 @@ class TritonServer:
                 f"drain: after {timeout:g} s the DiT still holds {held or 'requests'}; the stop cuts them "
                 "(a longer --drain-timeout lets it reach a step boundary)"
             )
+        if gone_stub(self.stubs, self.process.pid) is not None:
+            return  # a dead model process (h3_vae's, say) finishes nothing: the stop follows at once
         decodes = ("h3_vae_decodes",)
         m = self._wait_idle(decodes, decode_stall_s, lambda m: (m.get("h3_vae_decodes"), m.get("h3_vae_decodes_total")))
         if m is not None:
