@@ -451,9 +451,11 @@ class H3Client:
         and the others by default) and the frames.
 
         Returns the results in output-index order. Raises TypeError naming the argument (and the
-        item, e.g. "reference_images[1]") for a wrong Python type, ValueError for deadline_s <= 0
-        or a file's path that does not exist, is not a file or cannot be read, or empty file bytes
-        (media_bytes; in each case nothing is sent), H3Error with the server's code word
+        item, e.g. "reference_images[1]") for a wrong Python type, ValueError for deadline_s <= 0,
+        a request_id over protocol.MAX_REQUEST_ID_CHARS characters or holding a NUL (Triton would cut
+        it there, and cancel(request_id) would not find it), or a file's path that does not exist,
+        is not a file or cannot be read, or empty file bytes (media_bytes; in each case nothing is
+        sent), H3Error with the server's code word
         (INVALID_ARG for a value out of range, e.g. fit not in FITS, too many references, a guide
         frame past the clip or a file it cannot decode), or with TIMEOUT.
         """
@@ -478,6 +480,7 @@ class H3Client:
         ):
             _check_type(name, value, "bool")
         _check_type("request_id", request_id, "str")
+        protocol.check_request_id("request_id", request_id)
         _check_type("inject_fault", inject_fault, "str", optional=True)
         _check_type("fit", fit, "str", optional=True)
         _check_type("flow_shift", flow_shift, "number", optional=True)

@@ -10,13 +10,18 @@ bar follows the denoise steps. Exit status: 0 written, 1 the server refused or f
 or a timeout expired, 2 bad flags (the usage and one error line on stderr, no traceback, nothing
 sent), 130 stopped with Ctrl-C.
 
-Ctrl-C (SIGINT) is noticed from the moment this module runs, while its imports load too, and never
-raises KeyboardInterrupt (no traceback). The program ends with one line:
+Ctrl-C (SIGINT) is noticed from this module's first statements (a handler of the interpreter's own
+_signal module, before any import), while its imports load too, and never raises KeyboardInterrupt
+(no traceback); only a Ctrl-C while Python itself starts, before the module runs, gets Python's
+default. The program ends with one line:
   before the request was sent: "interrupted before the request was sent" (status 130);
   while the request runs: it cancels the request on the server by its id and waits up to
     STOP_WAIT_S seconds for the request's final response: "cancelled on the server: <the
     server's message>" (130), or else "could not cancel request <id> on the server: <error>" or
-    "no final response for request <id> ..." (130);
+    "no final response for request <id> ..." (130); when the cancel answers "unknown" (the
+    request had not reached the DiT, e.g. queued behind a request-mode generation: the server
+    ends it with CANCELLED when it does) at once "cancelled before it started: ..." (130);
+  a failure of the client itself (not the server's): "error: UNKNOWN: the client failed: ..." (1);
   a result that arrives all the same (Ctrl-C while the request's clip was decoded) or had arrived
     is written: "the result arrived; wrote ..." (0); Ctrl-C after that line changes nothing.
 The program closes every gRPC client and stream it opened and leaves with os._exit, skipping the
@@ -27,6 +32,13 @@ that ends the process with status 130 HARD_EXIT_S later, whatever it is doing th
 
 # ruff: noqa: E402
 # (the SIGINT handler is installed before the heavy imports, which take a second or more)
+
+import _signal  # signal's C module, loaded with the interpreter: no import runs before the handler
+
+EARLY_SIGINT: list[int] = []  # Ctrl-C before on_sigint was installed (the next few imports)
+
+if __name__ == "__main__":
+    _signal.signal(_signal.SIGINT, lambda signum, frame: EARLY_SIGINT.append(signum))
 
 import os
 import signal
@@ -57,6 +69,8 @@ def on_sigint(signum, frame) -> None:
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, on_sigint)
+    if EARLY_SIGINT:
+        on_sigint(signal.SIGINT, None)
 
 import argparse
 import io
@@ -136,7 +150,11 @@ POSITIVE = flag_type(int, "an integer >= 1", lambda v: v >= 1)
 NON_NEGATIVE = flag_type(int, "an integer >= 0", lambda v: v >= 0)
 SECONDS = flag_type(float, "a number of seconds > 0", lambda v: math.isfinite(v) and v > 0)
 REQUEST_ID = flag_type(str, "a non-empty string", bool)
-SHIFT = flag_type(float, f"a number > 0 and <= {protocol.MAX_FLOW_SHIFT:g}", lambda v: 0 < v <= protocol.MAX_FLOW_SHIFT)
+SHIFT = flag_type(
+    float,
+    f"a number from {protocol.MIN_FLOW_SHIFT:g} to {protocol.MAX_FLOW_SHIFT:g}",
+    lambda v: protocol.MIN_FLOW_SHIFT <= v <= protocol.MAX_FLOW_SHIFT,
+)
 CACHE_THRESHOLD = flag_type(float, "a finite number >= 0", lambda v: 0 <= v < math.inf)
 
 
@@ -310,11 +328,16 @@ def stop_request(url: str, request_id: str, worker: threading.Thread, outcome: d
             answer, failure = canceller.cancel(request_id), None
     except H3Error as error:
         answer, failure = None, error
-    if failure is None:
+    if failure is None and answer != "unknown":
         worker.join(max(0.0, deadline - time.monotonic()))
     if worker.is_alive():
         if failure is not None:
             return f"could not cancel request {request_id} on the server: {failure}"
+        if answer == "unknown":  # queued before the DiT (e.g. behind a request-mode generation)
+            return (
+                f"cancelled before it started: request {request_id} had not reached the DiT; the server "
+                f"remembers the id for {protocol.EARLY_CANCEL_SECONDS:g} s and ends it with CANCELLED when it does"
+            )
         return (
             f"no final response for request {request_id} within {STOP_WAIT_S:g} s of Ctrl-C (the cancel "
             f"answered {answer!r}); it may still run on the server"
@@ -380,6 +403,8 @@ def main(argv: list[str] | None = None, interrupted: threading.Event = INTERRUPT
                 )
             except H3Error as error:
                 outcome["error"] = error
+            except Exception as error:  # noqa: BLE001 - any failure ends the program with its one line
+                outcome["error"] = H3Error("UNKNOWN", f"the client failed: {type(error).__name__}: {error}")
 
         worker = threading.Thread(target=run, daemon=True)  # the main thread stays free for Ctrl-C
         worker.start()

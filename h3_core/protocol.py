@@ -130,6 +130,8 @@ INFO_KINDS = ("progress", "result", "error", "cancel", KEEPALIVE, "heartbeat")
 CANCEL_STATES = ("cancelled", "finished", "unknown")
 EARLY_CANCEL_SECONDS = 600.0
 MAX_REQUEST_ID_CHARS = 256  # request ids (the client's, or a cancel's target) are at most this long
+# A request id holds no NUL: Triton's C API cuts an id at its first NUL, so the request would run
+# under a shorter id than its client's, and a cancel by the client's id would answer "unknown".
 
 # Request parameters a client may set, with their JSON types. Triton's reserved `priority`,
 # `timeout` and `sequence_*` are ignored (never used by h3-triton).
@@ -149,7 +151,18 @@ REQUEST_PARAMETERS = {
     "cache_threshold": (int, float),  # its range: h3_dit's max_cache_threshold (validate_request)
 }
 RESERVED_PARAMETERS = ("priority", "timeout")
+# inject_fault (tests only; h3_core.serving.admission.check_fault lists every value) acting in
+# h3_encoder where its allow_fault_injection is true: its encode raises a RuntimeError (as a VAE out
+# of memory would), or its registry announcement does
+ENCODER_FAULTS = ("encode_raise", "announce_raise")
+# ... acting in h3_vae where its allow_fault_injection is true: the decode fails as it starts; and
+# "decode_slow:S", each of the request's decodes takes S seconds more (fault_seconds)
+VAE_FAULTS = ("decode_start_raise",)
 MAX_FLOW_SHIFT = 100.0  # flow_shift / audio_flow_shift: the sigma schedule's shift (h3_spec §3.1)
+# Below it the schedule's float32 arithmetic (sampling.shift_sigma) is wrong: (shift - 1) rounds,
+# by 1e-3 relative at 1e-5, 50 % at 3e-8, and to -1 (0/0 = NaN at sigma 1) below 6e-8. At 0.01
+# the float32 schedule is within 1e-6 of the float64 one.
+MIN_FLOW_SHIFT = 1 / MAX_FLOW_SHIFT
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
 
@@ -214,7 +227,7 @@ def check_request_parameters(raw: str) -> dict:
     """The request parameters (Triton's JSON text of them) as a dict, Triton's own keys
     (sequence_*, priority, timeout) left out. Raises ValueError naming the parameter for an
     unknown name, a value of the wrong type or out of range (progress_every and preview_every
-    >= 0, deadline_s finite > 0 seconds, flow_shift and audio_flow_shift in (0, MAX_FLOW_SHIFT],
+    >= 0, deadline_s finite > 0 seconds, flow_shift and audio_flow_shift in [MIN_FLOW_SHIFT, MAX_FLOW_SHIFT],
     fit one of FITS)."""
     parameters = {}
     for name, value in json.loads(raw or "{}").items():
@@ -233,11 +246,31 @@ def check_request_parameters(raw: str) -> dict:
     if deadline_s is not None and not 0 < deadline_s < math.inf:
         raise ValueError(f"deadline_s={deadline_s} is out of range: allowed finite > 0 seconds")
     for name in ("flow_shift", "audio_flow_shift"):
-        if name in parameters and not 0 < parameters[name] <= MAX_FLOW_SHIFT:
-            raise ValueError(f"{name}={parameters[name]} is out of range: allowed > 0 and <= {MAX_FLOW_SHIFT}")
+        if name in parameters and not MIN_FLOW_SHIFT <= parameters[name] <= MAX_FLOW_SHIFT:
+            raise ValueError(f"{name}={parameters[name]} is out of range: allowed {MIN_FLOW_SHIFT}..{MAX_FLOW_SHIFT}")
     if parameters.get("fit", DEFAULT_FIT) not in FITS:
         raise ValueError(f"fit={parameters['fit']!r} is not allowed: allowed {list(FITS)}")
     return parameters
+
+
+def check_request_id(name: str, request_id: str) -> None:
+    """Raise ValueError naming `name` for a request id longer than MAX_REQUEST_ID_CHARS or holding
+    a NUL character (Triton would cut it there)."""
+    if len(request_id) > MAX_REQUEST_ID_CHARS:
+        raise ValueError(f"{name} has {len(request_id)} characters: allowed 1..{MAX_REQUEST_ID_CHARS}")
+    if "\0" in request_id:
+        raise ValueError(
+            f"{name} holds a NUL character at index {request_id.index(chr(0))}: not allowed in a request id"
+        )
+
+
+def fault_seconds(fault: str, prefix: str) -> float | None:
+    """S of an inject_fault "PREFIX:S" with 0 < S <= 600, else None."""
+    try:
+        seconds = float(fault.removeprefix(prefix)) if fault.startswith(prefix) else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and 0 < seconds <= 600 else None
 
 
 def read_request_json(elements: list) -> dict:
@@ -262,8 +295,8 @@ def read_request_json(elements: list) -> dict:
                 "holds that field alone"
             )
         target = fields[CANCEL_FIELD]
-        if type(target) is str and len(target) > MAX_REQUEST_ID_CHARS:
-            raise ValueError(f"{CANCEL_FIELD} has {len(target)} characters: allowed 1..{MAX_REQUEST_ID_CHARS}")
+        if type(target) is str:
+            check_request_id(CANCEL_FIELD, target)
         if type(target) is not str or not target:
             got = (
                 "null"

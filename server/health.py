@@ -1,6 +1,8 @@
 """The container's health check (the Dockerfile's HEALTHCHECK): healthy when tritonserver answers
-ready (/v2/health/ready) and the DiT's heartbeat is on /metrics and not stalled
-(h3_heartbeat_timestamp_seconds, judged by server.process.dit_stall, the rule --supervise uses).
+ready (/v2/health/ready), every model process its configuration asks for runs (`missing_stub`:
+Triton 2.51 keeps ready at 200 when a model's stub dies, and then every request fails or hangs),
+and the DiT's heartbeat is on /metrics and not stalled (h3_heartbeat_timestamp_seconds, judged by
+server.process.dit_stall, the rule --supervise uses).
 
     python -m server.health [--http URL] [--metrics URL] [--stale-after SECONDS]
 
@@ -11,16 +13,62 @@ never imports torch.
 from __future__ import annotations
 
 import argparse
+import collections
+import json
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 
 from .environment import DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT
 from .process import DEFAULT_STALE_AFTER_S, dit_stall, metric_samples, read_metrics
+from .stubs import stub_pids, tritonserver_pid
 
 HEARTBEAT = "h3_heartbeat_timestamp_seconds"
+
+
+def expected_stubs(http_url: str, timeout_s: float = 2.0) -> collections.Counter:
+    """Instance name -> how many stubs of that name the server's python-backend models run, read
+    from Triton's model configurations (/v2/repository/index, /v2/models/NAME/config): each
+    instance group's `count` instances, `NAME_k`, on each of its `gpus` (Triton names them alike
+    on every GPU). Raises OSError or ValueError when the server does not answer as Triton."""
+    request = urllib.request.Request(f"{http_url}/v2/repository/index", data=b"{}", method="POST")
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        models = [model["name"] for model in json.load(response) if model.get("state") == "READY"]
+    expected = collections.Counter()
+    for name in models:
+        with urllib.request.urlopen(f"{http_url}/v2/models/{name}/config", timeout=timeout_s) as response:
+            config = json.load(response)
+        if config.get("backend") != "python":
+            continue  # the ensemble runs in tritonserver itself
+        for group in config.get("instance_group", []):
+            for k in range(int(group["count"])):
+                expected[f"{group['name']}_{k}"] += max(1, len(group.get("gpus") or []))
+    return expected
+
+
+def missing_stub(http_url: str, timeout_s: float = 2.0) -> str | None:
+    """Which model process of the tritonserver serving `http_url` on this host is gone, or None
+    (also when no such tritonserver runs here, e.g. a check from another host, or the server's
+    configuration cannot be read: the ready and heartbeat checks still apply)."""
+    port = urllib.parse.urlsplit(http_url).port
+    pid = None if port is None else tritonserver_pid(port)
+    if pid is None:
+        return None
+    try:
+        expected = expected_stubs(http_url, timeout_s)
+    except (OSError, ValueError, KeyError):
+        return None
+    running = collections.Counter(stub_pids(pid).values())
+    for instance, count in sorted(expected.items()):
+        if running[instance] < count:
+            return (
+                f"the model process {instance} is gone ({running[instance]} of {count} running): Triton does not "
+                "restart it and every request to its model fails"
+            )
+    return None
 
 
 def problem(
@@ -32,8 +80,8 @@ def problem(
 ) -> str | None:
     """Why the server at `http_url` (http://host:port) / `metrics_url` (http://host:port/metrics)
     is unhealthy at unix time `now` (default: the clock), or None: not ready (any answer but 200,
-    or none within timeout_s seconds), /metrics unreachable, no h3_dit heartbeat on it, or a stall
-    (server.process.dit_stall with stale_after seconds)."""
+    or none within timeout_s seconds), a model process gone (missing_stub), /metrics unreachable,
+    no h3_dit heartbeat on it, or a stall (server.process.dit_stall with stale_after seconds)."""
     try:
         with urllib.request.urlopen(f"{http_url}/v2/health/ready", timeout=timeout_s) as response:
             status = response.status
@@ -43,6 +91,9 @@ def problem(
         return f"{http_url}/v2/health/ready unreachable: {error}"
     if status != 200:
         return f"{http_url}/v2/health/ready answered {status}: not ready"
+    gone = missing_stub(http_url, timeout_s)
+    if gone is not None:
+        return gone
     text = read_metrics(metrics_url, timeout_s)
     if text is None:
         return f"{metrics_url} unreachable"

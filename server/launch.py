@@ -109,9 +109,9 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=DRAIN_TIMEOUT_S,
         metavar="SECONDS",
-        help="how long a stop waits for the DiT's requests to end and h3_vae's decodes of results "
-        "denoised before it to be delivered, before tritonserver's own stop (default: %(default)s; "
-        "give the longest decode of a full decode backlog)",
+        help="how long a stop waits for the DiT's requests to end at a step boundary (default: %(default)s); "
+        "then it waits for h3_vae's decodes of the results denoised before it while they progress "
+        "(server.process.DECODE_STALL_S), before tritonserver's own stop",
     )
     p.add_argument("--log-file", help="also write the server log to this file")
     p.add_argument(

@@ -43,7 +43,6 @@ from .environment import (
     DEFAULT_HTTP_PORT,
     DEFAULT_METRICS_PORT,
     DEFAULT_MODEL_REPOSITORY,
-    STUB_NAME,
     LaunchError,
     check_numpy_for_stub,
     check_ports_free,
@@ -54,9 +53,14 @@ from .environment import (
     server_env,
     stub_numpy,
 )
+from .stubs import DIT_MODEL, dit_stubs, gone_stub, stub_pids
 
-DIT_MODEL = "h3_dit"  # the decoupled DiT: drained before a stop, watched by --supervise
 DRAIN_TIMEOUT_S = 5.0  # longest wait for the DiT to end its requests before SIGTERM
+# After the DiT drained, a stop waits for h3_vae's open decodes (results denoised before the stop)
+# for as long as they progress: it gives up only when no decode finished and none left the backlog
+# for this long (a stalled decode; the longest measured, 256 x 256 x 121 frames on 2 busy CPU
+# cores, took 11 s).
+DECODE_STALL_S = 120.0
 DEFAULT_STALE_AFTER_S = 120.0  # heartbeat age that counts as a stalled DiT (launcher --supervise, health check)
 # tritonserver's start-up messages about a GPU it cannot use: expected on a machine without one
 GPU_NOISE_LINE = re.compile(
@@ -96,33 +100,6 @@ def read_metrics(url: str, timeout_s: float = 2.0) -> str | None:
             return response.read().decode()
     except (urllib.error.URLError, OSError):
         return None
-
-
-def stub_pids(server_pid: int) -> dict[int, str]:
-    """Pid -> model instance name (e.g. ``h3_dit_0_0``) of each python backend stub that is a
-    child of ``server_pid`` (read from /proc; the stub's first argument is
-    ``<repository>/<model>/<version>/model.py``, a later one the instance name). Keyed by pid:
-    Triton gives the instances of a KIND_GPU group on different GPUs the same name."""
-    pids = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:  # gone meanwhile
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent == server_pid and argv[0].endswith(STUB_NAME.encode()) and len(argv) > 1:
-            model = Path(argv[1].decode()).parents[1].name
-            instance = next(arg.decode() for arg in argv[2:] if re.fullmatch(rf"{model}_\d+_\d+".encode(), arg))
-            pids[int(entry.name)] = instance
-    return pids
-
-
-def dit_stubs(pids: dict[int, str]) -> list[int]:
-    """The pids of the h3_dit instances among stub_pids()'s."""
-    return sorted(pid for pid, instance in pids.items() if instance.startswith(f"{DIT_MODEL}_"))
 
 
 def dit_stall(text: str, stale_after: float, now: float) -> str | None:
@@ -237,6 +214,7 @@ class TritonServer:
         self._log_fh = None
         self.ready = False  # became ready since the last start
         self.dit_stubs: list[int] = []  # pids of the h3_dit stubs when the server became ready
+        self.stubs: dict[int, str] = {}  # pid -> instance of every model's stub then
         self._gpu_noise_explained = False  # GPU_NOISE_NOTE was echoed
 
     # ---- addresses ---------------------------------------------------------------------------
@@ -416,7 +394,8 @@ class TritonServer:
             status, _ = self._http("GET", "/v2/health/ready")
             if status == 200:
                 self.ready = True
-                self.dit_stubs = dit_stubs(stub_pids(self.process.pid))
+                self.stubs = stub_pids(self.process.pid)
+                self.dit_stubs = dit_stubs(self.stubs)
                 return
             now = time.monotonic()
             if status is not None:
@@ -477,47 +456,69 @@ class TritonServer:
             values["pending"] = sample.value
         return values
 
-    def drain(self, timeout: float | None = None) -> None:
+    def drain(self, timeout: float | None = None, decode_stall_s: float = DECODE_STALL_S) -> None:
         """Send SIGUSR1 to every h3_dit stub, which then ends every request with a CANCELLED:
         final response at its next step boundary and refuses newcomers with UNAVAILABLE:; wait
         up to ``timeout`` s (None: the server's drain_timeout_s) until they report no request and
-        no step running and h3_vae no decode (h3_vae_decodes: a result denoised before the drain
-        is still delivered). What is still held then is logged in one line naming it (the
-        decodes left are cut by the stop). No-op when the repository has no h3_dit or one of its
-        stubs is gone."""
+        no step running. Then wait until h3_vae holds no decode (h3_vae_decodes: every result
+        denoised before the drain is delivered, and h3_vae sends nothing while tritonserver
+        stops), for as long as its decodes progress: the wait is cut only when none finished or
+        started for ``decode_stall_s`` s. What is still held when a wait is cut is logged in one
+        line naming it (the stop cuts it). No-op when the repository has no h3_dit or one of its
+        stubs is gone; no wait for decodes when any model's stub is gone."""
         if not self.dit_stubs or self.dit_stubs != dit_stubs(stub_pids(self.process.pid)):
             return
         timeout = self.drain_timeout_s if timeout is None else timeout
         for pid in self.dit_stubs:
             os.kill(pid, signal.SIGUSR1)
-        deadline = time.monotonic() + timeout
-        busy = ("h3_active_requests", "h3_waiting_requests", "h3_execute_in_progress", "h3_vae_decodes")
-        m = {}
-        while time.monotonic() < deadline:
+        busy = ("h3_active_requests", "h3_waiting_requests", "h3_execute_in_progress")
+        m = self._wait_idle(busy, timeout, lambda m: None)
+        if m is not None:
+            held = ", ".join(f"{name} {m[name]:g}" for name in busy if m.get(name))
+            self._note(
+                f"drain: after {timeout:g} s the DiT still holds {held or 'requests'}; the stop cuts them "
+                "(a longer --drain-timeout lets it reach a step boundary)"
+            )
+        if gone_stub(self.stubs, self.process.pid) is not None:
+            return  # a dead model process (h3_vae's, say) finishes nothing: the stop follows at once
+        decodes = ("h3_vae_decodes",)
+        m = self._wait_idle(decodes, decode_stall_s, lambda m: (m.get("h3_vae_decodes"), m.get("h3_vae_decodes_total")))
+        if m is not None:
+            self._note(
+                f"drain: no decode of h3_vae progressed for {decode_stall_s:g} s; the stop cuts the "
+                f"{m.get('h3_vae_decodes', 0):g} still open"
+            )
+
+    def _wait_idle(self, busy: Sequence[str], patience: float, progress) -> dict | None:
+        """Poll h3_metrics() until none of `busy` is non-zero; returns None then, or the last
+        metrics once `patience` s passed without a change of progress(metrics)."""
+        m, last, since = {}, None, time.monotonic()
+        while True:
             m = self.h3_metrics()
             if m and not any(m.get(name) for name in busy):
-                return
+                return None
+            now, state = time.monotonic(), progress(m) if m else None
+            if state != last:
+                last, since = state, now
+            if now - since >= patience:
+                return m
             time.sleep(0.05)
-        held = ", ".join(f"{name} {m[name]:g}" for name in busy if m.get(name))
-        self._note(
-            f"drain: after {timeout:g} s the server still holds {held or 'requests'}; the stop cuts them "
-            "(a longer --drain-timeout lets h3_vae finish its decodes)"
-        )
 
     def failure(self, stale_after: float) -> str | None:
-        """Why the server can no longer serve, or None. Measured on Triton 2.51: when the
-        h3_dit stub dies, live and ready stay 200 and the stub is not restarted (the model is
-        decoupled); every request then fails with "Stub process 'h3_dit_0_0' is not
-        healthy.". A step stuck in Python is not noticed by Triton at all; it shows as an
+        """Why the server can no longer serve, or None. Measured on Triton 2.51: when a model's
+        stub dies (h3_dit, h3_encoder, h3_vae or h3_cancel), live and ready stay 200 and the stub
+        is not restarted; every request to h3_dit or h3_encoder then fails with "Stub process
+        'h3_dit_0_0' is not healthy.", and h3_vae's clients get nothing at all (gone_stub). A
+        step stuck in Python is not noticed by Triton at all; it shows as an
         instance's heartbeat (h3_heartbeat_timestamp_seconds) older than ``stale_after`` s while
         its step runs (h3_execute_in_progress), or every instance's while requests wait in
         Triton's queue for h3_dit (an idle instance does not iterate)."""
         code = self.process.poll()
         if code is not None:
             return f"tritonserver exited with code {code}"
-        gone = sorted(set(self.dit_stubs) - set(dit_stubs(stub_pids(self.process.pid))))
-        if gone:
-            return f"the {DIT_MODEL} process (pid {gone[0]}) is gone"
+        gone = gone_stub(self.stubs, self.process.pid)
+        if gone is not None:
+            return gone
         text = read_metrics(self.metrics_url)
         return None if text is None else dit_stall(text, stale_after, time.time())
 

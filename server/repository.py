@@ -413,6 +413,7 @@ def plan(
     idle, reason = sizing.idle_timeout(device, dit.execution_mode, longest, cfg.num_layers, dit.max_steps, sp_degree)
     if idle_timeout_s is not None:
         idle, reason = round(idle_timeout_s * 1e6), f"{idle_timeout_s:g} s, given."
+    dit.check(idle_s=idle / 1e6)  # a given one too: request mode's longest generation must fit in it
     if sp_degree > 1:
         reason += (
             f" A sequence-parallel worker that has not answered a step after a quarter of it "
@@ -578,9 +579,11 @@ torch CPU threads of this model's process. The model processes share the machine
 (server.sizing.cpu_threads divides them); more OpenMP threads than free cores makes every
 parallel region wait for a descheduled thread (a tiny step went from 4 ms to 700 ms with 2
 threads under load)."""
+FAULTS_COMMENT = '"true" lets the test-only request parameter inject_fault act in this model (tests only)'
 COMMENTS = {
     EncoderSettings.MODEL: {
         "cpu_threads": CPU_THREADS_COMMENT,
+        "allow_fault_injection": FAULTS_COMMENT,
         "encoder_path": '"" = the MiniLM-L6 package folder',
         "encoder_weights": '"" = the encoder folder\'s safetensors; "random:SEED" = seeded random weights '
         "(Qwen3-VL folders)",
@@ -630,6 +633,7 @@ COMMENTS = {
     },
     VaeSettings.MODEL: {
         "cpu_threads": CPU_THREADS_COMMENT,
+        "allow_fault_injection": FAULTS_COMMENT,
         "decode_workers": "threads decoding different requests at once (one request's outputs stay in order)",
         "max_queued_decodes": "results that may wait for a decode worker; one beyond is refused at once with "
         "UNAVAILABLE",

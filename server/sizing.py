@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from h3_core.config import ROW_ALIGN, DiTConfig
 from h3_core.diffusion.request import request_memory_mb
 from h3_core.parallel.workers import EXIT_GRACE_S, SP_TIMEOUT_FRACTION
-from h3_core.serving.settings import MIN_EXECUTE_STEPS
+from h3_core.serving.settings import MIN_EXECUTE_STEPS, REQUEST_IDLE_FACTOR, STEP_ESTIMATES, step_estimate_s
 
 from .options import DEVICES
 
@@ -52,7 +52,7 @@ MAX_BATCH_ROWS = 65_536  # rows of one packed forward at most (4 x the 16,384-ro
 # in 0.355 s (benchmarks/results/h200.json, engine_bench e_packing_curve["16384"].one_s = 0.3548;
 # a_step["1"] 0.351 s). Scaled linearly by rows and by layers; narrower configs than H3's width
 # are over-estimated, which errs on the safe side.
-H200_STEP_S, H200_STEP_ROWS, H200_STEP_LAYERS = 0.355, 16_384, 8
+H200_STEP_S, H200_STEP_ROWS, H200_STEP_LAYERS = STEP_ESTIMATES["cuda"]
 MIN_IDLE_S = 60.0  # today's CPU value, and the floor everywhere
 # A restart of the sequence-parallel workers (what a lost worker costs): 11.3 s for the bench DiT
 # (8 layers) on two H200s, weights drawn on each GPU, blocks compiled from Inductor's cache
@@ -80,7 +80,6 @@ SP_IDLE_FACTOR = 1 / (1 - 2 / SP_TIMEOUT_FRACTION)
 GPU_EXECUTE_BUDGET_S = 1.0
 # step mode: idle >= 2.5 x the longest execute of steps alone, MIN_EXECUTE_STEPS (2) steps = 5 steps
 STEP_IDLE_FACTOR = 2.5 * MIN_EXECUTE_STEPS
-REQUEST_IDLE_FACTOR = 1.5  # request mode: idle >= 1.5 x a whole generation
 
 
 @dataclass(frozen=True)
@@ -206,7 +205,7 @@ def gpu_max_batch_rows(
 def step_seconds(rows: int, num_layers: int) -> float:
     """Estimated seconds of one DiT step over `rows` packed rows of a `num_layers` DiT on an
     H200: H200_STEP_S x rows / 16,384 x num_layers / 8."""
-    return H200_STEP_S * rows / H200_STEP_ROWS * num_layers / H200_STEP_LAYERS
+    return step_estimate_s("cuda", rows, num_layers)
 
 
 def sp_restart_seconds(num_layers: int) -> float:
@@ -219,9 +218,11 @@ def idle_timeout(
     device: str, execution_mode: str, max_batch_rows: int, num_layers: int, max_steps: int, sp_degree: int = 1
 ) -> tuple[int, str]:
     """(max_sequence_idle_microseconds, why) for h3_dit. It must exceed the longest execute():
-    - cpu: MIN_IDLE_S = 60 s (tiny on the 2-core CPU steps 4,096 rows in under 0.2 s, so request mode
-      needs > 50 x 0.2 s = 10 s; 60 s leaves a 6x margin, which also holds a lost
-      sequence-parallel worker's restart, under 1 s there, and retried step);
+    - cpu: step mode MIN_IDLE_S = 60 s (tiny on the 2-core CPU steps 4,096 rows in under 0.2 s,
+      which also holds a lost sequence-parallel worker's restart, under 1 s there, and retried
+      step); request mode max(60 s, max_steps x step x 1.5), step =
+      h3_core.serving.settings.step_estimate_s("cpu", max_batch_rows, num_layers) (a whole
+      generation in one execute(); DitSettings refuses a shorter idle timeout);
     - cuda, with step = step_seconds(max_batch_rows, num_layers):
       step mode:    max(60 s, 5 x step): an execute takes at least MIN_EXECUTE_STEPS (2) steps
                     while nothing is announced, so 2.5 x its longest run of steps alone (one
@@ -233,6 +234,14 @@ def idle_timeout(
       at most the step timeout, idle / SP_TIMEOUT_FRACTION, plus EXIT_GRACE_S) and one restart
       of the workers (sp_restart_seconds(num_layers)); h3_core.parallel.workers allows no more.
     Raises ValueError for an unknown device."""
+    if device == "cpu" and execution_mode == "request":
+        step = step_estimate_s("cpu", max_batch_rows, num_layers)
+        seconds = max(MIN_IDLE_S, max_steps * step * REQUEST_IDLE_FACTOR)
+        return round(seconds * 1e6), (
+            f"on the CPU, request mode: max(60 s, {max_steps} steps x {step:.3f} s x {REQUEST_IDLE_FACTOR}) = "
+            f"{seconds:.1f} s, a step of {max_batch_rows:,} rows of the {num_layers}-layer DiT estimated from tiny's "
+            "4,096 rows in under 0.2 s on the 2-core CPU."
+        )
     if device == "cpu":
         return int(MIN_IDLE_S * 1e6), (
             "on the CPU 60 s: tiny on the 2-core CPU steps 4,096 rows in under 0.2 s, so "

@@ -207,6 +207,15 @@ CASES = {
         lambda s, c: raw_error(s, [prompt()], parameters={"cache_threshold": 0.9}),
         "cache_threshold=0.9 is out of range: allowed 0..0.5 (max_cache_threshold)",
     ),
+    # below 0.01 the float32 schedule is wrong (1e-5) or NaN at step 1 (1e-8): refused
+    "flow_shift_below_float32_arithmetic": (
+        lambda s, c: raw_error(s, [prompt()], parameters={"flow_shift": 1e-8}),
+        "flow_shift=1e-08 is out of range: allowed 0.01..100.0",
+    ),
+    "audio_flow_shift_below_float32_arithmetic": (
+        lambda s, c: client_error(c, audio_flow_shift=1e-5),
+        "audio_flow_shift=1e-05 is out of range: allowed 0.01..100.0",
+    ),
     "deadline_zero": (
         lambda s, c: raw_error(s, [prompt()], parameters={"deadline_s": 0}),
         "deadline_s=0 is out of range: allowed finite > 0 seconds",
@@ -382,6 +391,11 @@ CANCEL_CASES = [  # h3_cancel's REQUEST, the whole message after "INVALID_ARG: "
     (b'{"cancel_request_id": ""}', DIT_CASES["cancel_id_empty"][2]),
     (b'{"cancel_request_id": "' + b"x" * 257 + b'"}', "cancel_request_id has 257 characters: allowed 1..256"),
     (b"[1]", "REQUEST must hold one JSON object, got list"),
+    # Triton cuts a request id at a NUL: such a target could never match its request
+    (
+        b'{"cancel_request_id": "a\\u0000b"}',
+        "cancel_request_id holds a NUL character at index 1: not allowed in a request id",
+    ),
 ]
 
 

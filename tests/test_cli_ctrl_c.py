@@ -163,3 +163,40 @@ def test_ctrl_c_while_the_server_does_not_answer(tmp_path):
         ],
     )
     assert not cli.out_file.exists()
+
+
+# Runs client.generate as `python -m` does, with a tracer that sends SIGINT to the process at the
+# module's N-th line event (before that line runs): a Ctrl-C at an exact statement of the module.
+AT_STATEMENT = """
+import os, runpy, signal, sys
+count, target = [0], int(sys.argv[1])
+def local(frame, event, arg):
+    if event == "line":
+        count[0] += 1
+        if count[0] == target:
+            os.kill(os.getpid(), signal.SIGINT)
+    return local
+def tracer(frame, event, arg):
+    if frame.f_code.co_name == "<module>" and frame.f_code.co_filename.endswith(os.path.join("client", "generate.py")):
+        return local
+sys.settrace(tracer)
+sys.argv = ["generate", *sys.argv[2:]]
+runpy.run_module("client.generate", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("statement", [6, 7, 9])
+def test_ctrl_c_at_the_modules_first_imports(tmp_path, statement):
+    # an early handler is in place after the module's first five line events (its docstring,
+    # `import _signal`, the list it fills, the `if __name__` and the handler's installation):
+    # a Ctrl-C at `import os` (6), `import signal` (7) or `import threading` (9), the first
+    # ~15-65 ms under load, ends the program with its one line, not a KeyboardInterrupt traceback
+    flags = ["--url", "127.0.0.1:1", "--prompt", "a", "--out", str(tmp_path / "x.mp4")]
+    done = subprocess.run(
+        [sys.executable, "-c", AT_STATEMENT, str(statement), *flags],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (130, "", "interrupted before the request was sent\n")

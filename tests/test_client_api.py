@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException, deserialize_bytes_tensor
 
+import client.generate as generate_module
 from client import api
 from client.api import H3Client, H3Error
 from client.generate import main, wav_bytes
@@ -361,6 +362,12 @@ def test_generate_sends_fit_flow_shifts_and_task_only_when_given(monkeypatch, tm
         (dict(flow_shift="5"), TypeError, "flow_shift must be number or None, got str '5'"),
         (dict(audio_flow_shift=True), TypeError, "audio_flow_shift must be number or None, got bool True"),
         (dict(task=b"fl2va"), TypeError, "task must be str or None, got bytes b'fl2va'"),
+        (
+            dict(request_id="a\0b"),
+            ValueError,
+            "request_id holds a NUL character at index 1: not allowed in a request id",
+        ),
+        (dict(request_id="x" * 257), ValueError, "request_id has 257 characters: allowed 1..256"),
     ],
 )
 def test_bad_keyframes_and_conditioning_arguments_are_refused_before_sending(
@@ -483,9 +490,9 @@ def test_the_client_as_a_context_manager_closes_its_kept_channels(monkeypatch):
         (["--preview-every", "2"], "--preview-every needs --preview-dir"),
         (["--fit", "bad"], "argument --fit: invalid choice: 'bad' (choose from 'crop', 'pad', 'stretch')"),
         (["--task", "i2v"], "argument --task: invalid choice: 'i2v' (choose from 't2va', 'fl2va', 'ref2va')"),
-        (["--flow-shift", "0"], "argument --flow-shift: must be a number > 0 and <= 100, got '0'"),
-        (["--audio-flow-shift", "nan"], "argument --audio-flow-shift: must be a number > 0 and <= 100, got 'nan'"),
-        (["--flow-shift", "101"], "argument --flow-shift: must be a number > 0 and <= 100, got '101'"),
+        (["--flow-shift", "0"], "argument --flow-shift: must be a number from 0.01 to 100, got '0'"),
+        (["--audio-flow-shift", "nan"], "argument --audio-flow-shift: must be a number from 0.01 to 100, got 'nan'"),
+        (["--flow-shift", "101"], "argument --flow-shift: must be a number from 0.01 to 100, got '101'"),
         (["--cache-threshold", "-0.1"], "argument --cache-threshold: must be a finite number >= 0, got '-0.1'"),
         (["--first-frame", "/nonexistent/a.png"], "--first-frame /nonexistent/a.png: no such file"),
         (["--last-frame", "."], "--last-frame . is not a file; give an image file's path"),
@@ -661,3 +668,31 @@ def test_generate_cli_sends_the_same_fl2va_request_as_the_api(monkeypatch, tmp_p
         "flow_shift": 5.0,
         "audio_flow_shift": 3.5,
     }
+
+
+def test_ctrl_c_while_queued_before_the_dit_ends_at_once(monkeypatch, tmp_path, capsys):
+    # the cancel answers "unknown" (queued behind a request-mode generation): the server ends the
+    # request with CANCELLED when it reaches the DiT, so the program does not wait STOP_WAIT_S
+    pressed = threading.Event()
+    script = [(0, pressed), (600, results_script()[3][1])]  # no response until the cancel
+    fake = FakeTriton(script, cancel_state="unknown").install(monkeypatch)
+    monkeypatch.setattr(generate_module, "STOP_WAIT_S", 5.0)  # before the fix: 5 s, then "no final response"
+    assert main([*CLI_FLAGS, "--out", str(tmp_path / "x.mp4")], interrupted=pressed) == 130
+    messages = [line for line in capsys.readouterr().err.splitlines() if line and not line.startswith("denois")]
+    assert messages == [
+        "cancelled before it started: request cli-test had not reached the DiT; the server remembers the id for "
+        "600 s and ends it with CANCELLED when it does"
+    ]
+    assert [r.model for r in fake.requests] == [protocol.PIPELINE_MODEL, protocol.CANCEL_MODEL]
+
+
+def test_generate_cli_reports_a_failure_of_the_client_itself(monkeypatch, tmp_path, capsys):
+    def fail(*args, **kwargs):
+        raise RuntimeError("out of file descriptors")
+
+    monkeypatch.setattr(H3Client, "generate", fail)
+    assert main([*CLI_FLAGS, "--out", str(tmp_path / "x.mp4")]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "error: UNKNOWN: the client failed: RuntimeError: out of file descriptors"
+    ]
+    assert list(tmp_path.iterdir()) == []

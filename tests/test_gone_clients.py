@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -134,3 +135,65 @@ def test_a_failing_cancel_is_logged_and_the_later_ones_are_still_made_with_loggi
         "h3_vae: request second: its client is gone; cancel by id: cancelled",
         "h3_vae: request third: its client is gone; cancel by id: cancelled",
     ]
+
+
+def test_forgotten_ids_are_cancelled_again():
+    from h3_core.serving.gone_clients import GoneClients
+
+    lock, registry = threading.Lock(), Cancels()
+    gone = GoneClients(registry, lambda text: None, lock)
+    gone.cancel("again")
+    gone.cancel("again")  # the same request seen gone twice: one cancel
+    gone.forget("again")  # its request ended
+    gone.cancel("again")  # a new request with the id, abandoned too
+    gone.close()
+    assert registry.ids == ["again", "again"]
+
+
+def abandon(url: str, request_id: str) -> int:
+    """Stream a 400-step request with progress every step, close the stream (cancel_requests) after
+    its third step; returns the last step seen."""
+    import queue
+
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    from .serving import tensor
+
+    client, steps = grpcclient.InferenceServerClient(url), queue.Queue()
+    client.start_stream(callback=lambda result, error: result is not None and steps.put(progress_step(result)))
+    client.async_stream_infer(
+        "h3_pipeline",
+        [
+            tensor("PROMPT", np.array([[b"abandoned"]], dtype=object), "BYTES"),
+            tensor("NUM_INFERENCE_STEPS", np.array([[400]], dtype=np.int64), "INT64"),
+        ],
+        request_id=request_id,
+        parameters={"progress_every": 1},
+        enable_empty_final_response=True,
+    )
+    while (last := steps.get(timeout=60)) < 3:
+        pass
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    return last
+
+
+def progress_step(result) -> int:
+    return int(result.as_numpy("PROGRESS").reshape(-1)[0])
+
+
+def test_an_id_abandoned_a_second_time_is_cancelled_again(server, client):
+    # h3_vae cancels each gone client's id once; it remembered the id forever, so a later
+    # request with the same id whose client left ran to its end for nobody
+    ended = re.compile(
+        r"request twice-gone ended CANCELLED: request twice-gone cancelled by request at step \d+ of 400"
+    )
+    for count in (1, 2):
+        abandon(server.grpc_url, "twice-gone")
+        deadline = time.monotonic() + 60
+        while len(ended.findall(server.log_text())) < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(ended.findall(server.log_text())) == count
+        assert "request twice-gone completed" not in server.log_text()
+    assert client.generate("after", num_inference_steps=2)[0].info["num_inference_steps"] == 2

@@ -70,3 +70,44 @@ def test_an_unreachable_server_is_unhealthy_and_the_cli_says_why(stand_in, capsy
     assert health.problem(nowhere, metrics, 120).startswith(f"{nowhere}/v2/health/ready unreachable: ")
     assert health.main(["--http", http, "--metrics", metrics]) == 1  # the clock is far past NOW: stalled
     assert capsys.readouterr().err.startswith("unhealthy: the h3_dit heartbeat of h3_dit_0_0 is ")
+
+
+def test_a_missing_model_process_is_named_per_instance_and_gpu(monkeypatch):
+    """missing_stub compares the stubs under the tritonserver of the --http port with the models'
+    instance groups; Triton names a KIND_GPU group's instances alike on every GPU."""
+    configs = {
+        "h3_dit": {"backend": "python", "instance_group": [{"name": "h3_dit_0", "count": 1, "gpus": [0, 1]}]},
+        "h3_vae": {"backend": "python", "instance_group": [{"name": "h3_vae_0", "count": 2, "gpus": []}]},
+        "h3_pipeline": {"platform": "ensemble", "instance_group": []},
+    }
+
+    class Answer:
+        def __init__(self, body):
+            self.body = body
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def read(self, *args):
+            return health.json.dumps(self.body).encode()
+
+    def urlopen(request, timeout):
+        url = request if isinstance(request, str) else request.full_url
+        if url.endswith("/v2/repository/index"):
+            return Answer([{"name": name, "state": "READY"} for name in configs])
+        return Answer(configs[url.split("/")[-2]])
+
+    running = {1: "h3_dit_0_0", 2: "h3_dit_0_0", 3: "h3_vae_0_0", 4: "h3_vae_0_1"}
+    monkeypatch.setattr(health.urllib.request, "urlopen", urlopen)
+    monkeypatch.setattr(health, "tritonserver_pid", lambda port: 7 if port == 8000 else None)
+    monkeypatch.setattr(health, "stub_pids", lambda pid: dict(running))
+    assert health.missing_stub("http://127.0.0.1:8000") is None
+    assert health.missing_stub("http://127.0.0.1:9000") is None  # no tritonserver of that port here
+    del running[2]  # one GPU's h3_dit instance
+    assert health.missing_stub("http://127.0.0.1:8000") == (
+        "the model process h3_dit_0_0 is gone (1 of 2 running): Triton does not restart it and every request to "
+        "its model fails"
+    )

@@ -314,17 +314,19 @@ def test_h3_metrics_reads_gauges_counters_and_the_dits_pending_requests() -> Non
 
 def test_a_drain_that_outlasts_its_timeout_names_what_the_stop_cuts(monkeypatch, capsys) -> None:
     """TritonServer.drain signals the h3_dit stubs, waits drain_timeout_s (launcher
-    --drain-timeout) for the DiT and h3_vae's decodes, and logs one line naming what is left."""
+    --drain-timeout) for the DiT, then for h3_vae's decodes while they progress, and logs one
+    line naming what is left when a wait is cut."""
     server = TritonServer(Path("/nonexistent"), drain_timeout_s=0.2)
     server.process, server.dit_stubs, signalled = type("Proc", (), {"pid": 1})(), [4242], []
     monkeypatch.setattr(process, "stub_pids", lambda pid: {4242: "h3_dit_0_0"})
     monkeypatch.setattr(process.os, "kill", lambda pid, sig: signalled.append((pid, sig)))
-    monkeypatch.setattr(server, "h3_metrics", lambda: {"h3_active_requests": 0.0, "h3_vae_decodes": 2.0})
-    server.drain()
-    line = (
-        "[server.process] drain: after 0.2 s the server still holds h3_vae_decodes 2; the stop cuts them "
-        "(a longer --drain-timeout lets h3_vae finish its decodes)\n"
+    monkeypatch.setattr(server, "h3_metrics", lambda: {"h3_active_requests": 1.0, "h3_vae_decodes": 2.0})
+    server.drain(decode_stall_s=0.2)
+    lines = (
+        "[server.process] drain: after 0.2 s the DiT still holds h3_active_requests 1; the stop cuts them "
+        "(a longer --drain-timeout lets it reach a step boundary)\n"
+        "[server.process] drain: no decode of h3_vae progressed for 0.2 s; the stop cuts the 2 still open\n"
     )
     assert signalled == [(4242, process.signal.SIGUSR1)]
-    assert server.log_text() == line and capsys.readouterr().err == line
+    assert server.log_text() == lines and capsys.readouterr().err == lines
     assert launch._parser().parse_args(["--drain-timeout", "30"]).drain_timeout == 30.0

@@ -161,3 +161,24 @@ def test_cancel_works_when_every_place_is_taken(tmp_path):
         assert outcome["running"].code == "CANCELLED"
         metrics = idle_metrics(server)
         assert metrics["h3_active_requests"] == 0 and metrics["h3_waiting_requests"] == 0
+
+
+def test_request_mode_refuses_at_load_an_idle_timeout_its_longest_generation_outlasts(tmp_path):
+    # a repository edited by hand (the writer sizes the idle timeout: 120 s here, and refuses a
+    # shorter one): 400 steps of 4,096 rows take up to 80 s in one execute, and the requests
+    # waiting behind it were reaped at 60 s, each without any response
+    from server.environment import LaunchError
+
+    repo = model_repository_copy(tmp_path / "repo", execution_mode="request", max_steps="400")
+    config = repo / "h3_dit" / "config.pbtxt"
+    text = config.read_text()
+    assert "max_sequence_idle_microseconds: 120000000" in text
+    config.write_text(
+        text.replace("max_sequence_idle_microseconds: 120000000", "max_sequence_idle_microseconds: 60000000")
+    )
+    with pytest.raises(LaunchError) as info:
+        TritonServer(repo, free_ports=True, log_file=tmp_path / "server.log").start()
+    assert (
+        "h3_dit max_sequence_idle_microseconds (60 s) is below the longest generation of execution mode 'request' "
+        "(one execute): max_steps 400 x 0.200 s (a step of 4,096 rows on cpu, estimated) x 1.5 = 120 s"
+    ) in str(info.value)

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from h3_core.serving.settings import DitSettings, EncoderSettings, VaeSettings
+from server.repository import plan
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMETER = re.compile(r'key: "([^"]+)" value: \{ string_value: "([^"]*)" \}')
@@ -115,6 +116,33 @@ def test_an_execute_budget_of_half_the_idle_timeout_or_more_is_refused_at_load()
         "h3_dit parameter execute_budget_s=30.0 must be below half of max_sequence_idle_microseconds (60 s): "
         "an execute() that outlasts it loses every live request"
     )
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_request_mode_refuses_an_idle_timeout_below_its_longest_generation(device):
+    """In execution mode "request" one execute runs a whole generation; Triton reaps every
+    sequence waiting behind it when it lasts the idle timeout (on the CPU that stayed 60 s
+    whatever max_steps). Checked at load on every device, and by the repository writer."""
+    parameters, max_batch_size = shipped("h3_dit")
+    request = {**parameters, "execution_mode": "request", "device": device, "max_steps": "400"}
+    step = {"cpu": "0.200", "cuda": "0.022"}[device]  # 4,096 rows of tiny: 0.2 s on the CPU, 0.355 / 4 x 2 / 8 on cuda
+    needed = {"cpu": 120, "cuda": 13}[device]
+    assert DitSettings.from_parameters(request, max_batch_size, idle_s=float(needed) + 1).max_steps == 400
+    with pytest.raises(ValueError) as error:
+        DitSettings.from_parameters(request, max_batch_size, idle_s=needed - 1.0)
+    assert str(error.value) == (
+        f"h3_dit max_sequence_idle_microseconds ({needed - 1} s) is below the longest generation of execution mode "
+        f"'request' (one execute): max_steps 400 x {step} s (a step of 4,096 rows on {device}, estimated) x 1.5 = "
+        f"{needed} s; the requests waiting behind it would be reaped: raise the idle timeout (server.repository sizes "
+        "it) or lower max_steps"
+    )
+
+
+def test_the_writer_sizes_request_modes_idle_timeout_on_the_cpu_and_refuses_a_shorter_one():
+    request = {"h3_dit": {"execution_mode": "request", "max_steps": "400"}}
+    assert plan(overrides=request).idle_microseconds == 120_000_000
+    with pytest.raises(ValueError, match=r"^h3_dit max_sequence_idle_microseconds \(60 s\) is below the longest"):
+        plan(overrides=request, idle_timeout_s=60)
 
 
 @pytest.mark.parametrize(

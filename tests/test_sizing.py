@@ -105,7 +105,9 @@ def test_the_step_constant_is_the_recorded_h200_figure():
     "device, mode, rows, layers, steps, sp_degree, microseconds",
     [
         ("cpu", "step", 4_096, 2, 50, 1, 60_000_000),
-        ("cpu", "request", 65_536, 50, 50, 1, 60_000_000),  # the CPU keeps the 60 s rule
+        ("cpu", "request", 4_096, 2, 100, 1, 60_000_000),  # 100 x 0.2 s x 1.5 = 30 s < 60 s
+        ("cpu", "request", 4_096, 2, 400, 1, 120_000_000),  # 400 x 0.2 s x 1.5: no longer 60 s whatever max_steps
+        ("cpu", "request", 8_192, 4, 50, 1, 60_000_000),  # 50 x 0.8 s x 1.5
         ("cpu", "step", 4_096, 2, 50, 2, 60_000_000),  # a restart of 2 tiny workers: 0.2 s there
         ("cuda", "step", 65_536, 50, 50, 1, 60_000_000),  # 5 x 8.875 s = 44.4 s < 60 s
         ("cuda", "step", 65_536, 80, 50, 1, 71_000_000),  # 5 x 14.2 s

@@ -1015,3 +1015,33 @@ def test_request_mode_stops_at_the_step_boundary_after_a_cancel_deadline_or_drai
         assert client.of("next", Ended)[0].message.startswith("request next cancelled because the server is shutting")
     else:
         assert_solo(engine, client.of("next", Result)[0], 2, 2)
+
+
+def test_planning_covers_only_the_jobs_triton_delivered_in_the_execute(engine, monkeypatch):
+    # A planning failure of a withheld job answered its old handle (Triton has it no more; seen
+    # to crash the server), and a withheld job's planning is GPU work for a job not stepped here.
+    client = Client(make_loop(engine))
+    client.send("delivered", steps=5, seed=1)
+    client.send("withheld", steps=5, seed=2)
+    client.iterate()
+    withheld = next(key for key, arrival in client.live.items() if arrival.request_id == "withheld")
+    job, planned, original = client.loop.jobs[withheld], [], engine.plan_step
+
+    def plan_step(states):
+        planned.append(list(states))
+        if states is job.states:
+            raise RuntimeError("planning failed")
+        return original(states)
+
+    monkeypatch.setattr(engine, "plan_step", plan_step)
+    sent = client.iterate(withhold=(withheld,))
+    assert [event.handle for event in sent] == [event.handle for event in sent if event.handle != withheld]
+    withheld_states = {id(state) for state in job.states}
+    assert planned and not any(id(state) in withheld_states for states in planned for state in states)
+    sent = client.iterate()  # delivered again: its planning fails on its own handle
+    (ended,) = [event for event in sent if event.handle == withheld]
+    assert isinstance(ended, Ended) and (ended.code, ended.message) == (
+        "INTERNAL",
+        "planning step 2 failed: RuntimeError: planning failed",
+    )
+    assert withheld not in client.loop.jobs

@@ -25,10 +25,13 @@ from ..protocol import (
     CONDITION_KINDS,
     CONDITION_LATENTS,
     EARLY_CANCEL_SECONDS,
+    ENCODER_FAULTS,
     INT_INPUTS,
     MAX_REFERENCES,
     MAX_REQUEST_ID_CHARS,
+    VAE_FAULTS,
     check_request_parameters,
+    fault_seconds,
     implied_task,
     read_request_json,
 )
@@ -45,22 +48,21 @@ WORKER_FAULTS = ("worker_exit", "worker_hang", "worker_raise")  # inject_fault f
 
 
 def check_fault(fault: str) -> None:
-    """Validate request parameter inject_fault (tests only), acting at the request's first step:
-    "raise" makes the forward raise, "nan" makes it return NaN video velocities for the request,
-    "slow:S" makes the step S seconds slower (0 < S <= 600); with sp_degree > 1, the last
-    sequence-parallel rank exits ("worker_exit", once), hangs ("worker_hang", once) or raises
-    ("worker_raise", at every try of that step) at its first all-to-all
-    (SequenceParallelDiT.inject_fault). Raises ValueError naming it."""
-    if fault in ("raise", "nan", *WORKER_FAULTS):
+    """Validate request parameter inject_fault (tests only). In h3_dit it acts at the request's
+    first step: "raise" makes the forward raise, "nan" makes it return NaN video velocities for
+    the request, "slow:S" makes the step S seconds slower (0 < S <= 600); with sp_degree > 1,
+    the last sequence-parallel rank exits ("worker_exit", once), hangs ("worker_hang", once) or
+    raises ("worker_raise", at every try of that step) at its first all-to-all
+    (SequenceParallelDiT.inject_fault). ENCODER_FAULTS act in h3_encoder, VAE_FAULTS and
+    "decode_slow:S" in h3_vae, each where that model allows fault injection. Raises ValueError
+    naming it."""
+    if fault in ("raise", "nan", *WORKER_FAULTS, *ENCODER_FAULTS, *VAE_FAULTS):
         return
-    try:
-        seconds = float(fault[5:]) if fault.startswith("slow:") else None
-    except ValueError:
-        seconds = None
-    if seconds is None or not 0 < seconds <= 600:
+    if fault_seconds(fault, "slow:") is None and fault_seconds(fault, "decode_slow:") is None:
         raise ValueError(
             f"inject_fault={fault!r} is not one of 'raise', 'nan', 'slow:S' (0 < S <= 600 seconds), "
-            "'worker_exit', 'worker_hang', 'worker_raise'"
+            f"'worker_exit', 'worker_hang', 'worker_raise', {', '.join(map(repr, ENCODER_FAULTS + VAE_FAULTS))}, "
+            "'decode_slow:S'"
         )
 
 

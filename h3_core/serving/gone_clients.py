@@ -22,7 +22,9 @@ log = logging.getLogger("h3_vae")
 
 class GoneClients:
     """Cancels by id the requests whose client is gone, on one thread (execute() never waits for
-    the registry), each id once (a bounded memory of IDS_REMEMBERED ids), with
+    the registry), each id once while its request lives (a bounded memory of IDS_REMEMBERED ids,
+    each forgotten when its request ends: `forget`, so a later request that reuses the id and is
+    abandoned too is cancelled as well), with
     registry.record_cancel: a request live in the DiT is flagged and announced (Registry.cancel),
     so that an h3_dit execute taking several steps ends at its next step boundary and reads the
     flag, and one in execution mode "request" reads it at its next step boundary.
@@ -48,6 +50,11 @@ class GoneClients:
             while len(self.cancelled) > IDS_REMEMBERED:
                 self.cancelled.popitem(last=False)
             self.queue.put(request_id)
+
+    def forget(self, request_id: str) -> None:
+        """The request `request_id` ended (its last response passed h3_vae): a later cancel of the
+        id is queued again."""
+        self.cancelled.pop(request_id, None)
 
     def _run(self) -> None:
         while (request_id := self.queue.get()) is not None:

@@ -9,6 +9,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from ..config import get_config
 from ..diffusion.request import RequestLimits
 from ..images import ImageLimits
 from ..model.adaln_table import DEFAULT_CAPACITY
@@ -55,6 +56,20 @@ EXECUTION_MODES = ("step", "request")
 # heartbeat costs h3_vae about 1.1 ms under its lock, so one every step to each silent request
 # (12 at 5-7 ms steps) made it fall behind.
 HEARTBEAT_S = 15.0
+# Estimated seconds of one DiT step, by device kind: (seconds, rows, layers) of a measured step,
+# scaled linearly by rows and layers (step_estimate_s). cuda: the bench DiT's 16,384-row step on
+# the H200 (benchmarks/results/h200.json); cpu: tiny steps 4,096 rows in under 0.2 s on the 2-core
+# CPU. In execution mode "request" an execute() runs a whole generation, up to max_steps steps of
+# up to max_batch_rows rows, and every live sequence is reaped when one lasts the idle timeout.
+STEP_ESTIMATES = {"cuda": (0.355, 16_384, 8), "cpu": (0.2, 4_096, get_config("tiny").num_layers)}
+REQUEST_IDLE_FACTOR = 1.5  # request mode: max_sequence_idle_microseconds >= 1.5 x the longest generation
+
+
+def step_estimate_s(device: str, rows: int, num_layers: int) -> float:
+    """Estimated seconds of one step of `rows` packed rows of a `num_layers` DiT on `device`
+    ("cpu", "cuda" or "cuda:N"): STEP_ESTIMATES scaled by rows and layers."""
+    seconds, measured_rows, measured_layers = STEP_ESTIMATES[device.split(":")[0]]
+    return seconds * rows / measured_rows * num_layers / measured_layers
 
 
 def served_tasks(model: str, tasks: str) -> list[str]:
@@ -134,7 +149,8 @@ class EncoderSettings:
     0.4..2.5; guides, fitted to the canvas, take max_image_aspect); max_batch_rows and
     max_request_mb (h3_dit's: a request whose rows or memory, conditions included, pass them is
     refused before any VAE runs); tasks (h3_dit's: a request of another task is refused before its
-    media are read)."""
+    media are read); allow_fault_injection (tests only: lets request parameter inject_fault act
+    here, h3_core.protocol.ENCODER_FAULTS)."""
 
     MODEL = ENCODER_MODEL
     cpu_threads: int = 1
@@ -167,6 +183,7 @@ class EncoderSettings:
     max_batch_rows: int = RequestLimits.max_rows
     max_request_mb: int = RequestLimits.max_request_mb
     tasks: str = ",".join(TASKS)
+    allow_fault_injection: bool = False
 
     def __post_init__(self):
         weights_seed("h3_encoder parameter encoder_weights", self.encoder_weights)
@@ -233,7 +250,8 @@ class VaeSettings:
     gpu_turns (on a CUDA device: decode in turns with the h3_dit instances of the same GPU, which
     must set it too, h3_core.serving.gpu_turns; the writer sets it where h3_vae shares a GPU with
     h3_dit); turn_share (finite > 0: the fraction of the last DiT step's seconds a turn of decode
-    tiles may last while a DiT step waits)."""
+    tiles may last while a DiT step waits); allow_fault_injection (tests only: lets request
+    parameter inject_fault act here, h3_core.protocol.VAE_FAULTS)."""
 
     MODEL = VAE_MODEL
     cpu_threads: int = 1
@@ -248,6 +266,7 @@ class VaeSettings:
     max_num_frames: int = RequestLimits.max_num_frames
     gpu_turns: bool = False
     turn_share: float = DEFAULT_SHARE
+    allow_fault_injection: bool = False
 
     def __post_init__(self):
         if not 0 < self.turn_share < math.inf:
@@ -327,7 +346,9 @@ class DitSettings:
     max_num_seqs + max_waiting + CONTROL_SLOTS, (with its max_sequence_idle_microseconds as
     idle_s) execute_budget_s < idle_s / 2: an execute lasts about its budget or MIN_EXECUTE_STEPS
     steps, whichever is longer, plus the step that ends it, which the sized idle timeout exceeds
-    several times (server.sizing.idle_timeout)."""
+    several times (server.sizing.idle_timeout); in execution mode "request", idle_s >=
+    REQUEST_IDLE_FACTOR x the longest generation, max_steps steps of max_batch_rows rows
+    (step_estimate_s on this device), which one execute runs."""
 
     MODEL = DIT_MODEL
     cpu_threads: int = 1
@@ -431,6 +452,17 @@ class DitSettings:
             raise ValueError(
                 f"h3_dit parameter execute_budget_s={self.execute_budget_s} is out of range: allowed finite >= 0"
             )
+        if idle_s is not None and self.execution_mode == "request":
+            step = step_estimate_s(self.device, self.max_batch_rows, get_config(self.config_name).num_layers)
+            needed = self.max_steps * step * REQUEST_IDLE_FACTOR
+            if needed > idle_s:
+                raise ValueError(
+                    f"h3_dit max_sequence_idle_microseconds ({idle_s:g} s) is below the longest generation of "
+                    f"execution mode 'request' (one execute): max_steps {self.max_steps} x {step:.3f} s (a step of "
+                    f"{self.max_batch_rows:,} rows on {self.device}, estimated) x {REQUEST_IDLE_FACTOR} = "
+                    f"{needed:.0f} s; the requests waiting behind it would be reaped: raise the idle timeout "
+                    "(server.repository sizes it) or lower max_steps"
+                )
         if idle_s is not None and not self.execute_budget_s < idle_s / 2:
             raise ValueError(
                 f"h3_dit parameter execute_budget_s={self.execute_budget_s} must be below half of "

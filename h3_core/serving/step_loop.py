@@ -286,7 +286,7 @@ class StepLoop(Admission, PackedStep):
         mode "request" the pack's first job runs to completion (`run_to_completion`).
         Returns whether a forward was launched."""
         self.end_cancelled(present, send)
-        self.plan(send)
+        self.plan(present, send)
         pack = [job for job in self.scheduler.schedule(self.clock()) if job in present]
         if pack and self.settings.execution_mode == "request":
             self.run_to_completion(pack[0], present, send)
@@ -296,12 +296,13 @@ class StepLoop(Admission, PackedStep):
             self.answer(present, send)
         return bool(pack)
 
-    def plan(self, send: Send) -> None:
-        """Plan the next step of every live job that has steps left (Engine.plan_step: its step
-        cache decides whether it computes; a job without caching costs nothing here), so the
-        scheduler packs by the rows that compute. A job whose planning raises fails alone
-        (INTERNAL)."""
-        for job in [job for job in self.jobs.values() if not job.finished]:
+    def plan(self, present: list[Job], send: Send) -> None:
+        """Plan the next step of every live job Triton delivered in this execute (`present`; only
+        they can be packed, and only their handles may be answered) that has steps left
+        (Engine.plan_step: its step cache decides whether it computes; a job without caching costs
+        nothing here), so the scheduler packs by the rows that compute. A job whose planning
+        raises fails alone (INTERNAL)."""
+        for job in [job for job in present if self.jobs.get(job.key) is job and not job.finished]:
             try:
                 self.engine.plan_step(job.states)
             except Exception as error:  # noqa: BLE001 - the job fails alone

@@ -200,15 +200,23 @@ class TritonPythonModel:
             try:
                 arrivals.append(arrival(request, sender))
             except Exception as error:  # noqa: BLE001 - this request fails alone, with its final response
-                pb_utils.Logger.log_error(f"h3_dit: request {request.request_id() or '(no id)'} unreadable: {error}")
-                sender(request).send(error_response("INTERNAL", f"the request could not be read: {error}"), flags=FINAL)
+                try:
+                    named = request.request_id() or "(no id)"
+                    pb_utils.Logger.log_error(f"h3_dit: request {named} unreadable: {error}")
+                    message = error_response("INTERNAL", f"the request could not be read: {error}")
+                    sender(request).send(message, flags=FINAL)
+                except Exception as failed:  # noqa: BLE001 - nothing more reaches it; the others go on
+                    logging.getLogger("h3_dit").error("an unreadable request's error could not be sent: %s", failed)
 
         def send(event) -> None:
             message, flags = to_response(event)
             sender(event.handle).send(message, flags=flags)
 
         for request in self.loop.iterate(arrivals, send):
-            request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+            try:
+                request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+            except Exception as error:  # noqa: BLE001 - Triton no longer delivers it; dropped as vanished
+                logging.getLogger("h3_dit").error("request %s not rescheduled: %s", request.request_id(), error)
         return None
 
     def finalize(self):

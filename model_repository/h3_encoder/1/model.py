@@ -9,6 +9,7 @@ on to h3_dit are announced in the registry as the execute ends (Registry.announc
 h3_dit execute taking several steps ends at its next step boundary and takes them in."""
 
 import time
+import traceback
 
 import triton_python_backend_utils as pb_utils
 
@@ -82,20 +83,44 @@ class TritonPythonModel:
         self.registry = Registry(server_folder())
 
     def execute(self, requests):
-        responses, passed_on = [], 0
+        """One response per request, whatever fails: the encoded request, INVALID_ARG (ValueError),
+        UNAVAILABLE (Overloaded) or INTERNAL for any other failure (a VAE out of memory, PyAV, the
+        registry's database), which fails its request alone, its traceback in the server log. A
+        failed announcement is logged and fails nothing (the requests reach h3_dit all the same,
+        at its next execute)."""
+        responses, passed_on, announce_fault = [], 0, False
         for request in requests:
+            request_id = "(no id)"
             try:
+                request_id = request.request_id() or request_id
                 responses.append(self.encode(request))
                 passed_on += 1
+                announce_fault = announce_fault or self.fault(request) == "announce_raise"
             except (ValueError, Overloaded) as error:
                 code = "INVALID_ARG" if isinstance(error, ValueError) else "UNAVAILABLE"
-                pb_utils.Logger.log_info(
-                    f"h3_encoder: request {request.request_id() or '(no id)'} refused: {code}: {error}"
-                )
+                pb_utils.Logger.log_info(f"h3_encoder: request {request_id} refused: {code}: {error}")
                 responses.append(error_response(code, str(error)))
+            except Exception as error:  # noqa: BLE001 - this request fails alone
+                pb_utils.Logger.log_error(
+                    f"h3_encoder: request {request_id} failed:\n{''.join(traceback.format_exception(error))}"
+                )
+                message = f"encoding request {request_id} failed ({type(error).__name__}: {error}); see the server log"
+                responses.append(error_response("INTERNAL", message))
         if passed_on:  # last: the requests reach h3_dit's queue a few ms after this
-            self.registry.announce(passed_on)
+            try:
+                if announce_fault:
+                    raise RuntimeError("injected fault in the registry's announcement")
+                self.registry.announce(passed_on)
+            except Exception as error:  # noqa: BLE001 - unannounced, they wait for h3_dit's next execute
+                pb_utils.Logger.log_error(f"h3_encoder: {passed_on} requests could not be announced: {error}")
         return responses
+
+    def fault(self, request) -> str | None:
+        """The request's inject_fault when this model allows fault injection (tests only), else
+        None."""
+        if not self.settings.allow_fault_injection:
+            return None
+        return check_request_parameters(request.parameters()).get("inject_fault")
 
     def encode(self, request):
         """One request -> TEXT_EMBEDS float32 [1, L, text_dim] + CONDITION_LATENTS float32
@@ -104,6 +129,8 @@ class TritonPythonModel:
         Overloaded when every h3_dit instance is full (h3_core.serving.registry)."""
         start, received = time.perf_counter(), time.time()
         parameters = check_request_parameters(request.parameters())
+        if self.fault(request) == "encode_raise":
+            raise RuntimeError("injected fault in the encoder")
         tensor = pb_utils.get_input_tensor_by_name(request, PROMPT)
         if tensor is None:
             raise ValueError(f"{PROMPT} is required")

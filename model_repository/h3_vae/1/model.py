@@ -39,6 +39,7 @@ from h3_core.protocol import (
     KEEPALIVE,
     VIDEO_LATENT,
     check_request_parameters,
+    fault_seconds,
 )
 from h3_core.serving.decodes import BacklogFull, Decode, Decodes, check_result
 from h3_core.serving.gone_clients import GoneClients
@@ -142,6 +143,7 @@ class TritonPythonModel:
         )
         self.open_gauges = [self.open_family.Metric(labels={"model": "h3_vae", "state": s}) for s in DECODE_STATES]
         self.limits = settings.limits()
+        self.allow_faults = settings.allow_fault_injection  # inject_fault's VAE_FAULTS act (tests only)
         # decodes in turns with the DiT steps of this GPU (h3_core.serving.gpu_turns), or at once
         folder = server_folder()  # shared with the server's other models (registry, GPU turns)
         self.turns = GpuTurns.on_device(folder, settings.device, settings.turn_share) if settings.gpu_turns else None
@@ -164,7 +166,11 @@ class TritonPythonModel:
     def execute(self, requests):
         with self.stub_lock:
             for request in requests:
-                reply = Reply(request.get_response_sender())
+                try:
+                    reply = Reply(request.get_response_sender())
+                except Exception as error:  # noqa: BLE001 - nothing can reach this request; the others go on
+                    self.failure(error, "a request's response sender could not be made")
+                    continue
                 try:
                     self.answer(request, reply)
                 except Exception as error:  # noqa: BLE001 - this request fails alone, with its final flag
@@ -176,8 +182,14 @@ class TritonPythonModel:
         (under stub_lock). Raises ValueError for a malformed request."""
         info, video, audio, passed = read_inputs(request)
         request_id = str(info.get("request_id", ""))
-        if request.is_cancelled() and info["kind"] in ("progress", "heartbeat", "result"):
+        gone = request.is_cancelled() and info["kind"] in ("progress", "heartbeat", "result")
+        if gone:
             self.gone.cancel(request_id)  # the client is gone: no decode
+        if info["kind"] == "error" or (
+            info["kind"] == "result" and info.get("output_index") == info.get("num_outputs", 1) - 1
+        ):
+            self.gone.forget(request_id)  # its last response: the id may come back in a new request
+        if gone:
             reply.send(final=True)
             return
         parameters = check_request_parameters(request.parameters())
@@ -248,10 +260,15 @@ class TritonPythonModel:
         decode and send its response and the final flag (under stub_lock): the clip, INVALID_ARG
         for latents that do not fit INFO, or INTERNAL for any other failure (in the decode or in
         building the response). Keep-alives go out meanwhile (self.open_decodes)."""
-        with self.stub_lock:
-            self.open_decodes.start(decode)
         start, error, outputs = time.perf_counter(), None, None
         try:
+            with self.stub_lock:
+                self.open_decodes.start(decode)
+            fault = parameters.get("inject_fault") if self.allow_faults else None
+            if fault == "decode_start_raise":
+                raise RuntimeError("injected fault as the decode started")
+            if fault is not None and fault_seconds(fault, "decode_slow:") is not None:
+                time.sleep(fault_seconds(fault, "decode_slow:"))
             with decode_tiles(self.turns) as tile:
                 frames, audio = decode_clip(self.video_vae, self.audio_vae, info["num_frames"], video, audio, tile)
             frames, audio = frames.cpu(), audio.cpu()
@@ -270,7 +287,6 @@ class TritonPythonModel:
             error = caught
         request_id, message = info.get("request_id"), None
         with self.stub_lock:
-            self.open_decodes.finish(decode)
             try:
                 if error is not None:
                     raise error
@@ -293,6 +309,17 @@ class TritonPythonModel:
                 message = self.failure(failed, f"decode of request {request_id} failed")
             finally:
                 self.close(decode.reply, request_id, message)
+                self.finish(decode)
+
+    def finish(self, decode: Decode) -> None:
+        """Close the open decode after its final response went out (under stub_lock, so no
+        keep-alive falls between the two): h3_vae_decodes reaches 0 only when every response is
+        with Triton, which a stop's drain waits for (server.process.TritonServer.drain). A
+        failure of the gauge is logged."""
+        try:
+            self.open_decodes.finish(decode)
+        except Exception as error:  # noqa: BLE001 - the decode is closed (removed before the gauge is set)
+            pb_utils.Logger.log_error(f"h3_vae: the decode gauges could not be set: {error}")
 
     def finalize(self):
         self.pool.close()
