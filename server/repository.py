@@ -410,7 +410,9 @@ def plan(
         )
     dit = DitSettings.from_parameters(dit_values)
     longest = max([dit.max_batch_rows, *dit.rows_by_gpu().values()])  # the largest pack of any instance
-    idle, reason = sizing.idle_timeout(device, dit.execution_mode, longest, cfg.num_layers, dit.max_steps, sp_degree)
+    idle, reason = sizing.idle_timeout(
+        device, dit.execution_mode, longest, cfg.num_layers, dit.max_steps, sp_degree, dit.gpu_turns
+    )
     if idle_timeout_s is not None:
         idle, reason = round(idle_timeout_s * 1e6), f"{idle_timeout_s:g} s, given."
     if sp_degree > 1:

@@ -18,7 +18,7 @@ packed DiT sequence.
   GPU_FP8_BYTES_PER_ROW_AND_WIDTH with h3_dit quantization = fp8, whose DiT weights are also smaller),
   measured on an H200, scaled by the config's dtype bytes / 2.
 - max_sequence_idle_microseconds: longer than the longest execute(), with sequence parallelism
-  including one that loses a worker (see idle_timeout).
+  including one that loses a worker, with GPU turns one that waits for its turn (see idle_timeout).
 - execute_budget_s on cuda: GPU_EXECUTE_BUDGET_S (below).
 """
 
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from h3_core.config import ROW_ALIGN, DiTConfig
 from h3_core.diffusion.request import request_memory_mb
 from h3_core.parallel.workers import EXIT_GRACE_S, SP_TIMEOUT_FRACTION
+from h3_core.serving.gpu_turns import TURN_WAIT_FRACTION
 from h3_core.serving.settings import MIN_EXECUTE_STEPS
 
 from .options import DEVICES
@@ -81,6 +82,14 @@ GPU_EXECUTE_BUDGET_S = 1.0
 # step mode: idle >= 2.5 x the longest execute of steps alone, MIN_EXECUTE_STEPS (2) steps = 5 steps
 STEP_IDLE_FACTOR = 2.5 * MIN_EXECUTE_STEPS
 REQUEST_IDLE_FACTOR = 1.5  # request mode: idle >= 1.5 x a whole generation
+# A decode beside a DiT instance made its steps 2.1x slower while it ran (docs/multi_gpu.md): what
+# steps cost while they run without their GPU turn, time-slicing the GPU with a stuck decode.
+TIME_SLICED_SLOWDOWN = 2.1
+# With GPU turns an execute may hold one wait for the turn, idle / TURN_WAIT_FRACTION
+# (h3_core.serving.gpu_turns; a timeout is remembered, so later steps do not wait again), and its
+# steps time-sliced: the rest of the idle timeout must hold the execute's factor x its steps
+# x TIME_SLICED_SLOWDOWN.
+TURNS_IDLE_FACTOR = TIME_SLICED_SLOWDOWN * TURN_WAIT_FRACTION / (TURN_WAIT_FRACTION - 1)
 
 
 @dataclass(frozen=True)
@@ -207,7 +216,13 @@ def sp_restart_seconds(num_layers: int) -> float:
 
 
 def idle_timeout(
-    device: str, execution_mode: str, max_batch_rows: int, num_layers: int, max_steps: int, sp_degree: int = 1
+    device: str,
+    execution_mode: str,
+    max_batch_rows: int,
+    num_layers: int,
+    max_steps: int,
+    sp_degree: int = 1,
+    gpu_turns: bool = False,
 ) -> tuple[int, str]:
     """(max_sequence_idle_microseconds, why) for h3_dit. It must exceed the longest execute():
     - cpu: MIN_IDLE_S = 60 s (tiny on the 2-core CPU steps 4,096 rows in under 0.2 s, so request mode
@@ -223,6 +238,9 @@ def idle_timeout(
       step mode, max_steps x step in request mode), the failed try and the retried step (each
       at most the step timeout, idle / SP_TIMEOUT_FRACTION, plus EXIT_GRACE_S) and one restart
       of the workers (sp_restart_seconds(num_layers)); h3_core.parallel.workers allows no more.
+      with gpu_turns the step or request term x TURNS_IDLE_FACTOR (2.8): one wait for the GPU's
+      turn of at most idle / TURN_WAIT_FRACTION (h3_dit's wait limit) and steps time-sliced with
+      a stuck decode (TIME_SLICED_SLOWDOWN).
     Raises ValueError for an unknown device."""
     if device == "cpu":
         return int(MIN_IDLE_S * 1e6), (
@@ -242,13 +260,15 @@ def idle_timeout(
         f"{max_batch_rows:,} / {H200_STEP_ROWS:,} rows x {num_layers} / {H200_STEP_LAYERS} layers = "
         f"{step:.3f} s (the bench DiT on the H200, benchmarks/results/h200.json)"
     )
+    turns = TURNS_IDLE_FACTOR if gpu_turns else 1.0
+    turns_text = f" x {TURNS_IDLE_FACTOR:g} (GPU turns)" if gpu_turns else ""
     if execution_mode == "request":
-        seconds = max(MIN_IDLE_S, max_steps * step * REQUEST_IDLE_FACTOR)
-        formula = f"request mode: max(60 s, {max_steps} steps x {step:.3f} s x {REQUEST_IDLE_FACTOR}"
+        seconds = max(MIN_IDLE_S, max_steps * step * REQUEST_IDLE_FACTOR * turns)
+        formula = f"request mode: max(60 s, {max_steps} steps x {step:.3f} s x {REQUEST_IDLE_FACTOR}{turns_text}"
         before, before_text = max_steps * step, f"{max_steps} steps x {step:.3f} s"
     else:
-        seconds = max(MIN_IDLE_S, STEP_IDLE_FACTOR * step)
-        formula = f"step mode: max(60 s, {STEP_IDLE_FACTOR:g} x {step:.3f} s"
+        seconds = max(MIN_IDLE_S, STEP_IDLE_FACTOR * step * turns)
+        formula = f"step mode: max(60 s, {STEP_IDLE_FACTOR:g} x {step:.3f} s{turns_text}"
         before, before_text = GPU_EXECUTE_BUDGET_S, f"{GPU_EXECUTE_BUDGET_S:g} s of execute budget"
     if sp_degree > 1:
         restart = sp_restart_seconds(num_layers)

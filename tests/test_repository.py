@@ -12,7 +12,7 @@ import pytest
 from h3_core.serving.settings import DitSettings, EncoderSettings, VaeSettings
 from server import launch
 from server import repository as R
-from server.sizing import GPU_EXECUTE_BUDGET_S, Machine
+from server.sizing import GPU_EXECUTE_BUDGET_S, Machine, idle_timeout
 
 from .serving import model_repository_copy
 
@@ -99,8 +99,12 @@ def test_the_idle_timeout_is_sized_and_can_be_given():
 
     assert idle(R.plan()) == "  max_sequence_idle_microseconds: 60000000"
     request = {"execution_mode": "request", "scheduling_policy": "request", "max_batch_rows": "65536"}
-    # 50 steps x (0.355 s x 65,536 / 16,384 rows x 50 / 8 layers) x 1.5
+    # 50 steps x (0.355 s x 65,536 / 16,384 rows x 50 / 8 layers) x 1.5, x 2.8 with GPU turns (one
+    # GPU: h3_vae shares it)
     assert idle(R.plan("h3", "/w", "cuda", [0], overrides={"h3_dit": request, **WIDE})) == (
+        "  max_sequence_idle_microseconds: 1863750000"
+    )
+    assert idle(R.plan("h3", "/w", "cuda", [0], overrides={"h3_dit": request, **WIDE}, placement="cpu")) == (
         "  max_sequence_idle_microseconds: 665625000"
     )
     assert idle(R.plan(idle_timeout_s=1)) == "  max_sequence_idle_microseconds: 1000000"
@@ -454,6 +458,10 @@ def test_gpu_turns_only_where_h3_vae_decodes_on_a_gpu_beside_h3_dit():
         "h3_vae.gpu_turns true",
         "h3_dit.gpu_turns true",
     ]
+    # the idle timeout counts a step's wait for its turn (issue 43 item 1)
+    rows = shared.dit.max_batch_rows
+    assert shared.idle_microseconds == idle_timeout("cuda", "step", rows, 8, shared.dit.max_steps, gpu_turns=True)[0]
+    assert "(GPU turns)" in shared.idle_reason
     assert turns("own") == (False, False)  # h3_vae on a GPU of its own
     assert turns("cpu") == (False, False)
     assert turns("shared", h3_vae={"device": "cpu"}) == (False, False)  # moved off the GPU by hand

@@ -159,3 +159,24 @@ def test_idle_timeout_says_why():
     )
     with pytest.raises(ValueError, match=r"device 'tpu' is not one of \('cpu', 'cuda'\)"):
         sizing.idle_timeout("tpu", "step", 64, 8, 50)
+
+
+@pytest.mark.parametrize(
+    "mode, rows, layers, steps, microseconds",
+    [
+        ("step", 65_536, 50, 50, 124_250_000),  # 5 x 8.875 s x 2.8 = 124.25 s (60 s without turns)
+        ("step", 4_096, 8, 50, 60_000_000),  # 5 x 0.089 s x 2.8 < 60 s
+        ("request", 65_536, 8, 30, 178_920_000),  # 30 x 1.42 s x 1.5 x 2.8 (63.9 s without turns)
+    ],
+)
+def test_the_idle_timeout_counts_a_wait_for_the_gpu_turn(mode, rows, layers, steps, microseconds):
+    """Issue 43 item 1: with GPU turns an execute may hold one wait for its turn (a quarter of the
+    idle timeout, h3_dit's wait limit) and steps time-sliced with a stuck decode (2.1x): the idle
+    timeout still holds the execute's steps with the old margin in the other three quarters."""
+    assert sizing.TURNS_IDLE_FACTOR == pytest.approx(2.8) and sizing.TURN_WAIT_FRACTION == 4
+    idle_us, why = sizing.idle_timeout("cuda", mode, rows, layers, steps, gpu_turns=True)
+    assert idle_us == microseconds
+    factor = sizing.STEP_IDLE_FACTOR if mode == "step" else steps * sizing.REQUEST_IDLE_FACTOR
+    idle_s, step = idle_us / 1e6, sizing.step_seconds(rows, layers)
+    assert idle_s / 4 + factor * step * sizing.TIME_SLICED_SLOWDOWN <= idle_s + 1e-6
+    assert " x 2.8 (GPU turns)" in why

@@ -295,6 +295,8 @@ class TritonPythonModel:
                 self.close(decode.reply, request_id, message)
 
     def finalize(self):
+        if self.turns is not None:
+            self.turns.stop()  # a decode waiting for its GPU turn goes on without it
         self.pool.close()
         self.open_decodes.close()
         self.gone.close()
