@@ -99,8 +99,8 @@ class RecordingCache(StepCache):
 
     computed: list[bool] = field(default_factory=list)
 
-    def plan(self, step: int, total_steps: int, modulated: torch.Tensor, polynomial: tuple[float, ...]) -> bool:
-        skip = super().plan(step, total_steps, modulated, polynomial)
+    def plan(self, step, total_steps, modulated, previous, polynomial) -> bool:
+        skip = super().plan(step, total_steps, modulated, previous, polynomial)
         self.computed.append(not skip)
         return skip
 
@@ -114,13 +114,13 @@ class ReplayedCache(StepCache):
 
     pattern: tuple[bool, ...] = ()
 
-    def plan(self, step: int, total_steps: int, modulated: torch.Tensor, polynomial: tuple[float, ...]) -> bool:
+    def plan(self, step, total_steps, modulated, previous, polynomial) -> bool:
         if len(self.pattern) != total_steps or not (self.pattern[0] and self.pattern[-1]):
             raise ValueError(
                 f"pattern {self.pattern} does not fit a {total_steps}-step request: it needs {total_steps} "
                 "entries, the first and the last True"
             )
-        super().plan(step, total_steps, modulated, polynomial)
+        super().plan(step, total_steps, modulated, previous, polynomial)
         self.skip = not self.pattern[step]
         if not self.skip:
             self.accumulated = 0.0

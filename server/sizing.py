@@ -8,7 +8,8 @@ packed DiT sequence.
   cores makes every parallel region wait for a descheduled thread.
 - GPU memory (cuda), per GPU that holds a DiT instance:
       available = free - DiT weights - decode reserve
-      rows      = available // (bytes_per_row_and_width x hidden_size), down to a multiple of 64
+      rows      = available // (bytes_per_row_and_width x hidden_size + held step caches), down to
+                  a multiple of 64
   max_batch_rows = the least over the GPUs, capped at MAX_BATCH_ROWS (65,536). DiT weights: the
   bytes of every parameter and buffer (h3_core.model.H3DiT on the meta device; about parameters x 2
   in bf16). Reserve, on the GPU that holds h3_vae and h3_encoder: decode_workers x the video VAE
@@ -16,7 +17,9 @@ packed DiT sequence.
   encoder's weights (h3_core.model.encoder.weight_bytes: 50.3 GB for MiniMax-H3's Qwen3-VL cut to 50
   layers, plus its vision tower). bytes_per_row_and_width: GPU_BF16_BYTES_PER_ROW_AND_WIDTH (or
   GPU_FP8_BYTES_PER_ROW_AND_WIDTH with h3_dit quantization = fp8, whose DiT weights are also smaller),
-  measured on an H200, scaled by the config's dtype bytes / 2.
+  measured on an H200, scaled by the config's dtype bytes / 2. Held step caches (with
+  max_cache_threshold > 0): held_cache_bytes_per_row, every held request (max_num_seqs +
+  max_waiting) at up to max_batch_rows rows, each keeping its step cache.
 - max_sequence_idle_microseconds: longer than the longest execute(), with sequence parallelism
   including one that loses a worker, with GPU turns one that waits for its turn (see idle_timeout).
 - execute_budget_s on cuda: GPU_EXECUTE_BUDGET_S (below).
@@ -30,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from h3_core.config import ROW_ALIGN, DiTConfig
-from h3_core.diffusion.request import request_memory_mb
+from h3_core.diffusion.request import STEP_CACHE_BYTES_PER_ROW, request_memory_mb
 from h3_core.parallel.workers import EXIT_GRACE_S, SP_TIMEOUT_FRACTION
 from h3_core.serving.gpu_turns import TURN_WAIT_FRACTION
 from h3_core.serving.settings import MIN_EXECUTE_STEPS
@@ -186,14 +189,30 @@ def decode_reserve_bytes(max_height: int, max_width: int, max_num_frames: int, d
     return decode_workers * request_memory_mb(max_height, max_width, max_num_frames, 0, 0) * MIB
 
 
+def held_cache_bytes_per_row(held_requests: int, step_cache: bool) -> int:
+    """GPU bytes the step caches of the requests an h3_dit instance holds may keep, per row of
+    max_batch_rows: each of `held_requests` (max_num_seqs + max_waiting) may hold a request of up
+    to max_batch_rows rows that caches (step_cache: max_cache_threshold > 0), keeping
+    STEP_CACHE_BYTES_PER_ROW (768 B) a row (h3_core.diffusion.step_cache); 0 without caching.
+    For H3 (hidden 5376, bf16: 360,192 B of activations a row) and 4 + 8 held requests: 9,216 B,
+    2.5 % of a row."""
+    return held_requests * STEP_CACHE_BYTES_PER_ROW if step_cache else 0
+
+
 def gpu_max_batch_rows(
-    free_bytes: int, weight_bytes: int, reserve_bytes: int, hidden_size: int, bytes_per_row_and_width: int
+    free_bytes: int,
+    weight_bytes: int,
+    reserve_bytes: int,
+    hidden_size: int,
+    bytes_per_row_and_width: int,
+    cache_bytes_per_row: int = 0,
 ) -> int:
     """The packed rows one GPU can step: (free - weights - reserve) // (bytes_per_row_and_width x
-    hidden_size), down to a multiple of 64, at most MAX_BATCH_ROWS.
+    hidden_size + cache_bytes_per_row, the held requests' step caches: held_cache_bytes_per_row),
+    down to a multiple of 64, at most MAX_BATCH_ROWS.
     Raises ValueError when not even 64 rows fit (the message gives the MiB)."""
     available = free_bytes - weight_bytes - reserve_bytes
-    rows = max(available, 0) // (bytes_per_row_and_width * hidden_size) // ROW_ALIGN * ROW_ALIGN
+    rows = max(available, 0) // (bytes_per_row_and_width * hidden_size + cache_bytes_per_row) // ROW_ALIGN * ROW_ALIGN
     if rows < ROW_ALIGN:
         raise ValueError(
             f"the DiT does not fit: {free_bytes // MIB:,} MiB free - {weight_bytes // MIB:,} MiB of "

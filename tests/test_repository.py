@@ -142,24 +142,27 @@ def test_gpu_sizing_golden_numbers():
     repository = R.plan("bench", "/w", "cuda", [0, 1], machine=machine, overrides=WIDE, placement="shared")
     dit = repository.dit
     # GPU 0 holds h3_vae and h3_encoder (whose folder /encoder-5120 holds no weights): (40 GiB -
-    # 12,052,395,520 B weights - 2 x 14,402 MiB decodes) / (67 x 5376 B) = 1,927.0 -> 1,920 rows;
+    # 12,052,395,520 B weights - 2 x 14,402 MiB decodes) / (67 x 5376 B + (4 + 8) held requests x 768 B
+    # of step cache) = 1,878.9 -> 1,856 rows (1,927.0 -> 1,920 without the step caches);
     # GPU 1 only its DiT instance: 65,536 rows, its own packs
-    assert (dit.max_batch_rows, dit.row_budget, dit.max_batch_rows_by_gpu) == (1_920, 1_920, "0:1920,1:65536")
-    assert (dit.for_gpu(0).max_batch_rows, dit.for_gpu(1).max_batch_rows) == (1_920, 65_536)
-    # request_memory_mb(672, 672, 209, 1920, 5376): 96 x 1920 x 5376 + 160 x 672 x 672 x 209 B -> 15,347 MiB
-    assert dit.max_request_mb == 15_347
+    assert (dit.max_batch_rows, dit.row_budget, dit.max_batch_rows_by_gpu) == (1_856, 1_856, "0:1856,1:65536")
+    assert (dit.for_gpu(0).max_batch_rows, dit.for_gpu(1).max_batch_rows) == (1_856, 65_536)
+    # request_memory_mb(672, 672, 209, 1856, 5376, step_cache=True): 96 x 1856 x 5376 + 160 x 672 x 672 x 209
+    # + 768 x 1856 B -> 15,317 MiB
+    assert dit.max_request_mb == 15_317
     assert (dit.max_height, dit.max_width, dit.max_num_frames) == (672, 672, 209)  # bench's 672 x 384, 209 frames
     assert (repository.encoder.cpu_threads, dit.cpu_threads, repository.vae.cpu_threads) == (4, 4, 4)  # 16 / 4
     assert repository.idle_microseconds == 60_000_000
     assert (
         "GPU 0: 40,960 MiB free - 11,494 MiB DiT weights (quantization none) - 28,804 MiB decode reserve (2 decode "
         "workers x a 672 x 672 px, 209-frame decode) - 0 MiB text encoder weights (none found in /encoder-5120) -> "
-        "1,920 rows at 67 bytes per row and unit of hidden_size 5376 (measured on an H200 in bf16, server.sizing)"
-        in repository.notes
+        "1,856 rows at 67 bytes per row and unit of hidden_size 5376 (measured on an H200 in bf16, server.sizing) "
+        "+ 9,216 bytes per row of 12 held requests' step caches" in repository.notes
     )
     assert (
         "GPU 1: 40,960 MiB free - 11,494 MiB DiT weights (quantization none) -> 65,536 rows at 67 bytes per row and "
-        "unit of hidden_size 5376 (measured on an H200 in bf16, server.sizing)" in repository.notes
+        "unit of hidden_size 5376 (measured on an H200 in bf16, server.sizing) + 9,216 bytes per row of 12 held "
+        "requests' step caches" in repository.notes
     )
     # explicit settings win over sizing
     given = R.plan(
@@ -180,7 +183,7 @@ def test_gpu_sizing_golden_numbers():
     # sized for the given 672 x 384 px canvas: a 2 x 8,230 MiB decode reserve leaves
     # 13,637,716,480 B / (67 x 5376 B) = 37,862.3 -> 37,824 rows
     assert (
-        "h3_dit.max_batch_rows 1024: given (sized it would be 37824: the largest request, which every h3_dit "
+        "h3_dit.max_batch_rows 1024: given (sized it would be 36864: the largest request, which every h3_dit "
         "instance takes: the least over the instances' GPUs [0, 1], a multiple of 64, at most 65,536)" in given.notes
     )
     assert given.dit.max_batch_rows_by_gpu == ""  # a given max_batch_rows is every instance's
@@ -191,11 +194,11 @@ def test_gpu_sizing_golden_numbers():
 def test_the_default_placement_is_the_one_with_more_instances_that_take_the_default_request():
     machine = Machine(16, {0: 40 * GIB, 1: 40 * GIB})
     chosen = R.plan("bench", "/w", "cuda", [0, 1], machine=machine, overrides=WIDE)
-    # shared: GPU 0 keeps 1,920 rows, under bench's 16,384-row default request; own: GPU 1 holds
+    # shared: GPU 0 keeps 1,856 rows, under bench's 16,384-row default request; own: GPU 1 holds
     # h3_encoder and h3_vae, GPU 0 one h3_dit instance of 65,536 rows
     assert chosen.notes[0] == (
         "placement own (chosen for 2 GPUs: the most h3_dit instances that each take a 16,384-row request of the "
-        "default canvas (shared: 2 h3_dit instances, the largest request 1,920 rows, under a 16,384-row request; "
+        "default canvas (shared: 2 h3_dit instances, the largest request 1,856 rows, under a 16,384-row request; "
         "own: 1 h3_dit instances, the largest request 65,536 rows)): h3_encoder and h3_vae on a GPU of their own, "
         "the last; h3_dit on the others"
     )
@@ -225,7 +228,7 @@ def test_the_default_placement_is_the_one_with_more_instances_that_take_the_defa
     )
     # the text encoder's weights, when given, come off its GPU: 140 GiB - 100 GiB leaves the 40 GiB case above
     given = R.plan("bench", "/w", "cuda", [0], machine=roomy, overrides=WIDE, text_encoder_bytes=100 * GIB)
-    assert given.dit.max_batch_rows == 1_920
+    assert given.dit.max_batch_rows == 1_856
 
 
 def test_placement_cpu_and_sequence_parallel_groups_beside_own():
@@ -261,8 +264,9 @@ def test_bad_encoder_and_vae_placements_are_refused(kwargs, message):
 
 def test_cuda_without_a_machine_keeps_the_rows_and_derives_the_rest():
     dit = R.plan("bench", "/w", "cuda", [0], overrides=WIDE).dit
-    # request_memory_mb(672, 672, 209, 4096, 5376): 96 x 4096 x 5376 + 15,100,968,960 B -> 16,418 MiB
-    assert (dit.max_batch_rows, dit.row_budget, dit.max_request_mb, dit.cpu_threads) == (4096, 4096, 16_418, 1)
+    # request_memory_mb(672, 672, 209, 4096, 5376, step_cache=True): 96 x 4096 x 5376 + 15,100,968,960
+    # + 768 x 4096 B -> 16,421 MiB
+    assert (dit.max_batch_rows, dit.row_budget, dit.max_request_mb, dit.cpu_threads) == (4096, 4096, 16_421, 1)
     tiny = R.plan("tiny", "/w", "cuda", [0]).dit  # its own canvas is under the CPU limits: they stay
     assert (tiny.max_height, tiny.max_width, tiny.max_num_frames) == (256, 256, 121)
 

@@ -208,6 +208,7 @@ class Engine:
             request.num_frames,
             layout.seq_len * request.num_outputs,
             self.dit.cfg.hidden_size,
+            step_cache=request.cache_threshold > 0,
         )
         if memory > self.limits.max_request_mb:
             raise ValueError(
@@ -254,18 +255,17 @@ class Engine:
             cache, step = state.cache, state.step_index
             if cache.threshold > 0 and cache.planned_step != step and not state.finished:
                 last = step == state.total_steps - 1  # computed: no metric needed
-                modulated = (
-                    None
-                    if last
-                    else modulated_input(
-                        self.dit,
-                        state.video_latents,
-                        state.audio_latents,
-                        1.0 - state.sigmas_video[step],
-                        1.0 - state.sigmas_audio[step],
-                    )
+                inputs = (
+                    state.video_latents,
+                    state.audio_latents,
+                    1.0 - state.sigmas_video[step],
+                    1.0 - state.sigmas_audio[step],
                 )
-                cache.plan(step, state.total_steps, modulated, self.cache_polynomial)
+                measured = not last and 0 < step and cache.velocity is not None and cache.inputs is not None
+                modulated = modulated_input(self.dit, *inputs) if measured else None
+                previous = modulated_input(self.dit, *cache.inputs) if measured else None
+                cache.plan(step, state.total_steps, modulated, previous, self.cache_polynomial)
+                cache.inputs = None if last else inputs
         return [not state.cache.skips(state.step_index) for state in states]
 
     def denoise_step(self, states: list[RequestState]) -> list[tuple[torch.Tensor, torch.Tensor]]:
