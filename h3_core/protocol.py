@@ -240,6 +240,15 @@ def check_request_parameters(raw: str) -> dict:
     return parameters
 
 
+def fault_seconds(fault: str, prefix: str) -> float | None:
+    """S of an inject_fault "PREFIX:S" with 0 < S <= 600, else None."""
+    try:
+        seconds = float(fault.removeprefix(prefix)) if fault.startswith(prefix) else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and 0 < seconds <= 600 else None
+
+
 def read_request_json(elements: list) -> dict:
     """REQUEST's elements -> one JSON object with the allowed keys: a generation request holds
     only REQUEST_FIELDS, a cancel request CANCEL_FIELD alone, a non-empty string. Raises

@@ -591,6 +591,7 @@ torch CPU threads of this model's process. The model processes share the machine
 (server.sizing.cpu_threads divides them); more OpenMP threads than free cores makes every
 parallel region wait for a descheduled thread (a tiny step went from 4 ms to 700 ms with 2
 threads under load)."""
+FAULTS_COMMENT = '"true" lets the test-only request parameter inject_fault act in this model (tests only)'
 COMMENTS = {
     EncoderSettings.MODEL: {
         "cpu_threads": CPU_THREADS_COMMENT,
@@ -640,6 +641,7 @@ COMMENTS = {
     },
     VaeSettings.MODEL: {
         "cpu_threads": CPU_THREADS_COMMENT,
+        "allow_fault_injection": FAULTS_COMMENT,
         "decode_workers": "threads decoding different requests at once (one request's outputs stay in order)",
         "max_queued_decodes": "results that may wait for a decode worker; one beyond is refused at once with "
         "UNAVAILABLE",

@@ -29,6 +29,7 @@ from ..protocol import (
     MAX_REFERENCES,
     MAX_REQUEST_ID_CHARS,
     check_request_parameters,
+    fault_seconds,
     implied_task,
     read_request_json,
 )
@@ -50,17 +51,15 @@ def check_fault(fault: str) -> None:
     "slow:S" makes the step S seconds slower (0 < S <= 600); with sp_degree > 1, the last
     sequence-parallel rank exits ("worker_exit", once), hangs ("worker_hang", once) or raises
     ("worker_raise", at every try of that step) at its first all-to-all
-    (SequenceParallelDiT.inject_fault). Raises ValueError naming it."""
+    (SequenceParallelDiT.inject_fault). "decode_slow:S" acts in h3_vae where its
+    allow_fault_injection is true: each of the request's decodes takes S seconds more. Raises
+    ValueError naming it."""
     if fault in ("raise", "nan", *WORKER_FAULTS):
         return
-    try:
-        seconds = float(fault[5:]) if fault.startswith("slow:") else None
-    except ValueError:
-        seconds = None
-    if seconds is None or not 0 < seconds <= 600:
+    if fault_seconds(fault, "slow:") is None and fault_seconds(fault, "decode_slow:") is None:
         raise ValueError(
             f"inject_fault={fault!r} is not one of 'raise', 'nan', 'slow:S' (0 < S <= 600 seconds), "
-            "'worker_exit', 'worker_hang', 'worker_raise'"
+            "'worker_exit', 'worker_hang', 'worker_raise', 'decode_slow:S'"
         )
 
 

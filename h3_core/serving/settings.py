@@ -232,7 +232,9 @@ class VaeSettings:
     gpu_turns (on a CUDA device: decode in turns with the h3_dit instances of the same GPU, which
     must set it too, h3_core.serving.gpu_turns; the writer sets it where h3_vae shares a GPU with
     h3_dit); turn_share (finite > 0: the fraction of the last DiT step's seconds a turn of decode
-    tiles may last while a DiT step waits)."""
+    tiles may last while a DiT step waits); allow_fault_injection (tests only: lets request
+    parameter inject_fault act here: "decode_slow:S", each of the request's decodes takes S
+    seconds more)."""
 
     MODEL = VAE_MODEL
     cpu_threads: int = 1
@@ -247,6 +249,7 @@ class VaeSettings:
     max_num_frames: int = RequestLimits.max_num_frames
     gpu_turns: bool = False
     turn_share: float = DEFAULT_SHARE
+    allow_fault_injection: bool = False
 
     def __post_init__(self):
         if not 0 < self.turn_share < math.inf:

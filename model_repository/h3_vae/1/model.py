@@ -39,6 +39,7 @@ from h3_core.protocol import (
     KEEPALIVE,
     VIDEO_LATENT,
     check_request_parameters,
+    fault_seconds,
 )
 from h3_core.serving.decodes import BacklogFull, Decode, Decodes, check_result
 from h3_core.serving.gone_clients import GoneClients
@@ -142,6 +143,7 @@ class TritonPythonModel:
         )
         self.open_gauges = [self.open_family.Metric(labels={"model": "h3_vae", "state": s}) for s in DECODE_STATES]
         self.limits = settings.limits()
+        self.allow_faults = settings.allow_fault_injection  # inject_fault's decode_slow:S acts (tests only)
         # decodes in turns with the DiT steps of this GPU (h3_core.serving.gpu_turns), or at once
         folder = server_folder()  # shared with the server's other models (registry, GPU turns)
         self.turns = GpuTurns.on_device(folder, settings.device, settings.turn_share) if settings.gpu_turns else None
@@ -252,6 +254,9 @@ class TritonPythonModel:
             self.open_decodes.start(decode)
         start, error, outputs = time.perf_counter(), None, None
         try:
+            fault = parameters.get("inject_fault") if self.allow_faults else None
+            if fault is not None and fault_seconds(fault, "decode_slow:") is not None:
+                time.sleep(fault_seconds(fault, "decode_slow:"))
             with decode_tiles(self.turns) as tile:
                 frames, audio = decode_clip(self.video_vae, self.audio_vae, info["num_frames"], video, audio, tile)
             frames, audio = frames.cpu(), audio.cpu()
