@@ -42,6 +42,7 @@ from pathlib import Path
 from h3_core.config import get_config
 from h3_core.diffusion.layout import make_layout
 from h3_core.diffusion.request import request_memory_mb
+from h3_core.model.dit import GRAPH_MAX_ROWS
 from h3_core.model.encoder import (
     QWEN3VL,
     QWEN3VL_H3_LAYER,
@@ -502,6 +503,9 @@ def _gpu_rows(
             reserves.append((decode, f"decode reserve ({workers} x a {width} x {height} px, {frames}-frame decode)"))
         if encoder.device in ("cuda", f"cuda:{gpu}"):
             reserves.append((text, text_what))
+        if gpu in driven and sp_degree == 1:  # a sequence-parallel group's DiT runs without graphs
+            pool = sizing.graph_pool_bytes(cfg.hidden_size, per_row)
+            reserves.append((pool, f"CUDA graph pool ({GRAPH_MAX_ROWS:,} graphed rows)"))
         free, kept = machine.gpu_free_bytes[gpu], sum(size for size, _ in reserves)
         reserved = "".join(f" - {size // sizing.MIB:,} MiB {what}" for size, what in reserves)
         if gpu not in driven:

@@ -19,7 +19,8 @@ packed DiT sequence.
   GPU_FP8_BYTES_PER_ROW_AND_WIDTH with h3_dit quantization = fp8, whose DiT weights are also smaller),
   measured on an H200, scaled by the config's dtype bytes / 2. Held step caches (with
   max_cache_threshold > 0): held_cache_bytes_per_row, every held request (max_num_seqs +
-  max_waiting) at up to max_batch_rows rows, each keeping its step cache.
+  max_waiting) at up to max_batch_rows rows, each keeping its step cache. CUDA graph pool (sp_degree
+  1, on every GPU with a DiT instance): graph_pool_bytes.
 - max_sequence_idle_microseconds: longer than the longest execute(), with sequence parallelism
   including one that loses a worker, with GPU turns one that waits for its turn (see idle_timeout).
 - execute_budget_s on cuda: GPU_EXECUTE_BUDGET_S (below).
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 
 from h3_core.config import ROW_ALIGN, DiTConfig
 from h3_core.diffusion.request import STEP_CACHE_BYTES_PER_ROW, request_memory_mb
+from h3_core.model.dit import GRAPH_MAX_ROWS
 from h3_core.parallel.workers import EXIT_GRACE_S, SP_TIMEOUT_FRACTION
 from h3_core.serving.gpu_turns import TURN_WAIT_FRACTION
 from h3_core.serving.settings import MIN_EXECUTE_STEPS
@@ -197,6 +199,14 @@ def held_cache_bytes_per_row(held_requests: int, step_cache: bool) -> int:
     For H3 (hidden 5376, bf16: 360,192 B of activations a row) and 4 + 8 held requests: 9,216 B,
     2.5 % of a row."""
     return held_requests * STEP_CACHE_BYTES_PER_ROW if step_cache else 0
+
+
+def graph_pool_bytes(hidden_size: int, bytes_per_row_and_width: int) -> int:
+    """GPU bytes the DiT's CUDA graphs keep (H3DiT.use_cuda_graphs, on cuda with sp_degree 1): all
+    graphs share one memory pool, which keeps the peak of the largest graphed forward, at most
+    GRAPH_MAX_ROWS (4,096) rows at bytes_per_row_and_width x hidden_size a row, held apart from the
+    eager packs' memory: 1,407 MiB for H3 in bf16 (67 B x 5,376 x 4,096), an upper bound."""
+    return GRAPH_MAX_ROWS * bytes_per_row_and_width * hidden_size
 
 
 def gpu_max_batch_rows(
