@@ -180,3 +180,16 @@ def test_the_idle_timeout_counts_a_wait_for_the_gpu_turn(mode, rows, layers, ste
     idle_s, step = idle_us / 1e6, sizing.step_seconds(rows, layers)
     assert idle_s / 4 + factor * step * sizing.TIME_SLICED_SLOWDOWN <= idle_s + 1e-6
     assert " x 2.8 (GPU turns)" in why
+
+
+def test_every_cache_has_a_term_in_the_gpu_rows():
+    """Issue 43 item 3: the step caches of the held requests (768 B a row each, 12 held: 9,216 B,
+    2.5 % of an H3 row of 67 x 5,376 = 360,192 B) and the CUDA graph pool (4,096 rows of
+    activations: 1,407 MiB for H3 in bf16) come off a GPU's rows."""
+    assert sizing.held_cache_bytes_per_row(4 + 8, step_cache=True) == 9_216
+    assert sizing.held_cache_bytes_per_row(4 + 8, step_cache=False) == 0
+    assert sizing.graph_pool_bytes(5376, 67) == 4096 * 67 * 5376 == 1_475_346_432  # 1,407 MiB
+    free, weights = 40 * 2**30, 20 * 2**30
+    assert sizing.gpu_max_batch_rows(free, weights, 0, 5376, 67) == 59_584  # 21,474,836,480 / 360,192 = 59,620.3
+    # (21,474,836,480 - 1,475,346,432) / 369,408 = 54,139.6 -> 54,080
+    assert sizing.gpu_max_batch_rows(free, weights, sizing.graph_pool_bytes(5376, 67), 5376, 67, 9_216) == 54_080
