@@ -19,7 +19,7 @@ import torch
 
 from h3_core.model.vae import DECODE_TILE_LATENTS, create_vaes, decode_clip, frames_to_uint8, groups_to_frames
 from h3_core.serving import gpu_turns
-from h3_core.serving.gpu_turns import TILES_WAIT_LIMIT_S, GpuTurns, TurnClock
+from h3_core.serving.gpu_turns import HANDOVER_MIN_S, TILES_WAIT_LIMIT_S, GpuTurns, TurnClock
 from h3_core.serving.metrics import MetricsRecord
 from h3_core.serving.registry import Registry
 from h3_core.serving.settings import DitSettings, VaeSettings
@@ -227,6 +227,29 @@ def test_h3_vae_waits_for_a_stuck_step_at_most_its_limit(tmp_path, caplog):
     assert [record.getMessage() for record in caplog.records] == [
         "GPU turns: the turn was not given in 60 s (an h3_dit step stuck?): tiles run without it until it is free again"
     ]
+
+
+@pytest.mark.parametrize("last_step_s, handover_s", [(0.0, HANDOVER_MIN_S), (2.0, 4.0), (100.0, 15.0)])
+def test_h3_vae_hands_the_turn_over_within_two_steps_while_a_step_always_waits(tmp_path, last_step_s, handover_s):
+    """Having given the turn up to a waiting step, h3_vae waits until no step waits. With two DiT
+    instances one may always wait (here a shared flock on the want file held for good): that wait
+    ends after two steps' time (HANDOVER_MIN_S at least, the wait limit at most: fake seconds),
+    and the next tile takes the turn again."""
+    clock, events = FakeClock(), []
+    vae = GpuTurns(tmp_path, "gpu-test", 1e-9, lambda: None, 15.0, clock)
+    os.pwrite(vae.turn, gpu_turns._TURN_FILE.pack(last_step_s, 0, 0), 0)  # the last step's seconds
+    waiting = os.open(tmp_path / "gpu-gpu-test.want", os.O_RDWR)
+    try:
+        with vae.tiles() as tile:
+            with tile():
+                events.append(("tile 0", vae.held))
+                fcntl.flock(waiting, fcntl.LOCK_SH)  # a DiT step waits, and never stops waiting
+            with tile():
+                events.append(("tile 1", vae.held))
+    finally:
+        os.close(waiting)
+    assert events == [("tile 0", True), ("tile 1", True)] and clock.waited == [handover_s]
+    assert vae.turns_taken("tiles") == 2
 
 
 def test_stop_ends_a_wait_at_once_and_nothing_polls(tmp_path, monkeypatch, caplog):

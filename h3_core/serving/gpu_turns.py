@@ -56,6 +56,9 @@ TURN_WAIT_FRACTION = 4
 # Seconds h3_vae waits for the turn before a tile runs without it (an h3_dit step stuck): a step
 # holds the turn for one step only, a few seconds for the largest sized pack (server.sizing).
 TILES_WAIT_LIMIT_S = 60.0
+# Seconds h3_vae, having given the turn up to a waiting step, waits at least for that step to take
+# it before asking again (at most two steps' time: with two DiT instances a step may always wait).
+HANDOVER_MIN_S = 1.0
 _TURN_FILE = struct.Struct("<dQQ")  # last step's seconds, turns taken by DiT steps, turns taken by h3_vae
 SIDES = ("step", "tiles")
 log = logging.getLogger("h3_dit")
@@ -295,11 +298,15 @@ class GpuTurns:
     @contextmanager
     def _tile(self) -> Iterator[None]:
         """One tile of the decode in `tiles`: take the turn unless held (giving it up first when a
-        DiT step waits and this turn has lasted its share, then waiting until that step has the
-        turn), run the tile (without the turn after a bounded wait), wait for the device."""
+        DiT step waits and this turn has lasted its share, then waiting until no step waits, at
+        most two steps' time, HANDOVER_MIN_S at least), run the tile (without the turn after a
+        bounded wait), wait for the device."""
         if self.held and self.dit_waiting() and time.perf_counter() - self.since >= self.share * self.last_step_s():
             self._give_up()
-            self._wait_for_other("want", self.clock.now() + self.wait_limit_s)
+            # until no step waits: the waiting one has the turn; with two DiT instances one may
+            # always wait, so at most two steps' time (at least HANDOVER_MIN_S)
+            handover = min(self.wait_limit_s, max(HANDOVER_MIN_S, 2 * self.last_step_s()))
+            self._wait_for_other("want", self.clock.now() + handover)
         if not self.held:
             self.holding = self._take("tiles", self.tiles_want, None)
             if self.holding is not None:
