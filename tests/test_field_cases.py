@@ -603,10 +603,10 @@ def test_request_mode_cancels_reach_the_generation_on_one_dit_instance(tmp_path)
 
 HEARTBEAT_S = 0.5  # keep-alive timing of the `decoding` server
 PROXY_IDLE_S = 6 * HEARTBEAT_S  # room for a late keep-alive on a loaded machine; the decode alone is longer
-# A request whose decode takes 2 x PROXY_IDLE_S more than it would (h3_vae's injected fault
+# A request whose decode takes 1.5 x PROXY_IDLE_S more than it would (h3_vae's injected fault
 # decode_slow:S, on any host) after a short DiT part (2 steps), with progress off: nothing but
 # keep-alives reaches its client during the decode.
-LONG_DECODE = dict(num_inference_steps=2, inject_fault=f"decode_slow:{2 * PROXY_IDLE_S:g}")
+LONG_DECODE = dict(num_inference_steps=2, inject_fault=f"decode_slow:{1.5 * PROXY_IDLE_S:g}")
 
 
 @pytest.fixture(scope="module")
