@@ -246,8 +246,10 @@ class Engine:
     def plan_step(self, states: list[RequestState]) -> list[bool]:
         """Whether each state computes its next step (True) or takes it with its cached velocity
         (False): the step cache's decision (h3_core.diffusion.step_cache), made once per step of
-        a state with cache threshold > 0 from its own rows alone (step_cache.modulated_input; its
-        change metric is read on the host, so on a GPU this waits for the state's latents) and
+        a state with cache threshold > 0 from its own rows alone (step_cache.modulated_input of
+        this step and, recomputed from the latents the cache kept, of the last planned one: the
+        cache keeps no [rows, hidden] tensor between steps; the change metric is read on the
+        host, so on a GPU this waits for the state's latents) and
         kept in its StepCache (later calls for the same step return it). A state with threshold
         0 and a finished state compute. Raises AttributeError for a cached state when the DiT is
         not an H3DiT (a sequence-parallel DiT; h3_dit refuses such requests)."""
