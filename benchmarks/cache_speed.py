@@ -29,7 +29,10 @@ speed from the big DiT replaying them:
                first two) replaying the median pattern. Per run: total seconds, each request's
                latency (from the start to its Result) and INFO skipped_steps, throughput
                (requests / minute) against the all-uncached run, row-steps computed (the sum of
-               h3_pack_rows, the rows of every forward) and h3_cached_steps_total.
+               h3_pack_rows, the rows of every forward), h3_cached_steps_total and graph_captures:
+               the CUDA graphs captured during the run (GraphedForward.captures: a new pack
+               structure, as skipped steps make, costs a capture; GRAPHS_KEPT are kept; 0 on
+               the CPU, which has none).
 
 Replaying (bench-local, nothing in h3_core): `OverrideEngine` is the Engine whose prepare()
 swaps each new state's StepCache for `ReplayedCache`, a StepCache whose plan() runs the
@@ -99,8 +102,8 @@ class RecordingCache(StepCache):
 
     computed: list[bool] = field(default_factory=list)
 
-    def plan(self, step: int, total_steps: int, modulated: torch.Tensor, polynomial: tuple[float, ...]) -> bool:
-        skip = super().plan(step, total_steps, modulated, polynomial)
+    def plan(self, step, total_steps, modulated, previous, polynomial) -> bool:
+        skip = super().plan(step, total_steps, modulated, previous, polynomial)
         self.computed.append(not skip)
         return skip
 
@@ -114,13 +117,13 @@ class ReplayedCache(StepCache):
 
     pattern: tuple[bool, ...] = ()
 
-    def plan(self, step: int, total_steps: int, modulated: torch.Tensor, polynomial: tuple[float, ...]) -> bool:
+    def plan(self, step, total_steps, modulated, previous, polynomial) -> bool:
         if len(self.pattern) != total_steps or not (self.pattern[0] and self.pattern[-1]):
             raise ValueError(
                 f"pattern {self.pattern} does not fit a {total_steps}-step request: it needs {total_steps} "
                 "entries, the first and the last True"
             )
-        super().plan(step, total_steps, modulated, polynomial)
+        super().plan(step, total_steps, modulated, previous, polynomial)
         self.skip = not self.pattern[step]
         if not self.skip:
             self.accumulated = 0.0
@@ -302,7 +305,8 @@ def serve(engine: Engine, settings: DitSettings, config: str, steps: int, cached
     StepLoop over `engine` (a replaying one), stepped until all have their result; the ids in
     `cached` send cache_threshold cached[id]. Returns seconds (total), throughput_req_per_min,
     forwards (packed DiT forwards), row_steps_computed (sum of h3_pack_rows),
-    cached_steps_total (h3_cached_steps_total) and per request its latency_s and INFO's
+    cached_steps_total (h3_cached_steps_total), graph_captures (graph_captures(engine) during
+    the run) and per request its latency_s and INFO's
     cache_threshold, skipped_steps and largest_pack. Raises RuntimeError when a request is refused or ends otherwise."""
     height, width, frames = SHAPES[config]
     fields = {"height": height, "width": width, "num_frames": frames, "num_inference_steps": steps}
@@ -322,6 +326,7 @@ def serve(engine: Engine, settings: DitSettings, config: str, steps: int, cached
             for key, request_id in enumerate(request_ids(), start=1)
         }
         sync(engine.device)
+        captures_before = graph_captures(engine)
         start = time.perf_counter()
 
         def send(event) -> None:
@@ -347,6 +352,7 @@ def serve(engine: Engine, settings: DitSettings, config: str, steps: int, cached
         "forwards": len(pack_rows),
         "row_steps_computed": int(sum(pack_rows)),
         "cached_steps_total": int(metrics.values.get("h3_cached_steps_total", 0)),
+        "graph_captures": graph_captures(engine) - captures_before,
         "requests": {
             request_id: {
                 "latency_s": result["latency_s"],
@@ -359,17 +365,23 @@ def serve(engine: Engine, settings: DitSettings, config: str, steps: int, cached
     }
 
 
+def graph_captures(engine: Engine) -> int:
+    """CUDA graphs the engine's DiT has captured so far (H3DiT.graphs.captures; 0 without graphs:
+    the CPU, a sequence-parallel DiT)."""
+    graphs = getattr(engine.dit, "graphs", None)
+    return 0 if graphs is None else graphs.captures
+
+
 def request_ids() -> list[str]:
     """The concurrency section's request ids: the first half replay a pattern in the cached run."""
     return [f"request_{index}" for index in range(CONCURRENCY)]
 
 
-def concurrency(engine: Engine, config: str, steps: int, median: dict, threshold: float) -> dict:
-    """The concurrency section (module docstring)."""
-    text = bench_text(engine)
-    (rows,) = [state.rows for state in engine.prepare(GenerationRequest("-", *SHAPES[config], steps), text)]
+def concurrency_settings(engine: Engine, config: str, steps: int, rows: int) -> DitSettings:
+    """The step loop's settings of the concurrency section: the served 4-request pack of
+    `rows`-row requests of `steps` steps (module docstring)."""
     height, width, frames = SHAPES[config]
-    settings = DitSettings(
+    return DitSettings(
         config_name=config,
         device=str(engine.device),
         max_num_seqs=CONCURRENCY,
@@ -382,6 +394,13 @@ def concurrency(engine: Engine, config: str, steps: int, median: dict, threshold
         max_request_mb=2**20,
         execute_budget_s=GPU_EXECUTE_BUDGET_S if engine.device.type == "cuda" else EXECUTE_BUDGET_S,
     )
+
+
+def concurrency(engine: Engine, config: str, steps: int, median: dict, threshold: float) -> dict:
+    """The concurrency section (module docstring)."""
+    text = bench_text(engine)
+    (rows,) = [state.rows for state in engine.prepare(GenerationRequest("-", *SHAPES[config], steps), text)]
+    settings = concurrency_settings(engine, config, steps, rows)
     half = request_ids()[: CONCURRENCY // 2]
     warm_up = replaying(engine, dict.fromkeys(half, WARM_UP_PATTERN))
     warm_up_s = serve(warm_up, settings, config, len(WARM_UP_PATTERN), dict.fromkeys(half, threshold), text)["seconds"]
@@ -450,7 +469,9 @@ def print_table(results: dict) -> None:
             )
         half = run["half_cached"]
         print(
-            f"  throughput half cached / uncached {half['throughput_over_uncached']:.2f} x; "
+            f"  graphs captured: uncached {run['uncached'].get('graph_captures', 'not recorded')}, half cached "
+            f"{half.get('graph_captures', 'not recorded')}; "
+            f"throughput half cached / uncached {half['throughput_over_uncached']:.2f} x; "
             f"row-steps {half['row_step_reduction']:.2f} x fewer"
         )
 

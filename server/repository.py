@@ -42,6 +42,7 @@ from pathlib import Path
 from h3_core.config import get_config
 from h3_core.diffusion.layout import make_layout
 from h3_core.diffusion.request import request_memory_mb
+from h3_core.model.dit import GRAPH_MAX_ROWS
 from h3_core.model.encoder import (
     QWEN3VL,
     QWEN3VL_H3_LAYER,
@@ -404,13 +405,23 @@ def plan(
         size(
             DitSettings.MODEL,
             "max_request_mb",
-            request_memory_mb(typed.max_height, typed.max_width, typed.max_num_frames, rows, cfg.hidden_size),
+            request_memory_mb(
+                typed.max_height,
+                typed.max_width,
+                typed.max_num_frames,
+                rows,
+                cfg.hidden_size,
+                step_cache=typed.max_cache_threshold > 0,
+            ),
             f"request_memory_mb of a {rows:,}-row request at {typed.max_width} x {typed.max_height} px, "
-            f"{typed.max_num_frames} frames, with the CPU float32 constant Engine.prepare applies",
+            f"{typed.max_num_frames} frames, with the CPU float32 constant Engine.prepare applies"
+            + (" and its step cache" if typed.max_cache_threshold > 0 else ""),
         )
     dit = DitSettings.from_parameters(dit_values)
     longest = max([dit.max_batch_rows, *dit.rows_by_gpu().values()])  # the largest pack of any instance
-    idle, reason = sizing.idle_timeout(device, dit.execution_mode, longest, cfg.num_layers, dit.max_steps, sp_degree)
+    idle, reason = sizing.idle_timeout(
+        device, dit.execution_mode, longest, cfg.num_layers, dit.max_steps, sp_degree, dit.gpu_turns
+    )
     if idle_timeout_s is not None:
         idle, reason = round(idle_timeout_s * 1e6), f"{idle_timeout_s:g} s, given."
     dit.check(idle_s=idle / 1e6)  # a given one too: request mode's longest generation must fit in it
@@ -493,6 +504,9 @@ def _gpu_rows(
             reserves.append((decode, f"decode reserve ({workers} x a {width} x {height} px, {frames}-frame decode)"))
         if encoder.device in ("cuda", f"cuda:{gpu}"):
             reserves.append((text, text_what))
+        if gpu in driven and sp_degree == 1:  # a sequence-parallel group's DiT runs without graphs
+            pool = sizing.graph_pool_bytes(cfg.hidden_size, per_row)
+            reserves.append((pool, f"CUDA graph pool ({GRAPH_MAX_ROWS:,} graphed rows)"))
         free, kept = machine.gpu_free_bytes[gpu], sum(size for size, _ in reserves)
         reserved = "".join(f" - {size // sizing.MIB:,} MiB {what}" for size, what in reserves)
         if gpu not in driven:
@@ -503,12 +517,15 @@ def _gpu_rows(
                 )
             notes.append(f"GPU {gpu}: {free // sizing.MIB:,} MiB free{reserved} -> {left:,} MiB left (no h3_dit)")
             continue
-        rows = sizing.gpu_max_batch_rows(free, weights, kept, cfg.hidden_size, per_row)
+        held = dit.max_num_seqs + dit.max_waiting
+        cached = sizing.held_cache_bytes_per_row(held, dit.max_cache_threshold > 0 and sp_degree == 1)
+        rows = sizing.gpu_max_batch_rows(free, weights, kept, cfg.hidden_size, per_row, cached)
         notes.append(
             f"GPU {gpu}: {free // sizing.MIB:,} MiB free - {weights // sizing.MIB:,} MiB DiT weights "
             f"(quantization {dit.quantization}, AdaLN table of {dit.adaln_table_values} values){reserved} -> "
             f"{rows:,} rows at {per_row} bytes per row and unit of hidden_size {cfg.hidden_size} (measured on an "
             f"H200 in {'fp8' if dit.quantization == 'fp8' else 'bf16'}, server.sizing)"
+            + (f" + {cached:,} bytes per row of {held} held requests' step caches" if cached else "")
         )
         gpu_rows[driven[gpu]] = min(rows, gpu_rows.get(driven[gpu], rows))
     return gpu_rows
@@ -870,11 +887,15 @@ def _request_mb_comment(dit: DitSettings, encoder: EncoderSettings) -> str:
     """The max_request_mb comment: what the largest canvas the limits allow needs."""
     hidden = get_config(dit.config_name).hidden_size
     rows = make_layout(encoder.max_tokens, dit.max_height, dit.max_width, dit.max_num_frames).seq_len
-    one = request_memory_mb(dit.max_height, dit.max_width, dit.max_num_frames, rows, hidden)
-    every = request_memory_mb(dit.max_height, dit.max_width, dit.max_num_frames, rows * dit.max_outputs, hidden)
+    cached = dit.max_cache_threshold > 0
+    one = request_memory_mb(dit.max_height, dit.max_width, dit.max_num_frames, rows, hidden, step_cache=cached)
+    every = request_memory_mb(
+        dit.max_height, dit.max_width, dit.max_num_frames, rows * dit.max_outputs, hidden, step_cache=cached
+    )
     return (
         "estimated peak MiB one request may add (h3_core.diffusion.request.request_memory_mb: DiT rows + one "
-        f"output's VAE decode); the largest canvas the limits above allow ({dit.max_width} x {dit.max_height} px, "
+        f"output's VAE decode{' + its step cache' if cached else ''}); the largest canvas the limits above allow "
+        f"({dit.max_width} x {dit.max_height} px, "
         f"{dit.max_num_frames} frames, a {encoder.max_tokens}-token prompt: {rows:,} rows) needs {one} with one "
         f"output, {every} with {dit.max_outputs}"
     )

@@ -8,7 +8,8 @@ packed DiT sequence.
   cores makes every parallel region wait for a descheduled thread.
 - GPU memory (cuda), per GPU that holds a DiT instance:
       available = free - DiT weights - decode reserve
-      rows      = available // (bytes_per_row_and_width x hidden_size), down to a multiple of 64
+      rows      = available // (bytes_per_row_and_width x hidden_size + held step caches), down to
+                  a multiple of 64
   max_batch_rows = the least over the GPUs, capped at MAX_BATCH_ROWS (65,536). DiT weights: the
   bytes of every parameter and buffer (h3_core.model.H3DiT on the meta device; about parameters x 2
   in bf16). Reserve, on the GPU that holds h3_vae and h3_encoder: decode_workers x the video VAE
@@ -16,9 +17,12 @@ packed DiT sequence.
   encoder's weights (h3_core.model.encoder.weight_bytes: 50.3 GB for MiniMax-H3's Qwen3-VL cut to 50
   layers, plus its vision tower). bytes_per_row_and_width: GPU_BF16_BYTES_PER_ROW_AND_WIDTH (or
   GPU_FP8_BYTES_PER_ROW_AND_WIDTH with h3_dit quantization = fp8, whose DiT weights are also smaller),
-  measured on an H200, scaled by the config's dtype bytes / 2.
+  measured on an H200, scaled by the config's dtype bytes / 2. Held step caches (with
+  max_cache_threshold > 0): held_cache_bytes_per_row, every held request (max_num_seqs +
+  max_waiting) at up to max_batch_rows rows, each keeping its step cache. CUDA graph pool (sp_degree
+  1, on every GPU with a DiT instance): graph_pool_bytes.
 - max_sequence_idle_microseconds: longer than the longest execute(), with sequence parallelism
-  including one that loses a worker (see idle_timeout).
+  including one that loses a worker, with GPU turns one that waits for its turn (see idle_timeout).
 - execute_budget_s on cuda: GPU_EXECUTE_BUDGET_S (below).
 """
 
@@ -30,8 +34,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from h3_core.config import ROW_ALIGN, DiTConfig
-from h3_core.diffusion.request import request_memory_mb
+from h3_core.diffusion.request import STEP_CACHE_BYTES_PER_ROW, request_memory_mb
+from h3_core.model.dit import GRAPH_MAX_ROWS
 from h3_core.parallel.workers import EXIT_GRACE_S, SP_TIMEOUT_FRACTION
+from h3_core.serving.gpu_turns import TURN_WAIT_FRACTION
 from h3_core.serving.settings import MIN_EXECUTE_STEPS, REQUEST_IDLE_FACTOR, STEP_ESTIMATES, step_estimate_s
 
 from .options import DEVICES
@@ -80,6 +86,14 @@ SP_IDLE_FACTOR = 1 / (1 - 2 / SP_TIMEOUT_FRACTION)
 GPU_EXECUTE_BUDGET_S = 1.0
 # step mode: idle >= 2.5 x the longest execute of steps alone, MIN_EXECUTE_STEPS (2) steps = 5 steps
 STEP_IDLE_FACTOR = 2.5 * MIN_EXECUTE_STEPS
+# A decode beside a DiT instance made its steps 2.1x slower while it ran (docs/multi_gpu.md): what
+# steps cost while they run without their GPU turn, time-slicing the GPU with a stuck decode.
+TIME_SLICED_SLOWDOWN = 2.1
+# With GPU turns an execute may hold one wait for the turn, idle / TURN_WAIT_FRACTION
+# (h3_core.serving.gpu_turns; a timeout is remembered, so later steps do not wait again), and its
+# steps time-sliced: the rest of the idle timeout must hold the execute's factor x its steps
+# x TIME_SLICED_SLOWDOWN.
+TURNS_IDLE_FACTOR = TIME_SLICED_SLOWDOWN * TURN_WAIT_FRACTION / (TURN_WAIT_FRACTION - 1)
 
 
 @dataclass(frozen=True)
@@ -185,14 +199,38 @@ def decode_reserve_bytes(max_height: int, max_width: int, max_num_frames: int, d
     return decode_workers * request_memory_mb(max_height, max_width, max_num_frames, 0, 0) * MIB
 
 
+def held_cache_bytes_per_row(held_requests: int, step_cache: bool) -> int:
+    """GPU bytes the step caches of the requests an h3_dit instance holds may keep, per row of
+    max_batch_rows: each of `held_requests` (max_num_seqs + max_waiting) may hold a request of up
+    to max_batch_rows rows that caches (step_cache: max_cache_threshold > 0), keeping
+    STEP_CACHE_BYTES_PER_ROW (768 B) a row (h3_core.diffusion.step_cache); 0 without caching.
+    For H3 (hidden 5376, bf16: 360,192 B of activations a row) and 4 + 8 held requests: 9,216 B,
+    2.5 % of a row."""
+    return held_requests * STEP_CACHE_BYTES_PER_ROW if step_cache else 0
+
+
+def graph_pool_bytes(hidden_size: int, bytes_per_row_and_width: int) -> int:
+    """GPU bytes the DiT's CUDA graphs keep (H3DiT.use_cuda_graphs, on cuda with sp_degree 1): all
+    graphs share one memory pool, which keeps the peak of the largest graphed forward, at most
+    GRAPH_MAX_ROWS (4,096) rows at bytes_per_row_and_width x hidden_size a row, held apart from the
+    eager packs' memory: 1,407 MiB for H3 in bf16 (67 B x 5,376 x 4,096), an upper bound."""
+    return GRAPH_MAX_ROWS * bytes_per_row_and_width * hidden_size
+
+
 def gpu_max_batch_rows(
-    free_bytes: int, weight_bytes: int, reserve_bytes: int, hidden_size: int, bytes_per_row_and_width: int
+    free_bytes: int,
+    weight_bytes: int,
+    reserve_bytes: int,
+    hidden_size: int,
+    bytes_per_row_and_width: int,
+    cache_bytes_per_row: int = 0,
 ) -> int:
     """The packed rows one GPU can step: (free - weights - reserve) // (bytes_per_row_and_width x
-    hidden_size), down to a multiple of 64, at most MAX_BATCH_ROWS.
+    hidden_size + cache_bytes_per_row, the held requests' step caches: held_cache_bytes_per_row),
+    down to a multiple of 64, at most MAX_BATCH_ROWS.
     Raises ValueError when not even 64 rows fit (the message gives the MiB)."""
     available = free_bytes - weight_bytes - reserve_bytes
-    rows = max(available, 0) // (bytes_per_row_and_width * hidden_size) // ROW_ALIGN * ROW_ALIGN
+    rows = max(available, 0) // (bytes_per_row_and_width * hidden_size + cache_bytes_per_row) // ROW_ALIGN * ROW_ALIGN
     if rows < ROW_ALIGN:
         raise ValueError(
             f"the DiT does not fit: {free_bytes // MIB:,} MiB free - {weight_bytes // MIB:,} MiB of "
@@ -215,7 +253,13 @@ def sp_restart_seconds(num_layers: int) -> float:
 
 
 def idle_timeout(
-    device: str, execution_mode: str, max_batch_rows: int, num_layers: int, max_steps: int, sp_degree: int = 1
+    device: str,
+    execution_mode: str,
+    max_batch_rows: int,
+    num_layers: int,
+    max_steps: int,
+    sp_degree: int = 1,
+    gpu_turns: bool = False,
 ) -> tuple[int, str]:
     """(max_sequence_idle_microseconds, why) for h3_dit. It must exceed the longest execute():
     - cpu: step mode MIN_IDLE_S = 60 s (tiny on the 2-core CPU steps 4,096 rows in under 0.2 s,
@@ -233,6 +277,9 @@ def idle_timeout(
       step mode, max_steps x step in request mode), the failed try and the retried step (each
       at most the step timeout, idle / SP_TIMEOUT_FRACTION, plus EXIT_GRACE_S) and one restart
       of the workers (sp_restart_seconds(num_layers)); h3_core.parallel.workers allows no more.
+      with gpu_turns the step or request term x TURNS_IDLE_FACTOR (2.8): one wait for the GPU's
+      turn of at most idle / TURN_WAIT_FRACTION (h3_dit's wait limit) and steps time-sliced with
+      a stuck decode (TIME_SLICED_SLOWDOWN).
     Raises ValueError for an unknown device."""
     if device == "cpu" and execution_mode == "request":
         step = step_estimate_s("cpu", max_batch_rows, num_layers)
@@ -260,13 +307,15 @@ def idle_timeout(
         f"{max_batch_rows:,} / {H200_STEP_ROWS:,} rows x {num_layers} / {H200_STEP_LAYERS} layers = "
         f"{step:.3f} s (the bench DiT on the H200, benchmarks/results/h200.json)"
     )
+    turns = TURNS_IDLE_FACTOR if gpu_turns else 1.0
+    turns_text = f" x {TURNS_IDLE_FACTOR:g} (GPU turns)" if gpu_turns else ""
     if execution_mode == "request":
-        seconds = max(MIN_IDLE_S, max_steps * step * REQUEST_IDLE_FACTOR)
-        formula = f"request mode: max(60 s, {max_steps} steps x {step:.3f} s x {REQUEST_IDLE_FACTOR}"
+        seconds = max(MIN_IDLE_S, max_steps * step * REQUEST_IDLE_FACTOR * turns)
+        formula = f"request mode: max(60 s, {max_steps} steps x {step:.3f} s x {REQUEST_IDLE_FACTOR}{turns_text}"
         before, before_text = max_steps * step, f"{max_steps} steps x {step:.3f} s"
     else:
-        seconds = max(MIN_IDLE_S, STEP_IDLE_FACTOR * step)
-        formula = f"step mode: max(60 s, {STEP_IDLE_FACTOR:g} x {step:.3f} s"
+        seconds = max(MIN_IDLE_S, STEP_IDLE_FACTOR * step * turns)
+        formula = f"step mode: max(60 s, {STEP_IDLE_FACTOR:g} x {step:.3f} s{turns_text}"
         before, before_text = GPU_EXECUTE_BUDGET_S, f"{GPU_EXECUTE_BUDGET_S:g} s of execute budget"
     if sp_degree > 1:
         restart = sp_restart_seconds(num_layers)

@@ -107,3 +107,43 @@ def test_cpu_smoke_replay_and_concurrency(tmp_path):
     info = {request_id: (r["cache_threshold"], r["skipped_steps"]) for request_id, r in half["requests"].items()}
     assert info == {"request_0": (0.1, 4), "request_1": (0.1, 4), "request_2": (0.0, 0), "request_3": (0.0, 0)}
     assert all(r["skipped_steps"] == 0 and r["largest_pack"] == 4 for r in uncached["requests"].values())
+    assert (uncached["graph_captures"], half["graph_captures"]) == (0, 0)  # the CPU has no CUDA graphs
+
+
+class CountingGraphs:
+    """Stands for GraphedForward on the CPU: one capture per new pack structure (its key:
+    the layouts and the count of distinct timesteps), the eager forward otherwise."""
+
+    def __init__(self, dit):
+        self.dit, self.max_rows, self.captures, self.keys = dit, 2**31, 0, set()
+
+    def __call__(self, video, audio, text, batch):
+        key = (tuple(batch.layouts), len(batch.unique_timesteps))
+        if key not in self.keys:
+            self.keys.add(key)
+            self.captures += 1
+        return self.dit.forward_rows(video, audio, text, *self.dit.device_batch(batch))
+
+
+def test_the_concurrency_runs_report_the_graphs_they_capture(engine, monkeypatch):
+    """Issue 43 item 4: each run reports graph_captures, the captures during it: the uncached
+    run packs the 4 requests alike at every step, two structures (step 0: video and audio share
+    timestep 0; later their shifted timesteps differ); with two requests skipping steps, the
+    packs of the other two are a third."""
+    monkeypatch.setattr(engine.dit, "graphs", CountingGraphs(engine.dit))
+    text = cache_speed.bench_text(engine)
+    rows = engine.prepare(GenerationRequest("-", *cache_speed.SHAPES["tiny"], STEPS), text)[0].rows
+    settings = cache_speed.concurrency_settings(engine, "tiny", STEPS, rows)
+    uncached = cache_speed.serve(engine, settings, "tiny", STEPS, {}, text)
+    median = tuple(PATTERNS["steps"]["8"]["requests"][0]["computed"])
+    half = cache_speed.request_ids()[:2]
+    cached = cache_speed.serve(
+        cache_speed.replaying(engine, dict.fromkeys(half, median)),
+        settings,
+        "tiny",
+        STEPS,
+        dict.fromkeys(half, 0.1),
+        text,
+    )
+    assert (uncached["forwards"], uncached["graph_captures"]) == (STEPS, 2)
+    assert (cached["forwards"], cached["graph_captures"], cache_speed.graph_captures(engine)) == (STEPS, 1, 3)

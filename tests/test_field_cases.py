@@ -601,12 +601,12 @@ def test_request_mode_cancels_reach_the_generation_on_one_dit_instance(tmp_path)
         assert client.generate("after", num_inference_steps=2)[0].info["num_frames"] == 22
 
 
-# A request whose decode takes seconds (about 7 s for 256 x 256 x 121 frames on the 2-core CPU)
-# after a short DiT part (2 steps), with progress off: nothing but keep-alives reaches its client
-# during the decode.
-LONG_DECODE = dict(height=256, width=256, num_frames=121, num_inference_steps=2)
 HEARTBEAT_S = 0.5  # keep-alive timing of the `decoding` server
 PROXY_IDLE_S = 6 * HEARTBEAT_S  # room for a late keep-alive on a loaded machine; the decode alone is longer
+# A request whose decode takes 1.5 x PROXY_IDLE_S more than it would (h3_vae's injected fault
+# decode_slow:S, on any host) after a short DiT part (2 steps), with progress off: nothing but
+# keep-alives reaches its client during the decode.
+LONG_DECODE = dict(num_inference_steps=2, inject_fault=f"decode_slow:{1.5 * PROXY_IDLE_S:g}")
 
 
 @pytest.fixture(scope="module")
@@ -617,6 +617,8 @@ def decoding(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("decoding")
     vae = {"heartbeat_s": str(HEARTBEAT_S), "decode_workers": "1", "max_queued_decodes": "1"}
     dit = {"max_steps": "400", "heartbeat_s": str(HEARTBEAT_S)}
+    for model in (dit, vae):
+        model["allow_fault_injection"] = "true"  # decode_slow:S: a decode as long as a test needs, on any host
     repo = write_repository(tmp / "repo", plan(overrides={"h3_dit": dit, "h3_vae": vae}))
     with TritonServer(repo, free_ports=True, log_file=tmp / "server.log", exit_timeout_secs=1) as server:
         yield server
@@ -633,14 +635,14 @@ def test_field_case_keepalives_carry_a_silent_stream_through_a_proxy_idle_timeou
             (decoded,) = client.generate("a long decode", **LONG_DECODE, seed=1)
             (stepped,) = client.generate("many steps", num_inference_steps=400, seed=2)
         assert proxy.cut == 0
-        inputs = [prompt("a long decode"), int64("HEIGHT", 256), int64("WIDTH", 256), int64("NUM_FRAMES", 121)]
-        inputs += [int64("NUM_INFERENCE_STEPS", 2), int64("SEED", 1)]
-        responses, error = raw_stream(proxy.url, inputs, request_id="kept-alive", timeout_s=120)
+        inputs = [prompt("a long decode"), int64("NUM_INFERENCE_STEPS", 2), int64("SEED", 1)]
+        slow = {"inject_fault": LONG_DECODE["inject_fault"]}
+        responses, error = raw_stream(proxy.url, inputs, parameters=slow, request_id="kept-alive", timeout_s=120)
         cut_responses, cut = raw_stream(
-            proxy.url, inputs, parameters={"keepalive": False}, request_id="not-kept-alive", timeout_s=120
+            proxy.url, inputs, parameters={"keepalive": False, **slow}, request_id="not-kept-alive", timeout_s=120
         )
         assert proxy.cut == 1
-    assert (decoded.info["num_frames"], len(decoded.video_mp4) > 0) == (121, True)
+    assert (decoded.info["num_frames"], len(decoded.video_mp4) > 0) == (22, True)
     assert stepped.info["num_inference_steps"] == 400
     infos = [r.as_numpy("INFO") for r in responses]
     kinds = [json.loads(info.reshape(-1)[0])["kind"] if info is not None else "" for info in infos]
@@ -652,7 +654,9 @@ def test_field_case_keepalives_carry_a_silent_stream_through_a_proxy_idle_timeou
     assert cut.code == "UNAVAILABLE" and cut_responses == []
 
 
-MEDIUM_DECODE = dict(height=128, width=128, num_frames=121, num_inference_steps=2)  # about 3 s a decode
+# each of its decodes lasts 2 s more (decode_slow:S): still running while the next result arrives, on any
+# host, and within the 5 s drain of a stop
+MEDIUM_DECODE = dict(num_inference_steps=2, inject_fault="decode_slow:2")
 
 
 def test_field_case_a_full_decode_backlog_refuses_the_result_at_once(decoding):
@@ -689,7 +693,7 @@ def test_field_case_a_stop_delivers_the_results_h3_vae_holds(decoding):
     decoding.stop()  # tritonserver's own exit code is 1 here: unloading the models outlasts exit_timeout_secs 1
     pending.join(60)
     (result,) = outcome["decoding"]
-    assert result.info["num_frames"] == 121 and len(result.video_mp4) > 0
+    assert result.info["num_frames"] == 22 and len(result.video_mp4) > 0
     assert "Timeout 1: Found 0 model versions that have in-flight inferences" in decoding.log_text()
 
 

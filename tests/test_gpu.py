@@ -408,3 +408,107 @@ def test_sequence_parallel_over_two_gpus_is_batch_invariant_and_within_the_measu
             assert float((audio - audio_one).abs().max()) <= SP_CUDA_BOUND
     finally:
         parallel.close()
+
+
+@pytest.mark.parametrize("config", ["tiny", "bench"])
+def test_a_cached_request_on_cuda_equals_request_mode_with_compiled_blocks_and_cuda_graphs(engines, config):
+    """Issue 43 item 4: a cached request (cache_threshold 0.5: the step cache's plan reads its
+    change metric on the host every step) co-batched with an uncached one in step mode, with the
+    compiled blocks and CUDA graphs, equals its request-mode run bit for bit and skips the same
+    steps; the uncached neighbour equals its own request mode."""
+    engine = engines(config)
+    captures = engine.dit.graphs.captures
+    loop = make_loop(engine, time.monotonic, execute_budget_s=60.0, max_num_seqs=4)
+    client = Client(loop)
+    for request_id, threshold in (("cached", 0.5), ("a", 0.0)):
+        height, width, frames, _, seed, _ = spec("a")
+        client.send(
+            request_id,
+            steps=8,
+            seed=seed,
+            parameters={**NO_MP4, "cache_threshold": threshold},
+            text_embeds=text_embeds(config, seed),
+            height=height,
+            width=width,
+            num_frames=frames,
+        )
+    client.run()
+    assert [event for event in client.events if isinstance(event, (Refused, Ended))] == []
+    for request_id, threshold in (("cached", 0.5), ("a", 0.0)):
+        (result,) = client.of(request_id, Result)
+        height, width, frames, _, seed, _ = spec("a")
+        request = GenerationRequest("-", height, width, frames, 8, seed=seed, cache_threshold=threshold)
+        (state,) = engine.prepare(request, torch.from_numpy(text_embeds(config, seed)[0]))
+        while not state.finished:
+            engine.update(state, engine.denoise_step([state])[0])
+        assert result.info["skipped_steps"] == state.cache.skipped, request_id
+        assert torch.equal(result.video_latent, L.unpatchify_video(state.video_latents, state.layout).cpu())
+        assert torch.equal(result.audio_latent, L.audio_rows_to_latent(state.audio_latents, state.layout).cpu())
+    assert client.of("a", Result)[0].info["skipped_steps"] == 0
+    if config == "tiny":  # its modulated input changes by about 0.03-0.1 a step (tests/test_step_cache.py)
+        assert client.of("cached", Result)[0].info["skipped_steps"] > 0
+    assert engine.dit.graphs.captures > captures
+
+
+TURNS_PROCESS = """
+import json, pathlib, sys, time
+import torch
+from h3_core.serving.gpu_turns import GpuTurns
+folder, side, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+done = pathlib.Path(folder) / "decoded"
+turns = GpuTurns.on_device(folder, "cuda:0", share=0.04)
+a = torch.randn(4096, 4096, device="cuda:0")
+spans = []
+
+def work():  # about 10 ms of one GPU's matmuls, finished on the device before the span ends
+    start = time.monotonic_ns()
+    for _ in range(8):
+        a @ a
+    torch.cuda.synchronize()
+    spans.append((start, time.monotonic_ns()))
+
+if side == "step":  # steps without pause until the decode is done (at most `count` steps)
+    while not done.exists() and len(spans) < count:
+        with turns.step():
+            work()
+else:
+    while turns.turns_taken("step") < 3:  # the DiT is stepping without pause
+        time.sleep(0.001)
+    with turns.tiles() as tile:
+        for _ in range(count):
+            with tile():
+                work()
+    done.touch()
+print(json.dumps({"spans": spans, "steps": turns.turns_taken("step"), "tiles": turns.turns_taken("tiles")}))
+"""
+
+
+def test_gpu_turns_between_two_processes_never_overlap_and_leave_each_side_turns(tmp_path):
+    """Issue 43 item 1: a DiT-like process steps without pause on GPU 0 (until the decode is done,
+    at most 5,000 steps) while an h3_vae-like process decodes 6 tiles once 3 steps were taken,
+    each side holding the GPU's turn (GpuTurns.on_device, its real flocks, cross-process). No
+    tile runs on the device while a step does (their spans, device work included, never overlap
+    on the system's monotonic clock); the decode ends while the DiT still steps (it got turns
+    between steps); every step took the turn and neither side waited out its limit (no warning)."""
+    import json
+    import subprocess
+
+    runs = {
+        side: subprocess.Popen(
+            [sys.executable, "-c", TURNS_PROCESS, str(tmp_path), side, str(count)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for side, count in (("step", 5000), ("tiles", 6))
+    }
+    outputs = {side: process.communicate(timeout=300) for side, process in runs.items()}
+    assert [runs[side].returncode for side in runs] == [0, 0], outputs
+    assert all("not given" not in err for _, err in outputs.values()), outputs
+    steps, tiles = (json.loads(outputs[side][0]) for side in ("step", "tiles"))
+    assert len(tiles["spans"]) == 6 and 3 <= len(steps["spans"]) < 5000
+    assert steps["steps"] == len(steps["spans"]) and 1 <= steps["tiles"] == tiles["tiles"] <= 6
+    for tile_start, tile_end in tiles["spans"]:
+        assert all(tile_end <= start or end <= tile_start for start, end in steps["spans"])
+    assert tiles["spans"][-1][1] < steps["spans"][-1][0]  # the decode ended while the DiT still stepped

@@ -240,15 +240,130 @@ def test_a_dead_servers_folder_is_removed_at_the_next_start(tmp_path, monkeypatc
         assert (dead.stdout.readline(), live.stdout.readline()) == ("ready\n", "ready\n")
         dead.kill()
         assert dead.wait(60) == -signal.SIGKILL
-        [live_folder] = tmp_path.glob(f"h3-triton-{live.pid}-*")
-        assert len(list(tmp_path.glob(f"h3-triton-{dead.pid}-*"))) == 1
-        (tmp_path / f"h3-triton-{os.getpid()}-1").mkdir()  # this pid, another start time
+        namespace = registry_module.pid_namespace()
+        [live_folder] = tmp_path.glob(f"h3-triton-ns{namespace}-{live.pid}-*")
+        assert len(list(tmp_path.glob(f"h3-triton-ns{namespace}-{dead.pid}-*"))) == 1
+        (tmp_path / f"h3-triton-ns{namespace}-{os.getpid()}-1").mkdir()  # this pid, another start time
         (tmp_path / "h3-triton-notes").mkdir()
         monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
         mine = server_folder(os.getpid())
         assert sorted(path.name for path in tmp_path.iterdir()) == sorted([live_folder.name, "h3-triton-notes"])
         assert (live_folder / registry_module.DATABASE_FILE).is_file()
-        assert mine.parent == tmp_path and mine.name.startswith(f"h3-triton-{os.getpid()}-")
+        assert mine.parent == tmp_path and mine.name.startswith(f"h3-triton-ns{namespace}-{os.getpid()}-")
     finally:
         live.kill()
         live.wait(60)
+
+
+def test_another_containers_folders_are_never_removed(tmp_path, monkeypatch):
+    """Two containers share the host's /tmp: each server's folder names its PID namespace, and a
+    start removes only dead folders of its own namespace. The other container's folder, whose pid
+    runs nothing (or something else) here, is kept; a dead one of this namespace goes."""
+    here, other = registry_module.pid_namespace(), registry_module.pid_namespace() + 1
+    dead_pid = 2**22 + 1  # above pid_max's default: no process of that pid runs here
+    theirs = tmp_path / f"h3-triton-ns{other}-{dead_pid}-5"
+    mine_dead = tmp_path / f"h3-triton-ns{here}-{dead_pid}-5"
+    for folder in (theirs, mine_dead):
+        Registry(folder, "h3_dit_0").admit("a")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    mine = server_folder(os.getpid())
+    assert sorted(path.name for path in tmp_path.iterdir()) == [theirs.name]
+    assert Registry(theirs).cancel("a") == "cancelled"  # its rows untouched
+    assert mine.name == f"h3-triton-ns{here}-{os.getpid()}-{registry_module._start_time(os.getpid())}"
+
+
+# -- failures: a COMMIT that fails, a journal that is not WAL, a network filesystem ------------
+
+
+class FailingCommits:
+    """A sqlite3 connection whose next `failures` COMMITs raise (as SQLITE_BUSY or a full disk
+    would), leaving the transaction open as SQLite does."""
+
+    def __init__(self, db: sqlite3.Connection, failures: int):
+        self.db, self.failures = db, failures
+
+    def execute(self, sql: str, *args):
+        if sql == "COMMIT" and self.failures:
+            self.failures -= 1
+            raise sqlite3.OperationalError("database is locked")
+        return self.db.execute(sql, *args)
+
+    def __getattr__(self, name):
+        return getattr(self.db, name)
+
+
+def test_a_failed_commit_is_rolled_back_and_the_registry_goes_on(tmp_path):
+    dit = Registry(tmp_path, "h3_dit_0")
+    dit._db = FailingCommits(dit._db, failures=2)
+    with pytest.raises(sqlite3.OperationalError, match="^database is locked$"):
+        dit.admit("a")
+    with pytest.raises(sqlite3.OperationalError, match="^database is locked$"):
+        dit.cancel("early")
+    assert dit._db.in_transaction is False
+    # nothing of the failed transactions stayed; the next ones work
+    assert dit.admit("a") is False and dit.admit("early") is False
+    assert Registry(tmp_path).cancel("a") == "cancelled"
+
+
+def test_a_journal_that_is_not_wal_is_refused(tmp_path, monkeypatch):
+    connect = sqlite3.connect
+
+    class NotWal(FailingCommits):
+        def execute(self, sql: str, *args):
+            return self.db.execute("PRAGMA journal_mode" if sql == "PRAGMA journal_mode=WAL" else sql, *args)
+
+    monkeypatch.setattr(registry_module.sqlite3, "connect", lambda *a, **k: NotWal(connect(*a, **k), 0))
+    path = tmp_path / registry_module.DATABASE_FILE
+    with pytest.raises(RuntimeError) as error:
+        Registry(tmp_path, "h3_dit_0")
+    assert str(error.value) == f"the registry {path} could not use journal_mode=WAL: SQLite kept 'delete'"
+
+
+@pytest.mark.parametrize("magic, name", [(0x6969, "nfs"), (0xFF534D42, "cifs"), (0x00C36400, "ceph")])
+def test_a_folder_on_a_network_filesystem_is_refused(tmp_path, monkeypatch, magic, name):
+    assert registry_module.filesystem_type(tmp_path) not in registry_module.NETWORK_FILESYSTEMS  # a local one
+    monkeypatch.setattr(registry_module, "filesystem_type", lambda path: magic)
+    with pytest.raises(RuntimeError) as error:
+        Registry(tmp_path / "server", "h3_dit_0")
+    assert str(error.value) == (
+        f"the registry folder {tmp_path / 'server'} is on a network filesystem ({name}): SQLite's WAL "
+        "needs a local one; set TMPDIR to a local folder"
+    )
+    assert not (tmp_path / "server" / registry_module.DATABASE_FILE).exists()
+
+
+# -- dead instances ------------------------------------------------------------------------------
+
+DEAD_INSTANCE = """
+import sys
+from h3_core.serving.registry import Registry
+from h3_core.serving.scheduler import DitLoad
+registry = Registry(sys.argv[1], "h3_dit_1")
+assert registry.admit("failed") is False
+registry.boundary(["failed"], DitLoad(held=1, max_num_seqs=4, max_waiting=0))
+"""
+
+
+def test_a_dead_instances_rows_are_forgotten(tmp_path):
+    """A DiT instance in a process of its own admits a request, publishes a load that is not full
+    and dies without leaving (SIGKILL, a crash): its request is not cancelled, its id is free again
+    and its load no longer turns the encoder's refusal off."""
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-c", DEAD_INSTANCE, str(tmp_path)], cwd=root, check=True, timeout=120)
+    full, encoder = Registry(tmp_path, "h3_dit_0"), Registry(tmp_path)
+    full.boundary([], DitLoad(held=1, max_num_seqs=1, max_waiting=0))
+    assert encoder.refusal() == DitLoad(1, 1, 0).message()
+    assert encoder.cancel("failed") == "unknown"
+    assert full.admit("failed") is True  # the early cancel above waited for it, as for any unknown id
+
+
+def test_an_instance_that_opens_again_clears_its_former_rows(tmp_path):
+    before = Registry(tmp_path, "h3_dit_0")
+    assert before.admit("a") is False
+    before.boundary(["a"], DitLoad(held=1, max_num_seqs=4, max_waiting=0))
+    encoder, other = Registry(tmp_path), Registry(tmp_path, "h3_dit_1")
+    other.boundary([], DitLoad(held=1, max_num_seqs=1, max_waiting=0))
+    assert encoder.refusal() is None
+    Registry(tmp_path, "h3_dit_0")  # the instance restarted (Triton restarts a dead stub under its name)
+    assert encoder.cancel("a") == "unknown"
+    assert encoder.refusal() == DitLoad(1, 1, 0).message()

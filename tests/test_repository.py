@@ -12,7 +12,7 @@ import pytest
 from h3_core.serving.settings import DitSettings, EncoderSettings, VaeSettings
 from server import launch
 from server import repository as R
-from server.sizing import GPU_EXECUTE_BUDGET_S, Machine
+from server.sizing import GPU_EXECUTE_BUDGET_S, Machine, idle_timeout
 
 from .serving import model_repository_copy
 
@@ -99,8 +99,12 @@ def test_the_idle_timeout_is_sized_and_can_be_given():
 
     assert idle(R.plan()) == "  max_sequence_idle_microseconds: 60000000"
     request = {"execution_mode": "request", "scheduling_policy": "request", "max_batch_rows": "65536"}
-    # 50 steps x (0.355 s x 65,536 / 16,384 rows x 50 / 8 layers) x 1.5
+    # 50 steps x (0.355 s x 65,536 / 16,384 rows x 50 / 8 layers) x 1.5, x 2.8 with GPU turns (one
+    # GPU: h3_vae shares it)
     assert idle(R.plan("h3", "/w", "cuda", [0], overrides={"h3_dit": request, **WIDE})) == (
+        "  max_sequence_idle_microseconds: 1863750000"
+    )
+    assert idle(R.plan("h3", "/w", "cuda", [0], overrides={"h3_dit": request, **WIDE}, placement="cpu")) == (
         "  max_sequence_idle_microseconds: 665625000"
     )
     assert idle(R.plan(idle_timeout_s=1)) == "  max_sequence_idle_microseconds: 1000000"
@@ -134,30 +138,32 @@ def test_overrides_are_validated_by_the_settings():
 
 
 def test_gpu_sizing_golden_numbers():
-    machine = Machine(16, {0: 40 * GIB, 1: 40 * GIB})
+    machine = Machine(16, {0: 42 * GIB, 1: 42 * GIB})
     repository = R.plan("bench", "/w", "cuda", [0, 1], machine=machine, overrides=WIDE, placement="shared")
     dit = repository.dit
-    # GPU 0 holds h3_vae and h3_encoder (whose folder /encoder-5120 holds no weights): (40 GiB -
-    # 12,052,395,520 B weights - 64 x 1,569,792 B AdaLN table - 2 x 14,402 MiB decodes) / (67 x 5376 B)
-    # = 1,648.1 -> 1,600 rows;
+    # GPU 0 holds h3_vae and h3_encoder (whose folder /encoder-5120 holds no weights): (42 GiB -
+    # 12,052,395,520 B weights - 2 x 14,402 MiB decodes - 4,096 x 67 x 5376 B of CUDA graph pool)
+    # / (67 x 5376 B + (4 + 8) held requests x 768 B of step cache) = 3,698.4 -> 3,648 rows;
     # GPU 1 only its DiT instance: 65,536 rows, its own packs
-    assert (dit.max_batch_rows, dit.row_budget, dit.max_batch_rows_by_gpu) == (1_600, 1_600, "0:1600,1:65536")
-    assert (dit.for_gpu(0).max_batch_rows, dit.for_gpu(1).max_batch_rows) == (1_600, 65_536)
-    # request_memory_mb(672, 672, 209, 1600, 5376): 96 x 1600 x 5376 + 160 x 672 x 672 x 209 B -> 15,189 MiB
-    assert dit.max_request_mb == 15_189
+    assert (dit.max_batch_rows, dit.row_budget, dit.max_batch_rows_by_gpu) == (3_648, 3_648, "0:3648,1:65536")
+    assert (dit.for_gpu(0).max_batch_rows, dit.for_gpu(1).max_batch_rows) == (3_648, 65_536)
+    # request_memory_mb(672, 672, 209, 3648, 5376, step_cache=True): 96 x 3648 x 5376 + 160 x 672 x 672 x 209
+    # + 768 x 3648 B -> 16,200 MiB
+    assert dit.max_request_mb == 16_200
     assert (dit.max_height, dit.max_width, dit.max_num_frames) == (672, 672, 209)  # bench's 672 x 384, 209 frames
     assert (repository.encoder.cpu_threads, dit.cpu_threads, repository.vae.cpu_threads) == (4, 4, 4)  # 16 / 4
     assert repository.idle_microseconds == 60_000_000
     assert (
-        "GPU 0: 40,960 MiB free - 11,589 MiB DiT weights (quantization none, AdaLN table of 64 values) - 28,804 MiB "
-        "decode reserve (2 decode workers x a 672 x 672 px, 209-frame decode) - 0 MiB text encoder weights (none "
-        "found in /encoder-5120) -> 1,600 rows at 67 bytes per row and unit of hidden_size 5376 (measured on an H200 "
-        "in bf16, server.sizing)" in repository.notes
+        "GPU 0: 43,008 MiB free - 11,494 MiB DiT weights (quantization none) - 28,804 MiB decode reserve (2 decode "
+        "workers x a 672 x 672 px, 209-frame decode) - 0 MiB text encoder weights (none found in /encoder-5120) - "
+        "1,407 MiB CUDA graph pool (4,096 graphed rows) -> 3,648 rows at 67 bytes per row and unit of hidden_size "
+        "5376 (measured on an H200 in bf16, server.sizing) + 9,216 bytes per row of 12 held requests' step caches"
+        in repository.notes
     )
     assert (
-        "GPU 1: 40,960 MiB free - 11,589 MiB DiT weights (quantization none, AdaLN table of 64 values) -> 65,536 rows "
-        "at 67 bytes per row and unit of hidden_size 5376 (measured on an H200 in bf16, server.sizing)"
-        in repository.notes
+        "GPU 1: 43,008 MiB free - 11,494 MiB DiT weights (quantization none) - 1,407 MiB CUDA graph pool (4,096 "
+        "graphed rows) -> 65,536 rows at 67 bytes per row and unit of hidden_size 5376 (measured on an H200 in bf16, "
+        "server.sizing) + 9,216 bytes per row of 12 held requests' step caches" in repository.notes
     )
     # explicit settings win over sizing
     given = R.plan(
@@ -175,10 +181,10 @@ def test_gpu_sizing_golden_numbers():
         2,
         384,
     )
-    # sized for the given 672 x 384 px canvas: a 2 x 8,230 MiB decode reserve and the AdaLN table leave
-    # 13,537,249,792 B / (67 x 5376 B) = 37,583.4 -> 37,568 rows
+    # sized for the given 672 x 384 px canvas: a 2 x 8,230 MiB decode reserve and the graph pool leave
+    # 14,309,853,696 B / (67 x 5376 + 12 x 768 B) = 38,737.3 -> 38,720 rows
     assert (
-        "h3_dit.max_batch_rows 1024: given (sized it would be 37568: the largest request, which every h3_dit "
+        "h3_dit.max_batch_rows 1024: given (sized it would be 38720: the largest request, which every h3_dit "
         "instance takes: the least over the instances' GPUs [0, 1], a multiple of 64, at most 65,536)" in given.notes
     )
     assert given.dit.max_batch_rows_by_gpu == ""  # a given max_batch_rows is every instance's
@@ -187,13 +193,13 @@ def test_gpu_sizing_golden_numbers():
 
 
 def test_the_default_placement_is_the_one_with_more_instances_that_take_the_default_request():
-    machine = Machine(16, {0: 40 * GIB, 1: 40 * GIB})
+    machine = Machine(16, {0: 42 * GIB, 1: 42 * GIB})
     chosen = R.plan("bench", "/w", "cuda", [0, 1], machine=machine, overrides=WIDE)
-    # shared: GPU 0 keeps 1,600 rows, under bench's 16,384-row default request; own: GPU 1 holds
+    # shared: GPU 0 keeps 3,648 rows, under bench's 16,384-row default request; own: GPU 1 holds
     # h3_encoder and h3_vae, GPU 0 one h3_dit instance of 65,536 rows
     assert chosen.notes[0] == (
         "placement own (chosen for 2 GPUs: the most h3_dit instances that each take a 16,384-row request of the "
-        "default canvas (shared: 2 h3_dit instances, the largest request 1,600 rows, under a 16,384-row request; "
+        "default canvas (shared: 2 h3_dit instances, the largest request 3,648 rows, under a 16,384-row request; "
         "own: 1 h3_dit instances, the largest request 65,536 rows)): h3_encoder and h3_vae on a GPU of their own, "
         "the last; h3_dit on the others"
     )
@@ -203,9 +209,9 @@ def test_the_default_placement_is_the_one_with_more_instances_that_take_the_defa
     assert line(texts["h3_vae"], "instance_group") == "instance_group [ { kind: KIND_GPU count: 1 gpus: [ 1 ] } ]"
     assert line(texts["h3_encoder"], "instance_group") == line(texts["h3_vae"], "instance_group")
     assert (chosen.dit.max_batch_rows, chosen.encoder.device, chosen.vae.device) == (65_536, "cuda:1", "cuda:1")
-    # 40,960 MiB - 28,804 MiB of decodes - 0 MiB of text encoder weights
-    assert any(note.startswith("GPU 1: 40,960 MiB free - 28,804 MiB decode reserve") for note in chosen.notes)
-    assert any(note.endswith("-> 12,156 MiB left (no h3_dit)") for note in chosen.notes)
+    # 43,008 MiB - 28,804 MiB of decodes - 0 MiB of text encoder weights
+    assert any(note.startswith("GPU 1: 43,008 MiB free - 28,804 MiB decode reserve") for note in chosen.notes)
+    assert any(note.endswith("-> 14,204 MiB left (no h3_dit)") for note in chosen.notes)
     # where both take the request the shared placement, with more instances, wins; one GPU is shared
     roomy = Machine(16, {0: 140 * GIB, 1: 140 * GIB})
     assert (
@@ -221,9 +227,9 @@ def test_the_default_placement_is_the_one_with_more_instances_that_take_the_defa
         "placement shared (chosen for 1 GPU: one GPU): h3_encoder and h3_vae on the first GPU, beside its h3_dit "
         "instance"
     )
-    # the text encoder's weights, when given, come off its GPU: 140 GiB - 100 GiB leaves the 40 GiB case above
-    given = R.plan("bench", "/w", "cuda", [0], machine=roomy, overrides=WIDE, text_encoder_bytes=100 * GIB)
-    assert given.dit.max_batch_rows == 1_600
+    # the text encoder's weights, when given, come off its GPU: 140 GiB - 98 GiB leaves the 42 GiB case above
+    given = R.plan("bench", "/w", "cuda", [0], machine=roomy, overrides=WIDE, text_encoder_bytes=98 * GIB)
+    assert given.dit.max_batch_rows == 3_648
 
 
 def test_placement_cpu_and_sequence_parallel_groups_beside_own():
@@ -259,8 +265,9 @@ def test_bad_encoder_and_vae_placements_are_refused(kwargs, message):
 
 def test_cuda_without_a_machine_keeps_the_rows_and_derives_the_rest():
     dit = R.plan("bench", "/w", "cuda", [0], overrides=WIDE).dit
-    # request_memory_mb(672, 672, 209, 4096, 5376): 96 x 4096 x 5376 + 15,100,968,960 B -> 16,418 MiB
-    assert (dit.max_batch_rows, dit.row_budget, dit.max_request_mb, dit.cpu_threads) == (4096, 4096, 16_418, 1)
+    # request_memory_mb(672, 672, 209, 4096, 5376, step_cache=True): 96 x 4096 x 5376 + 15,100,968,960
+    # + 768 x 4096 B -> 16,421 MiB
+    assert (dit.max_batch_rows, dit.row_budget, dit.max_request_mb, dit.cpu_threads) == (4096, 4096, 16_421, 1)
     tiny = R.plan("tiny", "/w", "cuda", [0]).dit  # its own canvas is under the CPU limits: they stay
     assert (tiny.max_height, tiny.max_width, tiny.max_num_frames) == (256, 256, 121)
 
@@ -456,6 +463,10 @@ def test_gpu_turns_only_where_h3_vae_decodes_on_a_gpu_beside_h3_dit():
         "h3_vae.gpu_turns true",
         "h3_dit.gpu_turns true",
     ]
+    # the idle timeout counts a step's wait for its turn (issue 43 item 1)
+    rows = shared.dit.max_batch_rows
+    assert shared.idle_microseconds == idle_timeout("cuda", "step", rows, 8, shared.dit.max_steps, gpu_turns=True)[0]
+    assert "(GPU turns)" in shared.idle_reason
     assert turns("own") == (False, False)  # h3_vae on a GPU of its own
     assert turns("cpu") == (False, False)
     assert turns("shared", h3_vae={"device": "cpu"}) == (False, False)  # moved off the GPU by hand

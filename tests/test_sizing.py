@@ -161,3 +161,37 @@ def test_idle_timeout_says_why():
     )
     with pytest.raises(ValueError, match=r"device 'tpu' is not one of \('cpu', 'cuda'\)"):
         sizing.idle_timeout("tpu", "step", 64, 8, 50)
+
+
+@pytest.mark.parametrize(
+    "mode, rows, layers, steps, microseconds",
+    [
+        ("step", 65_536, 50, 50, 124_250_000),  # 5 x 8.875 s x 2.8 = 124.25 s (60 s without turns)
+        ("step", 4_096, 8, 50, 60_000_000),  # 5 x 0.089 s x 2.8 < 60 s
+        ("request", 65_536, 8, 30, 178_920_000),  # 30 x 1.42 s x 1.5 x 2.8 (63.9 s without turns)
+    ],
+)
+def test_the_idle_timeout_counts_a_wait_for_the_gpu_turn(mode, rows, layers, steps, microseconds):
+    """Issue 43 item 1: with GPU turns an execute may hold one wait for its turn (a quarter of the
+    idle timeout, h3_dit's wait limit) and steps time-sliced with a stuck decode (2.1x): the idle
+    timeout still holds the execute's steps with the old margin in the other three quarters."""
+    assert sizing.TURNS_IDLE_FACTOR == pytest.approx(2.8) and sizing.TURN_WAIT_FRACTION == 4
+    idle_us, why = sizing.idle_timeout("cuda", mode, rows, layers, steps, gpu_turns=True)
+    assert idle_us == microseconds
+    factor = sizing.STEP_IDLE_FACTOR if mode == "step" else steps * sizing.REQUEST_IDLE_FACTOR
+    idle_s, step = idle_us / 1e6, sizing.step_seconds(rows, layers)
+    assert idle_s / 4 + factor * step * sizing.TIME_SLICED_SLOWDOWN <= idle_s + 1e-6
+    assert " x 2.8 (GPU turns)" in why
+
+
+def test_every_cache_has_a_term_in_the_gpu_rows():
+    """Issue 43 item 3: the step caches of the held requests (768 B a row each, 12 held: 9,216 B,
+    2.5 % of an H3 row of 67 x 5,376 = 360,192 B) and the CUDA graph pool (4,096 rows of
+    activations: 1,407 MiB for H3 in bf16) come off a GPU's rows."""
+    assert sizing.held_cache_bytes_per_row(4 + 8, step_cache=True) == 9_216
+    assert sizing.held_cache_bytes_per_row(4 + 8, step_cache=False) == 0
+    assert sizing.graph_pool_bytes(5376, 67) == 4096 * 67 * 5376 == 1_475_346_432  # 1,407 MiB
+    free, weights = 40 * 2**30, 20 * 2**30
+    assert sizing.gpu_max_batch_rows(free, weights, 0, 5376, 67) == 59_584  # 21,474,836,480 / 360,192 = 59,620.3
+    # (21,474,836,480 - 1,475,346,432) / 369,408 = 54,139.6 -> 54,080
+    assert sizing.gpu_max_batch_rows(free, weights, sizing.graph_pool_bytes(5376, 67), 5376, 67, 9_216) == 54_080

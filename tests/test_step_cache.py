@@ -15,7 +15,13 @@ import torch
 from h3_core.config import get_config
 from h3_core.diffusion import layout as L
 from h3_core.diffusion.engine import Engine
-from h3_core.diffusion.request import GenerationRequest, RequestLimits, validate_request
+from h3_core.diffusion.request import (
+    STEP_CACHE_BYTES_PER_ROW,
+    GenerationRequest,
+    RequestLimits,
+    request_memory_mb,
+    validate_request,
+)
 from h3_core.diffusion.step_cache import polyval
 from h3_core.model import H3DiT
 from h3_core.model.initialization import init_weights
@@ -221,3 +227,83 @@ def test_the_polynomial_is_read_beside_the_weights(tmp_path):
     assert (
         load_cache_polynomial(Path(__file__).parents[1] / "weights" / "demo")[0] > 0
     )  # the demo's fit: the output grows with the input's change
+
+
+def test_a_skipped_step_applies_the_euler_update_of_the_last_computed_velocity(engine):
+    """Issue 43 item 4, by hand: a skipped step k runs no forward and moves the latents by
+    x_{k+1} = x_k + (sigma_k - sigma_{k+1}) v, v the velocity of the last computed step
+    (h3_spec §3.2: sigma falls from 1 to 0 and x moves along +v), in float32."""
+    state = prepare(engine, request(threshold=0.5, steps=6))
+    forwards, computed, checked = [], None, 0  # forwards: states of each forward that ran
+    forward = engine.forward
+    engine.forward = lambda states: (forwards.append(len(states)) if states else None) or forward(states)
+    try:
+        while not state.finished:
+            k, x_video, x_audio = state.step_index, state.video_latents.clone(), state.audio_latents.clone()
+            (computes,) = engine.plan_step([state])
+            before = len(forwards)
+            ((v_video, v_audio),) = engine.denoise_step([state])
+            engine.update(state, (v_video, v_audio))
+            if computes:
+                computed = (v_video.clone(), v_audio.clone())
+                continue
+            assert len(forwards) == before  # no forward for a skipped step
+            for x, v, x_next, sigmas in (
+                (x_video, computed[0], state.video_latents, state.sigmas_video),
+                (x_audio, computed[1], state.audio_latents, state.sigmas_audio),
+            ):
+                step = torch.tensor(sigmas[k] - sigmas[k + 1], dtype=torch.float32)
+                assert step > 0 and torch.equal(x_next, x + step * v)
+                assert not torch.equal(x_next, x - step * v)
+            checked += 1
+    finally:
+        del engine.forward
+    assert (checked, state.cache.skipped, forwards) == (4, 4, [1, 1])  # steps 1-4 skipped; 0 and 5 computed
+
+
+def test_a_cached_request_keeps_its_latents_not_the_modulated_input(engine):
+    """Issue 43 item 3: between steps the cache holds the last planned step's latents (the same
+    tensors, no copy) and the last computed velocity (the latents' shapes): nothing else, so not
+    the modulated input ([rows, hidden] in the model dtype, recomputed when needed)."""
+    state = prepare(engine, request(threshold=0.5, steps=6))
+    shapes = [tuple(state.video_latents.shape), tuple(state.audio_latents.shape)]
+    while not state.finished:
+        engine.plan_step([state])
+        if state.step_index < state.total_steps - 1:
+            video, audio, t_video, t_audio = state.cache.inputs
+            assert video is state.video_latents and audio is state.audio_latents
+            assert (t_video, t_audio) == (
+                1.0 - state.sigmas_video[state.step_index],
+                1.0 - state.sigmas_audio[state.step_index],
+            )
+        tensors = {
+            name: value
+            for name, value in vars(state.cache).items()
+            if isinstance(value, torch.Tensor) or (isinstance(value, tuple) and isinstance(value[0], torch.Tensor))
+        }
+        assert set(tensors) <= {"inputs", "velocity"}
+        if state.cache.velocity is not None:
+            assert [tuple(t.shape) for t in state.cache.velocity] == shapes
+        engine.update(state, engine.denoise_step([state])[0])
+    assert state.cache.inputs is None and state.cache.skipped == 4
+
+
+def test_a_cached_requests_memory_counts_its_step_cache(engine):
+    """request_memory_mb counts what a cached request keeps (768 B a row): the largest tiny
+    request (256 x 256 x 121 frames, 2,816 rows) needs 1,265 MiB uncached, 1,267 MiB cached."""
+    assert STEP_CACHE_BYTES_PER_ROW == 768
+    assert (
+        request_memory_mb(256, 256, 121, 2816, 96),
+        request_memory_mb(256, 256, 121, 2816, 96, step_cache=True),
+    ) == (
+        1265,
+        1267,
+    )
+    limits = RequestLimits(max_height=256, max_width=256, max_num_frames=121, max_request_mb=1265)
+    small = Engine(engine.dit, engine.video_vae, engine.audio_vae, limits=limits)
+    plain = GenerationRequest("-", 256, 256, 121, 2, seed=1)
+    cached = GenerationRequest("-", 256, 256, 121, 2, seed=1, cache_threshold=0.5)
+    assert len(small.prepare(plain, torch.zeros(4, engine.dit.cfg.text_dim))) == 1
+    with pytest.raises(ValueError) as error:
+        small.prepare(cached, torch.zeros(4, engine.dit.cfg.text_dim))
+    assert str(error.value) == "memory=1267 MiB is out of range: allowed up to 1265 MiB (max_request_mb)"

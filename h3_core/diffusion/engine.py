@@ -208,6 +208,7 @@ class Engine:
             request.num_frames,
             layout.seq_len * request.num_outputs,
             self.dit.cfg.hidden_size,
+            step_cache=request.cache_threshold > 0,
         )
         if memory > self.limits.max_request_mb:
             raise ValueError(
@@ -245,8 +246,10 @@ class Engine:
     def plan_step(self, states: list[RequestState]) -> list[bool]:
         """Whether each state computes its next step (True) or takes it with its cached velocity
         (False): the step cache's decision (h3_core.diffusion.step_cache), made once per step of
-        a state with cache threshold > 0 from its own rows alone (step_cache.modulated_input; its
-        change metric is read on the host, so on a GPU this waits for the state's latents) and
+        a state with cache threshold > 0 from its own rows alone (step_cache.modulated_input of
+        this step and, recomputed from the latents the cache kept, of the last planned one: the
+        cache keeps no [rows, hidden] tensor between steps; the change metric is read on the
+        host, so on a GPU this waits for the state's latents) and
         kept in its StepCache (later calls for the same step return it). A state with threshold
         0 and a finished state compute. Raises AttributeError for a cached state when the DiT is
         not an H3DiT (a sequence-parallel DiT; h3_dit refuses such requests)."""
@@ -254,18 +257,17 @@ class Engine:
             cache, step = state.cache, state.step_index
             if cache.threshold > 0 and cache.planned_step != step and not state.finished:
                 last = step == state.total_steps - 1  # computed: no metric needed
-                modulated = (
-                    None
-                    if last
-                    else modulated_input(
-                        self.dit,
-                        state.video_latents,
-                        state.audio_latents,
-                        1.0 - state.sigmas_video[step],
-                        1.0 - state.sigmas_audio[step],
-                    )
+                inputs = (
+                    state.video_latents,
+                    state.audio_latents,
+                    1.0 - state.sigmas_video[step],
+                    1.0 - state.sigmas_audio[step],
                 )
-                cache.plan(step, state.total_steps, modulated, self.cache_polynomial)
+                measured = not last and 0 < step and cache.velocity is not None and cache.inputs is not None
+                modulated = modulated_input(self.dit, *inputs) if measured else None
+                previous = modulated_input(self.dit, *cache.inputs) if measured else None
+                cache.plan(step, state.total_steps, modulated, previous, self.cache_polynomial)
+                cache.inputs = None if last else inputs
         return [not state.cache.skips(state.step_index) for state in states]
 
     def denoise_step(self, states: list[RequestState]) -> list[tuple[torch.Tensor, torch.Tensor]]:

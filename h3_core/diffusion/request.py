@@ -14,6 +14,9 @@ INT64_MAX = 2**63 - 1
 # decoded voxel (height x width x frames aligned to 17n+5). Rounded up:
 DIT_BYTES_PER_ROW_AND_WIDTH = 96
 DECODE_BYTES_PER_VOXEL = 160
+# What a cached request (cache_threshold > 0) keeps between steps, per packed row: its last planned
+# latents and last computed velocity, float32, at most 96 wide each (h3_core.diffusion.step_cache).
+STEP_CACHE_BYTES_PER_ROW = 2 * 96 * 4
 
 
 @dataclass(frozen=True)
@@ -111,10 +114,13 @@ def request_memory_mb(
     rows: int,
     hidden_size: int,
     bytes_per_row_and_width: int = DIT_BYTES_PER_ROW_AND_WIDTH,
+    step_cache: bool = False,
 ) -> int:
     """Estimated peak memory (MiB, rounded up) one request adds to the server: the DiT step
     activations for its packed rows (all outputs) plus the video VAE decoding one output
-    (outputs are decoded one at a time). The largest tiny request the default limits allow
+    (outputs are decoded one at a time), plus with `step_cache` (cache_threshold > 0) what its
+    step caches keep, STEP_CACHE_BYTES_PER_ROW a row (768 B: 12 MiB for one H3 output at its
+    default canvas, 16,384 rows). The largest tiny request the default limits allow
     (256 x 256 x 121 frames, one output, 2816 rows; 3072 with a 256-token prompt) needs
     25 + 1240 = 1265 MiB (1267). bytes_per_row_and_width: the DiT's activation bytes per packed
     row and unit of hidden_size; the default is the CPU float32 measurement, the one
@@ -122,6 +128,8 @@ def request_memory_mb(
     total = bytes_per_row_and_width * rows * hidden_size + DECODE_BYTES_PER_VOXEL * height * width * align_num_frames(
         num_frames
     )
+    if step_cache:
+        total += STEP_CACHE_BYTES_PER_ROW * rows
     return -(-total // 2**20)
 
 

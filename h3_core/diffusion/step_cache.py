@@ -16,6 +16,14 @@ the estimated relative change of the model's output (fitted per model, benchmark
 --fit; CACHE_FILE beside the weights; IDENTITY_POLYNOMIAL where the weights have none). While
 accumulated < threshold the step is skipped; otherwise it is computed and accumulated restarts at 0.
 All of it lives in the request's StepCache (field_bug_cases.md K6: nothing is kept per model).
+
+Memory: the cache keeps only what the decision needs between steps, the last planned step's
+latents and timesteps (`inputs`, [V, 96] + [2*T_a, 32] float32) and the last computed velocity
+(the same shapes), not the modulated input itself: Engine.plan_step recomputes the previous
+step's modulated input from `inputs` (the same function of the same tensors: the same values).
+For H3 at its default canvas (672 x 384 px, 209 frames: 15,624 video + 696 audio rows, hidden
+5376, bf16) that is 2 x 5.8 MiB an output instead of 167 MiB of modulated input plus 5.8 MiB;
+request_memory_mb counts it (STEP_CACHE_BYTES_PER_ROW) and server.sizing for every held request.
 """
 
 from dataclasses import dataclass
@@ -79,7 +87,8 @@ class StepCache:
     threshold: the request's cache_threshold (0 = off: every step computed, nothing kept).
     planned_step: the step index whose decision `skip` holds (-1: none planned yet).
     accumulated: sum of polynomial(rel) since the last computed step.
-    modulated: the modulated input of the last planned step ([rows, hidden], model dtype).
+    inputs: (video float32 [V, 96], audio float32 [2*T_a, 32], t_video, t_audio) of the last
+        planned step, from which its modulated input is recomputed (None after the last step).
     velocity: (video float32 [V, 96], audio float32 [2*T_a, 32]) of the last computed step.
     skipped: steps taken with the cached velocity so far.
     """
@@ -88,22 +97,30 @@ class StepCache:
     planned_step: int = -1
     skip: bool = False
     accumulated: float = 0.0
-    modulated: torch.Tensor | None = None
+    inputs: tuple[torch.Tensor, torch.Tensor, float, float] | None = None
     velocity: tuple[torch.Tensor, torch.Tensor] | None = None
     skipped: int = 0
 
-    def plan(self, step: int, total_steps: int, modulated: torch.Tensor, polynomial: tuple[float, ...]) -> bool:
-        """Decide step `step` (0-based) of `total_steps` from its modulated input [rows,
-        hidden]; returns whether it is skipped. The first and the last steps are computed; a
-        computed step restarts the accumulation. Call once per step (Engine.plan_step does:
-        planned_step)."""
+    def plan(
+        self,
+        step: int,
+        total_steps: int,
+        modulated: torch.Tensor | None,
+        previous: torch.Tensor | None,
+        polynomial: tuple[float, ...],
+    ) -> bool:
+        """Decide step `step` (0-based) of `total_steps` from its modulated input [rows, hidden]
+        and the previous planned step's (`previous`, recomputed from `inputs`; None for the
+        first); returns whether it is skipped. The first and the last steps are computed (their
+        inputs may be None); a computed step restarts the accumulation. Call once per step
+        (Engine.plan_step does: planned_step)."""
         skip = False
         if 0 < step < total_steps - 1 and self.velocity is not None:
-            self.accumulated += polyval(polynomial, relative_change(modulated, self.modulated))
+            self.accumulated += polyval(polynomial, relative_change(modulated, previous))
             skip = self.accumulated < self.threshold
         if not skip:
             self.accumulated = 0.0
-        self.planned_step, self.skip, self.modulated = step, skip, modulated
+        self.planned_step, self.skip = step, skip
         return skip
 
     def skips(self, step: int) -> bool:

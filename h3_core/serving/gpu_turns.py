@@ -18,10 +18,19 @@ own time / `share` when that is longer; docs/deploy_h200.md measures both).
 The turn is an exclusive flock on <folder>/gpu-<uuid>.turn, where <folder> is the server's shared
 folder (h3_core.serving.registry.server_folder) and <uuid> the GPU's, so that every process of the
 server that names the GPU, under any index, meets the same lock. A DiT instance waiting for the turn
-holds a shared flock on gpu-<uuid>.want, h3_vae waiting for it one on gpu-<uuid>.tiles-want; the
-last step's seconds are the turn file's first 8 bytes
-(a little-endian float64). The kernel drops a dead process's flocks, so a crash on one side never
-blocks the other.
+holds a shared flock on gpu-<uuid>.want, h3_vae waiting for it one on gpu-<uuid>.tiles-want. The
+turn file holds the last step's seconds (a little-endian float64) and how many turns the DiT
+instances and h3_vae have taken (two uint64), each written by the holder of the turn. The kernel
+drops a dead process's flocks, so a crash on one side never blocks the other.
+
+Waits are bounded, logged and never poll: a waiting side blocks in flock(2) on a helper thread of
+its own open of the file while it waits on a condition with a deadline (`TurnClock`), which
+`stop()` also ends. A DiT step waits at most `wait_limit_s` for the turn (h3_dit passes
+max_sequence_idle / TURN_WAIT_FRACTION: server.sizing counts that wait in the idle timeout), h3_vae
+at most TILES_WAIT_LIMIT_S; then the work runs without the turn (time-slicing the GPU) and a warning
+is logged. Such a timeout is remembered until the other side is seen taking a turn (its count in
+the turn file moves) or the turn is found free: until then each step (or tile) takes the turn only
+if it is free at once, so a stuck h3_vae costs one wait, not one per step.
 """
 
 import fcntl
@@ -39,12 +48,19 @@ import torch
 # of the last step's seconds: a turn while a DiT step waits; with the tile that ends the turn, a
 # waiting step is delayed about 5 % at most (docs/deploy_h200.md)
 DEFAULT_SHARE = 0.04
-POLL_S = 0.0005  # seconds between looks at whether the other side, waiting, has taken the turn
-# seconds a DiT step waits for the turn before it steps without it (time-slicing the GPU), so that an
-# h3_vae stuck in a decode stalls no step for longer: far above a turn (0.04 x a step of seconds)
-# and above a hook VAE's whole-clip decode, which is one tile
-STEP_WAIT_LIMIT_S = 60.0
-_STEP_SECONDS = struct.Struct("<d")
+# A DiT step waits at most max_sequence_idle / TURN_WAIT_FRACTION for its turn (h3_dit's wait_limit_s),
+# so that an execute holding that wait and its steps stays within the idle timeout (server.sizing):
+# 15 s at the 60 s floor, far above a turn (0.04 x a step of seconds) and above a hook VAE's
+# whole-clip decode, which is one tile.
+TURN_WAIT_FRACTION = 4
+# Seconds h3_vae waits for the turn before a tile runs without it (an h3_dit step stuck): a step
+# holds the turn for one step only, a few seconds for the largest sized pack (server.sizing).
+TILES_WAIT_LIMIT_S = 60.0
+# Seconds h3_vae, having given the turn up to a waiting step, waits at least for that step to take
+# it before asking again (at most two steps' time: with two DiT instances a step may always wait).
+HANDOVER_MIN_S = 1.0
+_TURN_FILE = struct.Struct("<dQQ")  # last step's seconds, turns taken by DiT steps, turns taken by h3_vae
+SIDES = ("step", "tiles")
 log = logging.getLogger("h3_dit")
 
 
@@ -55,6 +71,19 @@ def gpu_key(device: str | torch.device) -> str:
     if device.type != "cuda":
         raise ValueError(f"GPU turns need a CUDA device, got {device}")
     return str(torch.cuda.get_device_properties(device).uuid)
+
+
+class TurnClock:
+    """The clock of the turns' deadlines: time.monotonic, and a wait on a condition until a
+    predicate holds or a deadline passes (threading.Condition.wait_for). Tests pass a fake one."""
+
+    def now(self) -> float:
+        """Seconds on a monotonic clock."""
+        return time.monotonic()
+
+    def wait(self, condition: threading.Condition, predicate: Callable[[], bool], deadline: float) -> bool:
+        """Wait (holding `condition`) until predicate() or now() >= deadline; returns predicate()."""
+        return condition.wait_for(predicate, max(0.0, deadline - self.now()))
 
 
 class GpuTurns:
@@ -68,10 +97,12 @@ class GpuTurns:
         synchronize: waits until the device has finished the work queued so far (on a GPU
             torch.cuda.synchronize of its device); called after every tile and before every
             turn is given up (an error it raises is raised after the turn is given up).
-        step_wait_limit_s: seconds `step` waits for the turn before it steps without it.
+        wait_limit_s: seconds a step (or a tile) waits for the turn before it runs without it.
+        clock: the deadlines' clock (TurnClock).
 
-    The guarantee of one turn between two steps holds for one DiT process per GPU (the writer
-    places one); with more, h3_vae still gets turns, later.
+    One DiT process per GPU (what the writer places) gets h3_vae one turn between any two steps;
+    with two, h3_vae waits at most for the step that holds the turn and one that was already
+    blocked on it (tests/test_gpu_turns.py).
 
     Raises OSError when the files cannot be opened.
     """
@@ -82,32 +113,76 @@ class GpuTurns:
         key: str,
         share: float,
         synchronize: Callable[[], None],
-        step_wait_limit_s: float = STEP_WAIT_LIMIT_S,
+        wait_limit_s: float = TILES_WAIT_LIMIT_S,
+        clock: TurnClock | None = None,
     ):
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        self.share, self.synchronize, self.step_wait_limit_s = share, synchronize, step_wait_limit_s
-        self.turn = os.open(folder / f"gpu-{key}.turn", os.O_RDWR | os.O_CREAT, 0o600)
-        self.want = os.open(folder / f"gpu-{key}.want", os.O_RDWR | os.O_CREAT, 0o600)
-        self.tiles_want = os.open(folder / f"gpu-{key}.tiles-want", os.O_RDWR | os.O_CREAT, 0o600)
+        self.share, self.synchronize, self.wait_limit_s = share, synchronize, wait_limit_s
+        self.clock = clock or TurnClock()
+        self.paths = {name: folder / f"gpu-{key}.{name}" for name in ("turn", "want", "tiles-want")}
+        self.turn, self.want, self.tiles_want = (
+            os.open(path, os.O_RDWR | os.O_CREAT, 0o600) for path in self.paths.values()
+        )
         self.tiling = threading.Lock()  # one decode of this process takes turns at a time
-        self.held, self.since = False, 0.0
+        self.wake = threading.Condition()  # a helper took a lock, or stop()
+        self.stopped = False
+        self.holding: int | None = None  # the open file that holds the turn (tiles)
+        self.since = 0.0
+        # after a timeout: the other side's count of turns then (remembered until it moves)
+        self.timed_out_at: dict[str, int | None] = {side: None for side in SIDES}
+
+    @property
+    def held(self) -> bool:
+        """Whether this process's decode holds the turn now."""
+        return self.holding is not None
 
     @classmethod
-    def on_device(cls, folder: str | Path, device: str | torch.device, share: float = DEFAULT_SHARE) -> "GpuTurns":
+    def on_device(
+        cls,
+        folder: str | Path,
+        device: str | torch.device,
+        share: float = DEFAULT_SHARE,
+        wait_limit_s: float = TILES_WAIT_LIMIT_S,
+    ) -> "GpuTurns":
         """The turns of CUDA device `device` (gpu_key), synchronizing that device."""
         device = torch.device(device)
-        return cls(folder, gpu_key(device), share, lambda: torch.cuda.synchronize(device))
+        return cls(folder, gpu_key(device), share, lambda: torch.cuda.synchronize(device), wait_limit_s)
+
+    def stop(self) -> None:
+        """End every wait at once, now and later (model unload, drain): work runs without the turn."""
+        with self.wake:
+            self.stopped = True
+            self.wake.notify_all()
 
     def close(self) -> None:
-        """Close the files (giving up any turn held)."""
+        """stop(), and close the files (giving up any turn held)."""
+        self.stop()
+        if self.holding is not None:
+            os.close(self.holding)
+            self.holding = None
         for fd in (self.turn, self.want, self.tiles_want):
             os.close(fd)
 
+    def _read(self) -> tuple[float, int, int]:
+        data = os.pread(self.turn, _TURN_FILE.size, 0)
+        return _TURN_FILE.unpack(data) if len(data) == _TURN_FILE.size else (0.0, 0, 0)
+
     def last_step_s(self) -> float:
         """Seconds of the last step a DiT instance took on this GPU (0.0 before the first)."""
-        data = os.pread(self.turn, _STEP_SECONDS.size, 0)
-        return _STEP_SECONDS.unpack(data)[0] if len(data) == _STEP_SECONDS.size else 0.0
+        return self._read()[0]
+
+    def turns_taken(self, side: str) -> int:
+        """How many turns `side` ("step": the DiT instances, "tiles": h3_vae) has taken on this GPU."""
+        return self._read()[1 + SIDES.index(side)]
+
+    def _record(self, side: str, step_s: float | None = None) -> None:
+        """Count a turn of `side` (and store a step's seconds); the caller holds the turn."""
+        values = list(self._read())
+        values[1 + SIDES.index(side)] += 1
+        if step_s is not None:
+            values[0] = step_s
+        os.pwrite(self.turn, _TURN_FILE.pack(*values), 0)
 
     def dit_waiting(self) -> bool:
         """Whether a DiT instance waits for the turn now."""
@@ -117,37 +192,96 @@ class GpuTurns:
         """Whether h3_vae waits for the turn now."""
         return _held_by_others(self.tiles_want)
 
-    @contextmanager
-    def step(self) -> Iterator[None]:
-        """The DiT's side: hold the turn for one packed step. Waits (announcing itself in the want
-        file) for the turn, letting a waiting h3_vae take it first; on leaving, waits for the device
-        to finish the step, stores its seconds (turn taken to device done) and gives the turn up,
-        also when the step raised. Without the turn after step_wait_limit_s seconds (an h3_vae
-        stuck in a decode) it logs a warning and steps without it."""
-        deadline = time.monotonic() + self.step_wait_limit_s
-        fcntl.flock(self.want, fcntl.LOCK_SH)
+    def _lock(self, name: str, deadline: float) -> int | None:
+        """An open of file `name` holding an exclusive flock on it, taken before `deadline` (on
+        self.clock) unless stop() was called; None otherwise. No polling: a helper thread blocks
+        in flock(2) and, when it gets the lock after the caller gave up, closes the file."""
+        fd = os.open(self.paths[name], os.O_RDWR)
         try:
-            while self.tiles_waiting() and time.monotonic() < deadline:  # until h3_vae holds the turn
-                time.sleep(POLL_S)
-            held = _lock_before(self.turn, deadline)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            pass
+        if self.stopped or self.clock.now() >= deadline:  # no wait: no helper left blocked behind
+            os.close(fd)
+            return None
+        state = {"taken": False, "abandoned": False}
+
+        def take() -> None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            with self.wake:
+                if state["abandoned"]:
+                    os.close(fd)
+                else:
+                    state["taken"] = True
+                    self.wake.notify_all()
+
+        threading.Thread(target=take, name=f"gpu-turns-{name}", daemon=True).start()
+        with self.wake:
+            if self.clock.wait(self.wake, lambda: state["taken"] or self.stopped, deadline) and state["taken"]:
+                return fd
+            if state["taken"]:  # stopped as it came
+                os.close(fd)
+            else:
+                state["abandoned"] = True
+            return None
+
+    def _wait_for_other(self, name: str, deadline: float) -> None:
+        """Wait (bounded) until nobody holds a shared flock on `name` (the other side, waiting,
+        has taken the turn and let go of its want file)."""
+        fd = self._lock(name, deadline)
+        if fd is not None:
+            os.close(fd)
+
+    def _take(self, side: str, want: int, other_want: str | None) -> int | None:
+        """The turn for `side`: announce it (a shared flock on `want`), first let the other side,
+        when it waits (`other_want` given), take the turn, then take it. Waits at most
+        wait_limit_s, or not at all while a remembered timeout holds (module docstring); logs a
+        timeout. Returns the open file holding the turn, or None (run without it)."""
+        other = SIDES[1 - SIDES.index(side)]
+        stuck = self.timed_out_at[side] is not None and self.timed_out_at[side] == self.turns_taken(other)
+        deadline = self.clock.now() + (0.0 if stuck else self.wait_limit_s)
+        fcntl.flock(want, fcntl.LOCK_SH)
+        try:
+            if other_want is not None and not stuck:
+                self._wait_for_other(other_want, deadline)
+            fd = self._lock("turn", deadline)
         finally:
-            fcntl.flock(self.want, fcntl.LOCK_UN)
-        if not held:
+            fcntl.flock(want, fcntl.LOCK_UN)
+        if fd is not None:
+            self.timed_out_at[side] = None
+        elif not stuck and not self.stopped:
+            self.timed_out_at[side] = self.turns_taken(other)
+            who = "h3_vae stuck in a decode?" if side == "step" else "an h3_dit step stuck?"
+            what = "steps run" if side == "step" else "tiles run"
             log.warning(
-                "GPU turns: the turn was not given in %g s (h3_vae stuck in a decode?): this step runs without it",
-                self.step_wait_limit_s,
+                "GPU turns: the turn was not given in %g s (%s): %s without it until it is free again",
+                self.wait_limit_s,
+                who,
+                what,
             )
+        return fd
+
+    @contextmanager
+    def step(self, timed: bool = True) -> Iterator[None]:
+        """The DiT's side: hold the turn for one packed step (or, with timed False, other device
+        work of the step loop, such as the step cache's plan). Waits (announcing itself in the
+        want file) for the turn, letting a waiting h3_vae take it first; on leaving, waits for
+        the device to finish, stores the step's seconds (turn taken to device done; timed only)
+        and gives the turn up, also when the block raised. Without the turn (module docstring:
+        a bounded wait) the block runs without it."""
+        fd = self._take("step", self.want, "tiles-want")
         start = time.perf_counter()
         try:
             yield
         finally:
             try:
                 self.synchronize()
-                if held:
-                    os.pwrite(self.turn, _STEP_SECONDS.pack(time.perf_counter() - start), 0)
+                if fd is not None:
+                    self._record("step", time.perf_counter() - start if timed else None)
             finally:
-                if held:
-                    fcntl.flock(self.turn, fcntl.LOCK_UN)
+                if fd is not None:
+                    os.close(fd)
 
     @contextmanager
     def tiles(self) -> Iterator[Callable[[], AbstractContextManager[None]]]:
@@ -164,18 +298,20 @@ class GpuTurns:
     @contextmanager
     def _tile(self) -> Iterator[None]:
         """One tile of the decode in `tiles`: take the turn unless held (giving it up first when a
-        DiT step waits and this turn has lasted its share), run the tile, wait for the device."""
+        DiT step waits and this turn has lasted its share, then waiting until no step waits, at
+        most two steps' time, HANDOVER_MIN_S at least), run the tile (without the turn after a
+        bounded wait), wait for the device."""
         if self.held and self.dit_waiting() and time.perf_counter() - self.since >= self.share * self.last_step_s():
             self._give_up()
-            while self.dit_waiting():  # until the waiting instance holds the turn; then wait for its step
-                time.sleep(POLL_S)
+            # until no step waits: the waiting one has the turn; with two DiT instances one may
+            # always wait, so at most two steps' time (at least HANDOVER_MIN_S)
+            handover = min(self.wait_limit_s, max(HANDOVER_MIN_S, 2 * self.last_step_s()))
+            self._wait_for_other("want", self.clock.now() + handover)
         if not self.held:
-            fcntl.flock(self.tiles_want, fcntl.LOCK_SH)
-            try:
-                fcntl.flock(self.turn, fcntl.LOCK_EX)
-            finally:
-                fcntl.flock(self.tiles_want, fcntl.LOCK_UN)
-            self.held, self.since = True, time.perf_counter()
+            self.holding = self._take("tiles", self.tiles_want, None)
+            if self.holding is not None:
+                self._record("tiles")
+            self.since = time.perf_counter()
         yield
         self.synchronize()  # the tile is done on the device: the turn's length counts device time
 
@@ -184,8 +320,8 @@ class GpuTurns:
             try:
                 self.synchronize()
             finally:
-                self.held = False
-                fcntl.flock(self.turn, fcntl.LOCK_UN)
+                os.close(self.holding)
+                self.holding = None
 
 
 def _held_by_others(fd: int) -> bool:
@@ -196,19 +332,6 @@ def _held_by_others(fd: int) -> bool:
         return True
     fcntl.flock(fd, fcntl.LOCK_UN)
     return False
-
-
-def _lock_before(fd: int, deadline: float) -> bool:
-    """Take an exclusive flock on `fd`, polling until time.monotonic() reaches `deadline`.
-    Returns whether it was taken."""
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(POLL_S)
 
 
 def decode_tiles(turns: "GpuTurns | None") -> AbstractContextManager[Callable[[], AbstractContextManager[None]]]:

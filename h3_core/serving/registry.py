@@ -44,15 +44,34 @@ asks at every step boundary). A read that races a write may see a mix of the two
 value other than the one the execute started with stops it, and one equal to it is corrected by
 the next read, one step later.
 
+Dead instances: every DiT instance records its process (pid and start time) in `instances` when
+its Registry opens, and clears the rows a former process of the same instance left (Triton
+restarts a dead stub under the same name). Each write transaction first removes the live ids and
+the load of every instance whose process is gone (one /proc read per instance), and refusal()
+ignores their loads: a DiT killed with requests in flight leaves no id refused, no cancel
+answered "cancelled" and no stale "not full" load that would turn off the encoder's refusal. A
+live instance's load stays valid however old (an idle instance publishes nothing).
+
+Failures: a transaction whose COMMIT fails is rolled back (else the connection would stay inside
+it and every later BEGIN would fail). The store must be in WAL mode (checked as it opens) on a
+local filesystem: WAL's shared memory index does not work across machines, so a folder on a
+network filesystem (NETWORK_FILESYSTEMS, by statfs(2) f_type) is refused with a RuntimeError
+naming it.
+
 The folder is one per tritonserver process (the model stubs are its children and share
-os.getppid()): `<tmp>/h3-triton-<server pid>-<its start time>/`. Nothing in it is deleted while
-the server runs (a file deleted under a process that has it open would split the registry in
-two); server_folder() removes the folders of servers that are gone (a pid that no longer runs the
-process of that start time), so the next server start cleans up after a SIGKILLed one. Its
-memories are bounded by IDS_REMEMBERED and EARLY_CANCEL_SECONDS, ids by
-protocol.MAX_REQUEST_ID_CHARS (checked in the step loop).
+os.getppid()): `<tmp>/h3-triton-ns<pid namespace inode>-<server pid>-<its start time>/`. Nothing
+in it is deleted while the server runs (a file deleted under a process that has it open would
+split the registry in two); server_folder() removes the folders of servers that are gone (in this
+PID namespace, a pid that no longer runs the process of that start time), so the next server
+start cleans up after a SIGKILLed one. A folder of another PID namespace (another container
+sharing the host's /tmp) is never judged, so two containers never delete each other's live
+folders (a dead container's folders stay until /tmp is cleaned). Its memories are bounded by
+IDS_REMEMBERED and EARLY_CANCEL_SECONDS, ids by protocol.MAX_REQUEST_ID_CHARS (checked in the
+step loop).
 """
 
+import ctypes
+import ctypes.util
 import json
 import math
 import os
@@ -75,7 +94,8 @@ DATABASE_FILE = "registry.sqlite3"
 BUSY_TIMEOUT_S = 30.0  # how long a call waits for another process's write transaction
 ANNOUNCEMENTS_FILE = "announcements"  # beside DATABASE_FILE
 ANNOUNCEMENT = struct.Struct("<Qd")  # how many announcements so far, the registry clock at the last one
-SERVER_FOLDER = re.compile(r"h3-triton-(\d+)-(\d+)")  # <server pid>-<its start time in clock ticks>
+# ns<pid namespace inode>-<server pid>-<its start time in clock ticks>
+SERVER_FOLDER = re.compile(r"h3-triton-ns(\d+)-(\d+)-(\d+)")
 MEMORIES = ("cancels", "finished")  # the tables of remembered ids: request_id -> registry clock
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS live (request_id TEXT PRIMARY KEY, instance TEXT NOT NULL) WITHOUT ROWID;
@@ -87,7 +107,23 @@ CREATE INDEX IF NOT EXISTS finished_by_time ON finished (at, request_id);
 CREATE TABLE IF NOT EXISTS loads (
     instance TEXT PRIMARY KEY, held INTEGER NOT NULL, max_num_seqs INTEGER NOT NULL, max_waiting INTEGER NOT NULL
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS instances (instance TEXT PRIMARY KEY, pid INTEGER NOT NULL, started TEXT NOT NULL)
+WITHOUT ROWID;
 """
+# statfs(2) f_type of network filesystems (linux/magic.h and the filesystems' own headers)
+NETWORK_FILESYSTEMS = {
+    0x6969: "nfs",
+    0x517B: "smb",
+    0xFF534D42: "cifs",
+    0xFE534D42: "smb2",
+    0x00C36400: "ceph",
+    0x01021997: "9p",
+    0x5346414F: "afs",
+    0x0BD00BD0: "lustre",
+    0x47504653: "gpfs",
+    0x73757245: "coda",
+    0x564C: "ncp",
+}
 
 
 def _start_time(pid: int) -> str | None:
@@ -100,20 +136,41 @@ def _start_time(pid: int) -> str | None:
     return None if fields[0] in ("Z", "X") else fields[19]  # fields[0] is field 3, the state
 
 
+def pid_namespace() -> int:
+    """The inode of this process's PID namespace (/proc/self/ns/pid): equal for every process
+    of one container, different between containers."""
+    return os.stat("/proc/self/ns/pid").st_ino
+
+
+def filesystem_type(path: Path) -> int:
+    """statfs(2) f_type of the filesystem holding `path` (its magic number, linux/magic.h).
+    Raises OSError when statfs fails."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    buffer = ctypes.create_string_buffer(256)  # struct statfs (120 bytes on x86_64); f_type comes first
+    if libc.statfs(os.fsencode(path), buffer) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, os.strerror(error), str(path))
+    return ctypes.c_long.from_buffer(buffer).value & 0xFFFFFFFF
+
+
 def remove_dead_server_folders(parent: Path) -> None:
-    """Remove the folders `h3-triton-<pid>-<start time>` in `parent` whose server is gone: no
-    process `pid` runs, or one that started at another time (the pid was reused). Other names are
-    left alone; a live server's folder is kept."""
+    """Remove the folders `h3-triton-ns<pid namespace>-<pid>-<start time>` in `parent` of this
+    PID namespace whose server is gone: no process `pid` runs, or one that started at another
+    time (the pid was reused). Other names and other namespaces' folders are left alone; a live
+    server's folder is kept."""
+    namespace = str(pid_namespace())
     for folder in parent.glob("h3-triton-*"):
         match = SERVER_FOLDER.fullmatch(folder.name)
-        if match and folder.is_dir() and _start_time(int(match[1])) != match[2]:
+        if match and match[1] == namespace and folder.is_dir() and _start_time(int(match[2])) != match[3]:
             shutil.rmtree(folder, ignore_errors=True)  # another start may be removing it too
 
 
 def server_folder(server_pid: int | None = None) -> Path:
     """The shared folder of the tritonserver with pid `server_pid` (None: the calling model
-    stub's parent, the server): `<tmp>/h3-triton-<pid>-<its start time in clock ticks>`, so a
-    later process that reuses the pid never meets a dead server's ids. The folders of dead
+    stub's parent, the server; it runs in this process's PID namespace):
+    `<tmp>/h3-triton-ns<pid namespace inode>-<pid>-<its start time in clock ticks>`, so a later
+    process that reuses the pid never meets a dead server's ids, nor a server of another
+    container sharing /tmp this one's. The folders of dead
     servers beside it are removed first (remove_dead_server_folders): each model stub calls this
     as it starts. Raises ProcessLookupError when no process `server_pid` runs."""
     pid = os.getppid() if server_pid is None else server_pid
@@ -122,25 +179,34 @@ def server_folder(server_pid: int | None = None) -> Path:
         raise ProcessLookupError(f"no process {pid} runs: it has no registry folder")
     parent = Path(tempfile.gettempdir())
     remove_dead_server_folders(parent)
-    return parent / f"h3-triton-{pid}-{started}"
+    return parent / f"h3-triton-ns{pid_namespace()}-{pid}-{started}"
 
 
 class Registry:
     """The shared registry in `folder` (created if missing) as seen by DiT instance `instance`
     ("" for a reader such as the encoder). clock: wall seconds (time.time; instances share it).
-    One SQLite connection per Registry, used by one thread at a time.
+    One SQLite connection per Registry, used by one thread at a time. A DiT instance's Registry
+    records this process as the instance's and clears the rows a former process of it left.
 
-    Raises RuntimeError naming DATABASE_FILE's path when SQLite cannot read it (not a database,
-    a damaged one: sqlite3.DatabaseError, chained); the file is left as it is."""
+    Raises RuntimeError naming the folder when it is on a network filesystem
+    (NETWORK_FILESYSTEMS), naming DATABASE_FILE's path when SQLite cannot read it (not a
+    database, a damaged one: sqlite3.DatabaseError, chained; the file is left as it is) or
+    cannot put it in WAL mode."""
 
     def __init__(self, folder: Path, instance: str = "", clock: Callable[[], float] = time.time):
         self.folder, self.instance, self.clock = Path(folder), instance, clock
         self.folder.mkdir(parents=True, exist_ok=True)
+        kind = NETWORK_FILESYSTEMS.get(filesystem_type(self.folder))
+        if kind is not None:
+            raise RuntimeError(
+                f"the registry folder {self.folder} is on a network filesystem ({kind}): SQLite's WAL "
+                "needs a local one; set TMPDIR to a local folder"
+            )
         self.path = self.folder / DATABASE_FILE
         self._thread_lock = threading.Lock()
         self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
         try:
-            self._db.execute("PRAGMA journal_mode=WAL")
+            (journal,) = self._db.execute("PRAGMA journal_mode=WAL").fetchone()
             self._db.execute("PRAGMA synchronous=OFF")  # no fsync: the store lives and dies with its server
             self._db.executescript(SCHEMA)
             problems = [row[0] for row in self._db.execute("PRAGMA quick_check")]
@@ -150,23 +216,49 @@ class Registry:
         if problems != ["ok"]:
             self._db.close()
             raise RuntimeError(f"the registry {self.path} is damaged: {'; '.join(problems)}")
+        if journal != "wal":
+            self._db.close()
+            raise RuntimeError(f"the registry {self.path} could not use journal_mode=WAL: SQLite kept {journal!r}")
+        if instance:
+            with self._transaction():
+                self._db.execute("DELETE FROM loads WHERE instance = ?", (instance,))
+                self._db.execute("DELETE FROM live WHERE instance = ?", (instance,))
+                self._db.execute(
+                    "INSERT OR REPLACE INTO instances VALUES (?, ?, ?)",
+                    (instance, os.getpid(), _start_time(os.getpid())),
+                )
 
     @contextmanager
     def _transaction(self):
         """One write transaction, held for the block (BEGIN IMMEDIATE: SQLite's write lock, which
         every process of the server shares; rolled back when the block raises). Memories older
-        than EARLY_CANCEL_SECONDS are forgotten first. Yields the registry clock's now."""
+        than EARLY_CANCEL_SECONDS and the rows of dead instances are removed first. Yields the
+        registry clock's now. A COMMIT that fails is rolled back (its error raised), so the
+        connection never stays inside a transaction."""
         with self._thread_lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 now = self.clock()
                 for memory in MEMORIES:
                     self._db.execute(f"DELETE FROM {memory} WHERE at <= ?", (now - EARLY_CANCEL_SECONDS,))
+                self._remove_dead_instances()
                 yield now
+                self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
+
+    def _dead_instances(self) -> list[str]:
+        """The instances whose recorded process no longer runs (gone, or its pid reused)."""
+        rows = self._db.execute("SELECT instance, pid, started FROM instances").fetchall()
+        return [instance for instance, pid, started in rows if _start_time(pid) != started]
+
+    def _remove_dead_instances(self) -> None:
+        """Remove the rows of every dead instance; the caller holds a write transaction."""
+        for instance in self._dead_instances():
+            for table in ("live", "loads", "instances"):
+                self._db.execute(f"DELETE FROM {table} WHERE instance = ?", (instance,))
 
     def _remember(self, memory: str, request_id: str, now: float) -> None:
         """Remember `request_id` at `now` in `memory` (one of MEMORIES), keeping its
@@ -244,8 +336,8 @@ class Registry:
         deleted from the folder (other processes may have the database open); the folder goes
         when the server is gone (remove_dead_server_folders, at the next start)."""
         with self._transaction():
-            self._db.execute("DELETE FROM loads WHERE instance = ?", (self.instance,))
-            self._db.execute("DELETE FROM live WHERE instance = ?", (self.instance,))
+            for table in ("loads", "live", "instances"):
+                self._db.execute(f"DELETE FROM {table} WHERE instance = ?", (self.instance,))
 
     def announce(self, count: int = 1) -> None:
         """Announce `count` requests headed for the DiT (see the module docstring)."""
@@ -289,9 +381,12 @@ class Registry:
 
     def refusal(self) -> str | None:
         """The UNAVAILABLE message when every DiT instance that reported is full (the emptiest
-        one's), else None (also when none has reported yet). One read, no write lock."""
+        one's), else None (also when none has reported yet). The loads of dead instances are
+        ignored. One read, no write lock."""
         with self._thread_lock:
-            loads = [DitLoad(*row) for row in self._db.execute("SELECT held, max_num_seqs, max_waiting FROM loads")]
+            dead = set(self._dead_instances())
+            rows = self._db.execute("SELECT instance, held, max_num_seqs, max_waiting FROM loads").fetchall()
+        loads = [DitLoad(*row[1:]) for row in rows if row[0] not in dead]
         if not loads or not all(load.full for load in loads):
             return None
         return min(loads, key=lambda load: load.held).message()

@@ -58,6 +58,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 
 from ..diffusion.engine import Engine
 from ..model.trained_on import TrainingMetadata
@@ -301,14 +302,18 @@ class StepLoop(Admission, PackedStep):
         they can be packed, and only their handles may be answered) that has steps left
         (Engine.plan_step: its step cache decides whether it computes; a job without caching costs
         nothing here), so the scheduler packs by the rows that compute. A job whose planning
-        raises fails alone (INTERNAL)."""
-        for job in [job for job in present if self.jobs.get(job.key) is job and not job.finished]:
-            try:
-                self.engine.plan_step(job.states)
-            except Exception as error:  # noqa: BLE001 - the job fails alone
-                self.metrics.increment("h3_failures_total")
-                message = f"planning step {job.step_index + 1} failed: {type(error).__name__}: {error}"
-                self.end(job, send, Status.FAILED, "INTERNAL", message)
+        raises fails alone (INTERNAL). With GPU turns, the plan's device work (the modulated
+        inputs) takes a turn of its own when some job caches."""
+        jobs = [job for job in present if self.jobs.get(job.key) is job and not job.finished]
+        caching = self.turns is not None and any(state.cache.threshold > 0 for job in jobs for state in job.states)
+        with self.turns.step(timed=False) if caching else nullcontext():
+            for job in jobs:
+                try:
+                    self.engine.plan_step(job.states)
+                except Exception as error:  # noqa: BLE001 - the job fails alone
+                    self.metrics.increment("h3_failures_total")
+                    message = f"planning step {job.step_index + 1} failed: {type(error).__name__}: {error}"
+                    self.end(job, send, Status.FAILED, "INTERNAL", message)
 
     def run_to_completion(self, job: Job, present: list[Job], send: Send) -> None:
         """Execution mode "request": take `job`'s steps within this execute until it finishes or

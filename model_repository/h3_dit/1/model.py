@@ -24,7 +24,7 @@ from h3_core.factory import load_engine
 from h3_core.parallel.workers import SP_TIMEOUT_FRACTION
 from h3_core.protocol import AUDIO_LATENT, CONDITION_LATENTS, REQUEST, TEXT_EMBEDS, VIDEO_LATENT, cancel_info
 from h3_core.serving.events import Arrival, CancelAnswer, Ended, Heartbeat, Progress, Refused, Result
-from h3_core.serving.gpu_turns import GpuTurns
+from h3_core.serving.gpu_turns import TURN_WAIT_FRACTION, GpuTurns
 from h3_core.serving.metrics import METRICS
 from h3_core.serving.registry import Registry, server_folder
 from h3_core.serving.settings import DitSettings
@@ -185,7 +185,10 @@ class TritonPythonModel:
             Registry(folder, instance),
             TritonMetrics(labels),
             training=load_training_metadata(source),
-            turns=GpuTurns.on_device(folder, device) if settings.gpu_turns else None,
+            # a step waits for its turn at most a part of the idle timeout (server.sizing counts it)
+            turns=GpuTurns.on_device(folder, device, wait_limit_s=idle_s / TURN_WAIT_FRACTION)
+            if settings.gpu_turns
+            else None,
         )
         signal.signal(signal.SIGUSR1, lambda signum, frame: self.loop.start_draining())
 
@@ -220,5 +223,7 @@ class TritonPythonModel:
         return None
 
     def finalize(self):
+        if self.loop.turns is not None:
+            self.loop.turns.stop()
         self.loop.registry.leave()
         self.loop.engine.close()

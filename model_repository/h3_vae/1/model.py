@@ -322,6 +322,8 @@ class TritonPythonModel:
             pb_utils.Logger.log_error(f"h3_vae: the decode gauges could not be set: {error}")
 
     def finalize(self):
+        if self.turns is not None:
+            self.turns.stop()  # a decode waiting for its GPU turn goes on without it
         self.pool.close()
         self.open_decodes.close()
         self.gone.close()
