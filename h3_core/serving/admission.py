@@ -268,7 +268,7 @@ def parse(
     conditioning = {"task": task, "flow_shift": generation.video_shift, "audio_flow_shift": generation.audio_shift}
     if conditions:
         conditioning.update(conditions=conditions_info(conditions), geometry=geometry)
-    outside = [] if training is None else training.outside_size(values["height"], values["width"], values["num_frames"])
+    outside = [] if training is None else training.outside_size(values["height"], values["width"], states[0].num_frames)
     if outside + words:
         conditioning["outside_training"] = outside + words
     return Job(

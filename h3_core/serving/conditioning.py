@@ -21,6 +21,7 @@ from ..images import canvas_for_image, decode_image, fit_image
 from ..model.vae import keyframe_latent
 from ..protocol import (
     DEFAULT_FIT,
+    FIRST_FRAME,
     GUIDE_FRAMES,
     GUIDES,
     KEYFRAMES,
@@ -55,19 +56,28 @@ def read_keyframes(
     fit: str | None,
     settings: EncoderSettings,
     area: int,
+    num_frames: int,
 ) -> Keyframes:
     """Decode and fit a request's KEYFRAMES (files: the encoded images, indices: KEYFRAME_INDICES
     or None) to its canvas (height, width: HEIGHT / WIDTH or None; area: the model's default
-    canvas area in pixels). No keyframes -> Keyframes() with height/width as given.
+    canvas area in pixels; num_frames: NUM_FRAMES as asked). No keyframes -> Keyframes() with
+    height/width as given. The keyframes are sorted once, first frame then last (the row order of
+    h3_core.diffusion.layout.order_conditions): `frames`, `images`, the presentation's picture
+    numbers, `geometry`'s keyframe_sizes and the canvas (from the first frame's keyframe) all
+    follow it, whatever order KEYFRAME_INDICES lists them in.
 
     Raises ValueError naming the input: the count or indices (h3_core.protocol.keyframe_indices),
     a file (h3_core.images.decode_image: format, bytes, pixels, sides, aspect, animation,
-    truncation), or the canvas (height/width out of h3_dit's limits or not multiples of 32)."""
+    truncation; named by its position in KEYFRAMES as sent), the canvas (height/width out of
+    h3_dit's limits or not multiples of 32), or two different keyframes for NUM_FRAMES 1 (a
+    one-frame request's first frame is its last)."""
     frames = keyframe_indices(len(files), indices)
     if not files:
         return Keyframes(height=height, width=width)
+    order = sorted(range(len(files)), key=lambda i: frames[i] != FIRST_FRAME)  # first, then last
     limits = settings.image_limits()
-    decoded = [decode_image(data, f"{KEYFRAMES}[{i}]", limits) for i, data in enumerate(files)]
+    decoded = [decode_image(files[i], f"{KEYFRAMES}[{i}]", limits) for i in order]
+    frames = [frames[i] for i in order]
     source = decoded[0].shape[:2]
     canvas = "requested" if height is not None and width is not None else "from the first keyframe's aspect"
     height, width = canvas_for_image(
@@ -83,6 +93,12 @@ def read_keyframes(
         "keyframe_sizes": [list(image.shape[:2]) for image in decoded],
     }
     images = [fit_image(image, height, width, fit) for image in decoded]
+    if num_frames == 1 and len(images) == 2 and not np.array_equal(images[0], images[1]):
+        first, last = (f"{KEYFRAMES}[{i}]" for i in order)
+        raise ValueError(
+            f"{first} (first frame) and {last} (last frame) are different images, but NUM_FRAMES=1 asks for "
+            "one frame, which is both: send one keyframe, or NUM_FRAMES >= 2"
+        )
     return Keyframes(frames, images, height, width, geometry)
 
 

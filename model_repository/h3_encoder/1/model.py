@@ -152,6 +152,7 @@ class TritonPythonModel:
             parameters.get("fit"),
             self.settings,
             self.canvas_area,
+            fields.get("num_frames", self.cfg.default_num_frames),
         )
         refs = None
         if has_references:
