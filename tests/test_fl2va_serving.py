@@ -179,6 +179,11 @@ BAD = {
         dict(task="fl2va"),
         "TASK='fl2va' needs KEYFRAMES (1 or 2 images) and nothing else; got 0 keyframes and 0 guides or references",
     ),
+    "one frame, two keyframes": (
+        dict(first_frame=png(64, 96, 1), last_frame=png(64, 96, 2), num_frames=1),
+        "KEYFRAMES[0] (first frame) and KEYFRAMES[1] (last frame) are different images, but NUM_FRAMES=1 asks for "
+        "one frame, which is both: send one keyframe, or NUM_FRAMES >= 2",
+    ),
     "fit": (
         dict(first_frame=png(64, 96, 1), fit="zoom"),
         "fit='zoom' is not allowed: allowed ['crop', 'pad', 'stretch']",

@@ -104,12 +104,12 @@ class Settings:
 def video_object(job: dict, model_name: str) -> dict:
     """The OpenAI video object of a stored job, with our extensions (seed, n, num_frames (the
     served clip: aligned up to 17n+5 frames once completed), num_frames_requested (as asked; null
-    when the server's default applies), num_inference_steps, step, total_steps, queue_position, preview_step, task (sent or implied:
-    fields.task_of), inputs (the files sent, each {"variant", "index", "media_type", "url"}: its
-    download from the content route); outside_training once completed when the result's INFO
-    has it). size and seconds are what the client asked for, else the result's (null until then
-    when the server's defaults apply); progress is 100 once completed, else
-    min(99, 100 x step / total_steps)."""
+    when the server's default applies), num_inference_steps, step, total_steps, queue_position,
+    preview_step, task (sent or implied: fields.task_of), inputs (the files sent, each
+    {"variant", "index", "media_type", "url"}: its download from the content route);
+    outside_training once completed when the result's INFO has it). size and seconds are what the
+    client asked for, else the result's (null until then when the server's defaults apply);
+    progress is 100 once completed, else min(99, 100 x step / total_steps)."""
     request, outputs = job["request"], job["outputs"]
     result = outputs[0] if outputs else {}
     width, height = result.get("width", request["width"]), result.get("height", request["height"])
