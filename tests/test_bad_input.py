@@ -153,10 +153,15 @@ CASES = {
         lambda s, c: client_error(c, height=288),
         "height=288 is out of range: allowed multiples of 32 in 32..256",
     ),
-    "num_frames_zero": (lambda s, c: client_error(c, num_frames=0), "num_frames=0 is out of range: allowed 1..121"),
+    "num_frames_zero": (
+        lambda s, c: client_error(c, num_frames=0),
+        "num_frames=0 is out of range: allowed 1..124 (NUM_FRAMES; the clip is aligned up to 17n+5 frames, at most "
+        "max_num_frames=124)",
+    ),
     "num_frames_beyond_maximum": (
-        lambda s, c: client_error(c, num_frames=122),
-        "num_frames=122 is out of range: allowed 1..121",
+        lambda s, c: client_error(c, num_frames=125),
+        "num_frames=125 is out of range: allowed 1..124 (NUM_FRAMES; the clip is aligned up to 17n+5 frames, at "
+        "most max_num_frames=124)",
     ),
     "steps_zero": (
         lambda s, c: client_error(c, num_inference_steps=0),

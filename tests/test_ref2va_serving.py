@@ -48,7 +48,7 @@ def test_every_reference_kind_reaches_the_dit(client):
         guides=[(png(64, 96, 5), 4)],
     )
     frames, info = run(client, "a cat sings", **inputs)
-    assert info["task"] == "ref2va" and frames.shape == (9, 64, 96, 3)
+    assert info["task"] == "ref2va" and frames.shape == (22, 64, 96, 3)
     assert info["conditions"] == [
         {"kind": "guide", "frame": 4},
         {"kind": "image"},

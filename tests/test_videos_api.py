@@ -32,6 +32,7 @@ from .videos_api_serving import API_KEY, FrontEnd, wait_for
 # the SDK marks its videos methods deprecated (OpenAI retired its own video service); only that
 pytestmark = pytest.mark.filterwarnings("ignore:The Sora API is scheduled to permanently shut down:DeprecationWarning")
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
+NUM_FRAMES_RULE = " (NUM_FRAMES; the clip is aligned up to 17n+5 frames, at most max_num_frames=124)"
 
 
 def api_error(code: str, message: str, param: str | None = None) -> dict:
@@ -228,11 +229,9 @@ def test_server_errors_map_to_http_codes():
     ):
         error = error_from_server("INVALID_ARG", text, {"inputs": inputs})
         assert (error.status, error.param, error.message) == (400, param, f"INVALID_ARG: {message}")
-    error = error_from_server("INVALID_ARG", "num_frames=192 is out of range: allowed 1..121", {"seconds": "8"})
-    assert (error.param, error.message) == (
-        "seconds",
-        "INVALID_ARG: num_frames=192 is out of range: allowed 1..121 (seconds='8' at 24 fps)",
-    )
+    refusal = f"num_frames=192 is out of range: allowed 1..124{NUM_FRAMES_RULE}"
+    error = error_from_server("INVALID_ARG", refusal, {"seconds": "8"})
+    assert (error.param, error.message) == ("seconds", f"INVALID_ARG: {refusal} (seconds='8' at 24 fps)")
     assert error_from_server("UNAVAILABLE", full).body()["error"]["type"] == "rate_limit_error"
 
 
@@ -366,7 +365,8 @@ def test_sdk_creates_polls_and_downloads_what_the_client_api_generates(sdk, clie
         "remixed_from_video_id": None,
         "seed": 11,
         "n": 1,
-        "num_frames": 12,
+        "num_frames": 22,  # 0.5 s = 12 frames asked: the clip is aligned up to 17n+5
+        "num_frames_requested": 12,
         "num_inference_steps": 3,
         "step": 3,
         "total_steps": 3,
@@ -416,7 +416,13 @@ def test_json_create_of_several_outputs_downloads_each(sdk, client, front_end):
     )
     assert created.status_code == 200 and created.json()["status"] in ("queued", "in_progress")
     video = sdk.videos.poll(created.json()["id"])
-    assert (video.status, video.n, video.seed, video.size, video.seconds) == ("completed", 2, 4, "96x64", "0.375")
+    assert (video.status, video.n, video.seed, video.size, video.seconds) == (
+        "completed",
+        2,
+        4,
+        "96x64",
+        "0.917",
+    )  # 22 frames
     references = client.generate("a blue square", num_frames=9, num_inference_steps=2, seed=4, num_outputs=2)
     for index, reference in enumerate(references):
         content = sdk.videos.download_content(video.id, extra_query={"index": index}).content
@@ -574,7 +580,7 @@ def test_bad_input_is_refused_and_creates_nothing(sdk, front_end):
     cases = [  # (JSON body, status, message, param): ranges are the server's own INVALID_ARG text
         (
             {"prompt": "a", "seconds": "8"},
-            "num_frames=192 is out of range: allowed 1..121 (seconds='8' at 24 fps)",
+            f"num_frames=192 is out of range: allowed 1..124{NUM_FRAMES_RULE} (seconds='8' at 24 fps)",
             "seconds",
         ),
         ({"prompt": "a", "size": "100x64"}, "width=100 is out of range: allowed multiples of 32 in 32..256", "size"),
