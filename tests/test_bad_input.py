@@ -400,6 +400,24 @@ def test_bad_cancel_requests_are_refused_by_h3_cancel_as_by_h3_dit(server):
         assert (error.code, error.message) == ("INVALID_ARG", message)
 
 
+def test_direct_cancel_to_h3_dit_sends_empty_condition_latents(server):
+    """The cancel sent straight to h3_dit (README, request_contract.md) carries TEXT_EMBEDS
+    [1, 0, 0], CONDITION_LATENTS [1, 0] and REQUEST, and is answered like h3_cancel's; without
+    CONDITION_LATENTS (a required input: Triton packs only requests with the same inputs, so it
+    stays required) Triton refuses it before h3_dit runs."""
+    cancel = b'{"cancel_request_id": "issue-41-never-sent"}'
+    responses, error = raw_stream(server.grpc_url, dit_inputs(text=NO_TEXT, fields=cancel), model="h3_dit")
+    assert error is None and len(responses) == 1
+    info = json.loads(responses[0].as_numpy("INFO").reshape(-1)[0])
+    assert info == {"kind": "cancel", "request_id": "issue-41-never-sent", "state": "unknown"}
+    without = [item for item in dit_inputs(text=NO_TEXT, fields=cancel) if item.name() != "CONDITION_LATENTS"]
+    error = raw_error(server, without, model="h3_dit")
+    assert error.message == (
+        "expected 3 inputs but got 2 inputs for model 'h3_dit'. Got input(s) ['REQUEST','TEXT_EMBEDS'], but missing "
+        "required input(s) ['CONDITION_LATENTS']. Please provide all required input(s)."
+    )
+
+
 def test_bad_direct_dit_requests_leave_a_running_neighbour_bit_identical(server, client):
     # Before TEXT_EMBEDS's shape was checked, [1, 3, 0] raised in parse, the exception left
     # execute() and Triton failed every request of that execute(), the running one included,
