@@ -41,6 +41,7 @@ except ImportError:
 AUDIO_FORMATS = {"wav": "WAV", "flac": "FLAC", "mp3": "MP3"}  # FFmpeg demuxer -> the name users know
 VIDEO_FORMATS = {"mov": "MP4"}  # FFmpeg's "mov,mp4,m4a,3gp,3g2,mj2" demuxer
 MIN_FRAMES = 5  # the shortest clip the video VAE takes: 17n + 5 with n = 0 (h3_spec §4.2)
+FLOAT_SAMPLE_FORMATS = ("flt", "fltp", "dbl", "dblp")  # FFmpeg's sample formats that can hold NaN
 FRAMES_PER_CLIP = 17  # the video VAE's clip length: a clip holds 17n + 5 frames
 
 
@@ -162,8 +163,9 @@ def _resampled(container, stream, field: str) -> Iterator[tuple[int, np.ndarray]
     kHz) chunk by chunk, then the resampler's flushed tail. Resampling is FFmpeg's (PyAV's
     AudioResampler: format fltp, rate config.AUDIO_SAMPLE_RATE); mono is resampled as mono and the
     channel then duplicated (FFmpeg's own mono -> stereo mix scales it by 1/sqrt(2)). Samples are
-    clipped to [-1, 1] (a lossy decoder may overshoot). Refuses more than 2 channels, and a sample
-    rate or channel count changing mid-stream."""
+    clipped to [-1, 1] (a lossy decoder may overshoot). Refuses more than 2 channels, a sample
+    rate or channel count changing mid-stream, and a float sample that is NaN or infinite (a
+    float WAV may hold them; checked on the decoded source samples, before the resampler)."""
     channels, rate = stream.codec_context.channels, stream.codec_context.sample_rate
     if channels not in (1, 2):
         raise _Refusal(f"{field}: has {channels} audio channels; allowed 1 (mono, duplicated) or 2 (stereo)")
@@ -181,6 +183,11 @@ def _resampled(container, stream, field: str) -> Iterator[tuple[int, np.ndarray]
                 f"{field}: changes from {channels} channels at {rate} Hz to {frame.layout.nb_channels} "
                 f"at {frame.sample_rate} Hz mid-stream"
             )
+        if frame.format.name in FLOAT_SAMPLE_FORMATS and not np.isfinite(frame.to_ndarray()).all():
+            raise _Refusal(
+                f"{field}: holds non-finite samples (NaN or infinity) from {decoded / rate:.3f} s; "
+                "allowed finite samples"
+            )
         decoded += frame.samples
         yield decoded, stereo(resampler.resample(frame))
     yield decoded, stereo(resampler.resample(None))
@@ -197,6 +204,8 @@ def decode_audio(data: bytes, field: str, limits: MediaLimits) -> np.ndarray:
     - a duration from the container outside limits.min_audio_s..max_audio_s (before decoding);
     - while decoding: more than max_audio_s x the sample rate samples (decoding stops there);
       a corrupt stream (FFmpeg's reason); a sample rate or channel count changing mid-stream;
+      a float sample that is NaN or infinite ("holds non-finite samples (NaN or infinity) from
+      T s; allowed finite samples", T the start of the decoded frame that holds it);
     - after decoding: no samples at all, or fewer than min_audio_s x the sample rate.
     Durations are the source's samples / its sample rate. Silence is accepted. The first audio
     stream is decoded (cover art and other streams are ignored). A file cut short decodes to what

@@ -342,3 +342,27 @@ def test_media_limits_are_validated():
         MediaLimits(min_video_frames=0)
     with pytest.raises(ValueError, match="MediaLimits needs 0 < min_video_fps <= max_video_fps, got 30, 24"):
         MediaLimits(min_video_fps=30, max_video_fps=24)
+
+
+def float_wav(samples: np.ndarray, rate: int = config.AUDIO_SAMPLE_RATE) -> bytes:
+    """float32 [C, N] as an IEEE-float WAV file (format tag 3), which may hold NaN."""
+    channels, data = samples.shape[0], np.ascontiguousarray(samples.T).astype("<f4").tobytes()
+    fmt = struct.pack("<HHIIHH", 3, channels, rate, rate * channels * 4, channels * 4, 32)
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_float_wav_with_a_non_finite_sample_is_refused_where_it_is_decoded(bad):
+    """Issue 41 item 5: refused naming the input (before: only h3_dit noticed, after the encoder
+    and the audio VAE ran, naming no input); finite float WAVs decode as before."""
+    samples = np.random.default_rng(4).uniform(-0.5, 0.5, (2, 3 * 32000)).astype(np.float32)
+    np.testing.assert_array_equal(decode_audio(float_wav(samples), AUDIO, LIMITS), samples)
+    samples[1, 2 * 32000 + 5] = bad
+    with pytest.raises(ValueError) as refused:
+        decode_audio(float_wav(samples), AUDIO, LIMITS)
+    # FFmpeg's WAV demuxer reads 1024-sample frames: sample 64005 is in the one from 63488 (1.984 s)
+    assert (
+        str(refused.value)
+        == f"{AUDIO}: holds non-finite samples (NaN or infinity) from 1.984 s; allowed finite samples"
+    )
