@@ -27,6 +27,7 @@ from server.videos_api.store import Store
 from .serving import idle_metrics
 from .test_fl2va_serving import png as noise_png
 from .test_ref2va_serving import tone
+from .test_references import float_wav
 from .videos_api_serving import API_KEY, FrontEnd, wait_for
 
 # the SDK marks its videos methods deprecated (OpenAI retired its own video service); only that
@@ -616,6 +617,15 @@ def test_bad_input_is_refused_and_creates_nothing(sdk, front_end):
         sdk.videos.create(prompt="a", extra_body={"reference_audio": [data_url(b"RIFF", "audio/wav")]})
     assert refused.value.body["param"] == "reference_audio"
     assert refused.value.body["message"].startswith("INVALID_ARG: reference_audio[0]: ")
+    samples = np.zeros((2, 3 * 32000), dtype=np.float32)
+    samples[0, 2 * 32000 + 5] = np.nan
+    with pytest.raises(openai.BadRequestError) as refused:  # issue 41 item 5: refused where it is decoded
+        sdk.videos.create(prompt="a", extra_body={"reference_audio": [data_url(float_wav(samples), "audio/wav")]})
+    assert refused.value.body == api_error(
+        "INVALID_ARG",
+        "reference_audio[0]: holds non-finite samples (NaN or infinity) from 1.984 s; allowed finite samples",
+        "reference_audio",
+    )
     large = json.dumps({"prompt": "a" * 70000}).encode()
     bad_json = "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"
     raw = [  # (method, path, body, Content-Type, status, message)
