@@ -296,9 +296,17 @@ def _check_video_stream(container, stream, field: str, limits: MediaLimits) -> F
     return Fraction(fps)
 
 
-def decode_video(data: bytes, field: str, limits: MediaLimits) -> tuple[np.ndarray, np.ndarray | None]:
+def decode_video(
+    data: bytes, field: str, limits: MediaLimits, start_s: float = 0.0, with_audio: bool = True
+) -> tuple[np.ndarray, np.ndarray | None]:
     """Decode one reference video file: (frames uint8 RGB [T, H, W, 3] at 24 fps, its audio track
-    float32 stereo [2, N] at 32 kHz in [-1, 1], or None when the file has no audio stream).
+    float32 stereo [2, N] at 32 kHz in [-1, 1], or None when the file has no audio stream or
+    `with_audio` is False: the video without its audio, its track not decoded).
+
+    start_s: where the reference starts in the file, in seconds (protocol.REFERENCES'
+    start_time_seconds): the frames from output frame round(start_s x 24) on, and the track from
+    the same instant (config.audio_num_samples of those frames); refused when fewer than
+    min_video_frames frames remain ("start_time_seconds=S leaves N frames ...").
 
     `field` names the input in every message (e.g. "REFERENCE_VIDEOS[0]"; the audio track's as
     "REFERENCE_VIDEOS[0] audio track"). Refusals, each a ValueError naming the field, in this order:
@@ -329,11 +337,22 @@ def decode_video(data: bytes, field: str, limits: MediaLimits) -> tuple[np.ndarr
         stream = _first_stream(container, "video", field)
         fps = _check_video_stream(container, stream, field, limits)
         frames = _video_frames(container, stream, field, limits, fps)
-        if not container.streams.audio:
-            return frames, None
+        has_track = bool(container.streams.audio)
+    first = math.floor(start_s * config.FPS + 0.5)
+    if len(frames) - first < limits.min_video_frames:
+        latest = max(0.0, (len(frames) - limits.min_video_frames) / config.FPS)
+        raise _Refusal(
+            f"{field}: start_time_seconds={start_s:g} leaves {max(0, len(frames) - first)} of its {len(frames)} "
+            f"frames at {config.FPS} fps; allowed 0..{latest:.3f} s (at least min_video_frames "
+            f"{limits.min_video_frames} frames from it)"
+        )
+    frames = frames[first:]
+    if not (has_track and with_audio):
+        return frames, None
     track = f"{field} audio track"
+    skipped = config.audio_num_samples(first)
     with _open(data, track, limits, VIDEO_FORMATS) as container:
-        wanted, chunks, held = config.audio_num_samples(len(frames)), [], 0
+        wanted, chunks, held = skipped + config.audio_num_samples(len(frames)), [], 0
         for _, chunk in _resampled(container, _first_stream(container, "audio", track), track):
             chunks.append(chunk)
             held += chunk.shape[1]
@@ -341,7 +360,7 @@ def decode_video(data: bytes, field: str, limits: MediaLimits) -> tuple[np.ndarr
                 break
         if held == 0:
             raise _Refusal(f"{track}: holds no audio samples")
-    return frames, np.concatenate(chunks, axis=1)[:, :wanted]
+    return frames, np.concatenate(chunks, axis=1)[:, skipped:wanted]
 
 
 def align_reference_frames(frames: np.ndarray) -> np.ndarray:

@@ -174,7 +174,7 @@ BAD = {
     ),
     "four outputs of too many rows": (
         dict(num_outputs=4, height=256, width=256, reference_videos=[mp4(48, 256, 256, audio=False)]),
-        "(4 x 1280, references and guides included) is out of range: allowed 1..4096 (max_batch_rows)",
+        "(4 x 1344, references and guides included) is out of range: allowed 1..4096 (max_batch_rows)",
     ),
     "repeated guide frame": (
         dict(guides=[(png(64, 96, 1), 3), (png(64, 96, 2), 3)]),

@@ -23,6 +23,7 @@ from h3_core.protocol import (
     KEYFRAMES,
     PROMPT,
     REFERENCE_INPUTS,
+    REFERENCES,
     REQUEST,
     TASK,
     TASKS,
@@ -132,7 +133,11 @@ class TritonPythonModel:
         indices = read_ints(request, KEYFRAME_INDICES)
         references = {name: [bytes(data) for data in read_strings(request, name) or []] for name in REFERENCE_INPUTS}
         guide_frames = read_ints(request, GUIDE_FRAMES)
-        has_references = any(references.values()) or guide_frames is not None
+        order = read_strings(request, REFERENCES)
+        if order is not None and len(order) != 1:
+            raise ValueError(f"{REFERENCES} must hold exactly one JSON array, got {len(order)} elements")
+        order = None if order is None else order[0]
+        has_references = any(references.values()) or guide_frames is not None or order is not None
         if files and has_references:
             raise ValueError(
                 f"{KEYFRAMES} cannot be mixed with references or guides: send the first and last frames as {GUIDES} "
@@ -166,6 +171,7 @@ class TritonPythonModel:
                 parameters.get("fit"),
                 self.settings,
                 (self.cfg.default_height, self.cfg.default_width),
+                order,
             )
         check_task(task, ["keyframe"] * len(files) + (refs.kinds if refs else []))
         full = self.registry.refusal()
@@ -177,15 +183,12 @@ class TritonPythonModel:
             conditions = keyframe_conditions(self.video_vae, keyframes)
             fields.update(height=keyframes.height, width=keyframes.width, geometry=keyframes.geometry)
         elif refs is not None:
-            images = [image for _, image in refs.guides] + refs.images
-            embeds, spans = self.encoder.encode_references(
-                prompt, images, [frames for frames, _ in refs.videos], len(refs.audio)
-            )
+            embeds, spans = self.encoder.encode_references(prompt, *refs.presentation())
             conditions = reference_conditions(self.video_vae, self.audio_vae, refs)
             fields.update(height=refs.height, width=refs.width, geometry=refs.geometry)
         else:
             embeds = self.encoder.encode(prompt)
-        latents, entries = wire_conditions(conditions)
+        latents, entries = wire_conditions(conditions, refs.sources() if refs is not None else None)
         if conditions:
             fields.update(task=task, conditions=entries, vision_spans=[list(span) for span in spans])
         words = [] if self.training is None else self.training.outside_words(prompt)
