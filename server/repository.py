@@ -661,7 +661,10 @@ PROMPT_INPUTS = """\
   { name: "REFERENCE_VIDEOS" data_type: TYPE_STRING dims: [ -1 ] optional: true },
   { name: "REFERENCE_AUDIO" data_type: TYPE_STRING dims: [ -1 ] optional: true },
   { name: "GUIDES" data_type: TYPE_STRING dims: [ -1 ] optional: true },
-  { name: "GUIDE_FRAMES" data_type: TYPE_INT64 dims: [ -1 ] optional: true }
+  { name: "GUIDE_FRAMES" data_type: TYPE_INT64 dims: [ -1 ] optional: true },
+  # REFERENCES: the reference files' block order, each video's start_time_seconds and whether its
+  # audio is used (JSON, h3_core.protocol.reference_list)
+  { name: "REFERENCES" data_type: TYPE_STRING dims: [ 1 ] optional: true }
 """
 MEDIA_OUTPUTS = """\
   { name: "VIDEO_MP4" data_type: TYPE_STRING dims: [ -1 ] },
@@ -798,6 +801,7 @@ ensemble_scheduling {{
       input_map {{ key: "REFERENCE_AUDIO" value: "REFERENCE_AUDIO" }}
       input_map {{ key: "GUIDES" value: "GUIDES" }}
       input_map {{ key: "GUIDE_FRAMES" value: "GUIDE_FRAMES" }}
+      input_map {{ key: "REFERENCES" value: "REFERENCES" }}
       output_map {{ key: "TEXT_EMBEDS" value: "text_embeds" }}
       output_map {{ key: "CONDITION_LATENTS" value: "condition_latents" }}
       output_map {{ key: "REQUEST" value: "request" }}

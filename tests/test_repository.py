@@ -260,7 +260,7 @@ def test_cuda_without_a_machine_keeps_the_rows_and_derives_the_rest():
     # request_memory_mb(672, 672, 209, 4096, 5376): 96 x 4096 x 5376 + 15,100,968,960 B -> 16,418 MiB
     assert (dit.max_batch_rows, dit.row_budget, dit.max_request_mb, dit.cpu_threads) == (4096, 4096, 16_418, 1)
     tiny = R.plan("tiny", "/w", "cuda", [0]).dit  # its own canvas is under the CPU limits: they stay
-    assert (tiny.max_height, tiny.max_width, tiny.max_num_frames) == (256, 256, 121)
+    assert (tiny.max_height, tiny.max_width, tiny.max_num_frames) == (256, 256, 124)
 
 
 def test_gpu_repositories_take_steps_for_a_second_per_execute():
