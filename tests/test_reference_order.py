@@ -56,7 +56,10 @@ def test_reference_list_default_and_given_order():
             "REFERENCES[0] input 'GUIDES' is not allowed: allowed ['REFERENCE_IMAGES', 'REFERENCE_VIDEOS', "
             "'REFERENCE_AUDIO']",
         ),
-        ([{"input": REFERENCE_AUDIO, "index": 1}], "REFERENCES[0] index 1 is out of range: REFERENCE_AUDIO holds 1 files"),
+        (
+            [{"input": REFERENCE_AUDIO, "index": 1}],
+            "REFERENCES[0] index 1 is out of range: REFERENCE_AUDIO holds 1 files",
+        ),
         (
             [{"input": REFERENCE_AUDIO, "index": 0, "audio": False}],
             "REFERENCES[0]: start_time_seconds and audio are for REFERENCE_VIDEOS only",
