@@ -240,9 +240,33 @@ def source_frame(index: int, fps: Fraction) -> int:
     return math.floor(Fraction(index) * fps / config.FPS + Fraction(1, 2))
 
 
+RIGHT_ANGLES = {(1, 0, 0, 1): 0, (0, -1, 1, 0): 1, (-1, 0, 0, -1): 2, (0, 1, -1, 0): 3}  # (a, b, c, d) -> turns
+
+
+def display_turns(frame, field: str) -> int:
+    """How many quarter turns counter-clockwise (np.rot90's k) show a decoded frame upright: from
+    its display matrix (FFmpeg's AV_FRAME_DATA_DISPLAYMATRIX, what a phone writes in the MP4's
+    track header; 0 without one). Raises ValueError naming the field for a matrix that mirrors
+    the picture or turns it by other than a multiple of 90 degrees."""
+    matrix = next((data for data in frame.side_data if getattr(data.type, "name", "") == "DISPLAYMATRIX"), None)
+    if matrix is None:
+        return 0
+    a, b, _, c, d = np.frombuffer(bytes(matrix)[:20], dtype="<i4").tolist()
+    if a * d - b * c < 0:
+        raise _Refusal(f"{field}: its display matrix mirrors the picture; allowed rotations by multiples of 90 degrees")
+    unit = 1 << 16  # 16.16 fixed point
+    turns = RIGHT_ANGLES.get(tuple(round(value / unit) if abs(value) in (0, unit) else None for value in (a, b, c, d)))
+    if turns is None:
+        raise _Refusal(
+            f"{field}: its display matrix turns the picture by {frame.rotation:g} degrees; allowed multiples of 90"
+        )
+    return turns
+
+
 def _video_frames(container, stream, field: str, limits: MediaLimits, fps: Fraction) -> np.ndarray:
     """Decode the frames of `stream` (n of them at `fps`) and keep the 24 fps ones: output frame k
-    of ceil(n x 24 / fps) is source frame min(source_frame(k, fps), n - 1)."""
+    of ceil(n x 24 / fps) is source frame min(source_frame(k, fps), n - 1), turned upright by its
+    display matrix (display_turns)."""
     width, height = stream.codec_context.width, stream.codec_context.height
     max_frames = math.floor(Fraction(limits.max_video_s) * fps)
     picked, last, count = [], None, 0
@@ -258,14 +282,14 @@ def _video_frames(container, stream, field: str, limits: MediaLimits, fps: Fract
             )
         rgb = None
         while source_frame(len(picked), fps) == count:
-            rgb = last.to_ndarray(format="rgb24") if rgb is None else rgb
+            rgb = np.rot90(last.to_ndarray(format="rgb24"), display_turns(last, field)) if rgb is None else rgb
             picked.append(rgb)
         count += 1
     if count == 0:
         raise _Refusal(f"{field}: holds no video frames")
     total = math.ceil(Fraction(count * config.FPS) / fps)
     if total > len(picked):
-        picked += [last.to_ndarray(format="rgb24")] * (total - len(picked))
+        picked += [np.rot90(last.to_ndarray(format="rgb24"), display_turns(last, field))] * (total - len(picked))
     if total < limits.min_video_frames:
         raise _Refusal(
             f"{field}: is {total} frames at {config.FPS} fps ({count} at {float(fps):g} fps); "
@@ -325,7 +349,10 @@ def decode_video(
     as constant at it) becomes 24 fps by frame index: n frames at fps give T = ceil(n x 24 / fps)
     frames (the output frames starting within the source's duration), frame k being the source
     frame nearest in time, min(source_frame(k, fps), n - 1). At 24 fps the frames are the source's.
-    Rotation metadata (a phone's display matrix) is ignored: frames are as stored. Frames are
+    A display matrix (a phone's rotation) is applied as images' EXIF orientation is: frames
+    turned by its multiple of 90 degrees (a portrait phone clip comes out portrait); a matrix
+    that mirrors or turns by another angle is refused ("its display matrix mirrors the
+    picture ..."). Frames are
     converted to RGB by FFmpeg's swscale (PyAV's to_ndarray("rgb24")).
 
     The audio track (the first audio stream) is decoded as decode_audio does (mono duplicated, more

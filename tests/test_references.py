@@ -366,3 +366,48 @@ def test_a_float_wav_with_a_non_finite_sample_is_refused_where_it_is_decoded(bad
         str(refused.value)
         == f"{AUDIO}: holds non-finite samples (NaN or infinity) from 1.984 s; allowed finite samples"
     )
+
+
+def turned_mp4(degrees: float | None, hflip: bool = False) -> bytes:
+    """A 10-frame 96x64 (w x h) H.264 MP4, a white 16x16 square in its stored top-left corner,
+    with the display matrix of a counter-clockwise turn by `degrees` (and a mirror with hflip)."""
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=24)
+        stream.width, stream.height, stream.pix_fmt = 96, 64, "yuv420p"
+        if degrees is not None:
+            stream.set_display_rotation(degrees, hflip=hflip)
+        picture = np.zeros((64, 96, 3), np.uint8)
+        picture[:16, :16] = 255
+        for _ in range(10):
+            for packet in stream.encode(av.VideoFrame.from_ndarray(picture, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    "degrees, shape, corner",
+    [(None, (64, 96), (8, 8)), (90, (96, 64), (88, 8)), (-90, (96, 64), (8, 56)), (180, (64, 96), (56, 88))],
+)
+def test_a_display_matrix_turns_the_frames_upright(degrees, shape, corner):
+    """Issue 41 item 4: a phone's rotation is applied (the square's centre moves with the turn);
+    before, every clip came out as stored (64 x 96)."""
+    frames, _ = decode_video(turned_mp4(degrees), VIDEO, LIMITS)
+    assert frames.shape == (10, *shape, 3)
+    rows, columns = np.nonzero(frames[0, :, :, 0] > 128)
+    assert (round(rows.mean()), round(columns.mean())) == corner
+
+
+@pytest.mark.parametrize(
+    "degrees, hflip, message",
+    [
+        (0, True, "its display matrix mirrors the picture; allowed rotations by multiples of 90 degrees"),
+        (45, False, "its display matrix turns the picture by 45 degrees; allowed multiples of 90"),
+    ],
+)
+def test_a_mirroring_or_slanted_display_matrix_is_refused(degrees, hflip, message):
+    with pytest.raises(ValueError) as refused:
+        decode_video(turned_mp4(degrees, hflip), VIDEO, LIMITS)
+    assert str(refused.value) == f"{VIDEO}: {message}"
