@@ -27,7 +27,7 @@ from server.videos_api.store import Store
 from .serving import idle_metrics
 from .test_fl2va_serving import png as noise_png
 from .test_ref2va_serving import tone
-from .test_references import float_wav
+from .test_references import float_wav, turned_mp4
 from .videos_api_serving import API_KEY, FrontEnd, wait_for
 
 # the SDK marks its videos methods deprecated (OpenAI retired its own video service); only that
@@ -625,6 +625,14 @@ def test_bad_input_is_refused_and_creates_nothing(sdk, front_end):
         "INVALID_ARG",
         "reference_audio[0]: holds non-finite samples (NaN or infinity) from 1.984 s; allowed finite samples",
         "reference_audio",
+    )
+    mirrored = data_url(turned_mp4(0, hflip=True), "video/mp4")  # issue 41 item 4
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.videos.create(prompt="a", extra_body={"reference_videos": [mirrored]})
+    assert refused.value.body == api_error(
+        "INVALID_ARG",
+        "reference_videos[0]: its display matrix mirrors the picture; allowed rotations by multiples of 90 degrees",
+        "reference_videos",
     )
     large = json.dumps({"prompt": "a" * 70000}).encode()
     bad_json = "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"
