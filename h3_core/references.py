@@ -105,6 +105,39 @@ class _Refusal(ValueError):
     """A refusal of this module (a ValueError), told apart from PyAV's ValueErrors."""
 
 
+class DecodeBudget:
+    """One request's decode budget (h3_encoder parameters max_decoded_pixels, max_decoded_samples):
+    the pixels its images and video frames decode to (width x height of each image, and of each
+    24 fps frame a video keeps, at the source's size, before any resize) and the audio samples per
+    channel at 32 kHz its audio files and video tracks decode to. take() is called as they decode,
+    so a request never holds more than its budget of decoded media (plus one image: images are
+    counted once decoded, their pixels already bounded by max_image_pixels). Raises ValueError
+    for a budget < 1."""
+
+    def __init__(self, max_pixels: int, max_samples: int):
+        if max_pixels < 1 or max_samples < 1:
+            raise ValueError(f"DecodeBudget needs max_pixels and max_samples >= 1, got {max_pixels}, {max_samples}")
+        self.max_pixels, self.max_samples = max_pixels, max_samples
+        self.pixels = self.samples = 0
+
+    def take(self, field: str, pixels: int = 0, samples: int = 0) -> None:
+        """Count `pixels` and `samples` decoded for the input `field`. Raises ValueError naming the
+        field and the budget when either total passes it."""
+        self.pixels += pixels
+        self.samples += samples
+        if self.pixels > self.max_pixels:
+            raise _Refusal(
+                f"{field}: the request's media decode to more than max_decoded_pixels={self.max_pixels} pixels "
+                "(the decode budget of one request: images and video frames in all, at their stored size)"
+            )
+        if self.samples > self.max_samples:
+            raise _Refusal(
+                f"{field}: the request's media decode to more than max_decoded_samples={self.max_samples} audio "
+                f"samples per channel at {config.AUDIO_SAMPLE_RATE} Hz (the decode budget of one request: audio "
+                "files and video sound tracks in all)"
+            )
+
+
 @contextmanager
 def _open(data: bytes, field: str, limits: MediaLimits, formats: dict[str, str]):
     """The container of `data` read by one of `formats`' demuxers (a context manager). Refuses
@@ -193,7 +226,7 @@ def _resampled(container, stream, field: str) -> Iterator[tuple[int, np.ndarray]
     yield decoded, stereo(resampler.resample(None))
 
 
-def decode_audio(data: bytes, field: str, limits: MediaLimits) -> np.ndarray:
+def decode_audio(data: bytes, field: str, limits: MediaLimits, budget: DecodeBudget | None = None) -> np.ndarray:
     """Decode one reference audio file into float32 stereo [2, N] at 32 kHz in [-1, 1].
 
     `field` names the input in every message (e.g. "REFERENCE_AUDIO[0]"). Refusals, each a
@@ -211,6 +244,7 @@ def decode_audio(data: bytes, field: str, limits: MediaLimits) -> np.ndarray:
     stream is decoded (cover art and other streams are ignored). A file cut short decodes to what
     it holds, then meets the same limits. Mono is duplicated to both channels; any sample rate is
     resampled to 32 kHz by FFmpeg (see _resampled: about n x 32000 / rate samples, within one).
+    `budget` (the request's DecodeBudget, or None) counts the samples as they decode.
     """
     with _open(data, field, limits, AUDIO_FORMATS) as container:
         stream = _first_stream(container, "audio", field)
@@ -223,6 +257,8 @@ def decode_audio(data: bytes, field: str, limits: MediaLimits) -> np.ndarray:
         for decoded, chunk in _resampled(container, stream, field):
             if decoded > limits.max_audio_s * rate:
                 raise _Refusal(f"{field}: holds more than {limits.max_audio_s} s of audio (decoded); {allowed}")
+            if budget is not None:
+                budget.take(field, samples=chunk.shape[1])
             chunks.append(chunk)
         if decoded == 0:
             raise _Refusal(f"{field}: holds no audio samples")
@@ -263,10 +299,12 @@ def display_turns(frame, field: str) -> int:
     return turns
 
 
-def _video_frames(container, stream, field: str, limits: MediaLimits, fps: Fraction) -> np.ndarray:
+def _video_frames(
+    container, stream, field: str, limits: MediaLimits, fps: Fraction, budget: DecodeBudget | None
+) -> np.ndarray:
     """Decode the frames of `stream` (n of them at `fps`) and keep the 24 fps ones: output frame k
     of ceil(n x 24 / fps) is source frame min(source_frame(k, fps), n - 1), turned upright by its
-    display matrix (display_turns)."""
+    display matrix (display_turns). Each kept frame is counted in `budget` (None: not counted)."""
     width, height = stream.codec_context.width, stream.codec_context.height
     max_frames = math.floor(Fraction(limits.max_video_s) * fps)
     picked, last, count = [], None, 0
@@ -282,6 +320,8 @@ def _video_frames(container, stream, field: str, limits: MediaLimits, fps: Fract
             )
         rgb = None
         while source_frame(len(picked), fps) == count:
+            if budget is not None:
+                budget.take(field, pixels=width * height)
             rgb = np.rot90(last.to_ndarray(format="rgb24"), display_turns(last, field)) if rgb is None else rgb
             picked.append(rgb)
         count += 1
@@ -289,6 +329,8 @@ def _video_frames(container, stream, field: str, limits: MediaLimits, fps: Fract
         raise _Refusal(f"{field}: holds no video frames")
     total = math.ceil(Fraction(count * config.FPS) / fps)
     if total > len(picked):
+        if budget is not None:
+            budget.take(field, pixels=width * height * (total - len(picked)))
         picked += [np.rot90(last.to_ndarray(format="rgb24"), display_turns(last, field))] * (total - len(picked))
     if total < limits.min_video_frames:
         raise _Refusal(
@@ -321,7 +363,12 @@ def _check_video_stream(container, stream, field: str, limits: MediaLimits) -> F
 
 
 def decode_video(
-    data: bytes, field: str, limits: MediaLimits, start_s: float = 0.0, with_audio: bool = True
+    data: bytes,
+    field: str,
+    limits: MediaLimits,
+    start_s: float = 0.0,
+    with_audio: bool = True,
+    budget: DecodeBudget | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Decode one reference video file: (frames uint8 RGB [T, H, W, 3] at 24 fps, its audio track
     float32 stereo [2, N] at 32 kHz in [-1, 1], or None when the file has no audio stream or
@@ -331,6 +378,8 @@ def decode_video(
     start_time_seconds): the frames from output frame round(start_s x 24) on, and the track from
     the same instant (config.audio_num_samples of those frames); refused when fewer than
     min_video_frames frames remain ("start_time_seconds=S leaves N frames ...").
+    budget: the request's DecodeBudget (None: not counted): every kept frame (its stored width x
+    height, before the cut at start_s) and the track's decoded samples count as they decode.
 
     `field` names the input in every message (e.g. "REFERENCE_VIDEOS[0]"; the audio track's as
     "REFERENCE_VIDEOS[0] audio track"). Refusals, each a ValueError naming the field, in this order:
@@ -363,7 +412,7 @@ def decode_video(
     with _open(data, field, limits, VIDEO_FORMATS) as container:
         stream = _first_stream(container, "video", field)
         fps = _check_video_stream(container, stream, field, limits)
-        frames = _video_frames(container, stream, field, limits, fps)
+        frames = _video_frames(container, stream, field, limits, fps, budget)
         has_track = bool(container.streams.audio)
     first = math.floor(start_s * config.FPS + 0.5)
     if len(frames) - first < limits.min_video_frames:
@@ -381,6 +430,8 @@ def decode_video(
     with _open(data, track, limits, VIDEO_FORMATS) as container:
         wanted, chunks, held = skipped + config.audio_num_samples(len(frames)), [], 0
         for _, chunk in _resampled(container, _first_stream(container, "audio", track), track):
+            if budget is not None:
+                budget.take(track, samples=chunk.shape[1])
             chunks.append(chunk)
             held += chunk.shape[1]
             if held >= wanted:

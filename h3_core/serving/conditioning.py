@@ -8,6 +8,7 @@ within h3_dit's limits, multiples of 32). Every keyframe is then fitted to the c
 request parameter "fit" (h3_core.protocol.FITS, default DEFAULT_FIT).
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,8 +33,30 @@ from ..protocol import (
     keyframe_indices,
     reference_list,
 )
-from ..references import align_reference_frames, decode_audio, decode_video
+from ..references import DecodeBudget, align_reference_frames, decode_audio, decode_video
 from .settings import EncoderSettings
+
+
+@dataclass
+class Decoding:
+    """How one request's files are decoded (h3_encoder's media workers): `budget`, the request's
+    DecodeBudget (None: not counted), and `between_files(field)`, called before each file is
+    decoded (h3_encoder: raises Cancelled once the request's id was cancelled)."""
+
+    budget: DecodeBudget | None = None
+    between_files: Callable[[str], None] = lambda field: None
+
+    def image(self, data: bytes, field: str, limits) -> np.ndarray:
+        """One image file decoded (h3_core.images.decode_image) and counted in the budget."""
+        self.between_files(field)
+        image = decode_image(data, field, limits)
+        if self.budget is not None:
+            self.budget.take(field, pixels=image.shape[0] * image.shape[1])
+        return image
+
+
+class Cancelled(Exception):
+    """A request cancelled by id while h3_encoder decoded its files (Decoding.between_files)."""
 
 
 @dataclass
@@ -58,10 +81,12 @@ def read_keyframes(
     settings: EncoderSettings,
     area: int,
     num_frames: int,
+    decoding: Decoding | None = None,
 ) -> Keyframes:
     """Decode and fit a request's KEYFRAMES (files: the encoded images, indices: KEYFRAME_INDICES
     or None) to its canvas (height, width: HEIGHT / WIDTH or None; area: the model's default
-    canvas area in pixels; num_frames: NUM_FRAMES as asked). No keyframes -> Keyframes() with
+    canvas area in pixels; num_frames: NUM_FRAMES as asked; decoding: the request's Decoding, None
+    for none). No keyframes -> Keyframes() with
     height/width as given. The keyframes are sorted once, first frame then last (the row order of
     h3_core.diffusion.layout.order_conditions): `frames`, `images`, the presentation's picture
     numbers, `geometry`'s keyframe_sizes and the canvas (from the first frame's keyframe) all
@@ -77,7 +102,8 @@ def read_keyframes(
         return Keyframes(height=height, width=width)
     order = sorted(range(len(files)), key=lambda i: frames[i] != FIRST_FRAME)  # first, then last
     limits = settings.image_limits()
-    decoded = [decode_image(files[i], f"{KEYFRAMES}[{i}]", limits) for i in order]
+    decoding = decoding or Decoding()
+    decoded = [decoding.image(files[i], f"{KEYFRAMES}[{i}]", limits) for i in order]
     frames = [frames[i] for i in order]
     source = decoded[0].shape[:2]
     canvas = "requested" if height is not None and width is not None else "from the first keyframe's aspect"
@@ -203,11 +229,13 @@ def read_references(
     settings: EncoderSettings,
     default_canvas: tuple[int, int],
     order: str | bytes | None = None,
+    decoding: Decoding | None = None,
 ) -> References:
     """Decode, check and size a request's ref2va inputs (files: REFERENCE_IMAGES, REFERENCE_VIDEOS,
     REFERENCE_AUDIO, GUIDES -> their files; guide_frames: GUIDE_FRAMES or None; order: REFERENCES'
     JSON text or None, h3_core.protocol.reference_list: the references' block order, each
-    video's start_time_seconds and whether its audio is used). The canvas is
+    video's start_time_seconds and whether its audio is used; decoding: the request's Decoding,
+    its budget and the check between files, None for none). The canvas is
     HEIGHT x WIDTH when given, else the first guide's aspect (as fl2va's first keyframe), else the
     model's default canvas (default_canvas: height, width). Guides are fitted to the canvas by
     `fit`; reference images and video frames keep their own aspect at about the canvas area
@@ -248,16 +276,20 @@ def read_references(
                 f"{GUIDE_FRAMES} value {frame} is out of range: allowed 0..{num_frames - 1} (the clip's frames)"
             )
     images, media = settings.image_limits(), settings.media_limits()
-    guide_images = [decode_image(data, f"{GUIDES}[{i}]", images) for i, data in enumerate(guides)]
+    decoding = decoding or Decoding()
+    guide_images = [decoding.image(data, f"{GUIDES}[{i}]", images) for i, data in enumerate(guides)]
     reference_images = [
-        decode_image(d, f"{REFERENCE_IMAGES}[{i}]", settings.reference_image_limits())
+        decoding.image(d, f"{REFERENCE_IMAGES}[{i}]", settings.reference_image_limits())
         for i, d in enumerate(files.get(REFERENCE_IMAGES, []))
     ]
-    videos = [
-        decode_video(d, f"{REFERENCE_VIDEOS}[{i}]", media, video_use[i]["start_time_seconds"], video_use[i]["audio"])
-        for i, d in enumerate(files.get(REFERENCE_VIDEOS, []))
-    ]
-    audio = [decode_audio(d, f"{REFERENCE_AUDIO}[{i}]", media) for i, d in enumerate(files.get(REFERENCE_AUDIO, []))]
+    videos, audio = [], []
+    for i, data in enumerate(files.get(REFERENCE_VIDEOS, [])):
+        field, use = f"{REFERENCE_VIDEOS}[{i}]", video_use[i]
+        decoding.between_files(field)
+        videos.append(decode_video(data, field, media, use["start_time_seconds"], use["audio"], decoding.budget))
+    for i, data in enumerate(files.get(REFERENCE_AUDIO, [])):
+        decoding.between_files(f"{REFERENCE_AUDIO}[{i}]")
+        audio.append(decode_audio(data, f"{REFERENCE_AUDIO}[{i}]", media, decoding.budget))
     seconds = sum(track.shape[1] for track in audio) / AUDIO_SAMPLE_RATE
     if seconds > settings.max_total_audio_s:
         raise ValueError(
