@@ -2,13 +2,20 @@
 CONDITION_LATENTS, the optional
 inputs -> REQUEST JSON (an adapter over h3_core.model.encoder and h3_core.serving.conditioning).
 Keyframe, guide and reference files are decoded, checked and sized before any model runs.
+Decoupled: a request with files is decoded by one of `media_workers` threads apart from the text
+encoder (never a second copy of it), within its decode budget, its id held in the registry so that
+a cancel by id answers "cancelled" and stops it between files; a request without files is encoded
+at once, so it never waits behind another's files. The models (text encoder, VAE encoders) run
+one request at a time (a lock); each request gets one response, its final one.
 The request parameters and the inputs' shapes are checked before the prompt
 is encoded, so a malformed request costs no encoder time; when every h3_dit instance is full
 (h3_core.serving.registry) the request is refused with UNAVAILABLE before encoding. The requests passed
 on to h3_dit are announced in the registry as the execute ends (Registry.announce), so that an
 h3_dit execute taking several steps ends at its next step boundary and takes them in."""
 
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import triton_python_backend_utils as pb_utils
 
@@ -22,7 +29,10 @@ from h3_core.protocol import (
     KEYFRAME_INDICES,
     KEYFRAMES,
     PROMPT,
+    REFERENCE_AUDIO,
+    REFERENCE_IMAGES,
     REFERENCE_INPUTS,
+    REFERENCE_VIDEOS,
     REFERENCES,
     REQUEST,
     TASK,
@@ -33,6 +43,8 @@ from h3_core.protocol import (
     implied_task,
 )
 from h3_core.serving.conditioning import (
+    Cancelled,
+    Decoding,
     keyframe_conditions,
     read_keyframes,
     read_references,
@@ -46,6 +58,9 @@ from h3_core.weights.checkpoint import source_seed
 from h3_core.weights.training_metadata import load_training_metadata
 from h3_core.weights.vae_hook import load_vaes
 from server.adapter import error_response, json_tensor, model_parameters, resolve_path, set_threads
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+MEDIA_INPUTS = (KEYFRAMES, REFERENCE_IMAGES, REFERENCE_VIDEOS, REFERENCE_AUDIO, GUIDES)  # inputs that hold files
 
 
 def read_ints(request, name: str) -> list[int] | None:
@@ -81,28 +96,75 @@ class TritonPythonModel:
         self.cfg = get_config(settings.config_name)
         self.canvas_area = self.cfg.default_height * self.cfg.default_width
         self.registry = Registry(server_folder())
+        self.models = threading.Lock()  # the text encoder and the VAEs: one request at a time
+        self.media = ThreadPoolExecutor(settings.media_workers, thread_name_prefix="h3-media")
 
     def execute(self, requests):
-        responses, passed_on = [], 0
+        """Answer each request through its response sender: one with files goes to a media
+        worker (its id held in the registry while it waits and decodes), one without is encoded
+        here at once. Returns None (decoupled)."""
         for request in requests:
-            try:
-                responses.append(self.encode(request))
-                passed_on += 1
-            except (ValueError, Overloaded) as error:
-                code = "INVALID_ARG" if isinstance(error, ValueError) else "UNAVAILABLE"
-                pb_utils.Logger.log_info(
-                    f"h3_encoder: request {request.request_id() or '(no id)'} refused: {code}: {error}"
+            files = any(pb_utils.get_input_tensor_by_name(request, name) is not None for name in MEDIA_INPUTS)
+            request_id = request.request_id()
+            if files and request_id and self.registry.hold(request_id):
+                self.respond(
+                    request, error=("CANCELLED", f"request {request_id} cancelled by request before it started")
                 )
-                responses.append(error_response(code, str(error)))
-        if passed_on:  # last: the requests reach h3_dit's queue a few ms after this
-            self.registry.announce(passed_on)
-        return responses
+            elif files:
+                self.media.submit(self.respond, request, held=bool(request_id))
+            else:
+                self.respond(request)
+        return None
 
-    def encode(self, request):
+    def respond(self, request, error: tuple[str, str] | None = None, held: bool = False) -> None:
+        """Encode `request` (unless `error`, (code, message), ends it) and send its one, final
+        response: the encoded tensors, or an error response (INVALID_ARG, UNAVAILABLE, CANCELLED);
+        a request passed on is announced to the DiT. A held id is released first."""
+        request_id = request.request_id() or "(no id)"
+        response = None
+        if error is None:
+            try:
+                response = self.encode(request, self.decoding(request, held))
+            except (ValueError, Overloaded) as refusal:
+                error = ("INVALID_ARG" if isinstance(refusal, ValueError) else "UNAVAILABLE", str(refusal))
+            except Cancelled as cancelled:
+                error = (
+                    "CANCELLED",
+                    f"request {request_id} cancelled by request while its media were decoded ({cancelled})",
+                )
+            except Exception as failure:  # noqa: BLE001 - a media worker must answer every request it took
+                pb_utils.Logger.log_error(f"h3_encoder: request {request_id} failed: {failure!r}")
+                error = ("INTERNAL", f"h3_encoder could not encode request {request_id} ({type(failure).__name__})")
+        if held:
+            self.registry.release(request.request_id(), ended=error is not None)
+        if error is not None:
+            pb_utils.Logger.log_info(f"h3_encoder: request {request_id} refused: {error[0]}: {error[1]}")
+            response = error_response(*error)
+        request.get_response_sender().send(response, flags=FINAL)
+        if error is None:  # the request reaches h3_dit's queue a few ms after this
+            self.registry.announce(1)
+
+    def decoding(self, request, held: bool) -> Decoding:
+        """A request's Decoding: its decode budget and, for a held id, a check before each file
+        that ends it (Cancelled) once a cancel by id flagged it."""
+        request_id = request.request_id()
+
+        def between_files(field: str) -> None:
+            if held and self.registry.held_cancelled(request_id):
+                raise Cancelled(f"before {field}")
+
+        return Decoding(self.settings.decode_budget(), between_files)
+
+    def finalize(self):
+        self.media.shutdown(wait=True)
+
+    def encode(self, request, decoding: Decoding):
         """One request -> TEXT_EMBEDS float32 [1, L, text_dim] + CONDITION_LATENTS float32
-        [1, N] + REQUEST. Raises ValueError naming the input or parameter for a
-        malformed request (keyframes included: decoded and checked before any model runs),
-        Overloaded when every h3_dit instance is full (h3_core.serving.registry)."""
+        [1, N] + REQUEST; its files decoded by `decoding` (budget, check between files) before
+        the models run (under self.models). Raises ValueError naming the input or parameter for a
+        malformed request (keyframes included: decoded and checked before any model runs) or a
+        decode budget passed, Overloaded when every h3_dit instance is full
+        (h3_core.serving.registry), Cancelled when its id was cancelled between two files."""
         start, received = time.perf_counter(), time.time()
         parameters = check_request_parameters(request.parameters())
         tensor = pb_utils.get_input_tensor_by_name(request, PROMPT)
@@ -158,6 +220,7 @@ class TritonPythonModel:
             self.settings,
             self.canvas_area,
             fields.get("num_frames", self.cfg.default_num_frames),
+            decoding,
         )
         refs = None
         if has_references:
@@ -172,22 +235,24 @@ class TritonPythonModel:
                 self.settings,
                 (self.cfg.default_height, self.cfg.default_width),
                 order,
+                decoding,
             )
         check_task(task, ["keyframe"] * len(files) + (refs.kinds if refs else []))
         full = self.registry.refusal()
         if full is not None:
             raise Overloaded(full)
         conditions, spans = [], []
-        if keyframes.images:
-            embeds, spans = self.encoder.encode_presentation(prompt, keyframes.images)
-            conditions = keyframe_conditions(self.video_vae, keyframes)
-            fields.update(height=keyframes.height, width=keyframes.width, geometry=keyframes.geometry)
-        elif refs is not None:
-            embeds, spans = self.encoder.encode_references(prompt, *refs.presentation())
-            conditions = reference_conditions(self.video_vae, self.audio_vae, refs)
-            fields.update(height=refs.height, width=refs.width, geometry=refs.geometry)
-        else:
-            embeds = self.encoder.encode(prompt)
+        with self.models:  # the text encoder and the VAEs: one request at a time
+            if keyframes.images:
+                embeds, spans = self.encoder.encode_presentation(prompt, keyframes.images)
+                conditions = keyframe_conditions(self.video_vae, keyframes)
+                fields.update(height=keyframes.height, width=keyframes.width, geometry=keyframes.geometry)
+            elif refs is not None:
+                embeds, spans = self.encoder.encode_references(prompt, *refs.presentation())
+                conditions = reference_conditions(self.video_vae, self.audio_vae, refs)
+                fields.update(height=refs.height, width=refs.width, geometry=refs.geometry)
+            else:
+                embeds = self.encoder.encode(prompt)
         latents, entries = wire_conditions(conditions, refs.sources() if refs is not None else None)
         if conditions:
             fields.update(task=task, conditions=entries, vision_spans=[list(span) for span in spans])
