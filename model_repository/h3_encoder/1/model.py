@@ -146,12 +146,18 @@ class TritonPythonModel:
 
     def decoding(self, request, held: bool) -> Decoding:
         """A request's Decoding: its decode budget and, for a held id, a check before each file
-        that ends it (Cancelled) once a cancel by id flagged it."""
+        that ends it (Cancelled) once a cancel by id flagged it. Each file's start is logged, with
+        what Triton's request.is_cancelled() says (logged only: README, "Scheduling, cancellation
+        and metrics", says what it was found to do for the ensemble's first step)."""
         request_id = request.request_id()
 
         def between_files(field: str) -> None:
             if held and self.registry.held_cancelled(request_id):
                 raise Cancelled(f"before {field}")
+            pb_utils.Logger.log_info(
+                f"h3_encoder: request {request_id or '(no id)'} decoding {field} "
+                f"(is_cancelled {request.is_cancelled()})"
+            )
 
         return Decoding(self.settings.decode_budget(), between_files)
 
