@@ -411,3 +411,23 @@ def test_a_mirroring_or_slanted_display_matrix_is_refused(degrees, hflip, messag
     with pytest.raises(ValueError) as refused:
         decode_video(turned_mp4(degrees, hflip), VIDEO, LIMITS)
     assert str(refused.value) == f"{VIDEO}: {message}"
+
+
+def test_a_decode_budget_stops_a_video_at_the_frame_that_passes_it():
+    """Issue 41 item 6: 48 frames of 96 x 64 are 294,912 pixels; a budget of 100,000 is passed
+    at the 17th frame (16 x 6,144 = 98,304); samples likewise (2 s of audio is 64,000)."""
+    data = encode_mp4(np.zeros((48, 64, 96, 3), np.uint8), np.zeros((2, 64000), np.float32), fps=24)
+    budget = references.DecodeBudget(100_000, 1_000_000)
+    with pytest.raises(ValueError) as refused:
+        decode_video(data, VIDEO, LIMITS, budget=budget)
+    assert str(refused.value) == (
+        f"{VIDEO}: the request's media decode to more than max_decoded_pixels=100000 pixels (the decode budget of "
+        "one request: images and video frames in all, at their stored size)"
+    )
+    assert budget.pixels == 17 * 6144
+    budget = references.DecodeBudget(10**9, 1_000_000)
+    frames, track = decode_video(data, VIDEO, LIMITS, budget=budget)
+    assert budget.pixels == 48 * 6144 and budget.samples >= track.shape[1]
+    with pytest.raises(ValueError) as refused:
+        decode_audio(wav(pcm(2, 3 * 32000)), AUDIO, LIMITS, references.DecodeBudget(1, 50_000))
+    assert str(refused.value).startswith(f"{AUDIO}: the request's media decode to more than max_decoded_samples=50000")
