@@ -299,7 +299,6 @@ class Registry:
             return None
         return min(loads, key=lambda load: load.held).message()
 
-
     def hold(self, request_id: str) -> bool:
         """h3_encoder holds `request_id` while it decodes the request's media: live on the
         instance ENCODER_INSTANCE, so that a cancel by id answers "cancelled" and flags it
