@@ -94,3 +94,34 @@ def test_one_frame_with_two_different_keyframes_is_refused_naming_both():
     )
     assert read_keyframes([png(64, 96, 1)] * 2, None, 64, 96, None, settings, 64 * 96, 1).frames == [0, -1]
     assert read_keyframes([png(64, 96, 1), png(64, 96, 2)], None, 64, 96, None, settings, 64 * 96, 2).frames == [0, -1]
+
+
+def test_served_fl2va_at_10_and_21_frames_is_the_22_frame_clip(client):
+    """Done-when (b): the same keyframes, prompt and seed at NUM_FRAMES 10, 21 and 22 are served
+    as one 22-frame clip, the last keyframe on its last frame, so the last frames are equal (within
+    0 px); INFO echoes what was asked. Before, NUM_FRAMES 10 returned 10 frames whose last frame
+    was not the one the keyframe conditioned."""
+    from tests.test_fl2va_serving import png
+
+    first, last = png(64, 96, 21), png(64, 96, 22)
+    clips = {}
+    for asked in (10, 21, 22):
+        (result,) = client.generate(
+            "a door opens",
+            height=64,
+            width=96,
+            num_frames=asked,
+            num_inference_steps=2,
+            seed=5,
+            first_frame=first,
+            last_frame=last,
+            return_mp4=False,
+            return_frames=True,
+            return_audio=True,
+        )
+        assert (result.info["num_frames_requested"], result.info["num_frames"]) == (asked, 22)
+        assert result.frames.shape == (22, 64, 96, 3) and result.audio.shape == (2, audio_num_samples(22))
+        clips[asked] = result
+    for asked in (10, 21):
+        assert np.array_equal(clips[asked].frames, clips[22].frames)
+        assert np.array_equal(clips[asked].audio, clips[22].audio)
