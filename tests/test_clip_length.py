@@ -125,3 +125,13 @@ def test_served_fl2va_at_10_and_21_frames_is_the_22_frame_clip(client):
     for asked in (10, 21):
         assert np.array_equal(clips[asked].frames, clips[22].frames)
         assert np.array_equal(clips[asked].audio, clips[22].audio)
+
+
+def test_keyframes_beside_guides_advise_guides_the_code_accepts():
+    """Item 2: the refusal advised guides at frame -1, which GUIDE_FRAMES refuses."""
+    keyframe, guide = L.ConditionBlock("keyframe", 1, 4, 6, 0, -1), L.ConditionBlock("guide", 1, 4, 6, 0, 3)
+    with pytest.raises(ValueError) as refused:
+        L.make_layout(4, 64, 96, 22, conditions=(keyframe, guide))
+    assert str(refused.value) == (
+        "keyframes cannot be mixed with guides or references: send guides at frames 0 and num_frames - 1"
+    )
