@@ -199,6 +199,7 @@ def test_short_evaluation_through_the_server(tmp_path):
         "seed": 0,
         "height": 64,
         "width": 96,
+        "num_frames_requested": 5,
         "num_frames": 5,
         "num_inference_steps": 8,
         "largest_pack": 1,
