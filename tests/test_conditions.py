@@ -328,7 +328,18 @@ KEYFRAME = {"kind": "keyframe", "frame": 0, "video": [24, 1, 2, 4]}
         (
             dict(conditions=[{**KEYFRAME, "scale": 2}]),
             None,
-            "REQUEST field 'conditions'[0] has unknown key 'scale'; allowed: ['kind', 'frame', 'video', 'audio']",
+            "REQUEST field 'conditions'[0] has unknown key 'scale'; allowed: ['kind', 'frame', 'video', 'audio', "
+            "'input', 'start_time_seconds']",
+        ),
+        (
+            dict(conditions=[{**KEYFRAME, "input": 5}]),
+            None,
+            "REQUEST field 'conditions'[0] input must be a string of at most 64 characters, got 5",
+        ),
+        (
+            dict(conditions=[{**KEYFRAME, "start_time_seconds": -1}]),
+            None,
+            "REQUEST field 'conditions'[0] start_time_seconds must be a finite number >= 0, got -1",
         ),
         (
             dict(vision_spans=[[0]]),
