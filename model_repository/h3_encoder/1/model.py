@@ -9,9 +9,9 @@ at once, so it never waits behind another's files. The models (text encoder, VAE
 one request at a time (a lock); each request gets one response, its final one.
 The request parameters and the inputs' shapes are checked before the prompt
 is encoded, so a malformed request costs no encoder time; when every h3_dit instance is full
-(h3_core.serving.registry) the request is refused with UNAVAILABLE before encoding. The requests passed
-on to h3_dit are announced in the registry as the execute ends (Registry.announce), so that an
-h3_dit execute taking several steps ends at its next step boundary and takes them in."""
+(h3_core.serving.registry) the request is refused with UNAVAILABLE before encoding. Each request
+passed on to h3_dit is announced in the registry as its response is sent (Registry.announce), so
+that an h3_dit execute taking several steps ends at its next step boundary and takes it in."""
 
 import threading
 import time
@@ -136,7 +136,12 @@ class TritonPythonModel:
                 pb_utils.Logger.log_error(f"h3_encoder: request {request_id} failed: {failure!r}")
                 error = ("INTERNAL", f"h3_encoder could not encode request {request_id} ({type(failure).__name__})")
         if held:
-            self.registry.release(request.request_id(), ended=error is not None)
+            try:
+                self.registry.release(request.request_id(), ended=error is not None)
+            except Exception as failure:  # noqa: BLE001 - the response goes out all the same
+                pb_utils.Logger.log_error(
+                    f"h3_encoder: request {request_id}: the registry could not release it: {failure!r}"
+                )
         if error is not None:
             pb_utils.Logger.log_info(f"h3_encoder: request {request_id} refused: {error[0]}: {error[1]}")
             response = error_response(*error)
