@@ -21,8 +21,8 @@ progress every step) and stops the server. Scenarios, run in this order:
       policies request, fifo and srpt (the default; row_budget 4,096, where the H200 packing
       curve (e) turns compute-bound); mean latency and time to first step against `request`.
   f:  one server in step mode with the default policy, two clients one after the other: one
-      request of the setting's shape (16,384 rows on CUDA) and steps, then one 192x128 (w x h),
-      5-frame request (128 rows with the 45-token prompt, and with the 11-token one) of
+      request of the setting's shape (16,384 rows on CUDA) and steps, then one 32x32,
+      22-frame request (128 rows with the 45-token prompt, and with the 11-token one) of
       f_small_steps steps; then, after the server has stopped, the same two requests' step
       loops in-process (load_engine as h3_dit builds it, then Engine.denoise_step +
       Engine.update, what h3_dit runs per step; no Triton) with
@@ -107,7 +107,7 @@ class Setting:
     c_repeats: int = 3
     text_len: int = TEXT_LEN  # prompt tokens with the setting's encoder: the in-process loops use as many
     # (height, width, num_frames): 128 rows with 45 (or 11) tokens; a 17n+5 length, served as asked
-    f_small: tuple[int, int, int] = (128, 192, 5)
+    f_small: tuple[int, int, int] = (32, 32, 22)
     f_small_steps: int = 50
 
 
