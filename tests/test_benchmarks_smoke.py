@@ -184,7 +184,7 @@ def test_served_bench_cpu_smoke(tmp_path):
     setting = report["setting"]
     assert report["hardware"] == "CPU" and setting["config"] == "tiny"
     assert (setting["height"], setting["width"], setting["num_frames"]) == (64, 96, 22)
-    assert (setting["c_repeats"], setting["f_small"], setting["f_small_steps"]) == (1, [64, 96, 9], 5)
+    assert (setting["c_repeats"], setting["f_small"], setting["f_small_steps"]) == (1, [32, 32, 22], 5)
     assert report["command"].endswith("--scenarios c c1 d f")
     assert list(report["runs"]) == list(SERVED_RUNS)
     assert list(report["run_seconds"]) == [*list(SERVED_RUNS)[:-1], "in_process"]  # f_served_128 shares f's server
