@@ -29,10 +29,23 @@ CANVAS_MULTIPLE = 32  # height and width must be multiples of this (h3_spec §4.
 
 
 def align_num_frames(num_frames: int) -> int:
-    """Smallest 17n+5 frame count >= num_frames (h3_spec §4.2). align(200) = 209."""
+    """Smallest 17n+5 frame count >= num_frames (h3_spec §4.2). align(200) = 209, align(10) = 22.
+
+    The one clip-length rule of every path (h3_dit, the Videos API, the CLI): a request for
+    num_frames frames is served as a clip of align_num_frames(num_frames) frames, as H3's own
+    servers do; its audio follows the aligned length and its last frame is a LAST_FRAME keyframe's
+    (h3_core.diffusion.engine.Engine.prepare, h3_core.diffusion.request.check_canvas)."""
     if num_frames <= 5:
         return 5
     return 5 + 17 * math.ceil((num_frames - 5) / 17)
+
+
+def max_requested_frames(max_num_frames: int) -> int:
+    """The largest num_frames whose aligned clip fits max_num_frames frames: the largest 17n+5
+    <= max_num_frames (121 -> 107, 209 -> 209); 0 when max_num_frames < 5 (no clip fits)."""
+    if max_num_frames < 5:
+        return 0
+    return 5 + (max_num_frames - 5) // 17 * 17
 
 
 def latent_frames(num_frames: int) -> int:

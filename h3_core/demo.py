@@ -48,7 +48,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--height", type=int, help="pixels, a multiple of 32 (default: the config's)")
     parser.add_argument("--width", type=int, help="pixels, a multiple of 32 (default: the config's)")
-    parser.add_argument("--num-frames", type=int, help="frames at 24 fps (default: the config's)")
+    parser.add_argument(
+        "--num-frames", type=int, help="frames at 24 fps, served aligned up to 17n+5 (default: the config's)"
+    )
     parser.add_argument("--steps", type=int, help="denoise steps (default: the config's)")
     parser.add_argument("--seed", type=int, help="random when left out")
     args = parser.parse_args(argv)

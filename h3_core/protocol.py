@@ -46,7 +46,9 @@ MAX_KEYFRAMES = 2
 # in all. REFERENCE_IMAGES BYTES [1, N] image files (PNG, JPEG, WebP: a character, an object);
 # REFERENCE_VIDEOS BYTES [1, N] MP4 files (with their audio track when they have one);
 # REFERENCE_AUDIO BYTES [1, N] WAV, FLAC or MP3 files (a voice, a sound). The reference blocks follow
-# in that order: images, then videos, then audio, each input in its own order. GUIDES BYTES [1, N]
+# REFERENCES' order when it is sent, else images, then videos, then audio, each input in its own
+# order (h3_spec §2.1: reference blocks in request order; where each sits in RoPE time and how the
+# prompt numbers it follow that order). GUIDES BYTES [1, N]
 # image files with GUIDE_FRAMES INT64 [1, N]: the frame (0 .. NUM_FRAMES - 1) each should appear at.
 # KEYFRAMES and references in one request are refused (fl2va's keyframes are ref2va's guides at
 # the first and last frame: send GUIDES for both).
@@ -56,6 +58,16 @@ REFERENCE_AUDIO = "REFERENCE_AUDIO"
 GUIDES = "GUIDES"
 GUIDE_FRAMES = "GUIDE_FRAMES"
 REFERENCE_INPUTS = (REFERENCE_IMAGES, REFERENCE_VIDEOS, REFERENCE_AUDIO, GUIDES)
+# REFERENCES BYTES [1, 1] (optional): the reference files in the order their blocks take, a JSON
+# array of REFERENCE_ENTRY_FIELDS objects, each file of REFERENCE_IMAGES / _VIDEOS / _AUDIO once:
+# {"input": "REFERENCE_AUDIO", "index": 0}, {"input": "REFERENCE_IMAGES", "index": 0},
+# {"input": "REFERENCE_VIDEOS", "index": 0, "start_time_seconds": 2.5, "audio": false}. A video's
+# "start_time_seconds" (>= 0, default 0) is where its use starts in the file (H3's request format);
+# "audio" false uses the video without its audio (a block of kind "video" even when the file has a
+# sound track), true (the default) with it ("video_audio" when it has one).
+REFERENCES = "REFERENCES"
+REFERENCE_ENTRY_FIELDS = ("input", "index", "start_time_seconds", "audio")
+ORDERED_INPUTS = (REFERENCE_IMAGES, REFERENCE_VIDEOS, REFERENCE_AUDIO)  # the inputs REFERENCES orders
 # default limits (h3_encoder parameters): counts per kind and in all
 MAX_REFERENCE_IMAGES, MAX_REFERENCE_VIDEOS, MAX_REFERENCE_AUDIO, MAX_REFERENCES = 9, 3, 3, 12
 # The kinds of condition block a request's rows may hold (h3_core.diffusion.layout): fl2va's keyframe,
@@ -103,8 +115,10 @@ REQUEST_FIELDS = tuple(INT_INPUTS.values()) + (
 CANCEL_FIELD = "cancel_request_id"
 # one entry of REQUEST's "conditions": "kind" (CONDITION_KINDS), "frame" (keyframes and guides:
 # the frame index), "video" (visual kinds: the latent's shape [24, T, h, w]), "audio" (audio kinds:
-# [2, 32, T])
-CONDITION_FIELDS = ("kind", "frame", "video", "audio")
+# [2, 32, T]); references also "input" (the file: "REFERENCE_AUDIO[0]") and videos
+# "start_time_seconds" (REFERENCES), both echoed in the result's INFO "conditions"
+CONDITION_FIELDS = ("kind", "frame", "video", "audio", "input", "start_time_seconds")
+CONDITION_ECHO = ("kind", "frame", "input", "start_time_seconds")  # what INFO "conditions" says of a block
 
 # Error codes: every error message starts with one of these and ": ". Streaming clients receive
 # only the message text; through the ensemble Triton 2.51 prefixes "in ensemble 'h3_pipeline', ".
@@ -221,6 +235,60 @@ def keyframe_indices(count: int, indices: list[int] | None) -> list[int]:
     if len(set(indices)) != len(indices):
         raise ValueError(f"{KEYFRAME_INDICES} {indices} repeats a frame: each keyframe conditions a different frame")
     return list(indices)
+
+
+def reference_list(raw, counts: dict[str, int]) -> list[dict]:
+    """The reference files in block order: REFERENCES' JSON text (`raw`, str or UTF-8 bytes) or,
+    when None, images, then videos, then audio, each input in its own order; `counts` maps each of
+    ORDERED_INPUTS to its number of files. Returns one dict per file with every
+    REFERENCE_ENTRY_FIELDS key ("start_time_seconds" 0.0 and "audio" True where not given; both
+    only meaningful for REFERENCE_VIDEOS). Raises ValueError naming REFERENCES and the entry:
+    not a JSON array of objects, an unknown key, an input other than ORDERED_INPUTS, an index
+    that is not an integer in 0..count - 1, start_time_seconds that is not a finite number >= 0
+    or "audio" that is not a boolean (and either on a file that is not a video), a file listed
+    twice or left out."""
+    if raw is None:
+        return [
+            {"input": name, "index": index, "start_time_seconds": 0.0, "audio": True}
+            for name in ORDERED_INPUTS
+            for index in range(counts.get(name, 0))
+        ]
+    try:
+        entries = json.loads(raw)
+    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
+        raise ValueError(f"{REFERENCES} is not valid JSON: {error}") from None
+    except RecursionError:
+        raise ValueError(f"{REFERENCES} is not valid JSON: nested too deeply") from None
+    if type(entries) is not list or not all(type(entry) is dict for entry in entries):
+        raise ValueError(f"{REFERENCES} must be a JSON array of objects, got {json.dumps(entries)[:80]}")
+    listed, seen = [], set()
+    for position, entry in enumerate(entries):
+        where = f"{REFERENCES}[{position}]"
+        unknown = sorted(set(entry) - set(REFERENCE_ENTRY_FIELDS))
+        if unknown:
+            raise ValueError(f"{where} has unknown key {unknown[0]!r}; allowed: {list(REFERENCE_ENTRY_FIELDS)}")
+        name, index = entry.get("input"), entry.get("index")
+        if name not in ORDERED_INPUTS:
+            raise ValueError(f"{where} input {name!r} is not allowed: allowed {list(ORDERED_INPUTS)}")
+        count = counts.get(name, 0)
+        if type(index) is not int or not 0 <= index < count:
+            raise ValueError(f"{where} index {index!r} is out of range: {name} holds {count} files")
+        start, audio = entry.get("start_time_seconds", 0.0), entry.get("audio", True)
+        if name != REFERENCE_VIDEOS and ("start_time_seconds" in entry or "audio" in entry):
+            raise ValueError(f"{where}: start_time_seconds and audio are for {REFERENCE_VIDEOS} only")
+        if type(start) not in (int, float) or not 0 <= start < math.inf:
+            raise ValueError(f"{where} start_time_seconds={start!r} is out of range: allowed finite >= 0 seconds")
+        if type(audio) is not bool:
+            raise ValueError(f"{where} audio must be true or false, got {json.dumps(audio)}")
+        if (name, index) in seen:
+            raise ValueError(f"{REFERENCES} lists {name}[{index}] twice: list every reference file once")
+        seen.add((name, index))
+        listed.append({"input": name, "index": index, "start_time_seconds": float(start), "audio": audio})
+    for name in ORDERED_INPUTS:
+        for index in range(counts.get(name, 0)):
+            if (name, index) not in seen:
+                raise ValueError(f"{REFERENCES} leaves out {name}[{index}]: list every reference file once")
+    return listed
 
 
 def check_request_parameters(raw: str) -> dict:

@@ -41,6 +41,7 @@ except ImportError:
 AUDIO_FORMATS = {"wav": "WAV", "flac": "FLAC", "mp3": "MP3"}  # FFmpeg demuxer -> the name users know
 VIDEO_FORMATS = {"mov": "MP4"}  # FFmpeg's "mov,mp4,m4a,3gp,3g2,mj2" demuxer
 MIN_FRAMES = 5  # the shortest clip the video VAE takes: 17n + 5 with n = 0 (h3_spec §4.2)
+FLOAT_SAMPLE_FORMATS = ("flt", "fltp", "dbl", "dblp")  # FFmpeg's sample formats that can hold NaN
 FRAMES_PER_CLIP = 17  # the video VAE's clip length: a clip holds 17n + 5 frames
 
 
@@ -104,6 +105,39 @@ class _Refusal(ValueError):
     """A refusal of this module (a ValueError), told apart from PyAV's ValueErrors."""
 
 
+class DecodeBudget:
+    """One request's decode budget (h3_encoder parameters max_decoded_pixels, max_decoded_samples):
+    the pixels its images and video frames decode to (width x height of each image, and of each
+    24 fps frame a video keeps, at the source's size, before any resize) and the audio samples per
+    channel at 32 kHz its audio files and video tracks decode to. take() is called as they decode,
+    so a request never holds more than its budget of decoded media (plus one image: images are
+    counted once decoded, their pixels already bounded by max_image_pixels). Raises ValueError
+    for a budget < 1."""
+
+    def __init__(self, max_pixels: int, max_samples: int):
+        if max_pixels < 1 or max_samples < 1:
+            raise ValueError(f"DecodeBudget needs max_pixels and max_samples >= 1, got {max_pixels}, {max_samples}")
+        self.max_pixels, self.max_samples = max_pixels, max_samples
+        self.pixels = self.samples = 0
+
+    def take(self, field: str, pixels: int = 0, samples: int = 0) -> None:
+        """Count `pixels` and `samples` decoded for the input `field`. Raises ValueError naming the
+        field and the budget when either total passes it."""
+        self.pixels += pixels
+        self.samples += samples
+        if self.pixels > self.max_pixels:
+            raise _Refusal(
+                f"{field}: the request's media decode to more than max_decoded_pixels={self.max_pixels} pixels "
+                "(the decode budget of one request: images and video frames in all, at their stored size)"
+            )
+        if self.samples > self.max_samples:
+            raise _Refusal(
+                f"{field}: the request's media decode to more than max_decoded_samples={self.max_samples} audio "
+                f"samples per channel at {config.AUDIO_SAMPLE_RATE} Hz (the decode budget of one request: audio "
+                "files and video sound tracks in all)"
+            )
+
+
 @contextmanager
 def _open(data: bytes, field: str, limits: MediaLimits, formats: dict[str, str]):
     """The container of `data` read by one of `formats`' demuxers (a context manager). Refuses
@@ -162,8 +196,9 @@ def _resampled(container, stream, field: str) -> Iterator[tuple[int, np.ndarray]
     kHz) chunk by chunk, then the resampler's flushed tail. Resampling is FFmpeg's (PyAV's
     AudioResampler: format fltp, rate config.AUDIO_SAMPLE_RATE); mono is resampled as mono and the
     channel then duplicated (FFmpeg's own mono -> stereo mix scales it by 1/sqrt(2)). Samples are
-    clipped to [-1, 1] (a lossy decoder may overshoot). Refuses more than 2 channels, and a sample
-    rate or channel count changing mid-stream."""
+    clipped to [-1, 1] (a lossy decoder may overshoot). Refuses more than 2 channels, a sample
+    rate or channel count changing mid-stream, and a float sample that is NaN or infinite (a
+    float WAV may hold them; checked on the decoded source samples, before the resampler)."""
     channels, rate = stream.codec_context.channels, stream.codec_context.sample_rate
     if channels not in (1, 2):
         raise _Refusal(f"{field}: has {channels} audio channels; allowed 1 (mono, duplicated) or 2 (stereo)")
@@ -181,12 +216,17 @@ def _resampled(container, stream, field: str) -> Iterator[tuple[int, np.ndarray]
                 f"{field}: changes from {channels} channels at {rate} Hz to {frame.layout.nb_channels} "
                 f"at {frame.sample_rate} Hz mid-stream"
             )
+        if frame.format.name in FLOAT_SAMPLE_FORMATS and not np.isfinite(frame.to_ndarray()).all():
+            raise _Refusal(
+                f"{field}: holds non-finite samples (NaN or infinity) from {decoded / rate:.3f} s; "
+                "allowed finite samples"
+            )
         decoded += frame.samples
         yield decoded, stereo(resampler.resample(frame))
     yield decoded, stereo(resampler.resample(None))
 
 
-def decode_audio(data: bytes, field: str, limits: MediaLimits) -> np.ndarray:
+def decode_audio(data: bytes, field: str, limits: MediaLimits, budget: DecodeBudget | None = None) -> np.ndarray:
     """Decode one reference audio file into float32 stereo [2, N] at 32 kHz in [-1, 1].
 
     `field` names the input in every message (e.g. "REFERENCE_AUDIO[0]"). Refusals, each a
@@ -197,11 +237,14 @@ def decode_audio(data: bytes, field: str, limits: MediaLimits) -> np.ndarray:
     - a duration from the container outside limits.min_audio_s..max_audio_s (before decoding);
     - while decoding: more than max_audio_s x the sample rate samples (decoding stops there);
       a corrupt stream (FFmpeg's reason); a sample rate or channel count changing mid-stream;
+      a float sample that is NaN or infinite ("holds non-finite samples (NaN or infinity) from
+      T s; allowed finite samples", T the start of the decoded frame that holds it);
     - after decoding: no samples at all, or fewer than min_audio_s x the sample rate.
     Durations are the source's samples / its sample rate. Silence is accepted. The first audio
     stream is decoded (cover art and other streams are ignored). A file cut short decodes to what
     it holds, then meets the same limits. Mono is duplicated to both channels; any sample rate is
     resampled to 32 kHz by FFmpeg (see _resampled: about n x 32000 / rate samples, within one).
+    `budget` (the request's DecodeBudget, or None) counts the samples as they decode.
     """
     with _open(data, field, limits, AUDIO_FORMATS) as container:
         stream = _first_stream(container, "audio", field)
@@ -214,6 +257,8 @@ def decode_audio(data: bytes, field: str, limits: MediaLimits) -> np.ndarray:
         for decoded, chunk in _resampled(container, stream, field):
             if decoded > limits.max_audio_s * rate:
                 raise _Refusal(f"{field}: holds more than {limits.max_audio_s} s of audio (decoded); {allowed}")
+            if budget is not None:
+                budget.take(field, samples=chunk.shape[1])
             chunks.append(chunk)
         if decoded == 0:
             raise _Refusal(f"{field}: holds no audio samples")
@@ -231,9 +276,35 @@ def source_frame(index: int, fps: Fraction) -> int:
     return math.floor(Fraction(index) * fps / config.FPS + Fraction(1, 2))
 
 
-def _video_frames(container, stream, field: str, limits: MediaLimits, fps: Fraction) -> np.ndarray:
+RIGHT_ANGLES = {(1, 0, 0, 1): 0, (0, -1, 1, 0): 1, (-1, 0, 0, -1): 2, (0, 1, -1, 0): 3}  # (a, b, c, d) -> turns
+
+
+def display_turns(frame, field: str) -> int:
+    """How many quarter turns counter-clockwise (np.rot90's k) show a decoded frame upright: from
+    its display matrix (FFmpeg's AV_FRAME_DATA_DISPLAYMATRIX, what a phone writes in the MP4's
+    track header; 0 without one). Raises ValueError naming the field for a matrix that mirrors
+    the picture or turns it by other than a multiple of 90 degrees."""
+    matrix = next((data for data in frame.side_data if getattr(data.type, "name", "") == "DISPLAYMATRIX"), None)
+    if matrix is None:
+        return 0
+    a, b, _, c, d = np.frombuffer(bytes(matrix)[:20], dtype="<i4").tolist()
+    if a * d - b * c < 0:
+        raise _Refusal(f"{field}: its display matrix mirrors the picture; allowed rotations by multiples of 90 degrees")
+    unit = 1 << 16  # 16.16 fixed point
+    turns = RIGHT_ANGLES.get(tuple(round(value / unit) if abs(value) in (0, unit) else None for value in (a, b, c, d)))
+    if turns is None:
+        raise _Refusal(
+            f"{field}: its display matrix turns the picture by {frame.rotation:g} degrees; allowed multiples of 90"
+        )
+    return turns
+
+
+def _video_frames(
+    container, stream, field: str, limits: MediaLimits, fps: Fraction, budget: DecodeBudget | None
+) -> np.ndarray:
     """Decode the frames of `stream` (n of them at `fps`) and keep the 24 fps ones: output frame k
-    of ceil(n x 24 / fps) is source frame min(source_frame(k, fps), n - 1)."""
+    of ceil(n x 24 / fps) is source frame min(source_frame(k, fps), n - 1), turned upright by its
+    display matrix (display_turns). Each kept frame is counted in `budget` (None: not counted)."""
     width, height = stream.codec_context.width, stream.codec_context.height
     max_frames = math.floor(Fraction(limits.max_video_s) * fps)
     picked, last, count = [], None, 0
@@ -249,14 +320,18 @@ def _video_frames(container, stream, field: str, limits: MediaLimits, fps: Fract
             )
         rgb = None
         while source_frame(len(picked), fps) == count:
-            rgb = last.to_ndarray(format="rgb24") if rgb is None else rgb
+            if budget is not None:
+                budget.take(field, pixels=width * height)
+            rgb = np.rot90(last.to_ndarray(format="rgb24"), display_turns(last, field)) if rgb is None else rgb
             picked.append(rgb)
         count += 1
     if count == 0:
         raise _Refusal(f"{field}: holds no video frames")
     total = math.ceil(Fraction(count * config.FPS) / fps)
     if total > len(picked):
-        picked += [last.to_ndarray(format="rgb24")] * (total - len(picked))
+        if budget is not None:
+            budget.take(field, pixels=width * height * (total - len(picked)))
+        picked += [np.rot90(last.to_ndarray(format="rgb24"), display_turns(last, field))] * (total - len(picked))
     if total < limits.min_video_frames:
         raise _Refusal(
             f"{field}: is {total} frames at {config.FPS} fps ({count} at {float(fps):g} fps); "
@@ -287,9 +362,24 @@ def _check_video_stream(container, stream, field: str, limits: MediaLimits) -> F
     return Fraction(fps)
 
 
-def decode_video(data: bytes, field: str, limits: MediaLimits) -> tuple[np.ndarray, np.ndarray | None]:
+def decode_video(
+    data: bytes,
+    field: str,
+    limits: MediaLimits,
+    start_s: float = 0.0,
+    with_audio: bool = True,
+    budget: DecodeBudget | None = None,
+) -> tuple[np.ndarray, np.ndarray | None]:
     """Decode one reference video file: (frames uint8 RGB [T, H, W, 3] at 24 fps, its audio track
-    float32 stereo [2, N] at 32 kHz in [-1, 1], or None when the file has no audio stream).
+    float32 stereo [2, N] at 32 kHz in [-1, 1], or None when the file has no audio stream or
+    `with_audio` is False: the video without its audio, its track not decoded).
+
+    start_s: where the reference starts in the file, in seconds (protocol.REFERENCES'
+    start_time_seconds): the frames from output frame round(start_s x 24) on, and the track from
+    the same instant (config.audio_num_samples of those frames); refused when fewer than
+    min_video_frames frames remain ("start_time_seconds=S leaves N frames ...").
+    budget: the request's DecodeBudget (None: not counted): every kept frame (its stored width x
+    height, before the cut at start_s) and the track's decoded samples count as they decode.
 
     `field` names the input in every message (e.g. "REFERENCE_VIDEOS[0]"; the audio track's as
     "REFERENCE_VIDEOS[0] audio track"). Refusals, each a ValueError naming the field, in this order:
@@ -308,7 +398,10 @@ def decode_video(data: bytes, field: str, limits: MediaLimits) -> tuple[np.ndarr
     as constant at it) becomes 24 fps by frame index: n frames at fps give T = ceil(n x 24 / fps)
     frames (the output frames starting within the source's duration), frame k being the source
     frame nearest in time, min(source_frame(k, fps), n - 1). At 24 fps the frames are the source's.
-    Rotation metadata (a phone's display matrix) is ignored: frames are as stored. Frames are
+    A display matrix (a phone's rotation) is applied as images' EXIF orientation is: frames
+    turned by its multiple of 90 degrees (a portrait phone clip comes out portrait); a matrix
+    that mirrors or turns by another angle is refused ("its display matrix mirrors the
+    picture ..."). Frames are
     converted to RGB by FFmpeg's swscale (PyAV's to_ndarray("rgb24")).
 
     The audio track (the first audio stream) is decoded as decode_audio does (mono duplicated, more
@@ -319,20 +412,33 @@ def decode_video(data: bytes, field: str, limits: MediaLimits) -> tuple[np.ndarr
     with _open(data, field, limits, VIDEO_FORMATS) as container:
         stream = _first_stream(container, "video", field)
         fps = _check_video_stream(container, stream, field, limits)
-        frames = _video_frames(container, stream, field, limits, fps)
-        if not container.streams.audio:
-            return frames, None
+        frames = _video_frames(container, stream, field, limits, fps, budget)
+        has_track = bool(container.streams.audio)
+    first = math.floor(start_s * config.FPS + 0.5)
+    if len(frames) - first < limits.min_video_frames:
+        latest = max(0.0, (len(frames) - limits.min_video_frames) / config.FPS)
+        raise _Refusal(
+            f"{field}: start_time_seconds={start_s:g} leaves {max(0, len(frames) - first)} of its {len(frames)} "
+            f"frames at {config.FPS} fps; allowed 0..{latest:.3f} s (at least min_video_frames "
+            f"{limits.min_video_frames} frames from it)"
+        )
+    frames = frames[first:]
+    if not (has_track and with_audio):
+        return frames, None
     track = f"{field} audio track"
+    skipped = config.audio_num_samples(first)
     with _open(data, track, limits, VIDEO_FORMATS) as container:
-        wanted, chunks, held = config.audio_num_samples(len(frames)), [], 0
+        wanted, chunks, held = skipped + config.audio_num_samples(len(frames)), [], 0
         for _, chunk in _resampled(container, _first_stream(container, "audio", track), track):
+            if budget is not None:
+                budget.take(track, samples=chunk.shape[1])
             chunks.append(chunk)
             held += chunk.shape[1]
             if held >= wanted:
                 break
         if held == 0:
             raise _Refusal(f"{track}: holds no audio samples")
-    return frames, np.concatenate(chunks, axis=1)[:, :wanted]
+    return frames, np.concatenate(chunks, axis=1)[:, skipped:wanted]
 
 
 def align_reference_frames(frames: np.ndarray) -> np.ndarray:

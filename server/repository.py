@@ -612,6 +612,10 @@ COMMENTS = {
         "and in all; video seconds (h3_core.references); a request refused with INVALID_ARG before any VAE runs",
         "max_batch_rows": "h3_dit's, with max_request_mb: a request whose rows or memory (conditions included) pass "
         "them is refused here",
+        "media_workers": "threads decoding requests' files apart from the text encoder (one request each: a request "
+        "without files never waits behind another's); with max_decoded_pixels (images and video frames at their "
+        "stored size) and max_decoded_samples (audio per channel at 32 kHz), one request's decode budget, they bound "
+        "the decoded media held at once: media_workers x (3 B x pixels + 8 B x samples), 1.5 GB as shipped",
         "max_image_bytes": "a keyframe file beyond these limits is refused with INVALID_ARG before any model "
         "runs (h3_core.images): bytes, pixels (width x height, read from the header: no decompression bomb is "
         "decoded), each side's pixels, long side / short side",
@@ -685,7 +689,10 @@ PROMPT_INPUTS = """\
   { name: "REFERENCE_VIDEOS" data_type: TYPE_STRING dims: [ -1 ] optional: true },
   { name: "REFERENCE_AUDIO" data_type: TYPE_STRING dims: [ -1 ] optional: true },
   { name: "GUIDES" data_type: TYPE_STRING dims: [ -1 ] optional: true },
-  { name: "GUIDE_FRAMES" data_type: TYPE_INT64 dims: [ -1 ] optional: true }
+  { name: "GUIDE_FRAMES" data_type: TYPE_INT64 dims: [ -1 ] optional: true },
+  # REFERENCES: the reference files' block order, each video's start_time_seconds and whether its
+  # audio is used (JSON, h3_core.protocol.reference_list)
+  { name: "REFERENCES" data_type: TYPE_STRING dims: [ 1 ] optional: true }
 """
 MEDIA_OUTPUTS = """\
   { name: "VIDEO_MP4" data_type: TYPE_STRING dims: [ -1 ] },
@@ -719,6 +726,9 @@ output [
   {{ name: "CONDITION_LATENTS" data_type: TYPE_FP32 dims: [ -1 ] }},
   {{ name: "REQUEST" data_type: TYPE_STRING dims: [ 1 ] }}
 ]
+# Decoupled: a request with files is decoded by a media worker (media_workers) while requests
+# without files are encoded at once; each request gets one response, its final one.
+model_transaction_policy {{ decoupled: true }}
 """
 DIT_INTRO = """\
 # The H3 DiT with diffusion continuous batching. Decoupled; Triton's iterative sequence batcher
@@ -822,6 +832,7 @@ ensemble_scheduling {{
       input_map {{ key: "REFERENCE_AUDIO" value: "REFERENCE_AUDIO" }}
       input_map {{ key: "GUIDES" value: "GUIDES" }}
       input_map {{ key: "GUIDE_FRAMES" value: "GUIDE_FRAMES" }}
+      input_map {{ key: "REFERENCES" value: "REFERENCES" }}
       output_map {{ key: "TEXT_EMBEDS" value: "text_embeds" }}
       output_map {{ key: "CONDITION_LATENTS" value: "condition_latents" }}
       output_map {{ key: "REQUEST" value: "request" }}

@@ -153,10 +153,15 @@ CASES = {
         lambda s, c: client_error(c, height=288),
         "height=288 is out of range: allowed multiples of 32 in 32..256",
     ),
-    "num_frames_zero": (lambda s, c: client_error(c, num_frames=0), "num_frames=0 is out of range: allowed 1..121"),
+    "num_frames_zero": (
+        lambda s, c: client_error(c, num_frames=0),
+        "num_frames=0 is out of range: allowed 1..124 (NUM_FRAMES; the clip is aligned up to 17n+5 frames, at most "
+        "max_num_frames=124)",
+    ),
     "num_frames_beyond_maximum": (
-        lambda s, c: client_error(c, num_frames=122),
-        "num_frames=122 is out of range: allowed 1..121",
+        lambda s, c: client_error(c, num_frames=125),
+        "num_frames=125 is out of range: allowed 1..124 (NUM_FRAMES; the clip is aligned up to 17n+5 frames, at "
+        "most max_num_frames=124)",
     ),
     "steps_zero": (
         lambda s, c: client_error(c, num_inference_steps=0),
@@ -407,6 +412,24 @@ def test_bad_cancel_requests_are_refused_by_h3_cancel_as_by_h3_dit(server):
         responses, error = raw_stream(server.grpc_url, [request], model="h3_cancel", timeout_s=30)
         assert responses == [] and error is not None
         assert (error.code, error.message) == ("INVALID_ARG", message)
+
+
+def test_direct_cancel_to_h3_dit_sends_empty_condition_latents(server):
+    """The cancel sent straight to h3_dit (README, request_contract.md) carries TEXT_EMBEDS
+    [1, 0, 0], CONDITION_LATENTS [1, 0] and REQUEST, and is answered like h3_cancel's; without
+    CONDITION_LATENTS (a required input: Triton packs only requests with the same inputs, so it
+    stays required) Triton refuses it before h3_dit runs."""
+    cancel = b'{"cancel_request_id": "issue-41-never-sent"}'
+    responses, error = raw_stream(server.grpc_url, dit_inputs(text=NO_TEXT, fields=cancel), model="h3_dit")
+    assert error is None and len(responses) == 1
+    info = json.loads(responses[0].as_numpy("INFO").reshape(-1)[0])
+    assert info == {"kind": "cancel", "request_id": "issue-41-never-sent", "state": "unknown"}
+    without = [item for item in dit_inputs(text=NO_TEXT, fields=cancel) if item.name() != "CONDITION_LATENTS"]
+    error = raw_error(server, without, model="h3_dit")
+    assert error.message == (
+        "expected 3 inputs but got 2 inputs for model 'h3_dit'. Got input(s) ['REQUEST','TEXT_EMBEDS'], but missing "
+        "required input(s) ['CONDITION_LATENTS']. Please provide all required input(s)."
+    )
 
 
 def test_bad_direct_dit_requests_leave_a_running_neighbour_bit_identical(server, client):

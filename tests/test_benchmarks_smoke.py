@@ -145,7 +145,7 @@ SERVED_RUNS = {  # run -> (h3_dit execution_mode, scheduling_policy, max_num_seq
     "d_fifo": ("step", "fifo", "4"),
     "d_srpt": ("step", "srpt", "4"),
     "f_served": ("step", "srpt", "4"),
-    "f_served_128": ("step", "srpt", "4"),  # the same server as f_served, a 64x96, 9-frame request
+    "f_served_128": ("step", "srpt", "4"),  # the same server as f_served, a 32x32, 22-frame request
 }
 ONE_AT_A_TIME = {"c_request_mode_1", "c_step_1_slot", "d_request", "f_served", "f_served_128"}  # 1 request a step
 
@@ -184,7 +184,7 @@ def test_served_bench_cpu_smoke(tmp_path):
     setting = report["setting"]
     assert report["hardware"] == "CPU" and setting["config"] == "tiny"
     assert (setting["height"], setting["width"], setting["num_frames"]) == (64, 96, 22)
-    assert (setting["c_repeats"], setting["f_small"], setting["f_small_steps"]) == (1, [64, 96, 9], 5)
+    assert (setting["c_repeats"], setting["f_small"], setting["f_small_steps"]) == (1, [32, 32, 22], 5)
     assert report["command"].endswith("--scenarios c c1 d f")
     assert list(report["runs"]) == list(SERVED_RUNS)
     assert list(report["run_seconds"]) == [*list(SERVED_RUNS)[:-1], "in_process"]  # f_served_128 shares f's server
@@ -197,7 +197,7 @@ def test_served_bench_cpu_smoke(tmp_path):
             "d": (setting["d_requests"], setting["d_steps"]),
             "f": (1, setting["f_small_steps"] if name == "f_served_128" else setting["c_steps"]),
         }[name[0]]
-        shape = (64, 96, 9) if name == "f_served_128" else (64, 96, 22)
+        shape = (32, 32, 22) if name == "f_served_128" else (64, 96, 22)
         summary = runs[name]
         assert (summary["num_requests"], summary["completed"], summary["failed"]) == (count, count, 0), name
         dit = document["h3_dit"]
@@ -221,7 +221,7 @@ def test_served_bench_cpu_smoke(tmp_path):
             assert dit_steps["steps"] == 2 + count * steps, name
         check_summary(name, document, steps)
         assert (out / f"timeline_{name}.png").stat().st_size > 0
-    assert report["runs"]["f_served_128"]["dit_steps"]["rows_per_step"] == 128  # the 11-token prompt, 64x96x9
+    assert report["runs"]["f_served_128"]["dit_steps"]["rows_per_step"] == 128  # the 11-token prompt, 32x32x22
     row_budgets = [report["runs"][name]["h3_dit"]["row_budget"] for name in list(SERVED_RUNS)[3:]]
     assert row_budgets == ["4096"] * 5
     throughput = {name: summary["throughput_req_per_min"] for name, summary in runs.items()}
@@ -230,7 +230,7 @@ def test_served_bench_cpu_smoke(tmp_path):
     served_steps = {}
     for key, name, steps, shape in (
         ("in_process", "f_served", setting["c_steps"], [64, 96, 22]),
-        ("in_process_128", "f_served_128", setting["f_small_steps"], [64, 96, 9]),
+        ("in_process_128", "f_served_128", setting["f_small_steps"], [32, 32, 22]),
     ):
         in_process = report[key]
         (f_request,) = report["runs"][name]["requests"]

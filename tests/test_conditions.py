@@ -159,7 +159,7 @@ def test_fl2va_solo_equals_cobatched_equals_request_mode(engine):  # noqa: F811
     request, conditions = entries["both"]
     ((generated, frames, audio),) = engine.generate(request, conditions=conditions)
     assert_same(generated, solos["both"])
-    assert frames.shape == (9, 32, 64, 3) and audio.shape == (2, 12000)
+    assert frames.shape == (22, 32, 64, 3) and audio.shape == (2, 29333)  # 9 frames asked: 22 served
     # the conditions matter: another image gives other latents
     swapped = [Condition(c.kind, c.frame, other.video) for c, other in zip(conditions, conditions[::-1], strict=True)]
     other = engine.prepare(request, conditions=swapped)[0]
@@ -328,7 +328,18 @@ KEYFRAME = {"kind": "keyframe", "frame": 0, "video": [24, 1, 2, 4]}
         (
             dict(conditions=[{**KEYFRAME, "scale": 2}]),
             None,
-            "REQUEST field 'conditions'[0] has unknown key 'scale'; allowed: ['kind', 'frame', 'video', 'audio']",
+            "REQUEST field 'conditions'[0] has unknown key 'scale'; allowed: ['kind', 'frame', 'video', 'audio', "
+            "'input', 'start_time_seconds']",
+        ),
+        (
+            dict(conditions=[{**KEYFRAME, "input": 5}]),
+            None,
+            "REQUEST field 'conditions'[0] input must be a string of at most 64 characters, got 5",
+        ),
+        (
+            dict(conditions=[{**KEYFRAME, "start_time_seconds": -1}]),
+            None,
+            "REQUEST field 'conditions'[0] start_time_seconds must be a finite number >= 0, got -1",
         ),
         (
             dict(vision_spans=[[0]]),

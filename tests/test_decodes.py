@@ -93,7 +93,13 @@ VIDEO, AUDIO = (1, 24, 7, 4, 6), (1, 2, 32, 37)  # latent_frames(22) = 7; audio_
             "height=4096 is out of range: allowed multiples of 32 in 32..256",
         ),
         (dict(RESULT, width=100), VIDEO, AUDIO, "width=100 is out of range: allowed multiples of 32 in 32..256"),
-        (dict(RESULT, num_frames=100_000), VIDEO, AUDIO, "num_frames=100000 is out of range: allowed 1..121"),
+        (
+            dict(RESULT, num_frames=100_000),
+            VIDEO,
+            AUDIO,
+            "num_frames=100000 is out of range: allowed 1..124 (NUM_FRAMES; the clip is aligned up to 17n+5 frames, "
+            "at most max_num_frames=124)",
+        ),
         (
             dict(RESULT, num_frames="22"),
             VIDEO,

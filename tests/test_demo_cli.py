@@ -78,6 +78,6 @@ def test_the_demo_config_uses_the_shipped_weights(tmp_path, capsys):
     )
     (line,) = capsys.readouterr().out.splitlines()
     path = tmp_path / "a-red-ball-rolls-to-the-left-3.mp4"
-    expected = f"wrote {path} (1 frames 32x32, 1333 audio samples, seed 3, weights {ROOT}/weights/demo)"
+    expected = f"wrote {path} (5 frames 32x32, 6667 audio samples, seed 3, weights {ROOT}/weights/demo)"
     assert re.fullmatch(re.escape(expected) + r" in \d+\.\d\d s", line)
     assert path.stat().st_size > 0

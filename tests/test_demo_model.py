@@ -152,6 +152,7 @@ def test_seeded_random_weights_fail_the_same_check(engine):
 TIMINGS = ("stage_seconds", "silent_s")  # seconds: not compared
 INFO_KEYS = sorted(
     ["kind", "request_id", "output_index", "num_outputs", "seed", "height", "width", "num_frames"]
+    + ["num_frames_requested"]
     + ["num_inference_steps", "largest_pack", "quantization", "task", "flow_shift", "audio_flow_shift"]
     + ["cache_threshold", "skipped_steps"]
 )
@@ -198,6 +199,7 @@ def test_short_evaluation_through_the_server(tmp_path):
         "seed": 0,
         "height": 64,
         "width": 96,
+        "num_frames_requested": 5,
         "num_frames": 5,
         "num_inference_steps": 8,
         "largest_pack": 1,

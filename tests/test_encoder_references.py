@@ -249,3 +249,34 @@ def test_video_processor_file_missing_or_mismatched(checkpoint, tmp_path):
     with pytest.raises(FileNotFoundError) as info:
         without.encode_references(PROMPT, [], [video(2)], 0)
     assert str(info.value) == message
+
+
+def test_the_presentation_follows_the_block_order(encoder):
+    """Issue 41 item 3: order ["audio", "video", "image"] presents <Audio 1>, <Video 1>, then
+    <Picture 1> (each kind numbered from 1), the vision tower's inputs unchanged; an order that does
+    not match the items is refused."""
+    order = ["audio", "video", "image"]
+    inputs = model_inputs(encoder, [image(0)], [video(2)], 1, order)
+    image_block = [VISION_START, *[IMAGE_PAD] * IMAGE_TOKENS, VISION_END]
+    video_block = [VISION_START, *[VIDEO_PAD] * GROUP_TOKENS, VISION_END]
+    expected = (
+        text_ids("<Audio 1>: <Video 1>: <0.0 seconds>")
+        + video_block
+        + text_ids("<0.1 seconds>")
+        + video_block
+        + text_ids("<Picture 1>: ")
+        + image_block
+        + text_ids(PROMPT)
+    )
+    assert inputs["input_ids"].tolist() == [expected]
+    assert inputs["image_grid_thw"].tolist() == [[1, 8, 10]] and inputs["video_grid_thw"].tolist() == [[2, 6, 6]]
+    states, spans = encoder.encode_references(PROMPT, [image(0)], [video(2)], 1, order)
+    default, _ = encoder.encode_references(PROMPT, [image(0)], [video(2)], 1)
+    assert [expected[start] for start, _ in spans] == [VISION_START] * 3 and states.shape == default.shape
+    assert not torch.equal(states, default)
+    with pytest.raises(ValueError) as refused:
+        encoder.encode_references(PROMPT, [image(0)], [], 1, ["image", "video"])
+    assert str(refused.value) == (
+        "order ['image', 'video'] must list 'image', 'video' and 'audio' once per item: "
+        "{'image': 1, 'video': 0, 'audio': 1}"
+    )

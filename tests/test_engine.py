@@ -148,7 +148,12 @@ def test_missing_seed_is_drawn_and_recorded(engine):
         ("height", 48, "height=48 is out of range: allowed multiples of 32 in 32..128"),
         ("width", 0, "width=0 is out of range: allowed multiples of 32 in 32..128"),
         ("width", 160, "width=160 is out of range: allowed multiples of 32 in 32..128"),
-        ("num_frames", 0, "num_frames=0 is out of range: allowed 1..64"),
+        (
+            "num_frames",
+            0,
+            "num_frames=0 is out of range: allowed 1..56 (NUM_FRAMES; the clip is aligned up to 17n+5 frames, at "
+            "most max_num_frames=64)",
+        ),
         ("num_inference_steps", 21, "num_inference_steps=21 is out of range: allowed 1..20"),
         ("seed", -1, "seed=-1 is out of range: allowed 0..9223372036854775807"),
         ("num_outputs", 0, "num_outputs=0 is out of range: allowed 1..4"),

@@ -54,7 +54,7 @@ def test_first_last_and_both_keyframes(client):
             "fit": "crop",
             "keyframe_sizes": [[64, 96]] * (2 if name == "both" else 1),
         }
-        assert results[name].shape == (9, 64, 96, 3)
+        assert results[name].shape == (22, 64, 96, 3)  # NUM_FRAMES 9: served aligned to 22
     assert plain_info["task"] == "t2va" and "conditions" not in plain_info
     for a, b in (("first", "last"), ("first", "both"), ("last", "both")):
         assert not np.array_equal(results[a], results[b])
@@ -84,7 +84,7 @@ def test_canvas_follows_the_first_keyframe_and_fit_is_applied(client):
         "fit": "pad",
         "keyframe_sizes": [[100, 200]],
     }
-    assert result.frames.shape == (9, 64, 96, 3)
+    assert result.frames.shape == (22, 64, 96, 3)
 
 
 def test_conditioned_request_cobatched_with_t2va_equals_solo(client):
@@ -178,6 +178,11 @@ BAD = {
     "fl2va without": (
         dict(task="fl2va"),
         "TASK='fl2va' needs KEYFRAMES (1 or 2 images) and nothing else; got 0 keyframes and 0 guides or references",
+    ),
+    "one frame, two keyframes": (
+        dict(first_frame=png(64, 96, 1), last_frame=png(64, 96, 2), num_frames=1),
+        "KEYFRAMES[0] (first frame) and KEYFRAMES[1] (last frame) are different images, but NUM_FRAMES=1 asks for "
+        "one frame, which is both: send one keyframe, or NUM_FRAMES >= 2",
     ),
     "fit": (
         dict(first_frame=png(64, 96, 1), fit="zoom"),

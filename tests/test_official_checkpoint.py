@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import tritonclient.grpc as grpcclient
 from safetensors.torch import load_file
 
 from client.api import H3Client
@@ -23,7 +22,7 @@ from h3_core.protocol import PROMPT, TEXT_EMBEDS
 from h3_core.weights.official_checkpoint import QWEN3VL_LAYERS, TEXT_ENCODER, TOKENIZER, write_synthetic_checkpoint
 from server.process import TritonServer
 from server.repository import check_checkpoint, plan, write_repository
-from tests.serving import tensor
+from tests.serving import raw_stream, tensor
 
 PROMPTS = ("a red ball rolls", "rain on a tin roof at night, far thunder", "é")
 
@@ -134,15 +133,17 @@ def test_served_clip_equals_in_process(server, checkpoint):
 
 
 def test_concurrent_prompts_get_their_solo_states(server, checkpoint):
-    """Prompts of different lengths sent to h3_encoder at once: each gets exactly the states it
-    gets alone (the encoder runs one prompt per forward: nothing is padded)."""
+    """Prompts of different lengths sent to h3_encoder at once (streamed: it is decoupled): each
+    gets exactly the states it gets alone (the encoder runs one prompt per forward: nothing is
+    padded)."""
     encoder = TextEncoder(str(checkpoint / TEXT_ENCODER), QWEN3VL_H3_LAYER, tokenizer_path=str(checkpoint / TOKENIZER))
     served = []
 
     def encode(prompt):
-        client = grpcclient.InferenceServerClient(server.grpc_url)
         value = np.array([[prompt.encode()]], dtype=object)
-        served.append((prompt, client.infer("h3_encoder", [tensor(PROMPT, value, "BYTES")]).as_numpy(TEXT_EMBEDS)))
+        (response,), error = raw_stream(server.grpc_url, [tensor(PROMPT, value, "BYTES")], model="h3_encoder")
+        assert error is None, error
+        served.append((prompt, response.as_numpy(TEXT_EMBEDS)))
 
     threads = [threading.Thread(target=encode, args=(prompt,)) for prompt in PROMPTS * 2]
     for thread in threads:

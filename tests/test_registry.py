@@ -44,6 +44,27 @@ def test_cancel_states_and_their_memory(tmp_path):
     assert dit.admit("later") is False  # forgotten after EARLY_CANCEL_SECONDS
 
 
+def test_the_encoder_holds_the_ids_whose_media_it_decodes(tmp_path):
+    """Issue 41 item 6: while h3_encoder holds an id a cancel answers "cancelled" and flags it; a
+    held id released when passed on keeps its flag for h3_dit's admit; one released as ended is
+    finished; an early cancel ends a newcomer at hold(); an id live on a DiT is not taken over."""
+    clock = Clock()
+    encoder, cancels, dit = Registry(tmp_path, "", clock), Registry(tmp_path, "", clock), Registry(tmp_path, "d", clock)
+    assert encoder.hold("decoding") is False and encoder.held_cancelled("decoding") is False
+    assert cancels.cancel("decoding") == "cancelled" and encoder.held_cancelled("decoding") is True
+    encoder.release("decoding", ended=True)
+    assert cancels.cancel("decoding") == "finished"
+    assert encoder.hold("passed") is False
+    assert cancels.cancel("passed") == "cancelled"
+    encoder.release("passed")  # passed on to h3_dit: its flag waits there
+    assert dit.admit("passed") is True
+    assert cancels.cancel("early") == "unknown" and encoder.hold("early") is True
+    assert cancels.cancel("early") == "finished"
+    assert dit.admit("running") is False and encoder.hold("running") is False
+    encoder.release("running", ended=False)  # not the encoder's: left live on the DiT
+    assert dit.boundary(["running"], DitLoad(1, 4, 8)) == set() and cancels.cancel("running") == "cancelled"
+
+
 def test_memories_are_bounded(tmp_path, monkeypatch):
     monkeypatch.setattr(registry_module, "IDS_REMEMBERED", 8)
     clock = Clock()

@@ -269,7 +269,7 @@ def test_cuda_without_a_machine_keeps_the_rows_and_derives_the_rest():
     # + 768 x 4096 B -> 16,421 MiB
     assert (dit.max_batch_rows, dit.row_budget, dit.max_request_mb, dit.cpu_threads) == (4096, 4096, 16_421, 1)
     tiny = R.plan("tiny", "/w", "cuda", [0]).dit  # its own canvas is under the CPU limits: they stay
-    assert (tiny.max_height, tiny.max_width, tiny.max_num_frames) == (256, 256, 121)
+    assert (tiny.max_height, tiny.max_width, tiny.max_num_frames) == (256, 256, 124)
 
 
 def test_gpu_repositories_take_steps_for_a_second_per_execute():

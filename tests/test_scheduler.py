@@ -176,21 +176,21 @@ def test_under_overload_every_wait_stays_within_max_wait_s_plus_one_step_per_liv
 def test_mixed_sizes_frame_counts_and_step_counts_cobatch():
     dit = H3DiT(get_config("tiny"))
     engine = Engine(
-        dit, None, None, limits=RequestLimits(max_height=128, max_width=128, max_num_frames=64, max_steps=30)
+        dit, None, None, limits=RequestLimits(max_height=128, max_width=128, max_num_frames=73, max_steps=30)
     )
     text = torch.zeros(3, dit.cfg.text_dim)
     requests = [
         GenerationRequest("x", 64, 96, 22, 10, seed=1, request_id="a", num_outputs=2),
         GenerationRequest("x", 32, 64, 5, 30, seed=2, request_id="b"),
-        GenerationRequest("x", 128, 128, 57, 12, seed=3, request_id="c"),
+        GenerationRequest("x", 128, 128, 73, 12, seed=3, request_id="c"),
     ]
     jobs = [
         Job(key=r.request_id, request_id=r.request_id, states=engine.prepare(r, text), arrival_s=0.0) for r in requests
     ]
-    # (rows, steps, outputs); srpt's remaining work: b 1,920 < a 2,560 < c 6,912 row-steps
-    assert [(j.rows, j.total_steps, len(j.states)) for j in jobs] == [(256, 10, 2), (64, 30, 1), (576, 12, 1)]
+    # (rows, steps, outputs); srpt's remaining work: b 1,920 < a 2,560 < c 7,680 row-steps
+    assert [(j.rows, j.total_steps, len(j.states)) for j in jobs] == [(256, 10, 2), (64, 30, 1), (640, 12, 1)]
     for policy in ("fifo", "srpt"):
-        scheduler = Scheduler(max_num_seqs=4, max_batch_rows=896, max_waiting=8, policy=policy)
+        scheduler = Scheduler(max_num_seqs=4, max_batch_rows=960, max_waiting=8, policy=policy)
         for j in jobs:
             scheduler.add(j)
         assert names(scheduler.schedule(0.0)) == (["a", "b", "c"] if policy == "fifo" else ["b", "a", "c"])

@@ -75,7 +75,7 @@ def test_request_memory_estimate_and_budget():
         DEFAULT_ROOT / "tiny",
         with_encoder=False,
         with_vaes=False,
-        limits=RequestLimits(max_height=256, max_width=256, max_num_frames=121, max_rows=4096, max_request_mb=512),
+        limits=RequestLimits(max_height=256, max_width=256, max_num_frames=124, max_rows=4096, max_request_mb=512),
     )
     text = torch.zeros(5, 384)
     assert len(engine.prepare(GenerationRequest("x", 128, 128, 39, 2, seed=1), text)) == 1  # 131 MiB

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from client.api import H3Error
+from h3_core.config import align_num_frames
 
 from .serving import ROOT, raw_stream, tensor
 
@@ -23,13 +24,13 @@ def test_one_prompt_returns_a_playable_mp4(client):
     video = container.streams.video[0]
     audio = container.streams.audio[0]
     frames = list(container.decode(video=0))
-    assert len(frames) == 20
+    assert len(frames) == 22  # 20 asked: the clip is aligned up to 17n+5 frames
     assert (video.width, video.height, video.average_rate) == (96, 64, 24)
     assert audio.channels == 2 and audio.sample_rate == 32000
     container = av.open(io.BytesIO(result.video_mp4))
     samples = sum(frame.samples for frame in container.decode(audio=0))
-    assert abs(samples - 20 * 32000 // 24) <= 1024  # AAC pads by at most one frame
-    assert result.info["seed"] == 3 and result.info["num_frames"] == 20
+    assert abs(samples - 22 * 32000 // 24) <= 1024  # AAC pads by at most one frame
+    assert (result.info["seed"], result.info["num_frames_requested"], result.info["num_frames"]) == (3, 20, 22)
     assert set(result.info["stage_seconds"]) == {"queue", "encode", "denoise", "decode"}
 
 
@@ -67,7 +68,7 @@ def test_generate_cli_passes_the_shape_and_seed(server, client, tmp_path):
     assert done.returncode == 0, done.stderr
     container = av.open(str(out))
     video = container.streams.video[0]
-    assert (video.width, video.height) == (64, 96) and len(list(container.decode(video=0))) == 9
+    assert (video.width, video.height) == (64, 96) and len(list(container.decode(video=0))) == 22  # 9 asked
     (api,) = client.generate("a red ball", height=96, width=64, num_frames=9, num_inference_steps=2, seed=4)
     assert out.read_bytes() == api.video_mp4
 
@@ -111,7 +112,8 @@ def test_three_concurrent_requests_are_cobatched_and_equal_their_solo_runs(clien
         assert alone.info["largest_pack"] == 1
         assert alone.frames.tobytes() == packed.frames.tobytes()
         assert alone.audio.tobytes() == packed.audio.tobytes()
-        assert alone.frames.shape == (request["num_frames"], request["height"], request["width"], 3)
+        served = align_num_frames(request["num_frames"])
+        assert alone.frames.shape == (served, request["height"], request["width"], 3)
 
 
 def test_return_mp4_false_sends_no_mp4_and_the_same_frames_and_audio(client, server):
@@ -185,7 +187,11 @@ def test_missing_seed_is_reported(client):
     [
         (dict(height=33), "height=33 is out of range: allowed multiples of 32 in 32..256"),
         (dict(num_inference_steps=0), "num_inference_steps=0 is out of range: allowed 1..400"),
-        (dict(num_frames=500), "num_frames=500 is out of range: allowed 1..121"),
+        (
+            dict(num_frames=500),
+            "num_frames=500 is out of range: allowed 1..124 (NUM_FRAMES; the clip is aligned up to 17n+5 frames, at "
+            "most max_num_frames=124)",
+        ),
     ],
 )
 def test_bad_fields_get_invalid_arg(client, kwargs, message):

@@ -27,11 +27,13 @@ from server.videos_api.store import Store
 from .serving import idle_metrics
 from .test_fl2va_serving import png as noise_png
 from .test_ref2va_serving import tone
+from .test_references import float_wav, turned_mp4
 from .videos_api_serving import API_KEY, FrontEnd, wait_for
 
 # the SDK marks its videos methods deprecated (OpenAI retired its own video service); only that
 pytestmark = pytest.mark.filterwarnings("ignore:The Sora API is scheduled to permanently shut down:DeprecationWarning")
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
+NUM_FRAMES_RULE = " (NUM_FRAMES; the clip is aligned up to 17n+5 frames, at most max_num_frames=124)"
 
 
 def api_error(code: str, message: str, param: str | None = None) -> dict:
@@ -228,11 +230,9 @@ def test_server_errors_map_to_http_codes():
     ):
         error = error_from_server("INVALID_ARG", text, {"inputs": inputs})
         assert (error.status, error.param, error.message) == (400, param, f"INVALID_ARG: {message}")
-    error = error_from_server("INVALID_ARG", "num_frames=192 is out of range: allowed 1..121", {"seconds": "8"})
-    assert (error.param, error.message) == (
-        "seconds",
-        "INVALID_ARG: num_frames=192 is out of range: allowed 1..121 (seconds='8' at 24 fps)",
-    )
+    refusal = f"num_frames=192 is out of range: allowed 1..124{NUM_FRAMES_RULE}"
+    error = error_from_server("INVALID_ARG", refusal, {"seconds": "8"})
+    assert (error.param, error.message) == ("seconds", f"INVALID_ARG: {refusal} (seconds='8' at 24 fps)")
     assert error_from_server("UNAVAILABLE", full).body()["error"]["type"] == "rate_limit_error"
 
 
@@ -366,7 +366,8 @@ def test_sdk_creates_polls_and_downloads_what_the_client_api_generates(sdk, clie
         "remixed_from_video_id": None,
         "seed": 11,
         "n": 1,
-        "num_frames": 12,
+        "num_frames": 22,  # 0.5 s = 12 frames asked: the clip is aligned up to 17n+5
+        "num_frames_requested": 12,
         "num_inference_steps": 3,
         "step": 3,
         "total_steps": 3,
@@ -416,7 +417,13 @@ def test_json_create_of_several_outputs_downloads_each(sdk, client, front_end):
     )
     assert created.status_code == 200 and created.json()["status"] in ("queued", "in_progress")
     video = sdk.videos.poll(created.json()["id"])
-    assert (video.status, video.n, video.seed, video.size, video.seconds) == ("completed", 2, 4, "96x64", "0.375")
+    assert (video.status, video.n, video.seed, video.size, video.seconds) == (
+        "completed",
+        2,
+        4,
+        "96x64",
+        "0.917",
+    )  # 22 frames
     references = client.generate("a blue square", num_frames=9, num_inference_steps=2, seed=4, num_outputs=2)
     for index, reference in enumerate(references):
         content = sdk.videos.download_content(video.id, extra_query={"index": index}).content
@@ -593,7 +600,7 @@ def test_bad_input_is_refused_and_creates_nothing(sdk, front_end):
     cases = [  # (JSON body, status, message, param): ranges are the server's own INVALID_ARG text
         (
             {"prompt": "a", "seconds": "8"},
-            "num_frames=192 is out of range: allowed 1..121 (seconds='8' at 24 fps)",
+            f"num_frames=192 is out of range: allowed 1..124{NUM_FRAMES_RULE} (seconds='8' at 24 fps)",
             "seconds",
         ),
         ({"prompt": "a", "size": "100x64"}, "width=100 is out of range: allowed multiples of 32 in 32..256", "size"),
@@ -629,6 +636,23 @@ def test_bad_input_is_refused_and_creates_nothing(sdk, front_end):
         sdk.videos.create(prompt="a", extra_body={"reference_audio": [data_url(b"RIFF", "audio/wav")]})
     assert refused.value.body["param"] == "reference_audio"
     assert refused.value.body["message"].startswith("INVALID_ARG: reference_audio[0]: ")
+    samples = np.zeros((2, 3 * 32000), dtype=np.float32)
+    samples[0, 2 * 32000 + 5] = np.nan
+    with pytest.raises(openai.BadRequestError) as refused:  # issue 41 item 5: refused where it is decoded
+        sdk.videos.create(prompt="a", extra_body={"reference_audio": [data_url(float_wav(samples), "audio/wav")]})
+    assert refused.value.body == api_error(
+        "INVALID_ARG",
+        "reference_audio[0]: holds non-finite samples (NaN or infinity) from 1.984 s; allowed finite samples",
+        "reference_audio",
+    )
+    mirrored = data_url(turned_mp4(0, hflip=True), "video/mp4")  # issue 41 item 4
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.videos.create(prompt="a", extra_body={"reference_videos": [mirrored]})
+    assert refused.value.body == api_error(
+        "INVALID_ARG",
+        "reference_videos[0]: its display matrix mirrors the picture; allowed rotations by multiples of 90 degrees",
+        "reference_videos",
+    )
     large = json.dumps({"prompt": "a" * 70000}).encode()
     bad_json = "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"
     raw = [  # (method, path, body, Content-Type, status, message)

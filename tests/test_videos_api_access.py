@@ -360,7 +360,7 @@ def test_models_name_the_served_model_and_its_limits(front_end):
             "width": {"min": 32, "max": 256},
             "height": {"min": 32, "max": 256},
         },
-        "num_frames": {"default": 22, "min": 1, "max": 121},
+        "num_frames": {"default": 22, "min": 1, "max": 124},
         "num_inference_steps": {"default": 4, "min": 1, "max": 400},
         "n": {"min": 1, "max": 4},
         "max_prompt_bytes": 4096,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..config import AUDIO_LATENT_CHANNELS, VIDEO_LATENT_CHANNELS
+from ..config import AUDIO_LATENT_CHANNELS, VIDEO_LATENT_CHANNELS, align_num_frames
 from ..model import H3DiT
 from ..model.preview import RANDOM_PREVIEW, PreviewMap
 from ..model.vae import AudioVAE, VideoVAE, decode_clip
@@ -59,6 +59,7 @@ class RequestState:
     condition_video: torch.Tensor
     condition_audio: torch.Tensor
     task: str = "t2va"
+    num_frames_requested: int = 0  # NUM_FRAMES as asked; num_frames is the served, aligned clip
     step_index: int = 0
     cache: StepCache = field(default_factory=StepCache)
 
@@ -228,7 +229,8 @@ class Engine:
                     seed=seed + index,
                     height=request.height,
                     width=request.width,
-                    num_frames=request.num_frames,
+                    num_frames=align_num_frames(request.num_frames),
+                    num_frames_requested=request.num_frames,
                     layout=layout,
                     text_embeds=text_embeds,
                     video_latents=video,
@@ -335,8 +337,8 @@ class Engine:
 
     def decode(self, state: RequestState) -> tuple[torch.Tensor, torch.Tensor]:
         """Decode a finished state: (frames uint8 [num_frames, H, W, 3], audio float32
-        [2, num_frames / 24 s x 32 kHz]). The aligned latent is decoded and the first
-        num_frames frames kept; audio is cut (or zero-padded by < 1 latent) to the clip length."""
+        [2, num_frames / 24 s x 32 kHz]), num_frames the served (17n+5) clip length; audio is cut
+        (or zero-padded by < 1 latent) to the clip length."""
         return decode_clip(
             self.video_vae,
             self.audio_vae,

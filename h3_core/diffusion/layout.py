@@ -27,6 +27,7 @@ from ..config import (
     ROW_ALIGN,
     VIDEO_LATENT_CHANNELS,
     VIDEO_SPATIAL_DOWNSAMPLE,
+    align_num_frames,
     audio_latent_frames,
     latent_frames,
 )
@@ -320,8 +321,10 @@ def make_layout(
     conditions: tuple[ConditionBlock, ...] = (),
     vision_spans: tuple[tuple[int, int], ...] = (),
 ) -> RequestLayout:
-    """Layout of a request. height/width in pixels (multiples of 32), num_frames as asked
-    (aligned up to 17n+5 for the latent). seq_len pins the padded length (a multiple of 64,
+    """Layout of a request. height/width in pixels (multiples of 32), num_frames as asked: the
+    clip is aligned up to 17n+5 frames (config.align_num_frames, the served clip) and its latent
+    and audio rows are the aligned clip's, so a LAST_FRAME keyframe sits at the served clip's
+    last frame; guides are checked against 0..num_frames - 1. seq_len pins the padded length (a multiple of 64,
     >= used); None pads to the next multiple of 64. conditions: the request's condition blocks
     (check_conditions' rules; placed in order_conditions' order); vision_spans: see RequestLayout.
 
@@ -340,7 +343,7 @@ def make_layout(
         latent_t=latent_frames(num_frames),
         latent_h=latent_h,
         latent_w=latent_w,
-        audio_t=audio_latent_frames(num_frames),
+        audio_t=audio_latent_frames(align_num_frames(num_frames)),
         seq_len=0,
         conditions=order_conditions(conditions),
         vision_spans=tuple((int(start), int(end)) for start, end in vision_spans),
@@ -362,7 +365,9 @@ def check_conditions(conditions, num_frames: int, latent_h: int, latent_w: int) 
     beside guides or references (fl2va and ref2va are different tasks)."""
     kinds = [block.kind for block in conditions]
     if "keyframe" in kinds and any(kind != "keyframe" for kind in kinds):
-        raise ValueError("keyframes cannot be mixed with guides or references: send guides at frames 0 and -1")
+        raise ValueError(
+            "keyframes cannot be mixed with guides or references: send guides at frames 0 and num_frames - 1"
+        )
     frames = [block.frame for block in conditions if block.kind == "keyframe"]
     if any(frame not in (FIRST_FRAME, LAST_FRAME) for frame in frames) or len(set(frames)) != len(frames):
         raise ValueError(

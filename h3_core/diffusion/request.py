@@ -3,7 +3,7 @@
 import secrets
 from dataclasses import dataclass
 
-from ..config import CANVAS_MULTIPLE, FPS, align_num_frames
+from ..config import CANVAS_MULTIPLE, FPS, align_num_frames, max_requested_frames
 from ..protocol import check_prompt
 from .sampling import DEFAULT_AUDIO_SHIFT, DEFAULT_VIDEO_SHIFT
 
@@ -26,7 +26,7 @@ class RequestLimits:
 
     max_height: int = 256
     max_width: int = 256
-    max_num_frames: int = 121
+    max_num_frames: int = 124  # 17n+5: NUM_FRAMES 1..124 (h3_core.config.align_num_frames)
     max_steps: int = 50
     max_outputs: int = 4
     max_rows: int = 4096  # padded packed rows of one request
@@ -63,16 +63,22 @@ def _check_range(field: str, value, low, high) -> None:
 
 def check_canvas(height: int, width: int, num_frames: int, limits: RequestLimits) -> None:
     """Raise ValueError naming the field, the value and the allowed range unless height and
-    width (pixels) are multiples of CANVAS_MULTIPLE in CANVAS_MULTIPLE..the maxima and
-    1 <= num_frames <= limits.max_num_frames. validate_request applies it, and h3_vae to the
-    INFO of a result (which a direct caller may forge)."""
+    width (pixels) are multiples of CANVAS_MULTIPLE in CANVAS_MULTIPLE..the maxima and the clip
+    served for num_frames, align_num_frames(num_frames) frames (17n+5), is at most
+    limits.max_num_frames: num_frames in 1..max_requested_frames(max_num_frames) (121 -> 1..107).
+    validate_request applies it, and h3_vae to the INFO of a result (which a direct caller may
+    forge)."""
     for field, value, maximum in (("height", height, limits.max_height), ("width", width, limits.max_width)):
         if not (CANVAS_MULTIPLE <= value <= maximum) or value % CANVAS_MULTIPLE:
             raise ValueError(
                 f"{field}={value} is out of range: allowed multiples of "
                 f"{CANVAS_MULTIPLE} in {CANVAS_MULTIPLE}..{maximum}"
             )
-    _check_range("num_frames", num_frames, 1, limits.max_num_frames)
+    if not (1 <= num_frames and align_num_frames(num_frames) <= limits.max_num_frames):
+        raise ValueError(
+            f"num_frames={num_frames} is out of range: allowed 1..{max_requested_frames(limits.max_num_frames)} "
+            f"(NUM_FRAMES; the clip is aligned up to 17n+5 frames, at most max_num_frames={limits.max_num_frames})"
+        )
 
 
 def validate_request(request: GenerationRequest, limits: RequestLimits) -> None:

@@ -350,7 +350,12 @@ class TextEncoder:
         return self._encode_presented(prompt, images, [], 0, "keyframe")
 
     def encode_references(
-        self, prompt: str, images: list[np.ndarray], videos: list[np.ndarray], audio_count: int
+        self,
+        prompt: str,
+        images: list[np.ndarray],
+        videos: list[np.ndarray],
+        audio_count: int,
+        order: list[str] | None = None,
     ) -> tuple[torch.Tensor, list[tuple[int, int]]]:
         """The ref2va presentation of `prompt` with its references (h3_spec §4.1, §2.2): (token
         hidden states float32 [L, width] on the model's device, the [start, end) token ranges of
@@ -359,7 +364,9 @@ class TextEncoder:
         images: uint8 [H, W, 3] RGB arrays, the guides and reference images in the order given
         (any size; the image processor resizes them). videos: the reference videos, uint8
         [T, H, W, 3] RGB arrays at 24 frames a second, T >= the temporal patch size (2).
-        audio_count: the number of reference audio clips (>= 0).
+        audio_count: the number of reference audio clips (>= 0). order: the items' order in the
+        presentation, one "image" / "video" / "audio" per item (the block order:
+        h3_core.serving.conditioning.References.presentation_order); None: images, videos, audio.
 
         Qwen3-VL (h3_core.model.presentation, whose docstring states what is assumed): for image
         i = 1, 2, ... "<Picture i>: " and its vision block, as encode_presentation's; for video
@@ -386,11 +393,17 @@ class TextEncoder:
         and the Qwen3-VL folder has no preprocessor_config.json, or videos and it has no
         video_preprocessor_config.json.
         """
-        return self._encode_presented(prompt, images, videos, audio_count, "image")
+        return self._encode_presented(prompt, images, videos, audio_count, "image", order)
 
     @torch.inference_mode()
     def _encode_presented(
-        self, prompt: str, images: list[np.ndarray], videos: list[np.ndarray], audio_count: int, image_noun: str
+        self,
+        prompt: str,
+        images: list[np.ndarray],
+        videos: list[np.ndarray],
+        audio_count: int,
+        image_noun: str,
+        order: list[str] | None = None,
     ) -> tuple[torch.Tensor, list[tuple[int, int]]]:
         """encode_presentation's and encode_references' work; image_noun names images in errors."""
         if not self.qwen3vl or not (images or videos or audio_count):
@@ -406,6 +419,7 @@ class TextEncoder:
             videos,
             audio_count,
             image_noun,
+            order,
         )
         if len(ids) > self.max_tokens:
             kinds = ((image_noun, len(images)), ("video", len(videos)), ("audio clip", audio_count))

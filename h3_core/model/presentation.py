@@ -2,8 +2,8 @@
 ids the text encoder runs, the token spans of its vision blocks (the DiT tags them 0) and the
 vision tower's inputs.
 
-fl2va shows its keyframes, ref2va its reference images and guides, reference videos and reference
-audio clips, in this order, each kind numbered from 1, then the prompt verbatim:
+fl2va shows its keyframes, ref2va its guides and references in their block order (by default
+reference images, videos, audio clips), each kind numbered from 1, then the prompt verbatim:
 
     <Picture 1>: <|vision_start|><|image_pad|>...<|vision_end|>        one per image
     <Video 1>: <0.0 seconds><|vision_start|><|video_pad|>...<|vision_end|><0.1 seconds>...
@@ -183,6 +183,7 @@ def present(
     videos: list[np.ndarray],
     audio_count: int,
     image_noun: str,
+    order: list[str] | None = None,
 ) -> tuple[list[int], list[tuple[int, int]], dict[str, torch.Tensor]]:
     """The presentation (module docstring) of `prompt` with `images` (uint8 [H, W, 3], any size:
     the image processor resizes them), `videos` (uint8 [T, H, W, 3] at 24 fps) and `audio_count`
@@ -195,10 +196,13 @@ def present(
 
     tokenizer, config (Qwen3VLConfig), the processors (None when absent) and folder (named in
     errors) are the text encoder's; image_noun names images in errors ("keyframe" for fl2va).
+    order: the items' order in the presentation, one "image", "video" or "audio" per item (each
+    kind's items in their given order); None: the images, then the videos, then the audio clips.
 
     Raises ValueError as check_prompt does; when an image or video is malformed (naming it); when
     audio_count is not an int >= 0; when images or videos are given and the prompt holds
-    <|image_pad|> or <|video_pad|>. Raises FileNotFoundError when images are given without an
+    <|image_pad|> or <|video_pad|>; when `order` does not hold each kind as many times as there
+    are items of it. Raises FileNotFoundError when images are given without an
     image processor or videos without a video processor."""
     prompt = check_prompt(prompt)
     for index, image in enumerate(images, start=1):
@@ -212,6 +216,10 @@ def present(
         check_video(index, video, video_processor.temporal_patch_size)
     if not isinstance(audio_count, int) or audio_count < 0:
         raise ValueError(f"audio_count must be an int >= 0, got {audio_count!r}")
+    counts = {"image": len(images), "video": len(videos), "audio": audio_count}
+    order = [kind for kind, count in counts.items() for _ in range(count)] if order is None else list(order)
+    if sorted(order) != sorted(kind for kind, count in counts.items() for _ in range(count)):
+        raise ValueError(f"order {order} must list 'image', 'video' and 'audio' once per item: {counts}")
     given = " or ".join(f"{noun}s" for noun, items in ((image_noun, images), ("video", videos)) if items)
     prompt_ids = set(tokenizer(prompt, add_special_tokens=False)["input_ids"])
     if given and {config.image_token_id, config.video_token_id} & prompt_ids:
@@ -233,23 +241,33 @@ def present(
         spans.append((len(ids), len(ids) + tokens + 2))
         ids.extend([config.vision_start_token_id, *[pad_token] * tokens, config.vision_end_token_id])
 
+    image_grids, patches, video_grids, video_seconds = [], [], [], []
     if images:
         vision = dict(image_processor(images=list(images), return_tensors="pt", input_data_format="channels_last"))
-        for index, grid in enumerate(vision["image_grid_thw"].tolist(), start=1):
-            text += PICTURE_LABEL.format(index)
-            add_block(config.image_token_id, math.prod(grid) // image_processor.merge_size**2)
+        image_grids = vision["image_grid_thw"].tolist()
+    for video in videos:
+        pixels, grid, seconds = video_patches(video_processor, video)
+        patches.append(pixels)
+        video_grids.append(grid)
+        video_seconds.append(seconds)
     if videos:
-        patches, grids = [], []
-        for index, video in enumerate(videos, start=1):
-            pixels, grid, seconds = video_patches(video_processor, video)
-            patches.append(pixels)
-            grids.append(grid)
-            text += VIDEO_LABEL.format(index)
-            for time in seconds:
+        vision["pixel_values_videos"] = torch.from_numpy(np.concatenate(patches))
+        vision["video_grid_thw"] = torch.tensor(video_grids, dtype=torch.int64)
+    shown = {"image": 0, "video": 0, "audio": 0}
+    for kind in order:
+        index = shown[kind]
+        shown[kind] += 1
+        if kind == "image":
+            text += PICTURE_LABEL.format(index + 1)
+            add_block(config.image_token_id, math.prod(image_grids[index]) // image_processor.merge_size**2)
+        elif kind == "video":
+            text += VIDEO_LABEL.format(index + 1)
+            grid = video_grids[index]
+            for time in video_seconds[index]:
                 text += TIMESTAMP.format(time)
                 add_block(config.video_token_id, grid[1] * grid[2] // video_processor.merge_size**2)
-        vision["pixel_values_videos"] = torch.from_numpy(np.concatenate(patches))
-        vision["video_grid_thw"] = torch.tensor(grids, dtype=torch.int64)
-    text += "".join(AUDIO_LABEL.format(index) for index in range(1, audio_count + 1)) + prompt
+        else:
+            text += AUDIO_LABEL.format(index + 1)
+    text += prompt
     ids.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
     return ids, spans, vision

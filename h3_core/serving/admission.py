@@ -21,6 +21,7 @@ from ..media import MP4_AVAILABLE
 from ..model.trained_on import TrainingMetadata
 from ..protocol import (
     CANCEL_FIELD,
+    CONDITION_ECHO,
     CONDITION_FIELDS,
     CONDITION_KINDS,
     CONDITION_LATENTS,
@@ -43,6 +44,7 @@ from .settings import DitSettings, check_served
 log = logging.getLogger("h3_dit")
 
 MAX_CONDITIONS = MAX_REFERENCES + 2  # condition blocks a REQUEST may describe (a video_audio block is one)
+MAX_SOURCE_CHARS = 64  # a REQUEST condition's "input" ("REFERENCE_IMAGES[8]")
 VANISHED_EXECUTES = 3  # a job missing from this many executes in a row was dropped by Triton
 WORKER_FAULTS = ("worker_exit", "worker_hang", "worker_raise")  # inject_fault for sequence-parallel workers
 
@@ -122,6 +124,11 @@ def read_conditions(arrival: Arrival, fields: dict) -> tuple[str, list[Condition
         for key, rank in (("video", 4), ("audio", 3)):
             if key in entry and not _shape(entry[key], rank):
                 raise ValueError(f"{where} {key} must be a shape of {rank} positive integers, got {entry[key]!r}")
+        source, start = entry.get("input", ""), entry.get("start_time_seconds", 0.0)
+        if type(source) is not str or len(source) > MAX_SOURCE_CHARS:
+            raise ValueError(f"{where} input must be a string of at most {MAX_SOURCE_CHARS} characters, got {source!r}")
+        if type(start) not in (int, float) or not 0 <= start < math.inf:
+            raise ValueError(f"{where} start_time_seconds must be a finite number >= 0, got {start!r}")
         shapes.append((entry.get("video"), entry.get("audio")))
     spans = fields.get("vision_spans", [])
     if type(spans) is not list or not all(
@@ -156,12 +163,16 @@ def read_conditions(arrival: Arrival, fields: dict) -> tuple[str, list[Condition
     return task, conditions, tuple(tuple(span) for span in spans)
 
 
-def conditions_info(conditions: list[Condition]) -> list[dict]:
-    """What a result's INFO says of its conditions, in the request's order: kind, and the frame of
-    keyframes and guides."""
-    return [
-        {"kind": c.kind, "frame": c.frame} if c.kind in ("keyframe", "guide") else {"kind": c.kind} for c in conditions
-    ]
+def conditions_info(conditions: list[Condition], entries: list[dict] = ()) -> list[dict]:
+    """What a result's INFO says of its conditions, in the request's order: kind, the frame of
+    keyframes and guides, and from REQUEST's `entries` (read_conditions checked them) a
+    reference's "input" and a video's "start_time_seconds" (protocol.CONDITION_ECHO)."""
+    info = []
+    for index, c in enumerate(conditions):
+        echo = {"kind": c.kind, "frame": c.frame} if c.kind in ("keyframe", "guide") else {"kind": c.kind}
+        entry = entries[index] if index < len(entries) else {}
+        info.append({**echo, **{key: entry[key] for key in CONDITION_ECHO[2:] if key in entry}})
+    return info
 
 
 def parse(
@@ -269,8 +280,8 @@ def parse(
     states = engine.prepare(generation, text, conditions, vision_spans)
     conditioning = {"task": task, "flow_shift": generation.video_shift, "audio_flow_shift": generation.audio_shift}
     if conditions:
-        conditioning.update(conditions=conditions_info(conditions), geometry=geometry)
-    outside = [] if training is None else training.outside_size(values["height"], values["width"], values["num_frames"])
+        conditioning.update(conditions=conditions_info(conditions, fields["conditions"]), geometry=geometry)
+    outside = [] if training is None else training.outside_size(values["height"], values["width"], states[0].num_frames)
     if outside + words:
         conditioning["outside_training"] = outside + words
     return Job(

@@ -8,6 +8,7 @@ within h3_dit's limits, multiples of 32). Every keyframe is then fitted to the c
 request parameter "fit" (h3_core.protocol.FITS, default DEFAULT_FIT).
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,6 +22,7 @@ from ..images import canvas_for_image, decode_image, fit_image
 from ..model.vae import keyframe_latent
 from ..protocol import (
     DEFAULT_FIT,
+    FIRST_FRAME,
     GUIDE_FRAMES,
     GUIDES,
     KEYFRAMES,
@@ -29,9 +31,32 @@ from ..protocol import (
     REFERENCE_INPUTS,
     REFERENCE_VIDEOS,
     keyframe_indices,
+    reference_list,
 )
-from ..references import align_reference_frames, decode_audio, decode_video
+from ..references import DecodeBudget, align_reference_frames, decode_audio, decode_video
 from .settings import EncoderSettings
+
+
+@dataclass
+class Decoding:
+    """How one request's files are decoded (h3_encoder's media workers): `budget`, the request's
+    DecodeBudget (None: not counted), and `between_files(field)`, called before each file is
+    decoded (h3_encoder: raises Cancelled once the request's id was cancelled)."""
+
+    budget: DecodeBudget | None = None
+    between_files: Callable[[str], None] = lambda field: None
+
+    def image(self, data: bytes, field: str, limits) -> np.ndarray:
+        """One image file decoded (h3_core.images.decode_image) and counted in the budget."""
+        self.between_files(field)
+        image = decode_image(data, field, limits)
+        if self.budget is not None:
+            self.budget.take(field, pixels=image.shape[0] * image.shape[1])
+        return image
+
+
+class Cancelled(Exception):
+    """A request cancelled by id while h3_encoder decoded its files (Decoding.between_files)."""
 
 
 @dataclass
@@ -55,19 +80,31 @@ def read_keyframes(
     fit: str | None,
     settings: EncoderSettings,
     area: int,
+    num_frames: int,
+    decoding: Decoding | None = None,
 ) -> Keyframes:
     """Decode and fit a request's KEYFRAMES (files: the encoded images, indices: KEYFRAME_INDICES
     or None) to its canvas (height, width: HEIGHT / WIDTH or None; area: the model's default
-    canvas area in pixels). No keyframes -> Keyframes() with height/width as given.
+    canvas area in pixels; num_frames: NUM_FRAMES as asked; decoding: the request's Decoding, None
+    for none). No keyframes -> Keyframes() with
+    height/width as given. The keyframes are sorted once, first frame then last (the row order of
+    h3_core.diffusion.layout.order_conditions): `frames`, `images`, the presentation's picture
+    numbers, `geometry`'s keyframe_sizes and the canvas (from the first frame's keyframe) all
+    follow it, whatever order KEYFRAME_INDICES lists them in.
 
     Raises ValueError naming the input: the count or indices (h3_core.protocol.keyframe_indices),
     a file (h3_core.images.decode_image: format, bytes, pixels, sides, aspect, animation,
-    truncation), or the canvas (height/width out of h3_dit's limits or not multiples of 32)."""
+    truncation; named by its position in KEYFRAMES as sent), the canvas (height/width out of
+    h3_dit's limits or not multiples of 32), or two different keyframes for NUM_FRAMES 1 (a
+    one-frame request's first frame is its last)."""
     frames = keyframe_indices(len(files), indices)
     if not files:
         return Keyframes(height=height, width=width)
+    order = sorted(range(len(files)), key=lambda i: frames[i] != FIRST_FRAME)  # first, then last
     limits = settings.image_limits()
-    decoded = [decode_image(data, f"{KEYFRAMES}[{i}]", limits) for i, data in enumerate(files)]
+    decoding = decoding or Decoding()
+    decoded = [decoding.image(files[i], f"{KEYFRAMES}[{i}]", limits) for i in order]
+    frames = [frames[i] for i in order]
     source = decoded[0].shape[:2]
     canvas = "requested" if height is not None and width is not None else "from the first keyframe's aspect"
     height, width = canvas_for_image(
@@ -83,6 +120,12 @@ def read_keyframes(
         "keyframe_sizes": [list(image.shape[:2]) for image in decoded],
     }
     images = [fit_image(image, height, width, fit) for image in decoded]
+    if num_frames == 1 and len(images) == 2 and not np.array_equal(images[0], images[1]):
+        first, last = (f"{KEYFRAMES}[{i}]" for i in order)
+        raise ValueError(
+            f"{first} (first frame) and {last} (last frame) are different images, but NUM_FRAMES=1 asks for "
+            "one frame, which is both: send one keyframe, or NUM_FRAMES >= 2"
+        )
     return Keyframes(frames, images, height, width, geometry)
 
 
@@ -95,14 +138,15 @@ def keyframe_conditions(video_vae, keyframes: Keyframes) -> list[Condition]:
     ]
 
 
-def wire_conditions(conditions: list[Condition]) -> tuple[np.ndarray, list[dict]]:
+def wire_conditions(conditions: list[Condition], sources: list[dict] | None = None) -> tuple[np.ndarray, list[dict]]:
     """What h3_encoder sends h3_dit of a request's conditions: CONDITION_LATENTS float32 [1, N]
     (each block's video latent then audio latent, flattened, in order) and REQUEST's "conditions"
     entries (h3_core.protocol.CONDITION_FIELDS: kind, frame for keyframes and guides, the latents'
-    shapes)."""
+    shapes, and each block's `sources` entry when given: "input", the file it came from, and a
+    video's "start_time_seconds"; References.sources)."""
     pieces, entries = [], []
-    for condition in conditions:
-        entry = {"kind": condition.kind}
+    for index, condition in enumerate(conditions):
+        entry = {"kind": condition.kind, **(sources[index] if sources else {})}
         if condition.kind in ("keyframe", "guide"):
             entry["frame"] = condition.frame
         for name in ("video", "audio"):
@@ -120,8 +164,10 @@ class References:
     """A ref2va request's guides and references, decoded, checked and sized (read_references):
     guides (frame index, uint8 [height, width, 3] fitted to the canvas), images (uint8 [h, w, 3]
     at their own aspect), videos (uint8 [17n + 5, h, w, 3] at 24 fps, and their audio track
-    float32 [2, 800 k] or None), audio (float32 [2, 800 k] at 32 kHz), the canvas and `geometry`
-    (REQUEST's "geometry")."""
+    float32 [2, 800 k] or None: none in the file, or the video used without its audio), audio
+    (float32 [2, 800 k] at 32 kHz), each list in its input's order; `order` the references' block
+    order (protocol.reference_list's entries: input, index, start_time_seconds, audio); the canvas
+    and `geometry` (REQUEST's "geometry")."""
 
     guides: list[tuple[int, np.ndarray]] = field(default_factory=list)
     images: list[np.ndarray] = field(default_factory=list)
@@ -130,12 +176,41 @@ class References:
     height: int | None = None
     width: int | None = None
     geometry: dict | None = None
+    order: list[dict] = field(default_factory=list)
+
+    def ordered(self) -> list[tuple[str, object]]:
+        """The references in block order: ("image", uint8 [h, w, 3]), ("video", (frames, track))
+        or ("audio", float32 [2, N])."""
+        lists = {REFERENCE_IMAGES: ("image", self.images), REFERENCE_VIDEOS: ("video", self.videos)}
+        lists[REFERENCE_AUDIO] = ("audio", self.audio)
+        return [(lists[entry["input"]][0], lists[entry["input"]][1][entry["index"]]) for entry in self.order]
 
     @property
     def kinds(self) -> list[str]:
-        """The condition kinds, in block order (guides, images, videos, audio)."""
-        videos = ["video_audio" if track is not None else "video" for _, track in self.videos]
-        return ["guide"] * len(self.guides) + ["image"] * len(self.images) + videos + ["audio"] * len(self.audio)
+        """The condition kinds, in block order: guides, then the references in `order`."""
+        kinds = [kind if kind != "video" or item[1] is None else "video_audio" for kind, item in self.ordered()]
+        return ["guide"] * len(self.guides) + kinds
+
+    def presentation(self) -> tuple[list[np.ndarray], list[np.ndarray], int, list[str]]:
+        """TextEncoder.encode_references' arguments after the prompt, in block order: (the guides'
+        and reference images, the reference videos' frames, the number of audio clips, the
+        order: "image" for each guide, then each reference's kind)."""
+        ordered = self.ordered()
+        images = [image for _, image in self.guides] + [item for kind, item in ordered if kind == "image"]
+        videos = [item[0] for kind, item in ordered if kind == "video"]
+        order = ["image"] * len(self.guides) + [kind for kind, _ in ordered]
+        return images, videos, order.count("audio"), order
+
+    def sources(self) -> list[dict]:
+        """Each block's REQUEST "conditions" extras (wire_conditions), in block order: guides {},
+        references {"input": "REFERENCE_AUDIO[0]"}, a video's also {"start_time_seconds"}."""
+        extras = []
+        for entry in self.order:
+            extra = {"input": f"{entry['input']}[{entry['index']}]"}
+            if entry["input"] == REFERENCE_VIDEOS:
+                extra["start_time_seconds"] = entry["start_time_seconds"]
+            extras.append(extra)
+        return [{}] * len(self.guides) + extras
 
 
 def _whole_latents(audio: np.ndarray) -> np.ndarray:
@@ -153,16 +228,22 @@ def read_references(
     fit: str | None,
     settings: EncoderSettings,
     default_canvas: tuple[int, int],
+    order: str | bytes | None = None,
+    decoding: Decoding | None = None,
 ) -> References:
     """Decode, check and size a request's ref2va inputs (files: REFERENCE_IMAGES, REFERENCE_VIDEOS,
-    REFERENCE_AUDIO, GUIDES -> their files; guide_frames: GUIDE_FRAMES or None). The canvas is
+    REFERENCE_AUDIO, GUIDES -> their files; guide_frames: GUIDE_FRAMES or None; order: REFERENCES'
+    JSON text or None, h3_core.protocol.reference_list: the references' block order, each
+    video's start_time_seconds and whether its audio is used; decoding: the request's Decoding,
+    its budget and the check between files, None for none). The canvas is
     HEIGHT x WIDTH when given, else the first guide's aspect (as fl2va's first keyframe), else the
     model's default canvas (default_canvas: height, width). Guides are fitted to the canvas by
     `fit`; reference images and video frames keep their own aspect at about the canvas area
     (h3_core.images.canvas_for_image), sides multiples of 32; videos are cut to 17n + 5 frames
     (h3_core.references.align_reference_frames); audio to whole latents.
 
-    Raises ValueError naming the input: counts over the settings' limits, GUIDE_FRAMES that do
+    Raises ValueError naming the input: counts over the settings' limits, REFERENCES
+    (protocol.reference_list), GUIDE_FRAMES that do
     not match GUIDES or lie outside 0..num_frames - 1, a file (h3_core.images.decode_image,
     h3_core.references.decode_audio / decode_video), audio over max_total_audio_s in all, the
     canvas out of h3_dit's limits, rows of all num_outputs (conditions included; the text's not
@@ -179,6 +260,8 @@ def read_references(
     total = sum(counts.values())
     if total > settings.max_references:
         raise ValueError(f"the request holds {total} references and guides: allowed 1..{settings.max_references}")
+    listed = reference_list(order, counts)
+    video_use = {entry["index"]: entry for entry in listed if entry["input"] == REFERENCE_VIDEOS}
     guides = files.get(GUIDES, [])
     if guide_frames is None and guides:
         raise ValueError(f"{GUIDES} needs {GUIDE_FRAMES}: the frame (0..{num_frames - 1}) each guide should appear at")
@@ -193,13 +276,20 @@ def read_references(
                 f"{GUIDE_FRAMES} value {frame} is out of range: allowed 0..{num_frames - 1} (the clip's frames)"
             )
     images, media = settings.image_limits(), settings.media_limits()
-    guide_images = [decode_image(data, f"{GUIDES}[{i}]", images) for i, data in enumerate(guides)]
+    decoding = decoding or Decoding()
+    guide_images = [decoding.image(data, f"{GUIDES}[{i}]", images) for i, data in enumerate(guides)]
     reference_images = [
-        decode_image(d, f"{REFERENCE_IMAGES}[{i}]", settings.reference_image_limits())
+        decoding.image(d, f"{REFERENCE_IMAGES}[{i}]", settings.reference_image_limits())
         for i, d in enumerate(files.get(REFERENCE_IMAGES, []))
     ]
-    videos = [decode_video(d, f"{REFERENCE_VIDEOS}[{i}]", media) for i, d in enumerate(files.get(REFERENCE_VIDEOS, []))]
-    audio = [decode_audio(d, f"{REFERENCE_AUDIO}[{i}]", media) for i, d in enumerate(files.get(REFERENCE_AUDIO, []))]
+    videos, audio = [], []
+    for i, data in enumerate(files.get(REFERENCE_VIDEOS, [])):
+        field, use = f"{REFERENCE_VIDEOS}[{i}]", video_use[i]
+        decoding.between_files(field)
+        videos.append(decode_video(data, field, media, use["start_time_seconds"], use["audio"], decoding.budget))
+    for i, data in enumerate(files.get(REFERENCE_AUDIO, [])):
+        decoding.between_files(f"{REFERENCE_AUDIO}[{i}]")
+        audio.append(decode_audio(data, f"{REFERENCE_AUDIO}[{i}]", media, decoding.budget))
     seconds = sum(track.shape[1] for track in audio) / AUDIO_SAMPLE_RATE
     if seconds > settings.max_total_audio_s:
         raise ValueError(
@@ -244,6 +334,7 @@ def read_references(
         audio=[_whole_latents(track) for track in audio],
         height=height,
         width=width,
+        order=listed,
     )
     refs.geometry = {
         "canvas": canvas,
@@ -279,24 +370,25 @@ def _blocks(refs: References) -> list[ConditionBlock]:
     """The condition blocks the references will make (their shapes from the sizes, no VAE run)."""
     down = VIDEO_SPATIAL_DOWNSAMPLE
     blocks = [ConditionBlock("guide", 1, refs.height // down, refs.width // down, 0, frame) for frame, _ in refs.guides]
-    blocks += [ConditionBlock("image", 1, image.shape[0] // down, image.shape[1] // down) for image in refs.images]
-    for frames, track in refs.videos:
-        audio_t = 0 if track is None else track.shape[1] // AUDIO_HOP
-        kind = "video" if track is None else "video_audio"
-        blocks.append(
-            ConditionBlock(
-                kind, latent_frames(frames.shape[0]), frames.shape[1] // down, frames.shape[2] // down, audio_t
-            )
-        )
-    blocks += [ConditionBlock("audio", 0, 0, 0, track.shape[1] // AUDIO_HOP) for track in refs.audio]
+    for kind, item in refs.ordered():
+        if kind == "image":
+            blocks.append(ConditionBlock("image", 1, item.shape[0] // down, item.shape[1] // down))
+        elif kind == "audio":
+            blocks.append(ConditionBlock("audio", 0, 0, 0, item.shape[1] // AUDIO_HOP))
+        else:
+            frames, track = item
+            audio_t = 0 if track is None else track.shape[1] // AUDIO_HOP
+            kind = "video" if track is None else "video_audio"
+            shape = (latent_frames(frames.shape[0]), frames.shape[1] // down, frames.shape[2] // down)
+            blocks.append(ConditionBlock(kind, *shape, audio_t))
     return blocks
 
 
 def reference_conditions(video_vae, audio_vae, refs: References) -> list[Condition]:
     """The references as Conditions with their clean normalised latents (on the CPU), in block
-    order: guides and images through keyframe_latent ([24, 1, h/16, w/16]), videos through the
-    video VAE ([24, 5n + 2, h/16, w/16]) and their tracks and the audio through the audio VAE
-    ([2, 32, T_ref])."""
+    order (guides, then refs.order): guides and images through keyframe_latent ([24, 1, h/16,
+    w/16]), videos through the video VAE ([24, 5n + 2, h/16, w/16]) and their tracks and the
+    audio through the audio VAE ([2, 32, T_ref])."""
 
     def still(image: np.ndarray) -> torch.Tensor:
         return keyframe_latent(video_vae, torch.from_numpy(image.copy())).cpu()[:, None]
@@ -305,10 +397,14 @@ def reference_conditions(video_vae, audio_vae, refs: References) -> list[Conditi
         return audio_vae.encode(torch.from_numpy(np.ascontiguousarray(track, dtype=np.float32))).cpu()
 
     conditions = [Condition("guide", frame, still(image)) for frame, image in refs.guides]
-    conditions += [Condition("image", 0, still(image)) for image in refs.images]
-    for frames, track in refs.videos:
-        video = video_vae.encode(torch.from_numpy(frames.copy())).cpu()
-        kind = "video" if track is None else "video_audio"
-        conditions.append(Condition(kind, 0, video, None if track is None else sound(track)))
-    conditions += [Condition("audio", 0, None, sound(track)) for track in refs.audio]
+    for kind, item in refs.ordered():
+        if kind == "image":
+            conditions.append(Condition("image", 0, still(item)))
+        elif kind == "audio":
+            conditions.append(Condition("audio", 0, None, sound(item)))
+        else:
+            frames, track = item
+            video = video_vae.encode(torch.from_numpy(frames.copy())).cpu()
+            kind = "video" if track is None else "video_audio"
+            conditions.append(Condition(kind, 0, video, None if track is None else sound(track)))
     return conditions

@@ -229,6 +229,7 @@ class PackedStep:
                 "seed": state.seed,
                 "height": state.height,
                 "width": state.width,
+                "num_frames_requested": state.num_frames_requested,
                 "num_frames": state.num_frames,
                 "num_inference_steps": state.total_steps,
                 "largest_pack": job.largest_pack,

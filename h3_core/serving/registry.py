@@ -17,6 +17,8 @@ with what the holder of the request does:
   remembered for EARLY_CANCEL_SECONDS so a request with that id that arrives then is cancelled
   before it starts. A finished id is never planted.
 - admit(id): refused when the id is live anywhere; True when an early cancel was waiting for it.
+- hold(id), held_cancelled(id), release(id): h3_encoder's ids while it decodes their media (live
+  on ENCODER_INSTANCE, so a cancel answers "cancelled" and the encoder stops between files).
 - boundary(ids): the live ids of this instance whose cancel flag is set.
 - finish(id, load): forget a live id, remember it as finished, publish the instance's load without
   it; True when its cancel flag was set.
@@ -97,6 +99,7 @@ ANNOUNCEMENT = struct.Struct("<Qd")  # how many announcements so far, the regist
 # ns<pid namespace inode>-<server pid>-<its start time in clock ticks>
 SERVER_FOLDER = re.compile(r"h3-triton-ns(\d+)-(\d+)-(\d+)")
 MEMORIES = ("cancels", "finished")  # the tables of remembered ids: request_id -> registry clock
+ENCODER_INSTANCE = "h3_encoder"  # the `live` rows of ids h3_encoder holds while it decodes their media (hold)
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS live (request_id TEXT PRIMARY KEY, instance TEXT NOT NULL) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS live_by_instance ON live (instance);
@@ -390,6 +393,37 @@ class Registry:
         if not loads or not all(load.full for load in loads):
             return None
         return min(loads, key=lambda load: load.held).message()
+
+    def hold(self, request_id: str) -> bool:
+        """h3_encoder holds `request_id` while it decodes the request's media: live on the
+        instance ENCODER_INSTANCE, so that a cancel by id answers "cancelled" and flags it
+        (held_cancelled). Returns True when a cancel was already waiting for it (nothing is held,
+        the id is remembered as finished: the request ends at once, as admit's). An id live
+        elsewhere (a duplicate, which h3_dit refuses) is left alone and not held. Release it with
+        release()."""
+        with self._transaction() as now:
+            if self._db.execute("DELETE FROM cancels WHERE request_id = ?", (request_id,)).rowcount:
+                self._remember("finished", request_id, now)
+                return True
+            self._db.execute("INSERT OR IGNORE INTO live VALUES (?, ?)", (request_id, ENCODER_INSTANCE))
+            return False
+
+    def held_cancelled(self, request_id: str) -> bool:
+        """Whether a cancel by id flagged `request_id` (one read, no write lock): h3_encoder asks
+        between a request's files."""
+        with self._thread_lock:
+            return self._has("cancels", request_id)
+
+    def release(self, request_id: str, ended: bool = False) -> None:
+        """h3_encoder lets go of a held id. Passed on to h3_dit (ended False), its cancel flag,
+        if any, stays: h3_dit's admit() ends it before it starts. Ended in the encoder (refused,
+        cancelled: ended True), the flag is consumed and the id remembered as finished, as
+        finish() does."""
+        with self._transaction() as now:
+            self._db.execute("DELETE FROM live WHERE request_id = ? AND instance = ?", (request_id, ENCODER_INSTANCE))
+            if ended:
+                self._db.execute("DELETE FROM cancels WHERE request_id = ?", (request_id,))
+                self._remember("finished", request_id, now)
 
 
 class CancelNotRecorded(RuntimeError):

@@ -9,7 +9,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from ..config import get_config
+from ..config import AUDIO_SAMPLE_RATE, get_config
 from ..diffusion.request import RequestLimits
 from ..images import ImageLimits
 from ..model.adaln_table import DEFAULT_CAPACITY
@@ -25,7 +25,7 @@ from ..protocol import (
     TASKS,
     VAE_MODEL,
 )
-from ..references import MediaLimits
+from ..references import DecodeBudget, MediaLimits
 from .gpu_turns import DEFAULT_SHARE
 from .scheduler import DEFAULT_MAX_WAIT_S, DEFAULT_POLICY, POLICIES
 
@@ -150,7 +150,11 @@ class EncoderSettings:
     max_request_mb (h3_dit's: a request whose rows or memory, conditions included, pass them is
     refused before any VAE runs); tasks (h3_dit's: a request of another task is refused before its
     media are read); allow_fault_injection (tests only: lets request parameter inject_fault act
-    here, h3_core.protocol.ENCODER_FAULTS)."""
+    here, h3_core.protocol.ENCODER_FAULTS). media_workers (>= 1): the threads that decode requests' media files apart from
+    the text encoder, one request each, so a request without files never waits behind another's;
+    max_decoded_pixels, max_decoded_samples (>= 1): one request's decode budget
+    (h3_core.references.DecodeBudget); media_workers x the budget bounds the decoded media held at
+    once (docs/reliability.md)."""
 
     MODEL = ENCODER_MODEL
     cpu_threads: int = 1
@@ -184,9 +188,15 @@ class EncoderSettings:
     max_request_mb: int = RequestLimits.max_request_mb
     tasks: str = ",".join(TASKS)
     allow_fault_injection: bool = False
+    media_workers: int = 2
+    max_decoded_pixels: int = 250_000_000  # 750 MB as RGB: six 40 MP images, 120 frames of 1080p
+    max_decoded_samples: int = 45 * AUDIO_SAMPLE_RATE  # 45 s a channel: 15 s of audio files + 3 video tracks of 10 s
 
     def __post_init__(self):
         weights_seed("h3_encoder parameter encoder_weights", self.encoder_weights)
+        for name in ("media_workers", "max_decoded_pixels", "max_decoded_samples"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"h3_encoder parameter {name}={getattr(self, name)} is out of range: allowed >= 1")
         self.served_tasks()
         self.image_limits()
         self.media_limits()
@@ -211,6 +221,10 @@ class EncoderSettings:
             max_side=self.max_image_side,
             max_aspect=self.max_reference_aspect,
         )
+
+    def decode_budget(self) -> DecodeBudget:
+        """A fresh decode budget for one request (max_decoded_pixels, max_decoded_samples)."""
+        return DecodeBudget(self.max_decoded_pixels, self.max_decoded_samples)
 
     def reference_image_limits(self) -> ImageLimits:
         """image_limits with max_reference_aspect: a reference keeps its aspect (no fit)."""

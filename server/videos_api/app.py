@@ -123,13 +123,14 @@ class Settings:
 
 
 def video_object(job: dict, model_name: str) -> dict:
-    """The OpenAI video object of a stored job, with our extensions (seed, n, num_frames,
-    num_inference_steps, step, total_steps, queue_position, preview_step, task (sent or implied:
-    fields.task_of), inputs (the files sent, each {"variant", "index", "media_type", "url"}: its
-    download from the content route); outside_training once completed when the result's INFO
-    has it). size and seconds are what the client asked for, else the result's, else (until it
-    completes) the defaults resolved at create (models.resolved_defaults); progress is 100 once
-    completed, else
+    """The OpenAI video object of a stored job, with our extensions (seed, n, num_frames (the
+    served clip: aligned up to 17n+5 frames once completed), num_frames_requested (as asked; null
+    when the server's default applies), num_inference_steps, step, total_steps, queue_position,
+    preview_step, task (sent or implied: fields.task_of), inputs (the files sent, each
+    {"variant", "index", "media_type", "url"}: its download from the content route);
+    outside_training once completed when the result's INFO has it). size and seconds are what the
+    client asked for, else the result's, else (until it completes) the defaults resolved at
+    create (models.resolved_defaults); progress is 100 once completed, else
     min(99, 100 x step / total_steps)."""
     request, outputs = job["request"], job["outputs"]
     result = outputs[0] if outputs else {}
@@ -163,6 +164,7 @@ def video_object(job: dict, model_name: str) -> dict:
         "seed": request["seed"],
         "n": request["num_outputs"] or 1,
         "num_frames": num_frames,
+        "num_frames_requested": result.get("num_frames_requested", request["num_frames"]),
         "num_inference_steps": result.get("num_inference_steps", job["total_steps"] or request["num_inference_steps"]),
         "step": job["step"],
         "total_steps": job["total_steps"],

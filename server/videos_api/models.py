@@ -6,7 +6,7 @@ limits):
      "config_name": "demo", "tasks": ["t2va", "fl2va", "ref2va"], "fps": 24,
      "size": {"default": "96x64", "multiple": 32, "width": {"min": 32, "max": 256},
               "height": {"min": 32, "max": 256}},
-     "num_frames": {"default": 22, "min": 1, "max": 121},
+     "num_frames": {"default": 22, "min": 1, "max": 124},
      "num_inference_steps": {"default": 8, "min": 1, "max": 50},
      "n": {"min": 1, "max": 4}, "max_prompt_bytes": 4096}
 

@@ -2,14 +2,21 @@
 CONDITION_LATENTS, the optional
 inputs -> REQUEST JSON (an adapter over h3_core.model.encoder and h3_core.serving.conditioning).
 Keyframe, guide and reference files are decoded, checked and sized before any model runs.
+Decoupled: a request with files is decoded by one of `media_workers` threads apart from the text
+encoder (never a second copy of it), within its decode budget, its id held in the registry so that
+a cancel by id answers "cancelled" and stops it between files; a request without files is encoded
+at once, so it never waits behind another's files. The models (text encoder, VAE encoders) run
+one request at a time (a lock); each request gets one response, its final one.
 The request parameters and the inputs' shapes are checked before the prompt
 is encoded, so a malformed request costs no encoder time; when every h3_dit instance is full
-(h3_core.serving.registry) the request is refused with UNAVAILABLE before encoding. The requests passed
-on to h3_dit are announced in the registry as the execute ends (Registry.announce), so that an
-h3_dit execute taking several steps ends at its next step boundary and takes them in."""
+(h3_core.serving.registry) the request is refused with UNAVAILABLE before encoding. Each request
+passed on to h3_dit is announced in the registry as its response is sent (Registry.announce), so
+that an h3_dit execute taking several steps ends at its next step boundary and takes it in."""
 
+import threading
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 
 import triton_python_backend_utils as pb_utils
 
@@ -23,7 +30,11 @@ from h3_core.protocol import (
     KEYFRAME_INDICES,
     KEYFRAMES,
     PROMPT,
+    REFERENCE_AUDIO,
+    REFERENCE_IMAGES,
     REFERENCE_INPUTS,
+    REFERENCE_VIDEOS,
+    REFERENCES,
     REQUEST,
     TASK,
     TASKS,
@@ -33,6 +44,8 @@ from h3_core.protocol import (
     implied_task,
 )
 from h3_core.serving.conditioning import (
+    Cancelled,
+    Decoding,
     keyframe_conditions,
     read_keyframes,
     read_references,
@@ -46,6 +59,9 @@ from h3_core.weights.checkpoint import source_seed
 from h3_core.weights.training_metadata import load_training_metadata
 from h3_core.weights.vae_hook import load_vaes
 from server.adapter import error_response, json_tensor, model_parameters, resolve_path, set_threads
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+MEDIA_INPUTS = (KEYFRAMES, REFERENCE_IMAGES, REFERENCE_VIDEOS, REFERENCE_AUDIO, GUIDES)  # inputs that hold files
 
 
 def read_ints(request, name: str) -> list[int] | None:
@@ -81,39 +97,70 @@ class TritonPythonModel:
         self.cfg = get_config(settings.config_name)
         self.canvas_area = self.cfg.default_height * self.cfg.default_width
         self.registry = Registry(server_folder())
+        self.models = threading.Lock()  # the text encoder and the VAEs: one request at a time
+        self.media = ThreadPoolExecutor(settings.media_workers, thread_name_prefix="h3-media")
 
     def execute(self, requests):
-        """One response per request, whatever fails: the encoded request, INVALID_ARG (ValueError),
-        UNAVAILABLE (Overloaded) or INTERNAL for any other failure (a VAE out of memory, PyAV, the
-        registry's database), which fails its request alone, its traceback in the server log. A
-        failed announcement is logged and fails nothing (the requests reach h3_dit all the same,
-        at its next execute)."""
-        responses, passed_on, announce_fault = [], 0, False
+        """Answer each request through its response sender: one with files goes to a media
+        worker (its id held in the registry while it waits and decodes), one without is encoded
+        here at once. Returns None (decoupled)."""
         for request in requests:
-            request_id = "(no id)"
-            try:
-                request_id = request.request_id() or request_id
-                responses.append(self.encode(request))
-                passed_on += 1
-                announce_fault = announce_fault or self.fault(request) == "announce_raise"
-            except (ValueError, Overloaded) as error:
-                code = "INVALID_ARG" if isinstance(error, ValueError) else "UNAVAILABLE"
-                pb_utils.Logger.log_info(f"h3_encoder: request {request_id} refused: {code}: {error}")
-                responses.append(error_response(code, str(error)))
-            except Exception as error:  # noqa: BLE001 - this request fails alone
-                pb_utils.Logger.log_error(
-                    f"h3_encoder: request {request_id} failed:\n{''.join(traceback.format_exception(error))}"
+            files = any(pb_utils.get_input_tensor_by_name(request, name) is not None for name in MEDIA_INPUTS)
+            request_id = request.request_id()
+            if files and request_id and self.registry.hold(request_id):
+                self.respond(
+                    request, error=("CANCELLED", f"request {request_id} cancelled by request before it started")
                 )
-                message = f"encoding request {request_id} failed ({type(error).__name__}: {error}); see the server log"
-                responses.append(error_response("INTERNAL", message))
-        if passed_on:  # last: the requests reach h3_dit's queue a few ms after this
+            elif files:
+                self.media.submit(self.respond, request, held=bool(request_id))
+            else:
+                self.respond(request)
+        return None
+
+    def respond(self, request, error: tuple[str, str] | None = None, held: bool = False) -> None:
+        """Encode `request` (unless `error`, (code, message), ends it) and send its one, final
+        response, whatever fails: the encoded tensors, or an error response (INVALID_ARG for a
+        ValueError, UNAVAILABLE for Overloaded, CANCELLED, or INTERNAL for any other failure: a VAE
+        out of memory, PyAV, the registry's database; its traceback in the server log). A held id
+        is released first. A request passed on is announced to the DiT; a failed announcement is
+        logged and fails nothing (the request reaches h3_dit all the same, at its next execute)."""
+        request_id = "(no id)"
+        response = None
+        try:
+            request_id = request.request_id() or request_id
+            if error is None:
+                response = self.encode(request, self.decoding(request, held))
+        except (ValueError, Overloaded) as refusal:
+            error = ("INVALID_ARG" if isinstance(refusal, ValueError) else "UNAVAILABLE", str(refusal))
+        except Cancelled as cancelled:
+            error = (
+                "CANCELLED",
+                f"request {request_id} cancelled by request while its media were decoded ({cancelled})",
+            )
+        except Exception as failure:  # noqa: BLE001 - this request fails alone; every request is answered
+            pb_utils.Logger.log_error(
+                f"h3_encoder: request {request_id} failed:\n{''.join(traceback.format_exception(failure))}"
+            )
+            message = f"encoding request {request_id} failed ({type(failure).__name__}: {failure}); see the server log"
+            error = ("INTERNAL", message)
+        if held:
             try:
-                if announce_fault:
+                self.registry.release(request.request_id(), ended=error is not None)
+            except Exception as failure:  # noqa: BLE001 - the response goes out all the same
+                pb_utils.Logger.log_error(
+                    f"h3_encoder: request {request_id}: the registry could not release it: {failure!r}"
+                )
+        if error is not None:
+            pb_utils.Logger.log_info(f"h3_encoder: request {request_id} refused: {error[0]}: {error[1]}")
+            response = error_response(*error)
+        request.get_response_sender().send(response, flags=FINAL)
+        if error is None:  # the request reaches h3_dit's queue a few ms after this
+            try:
+                if self.fault(request) == "announce_raise":
                     raise RuntimeError("injected fault in the registry's announcement")
-                self.registry.announce(passed_on)
-            except Exception as error:  # noqa: BLE001 - unannounced, they wait for h3_dit's next execute
-                pb_utils.Logger.log_error(f"h3_encoder: {passed_on} requests could not be announced: {error}")
-        return responses
+                self.registry.announce(1)
+            except Exception as failure:  # noqa: BLE001 - unannounced, it waits for h3_dit's next execute
+                pb_utils.Logger.log_error(f"h3_encoder: request {request_id} could not be announced: {failure}")
 
     def fault(self, request) -> str | None:
         """The request's inject_fault when this model allows fault injection (tests only), else
@@ -122,11 +169,33 @@ class TritonPythonModel:
             return None
         return check_request_parameters(request.parameters()).get("inject_fault")
 
-    def encode(self, request):
+    def decoding(self, request, held: bool) -> Decoding:
+        """A request's Decoding: its decode budget and, for a held id, a check before each file
+        that ends it (Cancelled) once a cancel by id flagged it. Each file's start is logged, with
+        what Triton's request.is_cancelled() says (logged only: README, "Scheduling, cancellation
+        and metrics", says what it was found to do for the ensemble's first step)."""
+        request_id = request.request_id()
+
+        def between_files(field: str) -> None:
+            if held and self.registry.held_cancelled(request_id):
+                raise Cancelled(f"before {field}")
+            pb_utils.Logger.log_info(
+                f"h3_encoder: request {request_id or '(no id)'} decoding {field} "
+                f"(is_cancelled {request.is_cancelled()})"
+            )
+
+        return Decoding(self.settings.decode_budget(), between_files)
+
+    def finalize(self):
+        self.media.shutdown(wait=True)
+
+    def encode(self, request, decoding: Decoding):
         """One request -> TEXT_EMBEDS float32 [1, L, text_dim] + CONDITION_LATENTS float32
-        [1, N] + REQUEST. Raises ValueError naming the input or parameter for a
-        malformed request (keyframes included: decoded and checked before any model runs),
-        Overloaded when every h3_dit instance is full (h3_core.serving.registry)."""
+        [1, N] + REQUEST; its files decoded by `decoding` (budget, check between files) before
+        the models run (under self.models). Raises ValueError naming the input or parameter for a
+        malformed request (keyframes included: decoded and checked before any model runs) or a
+        decode budget passed, Overloaded when every h3_dit instance is full
+        (h3_core.serving.registry), Cancelled when its id was cancelled between two files."""
         start, received = time.perf_counter(), time.time()
         parameters = check_request_parameters(request.parameters())
         if self.fault(request) == "encode_raise":
@@ -159,7 +228,11 @@ class TritonPythonModel:
         indices = read_ints(request, KEYFRAME_INDICES)
         references = {name: [bytes(data) for data in read_strings(request, name) or []] for name in REFERENCE_INPUTS}
         guide_frames = read_ints(request, GUIDE_FRAMES)
-        has_references = any(references.values()) or guide_frames is not None
+        order = read_strings(request, REFERENCES)
+        if order is not None and len(order) != 1:
+            raise ValueError(f"{REFERENCES} must hold exactly one JSON array, got {len(order)} elements")
+        order = None if order is None else order[0]
+        has_references = any(references.values()) or guide_frames is not None or order is not None
         if files and has_references:
             raise ValueError(
                 f"{KEYFRAMES} cannot be mixed with references or guides: send the first and last frames as {GUIDES} "
@@ -179,6 +252,8 @@ class TritonPythonModel:
             parameters.get("fit"),
             self.settings,
             self.canvas_area,
+            fields.get("num_frames", self.cfg.default_num_frames),
+            decoding,
         )
         refs = None
         if has_references:
@@ -192,26 +267,26 @@ class TritonPythonModel:
                 parameters.get("fit"),
                 self.settings,
                 (self.cfg.default_height, self.cfg.default_width),
+                order,
+                decoding,
             )
         check_task(task, ["keyframe"] * len(files) + (refs.kinds if refs else []))
         full = self.registry.refusal()
         if full is not None:
             raise Overloaded(full)
         conditions, spans = [], []
-        if keyframes.images:
-            embeds, spans = self.encoder.encode_presentation(prompt, keyframes.images)
-            conditions = keyframe_conditions(self.video_vae, keyframes)
-            fields.update(height=keyframes.height, width=keyframes.width, geometry=keyframes.geometry)
-        elif refs is not None:
-            images = [image for _, image in refs.guides] + refs.images
-            embeds, spans = self.encoder.encode_references(
-                prompt, images, [frames for frames, _ in refs.videos], len(refs.audio)
-            )
-            conditions = reference_conditions(self.video_vae, self.audio_vae, refs)
-            fields.update(height=refs.height, width=refs.width, geometry=refs.geometry)
-        else:
-            embeds = self.encoder.encode(prompt)
-        latents, entries = wire_conditions(conditions)
+        with self.models:  # the text encoder and the VAEs: one request at a time
+            if keyframes.images:
+                embeds, spans = self.encoder.encode_presentation(prompt, keyframes.images)
+                conditions = keyframe_conditions(self.video_vae, keyframes)
+                fields.update(height=keyframes.height, width=keyframes.width, geometry=keyframes.geometry)
+            elif refs is not None:
+                embeds, spans = self.encoder.encode_references(prompt, *refs.presentation())
+                conditions = reference_conditions(self.video_vae, self.audio_vae, refs)
+                fields.update(height=refs.height, width=refs.width, geometry=refs.geometry)
+            else:
+                embeds = self.encoder.encode(prompt)
+        latents, entries = wire_conditions(conditions, refs.sources() if refs is not None else None)
         if conditions:
             fields.update(task=task, conditions=entries, vision_spans=[list(span) for span in spans])
         words = [] if self.training is None else self.training.outside_words(prompt)
