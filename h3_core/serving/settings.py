@@ -151,7 +151,8 @@ class EncoderSettings:
     refused before any VAE runs); tasks (h3_dit's: a request of another task is refused before its
     media are read); allow_fault_injection (tests only: lets request parameter inject_fault act
     here, h3_core.protocol.ENCODER_FAULTS). media_workers (>= 1): the threads that decode
-    requests' media files apart from the text encoder, one request each, so a request without files never waits behind another's;
+    requests' media files apart from the text encoder, one request each, so a request without
+    files never waits behind another's;
     max_decoded_pixels, max_decoded_samples (>= 1): one request's decode budget
     (h3_core.references.DecodeBudget); media_workers x the budget bounds the decoded media held at
     once (docs/reliability.md)."""
