@@ -61,6 +61,7 @@ from engine_bench import kernel_profile  # noqa: E402 - after the sys.path set-u
 from full_model_bench import (  # noqa: E402 - after the sys.path set-up above
     QWEN3VL_DIMS,
     QWEN3VL_WEIGHTS,
+    PeakMemory,
     Setting,
     bench,
     gib,
@@ -278,12 +279,18 @@ def served_stage(setting, quantization, clips, warmup_steps, mp4, args, cuda, re
         "runs": {},
     }
     directory = write_repository(args.work / "model_repository", repository)
-    start = time.perf_counter()
-    with TritonServer(
-        directory, free_ports=True, timeout=SERVER_TIMEOUT_S, log_file=args.work / "server.log"
-    ) as server:
+    start, loading = time.perf_counter(), PeakMemory(cuda)
+    with (
+        loading,
+        TritonServer(directory, free_ports=True, timeout=SERVER_TIMEOUT_S, log_file=args.work / "server.log") as server,
+    ):
         served["load_s"] = time.perf_counter() - start
         names = {server.pid: "tritonserver", **stub_pids(server.pid)}
+        loading.__exit__(None, None, None)  # the load's peaks: each process's, sampled while it loaded
+        served["load_peak_gib_per_process"] = {k: gib(v) for k, v in loading.per_process_peak_mib(names).items()}
+        results["summary"][f"{NAMES[quantization]}_served_load_peak_gib_h3_dit"] = served[
+            "load_peak_gib_per_process"
+        ].get("h3_dit_0_0")
 
         def run(name: str, steps: int) -> dict:
             document = bench(server, name, setting, 1, steps, mp4, args.work, args.out, cuda, names)
