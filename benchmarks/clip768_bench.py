@@ -77,6 +77,7 @@ from h3_core.diffusion.sampling import (  # noqa: E402 - after the sys.path set-
     sigma_schedule,
 )
 from h3_core.factory import load_engine  # noqa: E402 - after the sys.path set-up above
+from h3_core.model.adaln_table import DEFAULT_CAPACITY  # noqa: E402 - after the sys.path set-up above
 from h3_core.model.encoder import QWEN3VL_H3_LAYER  # noqa: E402 - after the sys.path set-up above
 from h3_core.model.fp8 import QUANTIZATIONS  # noqa: E402 - after the sys.path set-up above
 from h3_core.weights.official_checkpoint import write_weightless_qwen3vl  # noqa: E402 - after the sys.path set-up above
@@ -231,6 +232,7 @@ def adaln_stage(dit, cuda: bool, steps: int) -> dict:
             outputs[mode, table] = run.pop("outputs", None)
             runs[f"{mode}_{'table' if table else 'no_table'}"] = run
     result["runs"] = runs
+    dit.use_adaln_table(DEFAULT_CAPACITY)  # as served again, for the profile stage after this one
     result["table_bitwise"] = all(
         outputs[mode, True] is not None
         and all(torch.equal(a, b) for a, b in zip(outputs[mode, True], outputs[mode, False], strict=True))
