@@ -719,11 +719,12 @@ CLIP768_STAGES = ("queue", "encode", "denoise", "decode")
 
 
 def clip768(root: Path) -> str:
-    """The 1344 x 768 px, 124-frame, 49-forward t2va clip on one H200 beside the published
-    systems, from clip768_h200.json (benchmarks/clip768_bench.py runs filed with bench_report.py
-    --merge-into): wall seconds and GPU-seconds per clip, where a clip's seconds go, the step's
-    kernel families, the AdaLN table and the load peaks; a figure not measured yet says so."""
-    merged, sources = load(root, "clip768_h200"), Sources()
+    """The 1344 x 768 px, 124-frame, 49-forward t2va clip on one GPU beside the published H200
+    systems, from clip768.json (benchmarks/clip768_bench.py runs filed with bench_report.py
+    --merge-into; each figure's footnote names its GPU): wall seconds and GPU-seconds per clip,
+    where a clip's seconds go, the step's kernel families, the AdaLN table and the load peaks; a
+    figure not measured yet says so."""
+    merged, sources = load(root, "clip768"), Sources()
     summary = merged["summary"]
 
     def cell(key: str, spec: str = "{:.1f}") -> str:
@@ -732,7 +733,7 @@ def clip768(root: Path) -> str:
         return f"{spec.format(summary[key])} {sources.cite(key_source(root, merged, key))}"
 
     lines = [
-        "| system | H200s | wall s, send to video | GPU-seconds per clip |",
+        "| system | GPUs | wall s, send to video | GPU-seconds per clip |",
         "|---|---:|---:|---:|",
     ]
     for name in ("bf16", "fp8"):
@@ -815,7 +816,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "h200x2_sequence_parallel bitwise": sequence_parallel_bitwise,
     "h200x2_sequence_parallel max_abs_diff": sequence_parallel_max_diff,
     "registry_cpu calls": registry_cpu,
-    "clip768_h200 table": clip768,
+    "clip768 table": clip768,
 }
 
 
