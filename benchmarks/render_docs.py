@@ -716,6 +716,7 @@ def decode_placement(root: Path) -> str:
 
 
 CLIP768_STAGES = ("queue", "encode", "denoise", "decode")
+CLIP768_MUST_S = 297.0  # issue 48: SGLang's 4 x H200 Ulysses run, 297.5 GPU-seconds per clip
 
 
 def clip768(root: Path) -> str:
@@ -774,6 +775,17 @@ def clip768(root: Path) -> str:
                 lines.append(
                     f"| {name}: {ms} | {cell(f'step768_{name}_s', '{:.3f}')} | {summary[f'step768_{name}_rows']:,} |"
                 )
+    bf16 = summary.get("clip768_5s_bf16_s")
+    verdict = "not measured" if bf16 is None else ("met" if bf16 <= CLIP768_MUST_S else "**not met**")
+    lines += [
+        "",
+        f"Must: `clip768_5s_bf16_s` <= {CLIP768_MUST_S} (the best published GPU-seconds per clip): {verdict}; "
+        f"`clip768_5s_fp8_s` <= 0.9 x bf16: "
+        + ("not measured" if summary.get("clip768_5s_fp8_s") is None or bf16 is None
+           else ("met" if summary["clip768_5s_fp8_s"] <= 0.9 * bf16 else "**not met**"))
+        + f". Our VAE's decode of one clip (not H3's VAE): {cell('decode768_5s_s', '{:.3f}')} s, "
+        f"peak {cell('decode768_5s_peak_gib')} GiB.",
+    ]  # fmt: skip
     lines += [
         "",
         f"AdaLN table: 8 x 128-row requests admitted one step apart over all at one step, mean step "
@@ -817,6 +829,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "h200x2_sequence_parallel max_abs_diff": sequence_parallel_max_diff,
     "registry_cpu calls": registry_cpu,
     "clip768 table": clip768,
+    "clip768 bf16_s": lambda root: f"{load(root, 'clip768')['summary']['clip768_5s_bf16_s']:.1f}",
 }
 
 
