@@ -3,7 +3,7 @@ DiT forwards, t2va; here 37 latent frames x 1,008 = 37,296 video rows + 414 audi
 prompt's text rows = 37,824 packed rows.
 
     PYTHONUNBUFFERED=1 python3 benchmarks/clip768_bench.py --out DIR --stages profile adaln
-    PYTHONUNBUFFERED=1 python3 benchmarks/clip768_bench.py --out DIR --stages served [--quantization fp8]
+    PYTHONUNBUFFERED=1 python3 benchmarks/clip768_bench.py --out DIR --stages decode served [--quantization fp8]
         [--clips N] [--warmup-steps N]
 
 Stages (each writes DIR/clip768_bench.json after every part, so a run cut short keeps what it
@@ -26,6 +26,9 @@ measured, and prints a table last):
            compilation. `adaln_mixed_over_single_8x128` = the mean step of the mixed passes'
            full packs over the single pass's mean step; the same without the table
            (`adaln_mixed_over_single_8x128_no_table`); table fills per step reported.
+  decode:  our VAEs (the project's own) decode one clip's random latents on the device, in tiles
+           as h3_vae does: `decode768_5s_s` (median of 2 after a warm-up), `decode768_5s_peak_gib`
+           (peak allocated over what was allocated before), in this process before the server.
   served:  the clip through tritonserver as full_model_bench.py --encoder qwen3vl serves it: the
            h3 DiT (`random:0`), MiniMax-H3's Qwen3-VL at its real sizes encoding every request
            (50 layers, drawn weights) and our VAEs (the project's own, not H3's), all on GPU 0,
@@ -61,6 +64,7 @@ from engine_bench import kernel_profile  # noqa: E402 - after the sys.path set-u
 from full_model_bench import (  # noqa: E402 - after the sys.path set-up above
     QWEN3VL_DIMS,
     QWEN3VL_WEIGHTS,
+    PeakMemory,
     Setting,
     bench,
     gib,
@@ -76,6 +80,7 @@ from h3_core.diffusion.sampling import (  # noqa: E402 - after the sys.path set-
     sigma_schedule,
 )
 from h3_core.factory import load_engine  # noqa: E402 - after the sys.path set-up above
+from h3_core.model.adaln_table import DEFAULT_CAPACITY  # noqa: E402 - after the sys.path set-up above
 from h3_core.model.encoder import QWEN3VL_H3_LAYER  # noqa: E402 - after the sys.path set-up above
 from h3_core.model.fp8 import QUANTIZATIONS  # noqa: E402 - after the sys.path set-up above
 from h3_core.weights.official_checkpoint import write_weightless_qwen3vl  # noqa: E402 - after the sys.path set-up above
@@ -84,7 +89,8 @@ from server.repository import plan, write_repository  # noqa: E402 - after the s
 
 GIB = 2**30
 WEIGHTS = "random:0"
-STAGES = ("profile", "adaln", "served")
+STAGES = ("profile", "adaln", "decode", "served")
+DECODE_REPEATS = 2
 NAMES = {"none": "bf16", "fp8": "fp8"}  # quantization -> the name in summary keys
 TEXT_ROWS = 64  # the profiled request's text rows (bench_client.py's prompts are shorter)
 STEP_REPEATS = 2
@@ -230,6 +236,7 @@ def adaln_stage(dit, cuda: bool, steps: int) -> dict:
             outputs[mode, table] = run.pop("outputs", None)
             runs[f"{mode}_{'table' if table else 'no_table'}"] = run
     result["runs"] = runs
+    dit.use_adaln_table(DEFAULT_CAPACITY)  # as served again, for the profile stage after this one
     result["table_bitwise"] = all(
         outputs[mode, True] is not None
         and all(torch.equal(a, b) for a, b in zip(outputs[mode, True], outputs[mode, False], strict=True))
@@ -239,6 +246,42 @@ def adaln_stage(dit, cuda: bool, steps: int) -> dict:
         result[f"mixed_over_single{suffix}"] = (
             runs[f"mixed_{name}"]["mean_full_step_s"] / runs[f"single_{name}"]["mean_full_step_s"]
         )
+    return result
+
+
+def decode_stage(setting: Setting, cuda: bool) -> dict:
+    """The decode stage (module docstring): our VAEs of `random:0` on the device decode one clip's
+    random latents (decode_clip, in tiles as h3_vae decodes): seconds (median of DECODE_REPEATS
+    after one warm-up) and the peak GiB allocated over what was allocated before."""
+    from h3_core.config import audio_latent_frames, latent_frames
+    from h3_core.model.vae import decode_clip
+    from h3_core.weights.vae_hook import load_vaes
+
+    video_vae, audio_vae = load_vaes(WEIGHTS, setting.device)
+    g = torch.Generator(setting.device).manual_seed(2)
+    hw = (setting.height // 16, setting.width // 16)
+    video = torch.randn(24, latent_frames(setting.num_frames), *hw, generator=g, device=setting.device)
+    audio = torch.randn(2, 32, audio_latent_frames(setting.num_frames), generator=g, device=setting.device)
+    decode_clip(video_vae, audio_vae, setting.num_frames, video, audio)
+    sync(cuda)
+    before = torch.cuda.memory_allocated() if cuda else 0
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(DECODE_REPEATS):
+        start = time.perf_counter()
+        frames, _ = decode_clip(video_vae, audio_vae, setting.num_frames, video, audio)
+        sync(cuda)
+        times.append(time.perf_counter() - start)
+    result = {
+        "seconds": {"median": statistics.median(times), "runs": times},
+        "peak_gib": (torch.cuda.max_memory_allocated() - before) / GIB if cuda else None,
+        "frames": list(frames.shape),
+    }
+    del video_vae, audio_vae, video, audio, frames
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
     return result
 
 
@@ -278,12 +321,18 @@ def served_stage(setting, quantization, clips, warmup_steps, mp4, args, cuda, re
         "runs": {},
     }
     directory = write_repository(args.work / "model_repository", repository)
-    start = time.perf_counter()
-    with TritonServer(
-        directory, free_ports=True, timeout=SERVER_TIMEOUT_S, log_file=args.work / "server.log"
-    ) as server:
+    start, loading = time.perf_counter(), PeakMemory(cuda)
+    with (
+        loading,
+        TritonServer(directory, free_ports=True, timeout=SERVER_TIMEOUT_S, log_file=args.work / "server.log") as server,
+    ):
         served["load_s"] = time.perf_counter() - start
         names = {server.pid: "tritonserver", **stub_pids(server.pid)}
+        loading.__exit__(None, None, None)  # the load's peaks: each process's, sampled while it loaded
+        served["load_peak_gib_per_process"] = {k: gib(v) for k, v in loading.per_process_peak_mib(names).items()}
+        results["summary"][f"{NAMES[quantization]}_served_load_peak_gib_h3_dit"] = served[
+            "load_peak_gib_per_process"
+        ].get("h3_dit_0_0")
 
         def run(name: str, steps: int) -> dict:
             document = bench(server, name, setting, 1, steps, mp4, args.work, args.out, cuda, names)
@@ -403,6 +452,13 @@ def main() -> int:
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
+    if "decode" in args.stages:
+
+        def decode():
+            d = results["decode"] = decode_stage(setting, cuda)
+            summary["decode768_5s_s"], summary["decode768_5s_peak_gib"] = d["seconds"]["median"], d["peak_gib"]
+
+        stage("decode", decode)
     if "served" in args.stages:
         stage(
             "served",

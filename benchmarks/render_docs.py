@@ -715,6 +715,90 @@ def decode_placement(root: Path) -> str:
     return "\n".join(lines + sources.render())
 
 
+CLIP768_STAGES = ("queue", "encode", "denoise", "decode")
+CLIP768_MUST_S = 297.0  # issue 48: SGLang's 4 x H200 Ulysses run, 297.5 GPU-seconds per clip
+
+
+def clip768(root: Path) -> str:
+    """The 1344 x 768 px, 124-frame, 49-forward t2va clip on one GPU beside the published H200
+    systems, from clip768.json (benchmarks/clip768_bench.py runs filed with bench_report.py
+    --merge-into; each figure's footnote names its GPU): wall seconds and GPU-seconds per clip,
+    where a clip's seconds go, the step's kernel families, the AdaLN table and the load peaks; a
+    figure not measured yet says so."""
+    merged, sources = load(root, "clip768"), Sources()
+    summary = merged["summary"]
+
+    def cell(key: str, spec: str = "{:.1f}") -> str:
+        if summary.get(key) is None:
+            return "not measured"
+        return f"{spec.format(summary[key])} {sources.cite(key_source(root, merged, key))}"
+
+    lines = [
+        "| system | GPUs | wall s, send to video | GPU-seconds per clip |",
+        "|---|---:|---:|---:|",
+    ]
+    for name in ("bf16", "fp8"):
+        lines.append(f"| ours, {name} (one process per model, our own VAE) | 1 | {cell(f'clip768_5s_{name}_s')} "
+                     f"| {cell(f'clip768_5s_{name}_s')} |")  # fmt: skip
+    for row in merged["published"]:
+        lines.append(
+            f"| {row['system']} (its own report) | {row['gpus']} | {row['wall_s']} | {row['gpu_s_per_clip']} |"
+        )
+    lines += [
+        "",
+        "| ours | clips | cold request s | denoise s | s / step | rows / step | mean s: "
+        + ", ".join(CLIP768_STAGES)
+        + " | peak GPU GiB (DiT, Qwen3-VL, VAE) |",
+        "|---|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for name in ("bf16", "fp8"):
+        key = f"clip768_5s_{name}"
+        if summary.get(f"{key}_s") is None:
+            lines.append(f"| {name} | not measured | | | | | | |")
+            continue
+        stages = [s for s in summary[f"{key}_stage_seconds"] if s]
+        means = ", ".join(f"{statistics.mean(s.get(k, 0.0) for s in stages):.2f}" for k in CLIP768_STAGES)
+        processes = summary[f"{key}_peak_gib_per_process"]
+        peaks = ", ".join(f"{processes.get(p, 0.0):.1f}" for p in ("h3_dit_0_0", "h3_encoder_0_0", "h3_vae_0_0"))
+        lines.append(
+            f"| {name} | {summary[f'{key}_clips']} | {cell(f'{key}_cold_s')} | {cell(f'{key}_denoise_s')} "
+            f"| {cell(f'{key}_seconds_per_step', '{:.3f}')} | {summary[f'{key}_rows']:,.0f} | {means} "
+            f"| {cell(f'{key}_peak_gpu_gib')} ({peaks}) |"
+        )
+    families = sorted({f for n in ("bf16", "fp8") for f in summary.get(f"step768_{n}_kernels_ms") or {}})
+    if families:
+        lines += ["", "| one step, " + ", ".join(families) + " (GPU ms) | step s | rows |", "|---|---:|---:|"]
+        for name in ("bf16", "fp8"):
+            kernels = summary.get(f"step768_{name}_kernels_ms")
+            if kernels:
+                ms = ", ".join(f"{kernels.get(f, 0.0):,.0f}" for f in families)
+                lines.append(
+                    f"| {name}: {ms} | {cell(f'step768_{name}_s', '{:.3f}')} | {summary[f'step768_{name}_rows']:,} |"
+                )
+    bf16 = summary.get("clip768_5s_bf16_s")
+    verdict = "not measured" if bf16 is None else ("met" if bf16 <= CLIP768_MUST_S else "**not met**")
+    lines += [
+        "",
+        f"Must: `clip768_5s_bf16_s` <= {CLIP768_MUST_S} (the best published GPU-seconds per clip): {verdict}; "
+        f"`clip768_5s_fp8_s` <= 0.9 x bf16: "
+        + ("not measured" if summary.get("clip768_5s_fp8_s") is None or bf16 is None
+           else ("met" if summary["clip768_5s_fp8_s"] <= 0.9 * bf16 else "**not met**"))
+        + f". Our VAE's decode of one clip (not H3's VAE): {cell('decode768_5s_s', '{:.3f}')} s, "
+        f"peak {cell('decode768_5s_peak_gib')} GiB.",
+    ]  # fmt: skip
+    lines += [
+        "",
+        f"AdaLN table: 8 x 128-row requests admitted one step apart over all at one step, mean step "
+        f"(`adaln_mixed_over_single_8x128`, target <= 1.10): {cell('adaln_mixed_over_single_8x128', '{:.3f}')}; "
+        f"without the table {cell('adaln_mixed_over_single_8x128_no_table', '{:.3f}')}; table fills per step "
+        f"{cell('adaln_fills_per_step_mixed', '{:.2f}')}; one fill {cell('adaln_fill_ms_bf16', '{:.2f}')} ms; "
+        f"outputs with the table bitwise those without: {cell('adaln_table_bitwise', '{}')}. "
+        f"Load peaks: bf16 {cell('bf16_load_peak_gib')} GiB, fp8 quantised while loading "
+        f"(`fp8_load_peak_gib`, target below the 61.8 GiB of bf16 weights) {cell('fp8_load_peak_gib')} GiB.",
+    ]
+    return "\n".join(lines + sources.render())
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "conditioned_bench_h200 steps": conditioned_steps,
     "h200 headline": h200_headline,
@@ -744,6 +828,8 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "h200x2_sequence_parallel bitwise": sequence_parallel_bitwise,
     "h200x2_sequence_parallel max_abs_diff": sequence_parallel_max_diff,
     "registry_cpu calls": registry_cpu,
+    "clip768 table": clip768,
+    "clip768 bf16_s": lambda root: f"{load(root, 'clip768')['summary']['clip768_5s_bf16_s']:.1f}",
 }
 
 

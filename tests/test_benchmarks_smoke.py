@@ -575,13 +575,14 @@ def test_official_layout_bench_cpu_smoke(tmp_path):
 
 
 def test_clip768_bench_cpu_smoke(tmp_path):
-    """benchmarks/clip768_bench.py's CPU path, every stage (about 50 s): the tiny DiT at 96 x 64 px,
-    22 frames; the profile (bf16, fp8 quantised while loading), the AdaLN trajectories of 8
-    requests (8 steps: full packs from step 7) with the table bitwise equal to none, and the served
-    clip beside a tiny Qwen3-VL with the clip's canvas limits."""
+    """benchmarks/clip768_bench.py's CPU path, every stage (about 30-50 s): the tiny DiT at 96 x 64
+    px, 22 frames; the profile (bf16, fp8 quantised while loading), the AdaLN trajectories of 8
+    requests (8 steps: full packs from step 7) with the table bitwise equal to none, our VAEs'
+    decode, and the served clip beside a tiny Qwen3-VL with the clip's canvas limits."""
     out, work = tmp_path / "out", tmp_path / "work"
     script = [sys.executable, str(ROOT / "benchmarks" / "clip768_bench.py"), "--out", str(out), "--work", str(work)]
-    flags = ["--stages", "profile", "adaln", "served", "--adaln-steps", "8", "--clips", "1", "--warmup-steps", "1"]
+    flags = ["--stages", "profile", "adaln", "decode", "served", "--adaln-steps", "8", "--clips", "1"]
+    flags += ["--warmup-steps", "1"]
     run = subprocess.run([*script, *flags], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     report = json.loads((out / "clip768_bench.json").read_text())
@@ -607,6 +608,8 @@ def test_clip768_bench_cpu_smoke(tmp_path):
     assert summary["adaln_mixed_over_single_8x128"] == pytest.approx(
         mixed["mean_full_step_s"] / single["mean_full_step_s"], rel=1e-12
     )
+    assert report["decode"]["frames"] == [22, 64, 96, 3] and summary["decode768_5s_peak_gib"] is None
+    assert summary["decode768_5s_s"] == report["decode"]["seconds"]["median"] > 0
     served = report["served"]
     assert list(served["runs"]) == ["cold", "clip_0"] and served["settings"]["max_batch_rows"] == "4096"
     assert (served["settings"]["max_height"], served["settings"]["max_width"]) == ("64", "96")

@@ -13,7 +13,8 @@ pack with cuBLAS's split-K workspace off (CUBLAS_WORKSPACE_CONFIG=:0:0, set by
 use_bitwise_cublas before cuBLAS starts), which the H200 showed row invariant for every linear
 of the DiT at 64..65,536 rows and any offset (benchmarks/batch_invariance.py,
 docs/gpu_backends.md). The time embedder and AdaLN projections run once per unique timestep
-value.
+value, and with the AdaLN table (use_adaln_table, h3_core.model.adaln_table) once per value
+ever seen; CUDA graphs of small packs live in h3_core.model.graphs.
 """
 
 import math
