@@ -37,23 +37,23 @@ def test_the_measured_steps_are_the_results_files():
 def test_golden_cells(table):
     rows = cells(table)
     assert len(rows) == 2 * (2 + 3 * 3)  # bf16 and fp8; one GPU: shared and cpu; more: shared, own, cpu
-    # one H200, bf16: 142,629 MiB - 63,209 MiB DiT - 2 x 14,402 MiB decodes - 47,984 MiB Qwen3-VL =
-    # 2,632 MiB - 1,407 MiB of CUDA graph pool (4,096 x 67 x 5,376 B) = 1,225 MiB / (67 x 5,376 B + 12 held
-    # requests x 768 B of step cache) = 3,477 -> 3,456 rows, under the 16,384-row request
-    assert rows["1", "bf16", "**shared** (default)"] == ["1 (GPU 0)", "GPU 0", "3,456 x 1", "3,456 (refuses it)"] + [
+    # one H200, bf16: 142,629 MiB - 63,209 MiB DiT - 592 MiB AdaLN table (64 values) - 2 x 14,402 MiB
+    # decodes - 47,984 MiB Qwen3-VL = 2,040 MiB - 1,407 MiB of CUDA graph pool (4,096 x 67 x 5,376 B) = 633 MiB
+    # / (67 x 5,376 B + 12 held requests x 768 B of step cache) = 1,796.8 -> 1,792 rows, under the 16,384-row
+    # request
+    assert rows["1", "bf16", "**shared** (default)"] == ["1 (GPU 0)", "GPU 0", "1,792 x 1", "1,792 (refuses it)"] + [
         "0 / 12",
         "0.00",
     ]
-    # fp8: 142,629 - 44,847 - 28,804 - 47,984 - 1,302 (graph pool, 4,096 x 62 x 5,376 B) = 19,692 MiB /
-    # (62 x 5,376 B + 12 x 768 B) = 60,282 -> 60,224 (66,046 without the graph pool and the held step
-    # caches); 3 requests a step of 1.394 + (5.532 - 1.394) x 2 / 3 = 4.153 s: 60 x 3 / (30 x 4.153) = 1.44
+    # fp8: 142,629 - 44,847 - 592 (AdaLN table) - 28,804 - 47,984 - 1,302 (graph pool, 4,096 x 62 x 5,376 B)
+    # = 19,100 MiB / (62 x 5,376 B + 12 x 768 B) = 58,470.6 -> 58,432; 3 requests a step of 1.394 + (5.532 - 1.394) x 2 / 3 = 4.153 s: 60 x 3 / (30 x 4.153) = 1.44
     # a minute
-    assert rows["1", "fp8", "**shared** (default)"] == ["1 (GPU 0)", "GPU 0", "60,224 x 1", "60,224", "3 / 12", "1.44"]
+    assert rows["1", "fp8", "**shared** (default)"] == ["1 (GPU 0)", "GPU 0", "58,432 x 1", "58,432", "3 / 12", "1.44"]
     # two H200s in bf16: the encoder and the VAEs on GPU 1, one full instance (60 x 4 / (30 x 6.997) = 1.14)
     assert rows["2", "bf16", "**own** (default)"] == ["1 (GPU 0)", "GPU 1", "65,536 x 1", "65,536", "4 / 12", "1.14"]
-    assert rows["2", "bf16", "shared"][2:4] == ["65,536 x 1, 3,456 x 1", "3,456 (refuses it)"]
-    assert rows["8", "fp8", "**shared** (default)"] == ["8 (GPU 0-7)", "GPU 0", "65,536 x 7, 60,224 x 1"] + [
-        "60,224",
+    assert rows["2", "bf16", "shared"][2:4] == ["65,536 x 1, 1,792 x 1", "1,792 (refuses it)"]
+    assert rows["8", "fp8", "**shared** (default)"] == ["8 (GPU 0-7)", "GPU 0", "65,536 x 7, 58,432 x 1"] + [
+        "58,432",
         "31 / 96",
         "11.57",
     ]

@@ -142,26 +142,27 @@ def test_gpu_sizing_golden_numbers():
     repository = R.plan("bench", "/w", "cuda", [0, 1], machine=machine, overrides=WIDE, placement="shared")
     dit = repository.dit
     # GPU 0 holds h3_vae and h3_encoder (whose folder /encoder-5120 holds no weights): (42 GiB -
-    # 12,052,395,520 B weights - 2 x 14,402 MiB decodes - 4,096 x 67 x 5376 B of CUDA graph pool)
-    # / (67 x 5376 B + (4 + 8) held requests x 768 B of step cache) = 3,698.4 -> 3,648 rows;
+    # 12,052,395,520 B weights - 64 x 1,569,792 B AdaLN table - 2 x 14,402 MiB decodes - 4,096 x 67 x
+    # 5376 B of CUDA graph pool) / (67 x 5376 B + (4 + 8) held requests x 768 B of step cache) = 3,426.5
+    # -> 3,392 rows;
     # GPU 1 only its DiT instance: 65,536 rows, its own packs
-    assert (dit.max_batch_rows, dit.row_budget, dit.max_batch_rows_by_gpu) == (3_648, 3_648, "0:3648,1:65536")
-    assert (dit.for_gpu(0).max_batch_rows, dit.for_gpu(1).max_batch_rows) == (3_648, 65_536)
-    # request_memory_mb(672, 672, 209, 3648, 5376, step_cache=True): 96 x 3648 x 5376 + 160 x 672 x 672 x 209
-    # + 768 x 3648 B -> 16,200 MiB
-    assert dit.max_request_mb == 16_200
+    assert (dit.max_batch_rows, dit.row_budget, dit.max_batch_rows_by_gpu) == (3_392, 3_392, "0:3392,1:65536")
+    assert (dit.for_gpu(0).max_batch_rows, dit.for_gpu(1).max_batch_rows) == (3_392, 65_536)
+    # request_memory_mb(672, 672, 209, 3392, 5376, step_cache=True): 96 x 3392 x 5376 + 160 x 672 x 672 x 209
+    # + 768 x 3392 B -> 16,074 MiB
+    assert dit.max_request_mb == 16_074
     assert (dit.max_height, dit.max_width, dit.max_num_frames) == (672, 672, 209)  # bench's 672 x 384, 209 frames
     assert (repository.encoder.cpu_threads, dit.cpu_threads, repository.vae.cpu_threads) == (4, 4, 4)  # 16 / 4
     assert repository.idle_microseconds == 60_000_000
     assert (
-        "GPU 0: 43,008 MiB free - 11,494 MiB DiT weights (quantization none) - 28,804 MiB decode reserve (2 decode "
+        "GPU 0: 43,008 MiB free - 11,589 MiB DiT weights (quantization none, AdaLN table of 64 values) - 28,804 MiB decode reserve (2 decode "
         "workers x a 672 x 672 px, 209-frame decode) - 0 MiB text encoder weights (none found in /encoder-5120) - "
-        "1,407 MiB CUDA graph pool (4,096 graphed rows) -> 3,648 rows at 67 bytes per row and unit of hidden_size "
+        "1,407 MiB CUDA graph pool (4,096 graphed rows) -> 3,392 rows at 67 bytes per row and unit of hidden_size "
         "5376 (measured on an H200 in bf16, server.sizing) + 9,216 bytes per row of 12 held requests' step caches"
         in repository.notes
     )
     assert (
-        "GPU 1: 43,008 MiB free - 11,494 MiB DiT weights (quantization none) - 1,407 MiB CUDA graph pool (4,096 "
+        "GPU 1: 43,008 MiB free - 11,589 MiB DiT weights (quantization none, AdaLN table of 64 values) - 1,407 MiB CUDA graph pool (4,096 "
         "graphed rows) -> 65,536 rows at 67 bytes per row and unit of hidden_size 5376 (measured on an H200 in bf16, "
         "server.sizing) + 9,216 bytes per row of 12 held requests' step caches" in repository.notes
     )
@@ -181,10 +182,10 @@ def test_gpu_sizing_golden_numbers():
         2,
         384,
     )
-    # sized for the given 672 x 384 px canvas: a 2 x 8,230 MiB decode reserve and the graph pool leave
-    # 14,309,853,696 B / (67 x 5376 + 12 x 768 B) = 38,737.3 -> 38,720 rows
+    # sized for the given 672 x 384 px canvas: a 2 x 8,230 MiB decode reserve, the AdaLN table and the graph
+    # pool leave 14,209,387,008 B / (67 x 5376 + 12 x 768 B) = 38,465.2 -> 38,464 rows
     assert (
-        "h3_dit.max_batch_rows 1024: given (sized it would be 38720: the largest request, which every h3_dit "
+        "h3_dit.max_batch_rows 1024: given (sized it would be 38464: the largest request, which every h3_dit "
         "instance takes: the least over the instances' GPUs [0, 1], a multiple of 64, at most 65,536)" in given.notes
     )
     assert given.dit.max_batch_rows_by_gpu == ""  # a given max_batch_rows is every instance's
@@ -195,11 +196,11 @@ def test_gpu_sizing_golden_numbers():
 def test_the_default_placement_is_the_one_with_more_instances_that_take_the_default_request():
     machine = Machine(16, {0: 42 * GIB, 1: 42 * GIB})
     chosen = R.plan("bench", "/w", "cuda", [0, 1], machine=machine, overrides=WIDE)
-    # shared: GPU 0 keeps 3,648 rows, under bench's 16,384-row default request; own: GPU 1 holds
+    # shared: GPU 0 keeps 3,392 rows, under bench's 16,384-row default request; own: GPU 1 holds
     # h3_encoder and h3_vae, GPU 0 one h3_dit instance of 65,536 rows
     assert chosen.notes[0] == (
         "placement own (chosen for 2 GPUs: the most h3_dit instances that each take a 16,384-row request of the "
-        "default canvas (shared: 2 h3_dit instances, the largest request 3,648 rows, under a 16,384-row request; "
+        "default canvas (shared: 2 h3_dit instances, the largest request 3,392 rows, under a 16,384-row request; "
         "own: 1 h3_dit instances, the largest request 65,536 rows)): h3_encoder and h3_vae on a GPU of their own, "
         "the last; h3_dit on the others"
     )
@@ -229,7 +230,7 @@ def test_the_default_placement_is_the_one_with_more_instances_that_take_the_defa
     )
     # the text encoder's weights, when given, come off its GPU: 140 GiB - 98 GiB leaves the 42 GiB case above
     given = R.plan("bench", "/w", "cuda", [0], machine=roomy, overrides=WIDE, text_encoder_bytes=98 * GIB)
-    assert given.dit.max_batch_rows == 3_648
+    assert given.dit.max_batch_rows == 3_392
 
 
 def test_placement_cpu_and_sequence_parallel_groups_beside_own():
