@@ -66,6 +66,9 @@ def test_create_fields_map_onto_the_pipeline_request():
             "preview_every": 1,
             "task": None,
             "fit": None,
+            "flow_shift": None,
+            "audio_flow_shift": None,
+            "references": None,
             "inputs": {},
         },
         {},
@@ -84,6 +87,9 @@ def test_create_fields_map_onto_the_pipeline_request():
         "preview_every": 0,
         "task": "t2va",
         "fit": None,
+        "flow_shift": None,
+        "audio_flow_shift": None,
+        "references": None,
         "inputs": {},
     }
 

@@ -359,9 +359,13 @@ def _references(value, media: Mapping[str, list[bytes]]) -> list[dict] | None:
         protocol.REFERENCE_AUDIO: len(media.get("reference_audio", [])),
     }
     try:
-        return protocol.reference_list(value if isinstance(value, str) else json.dumps(value), counts)
+        entries = protocol.reference_list(value if isinstance(value, str) else json.dumps(value), counts)
     except ValueError as error:
         raise invalid(str(error).replace(protocol.REFERENCES, "references", 1), "references") from None
+    return [  # as REFERENCES takes them: start_time_seconds and audio on videos only
+        entry if entry["input"] == protocol.REFERENCE_VIDEOS else {"input": entry["input"], "index": entry["index"]}
+        for entry in entries
+    ]
 
 
 def task_of(request: dict) -> str:
