@@ -494,7 +494,7 @@ class H3Client:
             None if first_frame is None else media_bytes("first_frame", first_frame, "image"),
             None if last_frame is None else media_bytes("last_frame", last_frame, "image"),
         )
-        references = reference_inputs(reference_images, reference_videos, reference_audio, guides)
+        files = reference_inputs(reference_images, reference_videos, reference_audio, guides)
         fields = dict(
             height=height,
             width=width,
@@ -507,7 +507,7 @@ class H3Client:
         inputs += [
             _input(name, fields[key], "INT64") for name, key in protocol.INT_INPUTS.items() if fields[key] is not None
         ]
-        inputs += keyframes + references
+        inputs += keyframes + files
         if task is not None:
             inputs.append(_input(protocol.TASK, task.encode(), "BYTES"))
         if references is not None:  # the server checks the entries (protocol.reference_list)

@@ -26,7 +26,7 @@ def data_url(data: bytes, kind: str = "image/png") -> str:
     return f"data:{kind};base64,{base64.b64encode(data).decode()}"
 
 
-FIRST, LAST, IMAGE, AUDIO = png(64, 96, 1), png(64, 96, 2), png(80, 60, 3), tone(1.0, seed=4)
+FIRST, LAST, IMAGE, AUDIO = png(64, 96, 1), png(64, 96, 2), png(80, 60, 3), tone(2.0, seed=4)
 
 
 def test_canvas_multiple_is_the_configs():
@@ -402,6 +402,6 @@ def test_three_formats_give_the_same_mp4(server, tmp_path):
                 assert video["format"] == name
                 mp4s.append(response.content)
                 normalised.append(json.dumps(video["normalized_request"], sort_keys=True))
-            assert mp4s[0][:8] == b"\x00\x00\x00\x20ftyp" or b"ftyp" in mp4s[0][:12]
+            assert mp4s[0][4:8] == b"ftyp"
             assert mp4s[0] == mp4s[1] == mp4s[2]
             assert normalised[0] == normalised[1] == normalised[2]

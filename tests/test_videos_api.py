@@ -673,9 +673,9 @@ def test_bad_input_is_refused_and_creates_nothing(sdk, front_end):
             "INVALID_ARG: Content-Type 'text/plain' is not served: "
             "send application/json, multipart/form-data or application/x-www-form-urlencoded",
         ),
-        (
+        (  # a JSON create may be as large as a multipart one (its data: URLs); other JSON routes 64 KiB
             "POST",
-            "/v1/videos",
+            "/v1/videos/video_x/cancel",
             large,
             "application/json",
             413,

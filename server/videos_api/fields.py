@@ -52,6 +52,7 @@ MEDIA_FIELDS = {
     "reference_videos": ("reference_video", "reference_videos", True),
     "reference_audio": ("reference_audio", "reference_audio", True),
 }
+OTHER_REPEATABLE = ("input_references",)  # vLLM-Omni's file field (formats.py)
 KEYFRAME_FIELDS = ("input_reference", "last_frame")  # KEYFRAMES' order (client.api.keyframe_inputs)
 # request fields of POST /v1/videos (and /v1/videos/sync)
 CREATE_FIELDS = (
@@ -193,7 +194,7 @@ def error_from_server(code: str, text: str, request: dict | None = None) -> ApiE
 def form_fields(items: Iterable[tuple[str, object]]) -> dict:
     """The fields of a multipart or urlencoded body, (name, value) pairs as sent (a file's value
     its bytes, any other a string), as parse_create takes them: a repeatable file field
-    (MEDIA_FIELDS) a list of its values in their order, sent under its name or with the SDK's
+    (MEDIA_FIELDS, and vLLM-Omni's input_references) a list of its values in their order, sent under its name or with the SDK's
     "[]" (extra_body lists: `reference_images[]`); the SDK's `input_reference[image_url]` as
     input_reference {"image_url": value}. Raises ApiError 400 INVALID_ARG naming a field sent
     twice that is not repeatable."""
@@ -202,7 +203,7 @@ def form_fields(items: Iterable[tuple[str, object]]) -> dict:
         name = name.removesuffix("[]")
         if name == "input_reference[image_url]":
             name, value = "input_reference", {"image_url": value}
-        if name in MEDIA_FIELDS and MEDIA_FIELDS[name][2]:
+        if (name in MEDIA_FIELDS and MEDIA_FIELDS[name][2]) or name in OTHER_REPEATABLE:
             fields.setdefault(name, []).append(value)
         elif name in fields:
             raise invalid(f"{name} was sent twice: it takes one value", name)
