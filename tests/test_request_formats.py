@@ -290,7 +290,8 @@ def test_vllm_omni_refusals_name_the_field_path():
     assert error({"lora": "x"}) == ("lora", "lora: LoRA is not served yet")
     assert error({"input_references": [FIRST, LAST], "extra_params": '{"frame_indices": [0, 0]}'}) == (
         "extra_params.frame_indices",
-        "extra_params.frame_indices: KEYFRAME_INDICES [0, 0] repeats a frame: each keyframe conditions a different frame",
+        "extra_params.frame_indices: KEYFRAME_INDICES [0, 0] repeats a frame: "
+        "each keyframe conditions a different frame",
     )
     assert error({"fps": "30"}) == ("fps", "fps: '30' is not allowed: fps is fixed at 24")
     assert error({"extra_params": '{"duration": 0}'}) == (
@@ -327,8 +328,8 @@ def test_server_refusals_are_reworded_with_the_senders_path():
 
 @pytest.fixture(scope="module")
 def http_files():
-    """A local HTTP server on 127.0.0.1 (a free port): /image.png, /big (one byte more than the image), /redirect -> /image.png,
-    /loop -> /loop."""
+    """A local HTTP server on 127.0.0.1 (a free port): /image.png, /big (one byte more than the
+    image), /redirect -> /image.png, /loop -> /loop."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):

@@ -194,10 +194,10 @@ def error_from_server(code: str, text: str, request: dict | None = None) -> ApiE
 def form_fields(items: Iterable[tuple[str, object]]) -> dict:
     """The fields of a multipart or urlencoded body, (name, value) pairs as sent (a file's value
     its bytes, any other a string), as parse_create takes them: a repeatable file field
-    (MEDIA_FIELDS, and vLLM-Omni's input_references) a list of its values in their order, sent under its name or with the SDK's
-    "[]" (extra_body lists: `reference_images[]`); the SDK's `input_reference[image_url]` as
-    input_reference {"image_url": value}. Raises ApiError 400 INVALID_ARG naming a field sent
-    twice that is not repeatable."""
+    (MEDIA_FIELDS, and vLLM-Omni's input_references) a list of its values in their order, sent
+    under its name or with the SDK's "[]" (extra_body lists: `reference_images[]`); the SDK's
+    `input_reference[image_url]` as input_reference {"image_url": value}. Raises ApiError 400
+    INVALID_ARG naming a field sent twice that is not repeatable."""
     fields: dict = {}
     for name, value in items:
         name = name.removesuffix("[]")
