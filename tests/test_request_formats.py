@@ -406,3 +406,55 @@ def test_three_formats_give_the_same_mp4(server, tmp_path):
             assert mp4s[0][4:8] == b"ftyp"
             assert mp4s[0] == mp4s[1] == mp4s[2]
             assert normalised[0] == normalised[1] == normalised[2]
+
+
+# ---- the CLI takes SGLang's JSON file -----------------------------------------------------------
+
+
+def test_cli_request_file_refusals_name_the_field(tmp_path, capsys):
+    from client.generate import main
+
+    request = tmp_path / "req.json"
+    request.write_text(json.dumps({"task": "t2va", "prompt": "p", "target": {"duration_seconds": 0}}))
+    for flags, message in (
+        ([], f"--request {request}: target.duration_seconds: 0 must be a finite number > 0"),
+        (["--prompt", "p"], "--request replaces --prompt: give the request's fields in the file"),
+    ):
+        with pytest.raises(SystemExit) as raised:
+            main(["--request", str(request), "--out", str(tmp_path / "c.mp4"), "--url", "127.0.0.1:1", *flags])
+        assert raised.value.code == 2
+        assert capsys.readouterr().err.splitlines()[-1] == f"python -m client.generate: error: {message}"
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path / "c.mp4")])
+    assert capsys.readouterr().err.splitlines()[-1] == "python -m client.generate: error: give --prompt or --request"
+
+
+def test_cli_request_file_is_the_same_clip_as_its_mapping(server, client, tmp_path, capsys):
+    """SGLang's JSON file through the CLI gives the MP4 of its mapped request sent by H3Client:
+    96 x 64, 12 frames asked for, 3 sigma points = 2 forwards, shifts 12 / 3."""
+    from client.generate import main
+
+    request = tmp_path / "req.json"
+    body = {
+        "task": "fl2va",
+        "prompt": "a door opens",
+        "conditions": [{"type": "image", "uri": data_url(FIRST), "role": "keyframe", "frame_index": 0}],
+        "target": {"short_edge": 64, "aspect_ratio": "16:9", "duration_seconds": 0.5},
+        "seed": 3,
+        "num_inference_steps": 3,
+    }
+    request.write_text(json.dumps(body))
+    out = tmp_path / "clip.mp4"
+    assert main(["--request", str(request), "--out", str(out), "--url", server.grpc_url]) == 0, capsys.readouterr()
+    (expected,) = client.generate(
+        "a door opens",
+        height=64,
+        width=96,
+        num_frames=12,
+        num_inference_steps=2,
+        seed=3,
+        flow_shift=12.0,
+        audio_flow_shift=3.0,
+        first_frame=FIRST,
+    )
+    assert out.read_bytes() == expected.video_mp4
