@@ -130,8 +130,8 @@ def video_object(job: dict, model_name: str) -> dict:
     served clip: aligned up to 17n+5 frames once completed), num_frames_requested (as asked; null
     when the server's default applies), num_inference_steps, step, total_steps, queue_position,
     preview_step, task (sent or implied: fields.task_of), format (the request format: openai,
-    sglang, vllm_omni) and normalized_request (h3_core.request_model.VideoRequest.wire: the
-    same for the same request in any format), inputs (the files sent, each
+    sglang, vllm_omni) and normalized_request (h3_core.request_model.VideoRequest.wire, with the
+    seed drawn when none was sent: the same for the same request in any format), inputs (the files sent, each
     {"variant", "index", "media_type", "url"}: its download from the content route);
     outside_training once completed when the result's INFO has it). size and seconds are what the
     client asked for, else the result's, else (until it completes) the defaults resolved at
@@ -177,7 +177,7 @@ def video_object(job: dict, model_name: str) -> dict:
         "preview_step": job["preview_step"],
         "task": fields.task_of(request),
         "format": request.get("format", "openai"),
-        "normalized_request": json.loads(request["wire"]) if "wire" in request else None,
+        "normalized_request": {**json.loads(request["wire"]), "seed": request["seed"]} if "wire" in request else None,
         "inputs": [
             {
                 "variant": variant,
