@@ -380,6 +380,21 @@ def test_sdk_creates_polls_and_downloads_what_the_client_api_generates(sdk, clie
         "queue_position": 0,
         "preview_step": 3,
         "task": "t2va",
+        "format": "openai",
+        "normalized_request": {
+            "prompt": "a red ball rolls to the left",
+            "task": "t2va",
+            "width": 96,
+            "height": 64,
+            "num_frames": 12,
+            "num_inference_steps": 3,
+            "seed": 11,
+            "num_outputs": None,
+            "flow_shift": None,
+            "audio_flow_shift": None,
+            "keyframes": [],
+            "references": [],
+        },
         "inputs": [],
     }
     (reference,) = client.generate(
