@@ -362,21 +362,11 @@ def read_request_file(parser: argparse.ArgumentParser, args: argparse.Namespace)
         request = request_model.read_sglang(body)
     except (OSError, ValueError) as error:
         parser.error(f"--request {args.request}: {error}")
-    args.prompt, args.height, args.width = request.prompt, request.height, request.width
-    args.num_frames, args.steps, args.seed, args.task = (
-        request.num_frames,
-        request.num_inference_steps,
-        request.seed,
-        request.task,
-    )
-    args.flow_shift, args.audio_flow_shift = request.flow_shift, request.audio_flow_shift
-    frames = {keyframe.frame: keyframe.data for keyframe in request.keyframes}
-    args.first_frame, args.last_frame = frames.get(protocol.FIRST_FRAME), frames.get(protocol.LAST_FRAME)
-    args.reference_images, args.reference_videos, args.reference_audio = (
-        [reference.data for reference in request.references if reference.kind == kind]
-        for kind in ("image", "video", "audio")
-    )
-    args.references = request.reference_order() if request.references else None
+    args.prompt = request.prompt
+    arguments = request.generate_arguments()  # H3Client.generate's, by the one request model
+    arguments["steps"] = arguments.pop("num_inference_steps")
+    arguments.pop("num_outputs")  # --num-outputs stays a flag (SGLang's H3 has no outputs field)
+    vars(args).update(arguments)
 
 
 def stop_request(url: str, request_id: str, worker: threading.Thread, outcome: dict) -> str | None:

@@ -156,9 +156,29 @@ class VideoRequest:
             entries.append(entry)
         return entries
 
-    def files(self, kind: str) -> list[bytes]:
-        """The bytes of the references of `kind`, in their order."""
-        return [reference.data for reference in self.references if reference.kind == kind]
+    def generate_arguments(self) -> dict:
+        """client.api.H3Client.generate's keyword arguments for this request (the prompt aside):
+        sizes, frames, forwards, seed, outputs, shifts, task, keyframes (first_frame / last_frame
+        bytes) and references (their files by kind and their block order)."""
+        frames = {keyframe.frame: keyframe.data for keyframe in self.keyframes}
+        kinds = {kind: [r.data for r in self.references if r.kind == kind] for kind in REFERENCE_INPUT}
+        return dict(
+            height=self.height,
+            width=self.width,
+            num_frames=self.num_frames,
+            num_inference_steps=self.num_inference_steps,
+            seed=self.seed,
+            num_outputs=self.num_outputs,
+            flow_shift=self.flow_shift,
+            audio_flow_shift=self.audio_flow_shift,
+            task=self.task,
+            first_frame=frames.get(protocol.FIRST_FRAME),
+            last_frame=frames.get(protocol.LAST_FRAME),
+            reference_images=kinds["image"],
+            reference_videos=kinds["video"],
+            reference_audio=kinds["audio"],
+            references=self.reference_order() if self.references else None,
+        )
 
     def wire(self) -> bytes:
         """The normalised request: canonical JSON (sorted keys, no spaces) of every field that

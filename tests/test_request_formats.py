@@ -406,6 +406,17 @@ def test_three_formats_give_the_same_mp4(server, tmp_path):
             assert mp4s[0][4:8] == b"ftyp"
             assert mp4s[0] == mp4s[1] == mp4s[2]
             assert normalised[0] == normalised[1] == normalised[2]
+        # the served model's limits, refused naming the field path of the format sent
+        sglang = {**fl2va_bodies()["sglang"][0], "target": {"short_edge": 64, "duration_seconds": 10}}
+        vllm = {**ref2va_bodies()["vllm_omni"][0], "extra_params": '{"duration": 10}'}
+        for form, multipart, path in (
+            (sglang, False, "target.duration_seconds"),
+            (vllm, True, "extra_params.duration"),
+        ):
+            response = post(http, form, multipart)
+            error = response.json()["error"]
+            assert (response.status_code, error["param"]) == (400, path), error
+            assert error["message"].startswith(f"INVALID_ARG: {path}: num_frames=240 is out of range"), error
 
 
 # ---- the CLI takes SGLang's JSON file -----------------------------------------------------------
