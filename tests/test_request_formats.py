@@ -228,6 +228,24 @@ def test_video_references_keep_order_start_and_audio():
     ]
 
 
+def test_sglang_auto_aspect_takes_the_first_images_and_model_is_checked():
+    body = {
+        "task": "fl2va",
+        "prompt": "p",
+        "conditions": [{"type": "image", "uri": data_url(png(128, 64, 1))}],
+        "target": {"short_edge": 64, "aspect_ratio": "auto"},
+    }
+    assert (read_sglang(body).width, read_sglang(body).height) == (64, 128)  # a portrait keyframe
+    parsed, _ = formats.read({**body, "model": "h3"}, False, "h3")
+    assert parsed["format"] == "sglang"
+    with pytest.raises(ApiError) as refused:
+        formats.read({**body, "model": "sora-2"}, False, "h3")
+    assert (refused.value.param, refused.value.message) == (
+        "model",
+        "INVALID_ARG: model: 'sora-2' is not served here; allowed: 'h3'",
+    )
+
+
 def test_sglang_ref2va_without_duration_takes_its_audio_references():
     request = read_sglang(
         {

@@ -61,7 +61,7 @@ def read(form: Mapping, multipart: bool, model_name: str, policy: request_model.
                 if multipart and "request" in form:
                     body = _sglang_text(form["request"])
                     parts = {name: value for name, value in form.items() if isinstance(value, bytes)}
-                request = request_model.read_sglang(body, parts, policy)
+                request = request_model.read_sglang({k: v for k, v in body.items() if k != "model"}, parts, policy)
             else:
                 request = request_model.read_vllm_omni({k: v for k, v in form.items() if k != "model"})
             parsed, media = to_parsed(request)
