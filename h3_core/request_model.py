@@ -21,6 +21,7 @@ import json
 import math
 import re
 import socket
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping
@@ -62,6 +63,7 @@ VLLM_FIELDS = (
 VLLM_EXTRA_FIELDS = ("task", "duration", "audio_flow_shift", "frame_indices", "start_time_seconds")
 ASPECT = re.compile(r"^([1-9][0-9]*):([1-9][0-9]*)$")
 DATA_URL = re.compile(r"^data:[^,]*;base64,", re.IGNORECASE)
+FETCH_CHUNK_BYTES = 64 * 1024  # fetch_url reads this much at a time, checking its limits between reads
 REFERENCE_INPUT = {
     "image": protocol.REFERENCE_IMAGES,
     "video": protocol.REFERENCE_VIDEOS,
@@ -305,7 +307,7 @@ def _check_host(path: str, url: str, policy: UrlPolicy) -> None:
 def fetch_url(path: str, url: str, policy: UrlPolicy) -> bytes:
     """The body of an http(s) GET of `url` under `policy`: the host (and every redirect's) in
     policy.hosts and not private unless allowed, at most policy.max_redirects redirects, at most
-    policy.max_bytes bytes, within policy.timeout_s seconds per read. Raises RequestError at
+    policy.max_bytes bytes, within policy.timeout_s seconds in all. Raises RequestError at
     `path` otherwise, and for an HTTP error or a failed connection."""
     redirects = []
 
@@ -319,16 +321,23 @@ def fetch_url(path: str, url: str, policy: UrlPolicy) -> bytes:
 
     _check_host(path, url, policy)
     opener = urllib.request.build_opener(Redirects)
+    deadline = time.monotonic() + policy.timeout_s
+    data = bytearray()
     try:
         with opener.open(url, timeout=policy.timeout_s) as response:
-            data = response.read(policy.max_bytes + 1)
+            while chunk := response.read1(FETCH_CHUNK_BYTES):  # what has arrived, up to the chunk
+                data += chunk
+                if len(data) > policy.max_bytes:
+                    raise RequestError(path, f"is larger than {policy.max_bytes} bytes")
+                if time.monotonic() > deadline:
+                    raise TimeoutError
     except RequestError:
         raise
     except OSError as error:  # URLError, HTTPError, timeouts
+        if isinstance(error, TimeoutError) or isinstance(getattr(error, "reason", None), TimeoutError):
+            raise RequestError(path, f"took longer than {policy.timeout_s:g} s to download") from None
         raise RequestError(path, f"could not be fetched: {error}") from None
-    if len(data) > policy.max_bytes:
-        raise RequestError(path, f"is larger than {policy.max_bytes} bytes")
-    return data
+    return bytes(data)
 
 
 # A file's kind from its first bytes: PNG, JPEG, WebP images; WAV (RIFF), FLAC, MP3 (an ID3 tag or

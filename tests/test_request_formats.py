@@ -347,10 +347,21 @@ def test_server_refusals_are_reworded_with_the_senders_path():
 @pytest.fixture(scope="module")
 def http_files():
     """A local HTTP server on 127.0.0.1 (a free port): /image.png, /big (one byte more than the
-    image), /redirect -> /image.png, /loop -> /loop."""
+    image), /redirect -> /image.png, /loop -> /loop, /drip (a byte every 10 ms, never done)."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
+            if self.path == "/drip":  # a byte at a time, never done: only a time limit ends it
+                self.send_response(200)
+                self.send_header("Content-Length", str(10**6))
+                self.end_headers()
+                try:
+                    while not stopped.wait(0.01):
+                        self.wfile.write(b"x")
+                        self.wfile.flush()
+                except OSError:  # the client gave up
+                    pass
+                return
             if self.path in ("/redirect", "/loop"):
                 self.send_response(302)
                 self.send_header("Location", "/image.png" if self.path == "/redirect" else "/loop")
@@ -365,10 +376,12 @@ def http_files():
         def log_message(self, *args):
             pass
 
+    stopped = threading.Event()
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    stopped.set()
     httpd.shutdown()
     httpd.server_close()
 
@@ -386,6 +399,11 @@ def test_http_uris_only_for_allowed_hosts_with_limits(http_files):
         ),
         (f"{http_files}/big", allowed, f"u: is larger than {len(IMAGE)} bytes"),
         (f"{http_files}/loop", allowed, "u: more than 1 redirects"),
+        (
+            f"{http_files}/drip",
+            UrlPolicy(hosts=frozenset({"127.0.0.1"}), allow_private=True, timeout_s=0.3),
+            "u: took longer than 0.3 s to download",
+        ),
     ):
         with pytest.raises(RequestError) as refused:
             read_uri("u", url, {}, policy)

@@ -374,10 +374,13 @@ def create_app(settings: Settings) -> FastAPI:
 
     async def parse(request: Request) -> tuple[dict, dict[str, list[bytes]]]:
         """The parsed create of a POST body with the defaults the server will use where it left
-        them (size, num_frames): fields.parse_create, models.resolved_defaults."""
+        them (size, num_frames): formats.read (ours: fields.parse_create; SGLang's H3 JSON and
+        vLLM-Omni's form: h3_core.request_model), models.resolved_defaults."""
         multipart = request.headers.get("content-type", "").lower().startswith("multipart/form-data")
         form = await read_form(request, settings.max_upload_bytes)
-        parsed, media = formats.read(form, multipart, settings.model_name, settings.url_policy)
+        # in a worker thread: an SGLang uri's download (up to its time limit) or a reference's
+        # duration read holds no other request up
+        parsed, media = await run_in_threadpool(formats.read, form, multipart, settings.model_name, settings.url_policy)
         if parsed["width"] is None or parsed["num_frames"] is None:
             parsed["defaults"] = await run_in_threadpool(resolved_defaults, client, parsed, media, settings.model_name)
         return parsed, media
