@@ -10,7 +10,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from h3_core.protocol import align_num_frames  # noqa: F401 - the one clip-length rule, torch-free
+# torch-free in protocol (the request model uses them): the one clip-length rule, and height and width
+# must be multiples of CANVAS_MULTIPLE (h3_spec §4.2)
+from h3_core.protocol import CANVAS_MULTIPLE, align_num_frames  # noqa: F401
 
 # Media contract (h3_spec §4).
 FPS = 24  # video frames per second; a request for another fps is refused
@@ -26,7 +28,6 @@ PATCH = 2  # spatial patch (1, 2, 2) over the video latent
 VIDEO_ROW_WIDTH = VIDEO_LATENT_CHANNELS * PATCH * PATCH  # 96
 AUDIO_ROW_WIDTH = AUDIO_LATENT_CHANNELS  # 32
 ROW_ALIGN = 64  # every request's packed length is a multiple of this (h3_spec §2.1)
-CANVAS_MULTIPLE = 32  # height and width must be multiples of this (h3_spec §4.2)
 
 
 def max_requested_frames(max_num_frames: int) -> int:

@@ -86,6 +86,7 @@ VIDEO_MP4, FRAMES, AUDIO, PROGRESS, PREVIEW, INFO = OUTPUTS
 AUDIO_SAMPLE_RATE = 32000
 AUDIO_CHANNELS = 2
 VIDEO_FPS = 24  # VIDEO_MP4 and FRAMES run at this many frames per second (h3_core.config.FPS)
+CANVAS_MULTIPLE = 32  # HEIGHT and WIDTH must be multiples of this (h3_spec §4.2; h3_core.config re-exports it)
 
 # Between the models.
 TEXT_EMBEDS = "TEXT_EMBEDS"  # float32 [1, L, text_dim]; [1, 0, 0] in a control request

@@ -212,17 +212,14 @@ class VideoRequest:
 
 def canvas(short_edge: int, aspect_ratio: str, path: str) -> tuple[int, int]:
     """(width, height) in pixels of a short edge and an aspect "W:H": the short edge as given, the
-    long edge short_edge x ratio rounded down to a multiple of protocol's canvas multiple (32):
+    long edge short_edge x ratio rounded down to a multiple of protocol.CANVAS_MULTIPLE (32):
     768 at "16:9" -> (1344, 768), 64 at "16:9" -> (96, 64). Raises RequestError at `path`."""
     match = ASPECT.match(aspect_ratio) if isinstance(aspect_ratio, str) else None
     if not match:
         raise RequestError(path, f"{aspect_ratio!r} must be 'W:H' with positive integers, e.g. '16:9'")
     w, h = int(match.group(1)), int(match.group(2))
-    long_edge = short_edge * max(w, h) // min(w, h) // CANVAS_MULTIPLE * CANVAS_MULTIPLE
+    long_edge = short_edge * max(w, h) // min(w, h) // protocol.CANVAS_MULTIPLE * protocol.CANVAS_MULTIPLE
     return (long_edge, short_edge) if w >= h else (short_edge, long_edge)
-
-
-CANVAS_MULTIPLE = 32  # h3_core.config.CANVAS_MULTIPLE (torch-free copy; checked equal by tests)
 
 
 def _int(path: str, value, low: int | None = None) -> int:

@@ -29,9 +29,9 @@ def data_url(data: bytes, kind: str = "image/png") -> str:
 FIRST, LAST, IMAGE, AUDIO = png(64, 96, 1), png(64, 96, 2), png(80, 60, 3), tone(2.0, seed=4)
 
 
-def test_canvas_multiple_is_the_configs():
-    assert request_model.CANVAS_MULTIPLE == config.CANVAS_MULTIPLE
-    assert config.align_num_frames is protocol.align_num_frames  # one clip-length rule
+def test_one_clip_length_rule_and_canvas_multiple():
+    assert config.align_num_frames is protocol.align_num_frames
+    assert config.CANVAS_MULTIPLE is protocol.CANVAS_MULTIPLE
 
 
 # ---- golden mappings, one per format ---------------------------------------------------------
