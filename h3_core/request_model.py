@@ -120,7 +120,7 @@ class VideoRequest:
     server's default); num_frames: frames asked for at 24 fps (served as align_num_frames of it);
     num_inference_steps: forwards; flow_shift / audio_flow_shift: None for the server's default;
     keyframes (fl2va) and references (ref2va, in block order). `paths` maps the server's field
-    names (width, height, num_frames, num_inference_steps, seed, num_outputs, and each file's
+    names (width, height, num_frames, num_inference_steps, seed, num_outputs, the shifts, and each file's
     reference's input name such as "REFERENCE_AUDIO[0]") to the sender's field paths, for the
     server's refusals (a keyframe's own `path` names it)."""
 
@@ -589,6 +589,8 @@ def read_vllm_omni(form: Mapping) -> VideoRequest:
         paths["num_outputs"] = "num_outputs_per_prompt"
     if form.get("flow_shift") is not None:
         request["flow_shift"] = _number("flow_shift", form["flow_shift"], positive=True)
+        paths["flow_shift"] = "flow_shift"
     if extra.get("audio_flow_shift") is not None:
         request["audio_flow_shift"] = _number("extra_params.audio_flow_shift", extra["audio_flow_shift"], True)
+        paths["audio_flow_shift"] = "extra_params.audio_flow_shift"
     return VideoRequest(**request, keyframes=tuple(keyframes), references=tuple(references), paths=paths)

@@ -333,6 +333,13 @@ def test_server_refusals_are_reworded_with_the_senders_path():
     parsed, _ = formats.read(*ref2va_bodies()["vllm_omni"], "h3")
     error = error_from_server("INVALID_ARG", "REFERENCE_IMAGES[0]: is not an image", parsed)
     assert error.param == "input_references[1]"
+    error = error_from_server("INVALID_ARG", "audio_flow_shift=300.0 is out of range: allowed 0.01..100.0", parsed)
+    assert (error.param, error.message) == (
+        "extra_params.audio_flow_shift",
+        "INVALID_ARG: extra_params.audio_flow_shift: audio_flow_shift=300.0 is out of range: allowed 0.01..100.0",
+    )
+    ours, _ = formats.read(*ref2va_bodies()["openai"], "h3")
+    assert error_from_server("INVALID_ARG", "flow_shift=300.0 is out of range", ours).param == "flow_shift"
     with pytest.raises(ApiError) as refused:
         formats.read({"prompt": "p", "target": {"short_edge": "x"}}, False, "h3")
     assert (refused.value.param, refused.value.message) == (

@@ -102,6 +102,8 @@ API_FIELD = {
     "fit": "fit",
     "task": "task",
     "preview_every": "preview_every",
+    "flow_shift": "flow_shift",
+    "audio_flow_shift": "audio_flow_shift",
 }
 API_INPUT = {  # h3_pipeline inputs -> API fields (KEYFRAMES: _input_field)
     protocol.TASK: "task",
