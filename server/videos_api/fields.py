@@ -172,7 +172,9 @@ def error_from_server(code: str, text: str, request: dict | None = None) -> ApiE
     'retry later'), else 503 with Retry-After; CANCELLED 409; TIMEOUT 504; INTERNAL 500; anything
     else 502. `param` is the API field the text names first (a file's refusal is reworded with
     the API field's name: _input_field); with the parsed `request`, a num_frames refusal of a
-    request that sent seconds names seconds and says how it was derived."""
+    request that sent seconds names seconds and says how it was derived. A request read from
+    SGLang's or vLLM-Omni's format (its "paths", formats.read) gets the sender's field path
+    instead, as param and before the text: "target.duration_seconds: num_frames=240 is ..."."""
     paths = (request or {}).get("paths")
     if paths:  # SGLang's or vLLM-Omni's format: the sender's field path
         named = INPUT_IN_TEXT.match(text) or FIELD_IN_TEXT.match(text)
