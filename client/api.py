@@ -32,7 +32,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -408,6 +408,7 @@ class H3Client:
         reference_videos: Sequence[str | os.PathLike | bytes] = (),
         reference_audio: Sequence[str | os.PathLike | bytes] = (),
         guides: Sequence[tuple[str | os.PathLike | bytes, int]] = (),
+        references: Sequence[Mapping] | None = None,
         on_progress: Callable[[int, int, int], None] | None = None,
         on_preview: Callable[[int, np.ndarray], None] | None = None,
     ) -> list[GenerationResult]:
@@ -448,7 +449,9 @@ class H3Client:
         FLAC, MP3: a voice, a sound) as REFERENCE_AUDIO BYTES [1, N]; guides, (image, frame) pairs
         (frame 0 .. num_frames - 1, the frame the image should appear at), as GUIDES BYTES [1, N]
         and GUIDE_FRAMES INT64 [1, N]. The server checks the counts (protocol.MAX_REFERENCE_IMAGES
-        and the others by default) and the frames.
+        and the others by default) and the frames. references: the reference files' block order,
+        REFERENCES' entries ({"input": "REFERENCE_VIDEOS", "index": 0, "start_time_seconds": 2.5,
+        "audio": true}; protocol.reference_list); None: images, then videos, then audio.
 
         Returns the results in output-index order. Raises TypeError naming the argument (and the
         item, e.g. "reference_images[1]") for a wrong Python type, ValueError for deadline_s <= 0,
@@ -491,7 +494,7 @@ class H3Client:
             None if first_frame is None else media_bytes("first_frame", first_frame, "image"),
             None if last_frame is None else media_bytes("last_frame", last_frame, "image"),
         )
-        references = reference_inputs(reference_images, reference_videos, reference_audio, guides)
+        files = reference_inputs(reference_images, reference_videos, reference_audio, guides)
         fields = dict(
             height=height,
             width=width,
@@ -504,9 +507,11 @@ class H3Client:
         inputs += [
             _input(name, fields[key], "INT64") for name, key in protocol.INT_INPUTS.items() if fields[key] is not None
         ]
-        inputs += keyframes + references
+        inputs += keyframes + files
         if task is not None:
             inputs.append(_input(protocol.TASK, task.encode(), "BYTES"))
+        if references is not None:  # the server checks the entries (protocol.reference_list)
+            inputs.append(_input(protocol.REFERENCES, json.dumps([dict(e) for e in references]).encode(), "BYTES"))
         wanted = {protocol.FRAMES: return_frames, protocol.AUDIO: return_audio}
         outputs = [grpcclient.InferRequestedOutput(name) for name in protocol.OUTPUTS if wanted.get(name, True)]
         parameters = {"progress_every": int(progress_every)}  # int(): numpy integers are not JSON

@@ -4,6 +4,11 @@
     python -m client.generate --prompt "it rolls away" --out out/fl.mp4 --first-frame a.png --last-frame b.png
     python -m client.generate --prompt "she waves and says hello" --out out/ref.mp4 \
         --reference-image woman.png --reference-audio voice.wav --guide wave.png@40
+    python -m client.generate --request req.json --out out/clip.mp4   # SGLang's H3 JSON request
+
+--request takes a file of SGLang's H3 JSON ({task, prompt, conditions, target, seed,
+num_inference_steps}: h3_core.request_model.read_sglang; its uris data: URLs, its steps sigma
+points, N - 1 forwards) instead of --prompt and the request's other flags.
 
 The server's gRPC endpoint comes from --url, else $H3_GRPC_URL, else 127.0.0.1:8001. A progress
 bar follows the denoise steps. Exit status: 0 written, 1 the server refused or failed the request
@@ -74,6 +79,7 @@ if __name__ == "__main__":
 
 import argparse
 import io
+import json
 import math
 import tempfile
 import time
@@ -84,7 +90,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from h3_core import protocol
+from h3_core import protocol, request_model
 
 from .api import CANCEL_WAIT_S, DEADLINE_MARGIN_S, H3Client, H3Error, check_url, media_bytes
 
@@ -186,7 +192,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     flags' order."""
     parser = argparse.ArgumentParser(prog="python -m client.generate", description=__doc__.split("\n\n")[0])
     add = parser.add_argument
-    add("--prompt", required=True)
+    add("--prompt", help="the prompt (required unless --request)")
+    add("--request", type=Path, metavar="JSON", help="a file of SGLang's H3 JSON request (instead of --prompt ...)")
     add(
         "--out",
         type=Path,
@@ -294,6 +301,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         f"{DEADLINE_MARGIN_S:g})",
     )
     args = parser.parse_args(argv)
+    args.references = None
+    if args.request is not None:
+        read_request_file(parser, args)
+    elif args.prompt is None:
+        parser.error("give --prompt or --request")
     if args.preview_every is not None and args.preview_dir is None:
         parser.error("--preview-every needs --preview-dir")
     try:
@@ -315,6 +327,46 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     except ValueError as error:
         parser.error(str(error))
     return args
+
+
+REQUEST_FLAGS = {  # flags --request replaces: (flag, args key)
+    "--prompt": "prompt",
+    "--height": "height",
+    "--width": "width",
+    "--num-frames": "num_frames",
+    "--steps": "steps",
+    "--seed": "seed",
+    "--task": "task",
+    "--flow-shift": "flow_shift",
+    "--audio-flow-shift": "audio_flow_shift",
+    "--first-frame": "first_frame",
+    "--last-frame": "last_frame",
+    "--reference-image": "reference_images",
+    "--reference-video": "reference_videos",
+    "--reference-audio": "reference_audio",
+    "--guide": "guides",
+}
+
+
+def read_request_file(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Fill args from --request's SGLang H3 JSON (request_model.read_sglang): the prompt, size,
+    frames, forwards, seed, shifts, task, keyframes and references with their order. A flag it
+    replaces, an unreadable file or a refusal ends with parser.error naming the field path."""
+    given = [flag for flag, key in REQUEST_FLAGS.items() if getattr(args, key) not in (None, [])]
+    if given:
+        parser.error(f"--request replaces {given[0]}: give the request's fields in the file")
+    try:
+        body = json.loads(args.request.read_text(encoding="utf-8"))
+        if not isinstance(body, dict):
+            raise ValueError("must hold a JSON object")
+        request = request_model.read_sglang(body)
+    except (OSError, ValueError) as error:
+        parser.error(f"--request {args.request}: {error}")
+    args.prompt = request.prompt
+    arguments = request.generate_arguments()  # H3Client.generate's, by the one request model
+    arguments["steps"] = arguments.pop("num_inference_steps")
+    arguments.pop("num_outputs")  # --num-outputs stays a flag (SGLang's H3 has no outputs field)
+    vars(args).update(arguments)
 
 
 def stop_request(url: str, request_id: str, worker: threading.Thread, outcome: dict) -> str | None:
@@ -399,6 +451,7 @@ def main(argv: list[str] | None = None, interrupted: threading.Event = INTERRUPT
                     reference_videos=args.reference_videos,
                     reference_audio=args.reference_audio,
                     guides=args.guides,
+                    references=args.references,
                     on_progress=on_progress,
                 )
             except H3Error as error:

@@ -6,10 +6,13 @@ to the full 50-layer `h3`. The media constants, and the clip lengths they imply 
 request, the layout, the VAEs and the writer.
 """
 
-import math
 from dataclasses import dataclass, replace
 
 import torch
+
+# torch-free in protocol (the request model uses them): the one clip-length rule, and height and width
+# must be multiples of CANVAS_MULTIPLE (h3_spec §4.2)
+from h3_core.protocol import CANVAS_MULTIPLE, align_num_frames  # noqa: F401
 
 # Media contract (h3_spec §4).
 FPS = 24  # video frames per second; a request for another fps is refused
@@ -25,19 +28,6 @@ PATCH = 2  # spatial patch (1, 2, 2) over the video latent
 VIDEO_ROW_WIDTH = VIDEO_LATENT_CHANNELS * PATCH * PATCH  # 96
 AUDIO_ROW_WIDTH = AUDIO_LATENT_CHANNELS  # 32
 ROW_ALIGN = 64  # every request's packed length is a multiple of this (h3_spec §2.1)
-CANVAS_MULTIPLE = 32  # height and width must be multiples of this (h3_spec §4.2)
-
-
-def align_num_frames(num_frames: int) -> int:
-    """Smallest 17n+5 frame count >= num_frames (h3_spec §4.2). align(200) = 209, align(10) = 22.
-
-    The one clip-length rule of every path (h3_dit, the Videos API, the CLI): a request for
-    num_frames frames is served as a clip of align_num_frames(num_frames) frames, as H3's own
-    servers do; its audio follows the aligned length and its last frame is a LAST_FRAME keyframe's
-    (h3_core.diffusion.engine.Engine.prepare, h3_core.diffusion.request.check_canvas)."""
-    if num_frames <= 5:
-        return 5
-    return 5 + 17 * math.ceil((num_frames - 5) / 17)
 
 
 def max_requested_frames(max_num_frames: int) -> int:

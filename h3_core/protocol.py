@@ -86,6 +86,7 @@ VIDEO_MP4, FRAMES, AUDIO, PROGRESS, PREVIEW, INFO = OUTPUTS
 AUDIO_SAMPLE_RATE = 32000
 AUDIO_CHANNELS = 2
 VIDEO_FPS = 24  # VIDEO_MP4 and FRAMES run at this many frames per second (h3_core.config.FPS)
+CANVAS_MULTIPLE = 32  # HEIGHT and WIDTH must be multiples of this (h3_spec §4.2; h3_core.config re-exports it)
 
 # Between the models.
 TEXT_EMBEDS = "TEXT_EMBEDS"  # float32 [1, L, text_dim]; [1, 0, 0] in a control request
@@ -179,6 +180,19 @@ MAX_FLOW_SHIFT = 100.0  # flow_shift / audio_flow_shift: the sigma schedule's sh
 MIN_FLOW_SHIFT = 1 / MAX_FLOW_SHIFT
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
+
+
+def align_num_frames(num_frames: int) -> int:
+    """Smallest 17n+5 frame count >= num_frames (h3_spec §4.2). align(200) = 209, align(10) = 22.
+
+    The one clip-length rule of every path (h3_dit, the Videos API, the CLI): a request for
+    num_frames frames is served as a clip of align_num_frames(num_frames) frames, as H3's own
+    servers do; its audio follows the aligned length and its last frame is a LAST_FRAME keyframe's
+    (h3_core.diffusion.engine.Engine.prepare, h3_core.diffusion.request.check_canvas); here, torch-free,
+    so that the request model (h3_core.request_model) uses the same function."""
+    if num_frames <= 5:
+        return 5
+    return 5 + 17 * math.ceil((num_frames - 5) / 17)
 
 
 def implied_task(keyframes: bool, references: bool) -> str:

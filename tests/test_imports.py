@@ -29,7 +29,8 @@ FORBIDDEN = {
 }
 LEAVES = {
     "protocol": set(),
-    "config": set(),
+    "config": {"protocol"},  # align_num_frames, torch-free in protocol
+    "request_model": {"protocol"},  # torch-free: the client uses it
     "media": {"config"},
     "images": {"protocol", "config"},
     "references": {"config", "images"},

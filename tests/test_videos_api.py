@@ -66,6 +66,9 @@ def test_create_fields_map_onto_the_pipeline_request():
             "preview_every": 1,
             "task": None,
             "fit": None,
+            "flow_shift": None,
+            "audio_flow_shift": None,
+            "references": None,
             "inputs": {},
         },
         {},
@@ -84,6 +87,9 @@ def test_create_fields_map_onto_the_pipeline_request():
         "preview_every": 0,
         "task": "t2va",
         "fit": None,
+        "flow_shift": None,
+        "audio_flow_shift": None,
+        "references": None,
         "inputs": {},
     }
 
@@ -374,6 +380,21 @@ def test_sdk_creates_polls_and_downloads_what_the_client_api_generates(sdk, clie
         "queue_position": 0,
         "preview_step": 3,
         "task": "t2va",
+        "format": "openai",
+        "normalized_request": {
+            "prompt": "a red ball rolls to the left",
+            "task": "t2va",
+            "width": 96,
+            "height": 64,
+            "num_frames": 12,
+            "num_inference_steps": 3,
+            "seed": 11,
+            "num_outputs": None,
+            "flow_shift": None,
+            "audio_flow_shift": None,
+            "keyframes": [],
+            "references": [],
+        },
         "inputs": [],
     }
     (reference,) = client.generate(
@@ -667,9 +688,9 @@ def test_bad_input_is_refused_and_creates_nothing(sdk, front_end):
             "INVALID_ARG: Content-Type 'text/plain' is not served: "
             "send application/json, multipart/form-data or application/x-www-form-urlencoded",
         ),
-        (
+        (  # a JSON create may be as large as a multipart one (its data: URLs); other JSON routes 64 KiB
             "POST",
-            "/v1/videos",
+            "/v1/videos/video_x/cancel",
             large,
             "application/json",
             413,

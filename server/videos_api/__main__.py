@@ -4,7 +4,7 @@
                                 [--api-key-file FILE] [--cors-origin ORIGIN]... [--max-body-bytes N]
                                 [--max-upload-bytes N] [--retention-hours H] [--max-attempts N]
                                 [--accept-wait SECONDS] [--recover-wait SECONDS]
-                                [--model-name NAME]
+                                [--allow-url-host HOST]... [--allow-private-urls] [--model-name NAME]
 
 Bad flags exit with status 2 and one error line (argparse), before anything is served.
 """
@@ -21,6 +21,7 @@ from pathlib import Path
 import uvicorn
 
 from client.api import check_url
+from h3_core.request_model import UrlPolicy
 
 from .app import Settings, create_app
 from .auth import parse_key_file
@@ -71,13 +72,14 @@ def _parser() -> argparse.ArgumentParser:
         "--max-body-bytes",
         type=_positive(int),
         default=defaults.max_body_bytes,
-        help="largest POST body in bytes, other than a multipart create (default: %(default)s)",
+        help="largest POST body in bytes, other than a create (default: %(default)s)",
     )
     p.add_argument(
         "--max-upload-bytes",
         type=_positive(int),
         default=defaults.max_upload_bytes,
-        help="largest multipart POST /v1/videos (and /sync) body in bytes, its files included (default: %(default)s)",
+        help="largest POST /v1/videos (and /sync) body in bytes, multipart or JSON, its files included "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--retention-hours",
@@ -105,6 +107,18 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="longest wait at start-up for Triton to be ready before jobs left running by the previous "
         "front end are resubmitted or failed (default: %(default)s)",
+    )
+    p.add_argument(
+        "--allow-url-host",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="a host an SGLang request's http(s) uri may name (repeatable; default: no URL is fetched)",
+    )
+    p.add_argument(
+        "--allow-private-urls",
+        action="store_true",
+        help="let allowed hosts resolve to private, loopback or link-local addresses (default: refused)",
     )
     p.add_argument(
         "--model-name", default=defaults.model_name, help="the model field answered to (default: %(default)s)"
@@ -143,6 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         accept_wait_s=args.accept_wait,
         recover_wait_s=args.recover_wait,
         model_name=args.model_name,
+        url_policy=UrlPolicy(hosts=frozenset(args.allow_url_host), allow_private=args.allow_private_urls),
     )
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
     print(

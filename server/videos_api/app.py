@@ -18,7 +18,7 @@
 
 With API keys, every /v1 route needs `Authorization: Bearer KEY` (401 otherwise) and a key sees
 only its own jobs unless it is an admin key (auth.py); the page and the health routes are public.
-POST bodies larger than max_body_bytes (a multipart create: max_upload_bytes) are refused with
+POST bodies larger than max_body_bytes (a multipart or JSON create: max_upload_bytes) are refused with
 413 from their Content-Length, before any of the body is read (411 for a chunked body). CORS is
 off unless origins are given. Every error is OpenAI-shaped (fields.ApiError): unknown routes and
 methods say "not supported by this server", a jobs database locked by another process is 503.
@@ -55,8 +55,9 @@ from starlette.routing import Route
 
 from client.api import H3Client
 from h3_core import protocol
+from h3_core.request_model import UrlPolicy
 
-from . import fields
+from . import fields, formats
 from .auth import Caller, Keys
 from .bodies import read_form
 from .content import MediaFile
@@ -102,12 +103,13 @@ class Settings:
     SQLite file (jobs.sqlite3) and the videos/ folder; api_keys: accepted Bearer keys, each
     mapped to whether it is an admin key (auth.parse_key_file; empty: no authentication);
     cors_origins: origins allowed by CORS (empty: CORS off); max_body_bytes: the largest POST
-    body; max_upload_bytes: the largest multipart create (with its files); retention_s: seconds
+    body; max_upload_bytes: the largest multipart or JSON create (with its files); retention_s: seconds
     an ended job is kept; max_attempts: submissions of a job across restarts (Jobs docstring);
     accept_wait_s: the longest wait of a create for Triton's first answer; recover_wait_s: the
     longest wait at start-up for Triton to be ready before the restart rule runs (Jobs.recover),
     in seconds; model_name: the
-    `model` this server answers to. Sizes in bytes."""
+    `model` this server answers to; url_policy: the http(s) URIs an SGLang request may name
+    (default: none). Sizes in bytes."""
 
     triton_url: str = "127.0.0.1:8001"
     data_dir: Path = Path("out/videos_api")
@@ -120,13 +122,16 @@ class Settings:
     accept_wait_s: float = 30.0
     recover_wait_s: float = 120.0
     model_name: str = "h3"
+    url_policy: UrlPolicy = field(default_factory=UrlPolicy)
 
 
 def video_object(job: dict, model_name: str) -> dict:
     """The OpenAI video object of a stored job, with our extensions (seed, n, num_frames (the
     served clip: aligned up to 17n+5 frames once completed), num_frames_requested (as asked; null
     when the server's default applies), num_inference_steps, step, total_steps, queue_position,
-    preview_step, task (sent or implied: fields.task_of), inputs (the files sent, each
+    preview_step, task (sent or implied: fields.task_of), format (the request format: openai,
+    sglang, vllm_omni) and normalized_request (h3_core.request_model.VideoRequest.wire, with the
+    seed drawn when none was sent: the same for the same request in any format), inputs (the files sent, each
     {"variant", "index", "media_type", "url"}: its download from the content route);
     outside_training once completed when the result's INFO has it). size and seconds are what the
     client asked for, else the result's, else (until it completes) the defaults resolved at
@@ -171,6 +176,8 @@ def video_object(job: dict, model_name: str) -> dict:
         "queue_position": job["queue_position"],
         "preview_step": job["preview_step"],
         "task": fields.task_of(request),
+        "format": request.get("format", "openai"),
+        "normalized_request": {**json.loads(request["wire"]), "seed": request["seed"]} if "wire" in request else None,
         "inputs": [
             {
                 "variant": variant,
@@ -306,8 +313,9 @@ def create_app(settings: Settings) -> FastAPI:
             error = ApiError(411, "LENGTH_REQUIRED", "send the body with a Content-Length", headers=CLOSE)
             return _error_response(error)
         length = request.headers.get("content-length", "0")
-        multipart = request.headers.get("content-type", "").lower().startswith("multipart/form-data")
-        limit = settings.max_upload_bytes if multipart and request.url.path in CREATE_PATHS else settings.max_body_bytes
+        kind = request.headers.get("content-type", "").lower()
+        create = kind.startswith(("multipart/form-data", "application/json")) and request.url.path in CREATE_PATHS
+        limit = settings.max_upload_bytes if create else settings.max_body_bytes  # a JSON create's data: URLs
         if not length.isdigit() or int(length) > limit:
             return _error_response(
                 ApiError(413, "TOO_LARGE", f"the body is {length} bytes: allowed {limit}", headers=CLOSE)
@@ -366,8 +374,13 @@ def create_app(settings: Settings) -> FastAPI:
 
     async def parse(request: Request) -> tuple[dict, dict[str, list[bytes]]]:
         """The parsed create of a POST body with the defaults the server will use where it left
-        them (size, num_frames): fields.parse_create, models.resolved_defaults."""
-        parsed, media = fields.parse_create(await read_form(request, settings.max_upload_bytes), settings.model_name)
+        them (size, num_frames): formats.read (ours: fields.parse_create; SGLang's H3 JSON and
+        vLLM-Omni's form: h3_core.request_model), models.resolved_defaults."""
+        multipart = request.headers.get("content-type", "").lower().startswith("multipart/form-data")
+        form = await read_form(request, settings.max_upload_bytes)
+        # in a worker thread: an SGLang uri's download (up to its time limit) or a reference's
+        # duration read holds no other request up
+        parsed, media = await run_in_threadpool(formats.read, form, multipart, settings.model_name, settings.url_policy)
         if parsed["width"] is None or parsed["num_frames"] is None:
             parsed["defaults"] = await run_in_threadpool(resolved_defaults, client, parsed, media, settings.model_name)
         return parsed, media

@@ -35,11 +35,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import math
 import re
 from collections.abc import Iterable, Mapping
 
 from h3_core import protocol
+from h3_core.request_model import media_type  # noqa: F401 - the file's media type, one rule
 
 # The file fields: API field -> (its content variant, which also names its files in the job's
 # inputs/ folder; H3Client.generate's argument; repeatable). input_reference is OpenAI's field.
@@ -50,6 +52,7 @@ MEDIA_FIELDS = {
     "reference_videos": ("reference_video", "reference_videos", True),
     "reference_audio": ("reference_audio", "reference_audio", True),
 }
+OTHER_REPEATABLE = ("input_references",)  # vLLM-Omni's file field (formats.py)
 KEYFRAME_FIELDS = ("input_reference", "last_frame")  # KEYFRAMES' order (client.api.keyframe_inputs)
 # request fields of POST /v1/videos (and /v1/videos/sync)
 CREATE_FIELDS = (
@@ -64,8 +67,12 @@ CREATE_FIELDS = (
     "preview_every",
     "task",
     "fit",
+    "flow_shift",
+    "audio_flow_shift",
+    "references",
     *MEDIA_FIELDS,
 )
+MEDIA_FIELDS_OF = {"image": "reference_images", "video": "reference_videos", "audio": "reference_audio"}
 INT_FIELDS = {
     "num_frames": "num_frames",
     "num_inference_steps": "num_inference_steps",
@@ -75,18 +82,6 @@ INT_FIELDS = {
 SIZE_PATTERN = re.compile(r"^([0-9]+)x([0-9]+)$")
 INTEGER_PATTERN = re.compile(r"^-?[0-9]+$")
 DATA_URL = re.compile(r"^data:[^,]*;base64,", re.IGNORECASE)
-# the media type an input's download answers with, from its file's first bytes (PNG, JPEG, WebP
-# and WAV (RIFF), FLAC, MP3 (an ID3 tag or an MPEG frame sync), MP4 (ISO BMFF ftyp box))
-SIGNATURES = (
-    (re.compile(rb"^\x89PNG\r\n\x1a\n"), "image/png"),
-    (re.compile(rb"^\xff\xd8\xff"), "image/jpeg"),
-    (re.compile(rb"^RIFF....WEBP", re.DOTALL), "image/webp"),
-    (re.compile(rb"^RIFF....WAVE", re.DOTALL), "audio/wav"),
-    (re.compile(rb"^fLaC"), "audio/flac"),
-    (re.compile(rb"^(ID3|\xff[\xe0-\xff])"), "audio/mpeg"),
-    (re.compile(rb"^....ftyp", re.DOTALL), "video/mp4"),
-)
-UNKNOWN_MEDIA_TYPE = "application/octet-stream"
 DEFAULT_PREVIEW_EVERY = 1
 # Retry-After (seconds) for a full DiT (429) and for a server that cannot serve now (503: shutting
 # down, restarting under --supervise, unreachable)
@@ -107,6 +102,8 @@ API_FIELD = {
     "fit": "fit",
     "task": "task",
     "preview_every": "preview_every",
+    "flow_shift": "flow_shift",
+    "audio_flow_shift": "audio_flow_shift",
 }
 API_INPUT = {  # h3_pipeline inputs -> API fields (KEYFRAMES: _input_field)
     protocol.TASK: "task",
@@ -128,6 +125,10 @@ class ApiError(Exception):
         super().__init__(f"{code}: {text}")
         self.status, self.code, self.message, self.param = status, code, f"{code}: {text}", param
         self.headers = dict(headers or {})
+
+    def _with_param(self, param: str) -> ApiError:
+        self.param = param
+        return self
 
     def body(self) -> dict:
         """The JSON body of the response."""
@@ -171,7 +172,16 @@ def error_from_server(code: str, text: str, request: dict | None = None) -> ApiE
     'retry later'), else 503 with Retry-After; CANCELLED 409; TIMEOUT 504; INTERNAL 500; anything
     else 502. `param` is the API field the text names first (a file's refusal is reworded with
     the API field's name: _input_field); with the parsed `request`, a num_frames refusal of a
-    request that sent seconds names seconds and says how it was derived."""
+    request that sent seconds names seconds and says how it was derived. A request read from
+    SGLang's or vLLM-Omni's format (its "paths", formats.read) gets the sender's field path
+    instead, as param and before the text: "target.duration_seconds: num_frames=240 is ..."."""
+    paths = (request or {}).get("paths")
+    if paths:  # SGLang's or vLLM-Omni's format: the sender's field path
+        named = INPUT_IN_TEXT.match(text) or FIELD_IN_TEXT.match(text)
+        key = named.group(0).rstrip("= ") if named else None
+        key = key if key is None or key in paths else key.lower()
+        if key in paths:
+            return error_from_server(code, f"{paths[key]}: {text}")._with_param(paths[key])
     field, text = _input_field(text, request)
     if field is None:
         name = FIELD_IN_TEXT.match(text)
@@ -188,27 +198,22 @@ def error_from_server(code: str, text: str, request: dict | None = None) -> ApiE
 def form_fields(items: Iterable[tuple[str, object]]) -> dict:
     """The fields of a multipart or urlencoded body, (name, value) pairs as sent (a file's value
     its bytes, any other a string), as parse_create takes them: a repeatable file field
-    (MEDIA_FIELDS) a list of its values in their order, sent under its name or with the SDK's
-    "[]" (extra_body lists: `reference_images[]`); the SDK's `input_reference[image_url]` as
-    input_reference {"image_url": value}. Raises ApiError 400 INVALID_ARG naming a field sent
-    twice that is not repeatable."""
+    (MEDIA_FIELDS, and vLLM-Omni's input_references) a list of its values in their order, sent
+    under its name or with the SDK's "[]" (extra_body lists: `reference_images[]`); the SDK's
+    `input_reference[image_url]` as input_reference {"image_url": value}. Raises ApiError 400
+    INVALID_ARG naming a field sent twice that is not repeatable."""
     fields: dict = {}
     for name, value in items:
         name = name.removesuffix("[]")
         if name == "input_reference[image_url]":
             name, value = "input_reference", {"image_url": value}
-        if name in MEDIA_FIELDS and MEDIA_FIELDS[name][2]:
+        if (name in MEDIA_FIELDS and MEDIA_FIELDS[name][2]) or name in OTHER_REPEATABLE:
             fields.setdefault(name, []).append(value)
         elif name in fields:
             raise invalid(f"{name} was sent twice: it takes one value", name)
         else:
             fields[name] = value
     return fields
-
-
-def media_type(data: bytes) -> str:
-    """The media type of a file from its first bytes (SIGNATURES), else UNKNOWN_MEDIA_TYPE."""
-    return next((kind for pattern, kind in SIGNATURES if pattern.match(data)), UNKNOWN_MEDIA_TYPE)
 
 
 def _file(field: str, name: str, value) -> bytes:
@@ -328,9 +333,44 @@ def parse_create(form: Mapping[str, object], model_name: str) -> tuple[dict, dic
         if value is not None and not isinstance(value, str):
             raise invalid(f"{name}={value!r} must be a string", name)
         request[name] = value
+    for name in ("flow_shift", "audio_flow_shift"):
+        request[name] = None if form.get(name) is None else _shift(name, form[name])
     media = _media(form)
+    request["references"] = _references(form.get("references"), media)
     request["inputs"] = {variant: [media_type(data) for data in files] for variant, files in media.items()}
     return request, media
+
+
+def _shift(name: str, value) -> float:
+    """A flow shift sent as a number or a form's string (its range is the server's)."""
+    try:
+        shift = float(value) if isinstance(value, str) else value
+    except ValueError:
+        shift = None
+    if type(shift) not in (int, float) or isinstance(shift, bool):
+        raise invalid(f"{name}={value!r} must be a number", name)
+    return float(shift)
+
+
+def _references(value, media: Mapping[str, list[bytes]]) -> list[dict] | None:
+    """The `references` field (REFERENCES' JSON array, as text or as a JSON body's array): the
+    reference files' block order, a video's start_time_seconds and audio (protocol.reference_list,
+    its inputs named by their API fields); None when absent."""
+    if value is None:
+        return None
+    counts = {
+        protocol.REFERENCE_IMAGES: len(media.get("reference_image", [])),
+        protocol.REFERENCE_VIDEOS: len(media.get("reference_video", [])),
+        protocol.REFERENCE_AUDIO: len(media.get("reference_audio", [])),
+    }
+    try:
+        entries = protocol.reference_list(value if isinstance(value, str) else json.dumps(value), counts)
+    except ValueError as error:
+        raise invalid(str(error).replace(protocol.REFERENCES, "references", 1), "references") from None
+    return [  # as REFERENCES takes them: start_time_seconds and audio on videos only
+        entry if entry["input"] == protocol.REFERENCE_VIDEOS else {"input": entry["input"], "index": entry["index"]}
+        for entry in entries
+    ]
 
 
 def task_of(request: dict) -> str:

@@ -336,6 +336,9 @@ class Jobs:
                 on_preview=on_preview,
                 task=request["task"],
                 fit=request["fit"],
+                flow_shift=request.get("flow_shift"),
+                audio_flow_shift=request.get("audio_flow_shift"),
+                references=request.get("references"),
                 **files,
             )
             folder.mkdir(parents=True, exist_ok=True)
