@@ -58,6 +58,6 @@ HEALTHCHECK --interval=30s --timeout=10s --start-period=300s --retries=3 CMD ["p
 # --exit-timeout 3: `docker stop` sends SIGTERM and kills after 10 s (its default grace); the
 # DiT's drain takes at most 5 s (server.process.DRAIN_TIMEOUT_S) and tritonserver then exits
 # within 3 s, so a stop with no clip decoding ends in 8 s, before the kill. Clips decoding at the
-# stop are waited for (README, Reliability): give `docker stop -t` their decode time.
+# stop are waited for (docs/operations.md §"Reliability"): give `docker stop -t` their decode time.
 CMD ["python", "-m", "server.launch", "--host", "0.0.0.0", "--exit-timeout", "3", \
      "--device", "auto", "--config", "demo", "--checkpoint", "weights/demo"]

@@ -19,7 +19,7 @@ test: setup
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q -rfEs tests
 
-# the CUDA tests (tests/test_gpu.py, README "Testing on a GPU"): on the GPU host's own python3 unless
+# the CUDA tests (tests/test_gpu.py, docs/gpu_host.md §"Testing on a GPU"): on the GPU host's own python3 unless
 # PY is given, without setup; OUT=DIR also writes DIR/gpu.xml (junit) and DIR/gpu_tests.json
 # (benchmarks/gpu_tests_report.py), even when a test fails (make still fails then)
 test-gpu: PY = python3
@@ -62,7 +62,7 @@ serve-api: setup
 
 # every GPU: one DiT instance per GPU, sized from free GPU memory (server.sizing);
 # make serve-gpu CONFIG=h3 CHECKPOINT=/path/to/MiniMax-H3 TRUST_REMOTE_CODE=true for the official
-# checkpoint (its VAEs are remote code: README "Serving the official MiniMax-H3 checkpoint")
+# checkpoint (its VAEs are remote code: docs/gpu_host.md §"Serving the official MiniMax-H3 checkpoint")
 serve-gpu: setup
 ifeq ($(CHECKPOINT),)
 	$(PY) -m h3_core.weights.checkpoint_setup --configs $(CONFIG) --device cuda

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_text_encoder.py DIR [--width 5120] [--seed 0]
 
-The `bench` and `h3` DiTs read text states of width 5120 (h3_spec §4.1), which the bundled
+The `bench` and `h3` DiTs read text states of width 5120 (docs/model.md §4.1), which the bundled
 MiniLM (width 384) does not give, and a GPU host without internet has no pretrained encoder of
 that width. This writes a Hugging Face folder that h3_core.model.encoder.TextEncoder (and so the
 h3_encoder model's `encoder_path` parameter) loads like any other: a BERT with one layer of

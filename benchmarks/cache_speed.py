@@ -169,7 +169,7 @@ def replaying(engine: Engine, patterns: dict[str, tuple[bool, ...]]) -> Override
 
 
 def recommended_threshold() -> float:
-    """The recommended cache_threshold of the demo model's quality run (README, Step caching)."""
+    """The recommended cache_threshold of the demo model's quality run (docs/operations.md §"Step caching")."""
     return json.loads(DEMO_RESULTS.read_text())["summary"]["recommended_threshold"]
 
 

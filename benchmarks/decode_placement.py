@@ -6,7 +6,7 @@ for each placement that keeps the ensemble as it is.
         [--steps 8] [--shares 0.05 0.2]
 
 The DiT: each config's DiT (seeded random weights drawn on the GPU, `random:0`), compiled and
-warmed up as h3_dit does, stepping one 16,384-row request (672x384, 209 frames, h3_spec §4.4).
+warmed up as h3_dit does, stepping one 16,384-row request (672x384, 209 frames, docs/model.md §4.4).
 The decoder: our VAEs (random:0) in a process of its own, decoding one clip's latents after the
 other (h3_core.model.vae.decode_clip, in its tiles), with 5 CPU threads (h3_vae's sized
 cpu_threads on 16 cores). Placements:
@@ -50,7 +50,7 @@ from h3_core.serving.gpu_turns import DEFAULT_SHARE, GpuTurns, decode_tiles  # n
 from h3_core.weights.vae_hook import load_vaes  # noqa: E402 - after the sys.path set-up above
 
 WEIGHTS = "random:0"
-HEIGHT, WIDTH, NUM_FRAMES = 384, 672, 209  # 16,384 rows with a 64-token prompt (h3_spec §4.4)
+HEIGHT, WIDTH, NUM_FRAMES = 384, 672, 209  # 16,384 rows with a 64-token prompt (docs/model.md §4.4)
 TEXT_LEN = 64
 DECODE_THREADS = 5  # h3_vae's sized cpu_threads on a 16-core host (server.sizing.cpu_threads)
 

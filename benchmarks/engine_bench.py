@@ -15,7 +15,7 @@ step). On CUDA that is the `bench` DiT (full H3 width, 8 layers, bf16, text widt
 tokens, per-document SDPA). Through `Engine.denoise_step` (what the server runs per step) it
 measures:
   (a) step time for 1, 2, 3, 4 requests of 672x384, 209 frames (16,384 rows each), and the
-      step's model FLOP/s against the measured bf16 matmul rate (FLOPs counted as h3_spec §8:
+      step's model FLOP/s against the measured bf16 matmul rate (FLOPs counted as docs/model.md §8:
       per layer 2*S*(4AH + 3FH) + 4*U^2*A per request, plus 2*S*256*H for patch in/out);
   (b) kernel time of 3 separate single-request forwards vs one fused 3-request forward, summed
       per kernel family from torch.profiler (attention, GEMM, norm, elementwise/copy), with
@@ -143,7 +143,7 @@ def wall(fn, device: torch.device) -> float:
 
 
 def step_flops(engine: Engine, states) -> float:
-    """Model FLOPs of one packed step (h3_spec §8): linears over padded rows S, attention over
+    """Model FLOPs of one packed step (docs/model.md §8): linears over padded rows S, attention over
     used rows U, patch projections; the refiner and AdaLN are left out (under 0.1%)."""
     cfg = engine.dit.cfg
     hidden, attn, ffn = cfg.hidden_size, cfg.attn_width, cfg.ffn_size

@@ -23,7 +23,7 @@ text encoder `--encoder`:
            h3_vae one decode worker. Stages a and b only (the probe below is not needed).
 Its load time (tritonserver start -> ready) is recorded, then one unmeasured 2-step request of
 the full shape warms it up, then, in this order:
-  a:       one 672x384, 209-frame request (16,384 rows, h3_spec §4.4) of 30 steps, end to end
+  a:       one 672x384, 209-frame request (16,384 rows, docs/model.md §4.4) of 30 steps, end to end
            through benchmarks/bench_client.py;
   qwen3vl: with the server up (DiT resident, its allocator holding what run a used), the MiniMax-H3
            text encoder at its real size is built in a process of its own on cuda:0: transformers'

@@ -70,7 +70,7 @@ TARGETS: dict[str, tuple[str, str, float | bool, str]] = {
 }
 COMPARE = {">=": operator.ge, "<=": operator.le, "==": operator.eq}
 
-# key: (measurement, our figure's format, the reference's figure: vllm-omni on H100s, 33 B, h3_spec §5.11)
+# key: (measurement, our figure's format, the reference's figure: vllm-omni on H100s, 33 B, docs/model.md §5.11)
 HEADLINE: dict[str, tuple[str, str, str]] = {
     "pack8_speedup_256_rows_e": ("8 packed vs one at a time, 256-row requests: throughput", "{:.2f}x", "not measured"),
     "pack8_min_speedup_e": (
@@ -437,7 +437,7 @@ def cache_speed(root: Path) -> str:
     )
 
 
-REFERENCE_STEP_S = 1.323  # vllm-omni's H3 DiT step of 16,384 rows on 2 x H100 (TP2, bf16), h3_spec §5.11
+REFERENCE_STEP_S = 1.323  # vllm-omni's H3 DiT step of 16,384 rows on 2 x H100 (TP2, bf16), docs/model.md §5.11
 
 
 def fp8_comparison(root: Path) -> str:

@@ -7,7 +7,7 @@ checks in the same run.
 
 On CUDA (`nvidia-h200-x2`): the `bench` DiT (the full H3 width, 8 layers, bf16, seeded random
 weights `random:0` drawn on each GPU at load), requests of 672x384, 209 frames, a 45-token prompt
-(16,384 rows, h3_spec §4.4), sp_degree 1 (cuda:0) and N (--sp, default every visible GPU, at most
+(16,384 rows, docs/model.md §4.4), sp_degree 1 (cuda:0) and N (--sp, default every visible GPU, at most
 the heads' divisors; cuda:0..N-1).
   inprocess: load_engine(..., sp_degree=1 / N) in this process (for N: the driver here, one
      worker process per GPU over NCCL). Per sp_degree: load and warm-up seconds; step time

@@ -232,7 +232,7 @@ def reference_inputs(
     reference_audio: Sequence[str | os.PathLike | bytes] = (),
     guides: Sequence[tuple[str | os.PathLike | bytes, int]] = (),
 ) -> list[grpcclient.InferInput]:
-    """h3_pipeline's ref2va inputs (h3_spec §2.1-2.3; protocol.REFERENCE_INPUTS), each file's bytes
+    """h3_pipeline's ref2va inputs (docs/model.md §2.1-2.3; protocol.REFERENCE_INPUTS), each file's bytes
     unchanged (media_bytes), each input in its argument's order and only when its argument is not
     empty: REFERENCE_IMAGES, REFERENCE_VIDEOS, REFERENCE_AUDIO BYTES [1, N] (image, MP4, audio
     files), then GUIDES BYTES [1, N] (image files) with GUIDE_FRAMES INT64 [1, N] (the frame each
@@ -429,20 +429,20 @@ class H3Client:
         ("h3c-<hex>") so that a timeout can cancel the request on the server. inject_fault:
         tests only, refused unless the server's h3_dit has allow_fault_injection "true".
 
-        Keyframes (task fl2va, h3_spec §2.1): first_frame / last_frame, each an image file's path
+        Keyframes (task fl2va, docs/model.md §2.1): first_frame / last_frame, each an image file's path
         (str or os.PathLike) or its bytes (PNG, JPEG or WebP, sent unchanged: the server decodes
         them), condition the clip's first / last frame; they go as KEYFRAMES BYTES [1, K] in the
         order first, last with KEYFRAME_INDICES INT64 [1, K] (0 first, -1 last; keyframe_inputs).
         fit: how the server fits a keyframe to the canvas, one of protocol.FITS (server default
         protocol.DEFAULT_FIT). flow_shift / audio_flow_shift: the shift of the video / audio sigma
-        schedule, > 0 and <= protocol.MAX_FLOW_SHIFT (h3_spec §3.1). cache_threshold: the step
+        schedule, > 0 and <= protocol.MAX_FLOW_SHIFT (docs/model.md §3.1). cache_threshold: the step
         cache's threshold, 0 (every step computed) .. the server's max_cache_threshold; larger
         skips more steps (docs/request_contract.md). task: one of protocol.TASKS
         (TASK BYTES [1, 1]); None lets the server choose it from the inputs (keyframes: fl2va;
         references or guides: ref2va). Each of these is sent only when given (None: the server's
         default).
 
-        References and timeline guides (task ref2va, h3_spec §2.1-2.3), each a sequence of files'
+        References and timeline guides (task ref2va, docs/model.md §2.1-2.3), each a sequence of files'
         paths or bytes sent unchanged, in its order, only when not empty (reference_inputs):
         reference_images (PNG, JPEG, WebP: a character, an object) as REFERENCE_IMAGES BYTES
         [1, N], reference_videos (MP4) as REFERENCE_VIDEOS BYTES [1, N], reference_audio (WAV,

@@ -1,4 +1,4 @@
-"""Model configurations and media constants (h3_spec §1.1, §4, §8).
+"""Model configurations and media constants (docs/model.md §1.1, §4, §8).
 
 One dataclass describes every DiT size, from `tiny` (CI) and `demo` (the trained demo model)
 to the full 50-layer `h3`. The media constants, and the clip lengths they imply (17n+5 frames,
@@ -11,10 +11,10 @@ from dataclasses import dataclass, replace
 import torch
 
 # torch-free in protocol (the request model uses them): the one clip-length rule, and height and width
-# must be multiples of CANVAS_MULTIPLE (h3_spec §4.2)
+# must be multiples of CANVAS_MULTIPLE (docs/model.md §4.2)
 from h3_core.protocol import CANVAS_MULTIPLE, align_num_frames  # noqa: F401
 
-# Media contract (h3_spec §4).
+# Media contract (docs/model.md §4).
 FPS = 24  # video frames per second; a request for another fps is refused
 AUDIO_SAMPLE_RATE = 32000  # Hz, stereo
 AUDIO_HOP = 800  # waveform samples per audio latent -> 40 Hz latent rate
@@ -27,7 +27,7 @@ FRAMES_PER_LATENT = (1, 4, 4, 4, 4)  # frames covered by latent k: FRAMES_PER_LA
 PATCH = 2  # spatial patch (1, 2, 2) over the video latent
 VIDEO_ROW_WIDTH = VIDEO_LATENT_CHANNELS * PATCH * PATCH  # 96
 AUDIO_ROW_WIDTH = AUDIO_LATENT_CHANNELS  # 32
-ROW_ALIGN = 64  # every request's packed length is a multiple of this (h3_spec §2.1)
+ROW_ALIGN = 64  # every request's packed length is a multiple of this (docs/model.md §2.1)
 
 
 def max_requested_frames(max_num_frames: int) -> int:
@@ -56,7 +56,7 @@ def audio_num_samples(num_frames: int) -> int:
 
 @dataclass(frozen=True)
 class DiTConfig:
-    """Sizes of one H3 DiT (h3_spec §1.1 for `h3`, §8 for the scaled sizes).
+    """Sizes of one H3 DiT (docs/model.md §1.1 for `h3`, §8 for the scaled sizes).
 
     The structure is the same at every size: attention width A = heads x head_dim, rotary
     width 6 x rope_freqs_per_axis of head_dim, per-block 3-modality AdaLN (18 x hidden) and a
@@ -99,7 +99,7 @@ class DiTConfig:
         return getattr(torch, self.dtype)
 
 
-# the full MiniMax-H3 DiT (h3_spec §8); `bench` is its first 8 layers
+# the full MiniMax-H3 DiT (docs/model.md §8); `bench` is its first 8 layers
 H3 = DiTConfig(
     name="h3",
     num_layers=50,

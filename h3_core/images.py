@@ -7,7 +7,7 @@ channels). Every refusal of a file is a ValueError whose message names the input
 
 Decoding order (decode_image): the byte count, the format from the file's signature, the size from
 the header (before any pixel is decoded: a small file declaring 20000 x 20000 pixels is refused
-there, field_bug_cases.md K4), animation, then the pixels, the EXIF orientation (K2) and the
+there, docs/failure_classes.md §K4), animation, then the pixels, the EXIF orientation (K2) and the
 conversion to RGB (16-bit greyscale keeps its levels, K3; alpha is composited over BACKGROUND).
 """
 
@@ -187,7 +187,7 @@ def decode_image(data: bytes, field: str, limits: ImageLimits) -> np.ndarray:
 
     Conversion to RGB by Pillow mode: RGB as is; 1, L, P -> RGB; CMYK (JPEG, Adobe-inverted included)
     by Pillow's conversion; 16-bit greyscale (I;16, I;16B, I;16L, I) scaled by 255 / 65535 with
-    rounding (a 16-bit ramp keeps its levels; Pillow's own conversion clips, field_bug_cases.md K3);
+    rounding (a 16-bit ramp keeps its levels; Pillow's own conversion clips, docs/failure_classes.md §K3);
     RGBA, LA, PA, and 1/L/P/RGB/16-bit grey with a transparency key, composited over BACKGROUND
     (black) as round((c a + b (255 - a)) / 255). Any other mode (F, YCbCr, LAB, ...; none of them
     comes from a PNG, JPEG or WebP file) is refused with a ValueError listing the supported modes.

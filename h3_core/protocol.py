@@ -31,7 +31,7 @@ INT_INPUTS = {
 # Outputs of h3_pipeline: VIDEO_MP4 BYTES [1, 0 or 1]; FRAMES uint8 [1, T, H, W, 3] and AUDIO float32
 # [1, 2, samples] (empty unless asked for); PROGRESS int32 [1, 3] = (step, total steps, queue position);
 # PREVIEW uint8 [1, Hl, Wl, 3] (empty unless a preview is due); INFO BYTES [1, 1] JSON (INFO_KINDS).
-# Conditioned tasks (h3_spec §2.1). TASK BYTES [1, 1] is optional: one of TASKS; without it the task
+# Conditioned tasks (docs/model.md §2.1). TASK BYTES [1, 1] is optional: one of TASKS; without it the task
 # follows the inputs (KEYFRAMES -> fl2va, nothing -> t2va).
 TASK = "TASK"
 TASKS = ("t2va", "fl2va", "ref2va")
@@ -42,12 +42,12 @@ KEYFRAMES = "KEYFRAMES"
 KEYFRAME_INDICES = "KEYFRAME_INDICES"
 FIRST_FRAME, LAST_FRAME = 0, -1
 MAX_KEYFRAMES = 2
-# ref2va (h3_spec §2.1-2.3): references and timeline guides, each list optional, at least one item
+# ref2va (docs/model.md §2.1-2.3): references and timeline guides, each list optional, at least one item
 # in all. REFERENCE_IMAGES BYTES [1, N] image files (PNG, JPEG, WebP: a character, an object);
 # REFERENCE_VIDEOS BYTES [1, N] MP4 files (with their audio track when they have one);
 # REFERENCE_AUDIO BYTES [1, N] WAV, FLAC or MP3 files (a voice, a sound). The reference blocks follow
 # REFERENCES' order when it is sent, else images, then videos, then audio, each input in its own
-# order (h3_spec §2.1: reference blocks in request order; where each sits in RoPE time and how the
+# order (docs/model.md §2.1: reference blocks in request order; where each sits in RoPE time and how the
 # prompt numbers it follow that order). GUIDES BYTES [1, N]
 # image files with GUIDE_FRAMES INT64 [1, N]: the frame (0 .. NUM_FRAMES - 1) each should appear at.
 # KEYFRAMES and references in one request are refused (fl2va's keyframes are ref2va's guides at
@@ -86,7 +86,7 @@ VIDEO_MP4, FRAMES, AUDIO, PROGRESS, PREVIEW, INFO = OUTPUTS
 AUDIO_SAMPLE_RATE = 32000
 AUDIO_CHANNELS = 2
 VIDEO_FPS = 24  # VIDEO_MP4 and FRAMES run at this many frames per second (h3_core.config.FPS)
-CANVAS_MULTIPLE = 32  # HEIGHT and WIDTH must be multiples of this (h3_spec §4.2; h3_core.config re-exports it)
+CANVAS_MULTIPLE = 32  # HEIGHT and WIDTH must be multiples of this (docs/model.md §4.2; h3_core.config re-exports it)
 
 # Between the models.
 TEXT_EMBEDS = "TEXT_EMBEDS"  # float32 [1, L, text_dim]; [1, 0, 0] in a control request
@@ -173,7 +173,7 @@ ENCODER_FAULTS = ("encode_raise", "announce_raise")
 # ... acting in h3_vae where its allow_fault_injection is true: the decode fails as it starts; and
 # "decode_slow:S", each of the request's decodes takes S seconds more (fault_seconds)
 VAE_FAULTS = ("decode_start_raise",)
-MAX_FLOW_SHIFT = 100.0  # flow_shift / audio_flow_shift: the sigma schedule's shift (h3_spec §3.1)
+MAX_FLOW_SHIFT = 100.0  # flow_shift / audio_flow_shift: the sigma schedule's shift (docs/model.md §3.1)
 # Below it the schedule's float32 arithmetic (sampling.shift_sigma) is wrong: (shift - 1) rounds,
 # by 1e-3 relative at 1e-5, 50 % at 3e-8, and to -1 (0/0 = NaN at sigma 1) below 6e-8. At 0.01
 # the float32 schedule is within 1e-6 of the float64 one.
@@ -183,7 +183,7 @@ JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", li
 
 
 def align_num_frames(num_frames: int) -> int:
-    """Smallest 17n+5 frame count >= num_frames (h3_spec §4.2). align(200) = 209, align(10) = 22.
+    """Smallest 17n+5 frame count >= num_frames (docs/model.md §4.2). align(200) = 209, align(10) = 22.
 
     The one clip-length rule of every path (h3_dit, the Videos API, the CLI): a request for
     num_frames frames is served as a clip of align_num_frames(num_frames) frames, as H3's own

@@ -1,6 +1,6 @@
 """Reference audio and reference video for ref2va (protocol.REFERENCE_AUDIO, REFERENCE_VIDEOS):
 strict, bounded decoding of the uploaded files, and the cut of a reference video to a length the
-video VAE takes (17n + 5 frames, h3_spec §4.2).
+video VAE takes (17n + 5 frames, docs/model.md §4.2).
 
 numpy and PyAV (FFmpeg) only; no torch here. Audio is float32 stereo [2, N] (left, right) at
 config.AUDIO_SAMPLE_RATE (32000) Hz in [-1, 1]; video frames are uint8 RGB [T, H, W, 3] (frames,
@@ -40,7 +40,7 @@ except ImportError:
 
 AUDIO_FORMATS = {"wav": "WAV", "flac": "FLAC", "mp3": "MP3"}  # FFmpeg demuxer -> the name users know
 VIDEO_FORMATS = {"mov": "MP4"}  # FFmpeg's "mov,mp4,m4a,3gp,3g2,mj2" demuxer
-MIN_FRAMES = 5  # the shortest clip the video VAE takes: 17n + 5 with n = 0 (h3_spec §4.2)
+MIN_FRAMES = 5  # the shortest clip the video VAE takes: 17n + 5 with n = 0 (docs/model.md §4.2)
 FLOAT_SAMPLE_FORMATS = ("flt", "fltp", "dbl", "dblp")  # FFmpeg's sample formats that can hold NaN
 FRAMES_PER_CLIP = 17  # the video VAE's clip length: a clip holds 17n + 5 frames
 
@@ -443,7 +443,7 @@ def decode_video(
 
 def align_reference_frames(frames: np.ndarray) -> np.ndarray:
     """A reference video's frames cut to a length the video VAE takes: [T', H, W, 3] of the same
-    dtype, T' = the largest 17n + 5 <= T (h3_spec §4.2; nothing invented: at most 16 frames, 0.67 s,
+    dtype, T' = the largest 17n + 5 <= T (docs/model.md §4.2; nothing invented: at most 16 frames, 0.67 s,
     dropped from the end); T of 1..4 is padded to 5 by repeating the last frame. Goldens: T 5 -> 5,
     21 -> 5, 22 -> 22, 240 -> 226, 3 -> 5. Returns the same array when T is already 17n + 5.
     Raises ValueError for an array that is not [T, H, W, 3] with T >= 1."""

@@ -31,7 +31,7 @@ from h3_core import protocol
 
 FORMATS = ("openai", "sglang", "vllm_omni")
 # SGLang's H3 defaults where its request leaves them out: the shifts of the video and audio sigma
-# schedules (h3_spec §3.1)
+# schedules (docs/model.md §3.1)
 SGLANG_FLOW_SHIFT, SGLANG_AUDIO_FLOW_SHIFT = 12.0, 3.0
 SGLANG_FIELDS = ("task", "prompt", "conditions", "target", "seed", "num_inference_steps")
 SGLANG_REFUSED = {  # fields SGLang's H3 refuses, and why

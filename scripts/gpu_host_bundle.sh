@@ -16,7 +16,7 @@
 # export PYTHONPATH=/tmp/site. The stub embeds the host's libpython (libpython3.12.so.1.0 must be
 # on the loader path) and runs the models with the python3 first on PATH, whose site-packages must
 # hold torch, safetensors and transformers; the install script puts numpy 1 and a .pth with this
-# repository's root there (see README.md, "A GPU host without internet").
+# repository's root there (see docs/gpu_host.md §"A GPU host without internet").
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="$(realpath -m "${1:-$ROOT/build/gpu_host_bundle.tar.xz}")"

@@ -323,7 +323,8 @@ def plan(
             EncoderSettings.MODEL,
             "hidden_layer",
             QWEN3VL_H3_LAYER,
-            "H3 conditions on hidden_states[50], the residual stream after Qwen3-VL decoder layer 49 (h3_spec §4.1)",
+            "H3 conditions on hidden_states[50], the residual stream after Qwen3-VL decoder layer 49"
+            " (docs/model.md §4.1)",
         )
     if config == DEMO_CONFIG:  # the demo model's clips last under a second (docs/demo_model.md)
         for key, value in (

@@ -22,13 +22,13 @@ def documents(bounds: list[int]) -> Documents:
 
 
 def strided_qkv(rows=250, seed=0):
-    """q, k, v as strided views of one fused projection [rows, 3, heads, head_dim] (field case C13)."""
+    """q, k, v as strided views of one fused projection [rows, 3, heads, head_dim] (docs/failure_classes.md §C13)."""
     fused = torch.randn(rows, 3, 4, 16, generator=torch.Generator().manual_seed(seed))
     return fused.unbind(1)
 
 
 def reference_attention(q, k, v, bounds):
-    """float64 softmax(q k^T / sqrt(d)) v per document (h3_spec §2.6)."""
+    """float64 softmax(q k^T / sqrt(d)) v per document (docs/model.md §2.6)."""
     out = torch.empty(q.shape, dtype=torch.float64)
     for s, e in itertools.pairwise(bounds):
         qd, kd, vd = (t[s:e].double().transpose(0, 1) for t in (q, k, v))

@@ -21,7 +21,7 @@ USED_ROWS = {128: 125, 256: 251}
 
 
 def tiny_step_flops(rows: int, used: int) -> int:
-    """h3_spec §8 for the tiny DiT (hidden H 96, attention width A 128, MLP F 256, 2 layers):
+    """docs/model.md §8 for the tiny DiT (hidden H 96, attention width A 128, MLP F 256, 2 layers):
     per layer 2 S (4 A H + 3 F H) + 4 U^2 A, plus 2 S 256 H for the patch projections."""
     hidden, attn, ffn, layers = 96, 128, 256, 2
     return layers * (2 * rows * (4 * attn * hidden + 3 * ffn * hidden) + 4 * used**2 * attn) + 2 * rows * 256 * hidden

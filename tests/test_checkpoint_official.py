@@ -27,7 +27,7 @@ def dit():
 
 
 def official_state(dit):
-    """The DiT's weights in the official diffusers layout, spelled out from h3_spec §1.3
+    """The DiT's weights in the official diffusers layout, spelled out from docs/model.md §1.3
     (independently of the loader's rename table)."""
     n = {k: v.clone() for k, v in dit.state_dict().items()}
     state = {
@@ -86,7 +86,7 @@ def assert_same_weights(a, b):
 
 def test_official_names_of_the_full_model_are_the_638_of_the_official_index():
     names = [s for name in H3DiT(get_config("h3"), device="meta").state_dict() for s in official_sources(name)]
-    assert len(names) == len(set(names)) == 638  # h3_spec §1.3
+    assert len(names) == len(set(names)) == 638  # docs/model.md §1.3
     assert "transformer_blocks.49.attn.to_v.weight" in names and "norm_out.linear.bias" in names
     assert official_sources("token_refiner.blocks.1.attn.qkv_proj.weight") == [
         "token_refiner.refiner_blocks.1.attn.to_q.weight",
@@ -184,7 +184,7 @@ def test_native_checkpoint_with_a_misshaped_qkv_names_it(tmp_path, dit):
 
 
 def test_diffusers_config_of_the_full_model_is_the_official_table():
-    assert diffusers_config(get_config("h3")) == {  # h3_spec §1.1, diffusers column
+    assert diffusers_config(get_config("h3")) == {  # docs/model.md §1.1, diffusers column
         "num_layers": 50,
         "num_refiner_layers": 2,
         "hidden_size": 5376,
@@ -236,7 +236,7 @@ def test_official_transformer_round_trip(tmp_path, dit, max_shard_bytes, files):
     folder = save_official_transformer(dit, tmp_path, max_shard_bytes)
     assert folder == tmp_path / "transformer" and sorted(p.name for p in folder.iterdir()) == files
     assert json.loads((folder / "config.json").read_text()) == diffusers_config(dit.cfg)
-    written, spelled_out = official_files(folder), official_state(dit)  # the names and layout of h3_spec §1.3
+    written, spelled_out = official_files(folder), official_state(dit)  # the names and layout of docs/model.md §1.3
     assert_same_weights(dict(sorted(written.items())), dict(sorted(spelled_out.items())))
     assert_same_weights(from_source(tmp_path), dit.state_dict())
     assert_same_weights(from_source(str(tmp_path)), dit.state_dict())

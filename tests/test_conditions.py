@@ -1,4 +1,4 @@
-"""fl2va condition rows in the core: the layout (h3_spec §2.1-2.3, §7.3 golden case), per-row
+"""fl2va condition rows in the core: the layout (docs/model.md §2.1-2.3, §7 golden case), per-row
 timesteps (§1.9), anchors (§3.3), and bitwise parity solo == co-batched == request mode with t2va
 and other fl2va requests of other shapes and step counts."""
 
@@ -23,7 +23,7 @@ FL2VA = L.RequestLayout(4, 2, 4, 6, 3, 64, conditions=(keyframe_block(0),))
 
 
 def test_golden_layout_t2va_vs_fl2va():
-    """h3_spec §7.3: L=4, 2x4x6 latent, T_a=3: S = 64 for both, 12 vs 18 image rows with 6
+    """docs/model.md §7: L=4, 2x4x6 latent, T_a=3: S = 64 for both, 12 vs 18 image rows with 6
     condition rows, 6 audio rows, target video starting at row 10 vs 16."""
     assert (T2VA.seq_len, FL2VA.seq_len) == (64, 64)
     assert (T2VA.image_rows, FL2VA.image_rows, FL2VA.condition_rows) == (12, 18, 6)
@@ -38,7 +38,7 @@ def test_golden_layout_t2va_vs_fl2va():
 
 def test_keyframe_positions_exact_in_float64():
     """First keyframe at t = L_txt, last at L_txt + span(T_lat) - 5/3 (numpy's pairwise float64
-    sum over 5/3 x (1, 4, 4, 4, 4, ...)); h, w = the target's grid (h3_spec §2.3)."""
+    sum over 5/3 x (1, 4, 4, 4, 4, ...)); h, w = the target's grid (docs/model.md §2.3)."""
     both = L.RequestLayout(4, 2, 4, 6, 3, 64, conditions=(keyframe_block(0), keyframe_block(-1)))
     pos = both.position_ids()
     first, last = pos[4:10], pos[10:16]
@@ -58,7 +58,7 @@ def test_keyframe_positions_exact_in_float64():
 
 def test_row_timesteps_and_tags():
     """Condition rows take max(t_video, 0.999), audio rows t_audio, the rest t_video; condition
-    rows and vision tokens are tagged 0 (video), h3_spec §1.9 and §2.2."""
+    rows and vision tokens are tagged 0 (video), docs/model.md §1.9 and §2.2."""
     layout = L.RequestLayout(
         4, 2, 4, 6, 3, 64, conditions=(keyframe_block(0), keyframe_block(-1)), vision_spans=((1, 3),)
     )
@@ -86,7 +86,7 @@ def test_bad_keyframes_are_refused(keyframes, message):
 
 def test_anchor_is_seeded_blend_of_clean_latent_and_noise():
     """anchor = 0.999 c + 0.001 n, n = the first latent frame of randn(1, 24, T_lat + K, Hl, Wl)
-    from a fresh generator seeded with the request's seed, patchified (h3_spec §3.3)."""
+    from a fresh generator seeded with the request's seed, patchified (docs/model.md §3.3)."""
     clean = torch.randn(2, 24, 1, 4, 6, generator=torch.Generator().manual_seed(5))
     conditions = [Condition("keyframe", 0, clean[0]), Condition("keyframe", -1, clean[1])]
     layout = L.make_layout(4, 64, 96, 22, conditions=tuple(c.block() for c in conditions))

@@ -46,8 +46,8 @@ def test_golden_cells(table):
         "0.00",
     ]
     # fp8: 142,629 - 44,847 - 592 (AdaLN table) - 28,804 - 47,984 - 1,302 (graph pool, 4,096 x 62 x 5,376 B)
-    # = 19,100 MiB / (62 x 5,376 B + 12 x 768 B) = 58,470.6 -> 58,432; 3 requests a step of 1.394 + (5.532 - 1.394) x 2 / 3 = 4.153 s: 60 x 3 / (30 x 4.153) = 1.44
-    # a minute
+    # = 19,100 MiB / (62 x 5,376 B + 12 x 768 B) = 58,470.6 -> 58,432; 3 requests a step of 1.394 +
+    # (5.532 - 1.394) x 2 / 3 = 4.153 s: 60 x 3 / (30 x 4.153) = 1.44 a minute
     assert rows["1", "fp8", "**shared** (default)"] == ["1 (GPU 0)", "GPU 0", "58,432 x 1", "58,432", "3 / 12", "1.44"]
     # two H200s in bf16: the encoder and the VAEs on GPU 1, one full instance (60 x 4 / (30 x 6.997) = 1.14)
     assert rows["2", "bf16", "**own** (default)"] == ["1 (GPU 0)", "GPU 1", "65,536 x 1", "65,536", "4 / 12", "1.14"]

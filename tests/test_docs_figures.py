@@ -62,7 +62,7 @@ def test_changed_result_is_detected(copy):
     document["bitwise"]["in_process"]["velocities of one step, (384, 672, 209)"]["max_abs_diff"] = 0.0312
     path.write_text(json.dumps(document))
     diffs = render_docs.stale(copy)
-    assert sorted(diffs) == ["README.md", "docs/multi_gpu.md", "docs/parity.md"]
+    assert sorted(diffs) == ["docs/gpu_host.md", "docs/multi_gpu.md", "docs/parity.md"]
     assert (
         "+differ by up to <!-- generated: h200x2_sequence_parallel max_abs_diff -->0.031" in (diffs["docs/parity.md"])
     )

@@ -1,4 +1,4 @@
-"""The ref2va presentation of the Qwen3-VL text encoder (h3_spec §4.1): reference images, timestamped
+"""The ref2va presentation of the Qwen3-VL text encoder (docs/model.md §4.1): reference images, timestamped
 reference videos and audio labels, on a synthetic official checkpoint's Qwen3-VL
 (h3_core.weights.official_checkpoint: a 52-layer random Qwen3-VL with a one-block vision tower, its
 byte-level tokenizer, a small image processor and video processor)."""

@@ -1,4 +1,4 @@
-"""The fl2va presentation of the Qwen3-VL text encoder (h3_spec §4.1): keyframes seen by the vision
+"""The fl2va presentation of the Qwen3-VL text encoder (docs/model.md §4.1): keyframes seen by the vision
 tower, on a synthetic official checkpoint (h3_core.weights.official_checkpoint: a 52-layer random
 Qwen3-VL with a one-block vision tower, its byte-level tokenizer and a small image processor)."""
 

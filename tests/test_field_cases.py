@@ -1,4 +1,4 @@
-"""The field bug cases of ../shared/docs/field_bug_cases.md against our system, end to end.
+"""The field bug cases of docs/failure_classes.md against our system, end to end.
 
 Elsewhere: C8's "a step slower than Triton's 1 s default is not aborted" in test_faults.py;
 C18 (packed = solo, bitwise) in test_engine.py, test_model.py and test_serving.py; C12 in
@@ -176,7 +176,7 @@ class ShmServer(TritonServer):
 )
 def test_field_case_c5_shared_memory_sizing(tmp_path):
     repo = model_repository_copy(tmp_path / "repo")
-    with ShmServer(repo, free_ports=True, shm_size="64m") as server:  # the size README documents
+    with ShmServer(repo, free_ports=True, shm_size="64m") as server:  # size: docs/operations.md §"Reliability"
         client, outcome = H3Client(server.grpc_url, idle_timeout_s=300), {}
         for thread in [start(client, outcome, i, prompt=f"largest {i}", seed=i, **LARGEST) for i in range(4)]:
             thread.join(300)

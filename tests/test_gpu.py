@@ -1,4 +1,4 @@
-"""On a CUDA device, what the design promises there (docs/parity.md, README "Running on GPUs"):
+"""On a CUDA device, what the design promises there (docs/parity.md, docs/gpu_host.md §"Running on GPUs"):
 
 1. solo == co-batched == request mode, bit for bit, with the DiT as a server builds it on CUDA
    (h3_core.factory.load_engine: cuBLAS workspace off, compiled blocks, CUDA graphs), for the
@@ -46,7 +46,7 @@ WEIGHTS = "random:0"  # seeded random weights drawn on the device at load, as `-
 # that end at different times (the pack shrinks and the others' offsets move), and sigma
 # schedules that differ, so later packs mix timesteps
 REQUESTS = {"a": (64, 96, 22, 4, 1), "b": (32, 64, 5, 3, 2), "c": (128, 192, 22, 5, 3)}
-# fl2va requests (h3_spec §2.1): REQUESTS' shape fields plus their keyframes (first, last or both)
+# fl2va requests (docs/model.md §2.1): REQUESTS' shape fields plus their keyframes (first, last or both)
 FL2VA = {"f": (64, 96, 22, 4, 4, (0,)), "l": (32, 64, 5, 3, 5, (-1,)), "fl": (128, 192, 22, 5, 6, (0, -1))}
 # ref2va requests: REQUESTS' shape fields; their references are REFERENCES' kinds (tests/test_ref2va.py)
 REF2VA = {"r": (64, 96, 22, 4, 7), "rr": (32, 64, 9, 3, 8)}

@@ -10,7 +10,7 @@ from h3_core.model.attention import Documents, check_cu_seqlens
 
 
 def test_shape_math_benchmark_request():
-    # h3_spec §4.4: 672x384, 209 frames, 9 text tokens -> 16,329 used / 16,384 rows.
+    # docs/model.md §4.4: 672x384, 209 frames, 9 text tokens -> 16,329 used / 16,384 rows.
     lay = L.make_layout(9, 384, 672, 209)
     assert (lay.latent_t, lay.latent_h, lay.latent_w, lay.audio_t) == (62, 24, 42, 348)
     assert (lay.video_rows, lay.audio_rows, lay.used, lay.seq_len) == (15624, 696, 16329, 16384)
@@ -24,7 +24,7 @@ def test_frame_alignment_and_latent_counts():
 
 
 def test_tiny_layout_and_seq_len_pinning():
-    lay = L.make_layout(9, 64, 96, 22)  # h3_spec §8 tiny: 9 + 74 + 42 = 125 -> 128
+    lay = L.make_layout(9, 64, 96, 22)  # docs/model.md §8 tiny: 9 + 74 + 42 = 125 -> 128
     assert (lay.used, lay.seq_len) == (125, 128)
     assert L.make_layout(9, 64, 96, 22, seq_len=256).seq_len == 256
     with pytest.raises(ValueError, match="seq_len 100 must be a multiple of 64 and >= 125 used rows"):
@@ -110,7 +110,7 @@ def test_audio_rows_are_channel_major():
 
 
 def test_sigma_schedule_golden():
-    # h3_spec §3.1 example N=6 points = 5 steps in our convention.
+    # docs/model.md §3.1 example N=6 points = 5 steps in our convention.
     assert sigma_schedule(5, 12.0) == pytest.approx([1.0, 0.97959, 0.94737, 0.88889, 0.75, 0.0], abs=1e-5)
     assert sigma_schedule(5, 3.0) == pytest.approx([1.0, 0.92308, 0.81818, 0.66667, 0.42857, 0.0], abs=1e-5)
     assert sigma_schedule(2, 2.0) == pytest.approx([1.0, 2 / 3, 0.0], abs=1e-7)

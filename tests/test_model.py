@@ -39,7 +39,7 @@ T_VIDEO, T_AUDIO, SEEDS = [0.1, 0.5, 0.9], [0.2, 0.6, 0.9], [1, 2, 3]
 
 
 def test_parameter_counts():
-    # h3_spec §1.3 (full model) and §8 (bench: 6.0 B; tiny: 731,824 at text width 64 -> 384 here).
+    # docs/model.md §1.3 (full model) and §8 (bench: 6.0 B; tiny: 731,824 at text width 64 -> 384 here).
     assert sum(p.numel() for p in H3DiT(get_config("h3"), device="meta").parameters()) == 33_122_992_896
     assert sum(p.numel() for p in H3DiT(get_config("bench"), device="meta").parameters()) == 6_008_975_616
     assert sum(p.numel() for p in H3DiT(get_config("tiny")).parameters()) == 731_824 + (384 - 64) * 96

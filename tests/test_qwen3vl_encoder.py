@@ -1,4 +1,4 @@
-"""The Qwen3-VL text encoder of the official checkpoint (h3_spec §4.1), on a tiny random
+"""The Qwen3-VL text encoder of the official checkpoint (docs/model.md §4.1), on a tiny random
 Qwen3-VL and byte-level tokenizer written in the official layout (nothing downloaded)."""
 
 import json

@@ -1,4 +1,4 @@
-"""ref2va in the core: a layout written out by hand from h3_spec §2.1-2.3 (rows, cu_seqlens,
+"""ref2va in the core: a layout written out by hand from docs/model.md §2.1-2.3 (rows, cu_seqlens,
 img_pos / audio_pos, RoPE positions exact in float64 for a guide and image, audio and video
 references), per-row timesteps and tags (§1.9, §2.2), the clean reference-audio rows (§3.3), and
 bitwise parity: ref2va solo == co-batched with t2va and fl2va requests of other shapes == request
@@ -117,7 +117,7 @@ def test_guides_and_keyframes_do_not_mix_and_guides_do_not_repeat():
 
 
 def test_reference_audio_rows_are_its_clean_latent():
-    """noise_aug 1.0: the reference audio rows are its clean latent, channel-major (h3_spec §3.3),
+    """noise_aug 1.0: the reference audio rows are its clean latent, channel-major (docs/model.md §3.3),
     whatever the seed."""
     latent = torch.randn(2, 32, 5, generator=torch.Generator().manual_seed(3))
     conditions = [Condition("audio", 0, None, latent)]

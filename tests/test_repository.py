@@ -155,15 +155,17 @@ def test_gpu_sizing_golden_numbers():
     assert (repository.encoder.cpu_threads, dit.cpu_threads, repository.vae.cpu_threads) == (4, 4, 4)  # 16 / 4
     assert repository.idle_microseconds == 60_000_000
     assert (
-        "GPU 0: 43,008 MiB free - 11,589 MiB DiT weights (quantization none, AdaLN table of 64 values) - 28,804 MiB decode reserve (2 decode "
-        "workers x a 672 x 672 px, 209-frame decode) - 0 MiB text encoder weights (none found in /encoder-5120) - "
+        "GPU 0: 43,008 MiB free - 11,589 MiB DiT weights (quantization none, AdaLN table of 64 values) - "
+        "28,804 MiB decode reserve (2 decode workers x a 672 x 672 px, 209-frame decode) - 0 MiB text encoder "
+        "weights (none found in /encoder-5120) - "
         "1,407 MiB CUDA graph pool (4,096 graphed rows) -> 3,392 rows at 67 bytes per row and unit of hidden_size "
         "5376 (measured on an H200 in bf16, server.sizing) + 9,216 bytes per row of 12 held requests' step caches"
         in repository.notes
     )
     assert (
-        "GPU 1: 43,008 MiB free - 11,589 MiB DiT weights (quantization none, AdaLN table of 64 values) - 1,407 MiB CUDA graph pool (4,096 "
-        "graphed rows) -> 65,536 rows at 67 bytes per row and unit of hidden_size 5376 (measured on an H200 in bf16, "
+        "GPU 1: 43,008 MiB free - 11,589 MiB DiT weights (quantization none, AdaLN table of 64 values) - "
+        "1,407 MiB CUDA graph pool (4,096 graphed rows) -> 65,536 rows at 67 bytes per row and unit of "
+        "hidden_size 5376 (measured on an H200 in bf16, "
         "server.sizing) + 9,216 bytes per row of 12 held requests' step caches" in repository.notes
     )
     # explicit settings win over sizing

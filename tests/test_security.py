@@ -1,5 +1,5 @@
 """Security properties: safetensors only, a per-request memory budget, loopback and no model
-control by default (README "Threat model")."""
+control by default (docs/operations.md §"Threat model")."""
 
 import re
 import shutil

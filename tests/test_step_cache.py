@@ -90,7 +90,7 @@ def test_the_first_and_last_steps_are_computed(engine):
 
 
 def test_k6_the_cache_lives_in_the_request_across_shapes(engine):
-    """field_bug_cases.md K6: 16:9 and 9:16 requests interleaved with caching on and off, two
+    """docs/failure_classes.md §K6: 16:9 and 9:16 requests interleaved with caching on and off, two
     of them with the same seed and shape but different thresholds; each equals its solo run."""
     reqs = [request(64, 96, 5, 0.2), request(96, 64, 6, 0.2), request(64, 96, 5, 0.0), request(96, 64, 6, 0.05)]
     packed = [prepare(engine, req) for req in reqs]
@@ -232,7 +232,7 @@ def test_the_polynomial_is_read_beside_the_weights(tmp_path):
 def test_a_skipped_step_applies_the_euler_update_of_the_last_computed_velocity(engine):
     """Issue 43 item 4, by hand: a skipped step k runs no forward and moves the latents by
     x_{k+1} = x_k + (sigma_k - sigma_{k+1}) v, v the velocity of the last computed step
-    (h3_spec §3.2: sigma falls from 1 to 0 and x moves along +v), in float32."""
+    (docs/model.md §3.2: sigma falls from 1 to 0 and x moves along +v), in float32."""
     state = prepare(engine, request(threshold=0.5, steps=6))
     forwards, computed, checked = [], None, 0  # forwards: states of each forward that ran
     forward = engine.forward

@@ -2,7 +2,7 @@
 
 A Condition holds one condition block's clean normalised latents, as the encoders made them
 (h3_encoder: h3_core.serving.conditioning). `condition_rows` turns a request's conditions into
-the fixed rows the DiT sees beside the noisy target rows (h3_spec §3.3): visual conditions an
+the fixed rows the DiT sees beside the noisy target rows (docs/model.md §3.3): visual conditions an
 anchor 0.999 x clean + 0.001 x noise seeded by the request's seed, reference audio its clean rows
 (noise_aug 1.0). The sampler never updates them.
 """
@@ -14,7 +14,7 @@ import torch
 from ..config import AUDIO_LATENT_CHANNELS, VIDEO_LATENT_CHANNELS, VIDEO_ROW_WIDTH
 from . import layout as L
 
-CONDITION_AUG = 0.999  # visual anchor = a x clean + (1 - a) x noise (h3_spec §3.3)
+CONDITION_AUG = 0.999  # visual anchor = a x clean + (1 - a) x noise (docs/model.md §3.3)
 AUDIO_CONDITION_AUG = 1.0  # reference audio: its clean rows unchanged
 
 
@@ -63,7 +63,7 @@ class Condition:
 def condition_rows(
     conditions: list[Condition], layout: L.RequestLayout, seed: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fixed rows of a request's condition blocks, on the CPU (h3_spec §3.3):
+    """The fixed rows of a request's condition blocks, on the CPU (docs/model.md §3.3):
     (video float32 [layout.condition_video_rows, 96], audio float32 [layout.condition_audio_rows, 32]),
     in the layout's block order (`conditions` must be in it: L.order_conditions).
 

@@ -1,4 +1,4 @@
-"""The step-execution contract (h3_spec §5): prepare -> denoise_step(states) -> update -> decode.
+"""The step-execution contract (docs/model.md §5): prepare -> denoise_step(states) -> update -> decode.
 
 Request mode (`Engine.generate`) is the same four functions driven to completion for one
 request, so request mode, solo step mode and co-batched step mode run identical arithmetic.
@@ -31,11 +31,11 @@ DEFAULT_LIMITS = RequestLimits()  # the shipped CPU repository's limits
 
 @dataclass(eq=False)  # a state is itself: compared by identity (its fields hold tensors)
 class RequestState:
-    """Everything request-specific between steps (h3_spec §5.6).
+    """Everything request-specific between steps (docs/model.md §5.6).
 
     video_latents: float32 [V, 96] target video rows; audio_latents: float32 [2*T_a, 32] audio
     rows (channel-major); text_embeds: [L, text_dim]; condition_video: float32 [C_v, 96] and
-    condition_audio: float32 [C_a, 32], the condition blocks' fixed rows (h3_spec §3.3; empty for
+    condition_audio: float32 [C_a, 32], the condition blocks' fixed rows (docs/model.md §3.3; empty for
     t2va; h3_core.diffusion.conditions.condition_rows), the same for the whole request (the Euler
     update never touches them, so they are "re-pinned" after every step by construction);
     all on the engine's device from prepare() on (the Euler update runs there; they reach the
@@ -85,7 +85,7 @@ class RequestState:
 
 def initial_noise(layout: L.RequestLayout, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Initial video rows [V, 96] and audio rows [2*T_a, 32], float32, each from its own CPU
-    generator seeded with `seed` (h3_spec §3.5)."""
+    generator seeded with `seed` (docs/model.md §3.5)."""
     video_gen = torch.Generator("cpu").manual_seed(seed)
     latent = torch.randn(
         1, VIDEO_LATENT_CHANNELS, layout.latent_t, layout.latent_h, layout.latent_w, generator=video_gen
@@ -174,7 +174,7 @@ class Engine:
 
         text_embeds: float32 [L, text_dim] on any device; None encodes request.prompt with the
         engine's encoder. conditions: the request's keyframes, guides and references with their
-        clean latents (Condition; any order: they are placed as h3_spec §2.1 says); () for t2va.
+        clean latents (Condition; any order: they are placed as docs/model.md §2.1 says); () for t2va.
         vision_spans: [start, end) rows of text_embeds that are vision tokens (RequestLayout).
         Raises ValueError naming the field (see validate_request; the task against the
         conditions' kinds, check_task; a condition's latents, Condition.block and
@@ -306,7 +306,7 @@ class Engine:
 
     @staticmethod
     def update(state: RequestState, velocity: tuple[torch.Tensor, torch.Tensor]) -> None:
-        """Advance `state` one Euler step with its (video, audio) velocity (h3_spec §3.2), on the
+        """Advance `state` one Euler step with its (video, audio) velocity (docs/model.md §3.2), on the
         device of the state's latents (the velocities must be there: denoise_step's are). With
         its step cache on, a computed step's velocity is kept (a copy) for the steps it skips,
         and a skipped step is counted (StepCache.skipped)."""
@@ -325,7 +325,7 @@ class Engine:
 
     def preview_frame(self, state: RequestState, video_velocity: torch.Tensor) -> torch.Tensor:
         """A cheap preview of the current clean estimate (no VAE call): the middle latent frame of
-        x0_hat = x_t + sigma * v (h3_spec §3.2), mapped to RGB by the engine's PreviewMap (a p x p
+        x0_hat = x_t + sigma * v (docs/model.md §3.2), mapped to RGB by the engine's PreviewMap (a p x p
         patch per latent cell, from its neighbourhood), computed on the latents' device.
         video_velocity: float32 [V, 96] of this step, on that device. Returns uint8
         [Hl * p, Wl * p, 3] on the CPU (p = self.preview.patch; 1 for RANDOM_PREVIEW: latent

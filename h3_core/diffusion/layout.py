@@ -1,16 +1,16 @@
 """Packed variable-length layout: one request's rows and the batched packing of N requests.
 
 One request occupies [ text L | condition blocks | audio 2*T_a | video V | padding to a multiple
-of 64 ] rows (h3_spec §2.1). t2va has no condition blocks. fl2va has one keyframe block per
+of 64 ] rows (docs/model.md §2.1). t2va has no condition blocks. fl2va has one keyframe block per
 keyframe (one latent frame at the target's spatial grid, its first or last frame). ref2va has
 [ guide blocks | reference blocks in request order ]: guides are one latent frame at the target's
 grid at a given frame; references are an image (one latent frame at its own grid), audio (2 x T_ref
 rows), a video or a video with its audio (audio rows, then video rows). Condition rows are rows
-the sampler never updates: they hold their anchor at every step (h3_spec §3.3); visual condition
+the sampler never updates: they hold their anchor at every step (docs/model.md §3.3); visual condition
 rows take the timestep max(t_video, CONDITION_TIMESTEP), reference audio rows
-max(t_audio, AUDIO_CONDITION_TIMESTEP) = 1 (h3_spec §1.9). A batch concatenates requests in batch
+max(t_audio, AUDIO_CONDITION_TIMESTEP) = 1 (docs/model.md §1.9). A batch concatenates requests in batch
 order, each keeping its own padded length, so every request starts at a multiple of 64 rows and
-attention documents never cross requests (h3_spec §2.5). Shape math follows h3_spec §4.
+attention documents never cross requests (docs/model.md §2.5). Shape math follows docs/model.md §4.
 """
 
 import dataclasses
@@ -35,17 +35,17 @@ from ..model.packed import PackedBatch
 from ..protocol import FIRST_FRAME, LAST_FRAME
 
 FRAME_TIME = 5.0 / 3.0  # RoPE time units per video frame: one unit = one 40 Hz audio latent
-SPATIAL_EXTENT = 32.0  # RoPE spatial coordinates span about this range (h3_spec §2.3)
+SPATIAL_EXTENT = 32.0  # RoPE spatial coordinates span about this range (docs/model.md §2.3)
 
 TAG_PAD, TAG_VIDEO, TAG_TEXT, TAG_AUDIO = -1, 0, 1, 2  # token tags; also the AdaLN modality
-CONDITION_TIMESTEP = 0.999  # visual condition rows' timestep is max(t_video, this) (h3_spec §1.9)
+CONDITION_TIMESTEP = 0.999  # visual condition rows' timestep is max(t_video, this) (docs/model.md §1.9)
 AUDIO_CONDITION_TIMESTEP = 1.0  # reference audio rows' timestep is max(t_audio, this)
 TIMELINE_KINDS = ("keyframe", "guide")  # condition blocks at the target's grid and timeline
 REFERENCE_KINDS = ("image", "audio", "video", "video_audio")  # blocks that advance the target origin
 
 
 def spatial_grid(latent_h: int, latent_w: int) -> tuple[list[float], list[float]]:
-    """RoPE h and w coordinates of a latent's patch grid (h3_spec §2.3), fp64 Python floats: for an
+    """RoPE h and w coordinates of a latent's patch grid (docs/model.md §2.3), fp64 Python floats: for an
     axis of D latents, ratio = D / sqrt(Hl x Wl), coordinates 32 x (left + ratio x i / (D/2)),
     left = (1 - ratio) / 2."""
     area = math.sqrt(latent_h * latent_w)
@@ -77,7 +77,7 @@ def span(latent_t: int) -> float:
 
 @dataclass(frozen=True)
 class ConditionBlock:
-    """One condition block of a request's rows (h3_spec §2.1), hashable.
+    """One condition block of a request's rows (docs/model.md §2.1), hashable.
 
     kind: one of h3_core.protocol.CONDITION_KINDS. Visual kinds (keyframe, guide, image, video,
     video_audio) have latent_t x (latent_h/2) x (latent_w/2) video rows (keyframes and guides one
@@ -105,7 +105,7 @@ class ConditionBlock:
         return self.audio_rows + self.video_rows
 
     def advance(self) -> float:
-        """How far a reference moves the target origin (h3_spec §2.3): image 1, audio T_ref, video
+        """How far a reference moves the target origin (docs/model.md §2.3): image 1, audio T_ref, video
         span(T_lat), video with audio max(T_ref, span); keyframes and guides 0."""
         if self.kind == "image":
             return 1.0
@@ -123,7 +123,7 @@ class RequestLayout:
     All counts are rows. `seq_len` is the padded length (a multiple of 64, >= used). `conditions`:
     the condition blocks in row order (() for t2va; make_layout orders them). `vision_spans`:
     [start, end) text rows that are vision tokens of the text encoder's presentation (token tag
-    0, h3_spec §2.2; () with a text-only encoder).
+    0, docs/model.md §2.2; () with a text-only encoder).
     """
 
     text_len: int
@@ -188,21 +188,21 @@ class RequestLayout:
 
     @property
     def origin(self) -> float:
-        """RoPE time where the targets start: text_len, advanced by every reference (h3_spec §2.3)."""
+        """RoPE time where the targets start: text_len, advanced by every reference (docs/model.md §2.3)."""
         origin = float(self.text_len)
         for block in self.conditions:
             origin += block.advance()
         return origin
 
     def keyframe_time(self, frame: int) -> float:
-        """RoPE time of a keyframe (h3_spec §2.3): the origin for FIRST_FRAME; for LAST_FRAME the
+        """RoPE time of a keyframe (docs/model.md §2.3): the origin for FIRST_FRAME; for LAST_FRAME the
         last frame's, origin + span(T_lat) - 5/3."""
         if frame == FIRST_FRAME:
             return self.origin
         return self.origin + span(self.latent_t) - FRAME_TIME
 
     def spatial_grid(self) -> tuple[list[float], list[float]]:
-        """RoPE h and w coordinates of the target's patch grid (h3_spec §2.3)."""
+        """RoPE h and w coordinates of the target's patch grid (docs/model.md §2.3)."""
         return spatial_grid(self.latent_h, self.latent_w)
 
     def video_times(self) -> list[float]:
@@ -218,7 +218,7 @@ class RequestLayout:
         return placed
 
     def position_ids(self) -> torch.Tensor:
-        """RoPE coordinates (t, h, w) of every row, float64 [seq_len, 3] (h3_spec §2.3).
+        """RoPE coordinates (t, h, w) of every row, float64 [seq_len, 3] (docs/model.md §2.3).
 
         Text row i: (i, 0, 0). Audio channel c, latent tau at origin o with grid w: (o + tau, 0,
         w[0] for c = 0 or w[-1] for c = 1). Video latents at origin o: (o + latent time, h grid,
@@ -247,7 +247,7 @@ class RequestLayout:
         return pos
 
     def token_tags(self) -> torch.Tensor:
-        """Row modality tags, int64 [seq_len] (h3_spec §2.2): -1 padding, 0 video (condition and
+        """Row modality tags, int64 [seq_len] (docs/model.md §2.2): -1 padding, 0 video (condition and
         target rows, and the text encoder's vision tokens), 1 text, 2 audio (condition and target)."""
         tags = torch.full((self.seq_len,), TAG_PAD, dtype=torch.int64)
         tags[: self.text_len] = TAG_TEXT
@@ -261,7 +261,7 @@ class RequestLayout:
         return tags
 
     def row_timesteps(self, t_video: float, t_audio: float) -> torch.Tensor:
-        """Each row's model timestep, float32 [seq_len] (h3_spec §1.9): t_video for every row,
+        """Each row's model timestep, float32 [seq_len] (docs/model.md §1.9): t_video for every row,
         then max(t_video, CONDITION_TIMESTEP) on condition video rows,
         max(t_audio, AUDIO_CONDITION_TIMESTEP) on condition audio rows, t_audio on audio rows."""
         rows = torch.full((self.seq_len,), t_video, dtype=torch.float32)
@@ -273,13 +273,13 @@ class RequestLayout:
 
     def video_row_index(self) -> torch.Tensor:
         """The rows of the DiT's video tokens, int64 [image_rows]: condition video rows in block
-        order, then target video rows (h3_spec's img_pos)."""
+        order, then target video rows (docs/model.md §2.2's img_pos)."""
         parts = [torch.arange(row + b.audio_rows, row + b.rows) for b, row in self.blocks()]
         return torch.cat([*parts, torch.arange(self.video_start, self.used)])
 
     def audio_row_index(self) -> torch.Tensor:
         """The rows of the DiT's audio tokens, int64 [all_audio_rows]: condition audio rows in
-        block order, then target audio rows (h3_spec's audio_pos)."""
+        block order, then target audio rows (docs/model.md §2.2's audio_pos)."""
         parts = [torch.arange(row, row + b.audio_rows) for b, row in self.blocks()]
         return torch.cat([*parts, torch.arange(self.audio_start, self.video_start)])
 
@@ -304,7 +304,7 @@ def _place_video(pos: torch.Tensor, row: int, times: list[float], grid: tuple[li
 
 
 def order_conditions(conditions) -> tuple[ConditionBlock, ...]:
-    """The blocks in row order (h3_spec §2.1): keyframes (first frame, then last), guides, then
+    """The blocks in row order (docs/model.md §2.1): keyframes (first frame, then last), guides, then
     references, each group in the given order."""
     keyframes = sorted((b for b in conditions if b.kind == "keyframe"), key=lambda b: b.frame != FIRST_FRAME)
     guides = [b for b in conditions if b.kind == "guide"]
@@ -328,7 +328,7 @@ def make_layout(
     >= used); None pads to the next multiple of 64. conditions: the request's condition blocks
     (check_conditions' rules; placed in order_conditions' order); vision_spans: see RequestLayout.
 
-    672x384, 209 frames, 9 text tokens -> used 16,329, seq_len 16,384 (h3_spec §4.4).
+    672x384, 209 frames, 9 text tokens -> used 16,329, seq_len 16,384 (docs/model.md §4.4).
 
     Raises ValueError when seq_len is not a multiple of 64 or is below the used rows, for a vision
     span outside 0..text_len or empty, and as check_conditions.
@@ -411,7 +411,7 @@ def _even(block: ConditionBlock) -> bool:
 
 def patchify_video(latent: torch.Tensor) -> torch.Tensor:
     """Video latent [24, T, Hl, Wl] -> rows [T*(Hl/2)*(Wl/2), 96], t-major then h then w;
-    feature index = channel*4 + ph*2 + pw (h3_spec §1.8)."""
+    feature index = channel*4 + ph*2 + pw (docs/model.md §1.8)."""
     c, t, hl, wl = latent.shape
     x = latent.reshape(c, t, hl // PATCH, PATCH, wl // PATCH, PATCH)
     return x.permute(1, 2, 4, 0, 3, 5).reshape(t * (hl // PATCH) * (wl // PATCH), c * PATCH * PATCH)
@@ -425,7 +425,7 @@ def unpatchify_video(rows: torch.Tensor, layout: RequestLayout) -> torch.Tensor:
 
 
 def audio_rows_to_latent(rows: torch.Tensor, layout: RequestLayout) -> torch.Tensor:
-    """Channel-major audio rows [2*T_a, 32] -> audio VAE latent [2, 32, T_a] (h3_spec §1.8)."""
+    """Channel-major audio rows [2*T_a, 32] -> audio VAE latent [2, 32, T_a] (docs/model.md §1.8)."""
     return rows.reshape(AUDIO_CHANNELS, layout.audio_t, -1).permute(0, 2, 1)
 
 
@@ -444,9 +444,9 @@ def pack_requests(layouts: list[RequestLayout], t_video: list[float], t_audio: l
     """Pack N requests (batch order kept) for one forward at per-request timesteps.
 
     t_video / t_audio: each request's model timestep t = 1 - sigma for its video and audio
-    rows; each row's timestep is RequestLayout.row_timesteps' (h3_spec §1.9). Unique timesteps
+    rows; each row's timestep is RequestLayout.row_timesteps' (docs/model.md §1.9). Unique timesteps
     are taken over the whole batch (torch.unique, sorted) with per-row inverse indices. The
-    video rows of a request are its condition video rows, then its target rows (h3_spec's
+    video rows of a request are its condition video rows, then its target rows (docs/model.md's
     img_pos); its audio rows likewise (audio_pos).
     """
     offsets, blocks, refiner_blocks = [], [], []

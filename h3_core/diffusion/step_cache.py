@@ -15,7 +15,7 @@ polynomial (numpy.polyval coefficients, highest power first) maps the input's re
 the estimated relative change of the model's output (fitted per model, benchmarks/cache_quality.py
 --fit; CACHE_FILE beside the weights; IDENTITY_POLYNOMIAL where the weights have none). While
 accumulated < threshold the step is skipped; otherwise it is computed and accumulated restarts at 0.
-All of it lives in the request's StepCache (field_bug_cases.md K6: nothing is kept per model).
+All of it lives in the request's StepCache (docs/failure_classes.md §K6: nothing is kept per model).
 
 Memory: the cache keeps only what the decision needs between steps, the last planned step's
 latents and timesteps (`inputs`, [V, 96] + [2*T_a, 32] float32) and the last computed velocity

@@ -1,4 +1,4 @@
-"""Variable-length attention backends behind one `cu_seqlens` interface (h3_spec §1.4, §2.6).
+"""Variable-length attention backends behind one `cu_seqlens` interface (docs/model.md §1.4, §2.6).
 
 A backend computes, for every document [s, e) of a pack's `Documents` independently,
 out[s:e] = softmax(q[s:e] k[s:e]^T / sqrt(head_dim)) v[s:e] (non-causal). No backend ever lets
@@ -31,7 +31,7 @@ def check_cu_seqlens(cu_seqlens: torch.Tensor, total_rows: int) -> list[int]:
     """Validate document boundaries and return them as Python ints.
 
     Raises ValueError unless cu_seqlens is a 1-D int32 tensor starting at 0, strictly
-    increasing (no empty documents) and ending at total_rows (field case C12).
+    increasing (no empty documents) and ending at total_rows (docs/failure_classes.md §C12).
     """
     if cu_seqlens.dim() != 1 or cu_seqlens.dtype != torch.int32:
         raise ValueError(f"cu_seqlens must be 1-D int32, got {cu_seqlens.dtype} {tuple(cu_seqlens.shape)}")

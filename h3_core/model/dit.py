@@ -1,4 +1,4 @@
-"""The H3 diffusion transformer (h3_spec §1): one module, config-driven, nanoGPT style.
+"""The H3 diffusion transformer (docs/model.md §1): one module, config-driven, nanoGPT style.
 
 Dataflow of `H3DiT.forward` for a PackedBatch of N requests (rows S = sum of padded lengths):
 video rows -> video_patch_proj (fp32), audio rows -> audio_patch_proj (fp32), text ->
@@ -48,7 +48,7 @@ def use_bitwise_cublas() -> None:
 class Linear(nn.Linear):
     """nn.Linear that, when `row_tile` > 0, multiplies in GEMM calls of exactly `row_tile` rows
     (the last tile zero-padded), so every call has one shape and a row's result does not depend
-    on how many rows share the forward (h3_spec §3.5 (3)). One-row inputs run as one call.
+    on how many rows share the forward (docs/model.md §3.5 (3)). One-row inputs run as one call.
     x: [rows, in_features] -> [rows, out_features] in x's dtype. Subclasses change the GEMM
     (`gemm`; h3_core.model.fp8.Fp8Linear), not the tiling."""
 
@@ -70,7 +70,7 @@ class Linear(nn.Linear):
 
 class RMSNorm(nn.Module):
     """y = w * x / sqrt(mean(x^2) + eps): normalise in fp32, multiply by the fp32 weight, cast
-    back to x's dtype (h3_spec §1.4). Works on the last dim of any shape."""
+    back to x's dtype (docs/model.md §1.4). Works on the last dim of any shape."""
 
     def __init__(self, dim: int, eps: float, dtype: torch.dtype):
         super().__init__()
@@ -124,7 +124,7 @@ class MLP(nn.Module):
 
 
 def residual(x: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
-    """x + update computed in fp32 and rounded to x's dtype (h3_spec §1.6)."""
+    """x + update computed in fp32 and rounded to x's dtype (docs/model.md §1.6)."""
     return (x.float() + update.float()).to(x.dtype)
 
 
@@ -159,7 +159,7 @@ class TokenRefiner(nn.Module):
 
 class TimeEmbedder(nn.Module):
     """t in [0, 1] -> sinusoid [cos(t f) | sin(t f)] (f_j = 10000^(-j/(D/2))) -> proj_in -> SiLU
-    -> proj_out, all fp32 (h3_spec §1.6). Input float32 [1]; output float32 [1, time_embed_dim]."""
+    -> proj_out, all fp32 (docs/model.md §1.6). Input float32 [1]; output float32 [1, time_embed_dim]."""
 
     def __init__(self, cfg: DiTConfig):
         super().__init__()
@@ -195,7 +195,7 @@ class AdaLNProj(nn.Module):
 
 
 class DiTBlock(nn.Module):
-    """AdaLN block (h3_spec §1.6): modulation row c = unique_index * 3 + modality.
+    """AdaLN block (docs/model.md §1.6): modulation row c = unique_index * 3 + modality.
 
     h = norm1(x)(1 + scale_msa[c]) + shift_msa[c]; x += gate_msa[c] * attn(h);
     h = norm2(x)(1 + scale_mlp[c]) + shift_mlp[c]; x += gate_mlp[c] * mlp(h).
@@ -286,7 +286,7 @@ class Embedded:
 
 
 class H3DiT(nn.Module):
-    """The H3 DiT. Parameter names are the native (vllm-omni) names of h3_spec §1.3.
+    """The H3 DiT. Parameter names are the native (vllm-omni) names of docs/model.md §1.3.
 
     Args:
         cfg: sizes (config.CONFIGS).

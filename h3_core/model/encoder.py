@@ -1,4 +1,4 @@
-"""Text encoder (h3_spec §4.1): prompt -> token hidden states [L, width] for the DiT.
+"""Text encoder (docs/model.md §4.1): prompt -> token hidden states [L, width] for the DiT.
 
 Two kinds of encoder folder are served, told apart by the `model_type` of their config.json:
 
@@ -35,7 +35,7 @@ from h3_core.model.presentation import load_image_processor, load_video_processo
 from h3_core.protocol import check_prompt
 
 QWEN3VL = "qwen3_vl"
-QWEN3VL_H3_LAYER = 50  # h3_spec §4.1: H3 conditions on hidden_states[50]
+QWEN3VL_H3_LAYER = 50  # docs/model.md §4.1: H3 conditions on hidden_states[50]
 QWEN3VL_PREFIX = "model."  # Qwen3VLModel's tensors in a Qwen3-VL (ForConditionalGeneration) checkpoint
 QWEN3VL_TEXT_PREFIX = QWEN3VL_PREFIX + "language_model."  # the text decoder's
 QWEN3VL_VISION_PREFIX = QWEN3VL_PREFIX + "visual."  # the vision tower's (with its DeepStack mergers)
@@ -170,7 +170,7 @@ def load_qwen3vl(folder: Path, num_layers: int, device: str | torch.device, seed
     whose text decoder is cut to its first `num_layers` decoder layers, in eval mode on `device`,
     in the checkpoint's dtype (config.json's; bf16 for MiniMax-H3). Its language_model's final
     norm is replaced by the identity, so language_model's (and the whole model's)
-    last_hidden_state is the residual stream after layer num_layers - 1 (h3_spec §4.1).
+    last_hidden_state is the residual stream after layer num_layers - 1 (docs/model.md §4.1).
     (hidden_states[-1] cannot be used: transformers puts the final norm into the last entry, so a
     cut model's last entry is not the full model's hidden_states[num_layers].) With seed None only
     the tensors qwen3vl_keeps names are read; with a seed no weights file is read: the cut model's
@@ -313,7 +313,7 @@ class TextEncoder:
         return output.last_hidden_state[0].float()
 
     def encode_presentation(self, prompt: str, images: list[np.ndarray]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
-        """The fl2va presentation of `prompt` with its keyframes (h3_spec §4.1): (token hidden
+        """The fl2va presentation of `prompt` with its keyframes (docs/model.md §4.1): (token hidden
         states float32 [L, width] on the model's device, the [start, end) token ranges of its
         vision blocks, one per keyframe in order; the DiT tags those tokens 0).
 
@@ -357,7 +357,7 @@ class TextEncoder:
         audio_count: int,
         order: list[str] | None = None,
     ) -> tuple[torch.Tensor, list[tuple[int, int]]]:
-        """The ref2va presentation of `prompt` with its references (h3_spec §4.1, §2.2): (token
+        """The ref2va presentation of `prompt` with its references (docs/model.md §4.1, §2.2): (token
         hidden states float32 [L, width] on the model's device, the [start, end) token ranges of
         its vision blocks; the DiT tags those tokens 0).
 

@@ -9,7 +9,7 @@ weight W [out, in] -> s_w[j] = max_k |W[j, k]| / 448, W8 = e4m3(W / s_w); activa
 -> s_x[i] = max_k |x[i, k]| / 448, x8 = e4m3(x / s_x); y[i, j] = s_x[i] s_w[j] sum_k x8[i, k] W8[j, k].
 448 is e4m3's largest finite value.
 
-Batch invariance (ARCHITECTURE principle 8): s_x of a row depends on that row alone, and the
+Batch invariance (docs/principles.md §8): s_x of a row depends on that row alone, and the
 GEMM runs on whole packs like the bf16 ones (row tiles on the CPU, one call per linear on CUDA
 with the cuBLAS workspace off), so a row's result does not depend on the pack (checked on the
 H200 by benchmarks/batch_invariance.py and tests/test_gpu.py, on the CPU by tests/test_fp8.py).

@@ -36,7 +36,7 @@ def init_weights(module: nn.Module, seed: int) -> None:
     Matrices and convolution kernels (dim >= 2) get N(0, 1/fan_in) (fan_in = numel / out
     features), so activations stay O(1) at every width; norm weights (names containing "norm")
     get 1; other vectors (biases) get N(0, 0.02^2). Nothing is zero, so outputs depend on the
-    timestep and the modality (h3_spec §1.6, §8); norm biases are treated like other biases. The
+    timestep and the modality (docs/model.md §1.6, §8); norm biases are treated like other biases. The
     random numbers come from one torch.Generator on the parameters' device (CPU values differ from CUDA values).
     drawn_values draws the same numbers one tensor at a time.
     """

@@ -1,4 +1,4 @@
-"""PackedBatch: the row description of N requests packed into one DiT forward (h3_spec §2.5).
+"""PackedBatch: the row description of N requests packed into one DiT forward (docs/model.md §2.5).
 
 h3_core.diffusion.layout.pack_requests builds it; H3DiT.forward and the sequence-parallel ranks read it.
 """
@@ -10,7 +10,7 @@ import torch
 
 @dataclass
 class PackedBatch:
-    """N requests packed into one sequence for one DiT forward (h3_spec §2.5).
+    """N requests packed into one sequence for one DiT forward (docs/model.md §2.5).
 
     Row index tensors are int64 on the CPU and list rows of the packed sequence in request
     order. The text refiner runs on its own sequence in which each request's text block is

@@ -1,4 +1,4 @@
-"""The Qwen3-VL presentation of a prompt with its visual conditions (h3_spec §4.1, §2.2): the token
+"""The Qwen3-VL presentation of a prompt with its visual conditions (docs/model.md §4.1, §2.2): the token
 ids the text encoder runs, the token spans of its vision blocks (the DiT tags them 0) and the
 vision tower's inputs.
 
@@ -11,7 +11,7 @@ reference images, videos, audio clips), each kind numbered from 1, then the prom
     <Audio 1>:                                                         one per audio clip
     prompt
 
-The official presentation is not in public code: the picture labels follow h3_spec §4.1; the video
+The official presentation is not in public code: the picture labels follow docs/model.md §4.1; the video
 and audio labels are written like them (assumed). A video's block is what transformers' Qwen3-VL
 processor writes for a video (Qwen3VLProcessor.replace_video_token, transformers 5.24): for each
 of its grid_t temporal patch groups the group's timestamp "<t seconds>" (one decimal) and a vision
@@ -41,7 +41,7 @@ from h3_core.protocol import VIDEO_FPS, check_prompt
 
 IMAGE_PROCESSOR_FILE = "preprocessor_config.json"  # Qwen3-VL's image processor settings, beside config.json
 VIDEO_PROCESSOR_FILE = "video_preprocessor_config.json"  # its video processor settings, beside config.json
-PICTURE_LABEL = "<Picture {}>: "  # h3_spec §4.1: the text before image i's vision block (1-based)
+PICTURE_LABEL = "<Picture {}>: "  # docs/model.md §4.1: the text before image i's vision block (1-based)
 VIDEO_LABEL = "<Video {}>: "  # the text before video j's timestamped blocks (1-based; assumed, module docstring)
 AUDIO_LABEL = "<Audio {}>: "  # an audio clip's whole presentation (1-based; assumed, module docstring)
 TIMESTAMP = "<{:.1f} seconds>"  # before each temporal patch group of a video (Qwen3VLProcessor.replace_video_token)

@@ -1,4 +1,4 @@
-"""3-axis half-split rotary position embedding (h3_spec §1.5)."""
+"""3-axis half-split rotary position embedding (docs/model.md §1.5)."""
 
 import torch
 

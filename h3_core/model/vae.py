@@ -1,4 +1,4 @@
-"""Video and audio VAEs (h3_spec §4.2, §4.3): small trainable convolutional autoencoders.
+"""Video and audio VAEs (docs/model.md §4.2, §4.3): small trainable convolutional autoencoders.
 
 They honour the H3 media contracts, so every latent the DiT sees has the real shape:
 
@@ -146,7 +146,7 @@ def check_audio_latent(latent: torch.Tensor) -> None:
 
 def frames_to_uint8(frames: torch.Tensor) -> torch.Tensor:
     """Decoded frames in [-1, 1] (any shape, channels last) -> uint8 in [0, 255]: clamp((x + 1) / 2,
-    0, 1) x 255, rounded (h3_spec §4.2)."""
+    0, 1) x 255, rounded (docs/model.md §4.2)."""
     return ((frames + 1.0) * 0.5).clamp(0.0, 1.0).mul(255.0).round().to(torch.uint8).contiguous()
 
 
@@ -277,8 +277,8 @@ KEYFRAME_CLIP_FRAMES = 5  # the shortest clip the video VAE takes (17 x 0 + 5 fr
 
 def keyframe_latent(video_vae, image: torch.Tensor) -> torch.Tensor:
     """The clean normalised latent of a keyframe, float32 [24, H/16, W/16] on the VAE's device
-    (h3_spec §3.3): the still repeated over KEYFRAME_CLIP_FRAMES frames, encoded, latent 0 kept
-    (latent 0 covers frame 0 alone, h3_spec §4.2). `video_vae`: a VideoVAE or the official VAE
+    (docs/model.md §3.3): the still repeated over KEYFRAME_CLIP_FRAMES frames, encoded, latent 0 kept
+    (latent 0 covers frame 0 alone, docs/model.md §4.2). `video_vae`: a VideoVAE or the official VAE
     hook's (same `encode`, deterministic: no posterior sample, so the reference's fixed encode
     seed 42 has nothing to seed). image: uint8 [H, W, 3] RGB, H and W multiples of 16 (the
     canvas). Raises ValueError as VideoVAE.encode for a wrong dtype or shape."""

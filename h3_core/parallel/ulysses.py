@@ -1,9 +1,9 @@
 """Ulysses sequence parallelism inside one packed DiT forward: how a pack's rows are split over
-sp_degree ranks and what one rank computes (h3_spec §1.2, §2.5-2.6, §5.3; the worker processes
+sp_degree ranks and what one rank computes (docs/model.md §1.2, §2.5-2.6, §5.3; the worker processes
 that run it: h3_core.parallel.workers).
 
 The split. A pack holds S rows, S a multiple of 64 (every request is padded to a multiple of
-ROW_ALIGN, h3_spec §2.1). Rank r of sp holds the rows [r x share, (r + 1) x share), share = S / sp
+ROW_ALIGN, docs/model.md §2.1). Rank r of sp holds the rows [r x share, (r + 1) x share), share = S / sp
 rounded up to a multiple of 64 (`Shares`); the pack is padded with zero rows to sp x share, so a
 last share may be part padding or all padding (an "empty" tail share). Documents (requests) are
 cut wherever the boundaries fall: a rank may hold several small documents, part of one, or parts

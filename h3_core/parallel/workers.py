@@ -1,5 +1,5 @@
 """Sequence parallelism: one packed DiT forward over sp_degree devices (Ulysses), run by worker
-processes that one DiT instance starts and supervises (issue 17; h3_spec §1.2, §2.5-2.6, §5.3).
+processes that one DiT instance starts and supervises (issue 17; docs/model.md §1.2, §2.5-2.6, §5.3).
 The split of a pack and one rank's step: h3_core.parallel.ulysses; what crosses between the
 processes: h3_core.parallel.exchange; the processes: here.
 

@@ -7,7 +7,7 @@ jobs this step advances (the pack). A job left out of the pack is preempted: its
 the job and it resumes at the same step later. The policies (docs/scheduling.md compares them):
 
 - `request`: the oldest job alone until it finishes (run to completion, equal to request mode).
-- `fifo`: the reference (h3_spec §5.7): admit in arrival order while the pack fits max_num_seqs
+- `fifo`: the reference (docs/model.md §5.7): admit in arrival order while the pack fits max_num_seqs
   and max_batch_rows, stopping at the first job that does not fit; every admitted job advances
   every step (processor sharing). The admitted jobs are always the oldest ones, so the pack is
   recomputed from arrival order at every boundary.

@@ -42,7 +42,7 @@ from pathlib import Path
 from .scheduler import DEFAULT_POLICY, POLICIES, Job, Scheduler
 
 ROOT_RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"  # benchmark results files
-LARGE_ROWS = 16_384  # 672x384, 4 s at 24 fps (h3_spec §4.4)
+LARGE_ROWS = 16_384  # 672x384, 4 s at 24 fps (docs/model.md §4.4)
 SMALL_ROWS = 1_280
 
 
@@ -74,9 +74,9 @@ class CostModel:
         return self.c0 + self.c1 * rows
 
 
-# The reference's 4 x H100 rate: 0.26 s per step of one 16,384-row request (h3_spec §5.11: 20 steps,
+# The reference's 4 x H100 rate: 0.26 s per step of one 16,384-row request (docs/model.md §5.11: 20 steps,
 # 5.27 s of denoising per request). c0 = 0.01 s makes 4 co-batched requests 2.8% cheaper per
-# request than 4 solo ones, as measured upstream (-2.4%, h3_spec §5.11).
+# request than 4 solo ones, as measured upstream (-2.4%, docs/model.md §5.11).
 REFERENCE_COST = CostModel(c0=0.0, c1=0.26 / LARGE_ROWS, encode_s=0.1, decode_s=0.52)
 LOADED_COST = replace(REFERENCE_COST, c0=0.01)
 WORKLOADS = ("reference", "mixed", "burst")
@@ -316,7 +316,7 @@ def simulate(
 ) -> list[Completion]:
     """Run the workload through `replicas` Replicas with `policy` and `row_budget` (default
     16,384: a step of one 16k-row request is already compute-bound, co-batching 4 saves only 2.4%
-    per request, h3_spec §5.11), each request sent at its submission by `routing` (ROUTINGS, the
+    per request, docs/model.md §5.11), each request sent at its submission by `routing` (ROUTINGS, the
     module docstring). Returns the completions in finishing order (VAE done). Raises ValueError
     for replicas < 1 or an unknown routing."""
     if replicas < 1 or routing not in ROUTINGS:

@@ -8,7 +8,7 @@ A DiT weight source (`load_dit`; DitSettings.checkpoint_dir, factory.load_engine
 --checkpoint) is one string:
 - a native folder holding dit.safetensors (DIT_FILE; checkpoint_setup writes one);
 - an official MiniMax-H3 checkpoint folder, told apart by its `transformer/` folder: a diffusers
-  config.json (checked against our config: `diffusers_config`, h3_spec §1.1) and
+  config.json (checked against our config: `diffusers_config`, docs/model.md §1.1) and
   diffusion_pytorch_model.safetensors, or shards diffusion_pytorch_model-0000i-of-0000N.safetensors
   with diffusion_pytorch_model.safetensors.index.json whose "weight_map" maps tensor name -> shard
   file (`save_official_transformer` writes one);
@@ -17,7 +17,7 @@ A DiT weight source (`load_dit`; DitSettings.checkpoint_dir, factory.load_engine
   (h3_core.weights.vae_hook), so `random:0` is what checkpoint_setup writes, drawn on the same device. A
   folder whose name starts with "random:" cannot be a source.
 
-DiT tensors come in two layouts (h3_spec §1.3); dit.safetensors may hold either, told apart by
+DiT tensors come in two layouts (docs/model.md §1.3); dit.safetensors may hold either, told apart by
 the tensor names; transformer/ holds the official one:
 - native (vllm-omni names, as in the stock MiniMax release, and what save_weights writes): our
   parameter names, with every `attn.qkv_proj.weight` stored head-grouped, [q_h; k_h; v_h] for
@@ -55,7 +55,7 @@ OFFICIAL_CONFIG = "config.json"
 OFFICIAL_WEIGHTS = "diffusion_pytorch_model.safetensors"
 OFFICIAL_INDEX = "diffusion_pytorch_model.safetensors.index.json"
 
-# Native -> official (diffusers) DiT tensor names (h3_spec §1.3, vllm-omni
+# Native -> official (diffusers) DiT tensor names (docs/model.md §1.3, vllm-omni
 # _MINIMAX_H3_TRANSFORMER_MAPPER): regex substitutions applied in order to a native name.
 OFFICIAL_RENAMES = (
     (r"^video_patch_proj\.", "proj_in."),
@@ -139,7 +139,7 @@ def load_weights(module: nn.Module, path: str | Path) -> None:
 
 
 def grouped_to_qkv(weight: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
-    """Fused qkv rows [q_h; k_h; v_h for each head h] -> [Q; K; V] (h3_spec §1.3, vllm-omni
+    """Fused qkv rows [q_h; k_h; v_h for each head h] -> [Q; K; V] (docs/model.md §1.3, vllm-omni
     `_reorder_grouped_qkv_to_qkv` with one head per group). weight: [3 * heads * head_dim, in]."""
     return weight.reshape(heads, 3, head_dim, -1).transpose(0, 1).reshape(weight.shape)
 
@@ -161,7 +161,7 @@ def official_sources(native_name: str) -> list[str]:
 
 
 def official_shapes(dit: H3DiT) -> dict[str, tuple[int, ...]]:
-    """Official tensor name -> shape of every tensor of `dit` in the official layout (h3_spec §1.3):
+    """Official tensor name -> shape of every tensor of `dit` in the official layout (docs/model.md §1.3):
     a fused qkv_proj weight [3A, H] gives to_q / to_k / to_v of [A, H] each."""
     shapes = {}
     for name, slot in weight_slots(dit).items():
@@ -326,7 +326,7 @@ def load_preview(source: str | Path) -> PreviewMap:
 
 
 def diffusers_config(cfg: DiTConfig) -> dict:
-    """The official transformer/config.json keys and values (h3_spec §1.1's diffusers column) of
+    """The official transformer/config.json keys and values (docs/model.md §1.1's diffusers column) of
     `cfg`: what a checkpoint's config.json must hold for our `cfg` to run it."""
     return {
         "num_layers": cfg.num_layers,

@@ -3,7 +3,7 @@
     python -m h3_core.weights.official_checkpoint DIR [--config tiny] [--seed 0]
         [--text-encoder tiny|h3] [--text-encoder-layers 52] [--device cpu]
 
-An official checkpoint is one folder (h3_spec §1.3, §4):
+An official checkpoint is one folder (docs/model.md §1.3, §4):
 
     transformer/   the DiT: config.json (diffusers keys) + diffusion_pytorch_model*.safetensors
     text_encoder/  Qwen3-VL (config.json model_type "qwen3_vl" + model*.safetensors + the image
@@ -127,7 +127,7 @@ class Qwen3VLDims:
         return self.vocab_size * self.hidden_size + self.num_hidden_layers * layer
 
 
-# h3_spec §4.1: MiniMax-H3's text encoder (the Qwen3-VL 32B text decoder), cut to the 50 layers H3
+# docs/model.md §4.1: MiniMax-H3's text encoder (the Qwen3-VL 32B text decoder), cut to the 50 layers H3
 # reads; its vision tower is transformers' default Qwen3-VL one
 QWEN3VL_H3 = Qwen3VLDims(5120, 64, 8, 128, 25600, 151936, QWEN3VL_H3_LAYER, 5e6, (24, 20, 20), 262144)
 # The synthetic Qwen3-VL's: 4 query heads and 2 key/value heads of 32 dims, MLP 128, the byte-level

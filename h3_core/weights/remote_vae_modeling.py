@@ -6,7 +6,7 @@ weights in model.safetensors (tensor names encoder.*, decoder.*).
 
 The classes work on raw latents: their encode returns them before normalisation (the hook
 computes z_model = (z - latents_mean) / latents_std) and their decode takes them after the hook
-has de-normalised (z = z_model * latents_std + latents_mean), h3_spec §4.2, §4.3. They run
+has de-normalised (z = z_model * latents_std + latents_mean), docs/model.md §4.2, §4.3. They run
 h3_core.model.vae's networks, so the hook's encode and decode equal VideoVAE's / AudioVAE's bit
 for bit. The file needs h3_core importable (it is this project's stand-in for the official
 modeling file).

@@ -18,7 +18,7 @@ with h3_core.weights.remote_vae_modeling as their module):
 3. ClassName.from_pretrained(folder: str) returns a torch.nn.Module; we move it to the device and
    call eval(), and run its encode and decode under torch.inference_mode on raw latents: we
    normalise what encode returns, z_model = (z - latents_mean) / latents_std, and de-normalise
-   before decode, z = z_model * latents_std + latents_mean (per channel, h3_spec §4.2, §4.3).
+   before decode, z = z_model * latents_std + latents_mean (per channel, docs/model.md §4.2, §4.3).
 4. video: decode(z float32 [1, 24, T_lat, Hl, Wl]) returns [1, 3, 17n + 5, Hl*16, Wl*16] in
    [-1, 1] (T_lat = 5n + 2); we give uint8 [17n + 5, Hl*16, Wl*16, 3] =
    round(clamp((x + 1) / 2, 0, 1) * 255), as VideoVAE.decode. encode(x float32 [1, 3, 17n + 5,
