@@ -476,16 +476,20 @@ def read_sglang(body: Mapping, parts: Mapping[str, bytes] | None = None, policy:
 
 
 def _auto_aspect(images: list[bytes]) -> str:
-    """ "W:H" of the first image (Pillow reads its header); RequestError at target.aspect_ratio
-    when there is none."""
+    """ "W:H" of the first image's header; RequestError at target.aspect_ratio without one."""
     if not images:
         raise RequestError("target.aspect_ratio", "'auto' needs an image condition to take the aspect from")
     import io
 
     from PIL import Image
 
-    with Image.open(io.BytesIO(images[0])) as image:
-        return f"{image.width}:{image.height}"
+    try:
+        with Image.open(io.BytesIO(images[0])) as image:
+            return f"{image.width}:{image.height}"
+    except (OSError, ValueError, Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
+        raise RequestError(
+            "target.aspect_ratio", f"'auto' cannot read the first image condition's header ({type(error).__name__})"
+        ) from None
 
 
 def media_seconds(data: bytes, path: str) -> float:

@@ -19,8 +19,9 @@ shipped CPU repository). With any of them it first runs the repository writer
 with those options, into a temporary folder removed at exit or into ``--write-repository DIR``,
 and serves that.
 
-Without ``--then`` the server runs in the foreground until SIGINT/SIGTERM (or until it dies;
-with ``--supervise`` it is restarted instead, see ``TritonServer.failure``), its log echoed to
+Without ``--then`` the server runs in the foreground until SIGINT/SIGTERM (or until it dies, or a
+model's process dies: then it is stopped, so its clients end with UNAVAILABLE; with
+``--supervise`` it is restarted instead, see ``TritonServer.failure``), its log echoed to
 stderr unless ``--quiet`` (without an NVIDIA GPU, less the expected GPU start-up messages: see
 server.process). With ``--then`` the command runs once the server is ready, with ``H3_GRPC_URL``,
 ``H3_HTTP_URL`` and ``H3_METRICS_URL`` in its environment; the server is then stopped and the
@@ -61,6 +62,21 @@ class _Stop(Exception):
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
+
+
+def _stop_if_gone(server: TritonServer) -> bool:
+    """Without --supervise: kill a server whose model process died (TritonServer.gone_model),
+    so that its clients in flight end with UNAVAILABLE instead of waiting for nothing (a dead
+    h3_vae's clients got no response at all) and a container's restart policy takes over.
+    Returns True when it killed the server."""
+    if not server.ready:
+        return False
+    reason = server.gone_model()
+    if reason is None or reason.startswith("tritonserver exited"):
+        return False
+    _say(f"{reason}: stopping tritonserver (--supervise restarts it instead)")
+    server.kill()
+    return True
 
 
 def _raise_stop(signum, _frame):
@@ -217,7 +233,12 @@ def _serve(args: argparse.Namespace, repository: str) -> int:
             env = dict(os.environ, **server.url_env())
             _say(f"running: {shlex.join(args.then)}")
             child = subprocess.Popen(args.then, env=env)
-            rc = child.wait()
+            while True:
+                try:
+                    rc = child.wait(SUPERVISE_INTERVAL_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    _stop_if_gone(server)
             rc = 128 - rc if rc < 0 else rc
         else:
             _say("serving; Ctrl-C or SIGTERM stops it")
@@ -232,8 +253,13 @@ def _serve(args: argparse.Namespace, repository: str) -> int:
                 t0 = time.monotonic()
                 server.start()
                 _say(f"tritonserver ready again in {time.monotonic() - t0:.1f} s (pid {server.pid})")
+            stopped = False
+            while server.process.poll() is None and not (stopped := _stop_if_gone(server)):
+                time.sleep(SUPERVISE_INTERVAL_S)
             code = server.wait()
-            if code != 0:
+            if stopped:
+                code = 1
+            elif code != 0:
                 _say(
                     "tritonserver died with exit code {}:\n{}".format(
                         code, "\n".join(server.log_text().splitlines()[-40:])

@@ -522,6 +522,15 @@ class TritonServer:
         text = read_metrics(self.metrics_url)
         return None if text is None else dit_stall(text, stale_after, time.time())
 
+    def gone_model(self) -> str | None:
+        """Why the server can no longer serve without a restart, or None: tritonserver exited,
+        or a model's stub is gone (gone_stub). Unlike failure(), a stalled heartbeat is not
+        counted: the launcher without --supervise stops a server this returns a reason for."""
+        code = self.process.poll()
+        if code is not None:
+            return f"tritonserver exited with code {code}"
+        return gone_stub(self.stubs, self.process.pid)
+
     def kill(self) -> int | None:
         """Stop a broken server at once (no drain): SIGKILL its process group. Open streams
         end with gRPC UNAVAILABLE ("Stream removed")."""

@@ -67,3 +67,32 @@ def test_the_supervisor_restarts_the_server_when_h3_vae_dies_mid_decode(tmp_path
         except subprocess.TimeoutExpired:
             launcher.kill()
             launcher.wait()
+
+
+def test_without_supervise_a_dead_h3_vae_stops_the_server_so_its_clients_get_an_error(tmp_path):
+    allowed = {"allow_fault_injection": "true"}
+    repo = write_repository(tmp_path / "repo", plan(overrides={"h3_dit": allowed, "h3_vae": allowed}))
+    log = tmp_path / "launcher.log"
+    command = ["-m", "server.launch", "--model-repository", str(repo), "--free-ports", "--quiet"]
+    launcher = subprocess.Popen([sys.executable, *command], cwd=ROOT, stderr=log.open("w"))
+    try:
+        urls = launcher_urls(log)
+        client, outcome = H3Client(urls["grpc"], idle_timeout_s=120), {}
+        pending = start(
+            client, outcome, "decoding", prompt="decoding", num_inference_steps=2, inject_fault="decode_slow:60"
+        )
+        running = 'h3_vae_decodes{model="h3_vae",state="running"}'
+        assert wait_until(lambda: f"{running} 1" in metrics_text(urls["metrics"]), 60)
+        (vae,) = [pid for pid, instance in stub_pids(urls["pid"]).items() if instance == "h3_vae_0_0"]
+        os.kill(vae, signal.SIGKILL)
+        pending.join(60)  # before: no response at all while the server went on without h3_vae
+        assert isinstance(outcome.get("decoding"), H3Error) and outcome["decoding"].code == "UNAVAILABLE"
+        assert launcher.wait(60) == 1
+        text = log.read_text()
+        assert (
+            f"the h3_vae process (pid {vae}) is gone: stopping tritonserver (--supervise restarts it instead)" in text
+        )
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()

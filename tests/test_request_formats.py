@@ -512,3 +512,14 @@ def test_cli_request_file_is_the_same_clip_as_its_mapping(server, client, tmp_pa
         first_frame=FIRST,
     )
     assert out.read_bytes() == expected.video_mp4
+
+
+def test_sglang_auto_aspect_of_a_bomb_header_is_refused_naming_the_field():
+    from .test_videos_api_edges import bomb_png
+
+    with pytest.raises(RequestError) as info:
+        request_model._auto_aspect([bomb_png(20_000, 10_000)])
+    assert (info.value.path, str(info.value)) == (
+        "target.aspect_ratio",
+        "target.aspect_ratio: 'auto' cannot read the first image condition's header (DecompressionBombError)",
+    )

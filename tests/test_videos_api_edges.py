@@ -446,3 +446,38 @@ def test_openais_edit_extend_and_character_routes_answer_404_saying_so(http):
             f"NOT_FOUND: {method} {path} is not supported by this server: it edits and extends no video and "
             "keeps no characters; create a new video (docs/videos_api.md, Differences from OpenAI)",
         )
+
+
+def bomb_png(width: int, height: int) -> bytes:
+    """A PNG whose header claims width x height pixels (its data is a few bytes)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 10)) + chunk(b"IEND", b"")
+    )
+
+
+def test_a_keyframe_header_over_pillows_bomb_limit_is_left_to_the_servers_refusal():
+    # before: Pillow's DecompressionBombError (over 2 x MAX_IMAGE_PIXELS, 178,956,970) escaped the
+    # header read of the create's defaults, and the create answered 500 INTERNAL
+    from server.videos_api.models import _upright_size
+
+    assert _upright_size(bomb_png(20_000, 10_000)) is None
+    assert _upright_size(bomb_png(2**31 - 1, 1)) is None
+    assert _upright_size(png(64, 96, seed=0)) == (64, 96)
+
+
+@pytest.mark.parametrize("seconds", ["\u0664", "\uff14", "0_5", "4_0", "1e", ""])
+def test_seconds_take_ascii_decimal_numbers_only(seconds):
+    # before: float() took Arabic-Indic and full-width digits and underscores ("0_5" -> 5 s)
+    from server.videos_api.fields import ApiError
+
+    with pytest.raises(ApiError) as info:
+        parse_create({"prompt": "a", "seconds": seconds}, "h3")
+    assert (info.value.status, info.value.param) == (400, "seconds")
+    assert parse_create({"prompt": "a", "seconds": " 2.5 "}, "h3")[0]["num_frames"] == 60

@@ -274,10 +274,9 @@ def _seconds(value) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         seconds = float(value)
     else:
-        try:
-            seconds = float(value) if isinstance(value, str) else math.nan
-        except ValueError:
-            seconds = math.nan
+        # ASCII decimal only: float() would also take "٤", "４" and "0_5"
+        ascii_number = isinstance(value, str) and re.fullmatch(r"\s*[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?\s*", value)
+        seconds = float(value) if ascii_number else math.nan
     if not (math.isfinite(seconds) and seconds > 0):
         raise invalid(f"seconds={value!r} must be a number of seconds > 0", "seconds")
     return seconds

@@ -73,14 +73,14 @@ def model_card(client: H3Client, model_name: str, created: int) -> dict:
 
 def _upright_size(data: bytes) -> tuple[int, int] | None:
     """(height, width) of an image file as the server decodes it (EXIF orientation applied), read
-    from its header by Pillow (no pixels decoded); None when Pillow cannot read it (the server
-    will refuse it)."""
+    from its header by Pillow (no pixels decoded); None when Pillow cannot read it or refuses it as
+    a decompression bomb (the server will refuse it, naming the input)."""
     try:
         with Image.open(io.BytesIO(data)) as image:
             width, height = image.size
             transposed = image.getexif().get(0x0112) in TRANSPOSED
-    except (UnidentifiedImageError, OSError, ValueError):
-        return None
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError, Image.DecompressionBombWarning):
+        return None  # a header over Pillow's bomb limit too: h3_encoder refuses it naming the input
     return (width, height) if transposed else (height, width)
 
 
