@@ -290,19 +290,19 @@ def test_a_cached_request_keeps_its_latents_not_the_modulated_input(engine):
 
 def test_a_cached_requests_memory_counts_its_step_cache(engine):
     """request_memory_mb counts what a cached request keeps (768 B a row): the largest tiny
-    request (256 x 256 x 121 frames, 2,816 rows) needs 1,265 MiB uncached, 1,267 MiB cached."""
+    request (256 x 256 x 124 frames, 2,816 rows) needs 1,265 MiB uncached, 1,267 MiB cached."""
     assert STEP_CACHE_BYTES_PER_ROW == 768
     assert (
-        request_memory_mb(256, 256, 121, 2816, 96),
-        request_memory_mb(256, 256, 121, 2816, 96, step_cache=True),
+        request_memory_mb(256, 256, 124, 2816, 96),
+        request_memory_mb(256, 256, 124, 2816, 96, step_cache=True),
     ) == (
         1265,
         1267,
     )
-    limits = RequestLimits(max_height=256, max_width=256, max_num_frames=121, max_request_mb=1265)
+    limits = RequestLimits(max_height=256, max_width=256, max_num_frames=124, max_request_mb=1265)
     small = Engine(engine.dit, engine.video_vae, engine.audio_vae, limits=limits)
-    plain = GenerationRequest("-", 256, 256, 121, 2, seed=1)
-    cached = GenerationRequest("-", 256, 256, 121, 2, seed=1, cache_threshold=0.5)
+    plain = GenerationRequest("-", 256, 256, 124, 2, seed=1)
+    cached = GenerationRequest("-", 256, 256, 124, 2, seed=1, cache_threshold=0.5)
     assert len(small.prepare(plain, torch.zeros(4, engine.dit.cfg.text_dim))) == 1
     with pytest.raises(ValueError) as error:
         small.prepare(cached, torch.zeros(4, engine.dit.cfg.text_dim))

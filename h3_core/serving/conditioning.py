@@ -178,12 +178,18 @@ class References:
     geometry: dict | None = None
     order: list[dict] = field(default_factory=list)
 
+    def entries(self) -> list[dict]:
+        """`order`, or where it is empty the default block order (protocol.reference_list without
+        REFERENCES: images, then videos, then audio), so no reference is ever left out."""
+        counts = {REFERENCE_IMAGES: len(self.images), REFERENCE_VIDEOS: len(self.videos)}
+        return self.order or reference_list(None, {**counts, REFERENCE_AUDIO: len(self.audio)})
+
     def ordered(self) -> list[tuple[str, object]]:
-        """The references in block order: ("image", uint8 [h, w, 3]), ("video", (frames, track))
-        or ("audio", float32 [2, N])."""
+        """The references in block order (entries()): ("image", uint8 [h, w, 3]), ("video",
+        (frames, track)) or ("audio", float32 [2, N])."""
         lists = {REFERENCE_IMAGES: ("image", self.images), REFERENCE_VIDEOS: ("video", self.videos)}
         lists[REFERENCE_AUDIO] = ("audio", self.audio)
-        return [(lists[entry["input"]][0], lists[entry["input"]][1][entry["index"]]) for entry in self.order]
+        return [(lists[entry["input"]][0], lists[entry["input"]][1][entry["index"]]) for entry in self.entries()]
 
     @property
     def kinds(self) -> list[str]:
@@ -205,7 +211,7 @@ class References:
         """Each block's REQUEST "conditions" extras (wire_conditions), in block order: guides {},
         references {"input": "REFERENCE_AUDIO[0]"}, a video's also {"start_time_seconds"}."""
         extras = []
-        for entry in self.order:
+        for entry in self.entries():
             extra = {"input": f"{entry['input']}[{entry['index']}]"}
             if entry["input"] == REFERENCE_VIDEOS:
                 extra["start_time_seconds"] = entry["start_time_seconds"]

@@ -122,7 +122,8 @@ class TritonPythonModel:
         response, whatever fails: the encoded tensors, or an error response (INVALID_ARG for a
         ValueError, UNAVAILABLE for Overloaded, CANCELLED, or INTERNAL for any other failure: a VAE
         out of memory, PyAV, the registry's database; its traceback in the server log). A held id
-        is released first. A request passed on is announced to the DiT; a failed announcement is
+        is released first. A request passed on is announced to the DiT before its response is sent
+        (the DiT's execute then matches the announcement with its arrival); a failed announcement is
         logged and fails nothing (the request reaches h3_dit all the same, at its next execute)."""
         request_id = "(no id)"
         response = None
@@ -153,14 +154,14 @@ class TritonPythonModel:
         if error is not None:
             pb_utils.Logger.log_info(f"h3_encoder: request {request_id} refused: {error[0]}: {error[1]}")
             response = error_response(*error)
-        request.get_response_sender().send(response, flags=FINAL)
-        if error is None:  # the request reaches h3_dit's queue a few ms after this
+        if error is None:  # announced before it is sent: it reaches h3_dit's queue a few ms after this
             try:
                 if self.fault(request) == "announce_raise":
                     raise RuntimeError("injected fault in the registry's announcement")
                 self.registry.announce(1)
             except Exception as failure:  # noqa: BLE001 - unannounced, it waits for h3_dit's next execute
                 pb_utils.Logger.log_error(f"h3_encoder: request {request_id} could not be announced: {failure}")
+        request.get_response_sender().send(response, flags=FINAL)
 
     def fault(self, request) -> str | None:
         """The request's inject_fault when this model allows fault injection (tests only), else
