@@ -40,7 +40,10 @@ measured, and prints a table last):
            `clip768_5s_<bf16|fp8>_s` = the median seconds from the client's send to the result
            (MP4 when PyAV is importable, else return_mp4=false as the JSON says),
            `clip768_5s_<q>_denoise_s` its denoise stage, stage seconds per clip (queue, encode,
-           denoise, decode), the GPU's peak memory and each process's.
+           denoise, decode), the GPU's peak memory and each process's. --attention-backend sets
+           h3_dit's attention (auto routes documents of >= 8,192 rows to flash_attn4 where
+           flash-attn-4 is installed: docs/gpu_backends.md); --earlier adds the clips of earlier
+           runs of the same settings to the median (one call of a GPU host fits one bf16 clip).
 On a machine without CUDA the same code runs as a CPU smoke test (tests/test_benchmarks_smoke.py):
 the `tiny` DiT, 96 x 64 px, 22 frames, 2 forwards, a tiny Qwen3-VL; no GPU figures (null).
 """
@@ -81,6 +84,7 @@ from h3_core.diffusion.sampling import (  # noqa: E402 - after the sys.path set-
 )
 from h3_core.factory import load_engine  # noqa: E402 - after the sys.path set-up above
 from h3_core.model.adaln_table import DEFAULT_CAPACITY  # noqa: E402 - after the sys.path set-up above
+from h3_core.model.attention import BACKENDS, installed_version  # noqa: E402 - after the sys.path set-up above
 from h3_core.model.encoder import QWEN3VL_H3_LAYER  # noqa: E402 - after the sys.path set-up above
 from h3_core.model.fp8 import QUANTIZATIONS  # noqa: E402 - after the sys.path set-up above
 from h3_core.weights.official_checkpoint import write_weightless_qwen3vl  # noqa: E402 - after the sys.path set-up above
@@ -285,7 +289,7 @@ def decode_stage(setting: Setting, cuda: bool) -> dict:
     return result
 
 
-def served_overrides(setting: Setting, quantization: str, work: Path) -> dict[str, dict]:
+def served_overrides(setting: Setting, quantization: str, attention_backend: str, work: Path) -> dict[str, dict]:
     """plan()'s overrides for the served clip (module docstring)."""
     folder = work / f"qwen3vl_{setting.qwen3vl}"
     if not (folder / "config.json").is_file():
@@ -295,6 +299,7 @@ def served_overrides(setting: Setting, quantization: str, work: Path) -> dict[st
     return {
         "h3_dit": {
             "quantization": quantization,
+            "attention_backend": attention_backend,
             "max_num_seqs": 2,
             "max_batch_rows": rows,
             "row_budget": rows,
@@ -310,16 +315,42 @@ def served_overrides(setting: Setting, quantization: str, work: Path) -> dict[st
     }
 
 
+def earlier_clips(paths: list[Path], settings: dict) -> list[dict]:
+    """The measured clips of earlier runs of the served stage (each a clip768_bench.json) whose served
+    settings equal `settings`: [{"wall_s", "denoise_s", "stage_seconds", "run"}], in the order given.
+
+    Raises ValueError naming the file when its settings differ (another quantization, backend or
+    canvas would mix two setups in one median)."""
+    found = []
+    for path in paths:
+        document = json.loads(path.read_text())
+        served = document.get("served", {})
+        if served.get("settings") != settings:
+            raise ValueError(f"--earlier {path}: its served settings {served.get('settings')} are not {settings}")
+        for name, run in sorted(served.get("runs", {}).items()):
+            if name.startswith("clip_") and not run["summary"]["failed"]:
+                stages = stage_seconds(run)[0] or {}
+                found.append({
+                    "wall_s": run["summary"]["wall_s"],
+                    "denoise_s": stages.get("denoise"),
+                    "stage_seconds": stages,
+                    "run": f"{path.name} {document.get('date')} {name}",
+                })  # fmt: skip
+    return found
+
+
 def served_stage(setting, quantization, clips, warmup_steps, mp4, args, cuda, results, save) -> None:
     """The served stage (module docstring); fills results["served"] and the summary as it goes."""
-    overrides = served_overrides(setting, quantization, args.work)
+    overrides = served_overrides(setting, quantization, args.attention_backend, args.work)
     repository = plan(setting.config, WEIGHTS, setting.device, [0] if cuda else [], overrides=overrides)
     served = results["served"] = {
         "settings": {key: str(value) for key, value in overrides["h3_dit"].items()},
         "notes": list(repository.notes),
         "return_mp4": mp4,
+        "flash_attn_4": installed_version("flash-attn-4"),
         "runs": {},
     }
+    earlier = served["earlier_clips"] = earlier_clips(args.earlier, served["settings"])
     directory = write_repository(args.work / "model_repository", repository)
     start, loading = time.perf_counter(), PeakMemory(cuda)
     with (
@@ -342,7 +373,7 @@ def served_stage(setting, quantization, clips, warmup_steps, mp4, args, cuda, re
 
         cold = run("cold", warmup_steps)
         served["cold"] = {"wall_s": cold["summary"]["wall_s"], "stage_seconds": stage_seconds(cold)[0]}
-        walls, denoise = [], []
+        walls, denoise = [c["wall_s"] for c in earlier], [c["denoise_s"] for c in earlier]
         for i in range(clips):
             document = run(f"clip_{i}", setting.steps)
             if document["summary"]["failed"]:
@@ -359,7 +390,8 @@ def served_stage(setting, quantization, clips, warmup_steps, mp4, args, cuda, re
                 f"{name}_rows": document["dit_steps"]["rows_per_step"],
                 f"{name}_peak_gpu_gib": gib(document["peak_gpu_memory_mib"]),
                 f"{name}_peak_gib_per_process": per_process_gib(document),
-                f"{name}_stage_seconds": [stage_seconds(served["runs"][f"clip_{j}"])[0] for j in range(i + 1)],
+                f"{name}_stage_seconds": [c["stage_seconds"] for c in earlier]
+                + [stage_seconds(served["runs"][f"clip_{j}"])[0] for j in range(i + 1)],
             })  # fmt: skip
             save()
 
@@ -375,6 +407,17 @@ def main() -> int:
     parser.add_argument("--warmup-steps", type=int, default=2, help="forwards of the served stage's cold request")
     parser.add_argument("--adaln-steps", type=int, default=ADALN_STEPS, help="sigma points of the adaln trajectories")
     parser.add_argument("--no-mp4", action="store_true", help="return_mp4=false even where PyAV is importable")
+    parser.add_argument(
+        "--attention-backend", choices=sorted(BACKENDS), default="sdpa", help="the served stage's h3_dit attention"
+    )
+    parser.add_argument(
+        "--earlier",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="clip768_bench.json of earlier served runs of the same "
+        "settings: their clips join the median (each call of a GPU host fits one 49-forward bf16 clip)",
+    )
     args = parser.parse_args()
     import importlib.util
     import tempfile
