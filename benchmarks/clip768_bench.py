@@ -385,6 +385,8 @@ def served_stage(setting, quantization, clips, warmup_steps, mp4, args, cuda, re
                 f"{name}_s": statistics.median(walls),
                 f"{name}_denoise_s": statistics.median(d for d in denoise if d is not None) if any(denoise) else None,
                 f"{name}_clips": len(walls),
+                f"{name}_attention": args.attention_backend
+                + (f" (flash-attn-4 {served['flash_attn_4']})" if served["flash_attn_4"] else ""),
                 f"{name}_cold_s": served["cold"]["wall_s"],
                 f"{name}_seconds_per_step": document["dit_steps"]["seconds_per_step"],
                 f"{name}_rows": document["dit_steps"]["rows_per_step"],

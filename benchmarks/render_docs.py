@@ -738,7 +738,9 @@ def clip768(root: Path) -> str:
         "|---|---:|---:|---:|",
     ]
     for name in ("bf16", "fp8"):
-        lines.append(f"| ours, {name} (one process per model, our own VAE) | 1 | {cell(f'clip768_5s_{name}_s')} "
+        attention = summary.get(f"clip768_5s_{name}_attention") or "sdpa"
+        lines.append(f"| ours, {name}, attention {attention} (one process per model, our own VAE) | 1 "
+                     f"| {cell(f'clip768_5s_{name}_s')} "
                      f"| {cell(f'clip768_5s_{name}_s')} |")  # fmt: skip
     for row in merged["published"]:
         lines.append(
