@@ -27,7 +27,7 @@ from pathlib import Path
 from h3_core.config import get_config
 from h3_core.serving.settings import DitSettings
 
-from . import repository as R
+from . import planner as R
 from . import sizing
 
 GPU_COUNTS = (1, 2, 4, 8)
