@@ -64,14 +64,12 @@ from engine_bench import kernel_profile  # noqa: E402 - after the sys.path set-u
 from full_model_bench import (  # noqa: E402 - after the sys.path set-up above
     QWEN3VL_DIMS,
     QWEN3VL_WEIGHTS,
-    PeakMemory,
     Setting,
     bench,
-    gib,
-    gpu_memory_mib,
     per_process_gib,
     stage_seconds,
 )
+from gpu_memory import PeakMemory, gib, gpu_memory_mib  # noqa: E402 - after the sys.path set-up above
 
 from h3_core.diffusion import layout as L  # noqa: E402 - after the sys.path set-up above
 from h3_core.diffusion.sampling import (  # noqa: E402 - after the sys.path set-up above
