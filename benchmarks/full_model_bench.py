@@ -349,7 +349,9 @@ def bench(
     return without_machine_paths(document, work, out)
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
+    """The command line (module docstring); args.stages defaults to the encoder's stages, a stage
+    the encoder has not is an error (none is checked for the --qwen3vl-probe process)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="full_model_bench.json and the timeline PNGs")
     parser.add_argument("--work", type=Path, help="repository, server log, encoder (default: a temporary folder)")
@@ -369,9 +371,7 @@ def main() -> int:
     parser.add_argument("--dims", choices=sorted(QWEN3VL_DIMS), default="h3", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.qwen3vl_probe:
-        result = qwen3vl_probe(args.dims, args.qwen3vl_probe)
-        (args.out / "qwen3vl_probe.json").write_text(json.dumps(result, indent=2) + "\n")
-        return 0
+        return args
     valid = ENCODER_STAGES[args.encoder]
     args.stages = args.stages or list(valid)
     if not set(args.stages) <= set(valid):
@@ -379,22 +379,17 @@ def main() -> int:
             f"--stages {' '.join(args.stages)}: with --encoder {args.encoder} choose from {', '.join(valid)}"
             + (" (the Qwen3-VL is served, no probe runs)" if args.encoder == "qwen3vl" else "")
         )
-    args.out.mkdir(parents=True, exist_ok=True)
-    args.work = args.work or Path(tempfile.mkdtemp(prefix="h3_full_model."))
-    args.work.mkdir(parents=True, exist_ok=True)
-    print(f"work folder {args.work}", flush=True)
-    cuda = torch.cuda.is_available()
-    setting = GPU if cuda else CPU
-    cfg = get_config(setting.config)
-    mp4 = importlib.util.find_spec("av") is not None and not args.no_mp4
-    stages = [stage for stage in valid if stage in args.stages]
-    overrides = encoder_overrides(args.encoder, setting, args.quantization, args.work)
-    repository = plan(setting.config, WEIGHTS, setting.device, [0] if cuda else [], overrides=overrides)
-    for model, source in (("h3_dit", repository.dit.checkpoint_dir), ("h3_vae", repository.vae.checkpoint_dir)):
-        if source != WEIGHTS:
-            raise RuntimeError(f"{model} would load {source!r}, not {WEIGHTS}")
+    return args
+
+
+def results_document(
+    args: argparse.Namespace, setting: Setting, stages: list[str], overrides: dict, repository, mp4: bool
+) -> dict:
+    """full_model_bench.json before any stage: the machine, the command, the settings (the DiT's
+    parameters and weight bytes, each model's settings, return_mp4 and why), no runs yet."""
+    cuda, cfg, valid = setting.device == "cuda", get_config(setting.config), ENCODER_STAGES[args.encoder]
     meta_dit_params = sum(p.numel() for p in H3DiT(cfg, device="meta").parameters())
-    results = {
+    return {
         "date": datetime.date.today().isoformat(),
         "hardware": torch.cuda.get_device_name(0) if cuda else "CPU",
         "torch": torch.__version__,
@@ -428,6 +423,30 @@ def main() -> int:
         "runs": {},
         "errors": {},
     }
+
+
+def main() -> int:
+    """Run the stages asked for against one server; returns 1 when a stage failed, else 0."""
+    args = parse_args()
+    if args.qwen3vl_probe:
+        result = qwen3vl_probe(args.dims, args.qwen3vl_probe)
+        (args.out / "qwen3vl_probe.json").write_text(json.dumps(result, indent=2) + "\n")
+        return 0
+    valid = ENCODER_STAGES[args.encoder]
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.work = args.work or Path(tempfile.mkdtemp(prefix="h3_full_model."))
+    args.work.mkdir(parents=True, exist_ok=True)
+    print(f"work folder {args.work}", flush=True)
+    cuda = torch.cuda.is_available()
+    setting = GPU if cuda else CPU
+    mp4 = importlib.util.find_spec("av") is not None and not args.no_mp4
+    stages = [stage for stage in valid if stage in args.stages]
+    overrides = encoder_overrides(args.encoder, setting, args.quantization, args.work)
+    repository = plan(setting.config, WEIGHTS, setting.device, [0] if cuda else [], overrides=overrides)
+    for model, source in (("h3_dit", repository.dit.checkpoint_dir), ("h3_vae", repository.vae.checkpoint_dir)):
+        if source != WEIGHTS:
+            raise RuntimeError(f"{model} would load {source!r}, not {WEIGHTS}")
+    results = results_document(args, setting, stages, overrides, repository, mp4)
     summary = {"reference_run_b_wall_s": REFERENCE_RUN_B_WALL_S}
 
     def save() -> None:  # after every stage, so that a run cut short keeps what was measured

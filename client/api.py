@@ -44,10 +44,10 @@ from .errors import H3Error
 from .inputs import (
     check_seconds,
     check_type,
-    json_number,
     keyframe_inputs,
     media_bytes,
     reference_inputs,
+    request_parameters,
     scalar_input,
 )
 
@@ -274,30 +274,20 @@ class H3Client:
             )
         wanted = {protocol.FRAMES: return_frames, protocol.AUDIO: return_audio}
         outputs = [grpcclient.InferRequestedOutput(name) for name in protocol.OUTPUTS if wanted.get(name, True)]
-        parameters = {"progress_every": int(progress_every)}  # int(): numpy integers are not JSON
-        if preview_every:
-            parameters["preview_every"] = int(preview_every)
-        if deadline_s is not None:
-            parameters["deadline_s"] = json_number(deadline_s)
-        if request_priority:
-            parameters["request_priority"] = int(request_priority)
-        if not return_mp4:
-            parameters["return_mp4"] = False
-        if return_frames:
-            parameters["return_frames"] = True
-        if return_audio:
-            parameters["return_audio"] = True
-        if inject_fault is not None:
-            parameters["inject_fault"] = inject_fault
-        if fit is not None:
-            parameters["fit"] = fit
-        for name, value in (
-            ("flow_shift", flow_shift),
-            ("audio_flow_shift", audio_flow_shift),
-            ("cache_threshold", cache_threshold),
-        ):
-            if value is not None:
-                parameters[name] = json_number(value)
+        parameters = request_parameters(
+            progress_every=progress_every,
+            preview_every=preview_every,
+            deadline_s=deadline_s,
+            request_priority=request_priority,
+            return_mp4=return_mp4,
+            return_frames=return_frames,
+            return_audio=return_audio,
+            inject_fault=inject_fault,
+            fit=fit,
+            flow_shift=flow_shift,
+            audio_flow_shift=audio_flow_shift,
+            cache_threshold=cache_threshold,
+        )
         if self.total_timeout_s is not None:
             total = (self.total_timeout_s, "total_timeout_s")
         elif deadline_s is not None:

@@ -175,3 +175,49 @@ def json_number(value: numbers.Real) -> int | float:
     """A JSON-able request parameter: an int stays an int, anything else (numpy floats and
     integers included) becomes a float."""
     return value if isinstance(value, int) else float(value)
+
+
+def request_parameters(
+    *,
+    progress_every: int,
+    preview_every: int,
+    deadline_s: float | None,
+    request_priority: int,
+    return_mp4: bool,
+    return_frames: bool,
+    return_audio: bool,
+    inject_fault: str | None,
+    fit: str | None,
+    flow_shift: float | None,
+    audio_flow_shift: float | None,
+    cache_threshold: float | None,
+) -> dict[str, int | float | bool | str]:
+    """h3_pipeline's request parameters of H3Client.generate's checked arguments (their meaning:
+    its docstring; docs/request_contract.md): progress_every always, every other one only when it
+    differs from the server's default (0, None, return_mp4 true, return_frames and return_audio
+    false). Numbers become JSON numbers (numpy integers and floats included)."""
+    parameters: dict[str, int | float | bool | str] = {"progress_every": int(progress_every)}
+    if preview_every:
+        parameters["preview_every"] = int(preview_every)
+    if deadline_s is not None:
+        parameters["deadline_s"] = json_number(deadline_s)
+    if request_priority:
+        parameters["request_priority"] = int(request_priority)
+    if not return_mp4:
+        parameters["return_mp4"] = False
+    if return_frames:
+        parameters["return_frames"] = True
+    if return_audio:
+        parameters["return_audio"] = True
+    if inject_fault is not None:
+        parameters["inject_fault"] = inject_fault
+    if fit is not None:
+        parameters["fit"] = fit
+    for name, value in (
+        ("flow_shift", flow_shift),
+        ("audio_flow_shift", audio_flow_shift),
+        ("cache_threshold", cache_threshold),
+    ):
+        if value is not None:
+            parameters[name] = json_number(value)
+    return parameters
