@@ -55,12 +55,11 @@ from h3_core.weights.vae_hook import check_official_vaes, is_official_vae_folder
 from . import sizing
 from .config_texts import config_texts
 from .options import add_arguments, given_options
-from .placement import PLACED, InstanceGroup, instance_groups
+from .placement import InstanceGroup
 from .planner import DEMO_CONFIG, ROOT, SETTINGS, Repository, default_placement, plan, request_rows
 
 __all__ = [
     "DEMO_WEIGHTS",
-    "PLACED",
     "ROOT",
     "SETTINGS",
     "SHIPPED",
@@ -70,7 +69,6 @@ __all__ = [
     "checkpoint_for",
     "config_texts",
     "default_placement",
-    "instance_groups",
     "main",
     "parse_overrides",
     "plan",
