@@ -42,7 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from engine_bench import make_states, matmul_rate, max_difference, step_flops, timed  # noqa: E402 - after the sys.path set-up above
+from engine_bench import make_states, max_difference  # noqa: E402 - after the sys.path set-up above
+from step_timing import matmul_rate, step_flops, timed  # noqa: E402 - after the sys.path set-up above
 
 from h3_core.config import get_config  # noqa: E402 - after the sys.path set-up above
 from h3_core.diffusion.engine import Engine  # noqa: E402 - after the sys.path set-up above

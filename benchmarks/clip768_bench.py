@@ -63,18 +63,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from engine_bench import kernel_profile  # noqa: E402 - after the sys.path set-up above
 from full_model_bench import (  # noqa: E402 - after the sys.path set-up above
     QWEN3VL_DIMS,
     QWEN3VL_WEIGHTS,
-    PeakMemory,
     Setting,
     bench,
-    gib,
-    gpu_memory_mib,
     per_process_gib,
     stage_seconds,
 )
+from gpu_memory import PeakMemory, gib, gpu_memory_mib  # noqa: E402 - after the sys.path set-up above
+from step_timing import kernel_profile  # noqa: E402 - after the sys.path set-up above
 
 from h3_core.diffusion import layout as L  # noqa: E402 - after the sys.path set-up above
 from h3_core.diffusion.sampling import (  # noqa: E402 - after the sys.path set-up above

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from engine_bench import timed  # noqa: E402 - benchmarks/ is on sys.path when this script runs
 from PIL import Image
+from step_timing import timed  # noqa: E402 - benchmarks/ is on sys.path when this script runs
 
 from h3_core.diffusion.conditions import Condition
 from h3_core.diffusion.request import GenerationRequest, RequestLimits

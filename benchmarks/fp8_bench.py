@@ -49,7 +49,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from engine_bench import ATTENTION_COMPARED, GPU_BITWISE, bitwise, pack_states, timed  # noqa: E402 - after sys.path
+from engine_bench import ATTENTION_COMPARED, GPU_BITWISE, bitwise, pack_states  # noqa: E402 - after sys.path
+from step_timing import timed  # noqa: E402 - after sys.path
 
 from h3_core.config import get_config  # noqa: E402 - after sys.path
 from h3_core.diffusion.request import RequestLimits  # noqa: E402 - after sys.path

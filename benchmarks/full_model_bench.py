@@ -66,7 +66,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -78,7 +77,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_text_encoder import write_bench_text_encoder  # noqa: E402 - after the sys.path set-up above
-from served_bench import FULL_PACK_DIT, without_machine_paths  # noqa: E402 - after the sys.path set-up above
+from client_runs import bench_client_command, dit_totals, without_machine_paths  # noqa: E402 - after the sys.path set-up above
+from gpu_memory import GIB, MIB, PeakMemory, gib, gpu_memory_mib  # noqa: E402 - after the sys.path set-up above
+from served_bench import FULL_PACK_DIT  # noqa: E402 - after the sys.path set-up above
 
 from h3_core.config import get_config  # noqa: E402 - after the sys.path set-up above
 from h3_core.model import H3DiT  # noqa: E402 - after the sys.path set-up above
@@ -91,15 +92,13 @@ from h3_core.weights.official_checkpoint import (  # noqa: E402 - after the sys.
     tiny_qwen3vl,
     write_weightless_qwen3vl,
 )
-from server.process import TritonServer, metric_samples, read_metrics, stub_pids  # noqa: E402 - after the sys.path set-up above
+from server.process import TritonServer, stub_pids  # noqa: E402 - after the sys.path set-up above
 from server.repository import plan, write_repository  # noqa: E402 - after the sys.path set-up above
 from server.sizing import dit_weight_bytes  # noqa: E402 - after the sys.path set-up above
 
-MIB, GIB = 2**20, 2**30
 WEIGHTS = "random:0"  # h3_core.weights.checkpoint: DiT init_weights(seed 0), VAEs create_vaes(1), drawn at load
 REFERENCE_RUN_B_WALL_S = 174.8  # 2 x H100, TP2, 4 requests of 30 steps at concurrency 4 (docs/benchmarks.md)
 SERVER_TIMEOUT_S = 900.0  # 33 B parameters drawn on the GPU at load
-SAMPLE_INTERVAL_S = 0.5
 STAGES = ("a", "qwen3vl", "b")
 ENCODE_TOKENS = (9, 256)
 ENCODE_REPEATS = 3
@@ -131,92 +130,6 @@ QWEN3VL_WEIGHTS = "random:0"  # h3_encoder's encoder_weights under --encoder qwe
 # h3_dit's rows beside the served Qwen3-VL (docs/deploy_h200.md: 32,768 fit beside it in bf16: two
 # 16,384-row requests a step; fp8's DiT is 17.9 GiB smaller and keeps the four of FULL_PACK_DIT)
 QWEN3VL_ROWS = {"none": 32768, "fp8": 65536}
-
-
-# ---- device memory ---------------------------------------------------------------------------------
-
-
-def gpu_memory_mib(field: str = "memory.used") -> float | None:
-    """nvidia-smi's `field` (memory.used, memory.total) of GPU 0 in MiB: the whole device, every
-    process and the caching allocators' reserve included; None without nvidia-smi or a GPU."""
-    try:
-        done = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader,nounits", "-i", "0"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        return float(done.stdout.split()[0]) if done.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
-        return None
-
-
-def gib(mib: float | None) -> float | None:
-    return None if mib is None else mib * MIB / GIB
-
-
-def gpu_processes_mib() -> dict[int, float]:
-    """Used GPU memory (MiB) of each process by pid (nvidia-smi --query-compute-apps; its CUDA
-    context included); {} when nvidia-smi answers nothing (no GPU; in some containers it lists no
-    process)."""
-    try:
-        done = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    used = {}
-    for line in done.stdout.splitlines() if done.returncode == 0 else []:
-        try:
-            pid, mib = (part.strip() for part in line.split(","))
-            used[int(pid)] = float(mib)
-        except ValueError:  # "[N/A]" or an unexpected line
-            continue
-    return used
-
-
-class PeakMemory:
-    """The largest gpu_memory_mib() sampled every SAMPLE_INTERVAL_S seconds in a thread while the
-    `with` block runs (also once at its start and its end), and each process's largest
-    gpu_processes_mib(); peak_mib stays None and per_process_peak_mib() {} when disabled (the CPU
-    smoke) or nvidia-smi answers nothing."""
-
-    def __init__(self, enabled: bool):
-        self.enabled, self.peak_mib, self.samples = enabled, None, 0
-        self.process_peaks: dict[int, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def sample(self) -> None:
-        value = gpu_memory_mib()
-        if value is not None:
-            self.peak_mib, self.samples = max(self.peak_mib or 0.0, value), self.samples + 1
-        for pid, mib in gpu_processes_mib().items():
-            self.process_peaks[pid] = max(self.process_peaks.get(pid, 0.0), mib)
-
-    def per_process_peak_mib(self, names: dict[int, str]) -> dict[str, float]:
-        """The per-process peaks keyed by names[pid] (a Triton model instance such as h3_dit_0_0,
-        tritonserver, ...), else "pid N"."""
-        return {names.get(pid, f"pid {pid}"): mib for pid, mib in sorted(self.process_peaks.items())}
-
-    def _run(self) -> None:
-        while not self._stop.wait(SAMPLE_INTERVAL_S):
-            self.sample()
-
-    def __enter__(self) -> "PeakMemory":
-        if self.enabled:
-            self.sample()
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.enabled:
-            self._stop.set()
-            self._thread.join(10.0)
-            self.sample()
 
 
 # ---- the Qwen3-VL text encoder at its real size (runs in a process of its own) --------------------
@@ -377,13 +290,6 @@ def per_process_gib(document: dict) -> dict[str, float]:
     return {name: gib(mib) for name, mib in document["peak_gpu_memory_mib_per_process"].items()}
 
 
-def dit_totals(metrics_url: str) -> dict[str, float]:
-    """h3_step_seconds and h3_pack_rows _sum and _count on /metrics, each summed over its series."""
-    text = read_metrics(metrics_url) or ""
-    names = [f"h3_{metric}_{part}" for metric in ("step_seconds", "pack_rows") for part in ("sum", "count")]
-    return {name: sum(s.value for s in metric_samples(text, name)) for name in names}
-
-
 def bench(
     server: TritonServer,
     name: str,
@@ -402,33 +308,17 @@ def bench(
     and peak_gpu_memory_mib_per_process (keyed by `names`: pid -> model instance), exit_code.
     Raises RuntimeError when bench_client.py wrote no document."""
     output = work / f"bench_{name}.json"
-    command = [
-        sys.executable,
-        "benchmarks/bench_client.py",
-        "--url",
+    command = bench_client_command(
         server.grpc_url,
-        "--metrics-url",
-        server.metrics_url,
-        "--height",
-        str(setting.height),
-        "--width",
-        str(setting.width),
-        "--num-frames",
-        str(setting.num_frames),
-        "--steps",
-        str(steps),
-        "--num-prompts",
-        str(requests),
-        "--max-concurrency",
-        str(requests),
-        "--warmup-requests",
-        "0",
-        *([] if mp4 else ["--no-mp4"]),
-        "--label",
-        name,
-        "--output-json",
-        str(output),
-    ]
+        metrics_url=server.metrics_url,
+        shape=(setting.height, setting.width, setting.num_frames),
+        steps=steps,
+        num_prompts=requests,
+        max_concurrency=requests,
+        mp4=mp4,
+        label=name,
+        output_json=output,
+    )
     if name != "warmup" and importlib.util.find_spec("matplotlib") is not None:  # the timeline PNG needs it
         command += ["--output-png", str(out / f"timeline_{name}.png")]
     print(f"--- {name}: {' '.join(command[1:])}", flush=True)
@@ -459,7 +349,9 @@ def bench(
     return without_machine_paths(document, work, out)
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
+    """The command line (module docstring); args.stages defaults to the encoder's stages, a stage
+    the encoder has not is an error (none is checked for the --qwen3vl-probe process)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="full_model_bench.json and the timeline PNGs")
     parser.add_argument("--work", type=Path, help="repository, server log, encoder (default: a temporary folder)")
@@ -479,9 +371,7 @@ def main() -> int:
     parser.add_argument("--dims", choices=sorted(QWEN3VL_DIMS), default="h3", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.qwen3vl_probe:
-        result = qwen3vl_probe(args.dims, args.qwen3vl_probe)
-        (args.out / "qwen3vl_probe.json").write_text(json.dumps(result, indent=2) + "\n")
-        return 0
+        return args
     valid = ENCODER_STAGES[args.encoder]
     args.stages = args.stages or list(valid)
     if not set(args.stages) <= set(valid):
@@ -489,22 +379,17 @@ def main() -> int:
             f"--stages {' '.join(args.stages)}: with --encoder {args.encoder} choose from {', '.join(valid)}"
             + (" (the Qwen3-VL is served, no probe runs)" if args.encoder == "qwen3vl" else "")
         )
-    args.out.mkdir(parents=True, exist_ok=True)
-    args.work = args.work or Path(tempfile.mkdtemp(prefix="h3_full_model."))
-    args.work.mkdir(parents=True, exist_ok=True)
-    print(f"work folder {args.work}", flush=True)
-    cuda = torch.cuda.is_available()
-    setting = GPU if cuda else CPU
-    cfg = get_config(setting.config)
-    mp4 = importlib.util.find_spec("av") is not None and not args.no_mp4
-    stages = [stage for stage in valid if stage in args.stages]
-    overrides = encoder_overrides(args.encoder, setting, args.quantization, args.work)
-    repository = plan(setting.config, WEIGHTS, setting.device, [0] if cuda else [], overrides=overrides)
-    for model, source in (("h3_dit", repository.dit.checkpoint_dir), ("h3_vae", repository.vae.checkpoint_dir)):
-        if source != WEIGHTS:
-            raise RuntimeError(f"{model} would load {source!r}, not {WEIGHTS}")
+    return args
+
+
+def results_document(
+    args: argparse.Namespace, setting: Setting, stages: list[str], overrides: dict, repository, mp4: bool
+) -> dict:
+    """full_model_bench.json before any stage: the machine, the command, the settings (the DiT's
+    parameters and weight bytes, each model's settings, return_mp4 and why), no runs yet."""
+    cuda, cfg, valid = setting.device == "cuda", get_config(setting.config), ENCODER_STAGES[args.encoder]
     meta_dit_params = sum(p.numel() for p in H3DiT(cfg, device="meta").parameters())
-    results = {
+    return {
         "date": datetime.date.today().isoformat(),
         "hardware": torch.cuda.get_device_name(0) if cuda else "CPU",
         "torch": torch.__version__,
@@ -538,6 +423,30 @@ def main() -> int:
         "runs": {},
         "errors": {},
     }
+
+
+def main() -> int:
+    """Run the stages asked for against one server; returns 1 when a stage failed, else 0."""
+    args = parse_args()
+    if args.qwen3vl_probe:
+        result = qwen3vl_probe(args.dims, args.qwen3vl_probe)
+        (args.out / "qwen3vl_probe.json").write_text(json.dumps(result, indent=2) + "\n")
+        return 0
+    valid = ENCODER_STAGES[args.encoder]
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.work = args.work or Path(tempfile.mkdtemp(prefix="h3_full_model."))
+    args.work.mkdir(parents=True, exist_ok=True)
+    print(f"work folder {args.work}", flush=True)
+    cuda = torch.cuda.is_available()
+    setting = GPU if cuda else CPU
+    mp4 = importlib.util.find_spec("av") is not None and not args.no_mp4
+    stages = [stage for stage in valid if stage in args.stages]
+    overrides = encoder_overrides(args.encoder, setting, args.quantization, args.work)
+    repository = plan(setting.config, WEIGHTS, setting.device, [0] if cuda else [], overrides=overrides)
+    for model, source in (("h3_dit", repository.dit.checkpoint_dir), ("h3_vae", repository.vae.checkpoint_dir)):
+        if source != WEIGHTS:
+            raise RuntimeError(f"{model} would load {source!r}, not {WEIGHTS}")
+    results = results_document(args, setting, stages, overrides, repository, mp4)
     summary = {"reference_run_b_wall_s": REFERENCE_RUN_B_WALL_S}
 
     def save() -> None:  # after every stage, so that a run cut short keeps what was measured

@@ -28,7 +28,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import tritonclient.grpc as grpcclient
 from PIL import Image
 
@@ -36,6 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from client.api import H3Client  # noqa: E402 - after the sys.path set-up above
+from client.inputs import reference_inputs, scalar_input  # noqa: E402
+from h3_core import protocol  # noqa: E402
 from h3_core.weights.checkpoint_setup import DEFAULT_ROOT, create_checkpoint  # noqa: E402
 from server.process import TritonServer  # noqa: E402
 from server.repository import plan, write_repository  # noqa: E402
@@ -47,16 +48,11 @@ LIGHT = dict(height=32, width=32, num_frames=5, num_inference_steps=2, seed=1)
 
 def heavy_inputs(data: bytes) -> list:
     """h3_pipeline's inputs of one heavy ref2va request: nine copies of `data` as REFERENCE_IMAGES."""
-    inputs = []
-    for name, value, kind in (
-        ("PROMPT", np.array([[b"a heavy one"]], dtype=object), "BYTES"),
-        ("NUM_INFERENCE_STEPS", np.array([[2]], dtype=np.int64), "INT64"),
-        ("REFERENCE_IMAGES", np.array([[data] * FILES], dtype=object), "BYTES"),
-    ):
-        tensor = grpcclient.InferInput(name, list(value.shape), kind)
-        tensor.set_data_from_numpy(value)
-        inputs.append(tensor)
-    return inputs
+    return [
+        scalar_input(protocol.PROMPT, b"a heavy one", "BYTES"),
+        scalar_input("NUM_INFERENCE_STEPS", 2, "INT64"),
+        *reference_inputs(reference_images=[data] * FILES),
+    ]
 
 
 def wait_for(condition, timeout_s: float = 300.0) -> None:

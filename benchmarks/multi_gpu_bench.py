@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from served_bench import FULL_PACK_DIT, GPU, prepare_weights, without_machine_paths  # noqa: E402 - after the sys.path set-up above
+from client_runs import bench_client_command, without_machine_paths  # noqa: E402 - after the sys.path set-up above
+from served_bench import FULL_PACK_DIT, GPU, prepare_weights  # noqa: E402 - after the sys.path set-up above
 
 from server.process import TritonServer, metric_samples, read_metrics  # noqa: E402 - after the sys.path set-up above
 from server.repository import plan, write_repository  # noqa: E402 - after the sys.path set-up above
@@ -65,45 +66,21 @@ def served(
     )
     bench_json = work / name / "bench.json"
     with TritonServer(repository, free_ports=True, timeout=900, log_file=work / name / "server.log") as server:
-        client = [
-            sys.executable,
-            "benchmarks/bench_client.py",
-            "--url",
-            server.grpc_url,
-            "--no-mp4",
-            "--warmup-requests",
-            "0",
-        ]
-        warm = [
-            *client,
-            "--num-prompts",
-            str(len(gpus)),
-            "--max-concurrency",
-            str(len(gpus)),
-            "--steps",
-            "2",
-            "--height",
-            "384",
-            "--width",
-            "672",
-            "--num-frames",
-            "209",
-        ]
+        warm = bench_client_command(
+            server.grpc_url, shape=(384, 672, 209), steps=2, num_prompts=len(gpus), max_concurrency=len(gpus)
+        )
         if subprocess.run(warm, cwd=ROOT, stdout=subprocess.DEVNULL).returncode != 0:
             raise RuntimeError(f"the warm-up of {name} failed; server log {work / name / 'server.log'}")
         before = {
             s.labels["instance"]: s.value for s in metric_samples(read_metrics(server.metrics_url), "h3_pack_rows_sum")
         }
-        command = [
-            *client,
-            "--metrics-url",
-            server.metrics_url,
-            "--label",
-            name,
-            "--output-json",
-            str(bench_json),
-            *bench_args,
-        ]
+        command = bench_client_command(
+            server.grpc_url,
+            metrics_url=server.metrics_url,
+            label=name,
+            output_json=bench_json,
+            extra=bench_args,
+        )
         print(f"--- {name}: {' '.join(command[1:])}", flush=True)
         done = subprocess.run(command, cwd=ROOT)
         rows = {

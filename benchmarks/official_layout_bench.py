@@ -49,6 +49,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from client_runs import bench_client_command  # noqa: E402 - after the sys.path set-up above
 
 from h3_core.config import get_config  # noqa: E402 - after the sys.path set-up above
 from h3_core.weights.official_checkpoint import (  # noqa: E402 - after the sys.path set-up above
@@ -147,15 +150,16 @@ def client_phase(args) -> int:
     (args.work / "ready_unix_s").write_text(repr(time.time()))
     setting = SETTINGS[args.client]  # not torch.cuda.is_available(): no CUDA context in this process
     mp4 = importlib.util.find_spec("av") is not None and not args.no_mp4
-    command = [
-        sys.executable,
-        str(ROOT / "benchmarks" / "bench_client.py"),
-        *("--height", str(setting.height), "--width", str(setting.width)),
-        *("--num-frames", str(setting.num_frames), "--steps", str(args.steps or setting.steps)),
-        *("--num-prompts", "1", "--max-concurrency", "1", "--warmup-requests", "0"),
-        *([] if mp4 else ["--no-mp4"]),
-        *("--label", "t2va", "--output-json", str(args.work / "bench_t2va.json")),
-    ]
+    command = bench_client_command(
+        None,  # bench_client.py reads H3_GRPC_URL
+        shape=(setting.height, setting.width, setting.num_frames),
+        steps=args.steps or setting.steps,
+        num_prompts=1,
+        max_concurrency=1,
+        mp4=mp4,
+        label="t2va",
+        output_json=args.work / "bench_t2va.json",
+    )
     if os.environ.get("H3_METRICS_URL"):
         command += ["--metrics-url", os.environ["H3_METRICS_URL"]]
     return subprocess.run(command, cwd=ROOT).returncode

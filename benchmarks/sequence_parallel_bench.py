@@ -75,6 +75,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from client_runs import bench_client_command, dit_totals, without_machine_paths  # noqa: E402 - after the sys.path set-up above
+
 from h3_core.config import get_config  # noqa: E402 - after the sys.path set-up above
 from h3_core.diffusion import layout as L  # noqa: E402 - after the sys.path set-up above
 from h3_core.diffusion.request import GenerationRequest, RequestLimits  # noqa: E402 - after the sys.path set-up above
@@ -318,29 +320,14 @@ def served(setting: Setting, sp: int, encoder_path: str, work: Path, out: Path) 
         )
         before = dit_totals(server.metrics_url)
         bench_json = work / f"sp{sp}" / "bench.json"
-        command = [
-            sys.executable,
-            "benchmarks/bench_client.py",
-            "--url",
+        command = bench_client_command(
             server.grpc_url,
-            "--no-mp4",
-            "--warmup-requests",
-            "0",
-            "--num-prompts",
-            "1",
-            "--steps",
-            str(setting.long_steps),
-            "--height",
-            str(height),
-            "--width",
-            str(width),
-            "--num-frames",
-            str(frames),
-            "--label",
-            f"sp{sp}",
-            "--output-json",
-            str(bench_json),
-        ]
+            num_prompts=1,
+            steps=setting.long_steps,
+            shape=(height, width, frames),
+            label=f"sp{sp}",
+            output_json=bench_json,
+        )
         print(f"--- sp {sp}: {' '.join(command[1:])}", flush=True)
         done = subprocess.run(command, cwd=ROOT)
         after = dit_totals(server.metrics_url)
@@ -354,7 +341,7 @@ def served(setting: Setting, sp: int, encoder_path: str, work: Path, out: Path) 
             step_interval_s=summary["step_interval_s"]["mean"],
             server_step_s=(after["h3_step_seconds_sum"] - before["h3_step_seconds_sum"])
             / max(1.0, after["h3_step_seconds_count"] - before["h3_step_seconds_count"]),
-            bench_client=scrub(document, work, out),
+            bench_client=without_machine_paths(document, work, out),
         )
         h, w, f = setting.parity_shape
         (parity,) = client.generate(
@@ -372,23 +359,6 @@ def served(setting: Setting, sp: int, encoder_path: str, work: Path, out: Path) 
     result["worker_restarts_logged"] = restarts
     print(f"sp {sp} served: {result['latency_s']:.2f} s for {setting.long_steps} steps", flush=True)
     return result, [torch.from_numpy(parity.frames.copy()), torch.from_numpy(parity.audio.copy())]
-
-
-def dit_totals(metrics_url: str) -> dict[str, float]:
-    """h3_step_seconds _sum and _count on /metrics, summed over the DiT instances."""
-    from server.process import metric_samples, read_metrics
-
-    text = read_metrics(metrics_url) or ""
-    names = ("h3_step_seconds_sum", "h3_step_seconds_count")
-    return {name: sum(s.value for s in metric_samples(text, name)) for name in names}
-
-
-def scrub(document: dict, work: Path, out: Path) -> dict:
-    """`document` with this machine's folders as $WORK / $OUT and the interpreter as python3."""
-    text = json.dumps(document)
-    for path, name in ((str(work), "$WORK"), (str(out), "$OUT"), (sys.executable, "python3")):
-        text = text.replace(json.dumps(path)[1:-1], name)
-    return json.loads(text)
 
 
 def summarize(results: dict, sp: int) -> dict:
@@ -460,7 +430,7 @@ def main() -> None:
 
     def save() -> None:
         results["summary"] = summarize(results, sp)
-        text = json.dumps(scrub(results, work, args.out), indent=2) + "\n"
+        text = json.dumps(without_machine_paths(results, work, args.out), indent=2) + "\n"
         (args.out / RESULT).write_text(text)
         kept.write_text(text)
 

@@ -64,16 +64,16 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from h3_core.diffusion.request import GenerationRequest, RequestLimits  # noqa: E402 - after the sys.path set-up above
-from h3_core.factory import load_engine  # noqa: E402 - after the sys.path set-up above
 from h3_core.model.dit import use_bitwise_cublas  # noqa: E402 - after the sys.path set-up above
 from h3_core.serving.scheduler import DEFAULT_POLICY  # noqa: E402 - after the sys.path set-up above
 from h3_core.weights.checkpoint_setup import create_checkpoint  # noqa: E402 - after the sys.path set-up above
-from server.process import TritonServer, metric_samples, read_metrics  # noqa: E402 - after the sys.path set-up above
+from server.process import TritonServer  # noqa: E402 - after the sys.path set-up above
 from server.repository import plan, write_repository  # noqa: E402 - after the sys.path set-up above
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_text_encoder import write_bench_text_encoder  # noqa: E402 - after the sys.path set-up above
+from client_runs import bench_client_command, dit_totals, without_machine_paths  # noqa: E402 - after the sys.path set-up above
+from in_process_steps import in_process_step_loops  # noqa: E402 - after the sys.path set-up above
 
 TEXT_LEN = 45  # tokens of "Random prompt {i} for benchmarking diffusion models" with the bench encoder
 # h3_dit settings of the GPU runs that pack 4 x 16,384-row requests of 672x384, 209 frames in one step
@@ -182,113 +182,6 @@ def prepare_weights(setting: Setting, work: Path, cuda: bool) -> tuple[Path, str
     return checkpoint, str(encoder)
 
 
-def synchronize(device: str) -> None:
-    """Wait for the work queued on `device` ("cuda" or "cpu": nothing to wait for)."""
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed_loop(
-    engine, request: GenerationRequest, text: torch.Tensor, device: str, per_step_sync: bool = False
-) -> float:
-    """Mean seconds per step of `request` stepped alone (Engine.update(state,
-    Engine.denoise_step([state]))) over all but its first 2 steps, which run untimed; the device
-    synchronised before and after the timed steps, and after each one when per_step_sync."""
-    state = engine.prepare(request, text)[0]
-    for _ in range(2):
-        engine.update(state, engine.denoise_step([state])[0])
-    synchronize(device)
-    start = time.perf_counter()
-    while not state.finished:
-        engine.update(state, engine.denoise_step([state])[0])
-        if per_step_sync:
-            synchronize(device)
-    synchronize(device)
-    return (time.perf_counter() - start) / (state.total_steps - 2)
-
-
-def in_process_step_loops(setting: Setting, checkpoint: Path, loops: dict, device: str) -> dict:
-    """Seconds per step of one request's loop in-process, per entry name -> ((height, width,
-    num_frames), steps) of `loops`, on one engine built as h3_dit builds it (load_engine; on CUDA
-    compiled, its warm-up step run first: warm_up_seconds): the mean over `steps` steps of
-    Engine.update(state, Engine.denoise_step([state])) after 2 warm-up steps, the device
-    synchronised before and after the timed steps (the latents stay on the device, so the steps
-    in between queue without waiting); measured with torch's default CPU threads
-    (seconds_per_step), then with 1 (seconds_per_step_1_thread), then with the default threads
-    and the device synchronised after every step (seconds_per_step_synced). The request's text
-    states are setting.text_len random rows (the served prompt's length), so `rows` matches the
-    served request's."""
-    engine = load_engine(
-        setting.config,
-        checkpoint,
-        device,
-        with_encoder=False,
-        with_vaes=False,
-        limits=RequestLimits(
-            max_height=setting.height,
-            max_width=setting.width,
-            max_num_frames=setting.num_frames,
-            max_steps=max(steps for _, steps in loops.values()) + 2,
-            max_rows=2**20,
-            max_request_mb=1 << 20,
-        ),
-    )
-    warm_up_seconds = engine.warm_up()
-    text = torch.randn(setting.text_len, engine.dit.cfg.text_dim, generator=torch.Generator().manual_seed(0))
-    threads = torch.get_num_threads()
-    results = {}
-    for name, ((height, width, num_frames), steps) in loops.items():
-        request = GenerationRequest("in-process", height, width, num_frames, steps + 2, seed=0)
-        result = {"seconds_per_step": timed_loop(engine, request, text, device), "cpu_threads": threads}
-        result["steps"] = steps
-        torch.set_num_threads(1)
-        result["seconds_per_step_1_thread"] = timed_loop(engine, request, text, device)
-        torch.set_num_threads(threads)
-        result["seconds_per_step_synced"] = timed_loop(engine, request, text, device, per_step_sync=True)
-        result["rows"] = engine.prepare(request, text)[0].rows
-        result["shape"] = [height, width, num_frames]
-        result["warm_up_seconds"] = warm_up_seconds
-        results[name] = result
-    del engine  # its GPU memory goes back before empty_cache
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    return results
-
-
-def without_machine_paths(document: dict, work: Path, out: Path, executable: str = sys.executable) -> dict:
-    """`document` with this machine's folders written as $WORK and $OUT and the interpreter as
-    python3, so that a result filed in the repository names no path of the machine it ran on."""
-    text = json.dumps(document)
-    for path, name in ((str(work), "$WORK"), (str(out), "$OUT"), (executable, "python3")):
-        text = text.replace(json.dumps(path)[1:-1], name)
-    return json.loads(text)
-
-
-TRITON_TOTALS = (
-    "nv_inference_exec_count",
-    "nv_inference_request_success",
-    "nv_inference_queue_duration_us",
-    "nv_inference_compute_input_duration_us",
-    "nv_inference_compute_infer_duration_us",
-    "nv_inference_compute_output_duration_us",
-)
-SERVED_MODELS = ("h3_encoder", "h3_dit", "h3_vae")
-
-
-def dit_totals(metrics_url: str) -> dict[str, float]:
-    """h3_step_seconds and h3_pack_rows _sum and _count on /metrics, each summed over its series,
-    and Triton's per-model execute counts and durations (TRITON_TOTALS) of each SERVED_MODELS
-    model as `<model>.<metric>`, which say where a served step's time goes between executes."""
-    text = read_metrics(metrics_url) or ""
-    names = [f"h3_{metric}_{part}" for metric in ("step_seconds", "pack_rows") for part in ("sum", "count")]
-    totals = {name: sum(s.value for s in metric_samples(text, name)) for name in names}
-    for model in SERVED_MODELS:
-        for name in TRITON_TOTALS:
-            # prometheus_client's parser names a counter's samples <name>_total
-            totals[f"{model}.{name}"] = sum(s.value for s in metric_samples(text, f"{name}_total", model=model))
-    return totals
-
-
 def served_run(
     server_name: str,
     setting: Setting,
@@ -331,37 +224,21 @@ def served_run(
         ready_s = time.perf_counter() - start
         for client in clients:
             bench_json = run_dir / f"bench_{client.name}.json"
-            height, width, num_frames = client.shape
-            command = [
-                sys.executable,
-                "benchmarks/bench_client.py",
-                "--url",
+            command = bench_client_command(
                 server.grpc_url,
-                "--metrics-url",
-                server.metrics_url,
-                "--height",
-                str(height),
-                "--width",
-                str(width),
-                "--num-frames",
-                str(num_frames),
-                "--warmup-requests",
-                "1",
-                "--warmup-steps",
-                "2",
-                "--no-mp4",
-                "--label",
-                client.name,
-                "--output-json",
-                str(bench_json),
-                "--output-png",
-                str(out / f"timeline_{client.name}.png"),
-                *client.args,
-            ]
+                metrics_url=server.metrics_url,
+                shape=client.shape,
+                warmup_requests=1,
+                warmup_steps=2,
+                label=client.name,
+                output_json=bench_json,
+                output_png=out / f"timeline_{client.name}.png",
+                extra=client.args,
+            )
             print(f"--- {client.name}: server ready in {ready_s:.1f} s; {' '.join(command[1:])}", flush=True)
-            before = dit_totals(server.metrics_url)
+            before = dit_totals(server.metrics_url, per_model=True)
             done = subprocess.run(command, cwd=ROOT)
-            after = dit_totals(server.metrics_url)
+            after = dit_totals(server.metrics_url, per_model=True)
             if done.returncode != 0:
                 raise RuntimeError(
                     f"bench_client.py for {client.name} exited with {done.returncode}; "
@@ -404,7 +281,8 @@ def parse_dit_overrides(items: list[str]) -> dict[str, str]:
     return overrides
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The command line (module docstring); --h3-dit items parsed into args.dit_overrides."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="served_bench.json and the timeline PNGs")
     parser.add_argument(
@@ -441,208 +319,220 @@ def main() -> None:
     )
     args = parser.parse_args()
     try:
-        dit_overrides = parse_dit_overrides(args.h3_dit)
+        args.dit_overrides = parse_dit_overrides(args.h3_dit)
     except argparse.ArgumentTypeError as error:
         parser.error(str(error))
-    scenarios = [s for s in SCENARIOS if s in args.scenarios]
-    began = time.perf_counter()
-    args.out.mkdir(parents=True, exist_ok=True)
-    args.work = args.work or Path(tempfile.mkdtemp(prefix="h3_served_bench."))
-    print(f"work folder {args.work}", flush=True)
-    cuda = torch.cuda.is_available()
-    setting = GPU if cuda else CPU
-    checkpoint, encoder_path = prepare_weights(setting, args.work, cuda)
-    results = {
-        "date": datetime.date.today().isoformat(),
-        "hardware": torch.cuda.get_device_name() if cuda else "CPU",
-        "torch": torch.__version__,
-        "command": "PYTHONUNBUFFERED=1 python3 benchmarks/served_bench.py --out DIR --scenarios "
-        + " ".join(scenarios)
-        + (f" --budget-s {args.budget_s:g}" if args.budget_s is not None else "")
-        + "".join(f" --h3-dit {item}" for item in args.h3_dit),
-        "setting": setting.__dict__,
-        "h3_dit_overrides": dit_overrides,
-        "runs": {},
-        "run_seconds": {},
-        "skipped": [],
-        "errors": {},
-    }
-    runs, summary, run_seconds = results["runs"], {}, results["run_seconds"]
+    return args
 
-    def save() -> None:  # after every run, so that a run cut short keeps what was measured
-        results["summary"] = summary
-        results["seconds"] = time.perf_counter() - began
-        (args.out / "served_bench.json").write_text(json.dumps(results, indent=2) + "\n")
 
-    def fits(name: str) -> bool:
+class Campaign:
+    """The runs of one call: the results document (saved to OUT/served_bench.json after every
+    run, so that a run cut short keeps what was measured), the --budget-s check and the servers."""
+
+    def __init__(self, args: argparse.Namespace, scenarios: list[str]) -> None:
+        self.args, self.began = args, time.perf_counter()
+        args.out.mkdir(parents=True, exist_ok=True)
+        args.work = args.work or Path(tempfile.mkdtemp(prefix="h3_served_bench."))
+        print(f"work folder {args.work}", flush=True)
+        self.cuda = torch.cuda.is_available()
+        self.setting = GPU if self.cuda else CPU
+        self.checkpoint, self.encoder_path = prepare_weights(self.setting, args.work, self.cuda)
+        self.results = {
+            "date": datetime.date.today().isoformat(),
+            "hardware": torch.cuda.get_device_name() if self.cuda else "CPU",
+            "torch": torch.__version__,
+            "command": "PYTHONUNBUFFERED=1 python3 benchmarks/served_bench.py --out DIR --scenarios "
+            + " ".join(scenarios)
+            + (f" --budget-s {args.budget_s:g}" if args.budget_s is not None else "")
+            + "".join(f" --h3-dit {item}" for item in args.h3_dit),
+            "setting": self.setting.__dict__,
+            "h3_dit_overrides": args.dit_overrides,
+            "runs": {},
+            "run_seconds": {},
+            "skipped": [],
+            "errors": {},
+        }
+        self.runs, self.summary, self.run_seconds = self.results["runs"], {}, self.results["run_seconds"]
+
+    def save(self) -> None:
+        """Write the results so far."""
+        self.results["summary"] = self.summary
+        self.results["seconds"] = time.perf_counter() - self.began
+        (self.args.out / "served_bench.json").write_text(json.dumps(self.results, indent=2) + "\n")
+
+    def fits(self, name: str) -> bool:
         """Whether `name` may start within --budget-s (judged by the longest run so far)."""
-        longest = max(run_seconds.values(), default=0.0)
-        if args.budget_s is None or time.perf_counter() - began + longest <= args.budget_s:
+        longest, spent = max(self.run_seconds.values(), default=0.0), time.perf_counter() - self.began
+        if self.args.budget_s is None or spent + longest <= self.args.budget_s:
             return True
-        print(f"--- {name}: skipped, {time.perf_counter() - began:.0f} s + {longest:.0f} s > --budget-s", flush=True)
-        results["skipped"].append(name)
-        save()
+        print(f"--- {name}: skipped, {spent:.0f} s + {longest:.0f} s > --budget-s", flush=True)
+        self.results["skipped"].append(name)
+        self.save()
         return False
 
-    def serve(server_name: str, dit: dict, clients: list[Client]) -> dict[str, dict] | None:
+    def serve(self, server_name: str, dit: dict, clients: list[Client]) -> dict[str, dict] | None:
         """Start one server for `clients`; their summaries (the documents go to runs), or None
         when skipped or failed (the error is recorded under "errors" and the call goes on)."""
-        if not fits(server_name):
+        if not self.fits(server_name):
             return None
-        start = time.perf_counter()
+        start, args = time.perf_counter(), self.args
         try:
             documents = served_run(
                 server_name,
-                setting,
-                checkpoint,
-                encoder_path,
-                {**dit, **dit_overrides},
+                self.setting,
+                self.checkpoint,
+                self.encoder_path,
+                {**dit, **args.dit_overrides},
                 clients,
                 args.work,
                 args.out,
-                cuda,
+                self.cuda,
                 args.server_arg,
             )
         except Exception as error:  # noqa: BLE001 - one failed run must not cost the rest of the call
             documents = None
-            results["errors"][server_name] = f"{type(error).__name__}: {error}"
-            print(f"--- {server_name}: failed: {results['errors'][server_name]}", flush=True)
-        run_seconds[server_name] = time.perf_counter() - start
+            self.results["errors"][server_name] = f"{type(error).__name__}: {error}"
+            print(f"--- {server_name}: failed: {self.results['errors'][server_name]}", flush=True)
+        self.run_seconds[server_name] = time.perf_counter() - start
         if documents is not None:
-            runs.update(documents)
-        save()
+            self.runs.update(documents)
+        self.save()
         return None if documents is None else {name: document["summary"] for name, document in documents.items()}
 
-    def run(name: str, dit: dict, bench_args: list[str]) -> dict | None:
-        """One server with one client of the setting's shape; its summary (None when skipped)."""
-        done = serve(name, dit, [Client(name, (setting.height, setting.width, setting.num_frames), bench_args)])
+    def run(self, name: str, dit: dict, bench_args: list[str]) -> dict | None:
+        """One server with one client of the setting's shape; its summary (None when skipped or
+        failed)."""
+        shape = (self.setting.height, self.setting.width, self.setting.num_frames)
+        done = self.serve(name, dit, [Client(name, shape, bench_args)])
         return None if done is None else done[name]
 
-    def throughput(summary_of_run: dict | None) -> float | None:
-        return None if summary_of_run is None else summary_of_run["throughput_req_per_min"]
 
-    n = setting.c_requests
+def throughput(summary_of_run: dict | None) -> float | None:
+    """A run's requests per minute, None for a run skipped or failed."""
+    return None if summary_of_run is None else summary_of_run["throughput_req_per_min"]
+
+
+def scenario_c(campaign: Campaign, paired: bool, one_slot: bool) -> None:
+    """(c) paired: interleaved pairs of request mode and step mode with c_requests slots, their
+    throughput ratio; one_slot: step mode with 1 slot against request mode (a request-mode run of
+    its own when the pairs did not run)."""
+    setting, summary, n = campaign.setting, campaign.summary, campaign.setting.c_requests
     c_args = ["--num-prompts", str(n), "--max-concurrency", str(n), "--steps", str(setting.c_steps)]
     c_request = {"execution_mode": "request", "scheduling_policy": "fifo", "max_num_seqs": n}
-    request_throughputs = []
-    if "c" in scenarios:  # interleaved pairs: request mode, then step mode with n slots
-        pairs = []
-        for repeat in range(1, setting.c_repeats + 1):
-            request = throughput(run(f"c_request_mode_{repeat}", c_request, c_args))
-            packed = throughput(
-                run(
-                    f"c_step_{n}_slots_{repeat}",
-                    {"execution_mode": "step", "scheduling_policy": "fifo", "max_num_seqs": n},
-                    c_args,
-                )
-            )
-            if request is not None:
-                request_throughputs.append(request)
-            if request is not None and packed is not None:
-                pairs.append(packed / request)
-                spread = ratio_spread(pairs)
-                results["c_step4_over_request_pairs"] = spread
-                summary["step4_over_request_throughput_c"] = spread["median"]
-                summary["step4_over_request_throughput_c_min"] = spread["min"]
-                summary["step4_over_request_throughput_c_max"] = spread["max"]
-                summary["step4_over_request_throughput_c_pairs"] = len(pairs)
-                save()
-    if "c1" in scenarios:
-        if "c" not in scenarios:
-            request = throughput(run("c_request_mode_c1", c_request, c_args))
-            if request is not None:
-                request_throughputs.append(request)
-        one = throughput(
-            run("c_step_1_slot", {"execution_mode": "step", "scheduling_policy": "fifo", "max_num_seqs": 1}, c_args)
-        )
-        if one is not None and request_throughputs:
-            summary["step1_over_request_throughput_c"] = one / statistics.median(request_throughputs)
-            save()
-    if "d" in scenarios:
-        d_args = [
-            "--num-prompts",
-            str(setting.d_requests),
-            "--max-concurrency",
-            "0",
-            "--arrival-interval",
-            str(setting.d_interval_s),
-            "--steps",
-            str(setting.d_steps),
-        ]
-        d = {
-            policy: run(
-                f"d_{policy}",
-                {
-                    "execution_mode": "step",
-                    "scheduling_policy": policy,
-                    "max_num_seqs": 4,
-                    "row_budget": setting.row_budget_d,
-                },
-                d_args,
-            )
-            for policy in ("request", "fifo", "srpt")
-        }
-        for policy in ("fifo", "srpt"):
-            if d["request"] is None or d[policy] is None:
-                continue
-            name = "default" if policy == "srpt" else policy
-            summary[f"{name}_over_request_mean_latency_d"] = (
-                d[policy]["latency_s"]["mean"] / d["request"]["latency_s"]["mean"]
-            )
-            summary[f"request_over_{name}_time_to_first_step_d"] = (
-                d["request"]["time_to_first_step_s"]["mean"] / d[policy]["time_to_first_step_s"]["mean"]
-            )
-            summary[f"{name}_over_request_throughput_d"] = (
-                d[policy]["throughput_req_per_min"] / d["request"]["throughput_req_per_min"]
-            )
-    if "f" in scenarios:
-        large = (setting.height, setting.width, setting.num_frames)
-        served = serve(
-            "f_served",
+    request_throughputs, pairs = [], []
+    for repeat in range(1, setting.c_repeats + 1) if paired else ():
+        request = throughput(campaign.run(f"c_request_mode_{repeat}", c_request, c_args))
+        step = {"execution_mode": "step", "scheduling_policy": "fifo", "max_num_seqs": n}
+        packed = throughput(campaign.run(f"c_step_{n}_slots_{repeat}", step, c_args))
+        if request is not None:
+            request_throughputs.append(request)
+        if request is not None and packed is not None:
+            pairs.append(packed / request)
+            spread = ratio_spread(pairs)
+            campaign.results["c_step4_over_request_pairs"] = spread
+            summary["step4_over_request_throughput_c"] = spread["median"]
+            summary["step4_over_request_throughput_c_min"] = spread["min"]
+            summary["step4_over_request_throughput_c_max"] = spread["max"]
+            summary["step4_over_request_throughput_c_pairs"] = len(pairs)
+            campaign.save()
+    if not one_slot:
+        return
+    if not paired:
+        request = throughput(campaign.run("c_request_mode_c1", c_request, c_args))
+        if request is not None:
+            request_throughputs.append(request)
+    one_slot_dit = {"execution_mode": "step", "scheduling_policy": "fifo", "max_num_seqs": 1}
+    one = throughput(campaign.run("c_step_1_slot", one_slot_dit, c_args))
+    if one is not None and request_throughputs:
+        summary["step1_over_request_throughput_c"] = one / statistics.median(request_throughputs)
+        campaign.save()
+
+
+def scenario_d(campaign: Campaign) -> None:
+    """(d) d_requests arriving every d_interval_s under request mode, fifo and srpt (the default):
+    each policy's mean latency, time to first step and throughput against request mode."""
+    setting, summary = campaign.setting, campaign.summary
+    d_args = ["--num-prompts", str(setting.d_requests), "--max-concurrency", "0"]
+    d_args += ["--arrival-interval", str(setting.d_interval_s), "--steps", str(setting.d_steps)]
+    d = {
+        policy: campaign.run(
+            f"d_{policy}",
             {
                 "execution_mode": "step",
-                "scheduling_policy": DEFAULT_POLICY,
+                "scheduling_policy": policy,
                 "max_num_seqs": 4,
                 "row_budget": setting.row_budget_d,
             },
-            [
-                Client("f_served", large, ["--num-prompts", "1", "--steps", str(setting.c_steps)]),
-                Client("f_served_128", setting.f_small, ["--num-prompts", "1", "--steps", str(setting.f_small_steps)]),
-            ],
+            d_args,
         )
-        # in-process after the servers have stopped, so that nothing else holds the GPU
-        loops = None
-        if served is not None and fits("in_process"):
-            start = time.perf_counter()
-            try:
-                loops = in_process_step_loops(
-                    setting,
-                    checkpoint,
-                    {"large": (large, setting.c_steps), "128": (setting.f_small, setting.f_small_steps)},
-                    "cuda" if cuda else "cpu",
-                )
-            except Exception as error:  # noqa: BLE001 - recorded; what was measured is still written
-                results["errors"]["in_process"] = f"{type(error).__name__}: {error}"
-                print(f"--- in_process: failed: {results['errors']['in_process']}", flush=True)
-            run_seconds["in_process"] = time.perf_counter() - start
-        if loops is not None:
-            for key, client in (("in_process", "f_served"), ("in_process_128", "f_served_128")):
-                loop = loops["large" if key == "in_process" else "128"]
-                loop["served_seconds_per_step"] = served[client]["step_interval_s"]["mean"]
-                loop["served_rows_per_step"] = runs[client]["dit_steps"]["rows_per_step"]
-                results[key] = loop
-            large_loop, small_loop = results["in_process"], results["in_process_128"]
-            summary["server_overhead_fraction_f"] = (
-                large_loop["served_seconds_per_step"] / large_loop["seconds_per_step"] - 1
-            )
-            summary["server_overhead_ms_128"] = (
-                small_loop["served_seconds_per_step"] - small_loop["seconds_per_step"]
-            ) * 1e3
-            summary["server_overhead_fraction_f_128"] = (
-                small_loop["served_seconds_per_step"] / small_loop["seconds_per_step"] - 1
-            )
-    save()
+        for policy in ("request", "fifo", "srpt")
+    }
+    for policy in ("fifo", "srpt"):
+        if d["request"] is None or d[policy] is None:
+            continue
+        name = "default" if policy == "srpt" else policy
+        summary[f"{name}_over_request_mean_latency_d"] = (
+            d[policy]["latency_s"]["mean"] / d["request"]["latency_s"]["mean"]
+        )
+        summary[f"request_over_{name}_time_to_first_step_d"] = (
+            d["request"]["time_to_first_step_s"]["mean"] / d[policy]["time_to_first_step_s"]["mean"]
+        )
+        summary[f"{name}_over_request_throughput_d"] = (
+            d[policy]["throughput_req_per_min"] / d["request"]["throughput_req_per_min"]
+        )
 
+
+def scenario_f(campaign: Campaign) -> None:
+    """(f) one request served (the setting's shape, and f_small) against the same request's steps
+    in-process after the server stopped: the server's overhead per step."""
+    setting, results, summary = campaign.setting, campaign.results, campaign.summary
+    large = (setting.height, setting.width, setting.num_frames)
+    served = campaign.serve(
+        "f_served",
+        {
+            "execution_mode": "step",
+            "scheduling_policy": DEFAULT_POLICY,
+            "max_num_seqs": 4,
+            "row_budget": setting.row_budget_d,
+        },
+        [
+            Client("f_served", large, ["--num-prompts", "1", "--steps", str(setting.c_steps)]),
+            Client("f_served_128", setting.f_small, ["--num-prompts", "1", "--steps", str(setting.f_small_steps)]),
+        ],
+    )
+    # in-process after the servers have stopped, so that nothing else holds the GPU
+    loops = None
+    if served is not None and campaign.fits("in_process"):
+        start = time.perf_counter()
+        try:
+            loops = in_process_step_loops(
+                setting,
+                campaign.checkpoint,
+                {"large": (large, setting.c_steps), "128": (setting.f_small, setting.f_small_steps)},
+                "cuda" if campaign.cuda else "cpu",
+            )
+        except Exception as error:  # noqa: BLE001 - recorded; what was measured is still written
+            results["errors"]["in_process"] = f"{type(error).__name__}: {error}"
+            print(f"--- in_process: failed: {results['errors']['in_process']}", flush=True)
+        campaign.run_seconds["in_process"] = time.perf_counter() - start
+    if loops is None:
+        return
+    for key, client in (("in_process", "f_served"), ("in_process_128", "f_served_128")):
+        loop = loops["large" if key == "in_process" else "128"]
+        loop["served_seconds_per_step"] = served[client]["step_interval_s"]["mean"]
+        loop["served_rows_per_step"] = campaign.runs[client]["dit_steps"]["rows_per_step"]
+        results[key] = loop
+    large_loop, small_loop = results["in_process"], results["in_process_128"]
+    summary["server_overhead_fraction_f"] = large_loop["served_seconds_per_step"] / large_loop["seconds_per_step"] - 1
+    summary["server_overhead_ms_128"] = (small_loop["served_seconds_per_step"] - small_loop["seconds_per_step"]) * 1e3
+    summary["server_overhead_fraction_f_128"] = (
+        small_loop["served_seconds_per_step"] / small_loop["seconds_per_step"] - 1
+    )
+
+
+def print_report(campaign: Campaign) -> None:
+    """The runs' table, the in-process loops, each run's seconds and the summary, on stdout."""
+    results, setting = campaign.results, campaign.setting
     print(
         f"\n{results['hardware']}, {setting.config} DiT, {setting.height}x{setting.width}, {setting.num_frames} frames"
     )
@@ -650,7 +540,7 @@ def main() -> None:
         f"{'run':<20}{'wall s':>9}{'req/min':>9}{'mean lat s':>11}{'p95 lat s':>10}{'mean TTFS s':>12}"
         f"{'step int s':>11}{'pack':>5}{'srv step s':>11}{'rows/step':>10}{'ready s':>8}"
     )
-    for name, document in runs.items():
+    for name, document in campaign.runs.items():
         s, dit_steps = document["summary"], document["dit_steps"]
         print(
             f"{name:<20}{s['wall_s']:9.2f}{s['throughput_req_per_min']:9.2f}{s['latency_s']['mean']:11.2f}"
@@ -668,13 +558,28 @@ def main() -> None:
                 f"{ip['seconds_per_step_synced'] * 1e3:.2f} ms (synchronised every step); served step "
                 f"{ip['served_seconds_per_step'] * 1e3:.2f} ms ({ip['served_rows_per_step']:.0f} rows)"
             )
-    for name, seconds in run_seconds.items():
+    for name, seconds in campaign.run_seconds.items():
         print(f"{name:<20} {seconds:7.1f} s")
     print(f"total {results['seconds']:.1f} s; skipped {results['skipped'] or 'none'}")
-    for key, value in summary.items():
+    for key, value in campaign.summary.items():
         print(f"{key:<44}{value:.4f}")
-    if results["errors"]:
-        sys.exit(f"failed runs: {results['errors']}")
+
+
+def main() -> None:
+    """Run the scenarios asked for in the order c, c1, d, f; exit 1 naming the failed runs."""
+    args = parse_args()
+    scenarios = [s for s in SCENARIOS if s in args.scenarios]
+    campaign = Campaign(args, scenarios)
+    if "c" in scenarios or "c1" in scenarios:
+        scenario_c(campaign, "c" in scenarios, "c1" in scenarios)
+    if "d" in scenarios:
+        scenario_d(campaign)
+    if "f" in scenarios:
+        scenario_f(campaign)
+    campaign.save()
+    print_report(campaign)
+    if campaign.results["errors"]:
+        sys.exit(f"failed runs: {campaign.results['errors']}")
 
 
 if __name__ == "__main__":

@@ -24,18 +24,14 @@ which needs no torch.
 """
 
 import json
-import numbers
 import os
 import queue
-import re
-import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -43,67 +39,30 @@ from tritonclient.utils import InferenceServerException
 
 from h3_core import protocol
 
-ENSEMBLE_PREFIX = re.compile(r"^in ensemble '[^']*', ")
-REQUEST_ID_PREFIX = re.compile(r"^\[request id: [^\]]*\] ")
-# Triton's own errors, raised before or around the models, carry no code word: a malformed
-# request (wrong data type, shape, batch size, input or output name; a sequence id without
-# START) is INVALID_ARG; a dead model process (python backend stub), a lost connection and a
-# full /dev/shm (the python backend could not grow its shared memory) are UNAVAILABLE.
-TRITON_ERRORS = (
-    (
-        re.compile(
-            r"^(inference input '[^']*' data-type is |unexpected shape for input "
-            r"|inference request batch-size must be |unexpected inference (input|output) "
-            r"|inference request for sequence .* must specify the START flag"
-            r"|input '[^']*' batch size does not match other inputs "
-            r"|inference request to model '[^']*' must specify batch-size 1 )"
-        ),
-        "INVALID_ARG",
-    ),
-    (
-        re.compile(
-            r"^(Stub process '[^']*' is not healthy|failed to connect to all addresses|Stream removed"
-            r"|Socket closed|The stream is no longer in valid state"
-            r"|Failed to process the request\(s\) for model '[^']*', "
-            r"message: Failed to increase the shared memory pool size)"
-        ),
-        "UNAVAILABLE",
-    ),
+from .addresses import channel_args, check_url, server_addresses
+from .errors import H3Error
+from .inputs import (
+    check_seconds,
+    check_type,
+    keyframe_inputs,
+    media_bytes,
+    reference_inputs,
+    request_parameters,
+    scalar_input,
 )
+
 CANCEL_WAIT_S = 10.0  # after a timeout: how long to wait for the cancelled request's final response
 # With deadline_s and no total_timeout_s, a call may last deadline_s + this many seconds: the server
 # counts deadline_s from the request's arrival and cancels at the next step boundary after it, and a
 # request that finished its steps in time is still decoded (about 7 s for the largest request the
 # shipped CPU repository allows), so this covers the transfer, one step and a decode or a few.
 DEADLINE_MARGIN_S = 30.0
-# Targets served by several servers (gRPC name syntax): a name resolved to every address, or a list.
-BALANCED_PREFIXES = ("dns:///", "ipv4:", "ipv6:")
 # Each call streams over a channel of the client's pool; a channel is reused for this many seconds
 # from its creation (then closed): on one channel round_robin sends successive requests to
 # successive servers, and a new channel resolves a dns:/// name again (servers added since).
 CHANNEL_MAX_AGE_S = 300.0
 # seconds a unary call (model_config, ready) waits for its answer
 UNARY_TIMEOUT_S = 10.0
-
-
-class H3Error(Exception):
-    """A failed generation: an error response (refusals: INVALID_ARG, UNAVAILABLE; Triton's own
-    errors), or a final response whose INFO is {"kind": "error", "code", "message"} (a started
-    request that ended early: CANCELLED, INTERNAL). `code` is the code word (TIMEOUT when the
-    client gave up; UNKNOWN for an unrecognised error); `message` is the rest, without
-    Triton's ensemble and request-id prefixes."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(f"{code}: {message}")
-        self.code, self.message = code, message
-
-    @classmethod
-    def from_server(cls, error: InferenceServerException) -> "H3Error":
-        text = REQUEST_ID_PREFIX.sub("", ENSEMBLE_PREFIX.sub("", error.message() or str(error)))
-        match = protocol.CODE_PATTERN.match(text)
-        if match:
-            return cls(match.group(1), text[match.end() :])
-        return cls(next((code for pattern, code in TRITON_ERRORS if pattern.match(text)), "UNKNOWN"), text)
 
 
 @dataclass
@@ -119,209 +78,6 @@ class GenerationResult:
     audio: np.ndarray | None = None
     progress: list[tuple[int, int, int]] = field(default_factory=list)  # (step, total, queue position)
     previews: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (step, uint8 [Hl * p, Wl * p, 3])
-
-
-def _check_int64(name: str, value: int) -> None:
-    """Raise H3Error INVALID_ARG naming the value unless it fits INT64 (what tritonclient sends)."""
-    if not protocol.INT64_MIN <= value <= protocol.INT64_MAX:
-        raise H3Error("INVALID_ARG", f"{name}={value} does not fit INT64 ({protocol.INT64_MIN}..{protocol.INT64_MAX})")
-
-
-def _input(name: str, value, datatype: str) -> grpcclient.InferInput:
-    if datatype == "INT64":
-        _check_int64(name, value)
-    tensor = grpcclient.InferInput(name, [1, 1], datatype)
-    tensor.set_data_from_numpy(np.array([[value]], dtype=object if datatype == "BYTES" else np.int64))
-    return tensor
-
-
-ARGUMENT_KINDS = {
-    "int": numbers.Integral,
-    "number": numbers.Real,
-    "bool": bool,
-    "str": str,
-    "str or bytes": (str, bytes),
-    "a path or bytes": (str, os.PathLike, bytes),
-}
-
-
-def _check_type(name: str, value, kind: str, optional: bool = False) -> None:
-    """Raise TypeError naming the argument unless `value` is of `kind` (a key of ARGUMENT_KINDS;
-    numpy integers count as int, bool never counts as a number) or, when optional, None.
-    Catches what tritonclient would silently convert (2.9 -> 2 steps, "false" -> true)."""
-    if value is None and optional:
-        return
-    if isinstance(value, bool) and kind != "bool" or not isinstance(value, ARGUMENT_KINDS[kind]):
-        raise TypeError(f"{name} must be {kind}{' or None' if optional else ''}, got {type(value).__name__} {value!r}")
-
-
-def _check_seconds(name: str, value, optional: bool = False) -> None:
-    """Raise TypeError (not a number) or ValueError (not > 0) naming the argument; None passes
-    when optional."""
-    _check_type(name, value, "number", optional)
-    if value is not None and not value > 0:
-        raise ValueError(f"{name} must be > 0 seconds, got {value}")
-
-
-# The media files a request may carry, sent unchanged (the server decodes them): kind -> (the file
-# in words, its formats).
-MEDIA_FILES = {
-    "image": ("an image file", "a PNG, JPEG or WebP file"),
-    "video": ("a video file", "an MP4 file"),
-    "audio": ("an audio file", "a WAV, FLAC or MP3 file"),
-}
-
-
-def media_bytes(name: str, value: str | os.PathLike | bytes, media: str) -> bytes:
-    """The encoded media file an argument names: `value`'s bytes, or the bytes of the file at the path
-    `value` (str or os.PathLike), unchanged (the server decodes them; the client decodes nothing).
-    media: a key of MEDIA_FILES ("image", "video" or "audio"), for the messages. Raises TypeError for
-    another type, ValueError naming the argument (`name`) for a path that does not exist, is not a
-    file or cannot be read, and for no bytes (an empty file: naming its path too)."""
-    _check_type(name, value, "a path or bytes")
-    noun, formats = MEDIA_FILES[media]
-    if isinstance(value, bytes):
-        data, shown = value, name
-    else:
-        path = Path(value)
-        shown = f"{name} {path}"
-        if not path.exists():
-            raise ValueError(f"{shown}: no such file")
-        if not path.is_file():
-            raise ValueError(f"{shown} is not a file; give {noun}'s path")
-        try:
-            data = path.read_bytes()
-        except OSError as error:
-            raise ValueError(f"{shown}: cannot read it ({error.strerror})") from None
-    if not data:
-        raise ValueError(f"{shown} is empty: give {formats}")
-    return data
-
-
-def keyframe_inputs(first_frame: bytes | None, last_frame: bytes | None) -> list[grpcclient.InferInput]:
-    """h3_pipeline's fl2va inputs for the keyframes given (encoded image files' bytes), in the order
-    first, last: KEYFRAMES BYTES [1, K] and KEYFRAME_INDICES INT64 [1, K] holding
-    protocol.FIRST_FRAME (0) and protocol.LAST_FRAME (-1) respectively, K = 1 or 2; [] when both
-    are None."""
-    given = [
-        (data, index)
-        for data, index in ((first_frame, protocol.FIRST_FRAME), (last_frame, protocol.LAST_FRAME))
-        if data is not None
-    ]
-    if not given:
-        return []
-    keyframes = grpcclient.InferInput(protocol.KEYFRAMES, [1, len(given)], "BYTES")
-    keyframes.set_data_from_numpy(np.array([[data for data, _ in given]], dtype=object))
-    indices = grpcclient.InferInput(protocol.KEYFRAME_INDICES, [1, len(given)], "INT64")
-    indices.set_data_from_numpy(np.array([[index for _, index in given]], dtype=np.int64))
-    return [keyframes, indices]
-
-
-def _sequence(name: str, value) -> None:
-    """Raise TypeError naming the argument unless `value` is a sequence (a list, a tuple) other than
-    str and bytes (whose items are characters)."""
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        shown = repr(value)
-        shown = shown if len(shown) <= 40 else f"{shown[:40]}... ({len(value)} items)"
-        raise TypeError(f"{name} must be a sequence (list or tuple), got {type(value).__name__} {shown}")
-
-
-def reference_inputs(
-    reference_images: Sequence[str | os.PathLike | bytes] = (),
-    reference_videos: Sequence[str | os.PathLike | bytes] = (),
-    reference_audio: Sequence[str | os.PathLike | bytes] = (),
-    guides: Sequence[tuple[str | os.PathLike | bytes, int]] = (),
-) -> list[grpcclient.InferInput]:
-    """h3_pipeline's ref2va inputs (docs/model.md §2.1-2.3; protocol.REFERENCE_INPUTS), each file's bytes
-    unchanged (media_bytes), each input in its argument's order and only when its argument is not
-    empty: REFERENCE_IMAGES, REFERENCE_VIDEOS, REFERENCE_AUDIO BYTES [1, N] (image, MP4, audio
-    files), then GUIDES BYTES [1, N] (image files) with GUIDE_FRAMES INT64 [1, N] (the frame each
-    guide should appear at). Every argument is a sequence of paths (str or os.PathLike) or bytes;
-    guides a sequence of (image, frame) pairs, frame an int. Counts and frame ranges are the
-    server's to check (its limits are configurable). Raises TypeError naming the argument and item
-    (e.g. "reference_images[1]", "guides[0] frame") for a wrong type, ValueError for a missing,
-    unreadable or empty file (media_bytes), H3Error INVALID_ARG for a frame outside INT64."""
-    inputs = []
-    for input_name, name, files, media in (
-        (protocol.REFERENCE_IMAGES, "reference_images", reference_images, "image"),
-        (protocol.REFERENCE_VIDEOS, "reference_videos", reference_videos, "video"),
-        (protocol.REFERENCE_AUDIO, "reference_audio", reference_audio, "audio"),
-    ):
-        _sequence(name, files)
-        data = [media_bytes(f"{name}[{k}]", value, media) for k, value in enumerate(files)]
-        if data:
-            inputs.append(grpcclient.InferInput(input_name, [1, len(data)], "BYTES"))
-            inputs[-1].set_data_from_numpy(np.array([data], dtype=object))
-    _sequence("guides", guides)
-    images, frames = [], []
-    for k, guide in enumerate(guides):
-        if isinstance(guide, (str, bytes)) or not isinstance(guide, Sequence) or len(guide) != 2:
-            raise TypeError(f"guides[{k}] must be an (image, frame) pair, got {type(guide).__name__} {guide!r}")
-        image, frame = guide
-        _check_type(f"guides[{k}] frame", frame, "int")
-        _check_int64(f"guides[{k}] frame", frame)
-        images.append(media_bytes(f"guides[{k}]", image, "image"))
-        frames.append(int(frame))
-    if images:
-        guide_images = grpcclient.InferInput(protocol.GUIDES, [1, len(images)], "BYTES")
-        guide_images.set_data_from_numpy(np.array([images], dtype=object))
-        guide_frames = grpcclient.InferInput(protocol.GUIDE_FRAMES, [1, len(frames)], "INT64")
-        guide_frames.set_data_from_numpy(np.array([frames], dtype=np.int64))
-        inputs += [guide_images, guide_frames]
-    return inputs
-
-
-def _number(value: numbers.Real) -> int | float:
-    """A JSON-able request parameter: an int stays an int, anything else (numpy floats and
-    integers included) becomes a float."""
-    return value if isinstance(value, int) else float(value)
-
-
-def check_url(url: str) -> str:
-    """Return `url` when it is host:port (Triton's gRPC endpoint, no scheme), or a target of several
-    servers: dns:///host:port (every address the name resolves to) or ipv4: / ipv6: followed by
-    a comma list of address:port; raise ValueError naming it otherwise."""
-    if url.startswith("dns:///"):
-        parts = [url[len("dns:///") :]]
-    elif url.startswith(("ipv4:", "ipv6:")):
-        parts = url[len("ipv4:") :].split(",")
-    elif "://" in url:
-        raise ValueError(f"url must be host:port without a scheme, got {url!r}")
-    else:
-        parts = [url]
-    for part in parts:
-        port = part.rpartition(":")[2]
-        if not (port.isdigit() and 1 <= int(port) <= 65535):
-            raise ValueError(f"url must be host:port with a port in 1..65535, got {url!r}")
-    return url
-
-
-def server_addresses(url: str) -> list[str]:
-    """The servers behind a checked url, each as host:port: the url itself for host:port, each
-    address of an ipv4: / ipv6: list, every address a dns:///host:port name resolves to now
-    (getaddrinfo's order, no repeats; IPv6 as [addr]:port). Raises H3Error UNAVAILABLE when the
-    name does not resolve."""
-    if url.startswith("dns:///"):
-        host, _, port = url[len("dns:///") :].rpartition(":")
-        try:
-            found = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)
-        except socket.gaierror as error:
-            raise H3Error("UNAVAILABLE", f"cannot resolve {host!r} of {url}: {error}") from None
-        ips = dict.fromkeys(address[4][0] for address in found)
-        return [f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in ips]
-    if url.startswith(("ipv4:", "ipv6:")):
-        return url[len("ipv4:") :].split(",")
-    return [url]
-
-
-def channel_args(url: str) -> list[tuple[str, object]]:
-    """The gRPC channel arguments for url: tritonclient's message size limits, plus the
-    round_robin load-balancing policy for a target of several servers (BALANCED_PREFIXES)."""
-    limits = [
-        ("grpc.max_send_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
-        ("grpc.max_receive_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
-    ]
-    return limits + ([("grpc.lb_policy_name", "round_robin")] if url.startswith(BALANCED_PREFIXES) else [])
 
 
 class H3Client:
@@ -358,8 +114,8 @@ class H3Client:
         self, url: str = "127.0.0.1:8001", *, idle_timeout_s: float = 600.0, total_timeout_s: float | None = None
     ):
         self.url = check_url(url)
-        _check_seconds("idle_timeout_s", idle_timeout_s)
-        _check_seconds("total_timeout_s", total_timeout_s, optional=True)
+        check_seconds("idle_timeout_s", idle_timeout_s)
+        check_seconds("total_timeout_s", total_timeout_s, optional=True)
         self.idle_timeout_s, self.total_timeout_s = idle_timeout_s, total_timeout_s
         self._idle: dict[str, list[tuple[float, grpcclient.InferenceServerClient]]] = {}  # target -> (born, client)
         self._lock = threading.Lock()
@@ -462,7 +218,7 @@ class H3Client:
         (INVALID_ARG for a value out of range, e.g. fit not in FITS, too many references, a guide
         frame past the clip or a file it cannot decode), or with TIMEOUT.
         """
-        _check_type("prompt", prompt, "str or bytes")
+        check_type("prompt", prompt, "str or bytes")
         for name, value in (
             ("height", height),
             ("width", width),
@@ -471,25 +227,25 @@ class H3Client:
             ("seed", seed),
             ("num_outputs", num_outputs),
         ):
-            _check_type(name, value, "int", optional=True)
-        _check_type("progress_every", progress_every, "int")
-        _check_type("preview_every", preview_every, "int")
-        _check_seconds("deadline_s", deadline_s, optional=True)
-        _check_type("request_priority", request_priority, "int")
+            check_type(name, value, "int", optional=True)
+        check_type("progress_every", progress_every, "int")
+        check_type("preview_every", preview_every, "int")
+        check_seconds("deadline_s", deadline_s, optional=True)
+        check_type("request_priority", request_priority, "int")
         for name, value in (
             ("return_mp4", return_mp4),
             ("return_frames", return_frames),
             ("return_audio", return_audio),
         ):
-            _check_type(name, value, "bool")
-        _check_type("request_id", request_id, "str")
+            check_type(name, value, "bool")
+        check_type("request_id", request_id, "str")
         protocol.check_request_id("request_id", request_id)
-        _check_type("inject_fault", inject_fault, "str", optional=True)
-        _check_type("fit", fit, "str", optional=True)
-        _check_type("flow_shift", flow_shift, "number", optional=True)
-        _check_type("audio_flow_shift", audio_flow_shift, "number", optional=True)
-        _check_type("cache_threshold", cache_threshold, "number", optional=True)
-        _check_type("task", task, "str", optional=True)
+        check_type("inject_fault", inject_fault, "str", optional=True)
+        check_type("fit", fit, "str", optional=True)
+        check_type("flow_shift", flow_shift, "number", optional=True)
+        check_type("audio_flow_shift", audio_flow_shift, "number", optional=True)
+        check_type("cache_threshold", cache_threshold, "number", optional=True)
+        check_type("task", task, "str", optional=True)
         keyframes = keyframe_inputs(
             None if first_frame is None else media_bytes("first_frame", first_frame, "image"),
             None if last_frame is None else media_bytes("last_frame", last_frame, "image"),
@@ -503,41 +259,35 @@ class H3Client:
             seed=seed,
             num_outputs=num_outputs,
         )
-        inputs = [_input(protocol.PROMPT, prompt.encode() if isinstance(prompt, str) else prompt, "BYTES")]
+        inputs = [scalar_input(protocol.PROMPT, prompt.encode() if isinstance(prompt, str) else prompt, "BYTES")]
         inputs += [
-            _input(name, fields[key], "INT64") for name, key in protocol.INT_INPUTS.items() if fields[key] is not None
+            scalar_input(name, fields[key], "INT64")
+            for name, key in protocol.INT_INPUTS.items()
+            if fields[key] is not None
         ]
         inputs += keyframes + files
         if task is not None:
-            inputs.append(_input(protocol.TASK, task.encode(), "BYTES"))
+            inputs.append(scalar_input(protocol.TASK, task.encode(), "BYTES"))
         if references is not None:  # the server checks the entries (protocol.reference_list)
-            inputs.append(_input(protocol.REFERENCES, json.dumps([dict(e) for e in references]).encode(), "BYTES"))
+            inputs.append(
+                scalar_input(protocol.REFERENCES, json.dumps([dict(e) for e in references]).encode(), "BYTES")
+            )
         wanted = {protocol.FRAMES: return_frames, protocol.AUDIO: return_audio}
         outputs = [grpcclient.InferRequestedOutput(name) for name in protocol.OUTPUTS if wanted.get(name, True)]
-        parameters = {"progress_every": int(progress_every)}  # int(): numpy integers are not JSON
-        if preview_every:
-            parameters["preview_every"] = int(preview_every)
-        if deadline_s is not None:
-            parameters["deadline_s"] = _number(deadline_s)
-        if request_priority:
-            parameters["request_priority"] = int(request_priority)
-        if not return_mp4:
-            parameters["return_mp4"] = False
-        if return_frames:
-            parameters["return_frames"] = True
-        if return_audio:
-            parameters["return_audio"] = True
-        if inject_fault is not None:
-            parameters["inject_fault"] = inject_fault
-        if fit is not None:
-            parameters["fit"] = fit
-        for name, value in (
-            ("flow_shift", flow_shift),
-            ("audio_flow_shift", audio_flow_shift),
-            ("cache_threshold", cache_threshold),
-        ):
-            if value is not None:
-                parameters[name] = _number(value)
+        parameters = request_parameters(
+            progress_every=progress_every,
+            preview_every=preview_every,
+            deadline_s=deadline_s,
+            request_priority=request_priority,
+            return_mp4=return_mp4,
+            return_frames=return_frames,
+            return_audio=return_audio,
+            inject_fault=inject_fault,
+            fit=fit,
+            flow_shift=flow_shift,
+            audio_flow_shift=audio_flow_shift,
+            cache_threshold=cache_threshold,
+        )
         if self.total_timeout_s is not None:
             total = (self.total_timeout_s, "total_timeout_s")
         elif deadline_s is not None:
@@ -579,7 +329,7 @@ class H3Client:
         unless another server answered "cancelled" or "finished"), TIMEOUT, or UNKNOWN for an
         answer without one of those states (a server older than this client).
         """
-        _check_type("request_id", request_id, "str")
+        check_type("request_id", request_id, "str")
         answers, errors = [], []
         for address in server_addresses(self.url):
             try:
@@ -627,7 +377,7 @@ class H3Client:
 
     def _cancel_at(self, address: str, request_id: str) -> str:
         """cancel() of one server at address (host:port)."""
-        control = _input(protocol.REQUEST, json.dumps({protocol.CANCEL_FIELD: request_id}).encode(), "BYTES")
+        control = scalar_input(protocol.REQUEST, json.dumps({protocol.CANCEL_FIELD: request_id}).encode(), "BYTES")
         requested = [grpcclient.InferRequestedOutput(protocol.INFO)]
         with closing(self._stream(protocol.CANCEL_MODEL, [control], requested, {}, "", None, address)) as stream:
             final = list(stream)

@@ -45,7 +45,8 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from client.api import H3Client, H3Error, _input  # noqa: E402 - after the sys.path set-up above
+from client.api import H3Client, H3Error  # noqa: E402 - after the sys.path set-up above
+from client.inputs import scalar_input  # noqa: E402 - after the sys.path set-up above
 from server.process import TritonServer, dit_stubs, stub_pids  # noqa: E402 - after the sys.path set-up above
 
 RSS_GROWTH_LIMIT = 0.05
@@ -103,8 +104,8 @@ def run_request(url: str, spec: dict, outcome: Outcome, parameters: dict) -> Out
         "num_outputs": "NUM_OUTPUTS",
         "seed": "SEED",
     }
-    inputs = [_input("PROMPT", spec["prompt"].encode(), "BYTES")] + [
-        _input(n, spec[k], "INT64") for k, n in names.items()
+    inputs = [scalar_input("PROMPT", spec["prompt"].encode(), "BYTES")] + [
+        scalar_input(n, spec[k], "INT64") for k, n in names.items()
     ]
     outputs = [grpcclient.InferRequestedOutput(name) for name in ("FRAMES", "AUDIO", "PROGRESS", "INFO")]
     responses: queue.Queue = queue.Queue()

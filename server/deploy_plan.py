@@ -3,7 +3,7 @@ on any machine: `python -m server.repository --plan` prints plan_table() (docs/d
 its output).
 
 For each GPU count, quantization (bf16, fp8) and placement of h3_encoder and h3_vae
-(server.repository.PLACED) it runs server.repository.plan for the `h3` config with each GPU's free
+(server.placement.PLACED) it runs server.planner.plan for the `h3` config with each GPU's free
 memory given to the sizing code (H200_FREE_BYTES, the writer's probe on this project's H200s) and
 the Qwen3-VL cut's weights given (QWEN3VL_H3_BYTES: its folder is not here), and reports what goes
 where, the rows of each h3_dit instance, the largest request (max_batch_rows), the requests in
@@ -27,7 +27,7 @@ from pathlib import Path
 from h3_core.config import get_config
 from h3_core.serving.settings import DitSettings
 
-from . import repository as R
+from . import planner as R
 from . import sizing
 
 GPU_COUNTS = (1, 2, 4, 8)
@@ -112,7 +112,7 @@ def planner(gpus: list[int], machine: sizing.Machine, quantization: str):
 
 def plan_table(gpu_counts=GPU_COUNTS, free_bytes: int = H200_FREE_BYTES, measured=None) -> str:
     """The markdown table (module docstring) for `gpu_counts` GPUs of `free_bytes` each, every
-    quantization and placement, the default placement (server.repository.default_placement)
+    quantization and placement, the default placement (server.planner.default_placement)
     marked; `measured` as measured_steps() returns it (default: read from its file)."""
     measured = measured_steps() if measured is None else measured
     request = R.request_rows(get_config("h3"))

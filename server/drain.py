@@ -21,7 +21,8 @@ import time
 from collections.abc import Sequence
 
 from .environment import DEFAULT_METRICS_PORT
-from .process import DIT_MODEL, metric_samples, read_metrics
+from .metrics import metric_samples, read_metrics
+from .stubs import DIT_MODEL
 
 POLL_S = 1.0
 

@@ -2,7 +2,7 @@
 ready (/v2/health/ready), every model process its configuration asks for runs (`missing_stub`:
 Triton 2.51 keeps ready at 200 when a model's stub dies, and then every request fails or hangs),
 and the DiT's heartbeat is on /metrics and not stalled (h3_heartbeat_timestamp_seconds, judged by
-server.process.dit_stall, the rule --supervise uses).
+server.metrics.dit_stall, the rule --supervise uses).
 
     python -m server.health [--http URL] [--metrics URL] [--stale-after SECONDS]
 
@@ -23,7 +23,8 @@ import urllib.request
 from collections.abc import Sequence
 
 from .environment import DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT
-from .process import DEFAULT_STALE_AFTER_S, dit_stall, metric_samples, read_metrics
+from .metrics import dit_stall, metric_samples, read_metrics
+from .process import DEFAULT_STALE_AFTER_S
 from .stubs import stub_pids, tritonserver_pid
 
 HEARTBEAT = "h3_heartbeat_timestamp_seconds"
@@ -81,7 +82,7 @@ def problem(
     """Why the server at `http_url` (http://host:port) / `metrics_url` (http://host:port/metrics)
     is unhealthy at unix time `now` (default: the clock), or None: not ready (any answer but 200,
     or none within timeout_s seconds), a model process gone (missing_stub), /metrics unreachable,
-    no h3_dit heartbeat on it, or a stall (server.process.dit_stall with stale_after seconds)."""
+    no h3_dit heartbeat on it, or a stall (server.metrics.dit_stall with stale_after seconds)."""
     try:
         with urllib.request.urlopen(f"{http_url}/v2/health/ready", timeout=timeout_s) as response:
             status = response.status
