@@ -319,6 +319,26 @@ CLIP768_STAGES = ("queue", "encode", "denoise", "decode")
 CLIP768_MUST_S = 297.0  # issue 48: SGLang's 4 x H200 Ulysses run, 297.5 GPU-seconds per clip
 
 
+def clip768_cost_rows(merged: dict, cell) -> list[str]:
+    """The clip's wall seconds and GPU-seconds per clip, ours (bf16, fp8; `cell` formats a summary
+    key with its footnote) beside each published system's own report: markdown table lines."""
+    summary = merged["summary"]
+    lines = [
+        "| system | GPUs | wall s, send to video | GPU-seconds per clip |",
+        "|---|---:|---:|---:|",
+    ]
+    for name in ("bf16", "fp8"):
+        attention = summary.get(f"clip768_5s_{name}_attention") or "sdpa"
+        lines.append(f"| ours, {name}, attention {attention} (one process per model, our own VAE) | 1 "
+                     f"| {cell(f'clip768_5s_{name}_s')} "
+                     f"| {cell(f'clip768_5s_{name}_s')} |")  # fmt: skip
+    for row in merged["published"]:
+        lines.append(
+            f"| {row['system']} (its own report) | {row['gpus']} | {row['wall_s']} | {row['gpu_s_per_clip']} |"
+        )
+    return lines
+
+
 def clip768(root: Path) -> str:
     """The 1344 x 768 px, 124-frame, 49-forward t2va clip on one GPU beside the published H200
     systems, from clip768.json (benchmarks/clip768_bench.py runs filed with bench_report.py
@@ -333,19 +353,7 @@ def clip768(root: Path) -> str:
             return "not measured"
         return f"{spec.format(summary[key])} {sources.cite(key_source(root, merged, key))}"
 
-    lines = [
-        "| system | GPUs | wall s, send to video | GPU-seconds per clip |",
-        "|---|---:|---:|---:|",
-    ]
-    for name in ("bf16", "fp8"):
-        attention = summary.get(f"clip768_5s_{name}_attention") or "sdpa"
-        lines.append(f"| ours, {name}, attention {attention} (one process per model, our own VAE) | 1 "
-                     f"| {cell(f'clip768_5s_{name}_s')} "
-                     f"| {cell(f'clip768_5s_{name}_s')} |")  # fmt: skip
-    for row in merged["published"]:
-        lines.append(
-            f"| {row['system']} (its own report) | {row['gpus']} | {row['wall_s']} | {row['gpu_s_per_clip']} |"
-        )
+    lines = clip768_cost_rows(merged, cell)
     lines += [
         "",
         "| ours | clips | cold request s | denoise s | s / step | rows / step | mean s: "
@@ -399,3 +407,16 @@ def clip768(root: Path) -> str:
         f"(`fp8_load_peak_gib`, target below the 61.8 GiB of bf16 weights) {cell('fp8_load_peak_gib')} GiB.",
     ]
     return "\n".join(lines + sources.render())
+
+
+def clip768_headline(root: Path) -> str:
+    """README's front-page view of the 768p clip: clip768_cost_rows with its footnotes."""
+    merged, sources = load(root, "clip768"), Sources()
+    summary = merged["summary"]
+
+    def cell(key: str, spec: str = "{:.1f}") -> str:
+        if summary.get(key) is None:
+            return "not measured"
+        return f"{spec.format(summary[key])} {sources.cite(key_source(root, merged, key))}"
+
+    return "\n".join(clip768_cost_rows(merged, cell) + sources.render())

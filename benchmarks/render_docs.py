@@ -51,6 +51,7 @@ from docs_operating_tables import (
     cache_curve,
     cache_speed,
     clip768,
+    clip768_headline,
     decode_placement,
     fp8_comparison,
     full_model_qwen3vl,
@@ -96,6 +97,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "h200x2_sequence_parallel max_abs_diff": sequence_parallel_max_diff,
     "registry_cpu calls": registry_cpu,
     "clip768 table": clip768,
+    "clip768 headline": clip768_headline,
     "clip768 bf16_s": lambda root: f"{load(root, 'clip768')['summary']['clip768_5s_bf16_s']:.1f}",
 }
 
