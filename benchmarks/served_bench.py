@@ -67,7 +67,7 @@ sys.path.insert(0, str(ROOT))
 from h3_core.diffusion.request import GenerationRequest, RequestLimits  # noqa: E402 - after the sys.path set-up above
 from h3_core.factory import load_engine  # noqa: E402 - after the sys.path set-up above
 from h3_core.model.dit import use_bitwise_cublas  # noqa: E402 - after the sys.path set-up above
-from h3_core.serving.scheduler import DEFAULT_POLICY  # noqa: E402 - after the sys.path set-up above
+from h3_core.serving.dit.scheduler import DEFAULT_POLICY  # noqa: E402 - after the sys.path set-up above
 from h3_core.weights.checkpoint_setup import create_checkpoint  # noqa: E402 - after the sys.path set-up above
 from server.process import TritonServer, metric_samples, read_metrics  # noqa: E402 - after the sys.path set-up above
 from server.repository import plan, write_repository  # noqa: E402 - after the sys.path set-up above

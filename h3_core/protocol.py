@@ -35,7 +35,7 @@ INT_INPUTS = {
 # follows the inputs (KEYFRAMES -> fl2va, nothing -> t2va).
 TASK = "TASK"
 TASKS = ("t2va", "fl2va", "ref2va")
-# fl2va: KEYFRAMES BYTES [1, K], K = 1 or 2 encoded images (PNG, JPEG or WebP files, h3_core.images);
+# fl2va: KEYFRAMES BYTES [1, K], K = 1 or 2 encoded images (PNG, JPEG or WebP files, h3_core.inputs.images);
 # KEYFRAME_INDICES INT64 [1, K] the frame each conditions, FIRST_FRAME or LAST_FRAME, distinct; without
 # it one keyframe is the first frame and two are the first and the last.
 KEYFRAMES = "KEYFRAMES"
@@ -74,7 +74,7 @@ MAX_REFERENCE_IMAGES, MAX_REFERENCE_VIDEOS, MAX_REFERENCE_AUDIO, MAX_REFERENCES 
 # ref2va's guide (both one latent frame at the target's grid), image (one latent frame at its own
 # grid), audio (reference audio rows), video and video_audio (audio rows, then video rows).
 CONDITION_KINDS = ("keyframe", "guide", "image", "audio", "video", "video_audio")
-# How a keyframe is fitted to the canvas (request parameter "fit", h3_core.images.fit_image):
+# How a keyframe is fitted to the canvas (request parameter "fit", h3_core.inputs.images.fit_image):
 # "crop" scales to cover the canvas and cuts the centre (the default: no distortion, nothing added),
 # "pad" scales to fit inside and fills the rest with PAD_COLOR, "stretch" resizes to the canvas
 # whatever the aspect (the reference implementation's way).
@@ -166,7 +166,7 @@ REQUEST_PARAMETERS = {
     "cache_threshold": (int, float),  # its range: h3_dit's max_cache_threshold (validate_request)
 }
 RESERVED_PARAMETERS = ("priority", "timeout")
-# inject_fault (tests only; h3_core.serving.admission.check_fault lists every value) acting in
+# inject_fault (tests only; h3_core.serving.dit.admission.check_fault lists every value) acting in
 # h3_encoder where its allow_fault_injection is true: its encode raises a RuntimeError (as a VAE out
 # of memory would), or its registry announcement does
 ENCODER_FAULTS = ("encode_raise", "announce_raise")

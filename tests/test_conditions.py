@@ -10,7 +10,7 @@ from h3_core.diffusion import layout as L
 from h3_core.diffusion.conditions import CONDITION_AUG, Condition, condition_rows
 from h3_core.diffusion.request import GenerationRequest
 from h3_core.model.vae import keyframe_latent
-from h3_core.serving.conditioning import wire_conditions
+from h3_core.serving.encoder.conditioning import wire_conditions
 from tests.test_engine import REQUESTS, assert_same, engine, solo  # noqa: F401  (engine: the fixture)
 
 
@@ -236,7 +236,7 @@ def test_step_loop_serves_fl2va_beside_t2va_and_echoes_the_conditioning(engine):
     """Through h3_dit's StepLoop (REQUEST fields + CONDITION_LATENTS as h3_encoder sends them): an
     fl2va request packed with a t2va one ends with the latents of its engine-level solo run, and
     its INFO says task, keyframes, geometry and the flow shifts it ran with."""
-    from h3_core.serving.events import Result
+    from h3_core.serving.dit.events import Result
     from tests.test_step_loop import Client, make_loop
 
     request, conditions = fl2va(engine, "kf", (-1, 0), 21, 32, 64, 9, 3, image_seed=400)
@@ -353,7 +353,7 @@ KEYFRAME = {"kind": "keyframe", "frame": 0, "video": [24, 1, 2, 4]}
 def test_direct_h3_dit_condition_inputs_are_checked(engine, fields, latents, message):  # noqa: F811
     """What a direct h3_dit caller may send wrong about conditions: each refused with INVALID_ARG
     naming the field, and nothing else runs."""
-    from h3_core.serving.events import Refused
+    from h3_core.serving.dit.events import Refused
     from tests.test_step_loop import Client, make_loop
 
     client = Client(make_loop(engine))
@@ -365,8 +365,8 @@ def test_direct_h3_dit_condition_inputs_are_checked(engine, fields, latents, mes
 def test_an_instance_serves_only_its_transformers_tasks(engine):  # noqa: F811
     """h3_dit parameter tasks: one instance loads one transformer; a request of a task it does not
     serve is refused before any work (requests of different transformers never share a pack)."""
-    from h3_core.serving.events import Refused, Result
-    from h3_core.serving.settings import DitSettings
+    from h3_core.serving.dit.events import Refused, Result
+    from h3_core.serving.shared.settings import DitSettings
     from tests.test_step_loop import Client, make_loop
 
     request, conditions = fl2va(engine, "kf", (0,), 21, 32, 64, 5, 1, image_seed=400)

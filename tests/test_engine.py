@@ -11,7 +11,7 @@ from h3_core.model import H3DiT
 from h3_core.model.encoder import TextEncoder
 from h3_core.model.initialization import init_weights
 from h3_core.model.vae import create_vaes, decode_clip
-from h3_core.serving.events import Result
+from h3_core.serving.dit.events import Result
 from tests.test_step_loop import Client, make_loop
 
 

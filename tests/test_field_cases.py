@@ -24,7 +24,7 @@ import tritonclient.grpc as grpcclient
 
 from client.api import H3Client, H3Error
 from h3_core.model.attention import Documents, get_attention_backend
-from h3_core.serving.settings import MIN_EXECUTE_STEPS
+from h3_core.serving.shared.settings import MIN_EXECUTE_STEPS
 from server.drain import held_requests
 from server.process import TritonServer, dit_stubs, metric_samples, stub_pids
 from server.repository import plan, write_repository

@@ -23,8 +23,8 @@ from h3_core.model.fp8 import (
 )
 from h3_core.model.fp8 import to_e4m3 as quantise
 from h3_core.model.initialization import init_weights
-from h3_core.serving.events import Result
-from h3_core.serving.settings import DitSettings
+from h3_core.serving.dit.events import Result
+from h3_core.serving.shared.settings import DitSettings
 from h3_core.weights.checkpoint import DIT_FILE, load_dit, save_official_transformer, save_weights
 from server import sizing
 

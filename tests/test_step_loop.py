@@ -1,4 +1,4 @@
-"""h3_core.serving.step_loop without a server: plain Arrivals in, events out, a fake clock.
+"""h3_core.serving.dit.step_loop without a server: plain Arrivals in, events out, a fake clock.
 
 Every request's final latents are compared with torch.equal to the same request run alone
 (Engine.prepare + denoise_step + update), so co-batching, cancellation, failures and deadlines
@@ -21,13 +21,13 @@ from h3_core.diffusion.engine import Engine
 from h3_core.diffusion.request import GenerationRequest
 from h3_core.model import H3DiT
 from h3_core.model.initialization import init_weights
-from h3_core.serving import admission
-from h3_core.serving.admission import VANISHED_EXECUTES
-from h3_core.serving.events import Arrival, CancelAnswer, Ended, Heartbeat, Progress, Refused, Result
-from h3_core.serving.metrics import MetricsRecord
-from h3_core.serving.registry import Registry
-from h3_core.serving.settings import DitSettings
-from h3_core.serving.step_loop import ANNOUNCED_TRANSIT_S, StepLoop
+from h3_core.serving.dit import admission
+from h3_core.serving.dit.admission import VANISHED_EXECUTES
+from h3_core.serving.dit.events import Arrival, CancelAnswer, Ended, Heartbeat, Progress, Refused, Result
+from h3_core.serving.dit.metrics import MetricsRecord
+from h3_core.serving.shared.registry import Registry
+from h3_core.serving.shared.settings import DitSettings
+from h3_core.serving.dit.step_loop import ANNOUNCED_TRANSIT_S, StepLoop
 
 TEXT_LEN = 3
 TEXT_DIM = get_config("tiny").text_dim
@@ -792,7 +792,7 @@ def test_an_execute_takes_one_step_while_triton_withholds_a_live_job(engine, mon
     assert_solo(engine, client.of("kept", Result)[0], 10, 1)
 
 
-# -- several steps per execute while nothing is announced (h3_core.serving.registry) -------------------
+# -- several steps per execute while nothing is announced (h3_core.serving.shared.registry) -------------------
 
 
 def steps_per_execute(client: Client, log: list, executes: int) -> list[int]:

@@ -1,4 +1,4 @@
-"""The Videos API front end (server.videos_api): its field and error mapping and retention without a
+"""The Videos API front end (videos_api): its field and error mapping and retention without a
 server, then the official openai SDK as the client against a real tritonserver (create, poll,
 download, list, delete, cancel mid-run, bad input, overload) and a front end killed mid-job."""
 
@@ -17,12 +17,12 @@ from openai.types import Video
 from PIL import Image
 
 from client.generate import wav_bytes
-from h3_core.serving.scheduler import DitLoad
+from h3_core.serving.shared.registry import DitLoad
 from server.environment import pick_free_ports
-from server.videos_api.app import Settings, create_app
-from server.videos_api.fields import CREATE_FIELDS, error_from_server, form_fields, parse_create, task_of
-from server.videos_api.jobs import Jobs, first_frame
-from server.videos_api.store import Store
+from videos_api.app import Settings, create_app
+from videos_api.fields import CREATE_FIELDS, error_from_server, form_fields, parse_create, task_of
+from videos_api.jobs import Jobs, first_frame
+from videos_api.store import Store
 
 from .serving import idle_metrics
 from .test_fl2va_serving import png as noise_png
@@ -298,7 +298,7 @@ def test_cors_is_off_unless_origins_are_given_and_chunked_bodies_are_refused(tmp
 
 
 def test_the_command_line_binds_127_0_0_1_and_checks_its_flags(tmp_path, capsys):
-    from server.videos_api.__main__ import _parser, main
+    from videos_api.__main__ import _parser, main
 
     args = _parser().parse_args([])
     assert (args.host, args.port, args.retention_hours, args.max_attempts, args.api_key_file, args.cors_origin) == (
@@ -323,7 +323,7 @@ def test_the_command_line_binds_127_0_0_1_and_checks_its_flags(tmp_path, capsys)
         with pytest.raises(SystemExit) as exited:
             main(argv)
         assert exited.value.code == 2
-        assert capsys.readouterr().err.splitlines()[-1] == f"python -m server.videos_api: error: {message}"
+        assert capsys.readouterr().err.splitlines()[-1] == f"python -m videos_api: error: {message}"
 
 
 # ---- the SDK against a real tritonserver ------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Helpers for the Videos API tests: the front end (python -m server.videos_api) in its own process,
+"""Helpers for the Videos API tests: the front end (python -m videos_api) in its own process,
 so that a test can kill it, and waiting for a condition."""
 
 import signal
@@ -30,7 +30,7 @@ def wait_for(condition, timeout_s: float, what: str):
 
 
 class FrontEnd:
-    """`python -m server.videos_api` against Triton at `triton_url` on a free port (the same one
+    """`python -m videos_api` against Triton at `triton_url` on a free port (the same one
     when started again), its data in `data_dir`, its key file `keys` (default: API_KEY alone)
     and any `extra` flags; its output goes to `data_dir`/front_end.log. A context manager:
     started on entry, stopped (SIGTERM) on exit."""
@@ -52,7 +52,7 @@ class FrontEnd:
         keys.write_text(self.keys, encoding="utf-8")
         if not self.port:
             (self.port,) = pick_free_ports(1, "127.0.0.1")
-        command = [sys.executable, "-m", "server.videos_api", "--triton-url", self.triton_url]
+        command = [sys.executable, "-m", "videos_api", "--triton-url", self.triton_url]
         command += ["--port", str(self.port), "--data-dir", str(self.data_dir), "--api-key-file", str(keys)]
         with open(self.data_dir / "front_end.log", "a") as log:
             self.process = subprocess.Popen([*command, *self.extra], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)

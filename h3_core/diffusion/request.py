@@ -22,7 +22,7 @@ STEP_CACHE_BYTES_PER_ROW = 2 * 96 * 4
 @dataclass(frozen=True)
 class RequestLimits:
     """Serving limits; each request field must lie within them (units: pixels, frames, rows, MiB).
-    The defaults are the shipped CPU repository's (h3_core.serving.settings.DitSettings takes them)."""
+    The defaults are the shipped CPU repository's (h3_core.serving.shared.settings.DitSettings takes them)."""
 
     max_height: int = 256
     max_width: int = 256

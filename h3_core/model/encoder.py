@@ -366,7 +366,7 @@ class TextEncoder:
         [T, H, W, 3] RGB arrays at 24 frames a second, T >= the temporal patch size (2).
         audio_count: the number of reference audio clips (>= 0). order: the items' order in the
         presentation, one "image" / "video" / "audio" per item (the block order:
-        h3_core.serving.conditioning.References.presentation_order); None: images, videos, audio.
+        h3_core.serving.encoder.conditioning.References.presentation_order); None: images, videos, audio.
 
         Qwen3-VL (h3_core.model.presentation, whose docstring states what is assumed): for image
         i = 1, 2, ... "<Picture i>: " and its vision block, as encode_presentation's; for video

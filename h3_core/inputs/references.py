@@ -31,7 +31,7 @@ from fractions import Fraction
 import numpy as np
 
 from h3_core import config
-from h3_core.images import size_problem
+from h3_core.inputs.images import size_problem
 
 try:
     import av
