@@ -77,9 +77,9 @@ from h3_core.factory import load_engine
 from h3_core.model.fp8 import QUANTIZATIONS
 from h3_core.serving.dit.events import Arrival, Ended, Refused, Result
 from h3_core.serving.dit.metrics import MetricsRecord
+from h3_core.serving.dit.step_loop import StepLoop
 from h3_core.serving.shared.registry import Registry
 from h3_core.serving.shared.settings import EXECUTE_BUDGET_S, DitSettings
-from h3_core.serving.dit.step_loop import StepLoop
 from server.sizing import GPU_EXECUTE_BUDGET_S
 from training import data
 from training.evaluate import generate_states

@@ -54,7 +54,8 @@ class Clock:
 
 
 def load_registry(path: Path | None) -> ModuleType:
-    """This checkout's h3_core.serving.shared.registry (path None), or the registry.py at `path` as h3_core.registry_old."""
+    """This checkout's h3_core.serving.shared.registry (path None), or the registry.py at `path` as
+    h3_core.registry_old."""
     if path is None:
         return importlib.import_module("h3_core.serving.shared.registry")
     spec = importlib.util.spec_from_file_location("h3_core.registry_old", path)

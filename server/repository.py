@@ -920,8 +920,8 @@ def config_texts(repository: Repository) -> dict[str, str]:
     slots = (
         f"max_batch_size = sequence slots = max_num_seqs + max_waiting + {CONTROL_SLOTS} control slots "
         f"({dit.max_num_seqs} + {dit.max_waiting} + {CONTROL_SLOTS}): the scheduler holds at most max_num_seqs + "
-        "max_waiting requests (h3_core/serving/dit/scheduler.py, Admission). Requests beyond the slots wait in Triton's "
-        "backlog, which the model cannot see."
+        "max_waiting requests (h3_core/serving/dit/scheduler.py, Admission). Requests beyond the slots wait in "
+        "Triton's backlog, which the model cannot see."
     )
     dit_text = (
         DIT_INTRO

@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 import torch
 
+from h3_core import protocol
 from h3_core.diffusion import layout as L
 from h3_core.diffusion.conditions import CONDITION_AUG, Condition, condition_rows
 from h3_core.diffusion.request import GenerationRequest
 from h3_core.model.vae import keyframe_latent
+from h3_core.rules import InvalidRequest
 from h3_core.serving.encoder.conditioning import wire_conditions
 from tests.test_engine import REQUESTS, assert_same, engine, solo  # noqa: F401  (engine: the fixture)
 
@@ -181,30 +183,52 @@ def test_cancelled_conditioned_request_leaves_neighbours_unchanged(engine):  # n
         assert_same(cut[rid], whole[rid])
 
 
-@pytest.mark.parametrize(
-    "task, kinds, message",
-    [
-        ("t2va", ["keyframe"], "TASK='t2va' takes no conditions; got 1 (send TASK 'fl2va' / 'ref2va' or no TASK)"),
-        (
-            "fl2va",
-            [],
-            "TASK='fl2va' needs KEYFRAMES (1 or 2 images) and nothing else; got 0 keyframes and 0 guides or references",
-        ),
-        (
-            "ref2va",
-            ["keyframe"],
-            "TASK='ref2va' needs references or guides (REFERENCE_IMAGES, REFERENCE_VIDEOS, REFERENCE_AUDIO, GUIDES) "
-            "and no KEYFRAMES; got 0 references or guides and 1 keyframes",
-        ),
-        ("i2v", [], "TASK='i2v' is not allowed: allowed ['t2va', 'fl2va', 'ref2va']"),
-    ],
-)
-def test_task_must_agree_with_the_conditions(engine, task, kinds, message):  # noqa: F811
+TASK_CASES = [  # (task, condition kinds, the core's refusal, the wire's words for it)
+    (
+        "t2va",
+        ["keyframe"],
+        "task='t2va' takes no conditions; got 1",
+        "TASK='t2va' takes no conditions; got 1 (send TASK 'fl2va' / 'ref2va' or no TASK)",
+    ),
+    (
+        "fl2va",
+        [],
+        "task='fl2va' needs keyframes (1 or 2 images) and nothing else; got 0 keyframes and 0 guides or references",
+        "TASK='fl2va' needs KEYFRAMES (1 or 2 images) and nothing else; got 0 keyframes and 0 guides or references",
+    ),
+    (
+        "ref2va",
+        ["keyframe"],
+        "task='ref2va' needs references or guides and no keyframes; got 0 references or guides and 1 keyframes",
+        "TASK='ref2va' needs references or guides (REFERENCE_IMAGES, REFERENCE_VIDEOS, REFERENCE_AUDIO, GUIDES) "
+        "and no KEYFRAMES; got 0 references or guides and 1 keyframes",
+    ),
+    (
+        "i2v",
+        [],
+        "task='i2v' is not allowed: allowed ['t2va', 'fl2va', 'ref2va']",
+        "TASK='i2v' is not allowed: allowed ['t2va', 'fl2va', 'ref2va']",
+    ),
+]
+
+
+@pytest.mark.parametrize("task, kinds, message, wire", TASK_CASES)
+def test_task_must_agree_with_the_conditions(engine, task, kinds, message, wire):  # noqa: F811
+    """The engine refuses in the core's words (InvalidRequest naming the field "task"); the wire's
+    check_task refuses the same requests naming its inputs (TASK, KEYFRAMES) and passes the rest."""
     request = GenerationRequest("x", 32, 32, 5, 1, seed=1, task=task)
     conditions = [Condition(kind, 0, torch.zeros(24, 1, 2, 2)) for kind in kinds]
-    with pytest.raises(ValueError) as error:
+    with pytest.raises(InvalidRequest) as error:
         engine.prepare(request, conditions=conditions)
-    assert str(error.value) == message
+    assert (error.value.field, str(error.value)) == ("task", message)
+    with pytest.raises(ValueError) as error:
+        protocol.check_task(task, kinds)
+    assert (type(error.value), str(error.value)) == (ValueError, wire)
+    assert [protocol.check_task(*good) for good in (("t2va", []), ("fl2va", ["keyframe"]), ("ref2va", ["image"]))] == [
+        "t2va",
+        "fl2va",
+        "ref2va",
+    ]
 
 
 @pytest.mark.parametrize(

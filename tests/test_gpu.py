@@ -30,8 +30,8 @@ from h3_core.factory import load_engine
 from h3_core.model import H3DiT
 from h3_core.model.dit import GPU_ROW_TILE, use_bitwise_cublas
 from h3_core.model.fp8 import E4M3, Fp8Linear, quantize_blocks
-from h3_core.serving.encoder.conditioning import wire_conditions
 from h3_core.serving.dit.events import Ended, Refused, Result
+from h3_core.serving.encoder.conditioning import wire_conditions
 
 from .serving import ROOT
 from .test_step_loop import Client, Clock, make_loop, solo_latents, timed_forwards

@@ -18,12 +18,12 @@ import pytest
 import torch
 
 from h3_core.model.vae import DECODE_TILE_LATENTS, create_vaes, decode_clip, frames_to_uint8, groups_to_frames
+from h3_core.serving.dit.metrics import MetricsRecord
+from h3_core.serving.dit.step_loop import StepLoop
 from h3_core.serving.shared import gpu_turns
 from h3_core.serving.shared.gpu_turns import HANDOVER_MIN_S, TILES_WAIT_LIMIT_S, GpuTurns, TurnClock
-from h3_core.serving.dit.metrics import MetricsRecord
 from h3_core.serving.shared.registry import Registry
 from h3_core.serving.shared.settings import DitSettings, VaeSettings
-from h3_core.serving.dit.step_loop import StepLoop
 from tests.test_step_loop import Client, Clock, assert_solo, engine  # noqa: F401 - engine is a fixture
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from h3_core.protocol import REFERENCE_AUDIO, REFERENCE_IMAGES, REFERENCE_VIDEOS, reference_list
 from h3_core.inputs.references import MediaLimits, decode_video
+from h3_core.protocol import REFERENCE_AUDIO, REFERENCE_IMAGES, REFERENCE_VIDEOS, reference_list
 
 from .serving import raw_stream, tensor
 from .test_fl2va_serving import png

@@ -12,8 +12,8 @@ import pytest
 
 from h3_core import config
 from h3_core.inputs import references
-from h3_core.media import encode_mp4, encode_wav
 from h3_core.inputs.references import MediaLimits, align_reference_frames, decode_audio, decode_video, source_frame
+from h3_core.media import encode_mp4, encode_wav
 
 AUDIO, VIDEO = "REFERENCE_AUDIO[0]", "REFERENCE_VIDEOS[1]"
 LIMITS = MediaLimits()

@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 
 from h3_core.protocol import EARLY_CANCEL_SECONDS
-from h3_core.serving.shared import registry as registry_module
-from h3_core.serving.shared.registry import Registry, server_folder
 from h3_core.serving.dit.scheduler import Job, Overloaded, Scheduler
-from h3_core.serving.shared.registry import DitLoad
 from h3_core.serving.dit.simulate import SimState
+from h3_core.serving.shared import registry as registry_module
+from h3_core.serving.shared.registry import DitLoad, Registry, server_folder
 
 
 class Clock:

@@ -30,9 +30,9 @@ from h3_core.parallel.exchange import Arena
 from h3_core.parallel.ulysses import Shares, forward_share, release_peers
 from h3_core.parallel.workers import SequenceParallelDiT, WorkerFailed, WorkerLost, rank_devices
 from h3_core.serving.dit.events import Arrival, Ended, Result
+from h3_core.serving.dit.step_loop import StepLoop
 from h3_core.serving.shared.registry import Registry
 from h3_core.serving.shared.settings import DitSettings
-from h3_core.serving.dit.step_loop import StepLoop
 from h3_core.weights.checkpoint import load_dit
 from server.repository import InstanceGroup, config_texts, plan
 from server.sizing import Machine

@@ -16,9 +16,9 @@ import pytest
 from client.api import H3Client, H3Error
 from h3_core.factory import load_engine
 from h3_core.serving.dit.events import Arrival, Refused
+from h3_core.serving.dit.step_loop import StepLoop
 from h3_core.serving.shared.registry import Registry
 from h3_core.serving.shared.settings import DitSettings
-from h3_core.serving.dit.step_loop import StepLoop
 from server.process import TritonServer
 
 from .serving import generate_in_thread as start

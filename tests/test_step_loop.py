@@ -25,9 +25,9 @@ from h3_core.serving.dit import admission
 from h3_core.serving.dit.admission import VANISHED_EXECUTES
 from h3_core.serving.dit.events import Arrival, CancelAnswer, Ended, Heartbeat, Progress, Refused, Result
 from h3_core.serving.dit.metrics import MetricsRecord
+from h3_core.serving.dit.step_loop import ANNOUNCED_TRANSIT_S, StepLoop
 from h3_core.serving.shared.registry import Registry
 from h3_core.serving.shared.settings import DitSettings
-from h3_core.serving.dit.step_loop import ANNOUNCED_TRANSIT_S, StepLoop
 
 TEXT_LEN = 3
 TEXT_DIM = get_config("tiny").text_dim

@@ -62,9 +62,7 @@ def test_the_key_file_holds_keys_and_admin_marks(tmp_path, capsys):
         with pytest.raises(SystemExit) as exited:
             main(["--api-key-file", str(tmp_path / "keys.txt")])
         assert exited.value.code == 2
-        assert (
-            capsys.readouterr().err.splitlines()[-1] == f"python -m videos_api: error: --api-key-file: {message}"
-        )
+        assert capsys.readouterr().err.splitlines()[-1] == f"python -m videos_api: error: --api-key-file: {message}"
 
 
 def test_non_ascii_keys_are_compared_as_utf8_bytes(tmp_path):

@@ -31,14 +31,16 @@ from h3_core.protocol import (
     MAX_REFERENCES,
     MAX_REQUEST_ID_CHARS,
     VAE_FAULTS,
+    InvalidRequest,
     check_request_parameters,
+    check_task,
     fault_seconds,
     implied_task,
     read_request_json,
 )
 from h3_core.serving.dit.events import Arrival, Ended, Job, Refused, Send, Status
-from h3_core.serving.shared.registry import IDS_REMEMBERED, CancelNotRecorded
 from h3_core.serving.dit.scheduler import Overloaded
+from h3_core.serving.shared.registry import IDS_REMEMBERED, CancelNotRecorded
 from h3_core.serving.shared.settings import DitSettings, check_served
 
 log = logging.getLogger("h3_dit")
@@ -277,7 +279,12 @@ def parse(
         cache_threshold=cache_threshold,
         **values,
     )
-    states = engine.prepare(generation, text, conditions, vision_spans)
+    try:
+        states = engine.prepare(generation, text, conditions, vision_spans)
+    except InvalidRequest as error:  # the core's words; the task rule's refusal in the wire's (TASK, KEYFRAMES)
+        if error.field == "task":
+            check_task(task, [condition.kind for condition in conditions])
+        raise
     conditioning = {"task": task, "flow_shift": generation.video_shift, "audio_flow_shift": generation.audio_shift}
     if conditions:
         conditioning.update(conditions=conditions_info(conditions, fields["conditions"]), geometry=geometry)

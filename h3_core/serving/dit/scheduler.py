@@ -60,7 +60,6 @@ from h3_core.serving.shared.registry import DitLoad
 from h3_core.serving.shared.settings import DEFAULT_MAX_WAIT_S, DEFAULT_POLICY, POLICIES
 
 
-
 class Overloaded(Exception):
     """The scheduler is at capacity (max_num_seqs + max_waiting jobs); the request is refused
     (Triton: UNAVAILABLE)."""

@@ -466,7 +466,9 @@ def capacity_table(rows: list[dict], cost: CostModel, max_ttfs_s: float, max_p95
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m h3_core.serving.dit.simulate", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m h3_core.serving.dit.simulate", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--workload", choices=WORKLOADS, required=True)
     parser.add_argument("--seed", type=int, default=0, help="random seed of the mixed workload")
     parser.add_argument("--c0", type=float, help="step cost seconds per step (replaces the workload's)")

@@ -76,12 +76,11 @@ from h3_core.serving.dit.events import (
     Send,
     Status,
 )
-from h3_core.serving.shared.gpu_turns import GpuTurns
 from h3_core.serving.dit.metrics import MetricsRecord, device_memory_bytes, end_line
 from h3_core.serving.dit.packed_step import InFlight, PackedStep
-from h3_core.serving.shared.registry import Registry, record_cancel
 from h3_core.serving.dit.scheduler import Scheduler
-from h3_core.serving.shared.registry import DitLoad
+from h3_core.serving.shared.gpu_turns import GpuTurns
+from h3_core.serving.shared.registry import DitLoad, Registry, record_cancel
 from h3_core.serving.shared.settings import MIN_EXECUTE_STEPS, DitSettings
 
 log = logging.getLogger("h3_dit")

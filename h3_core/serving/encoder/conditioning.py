@@ -19,6 +19,7 @@ from h3_core.diffusion.conditions import Condition
 from h3_core.diffusion.layout import ConditionBlock, make_layout
 from h3_core.diffusion.request import RequestLimits, check_canvas, request_memory_mb
 from h3_core.inputs.images import canvas_for_image, decode_image, fit_image
+from h3_core.inputs.references import DecodeBudget, align_reference_frames, decode_audio, decode_video
 from h3_core.model.vae import keyframe_latent
 from h3_core.protocol import (
     DEFAULT_FIT,
@@ -33,7 +34,6 @@ from h3_core.protocol import (
     keyframe_indices,
     reference_list,
 )
-from h3_core.inputs.references import DecodeBudget, align_reference_frames, decode_audio, decode_video
 from h3_core.serving.shared.settings import EncoderSettings
 
 

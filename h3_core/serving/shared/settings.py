@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from h3_core.config import AUDIO_SAMPLE_RATE, get_config
 from h3_core.diffusion.request import RequestLimits
 from h3_core.inputs.images import ImageLimits
+from h3_core.inputs.references import DecodeBudget, MediaLimits
 from h3_core.model.adaln_table import DEFAULT_CAPACITY
 from h3_core.model.fp8 import QUANTIZATIONS
 from h3_core.model.initialization import weights_seed
@@ -25,7 +26,6 @@ from h3_core.protocol import (
     TASKS,
     VAE_MODEL,
 )
-from h3_core.inputs.references import DecodeBudget, MediaLimits
 from h3_core.serving.shared.gpu_turns import DEFAULT_SHARE
 
 # the scheduling policies of h3_dit (h3_core.serving.dit.scheduler), its default, the longest wait (seconds)

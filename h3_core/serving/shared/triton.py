@@ -10,8 +10,12 @@ clients receive only the message text; through the ensemble, Triton 2.51 prefixe
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # the stub's module, present only where the python backend runs a model
+    import triton_python_backend_utils as pb_utils
 
 
 def model_parameters(args: dict) -> dict[str, str]:

@@ -24,14 +24,14 @@ from h3_core.factory import load_engine
 from h3_core.parallel.workers import SP_TIMEOUT_FRACTION
 from h3_core.protocol import AUDIO_LATENT, CONDITION_LATENTS, REQUEST, TEXT_EMBEDS, VIDEO_LATENT, cancel_info
 from h3_core.serving.dit.events import Arrival, CancelAnswer, Ended, Heartbeat, Progress, Refused, Result
-from h3_core.serving.shared.gpu_turns import TURN_WAIT_FRACTION, GpuTurns
 from h3_core.serving.dit.metrics import METRICS
+from h3_core.serving.dit.step_loop import StepLoop
+from h3_core.serving.shared.gpu_turns import TURN_WAIT_FRACTION, GpuTurns
 from h3_core.serving.shared.registry import Registry, server_folder
 from h3_core.serving.shared.settings import DitSettings
-from h3_core.serving.dit.step_loop import StepLoop
+from h3_core.serving.shared.triton import error_response, json_tensor, model_parameters, resolve_path, set_threads
 from h3_core.weights.checkpoint import source_seed
 from h3_core.weights.training_metadata import load_training_metadata
-from h3_core.serving.shared.triton import error_response, json_tensor, model_parameters, resolve_path, set_threads
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 EMPTY_VIDEO = np.zeros((1, 0, 0, 0, 0), dtype=np.float32)

@@ -43,6 +43,7 @@ from h3_core.protocol import (
     check_task,
     implied_task,
 )
+from h3_core.serving.dit.scheduler import Overloaded
 from h3_core.serving.encoder.conditioning import (
     Cancelled,
     Decoding,
@@ -53,12 +54,11 @@ from h3_core.serving.encoder.conditioning import (
     wire_conditions,
 )
 from h3_core.serving.shared.registry import Registry, server_folder
-from h3_core.serving.dit.scheduler import Overloaded
 from h3_core.serving.shared.settings import EncoderSettings, check_served
+from h3_core.serving.shared.triton import error_response, json_tensor, model_parameters, resolve_path, set_threads
 from h3_core.weights.checkpoint import source_seed
 from h3_core.weights.training_metadata import load_training_metadata
 from h3_core.weights.vae_hook import load_vaes
-from h3_core.serving.shared.triton import error_response, json_tensor, model_parameters, resolve_path, set_threads
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 MEDIA_INPUTS = (KEYFRAMES, REFERENCE_IMAGES, REFERENCE_VIDEOS, REFERENCE_AUDIO, GUIDES)  # inputs that hold files

@@ -41,16 +41,16 @@ from h3_core.protocol import (
     check_request_parameters,
     fault_seconds,
 )
-from h3_core.serving.vae.decodes import BacklogFull, Decode, Decodes, check_result
-from h3_core.serving.vae.gone_clients import GoneClients
-from h3_core.serving.shared.gpu_turns import GpuTurns, decode_tiles
 from h3_core.serving.dit.metrics import end_line
-from h3_core.serving.vae.ordered_pool import OrderedPool
+from h3_core.serving.shared.gpu_turns import GpuTurns, decode_tiles
 from h3_core.serving.shared.registry import Registry, server_folder
 from h3_core.serving.shared.settings import VaeSettings
+from h3_core.serving.shared.triton import error_response, json_tensor, model_parameters, resolve_path, set_threads
+from h3_core.serving.vae.decodes import BacklogFull, Decode, Decodes, check_result
+from h3_core.serving.vae.gone_clients import GoneClients
+from h3_core.serving.vae.ordered_pool import OrderedPool
 from h3_core.weights.checkpoint import source_seed
 from h3_core.weights.vae_hook import load_vaes
-from h3_core.serving.shared.triton import error_response, json_tensor, model_parameters, resolve_path, set_threads
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 log = logging.getLogger("h3_vae")
