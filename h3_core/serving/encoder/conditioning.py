@@ -8,7 +8,6 @@ within h3_dit's limits, multiples of 32). Every keyframe is then fitted to the c
 request parameter "fit" (h3_core.protocol.FITS, default DEFAULT_FIT).
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,8 +17,8 @@ from h3_core.config import AUDIO_HOP, AUDIO_SAMPLE_RATE, VIDEO_SPATIAL_DOWNSAMPL
 from h3_core.diffusion.conditions import Condition
 from h3_core.diffusion.layout import ConditionBlock, make_layout
 from h3_core.diffusion.request import RequestLimits, check_canvas, request_memory_mb
-from h3_core.inputs.images import canvas_for_image, decode_image, fit_image
-from h3_core.inputs.references import DecodeBudget, align_reference_frames, decode_audio, decode_video
+from h3_core.inputs.images import canvas_for_image, fit_image
+from h3_core.inputs.references import Decoding, align_reference_frames, decode_audio, decode_video
 from h3_core.model.vae import keyframe_latent
 from h3_core.protocol import (
     DEFAULT_FIT,
@@ -35,24 +34,6 @@ from h3_core.protocol import (
     reference_list,
 )
 from h3_core.serving.shared.settings import EncoderSettings
-
-
-@dataclass
-class Decoding:
-    """How one request's files are decoded (h3_encoder's media workers): `budget`, the request's
-    DecodeBudget (None: not counted), and `between_files(field)`, called before each file is
-    decoded (h3_encoder: raises Cancelled once the request's id was cancelled)."""
-
-    budget: DecodeBudget | None = None
-    between_files: Callable[[str], None] = lambda field: None
-
-    def image(self, data: bytes, field: str, limits) -> np.ndarray:
-        """One image file decoded (h3_core.inputs.images.decode_image) and counted in the budget."""
-        self.between_files(field)
-        image = decode_image(data, field, limits)
-        if self.budget is not None:
-            self.budget.take(field, pixels=image.shape[0] * image.shape[1])
-        return image
 
 
 class Cancelled(Exception):

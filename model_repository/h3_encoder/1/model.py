@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import triton_python_backend_utils as pb_utils
 
 from h3_core.config import get_config
+from h3_core.inputs.references import Decoding
 from h3_core.model.encoder import TextEncoder
 from h3_core.protocol import (
     CONDITION_LATENTS,
@@ -46,7 +47,6 @@ from h3_core.protocol import (
 from h3_core.serving.dit.scheduler import Overloaded
 from h3_core.serving.encoder.conditioning import (
     Cancelled,
-    Decoding,
     keyframe_conditions,
     read_keyframes,
     read_references,
