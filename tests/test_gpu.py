@@ -291,7 +291,7 @@ def test_a_cuda_graph_replay_equals_the_compiled_eager_forward(engines, config):
 
 
 def test_a_non_finite_velocity_read_through_its_cuda_event_fails_only_its_request(engines, monkeypatch):
-    """tests/test_step_loop_executes.py's overlapped case on CUDA: steps of 10 ms on the fake clock overlap,
+    """tests/test_step_loop_faults.py's overlapped case on CUDA: steps of 10 ms on the fake clock overlap,
     so the "nan" fault's step 1 settles (its finiteness flags read once its CUDA event has
     passed) after step 2 was launched with the offender in the pack; the offender ends at step 1
     with INTERNAL, the neighbour keeps its request-mode latents bit for bit."""
