@@ -41,7 +41,7 @@ from pathlib import Path
 
 from h3_core.serving.dit.scheduler import DEFAULT_POLICY, POLICIES, Job, Scheduler
 
-ROOT_RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"  # benchmark results files
+ROOT_RESULTS = Path(__file__).resolve().parents[3] / "benchmarks" / "results"  # benchmark results files
 LARGE_ROWS = 16_384  # 672x384, 4 s at 24 fps (docs/model.md §4.4)
 SMALL_ROWS = 1_280
 
