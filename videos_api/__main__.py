@@ -1,10 +1,10 @@
 """`python -m videos_api`: serve the Videos API and its page with uvicorn.
 
     python -m videos_api [--triton-url HOST:PORT] [--host ADDR] [--port P] [--data-dir DIR]
-                                [--api-key-file FILE] [--cors-origin ORIGIN]... [--max-body-bytes N]
-                                [--max-upload-bytes N] [--retention-hours H] [--max-attempts N]
-                                [--accept-wait SECONDS] [--recover-wait SECONDS]
-                                [--allow-url-host HOST]... [--allow-private-urls] [--model-name NAME]
+                         [--api-key-file FILE] [--cors-origin ORIGIN]... [--max-body-bytes N]
+                         [--max-upload-bytes N] [--retention-hours H] [--max-attempts N]
+                         [--accept-wait SECONDS] [--recover-wait SECONDS]
+                         [--allow-url-host HOST]... [--allow-private-urls] [--model-name NAME]
 
 Bad flags exit with status 2 and one error line (argparse), before anything is served.
 """
