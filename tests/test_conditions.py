@@ -261,7 +261,7 @@ def test_step_loop_serves_fl2va_beside_t2va_and_echoes_the_conditioning(engine):
     fl2va request packed with a t2va one ends with the latents of its engine-level solo run, and
     its INFO says task, keyframes, geometry and the flow shifts it ran with."""
     from h3_core.serving.dit.events import Result
-    from tests.test_step_loop import Client, make_loop
+    from tests.step_loop_harness import Client, make_loop
 
     request, conditions = fl2va(engine, "kf", (-1, 0), 21, 32, 64, 9, 3, image_seed=400)
     text = engine.encode_prompt(request.prompt)
@@ -378,7 +378,7 @@ def test_direct_h3_dit_condition_inputs_are_checked(engine, fields, latents, mes
     """What a direct h3_dit caller may send wrong about conditions: each refused with INVALID_ARG
     naming the field, and nothing else runs."""
     from h3_core.serving.dit.events import Refused
-    from tests.test_step_loop import Client, make_loop
+    from tests.step_loop_harness import Client, make_loop
 
     client = Client(make_loop(engine))
     client.send("bad", 2, 1, text_embeds=np.zeros((1, 3, 384), np.float32), condition_latents=latents, **fields)
@@ -391,7 +391,7 @@ def test_an_instance_serves_only_its_transformers_tasks(engine):  # noqa: F811
     serve is refused before any work (requests of different transformers never share a pack)."""
     from h3_core.serving.dit.events import Refused, Result
     from h3_core.serving.shared.settings import DitSettings
-    from tests.test_step_loop import Client, make_loop
+    from tests.step_loop_harness import Client, make_loop
 
     request, conditions = fl2va(engine, "kf", (0,), 21, 32, 64, 5, 1, image_seed=400)
     latents, entries = wire_conditions(conditions)

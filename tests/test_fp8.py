@@ -28,7 +28,7 @@ from h3_core.serving.shared.settings import DitSettings
 from h3_core.weights.checkpoint import DIT_FILE, load_dit, save_official_transformer, save_weights
 from server import sizing
 
-from .test_step_loop import Client, assert_solo, make_loop
+from .step_loop_harness import Client, assert_solo, make_loop
 
 
 def test_row_scales_map_each_rows_largest_magnitude_to_448():

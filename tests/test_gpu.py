@@ -34,7 +34,7 @@ from h3_core.serving.dit.events import Ended, Refused, Result
 from h3_core.serving.encoder.conditioning import wire_conditions
 
 from .serving import ROOT
-from .test_step_loop import Client, Clock, make_loop, solo_latents, timed_forwards
+from .step_loop_harness import Client, Clock, make_loop, solo_latents, timed_forwards
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 

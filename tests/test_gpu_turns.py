@@ -24,7 +24,8 @@ from h3_core.serving.shared import gpu_turns
 from h3_core.serving.shared.gpu_turns import HANDOVER_MIN_S, TILES_WAIT_LIMIT_S, GpuTurns, TurnClock
 from h3_core.serving.shared.registry import Registry
 from h3_core.serving.shared.settings import DitSettings, VaeSettings
-from tests.test_step_loop import Client, Clock, assert_solo, engine  # noqa: F401 - engine is a fixture
+from tests.step_loop_harness import Client, Clock, assert_solo
+from tests.test_step_loop import engine  # noqa: F401 - engine is a fixture
 
 ROOT = Path(__file__).resolve().parents[1]
 
