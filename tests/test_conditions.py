@@ -231,6 +231,27 @@ def test_task_must_agree_with_the_conditions(engine, task, kinds, message, wire)
     ]
 
 
+def test_a_direct_h3_dit_caller_gets_the_task_refusal_in_the_wires_words(engine):  # noqa: F811
+    """REQUEST fields sent straight to h3_dit with task t2va and a keyframe: the engine refuses in
+    the core's words (InvalidRequest, field "task"), and h3_dit's admission answers INVALID_ARG in
+    the wire's (check_task: TASK, KEYFRAMES), as h3_encoder does; the neighbour runs on."""
+    from h3_core.serving.dit.events import Refused, Result
+    from tests.step_loop_harness import Client, make_loop
+
+    request, conditions = fl2va(engine, "kf", (0,), 21, 32, 64, 9, 2, image_seed=400)
+    latents, entries = wire_conditions(conditions)
+    client = Client(make_loop(engine))
+    text = engine.encode_prompt(request.prompt)[None].numpy()
+    fields = dict(num_frames=9, conditions=entries, task="t2va")
+    client.send("bad", 2, 21, text_embeds=text, condition_latents=latents, **fields)
+    client.send("plain", 2, 3)
+    client.run()
+    assert [(event.code, event.message) for event in client.events if isinstance(event, Refused)] == [
+        ("INVALID_ARG", "TASK='t2va' takes no conditions; got 1 (send TASK 'fl2va' / 'ref2va' or no TASK)")
+    ]
+    assert len(client.of("plain", Result)) == 1
+
+
 @pytest.mark.parametrize(
     "condition, message",
     [
