@@ -34,6 +34,7 @@ COPY pyproject.toml ./
 COPY h3_core h3_core
 COPY server server
 COPY client client
+COPY videos_api videos_api
 COPY model_repository model_repository
 COPY weights weights
 # The project importable inside the stub (a .pth: the stub ignores PYTHONPATH), the stub for this

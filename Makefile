@@ -50,7 +50,7 @@ serve: setup
 serve-demo: setup
 	$(PY) -m server.launch --config demo --checkpoint weights/demo
 
-# the Videos API front end (python -m server.videos_api: the page on http://127.0.0.1:$(API_PORT)/,
+# the Videos API front end (python -m videos_api: the page on http://127.0.0.1:$(API_PORT)/,
 # OpenAI's /v1/videos) over tritonserver serving the demo model on free ports (the front end is the
 # entry point; the launcher prints Triton's); Ctrl-C stops both.
 # API_ARGS: more front-end flags, e.g. API_ARGS="--api-key-file keys.txt"
@@ -58,7 +58,7 @@ API_PORT ?= 8080
 API_ARGS ?=
 serve-api: setup
 	$(PY) -m server.launch --free-ports --config demo --checkpoint weights/demo \
-		--then $(PY) -m server.videos_api --port $(API_PORT) $(API_ARGS)
+		--then $(PY) -m videos_api --port $(API_PORT) $(API_ARGS)
 
 # every GPU: one DiT instance per GPU, sized from free GPU memory (server.sizing);
 # make serve-gpu CONFIG=h3 CHECKPOINT=/path/to/MiniMax-H3 TRUST_REMOTE_CODE=true for the official

@@ -3,7 +3,7 @@
 Pure functions over RequestRecords (times in seconds from the first measured submit):
 summarize() gives the summary numbers, render_timeline() the ASCII timeline, format_report() the
 printed report and save_png() the same timeline drawn with matplotlib (imported only there).
-Percentiles are h3_core.serving.simulate.percentile's nearest rank, the simulator's definition.
+Percentiles are h3_core.serving.dit.simulate.percentile's nearest rank, the simulator's definition.
 
 The report (60-wide banner, labels in 40 columns) ends with an ASCII timeline: one line per
 request over [0, wall] in 72 columns, '-' from submit to first step, '=' from first step to
@@ -32,7 +32,7 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a script (merge_results): the repository root for h3_core
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from h3_core.serving.simulate import percentile  # noqa: E402 - after the sys.path set-up above
+from h3_core.serving.dit.simulate import percentile  # noqa: E402 - after the sys.path set-up above
 
 STAGES = ("queue", "encode", "denoise", "decode")
 BANNER_WIDTH = 60

@@ -32,7 +32,7 @@ request mode (Engine.generate) and compares the latents with torch.equal. Writes
 (with "summary": recommended_threshold, cache_row_step_reduction and cache_min_ssim at it,
 cache_bitwise_solo_packed) and a figure of SSIM and row-step reduction per threshold.
 
---simulate: the serving simulator (h3_core.serving.simulate, srpt) on the reference and mixed
+--simulate: the serving simulator (h3_core.serving.dit.simulate, srpt) on the reference and mixed
 workloads without caching and at the hit rate measured at each threshold above 0 (its skipped
 fraction at the largest step count, 30), added to --out as "simulation" (one entry per
 threshold, the recommended one marked): per workload the
@@ -219,7 +219,7 @@ def figure(result: dict, path: Path) -> None:
 
 def simulation(hit_rate: float) -> dict:
     """--simulate's "simulation" for `hit_rate` (module docstring)."""
-    from h3_core.serving.simulate import make_workload, simulate, summarize
+    from h3_core.serving.dit.simulate import make_workload, simulate, summarize
 
     def work(workload) -> float:  # DiT seconds of its requests, each alone, computed steps only
         return sum(

@@ -22,7 +22,7 @@ speed from the big DiT replaying them:
                --steps. Per request: computed steps (steps - StepCache.skipped), seconds,
                speedup = uncached seconds / its seconds.
   concurrency: 4 requests of the shape and --steps at once through h3_dit's own step loop
-               in-process (h3_core.serving.step_loop.StepLoop: admission, step-cache planning,
+               in-process (h3_core.serving.dit.step_loop.StepLoop: admission, step-cache planning,
                the srpt scheduler, packed forward, settling, results; no Triton, no encoder, no
                VAE), its settings those of the served 4-request pack (max_num_seqs 4,
                max_batch_rows = row_budget = 4 x rows): all uncached, then half of them (the
@@ -75,11 +75,11 @@ from h3_core.diffusion.request import GenerationRequest, RequestLimits
 from h3_core.diffusion.step_cache import StepCache
 from h3_core.factory import load_engine
 from h3_core.model.fp8 import QUANTIZATIONS
-from h3_core.serving.events import Arrival, Ended, Refused, Result
-from h3_core.serving.metrics import MetricsRecord
-from h3_core.serving.registry import Registry
-from h3_core.serving.settings import EXECUTE_BUDGET_S, DitSettings
-from h3_core.serving.step_loop import StepLoop
+from h3_core.serving.dit.events import Arrival, Ended, Refused, Result
+from h3_core.serving.dit.metrics import MetricsRecord
+from h3_core.serving.dit.step_loop import StepLoop
+from h3_core.serving.shared.registry import Registry
+from h3_core.serving.shared.settings import EXECUTE_BUDGET_S, DitSettings
 from server.sizing import GPU_EXECUTE_BUDGET_S
 from training import data
 from training.evaluate import generate_states

@@ -14,7 +14,7 @@ smaller shapes, as a smoke test), weights `random:0`.
   warm-up; the two packs alternate 3 times and the ratio fl2va / t2va is the median of the 3
   per-run ratios (a conditioned pack adds one timestep, 0.999, to the AdaLN and the anchors'
   concatenation; its rows are the same).
-- keyframe: the encoder's work for one 1344 x 768 PNG keyframe: h3_core.images.decode_image + fit_image
+- keyframe: the encoder's work for one 1344 x 768 PNG keyframe: h3_core.inputs.images.decode_image + fit_image
   (CPU, 672 x 384 canvas) and h3_core.model.vae.keyframe_latent with this project's video VAE
   (seeded, on the device), medians of 10. The official VAE's encoder is not in this repository.
 Prints a short table last; writes DIR/conditioned_bench.json.
@@ -36,7 +36,7 @@ from step_timing import timed  # noqa: E402 - benchmarks/ is on sys.path when th
 from h3_core.diffusion.conditions import Condition
 from h3_core.diffusion.request import GenerationRequest, RequestLimits
 from h3_core.factory import load_engine
-from h3_core.images import ImageLimits, decode_image, fit_image
+from h3_core.inputs.images import ImageLimits, decode_image, fit_image
 from h3_core.model.dit import use_bitwise_cublas
 from h3_core.model.vae import create_vaes, keyframe_latent
 

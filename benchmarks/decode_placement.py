@@ -12,7 +12,7 @@ other (h3_core.model.vae.decode_clip, in its tiles), with 5 CPU threads (h3_vae'
 cpu_threads on 16 cores). Placements:
   alone:      no decodes;
   same_gpu:   decodes on cuda:0, computing beside the steps (the GPU time-slices the two processes);
-  turns_S:    decodes on cuda:0 taking turns with the steps (h3_core.serving.gpu_turns, turn_share S:
+  turns_S:    decodes on cuda:0 taking turns with the steps (h3_core.serving.shared.gpu_turns, turn_share S:
               the writer's default beside an h3_dit instance, with S = DEFAULT_SHARE);
   cpu:        decodes on the CPU;
   other_gpu:  decodes on cuda:1 (only where the host has a second GPU).
@@ -46,7 +46,7 @@ from h3_core.config import audio_latent_frames, latent_frames  # noqa: E402 - af
 from h3_core.diffusion.request import GenerationRequest, RequestLimits  # noqa: E402 - after the sys.path set-up above
 from h3_core.factory import load_engine  # noqa: E402 - after the sys.path set-up above
 from h3_core.model.vae import decode_clip  # noqa: E402 - after the sys.path set-up above
-from h3_core.serving.gpu_turns import DEFAULT_SHARE, GpuTurns, decode_tiles  # noqa: E402 - after the sys.path set-up above
+from h3_core.serving.shared.gpu_turns import DEFAULT_SHARE, GpuTurns, decode_tiles  # noqa: E402 - after the sys.path set-up above
 from h3_core.weights.vae_hook import load_vaes  # noqa: E402 - after the sys.path set-up above
 
 WEIGHTS = "random:0"

@@ -1,4 +1,4 @@
-"""CPU time per call of the registry's step-boundary operations (h3_core.serving.registry, issue 26), for
+"""CPU time per call of the registry's step-boundary operations (h3_core.serving.shared.registry, issue 26), for
 this checkout's registry and, with --old, another version of registry.py side by side.
 
     python benchmarks/registry_bench.py --out benchmarks/results/registry_cpu.json [--calls 1000]
@@ -54,9 +54,10 @@ class Clock:
 
 
 def load_registry(path: Path | None) -> ModuleType:
-    """This checkout's h3_core.serving.registry (path None), or the registry.py at `path` as h3_core.registry_old."""
+    """This checkout's h3_core.serving.shared.registry (path None), or the registry.py at `path` as
+    h3_core.registry_old."""
     if path is None:
-        return importlib.import_module("h3_core.serving.registry")
+        return importlib.import_module("h3_core.serving.shared.registry")
     spec = importlib.util.spec_from_file_location("h3_core.registry_old", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

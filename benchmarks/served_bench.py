@@ -65,7 +65,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from h3_core.model.dit import use_bitwise_cublas  # noqa: E402 - after the sys.path set-up above
-from h3_core.serving.scheduler import DEFAULT_POLICY  # noqa: E402 - after the sys.path set-up above
+from h3_core.serving.dit.scheduler import DEFAULT_POLICY  # noqa: E402 - after the sys.path set-up above
 from h3_core.weights.checkpoint_setup import create_checkpoint  # noqa: E402 - after the sys.path set-up above
 from server.process import TritonServer  # noqa: E402 - after the sys.path set-up above
 from server.repository import plan, write_repository  # noqa: E402 - after the sys.path set-up above

@@ -1,18 +1,21 @@
-"""Model configurations and media constants (docs/model.md §1.1, §4, §8).
+"""Model configurations and media constants (docs/model.md §1.1, §4, §8), defined once.
 
 One dataclass describes every DiT size, from `tiny` (CI) and `demo` (the trained demo model)
 to the full 50-layer `h3`. The media constants, and the clip lengths they imply (17n+5 frames,
 5n+2 video latents, audio latents and samples), are fixed by the H3 design and shared by the
-request, the layout, the VAEs and the writer.
+request, the layout, the VAEs and the writer; the wire contract (h3_core.protocol) re-exports
+the ones a client needs. Torch-free at import (torch is imported where a dtype is asked for):
+protocol imports this module, and the client installs without torch.
 """
 
+from __future__ import annotations
+
+import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-import torch
-
-# torch-free in protocol (the request model uses them): the one clip-length rule, and height and width
-# must be multiples of CANVAS_MULTIPLE (docs/model.md §4.2)
-from h3_core.protocol import CANVAS_MULTIPLE, align_num_frames  # noqa: F401
+if TYPE_CHECKING:
+    import torch
 
 # Media contract (docs/model.md §4).
 FPS = 24  # video frames per second; a request for another fps is refused
@@ -28,6 +31,28 @@ PATCH = 2  # spatial patch (1, 2, 2) over the video latent
 VIDEO_ROW_WIDTH = VIDEO_LATENT_CHANNELS * PATCH * PATCH  # 96
 AUDIO_ROW_WIDTH = AUDIO_LATENT_CHANNELS  # 32
 ROW_ALIGN = 64  # every request's packed length is a multiple of this (docs/model.md §2.1)
+CANVAS_MULTIPLE = 32  # height and width must be multiples of this (docs/model.md §4.2)
+# The frame a keyframe conditions (fl2va): the first or the last frame of the served clip.
+FIRST_FRAME, LAST_FRAME = 0, -1
+MAX_KEYFRAMES = 2
+# How a keyframe is fitted to the canvas (h3_core.inputs.images.fit_image): "crop" scales to cover
+# the canvas and cuts the centre (the default: no distortion, nothing added), "pad" scales to fit
+# inside and fills the rest, "stretch" resizes to the canvas whatever the aspect (the reference
+# implementation's way).
+FITS = ("crop", "pad", "stretch")
+DEFAULT_FIT = "crop"
+
+
+def align_num_frames(num_frames: int) -> int:
+    """Smallest 17n+5 frame count >= num_frames (docs/model.md §4.2). align(200) = 209, align(10) = 22.
+
+    The one clip-length rule of every path (h3_dit, the Videos API, the CLI): a request for
+    num_frames frames is served as a clip of align_num_frames(num_frames) frames, as H3's own
+    servers do; its audio follows the aligned length and its last frame is a LAST_FRAME keyframe's
+    (h3_core.diffusion.engine.Engine.prepare, h3_core.diffusion.request.check_canvas)."""
+    if num_frames <= 5:
+        return 5
+    return 5 + 17 * math.ceil((num_frames - 5) / 17)
 
 
 def max_requested_frames(max_num_frames: int) -> int:
@@ -96,6 +121,9 @@ class DiTConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        """The runtime torch dtype named by `dtype` (torch.float32 for "float32")."""
+        import torch
+
         return getattr(torch, self.dtype)
 
 

@@ -10,7 +10,23 @@ per output) -> VIDEO_LATENT + AUDIO_LATENT + INFO -> h3_vae -> VIDEO_MP4, FRAMES
 import json
 import math
 import re
-import unicodedata
+
+# The media constants and the request rules are the core's (defined once there, torch-free);
+# the wire re-exports what its clients need.
+from h3_core.config import (  # noqa: F401
+    AUDIO_CHANNELS,
+    AUDIO_SAMPLE_RATE,
+    CANVAS_MULTIPLE,
+    DEFAULT_FIT,
+    FIRST_FRAME,
+    FITS,
+    LAST_FRAME,
+    MAX_KEYFRAMES,
+    align_num_frames,
+)
+from h3_core.config import FPS as VIDEO_FPS  # noqa: F401  (VIDEO_MP4 and FRAMES run at it)
+from h3_core.rules import TASKS, InvalidRequest, check_prompt  # noqa: F401
+from h3_core.rules import check_task as check_task_rule
 
 PIPELINE_MODEL = "h3_pipeline"  # the entry point clients call
 ENCODER_MODEL = "h3_encoder"
@@ -33,15 +49,12 @@ INT_INPUTS = {
 # PREVIEW uint8 [1, Hl, Wl, 3] (empty unless a preview is due); INFO BYTES [1, 1] JSON (INFO_KINDS).
 # Conditioned tasks (docs/model.md §2.1). TASK BYTES [1, 1] is optional: one of TASKS; without it the task
 # follows the inputs (KEYFRAMES -> fl2va, nothing -> t2va).
-TASK = "TASK"
-TASKS = ("t2va", "fl2va", "ref2va")
-# fl2va: KEYFRAMES BYTES [1, K], K = 1 or 2 encoded images (PNG, JPEG or WebP files, h3_core.images);
+TASK = "TASK"  # one of TASKS
+# fl2va: KEYFRAMES BYTES [1, K], K = 1 or 2 encoded images (PNG, JPEG or WebP files, h3_core.inputs.images);
 # KEYFRAME_INDICES INT64 [1, K] the frame each conditions, FIRST_FRAME or LAST_FRAME, distinct; without
 # it one keyframe is the first frame and two are the first and the last.
 KEYFRAMES = "KEYFRAMES"
 KEYFRAME_INDICES = "KEYFRAME_INDICES"
-FIRST_FRAME, LAST_FRAME = 0, -1
-MAX_KEYFRAMES = 2
 # ref2va (docs/model.md §2.1-2.3): references and timeline guides, each list optional, at least one item
 # in all. REFERENCE_IMAGES BYTES [1, N] image files (PNG, JPEG, WebP: a character, an object);
 # REFERENCE_VIDEOS BYTES [1, N] MP4 files (with their audio track when they have one);
@@ -74,19 +87,12 @@ MAX_REFERENCE_IMAGES, MAX_REFERENCE_VIDEOS, MAX_REFERENCE_AUDIO, MAX_REFERENCES 
 # ref2va's guide (both one latent frame at the target's grid), image (one latent frame at its own
 # grid), audio (reference audio rows), video and video_audio (audio rows, then video rows).
 CONDITION_KINDS = ("keyframe", "guide", "image", "audio", "video", "video_audio")
-# How a keyframe is fitted to the canvas (request parameter "fit", h3_core.images.fit_image):
-# "crop" scales to cover the canvas and cuts the centre (the default: no distortion, nothing added),
-# "pad" scales to fit inside and fills the rest with PAD_COLOR, "stretch" resizes to the canvas
-# whatever the aspect (the reference implementation's way).
-FITS = ("crop", "pad", "stretch")
-DEFAULT_FIT = "crop"
+# fit: how a keyframe is fitted to the canvas, one of FITS (request parameter "fit", default DEFAULT_FIT)
 OUTPUTS = ("VIDEO_MP4", "FRAMES", "AUDIO", "PROGRESS", "PREVIEW", "INFO")
 VIDEO_MP4, FRAMES, AUDIO, PROGRESS, PREVIEW, INFO = OUTPUTS
 # AUDIO holds AUDIO_CHANNELS channels (left, right) of AUDIO_SAMPLE_RATE samples per second, in [-1, 1].
-AUDIO_SAMPLE_RATE = 32000
-AUDIO_CHANNELS = 2
-VIDEO_FPS = 24  # VIDEO_MP4 and FRAMES run at this many frames per second (h3_core.config.FPS)
-CANVAS_MULTIPLE = 32  # HEIGHT and WIDTH must be multiples of this (docs/model.md §4.2; h3_core.config re-exports it)
+# VIDEO_MP4 and FRAMES run at VIDEO_FPS frames per second; HEIGHT and WIDTH must be multiples of
+# CANVAS_MULTIPLE (docs/model.md §4.2); all h3_core.config's.
 
 # Between the models.
 TEXT_EMBEDS = "TEXT_EMBEDS"  # float32 [1, L, text_dim]; [1, 0, 0] in a control request
@@ -166,7 +172,7 @@ REQUEST_PARAMETERS = {
     "cache_threshold": (int, float),  # its range: h3_dit's max_cache_threshold (validate_request)
 }
 RESERVED_PARAMETERS = ("priority", "timeout")
-# inject_fault (tests only; h3_core.serving.admission.check_fault lists every value) acting in
+# inject_fault (tests only; h3_core.serving.dit.admission.check_fault lists every value) acting in
 # h3_encoder where its allow_fault_injection is true: its encode raises a RuntimeError (as a VAE out
 # of memory would), or its registry announcement does
 ENCODER_FAULTS = ("encode_raise", "announce_raise")
@@ -182,19 +188,6 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
 
 
-def align_num_frames(num_frames: int) -> int:
-    """Smallest 17n+5 frame count >= num_frames (docs/model.md §4.2). align(200) = 209, align(10) = 22.
-
-    The one clip-length rule of every path (h3_dit, the Videos API, the CLI): a request for
-    num_frames frames is served as a clip of align_num_frames(num_frames) frames, as H3's own
-    servers do; its audio follows the aligned length and its last frame is a LAST_FRAME keyframe's
-    (h3_core.diffusion.engine.Engine.prepare, h3_core.diffusion.request.check_canvas); here, torch-free,
-    so that the request model (h3_core.request_model) uses the same function."""
-    if num_frames <= 5:
-        return 5
-    return 5 + 17 * math.ceil((num_frames - 5) / 17)
-
-
 def implied_task(keyframes: bool, references: bool) -> str:
     """The task a request without TASK asks for: fl2va with keyframes, ref2va with references or
     guides, else t2va."""
@@ -202,29 +195,30 @@ def implied_task(keyframes: bool, references: bool) -> str:
 
 
 def check_task(task: str, kinds: list[str]) -> str:
-    """The request's task, checked against the kinds of its conditions (CONDITION_KINDS); returns
-    it. Raises ValueError naming TASK: for a task not in TASKS, t2va with conditions, fl2va
-    without keyframes or with anything else, ref2va without guides or references or with
-    keyframes."""
-    if task not in TASKS:
-        raise ValueError(f"{TASK}={task!r} is not allowed: allowed {list(TASKS)}")
-    keyframes = kinds.count("keyframe")
-    others = len(kinds) - keyframes
-    if task == "t2va" and kinds:
+    """The request's task, checked against the kinds of its conditions (CONDITION_KINDS) by the
+    core's rule (h3_core.rules.check_task); returns it. Its refusals in the wire's words: raises
+    ValueError naming TASK for a task not in TASKS, t2va with conditions, fl2va without
+    KEYFRAMES or with anything else, ref2va without guides or references or with KEYFRAMES."""
+    try:
+        return check_task_rule(task, kinds)
+    except InvalidRequest:
+        keyframes = kinds.count("keyframe")
+        others = len(kinds) - keyframes
+    if task == "t2va":
         raise ValueError(
             f"{TASK}='t2va' takes no conditions; got {len(kinds)} (send TASK 'fl2va' / 'ref2va' or no TASK)"
         )
-    if task == "fl2va" and (not keyframes or others):
+    if task == "fl2va":
         raise ValueError(
             f"{TASK}='fl2va' needs {KEYFRAMES} (1 or {MAX_KEYFRAMES} images) and nothing else; "
             f"got {keyframes} keyframes and {others} guides or references"
         )
-    if task == "ref2va" and (not others or keyframes):
+    if task == "ref2va":
         raise ValueError(
             f"{TASK}='ref2va' needs references or guides ({', '.join(REFERENCE_INPUTS)}) and no {KEYFRAMES}; "
             f"got {others} references or guides and {keyframes} keyframes"
         )
-    return task
+    raise ValueError(f"{TASK}={task!r} is not allowed: allowed {list(TASKS)}")
 
 
 def keyframe_indices(count: int, indices: list[int] | None) -> list[int]:
@@ -414,37 +408,3 @@ def cancel_info(request_id: str, state: str) -> dict:
     """INFO of the answer to a cancel by id of `request_id` (kind "cancel"; `state` one of
     CANCEL_STATES), from h3_cancel or from h3_dit."""
     return {"kind": "cancel", "request_id": request_id, "state": state}
-
-
-BYTE_ORDER_MARK = "\ufeff"  # dropped once from the start of a prompt (a decoder may leave it there)
-# Unicode general categories of characters that show nothing: separators (Zs space, Zl line,
-# Zp paragraph), controls (Cc: tab, newline, ...) and format characters (Cf: U+200B zero-width
-# space, U+200D zero-width joiner, U+FEFF, bidi marks, ...).
-INVISIBLE_CATEGORIES = frozenset({"Zs", "Zl", "Zp", "Cc", "Cf", "Mn", "Me"})  # + marks that only combine
-# default-ignorable or blank characters of other categories (Unicode DerivedCoreProperties, and the
-# blank braille pattern): Hangul fillers, variation selectors, U+2800
-INVISIBLE_CHARACTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800") | frozenset(map(chr, range(0xFE00, 0xFE10)))
-SHOWN_PROMPT_CHARS = 32  # an error message quotes at most this many characters of a prompt
-
-
-def _shown(prompt: str) -> str:
-    if len(prompt) <= SHOWN_PROMPT_CHARS:
-        return repr(prompt)
-    return f"{prompt[:SHOWN_PROMPT_CHARS]!r}... ({len(prompt)} characters)"
-
-
-def check_prompt(prompt: str) -> str:
-    """The one prompt rule, applied by validate_request and by the text encoder.
-
-    Returns the prompt the text encoder reads: `prompt` without one leading byte-order mark
-    (U+FEFF); nothing else is changed. Raises ValueError "prompt must be a non-empty string, got
-    ..." if `prompt` is not a str or is empty, and "prompt must contain visible characters, got
-    ..." (the prompt's repr, cut after SHOWN_PROMPT_CHARS characters) if every character is in
-    INVISIBLE_CATEGORIES or INVISIBLE_CHARACTERS, e.g. only spaces, newlines, zero-width spaces,
-    byte-order marks, lone combining marks or Hangul fillers.
-    """
-    if not isinstance(prompt, str) or not prompt:
-        raise ValueError(f"prompt must be a non-empty string, got {prompt!r}")
-    if all(unicodedata.category(char) in INVISIBLE_CATEGORIES or char in INVISIBLE_CHARACTERS for char in prompt):
-        raise ValueError(f"prompt must contain visible characters, got {_shown(prompt)}")
-    return prompt.removeprefix(BYTE_ORDER_MARK)

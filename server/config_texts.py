@@ -13,7 +13,7 @@ from h3_core.config import get_config
 from h3_core.diffusion.layout import make_layout
 from h3_core.diffusion.request import request_memory_mb
 from h3_core.protocol import CANCEL_MODEL
-from h3_core.serving.settings import CONTROL_SLOTS, DitSettings, EncoderSettings, VaeSettings
+from h3_core.serving.shared.settings import CONTROL_SLOTS, DitSettings, EncoderSettings, VaeSettings
 
 from .planner import Repository
 
@@ -36,7 +36,7 @@ COMMENTS = {
         "config_name": "h3_dit's: a canvas inferred from a keyframe has about its default canvas area",
         "max_height": "h3_dit's limits: a canvas inferred from a keyframe stays within them",
         "max_reference_images": "ref2va: files per kind and references + guides in all; audio seconds per file "
-        "and in all; video seconds (h3_core.references); a request refused with INVALID_ARG before any VAE runs",
+        "and in all; video seconds (h3_core.inputs.references); a request refused with INVALID_ARG before any VAE runs",
         "max_batch_rows": "h3_dit's, with max_request_mb: a request whose rows or memory (conditions included) pass "
         "them is refused here",
         "media_workers": "threads decoding requests' files apart from the text encoder (one request each: a request "
@@ -44,7 +44,7 @@ COMMENTS = {
         "stored size) and max_decoded_samples (audio per channel at 32 kHz), one request's decode budget, they bound "
         "the decoded media held at once: media_workers x (3 B x pixels + 8 B x samples), 1.5 GB as shipped",
         "max_image_bytes": "a keyframe file beyond these limits is refused with INVALID_ARG before any model "
-        "runs (h3_core.images): bytes, pixels (width x height, read from the header: no decompression bomb is "
+        "runs (h3_core.inputs.images): bytes, pixels (width x height, read from the header: no decompression bomb is "
         "decoded), each side's pixels, long side / short side",
     },
     DitSettings.MODEL: {
@@ -60,7 +60,7 @@ COMMENTS = {
         "within this plus one step",
         "max_wait_s": "seconds a request may wait for a step (since its arrival or its last step) before it ranks "
         "before every request that has not waited that long, whatever the policy and the priorities: the longest "
-        "wait, h3_core.serving.scheduler",
+        "wait, h3_core.serving.dit.scheduler",
         "max_batch_rows_by_gpu": '"" or GPU:ROWS pairs: the h3_dit instance on a listed GPU packs up to its own rows '
         "(sized from that GPU's memory); max_batch_rows stays the largest request, which every instance takes",
         "priority_max": "request_priority lies in -priority_max..priority_max (higher runs first under srpt)",
@@ -77,7 +77,7 @@ COMMENTS = {
         "value for the h3 config, h3_core.model.adaln_table): each distinct timestep's projections are computed once, "
         "not once per step; 0 = off",
         "gpu_turns": '"true" (cuda, sp_degree 1): each packed step takes its GPU\'s turn, so that an h3_vae with '
-        "gpu_turns on the same GPU decodes only between steps (h3_core.serving.gpu_turns)",
+        "gpu_turns on the same GPU decodes only between steps (h3_core.serving.shared.gpu_turns)",
     },
     VaeSettings.MODEL: {
         "cpu_threads": CPU_THREADS_COMMENT,
@@ -90,7 +90,7 @@ COMMENTS = {
         "keep-alive response; keep it under the idle timeout of any proxy in front of the server",
         "gpu_turns": '"true" (a CUDA device): decode in tiles that take turns with the steps of the h3_dit '
         "instances on the same GPU (which set gpu_turns too) instead of time-slicing it with them "
-        "(h3_core.serving.gpu_turns)",
+        "(h3_core.serving.shared.gpu_turns)",
         "turn_share": "the fraction of the last DiT step's seconds that a turn of decode tiles may last while a "
         "DiT step waits for the GPU",
     },
@@ -161,7 +161,7 @@ DIT_INTRO = """\
 # The H3 DiT with diffusion continuous batching. Decoupled; Triton's iterative sequence batcher
 # hands every live request to each execute(), which runs packed steps, each ONE forward for the
 # requests the scheduling policy advances, as many as fit execute_budget_s while no newcomer or
-# cancel is announced (h3_core.serving.registry), and reschedules the unfinished ones.
+# cancel is announced (h3_core.serving.shared.registry), and reschedules the unfinished ones.
 #
 # REQUEST is JSON: the request fields present (height, width, num_frames, num_inference_steps,
 # seed, num_outputs), encode_seconds, received_unix_s and for fl2va / ref2va task, conditions,
@@ -211,7 +211,7 @@ output [
 """
 CANCEL_TEXT = """\
 # Cancel by id, answered at once from the registry shared by the DiT instances
-# (h3_core.serving.registry): clients send their cancels here, not to h3_dit, whose execute may run
+# (h3_core.serving.shared.registry): clients send their cancels here, not to h3_dit, whose execute may run
 # a whole generation (execution mode "request"). REQUEST is {"cancel_request_id": ID} (ID a
 # non-empty string, no other key); INFO is {"kind": "cancel", "request_id": ID, "state":
 # "cancelled" | "finished" | "unknown"}. One CPU instance on every device: it computes nothing.
@@ -346,8 +346,8 @@ def config_texts(repository: Repository) -> dict[str, str]:
     slots = (
         f"max_batch_size = sequence slots = max_num_seqs + max_waiting + {CONTROL_SLOTS} control slots "
         f"({dit.max_num_seqs} + {dit.max_waiting} + {CONTROL_SLOTS}): the scheduler holds at most max_num_seqs + "
-        "max_waiting requests (h3_core/serving/scheduler.py, Admission). Requests beyond the slots wait in Triton's "
-        "backlog, which the model cannot see."
+        "max_waiting requests (h3_core/serving/dit/scheduler.py, Admission). Requests beyond the slots wait in "
+        "Triton's backlog, which the model cannot see."
     )
     dit_text = (
         DIT_INTRO

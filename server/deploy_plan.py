@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from h3_core.config import get_config
-from h3_core.serving.settings import DitSettings
+from h3_core.serving.shared.settings import DitSettings
 
 from . import planner as R
 from . import sizing

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from h3_core.model.dit import GRAPH_MAX_ROWS
 from h3_core.model.encoder import drawn_weight_bytes, minilm_path, weight_bytes
-from h3_core.serving.settings import DitSettings, EncoderSettings, VaeSettings
+from h3_core.serving.shared.settings import DitSettings, EncoderSettings, VaeSettings
 
 from . import sizing
 from .placement import InstanceGroup

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from h3_core.serving.settings import DitSettings, EncoderSettings, VaeSettings
+from h3_core.serving.shared.settings import DitSettings, EncoderSettings, VaeSettings
 
 from .options import DEVICES, PLACEMENTS
 

@@ -19,7 +19,7 @@ from h3_core.diffusion.request import request_memory_mb
 from h3_core.model.encoder import QWEN3VL, QWEN3VL_H3_LAYER, minilm_path, model_type, text_width
 from h3_core.parallel.ulysses import check_sp_degree
 from h3_core.parallel.workers import SP_TIMEOUT_FRACTION
-from h3_core.serving.settings import DitSettings, EncoderSettings, VaeSettings
+from h3_core.serving.shared.settings import DitSettings, EncoderSettings, VaeSettings
 from h3_core.weights.checkpoint import TRANSFORMER_FOLDER, check_transformer_config
 from h3_core.weights.official_checkpoint import TEXT_ENCODER, TOKENIZER, is_official
 
@@ -124,7 +124,7 @@ def plan(
     (server.repository --plan); None reads them from its safetensors headers
     (h3_core.model.encoder.weight_bytes), and only then is its width checked.
     Raises ValueError for an unknown config, device, model or key, a value the settings refuse
-    (h3_core.serving.settings messages), bad GPUs or instances, a text encoder of another width than the
+    (h3_core.serving.shared.settings messages), bad GPUs or instances, a text encoder of another width than the
     config's text_dim (check_text_width), or a GPU where the DiT does not fit."""
     cfg = get_config(config)
     given = _given(overrides)
@@ -226,7 +226,7 @@ def _size_for_gpus(sized: _Sizing, config: str, placement: str, vae_device: str,
         turns = (
             "h3_vae shares its GPU with an h3_dit instance: its decode tiles take turns with the DiT steps "
             "there instead of time-slicing the GPU, which made those steps 2.1x slower "
-            "(h3_core.serving.gpu_turns, docs/deploy_h200.md)"
+            "(h3_core.serving.shared.gpu_turns, docs/deploy_h200.md)"
         )
         sized.size(VaeSettings.MODEL, "gpu_turns", True, turns)
         sized.size(DitSettings.MODEL, "gpu_turns", True, turns)

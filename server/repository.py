@@ -9,7 +9,7 @@ benchmarks' copies (benchmarks/served_bench.py) and the GPU repositories (`make 
     python -m server.repository model_repository --unsized     # rewrites the shipped repository
     python -m server.repository --plan     # the official checkpoint on 1, 2, 4, 8 H200s (server.deploy_plan)
 
-A repository is a `Repository`: the settings of h3_encoder, h3_dit and h3_vae (h3_core.serving.settings;
+A repository is a `Repository`: the settings of h3_encoder, h3_dit and h3_vae (h3_core.serving.shared.settings;
 each config.pbtxt gets every key of its model's `parameters`), each model's instance group
 (`instance_groups`, the one function that places the models) and h3_dit's
 max_sequence_idle_microseconds; h3_dit's max_batch_size is its sequence slots. `plan` builds one
@@ -26,7 +26,7 @@ writes a folder, `check_checkpoint` checks the weights first, and the CLI. The n
 `from server.repository import ...` has always given (plan, Repository, config_texts, ...) stay.
 
 Checkpoint paths: the models resolve a relative checkpoint_dir against the folder above their
-repository (server.adapter.resolve_path), so a relative path is relative to the project root
+repository (h3_core.serving.shared.triton.resolve_path), so a relative path is relative to the project root
 (ROOT); model_repository/ keeps it relative, every other repository gets it absolute. The CLI
 reads a relative --checkpoint against the current directory.
 """
@@ -40,7 +40,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from h3_core.serving.settings import CONTROL_SLOTS, DitSettings, EncoderSettings, VaeSettings
+from h3_core.serving.shared.settings import CONTROL_SLOTS, DitSettings, EncoderSettings, VaeSettings
 from h3_core.weights.checkpoint import (
     AUDIO_VAE_FILE,
     DIT_FILE,

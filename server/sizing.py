@@ -37,8 +37,8 @@ from h3_core.config import ROW_ALIGN, DiTConfig
 from h3_core.diffusion.request import STEP_CACHE_BYTES_PER_ROW, request_memory_mb
 from h3_core.model.dit import GRAPH_MAX_ROWS
 from h3_core.parallel.workers import EXIT_GRACE_S, SP_TIMEOUT_FRACTION
-from h3_core.serving.gpu_turns import TURN_WAIT_FRACTION
-from h3_core.serving.settings import MIN_EXECUTE_STEPS, REQUEST_IDLE_FACTOR, STEP_ESTIMATES, step_estimate_s
+from h3_core.serving.shared.gpu_turns import TURN_WAIT_FRACTION
+from h3_core.serving.shared.settings import MIN_EXECUTE_STEPS, REQUEST_IDLE_FACTOR, STEP_ESTIMATES, step_estimate_s
 
 from .options import DEVICES
 
@@ -72,7 +72,7 @@ H200_SP_RESTART_S, H200_SP_RESTART_LAYERS = 11.3, 8
 # graces) must fit in the idle timeout less two step timeouts: 1 / (1 - 2 / 4) = 2 times it.
 SP_IDLE_FACTOR = 1 / (1 - 2 / SP_TIMEOUT_FRACTION)
 # h3_dit's execute_budget_s on cuda: seconds one execute() keeps taking steps while nothing is
-# announced for the DiT (h3_core.serving.step_loop.StepLoop.another_step). Each execute costs a Triton
+# announced for the DiT (h3_core.serving.dit.step_loop.StepLoop.another_step). Each execute costs a Triton
 # round trip of about 6 ms on the H200 host (docs/benchmarks.md, served vs request mode). An
 # execute takes another step while its time so far plus the last step's stays under the budget,
 # so it lasts at least half the budget and the round trip costs at most 6 ms / 0.5 s = 1.2% of
@@ -90,7 +90,7 @@ STEP_IDLE_FACTOR = 2.5 * MIN_EXECUTE_STEPS
 # steps cost while they run without their GPU turn, time-slicing the GPU with a stuck decode.
 TIME_SLICED_SLOWDOWN = 2.1
 # With GPU turns an execute may hold one wait for the turn, idle / TURN_WAIT_FRACTION
-# (h3_core.serving.gpu_turns; a timeout is remembered, so later steps do not wait again), and its
+# (h3_core.serving.shared.gpu_turns; a timeout is remembered, so later steps do not wait again), and its
 # steps time-sliced: the rest of the idle timeout must hold the execute's factor x its steps
 # x TIME_SLICED_SLOWDOWN.
 TURNS_IDLE_FACTOR = TIME_SLICED_SLOWDOWN * TURN_WAIT_FRACTION / (TURN_WAIT_FRACTION - 1)
@@ -265,7 +265,7 @@ def idle_timeout(
     - cpu: step mode MIN_IDLE_S = 60 s (tiny on the 2-core CPU steps 4,096 rows in under 0.2 s,
       which also holds a lost sequence-parallel worker's restart, under 1 s there, and retried
       step); request mode max(60 s, max_steps x step x 1.5), step =
-      h3_core.serving.settings.step_estimate_s("cpu", max_batch_rows, num_layers) (a whole
+      h3_core.serving.shared.settings.step_estimate_s("cpu", max_batch_rows, num_layers) (a whole
       generation in one execute(); DitSettings refuses a shorter idle timeout);
     - cuda, with step = step_seconds(max_batch_rows, num_layers):
       step mode:    max(60 s, 5 x step): an execute takes at least MIN_EXECUTE_STEPS (2) steps

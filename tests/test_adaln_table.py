@@ -9,7 +9,7 @@ from h3_core.diffusion import layout as L
 from h3_core.model import H3DiT
 from h3_core.model.adaln_table import AdaLNTable, value_bytes
 from h3_core.model.initialization import init_weights
-from h3_core.serving.settings import DitSettings
+from h3_core.serving.shared.settings import DitSettings
 from server import sizing
 
 LAYOUTS = [L.make_layout(9, 64, 96, 22), L.make_layout(17, 64, 64, 5), L.make_layout(44, 32, 64, 5)]

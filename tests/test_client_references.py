@@ -10,7 +10,8 @@ from client.api import H3Client, H3Error
 from client.generate import main
 from h3_core import protocol
 
-from .test_client_api import CLI_FLAGS, FakeTriton, results_script
+from .test_client_api import FakeTriton, results_script
+from .test_client_generate import CLI_FLAGS
 
 # Media files as the client sends them: never decoded, so any bytes do (NUL, 0xff and a trailing
 # NUL included, which a str-based BYTES encoding would lose).

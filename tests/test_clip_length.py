@@ -15,8 +15,8 @@ from h3_core.config import align_num_frames, audio_latent_frames, audio_num_samp
 from h3_core.diffusion import layout as L
 from h3_core.diffusion.conditions import Condition
 from h3_core.diffusion.request import GenerationRequest
-from h3_core.serving.conditioning import read_keyframes
-from h3_core.serving.settings import EncoderSettings
+from h3_core.serving.encoder.conditioning import read_keyframes
+from h3_core.serving.shared.settings import EncoderSettings
 from tests.test_engine import engine  # noqa: F401  (the fixture: tiny, max_num_frames 64)
 
 TEXT = torch.zeros(3, 384)

@@ -6,11 +6,13 @@ import numpy as np
 import pytest
 import torch
 
+from h3_core import protocol
 from h3_core.diffusion import layout as L
 from h3_core.diffusion.conditions import CONDITION_AUG, Condition, condition_rows
 from h3_core.diffusion.request import GenerationRequest
 from h3_core.model.vae import keyframe_latent
-from h3_core.serving.conditioning import wire_conditions
+from h3_core.rules import InvalidRequest
+from h3_core.serving.encoder.conditioning import wire_conditions
 from tests.test_engine import REQUESTS, assert_same, engine, solo  # noqa: F401  (engine: the fixture)
 
 
@@ -181,30 +183,73 @@ def test_cancelled_conditioned_request_leaves_neighbours_unchanged(engine):  # n
         assert_same(cut[rid], whole[rid])
 
 
-@pytest.mark.parametrize(
-    "task, kinds, message",
-    [
-        ("t2va", ["keyframe"], "TASK='t2va' takes no conditions; got 1 (send TASK 'fl2va' / 'ref2va' or no TASK)"),
-        (
-            "fl2va",
-            [],
-            "TASK='fl2va' needs KEYFRAMES (1 or 2 images) and nothing else; got 0 keyframes and 0 guides or references",
-        ),
-        (
-            "ref2va",
-            ["keyframe"],
-            "TASK='ref2va' needs references or guides (REFERENCE_IMAGES, REFERENCE_VIDEOS, REFERENCE_AUDIO, GUIDES) "
-            "and no KEYFRAMES; got 0 references or guides and 1 keyframes",
-        ),
-        ("i2v", [], "TASK='i2v' is not allowed: allowed ['t2va', 'fl2va', 'ref2va']"),
-    ],
-)
-def test_task_must_agree_with_the_conditions(engine, task, kinds, message):  # noqa: F811
+TASK_CASES = [  # (task, condition kinds, the core's refusal, the wire's words for it)
+    (
+        "t2va",
+        ["keyframe"],
+        "task='t2va' takes no conditions; got 1",
+        "TASK='t2va' takes no conditions; got 1 (send TASK 'fl2va' / 'ref2va' or no TASK)",
+    ),
+    (
+        "fl2va",
+        [],
+        "task='fl2va' needs keyframes (1 or 2 images) and nothing else; got 0 keyframes and 0 guides or references",
+        "TASK='fl2va' needs KEYFRAMES (1 or 2 images) and nothing else; got 0 keyframes and 0 guides or references",
+    ),
+    (
+        "ref2va",
+        ["keyframe"],
+        "task='ref2va' needs references or guides and no keyframes; got 0 references or guides and 1 keyframes",
+        "TASK='ref2va' needs references or guides (REFERENCE_IMAGES, REFERENCE_VIDEOS, REFERENCE_AUDIO, GUIDES) "
+        "and no KEYFRAMES; got 0 references or guides and 1 keyframes",
+    ),
+    (
+        "i2v",
+        [],
+        "task='i2v' is not allowed: allowed ['t2va', 'fl2va', 'ref2va']",
+        "TASK='i2v' is not allowed: allowed ['t2va', 'fl2va', 'ref2va']",
+    ),
+]
+
+
+@pytest.mark.parametrize("task, kinds, message, wire", TASK_CASES)
+def test_task_must_agree_with_the_conditions(engine, task, kinds, message, wire):  # noqa: F811
+    """The engine refuses in the core's words (InvalidRequest naming the field "task"); the wire's
+    check_task refuses the same requests naming its inputs (TASK, KEYFRAMES) and passes the rest."""
     request = GenerationRequest("x", 32, 32, 5, 1, seed=1, task=task)
     conditions = [Condition(kind, 0, torch.zeros(24, 1, 2, 2)) for kind in kinds]
-    with pytest.raises(ValueError) as error:
+    with pytest.raises(InvalidRequest) as error:
         engine.prepare(request, conditions=conditions)
-    assert str(error.value) == message
+    assert (error.value.field, str(error.value)) == ("task", message)
+    with pytest.raises(ValueError) as error:
+        protocol.check_task(task, kinds)
+    assert (type(error.value), str(error.value)) == (ValueError, wire)
+    assert [protocol.check_task(*good) for good in (("t2va", []), ("fl2va", ["keyframe"]), ("ref2va", ["image"]))] == [
+        "t2va",
+        "fl2va",
+        "ref2va",
+    ]
+
+
+def test_a_direct_h3_dit_caller_gets_the_task_refusal_in_the_wires_words(engine):  # noqa: F811
+    """REQUEST fields sent straight to h3_dit with task t2va and a keyframe: the engine refuses in
+    the core's words (InvalidRequest, field "task"), and h3_dit's admission answers INVALID_ARG in
+    the wire's (check_task: TASK, KEYFRAMES), as h3_encoder does; the neighbour runs on."""
+    from h3_core.serving.dit.events import Refused, Result
+    from tests.step_loop_harness import Client, make_loop
+
+    request, conditions = fl2va(engine, "kf", (0,), 21, 32, 64, 9, 2, image_seed=400)
+    latents, entries = wire_conditions(conditions)
+    client = Client(make_loop(engine))
+    text = engine.encode_prompt(request.prompt)[None].numpy()
+    fields = dict(num_frames=9, conditions=entries, task="t2va")
+    client.send("bad", 2, 21, text_embeds=text, condition_latents=latents, **fields)
+    client.send("plain", 2, 3)
+    client.run()
+    assert [(event.code, event.message) for event in client.events if isinstance(event, Refused)] == [
+        ("INVALID_ARG", "TASK='t2va' takes no conditions; got 1 (send TASK 'fl2va' / 'ref2va' or no TASK)")
+    ]
+    assert len(client.of("plain", Result)) == 1
 
 
 @pytest.mark.parametrize(
@@ -236,8 +281,8 @@ def test_step_loop_serves_fl2va_beside_t2va_and_echoes_the_conditioning(engine):
     """Through h3_dit's StepLoop (REQUEST fields + CONDITION_LATENTS as h3_encoder sends them): an
     fl2va request packed with a t2va one ends with the latents of its engine-level solo run, and
     its INFO says task, keyframes, geometry and the flow shifts it ran with."""
-    from h3_core.serving.events import Result
-    from tests.test_step_loop import Client, make_loop
+    from h3_core.serving.dit.events import Result
+    from tests.step_loop_harness import Client, make_loop
 
     request, conditions = fl2va(engine, "kf", (-1, 0), 21, 32, 64, 9, 3, image_seed=400)
     text = engine.encode_prompt(request.prompt)
@@ -353,8 +398,8 @@ KEYFRAME = {"kind": "keyframe", "frame": 0, "video": [24, 1, 2, 4]}
 def test_direct_h3_dit_condition_inputs_are_checked(engine, fields, latents, message):  # noqa: F811
     """What a direct h3_dit caller may send wrong about conditions: each refused with INVALID_ARG
     naming the field, and nothing else runs."""
-    from h3_core.serving.events import Refused
-    from tests.test_step_loop import Client, make_loop
+    from h3_core.serving.dit.events import Refused
+    from tests.step_loop_harness import Client, make_loop
 
     client = Client(make_loop(engine))
     client.send("bad", 2, 1, text_embeds=np.zeros((1, 3, 384), np.float32), condition_latents=latents, **fields)
@@ -365,9 +410,9 @@ def test_direct_h3_dit_condition_inputs_are_checked(engine, fields, latents, mes
 def test_an_instance_serves_only_its_transformers_tasks(engine):  # noqa: F811
     """h3_dit parameter tasks: one instance loads one transformer; a request of a task it does not
     serve is refused before any work (requests of different transformers never share a pack)."""
-    from h3_core.serving.events import Refused, Result
-    from h3_core.serving.settings import DitSettings
-    from tests.test_step_loop import Client, make_loop
+    from h3_core.serving.dit.events import Refused, Result
+    from h3_core.serving.shared.settings import DitSettings
+    from tests.step_loop_harness import Client, make_loop
 
     request, conditions = fl2va(engine, "kf", (0,), 21, 32, 64, 5, 1, image_seed=400)
     latents, entries = wire_conditions(conditions)

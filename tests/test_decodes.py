@@ -1,4 +1,4 @@
-"""h3_core.serving.decodes: h3_vae's open decodes get a keep-alive after heartbeat_s seconds
+"""h3_core.serving.vae.decodes: h3_vae's open decodes get a keep-alive after heartbeat_s seconds
 without a response, never after they are finished; one failing send stops only its own."""
 
 import threading
@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from h3_core.diffusion.request import RequestLimits
-from h3_core.serving.decodes import BacklogFull, Decodes, check_result
+from h3_core.serving.vae.decodes import BacklogFull, Decodes, check_result
 
 
 class Clock:

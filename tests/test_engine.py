@@ -11,8 +11,8 @@ from h3_core.model import H3DiT
 from h3_core.model.encoder import TextEncoder
 from h3_core.model.initialization import init_weights
 from h3_core.model.vae import create_vaes, decode_clip
-from h3_core.serving.events import Result
-from tests.test_step_loop import Client, make_loop
+from h3_core.serving.dit.events import Result
+from tests.step_loop_harness import Client, make_loop
 
 
 @pytest.fixture(scope="module")

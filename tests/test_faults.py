@@ -175,7 +175,7 @@ def test_a_newcomer_finding_the_dit_at_capacity_is_refused_at_once(faults):
     dit_refusals = server.h3_metrics().get("h3_refusals_total", 0)
     with pytest.raises(H3Error) as info:
         client.generate("the newcomer", num_inference_steps=2)
-    # refused by h3_encoder before encoding (h3_core.serving.registry): the DiT never saw it
+    # refused by h3_encoder before encoding (h3_core.serving.shared.registry): the DiT never saw it
     assert server.h3_metrics().get("h3_refusals_total", 0) == dit_refusals
     assert [client.cancel(f"full-{k}") for k in (4, 0, 1, 2, 3)] == ["cancelled"] * 5
     for thread in threads:

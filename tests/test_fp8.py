@@ -23,12 +23,12 @@ from h3_core.model.fp8 import (
 )
 from h3_core.model.fp8 import to_e4m3 as quantise
 from h3_core.model.initialization import init_weights
-from h3_core.serving.events import Result
-from h3_core.serving.settings import DitSettings
+from h3_core.serving.dit.events import Result
+from h3_core.serving.shared.settings import DitSettings
 from h3_core.weights.checkpoint import DIT_FILE, load_dit, save_official_transformer, save_weights
 from server import sizing
 
-from .test_step_loop import Client, assert_solo, make_loop
+from .step_loop_harness import Client, assert_solo, make_loop
 
 
 def test_row_scales_map_each_rows_largest_magnitude_to_448():

@@ -10,7 +10,7 @@ step it reached. Bound: GONE_BOUND_STEPS steps after the last step its client sa
 long against the way back from h3_vae to h3_dit (a few ms); with much faster steps the bound
 holds in time (a few of those round trips), not in steps. With h3_dit's executes allowed to take
 steps for 20 s (execute_budget_s), h3_vae records each cancel in the registry
-(h3_core.serving.registry.record_cancel), which announces it and so ends the execute in flight
+(h3_core.serving.shared.registry.record_cancel), which announces it and so ends the execute in flight
 after its step; the clients are killed one after another and each is noticed at a later
 response of its request, so each cancel may end an execute of its own and every other client's
 cancel before this one may hold it back one more step: the bound is GONE_BOUND_STEPS plus the
@@ -30,7 +30,7 @@ import pytest
 from .serving import ROOT, idle_metrics, model_repository_copy
 
 # the step in flight to the client, the one running at detection, one more before the cancel lands,
-# and one launched ahead while steps are short (h3_core.serving.step_loop.OVERLAP_MAX_STEP_S)
+# and one launched ahead while steps are short (h3_core.serving.dit.step_loop.OVERLAP_MAX_STEP_S)
 GONE_BOUND_STEPS = 4
 CLIENT = """
 import sys, time, numpy as np, tritonclient.grpc as g
@@ -112,7 +112,7 @@ class Cancels:
 
 
 def test_a_failing_cancel_is_logged_and_the_later_ones_are_still_made_with_logging_under_the_lock():
-    from h3_core.serving.gone_clients import GoneClients
+    from h3_core.serving.vae.gone_clients import GoneClients
 
     lock, lines, registry = threading.Lock(), [], Cancels()
 
@@ -138,7 +138,7 @@ def test_a_failing_cancel_is_logged_and_the_later_ones_are_still_made_with_loggi
 
 
 def test_forgotten_ids_are_cancelled_again():
-    from h3_core.serving.gone_clients import GoneClients
+    from h3_core.serving.vae.gone_clients import GoneClients
 
     lock, registry = threading.Lock(), Cancels()
     gone = GoneClients(registry, lambda text: None, lock)

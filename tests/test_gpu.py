@@ -30,11 +30,11 @@ from h3_core.factory import load_engine
 from h3_core.model import H3DiT
 from h3_core.model.dit import GPU_ROW_TILE, use_bitwise_cublas
 from h3_core.model.fp8 import E4M3, Fp8Linear, quantize_blocks
-from h3_core.serving.conditioning import wire_conditions
-from h3_core.serving.events import Ended, Refused, Result
+from h3_core.serving.dit.events import Ended, Refused, Result
+from h3_core.serving.encoder.conditioning import wire_conditions
 
 from .serving import ROOT
-from .test_step_loop import Client, Clock, make_loop, solo_latents, timed_forwards
+from .step_loop_harness import Client, Clock, make_loop, solo_latents, timed_forwards
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -291,7 +291,7 @@ def test_a_cuda_graph_replay_equals_the_compiled_eager_forward(engines, config):
 
 
 def test_a_non_finite_velocity_read_through_its_cuda_event_fails_only_its_request(engines, monkeypatch):
-    """tests/test_step_loop.py's overlapped case on CUDA: steps of 10 ms on the fake clock overlap,
+    """tests/test_step_loop_faults.py's overlapped case on CUDA: steps of 10 ms on the fake clock overlap,
     so the "nan" fault's step 1 settles (its finiteness flags read once its CUDA event has
     passed) after step 2 was launched with the offender in the pack; the offender ends at step 1
     with INTERNAL, the neighbour keeps its request-mode latents bit for bit."""
@@ -453,7 +453,7 @@ def test_a_cached_request_on_cuda_equals_request_mode_with_compiled_blocks_and_c
 TURNS_PROCESS = """
 import json, pathlib, sys, time
 import torch
-from h3_core.serving.gpu_turns import GpuTurns
+from h3_core.serving.shared.gpu_turns import GpuTurns
 folder, side, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
 done = pathlib.Path(folder) / "decoded"
 turns = GpuTurns.on_device(folder, "cuda:0", share=0.04)

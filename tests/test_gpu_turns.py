@@ -1,4 +1,4 @@
-"""h3_core.serving.gpu_turns on the CPU: the flock turns between a DiT's steps and h3_vae's decode
+"""h3_core.serving.shared.gpu_turns on the CPU: the flock turns between a DiT's steps and h3_vae's decode
 tiles (two GpuTurns on one folder and key stand for the two processes: flocks of separate opens
 conflict within a process too), their order, the share of a turn, crash safety, the settings and
 the step loop taking each step in a turn. Orders and counts only, no timings."""
@@ -18,13 +18,14 @@ import pytest
 import torch
 
 from h3_core.model.vae import DECODE_TILE_LATENTS, create_vaes, decode_clip, frames_to_uint8, groups_to_frames
-from h3_core.serving import gpu_turns
-from h3_core.serving.gpu_turns import HANDOVER_MIN_S, TILES_WAIT_LIMIT_S, GpuTurns, TurnClock
-from h3_core.serving.metrics import MetricsRecord
-from h3_core.serving.registry import Registry
-from h3_core.serving.settings import DitSettings, VaeSettings
-from h3_core.serving.step_loop import StepLoop
-from tests.test_step_loop import Client, Clock, assert_solo, engine  # noqa: F401 - engine is a fixture
+from h3_core.serving.dit.metrics import MetricsRecord
+from h3_core.serving.dit.step_loop import StepLoop
+from h3_core.serving.shared import gpu_turns
+from h3_core.serving.shared.gpu_turns import HANDOVER_MIN_S, TILES_WAIT_LIMIT_S, GpuTurns, TurnClock
+from h3_core.serving.shared.registry import Registry
+from h3_core.serving.shared.settings import DitSettings, VaeSettings
+from tests.step_loop_harness import Client, Clock, assert_solo
+from tests.test_step_loop import engine  # noqa: F401 - engine is a fixture
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -142,7 +143,7 @@ def test_a_decode_that_raises_gives_the_turn_up(tmp_path):
 
 def test_a_process_killed_holding_the_turn_blocks_nobody(tmp_path):
     code = (
-        "import sys, time; from h3_core.serving.gpu_turns import GpuTurns; "
+        "import sys, time; from h3_core.serving.shared.gpu_turns import GpuTurns; "
         "t = GpuTurns(sys.argv[1], 'gpu-test', 0.05, lambda: None); s = t.step(); s.__enter__(); "
         "print('held', flush=True); time.sleep(600)"
     )

@@ -1,4 +1,4 @@
-"""h3_core.images: keyframe decoding (every refusal's exact message, exact pixels for each mode),
+"""h3_core.inputs.images: keyframe decoding (every refusal's exact message, exact pixels for each mode),
 fit_image and canvas_for_image. Every image is built here with Pillow, numpy or zlib."""
 
 import io
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFile
 
-from h3_core.images import BACKGROUND, ImageLimits, _rgb, canvas_for_image, decode_image, fit_image
+from h3_core.inputs.images import BACKGROUND, ImageLimits, _rgb, canvas_for_image, decode_image, fit_image
 
 FIELD = "KEYFRAMES[1]"
 LIMITS = ImageLimits()

@@ -16,7 +16,7 @@ import yaml
 from dockerfile_parse import DockerfileParser
 
 from h3_core.config import get_config
-from h3_core.serving.settings import DitSettings
+from h3_core.serving.shared.settings import DitSettings
 from server import deploy_plan, drain, sizing
 from server.options import add_arguments
 from server.process import DEFAULT_STALE_AFTER_S, DRAIN_TIMEOUT_S

@@ -7,7 +7,7 @@ import kubernetes_validate
 import pytest
 
 from client.api import check_url
-from server.videos_api.__main__ import _parser
+from videos_api.__main__ import _parser
 
 from .test_k8s import KUBERNETES_VERSION, render
 
@@ -60,7 +60,7 @@ def test_the_front_end_reaches_every_server_and_keeps_its_data_on_its_volume(ren
     (container,) = spec["containers"]
     (server,) = objects["Deployment", "h3-triton"]["spec"]["template"]["spec"]["containers"]
     assert container["image"] == server["image"]
-    assert container["command"][:3] == ["python", "-m", "server.videos_api"]
+    assert container["command"][:3] == ["python", "-m", "videos_api"]
     args = _parser().parse_args(container["command"][3:])
     assert check_url(args.triton_url) == "dns:///h3-triton-headless:8001"
     headless = objects["Service", "h3-triton-headless"]["spec"]

@@ -2,7 +2,7 @@
 
 Placement (both instances serve, the totals add up), sequence affinity (a request's steps all
 run on its instance: its output equals its output on the single-instance server), cancel by id
-landing on either instance (h3_core.serving.registry), and per-instance metrics whose sums are the
+landing on either instance (h3_core.serving.shared.registry), and per-instance metrics whose sums are the
 server's totals."""
 
 import threading

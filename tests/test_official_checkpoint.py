@@ -211,8 +211,8 @@ def test_served_ref2va_clip_equals_in_process(server, checkpoint):
     an audio clip; Qwen3-VL presents the images and the video with its vision tower, the official
     VAE hook encodes them all, and the served clip equals the in-process one bit for bit."""
     from h3_core.protocol import GUIDES, REFERENCE_AUDIO, REFERENCE_IMAGES, REFERENCE_VIDEOS
-    from h3_core.serving.conditioning import read_references, reference_conditions
-    from h3_core.serving.settings import EncoderSettings
+    from h3_core.serving.encoder.conditioning import read_references, reference_conditions
+    from h3_core.serving.shared.settings import EncoderSettings
     from tests.test_fl2va_serving import png
     from tests.test_ref2va_serving import mp4, tone
 

@@ -1,10 +1,10 @@
-"""h3_core.serving.ordered_pool: one key's tasks in order, different keys in parallel."""
+"""h3_core.serving.vae.ordered_pool: one key's tasks in order, different keys in parallel."""
 
 import threading
 
 import pytest
 
-from h3_core.serving.ordered_pool import OrderedPool
+from h3_core.serving.vae.ordered_pool import OrderedPool
 
 
 def test_one_keys_tasks_run_in_order_while_another_key_runs_beside_them():

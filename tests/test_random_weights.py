@@ -8,7 +8,7 @@ from h3_core.factory import load_engine
 from h3_core.model import H3DiT
 from h3_core.model.initialization import init_weights
 from h3_core.model.vae import create_vaes
-from h3_core.serving.settings import DitSettings, EncoderSettings, VaeSettings
+from h3_core.serving.shared.settings import DitSettings, EncoderSettings, VaeSettings
 from h3_core.weights.checkpoint import load_dit, source_seed
 from h3_core.weights.checkpoint_setup import create_checkpoint
 from h3_core.weights.vae_hook import load_vaes

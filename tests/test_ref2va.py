@@ -188,8 +188,8 @@ def test_rows_and_memory_are_refused_before_any_vae():
     from h3_core.config import get_config
     from h3_core.diffusion.request import request_memory_mb
     from h3_core.protocol import REFERENCE_IMAGES
-    from h3_core.serving.conditioning import read_references
-    from h3_core.serving.settings import EncoderSettings
+    from h3_core.serving.encoder.conditioning import read_references
+    from h3_core.serving.shared.settings import EncoderSettings
     from tests.test_fl2va_serving import png
 
     files = {REFERENCE_IMAGES: [png(64, 64, 1)]}

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from h3_core.inputs.references import MediaLimits, decode_video
 from h3_core.protocol import REFERENCE_AUDIO, REFERENCE_IMAGES, REFERENCE_VIDEOS, reference_list
-from h3_core.references import MediaLimits, decode_video
 
 from .serving import raw_stream, tensor
 from .test_fl2va_serving import png
@@ -128,8 +128,8 @@ def in_process(files: dict, order: list | None):
     """The same request computed here, with the served models' one CPU thread."""
     from h3_core.diffusion.request import GenerationRequest
     from h3_core.factory import load_engine
-    from h3_core.serving.conditioning import read_references, reference_conditions
-    from h3_core.serving.settings import EncoderSettings
+    from h3_core.serving.encoder.conditioning import read_references, reference_conditions
+    from h3_core.serving.shared.settings import EncoderSettings
     from h3_core.weights.checkpoint_setup import DEFAULT_ROOT
 
     threads = torch.get_num_threads()

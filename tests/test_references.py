@@ -1,4 +1,4 @@
-"""h3_core.references: reference audio and video decoding (every refusal's exact message, exact
+"""h3_core.inputs.references: reference audio and video decoding (every refusal's exact message, exact
 samples where the codec is lossless, which source frames the 24 fps resampling keeps) and
 align_reference_frames. Every file is built here with PyAV, numpy or h3_core.media."""
 
@@ -10,9 +10,10 @@ import av
 import numpy as np
 import pytest
 
-from h3_core import config, references
+from h3_core import config
+from h3_core.inputs import references
+from h3_core.inputs.references import MediaLimits, align_reference_frames, decode_audio, decode_video, source_frame
 from h3_core.media import encode_mp4, encode_wav
-from h3_core.references import MediaLimits, align_reference_frames, decode_audio, decode_video, source_frame
 
 AUDIO, VIDEO = "REFERENCE_AUDIO[0]", "REFERENCE_VIDEOS[1]"
 LIMITS = MediaLimits()

@@ -1,4 +1,4 @@
-"""h3_core.serving.registry: the request ids, cancels and loads shared by a server's DiT instances."""
+"""h3_core.serving.shared.registry: the request ids, cancels and loads shared by a server's DiT instances."""
 
 import multiprocessing
 import os
@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from h3_core.protocol import EARLY_CANCEL_SECONDS
-from h3_core.serving import registry as registry_module
-from h3_core.serving.registry import Registry, server_folder
-from h3_core.serving.scheduler import DitLoad, Job, Overloaded, Scheduler
-from h3_core.serving.simulate import SimState
+from h3_core.serving.dit.scheduler import Job, Overloaded, Scheduler
+from h3_core.serving.dit.simulate import SimState
+from h3_core.serving.shared import registry as registry_module
+from h3_core.serving.shared.registry import DitLoad, Registry, server_folder
 
 
 class Clock:
@@ -154,7 +154,7 @@ def test_announcements_count_exactly_and_stamp_the_time(tmp_path):
 
 ANNOUNCER = """
 import sys, threading
-from h3_core.serving.registry import Registry
+from h3_core.serving.shared.registry import Registry
 registry, each = Registry(sys.argv[1]), int(sys.argv[2])
 threads = [threading.Thread(target=lambda: [registry.announce() for _ in range(each)]) for _ in range(2)]
 for thread in threads:
@@ -240,7 +240,7 @@ def test_concurrent_writers_lose_no_update(tmp_path):
 
 SERVER = """
 import os, time
-from h3_core.serving.registry import Registry, server_folder
+from h3_core.serving.shared.registry import Registry, server_folder
 Registry(server_folder(os.getpid()), "h3_dit_0").admit("a")
 print("ready", flush=True)
 time.sleep(600)
@@ -357,8 +357,8 @@ def test_a_folder_on_a_network_filesystem_is_refused(tmp_path, monkeypatch, magi
 
 DEAD_INSTANCE = """
 import sys
-from h3_core.serving.registry import Registry
-from h3_core.serving.scheduler import DitLoad
+from h3_core.serving.shared.registry import Registry
+from h3_core.serving.shared.registry import DitLoad
 registry = Registry(sys.argv[1], "h3_dit_1")
 assert registry.admit("failed") is False
 registry.boundary(["failed"], DitLoad(held=1, max_num_seqs=4, max_waiting=0))

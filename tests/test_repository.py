@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from h3_core.serving.settings import DitSettings, EncoderSettings, VaeSettings
+from h3_core.serving.shared.settings import DitSettings, EncoderSettings, VaeSettings
 from server import launch
 from server import repository as R
 from server.sizing import GPU_EXECUTE_BUDGET_S, Machine, idle_timeout

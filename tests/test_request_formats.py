@@ -14,9 +14,9 @@ from fastapi.testclient import TestClient
 
 from h3_core import config, protocol, request_model
 from h3_core.request_model import RequestError, UrlPolicy, read_sglang, read_uri, read_vllm_omni
-from server.videos_api import formats
-from server.videos_api.app import Settings, create_app
-from server.videos_api.fields import ApiError, error_from_server
+from videos_api import formats
+from videos_api.app import Settings, create_app
+from videos_api.fields import ApiError, error_from_server
 
 from .test_fl2va_serving import png
 from .test_ref2va_serving import mp4, tone

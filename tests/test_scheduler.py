@@ -7,8 +7,8 @@ from h3_core.config import get_config
 from h3_core.diffusion.engine import Engine
 from h3_core.diffusion.request import GenerationRequest, RequestLimits
 from h3_core.model import H3DiT
-from h3_core.serving.scheduler import DEFAULT_POLICY, POLICIES, Job, Overloaded, Scheduler
-from h3_core.serving.simulate import SimState
+from h3_core.serving.dit.scheduler import DEFAULT_POLICY, POLICIES, Job, Overloaded, Scheduler
+from h3_core.serving.dit.simulate import SimState
 
 
 def job(name, rows, steps, arrival_s=0.0, priority=0, outputs=1):

@@ -29,10 +29,10 @@ from h3_core.model import H3DiT
 from h3_core.parallel.exchange import Arena
 from h3_core.parallel.ulysses import Shares, forward_share, release_peers
 from h3_core.parallel.workers import SequenceParallelDiT, WorkerFailed, WorkerLost, rank_devices
-from h3_core.serving.events import Arrival, Ended, Result
-from h3_core.serving.registry import Registry
-from h3_core.serving.settings import DitSettings
-from h3_core.serving.step_loop import StepLoop
+from h3_core.serving.dit.events import Arrival, Ended, Result
+from h3_core.serving.dit.step_loop import StepLoop
+from h3_core.serving.shared.registry import Registry
+from h3_core.serving.shared.settings import DitSettings
 from h3_core.weights.checkpoint import load_dit
 from server.repository import InstanceGroup, config_texts, plan
 from server.sizing import Machine

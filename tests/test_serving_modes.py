@@ -73,7 +73,7 @@ def test_a_lone_request_takes_all_its_steps_in_the_execute_that_admits_it(client
 
 def test_an_announced_newcomer_ends_a_long_execute_after_the_step_in_flight(budget_server):
     # execute_budget_s 20: alone, a 400-step request (a few ms a step) runs to its end in the
-    # execute that admits it. h3_encoder announces a newcomer (h3_core.serving.registry), so that execute
+    # execute that admits it. h3_encoder announces a newcomer (h3_core.serving.shared.registry), so that execute
     # ends at its next step boundary and the newcomer is packed beside the long request: it
     # finishes while the long one still runs, with a pack of 2
     server, client = budget_server

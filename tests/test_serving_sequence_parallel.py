@@ -4,7 +4,7 @@ processes over gloo (tiny config, h3_core.parallel), against the session server'
 Outputs (FRAMES, AUDIO) of co-batched requests equal those of the same requests served alone by
 the one-process DiT, byte for byte; a worker that exits mid-step is replaced and the step
 retried (every request completes, unchanged); a rank whose computation raises fails only the
-request it raised for (today's retry rule, h3_core/serving/step_loop.py); the server stays ready."""
+request it raised for (today's retry rule, h3_core/serving/dit/step_loop.py); the server stays ready."""
 
 import json
 import threading
@@ -15,10 +15,10 @@ import pytest
 
 from client.api import H3Client, H3Error
 from h3_core.factory import load_engine
-from h3_core.serving.events import Arrival, Refused
-from h3_core.serving.registry import Registry
-from h3_core.serving.settings import DitSettings
-from h3_core.serving.step_loop import StepLoop
+from h3_core.serving.dit.events import Arrival, Refused
+from h3_core.serving.dit.step_loop import StepLoop
+from h3_core.serving.shared.registry import Registry
+from h3_core.serving.shared.settings import DitSettings
 from server.process import TritonServer
 
 from .serving import generate_in_thread as start

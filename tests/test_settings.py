@@ -1,11 +1,11 @@
-"""h3_core.serving.settings: each served model's settings from its config.pbtxt parameters."""
+"""h3_core.serving.shared.settings: each served model's settings from its config.pbtxt parameters."""
 
 import re
 from pathlib import Path
 
 import pytest
 
-from h3_core.serving.settings import DitSettings, EncoderSettings, VaeSettings
+from h3_core.serving.shared.settings import DitSettings, EncoderSettings, VaeSettings
 from server.repository import plan
 
 ROOT = Path(__file__).resolve().parents[1]

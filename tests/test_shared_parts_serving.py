@@ -1,7 +1,7 @@
 """End-to-end (issue 43): what the server's processes share, through a real tritonserver with two
 h3_dit instances (one module-scoped server): a cached request's step cache counts in its memory
 limit, and a DiT instance that dies with a request in flight leaves nothing in the registry
-(h3_core.serving.registry): its request is not "cancelled", its id is free again. The kill stops
+(h3_core.serving.shared.registry): its request is not "cancelled", its id is free again. The kill stops
 the module's server from serving on that instance: keep it last."""
 
 import os
@@ -13,7 +13,7 @@ from contextlib import closing
 import pytest
 
 from client.api import H3Client, H3Error
-from h3_core.serving.registry import DATABASE_FILE, server_folder
+from h3_core.serving.shared.registry import DATABASE_FILE, server_folder
 from server.process import TritonServer, dit_stubs, stub_pids
 
 from .serving import model_repository_copy

@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from h3_core.serving.scheduler import DEFAULT_POLICY, POLICIES
-from h3_core.serving.simulate import (
+from h3_core.serving.dit.scheduler import DEFAULT_POLICY, POLICIES
+from h3_core.serving.dit.simulate import (
     LARGE_ROWS,
     LOADED_COST,
     REFERENCE_COST,
@@ -150,7 +150,7 @@ def test_default_policy_meets_the_targets():
 
 def test_cli_prints_one_json_object_with_every_policy():
     out = subprocess.run(
-        [sys.executable, "-m", "h3_core.serving.simulate", "--workload", "burst", "--json"],
+        [sys.executable, "-m", "h3_core.serving.dit.simulate", "--workload", "burst", "--json"],
         capture_output=True,
         text=True,
         check=True,
@@ -318,5 +318,5 @@ def test_cli_replicas_and_capacity(capsys):
     assert exit_.value.code == 2
     assert (
         capsys.readouterr().err.splitlines()[-1]
-        == "python -m h3_core.serving.simulate: error: --capacity takes the mixed workload"
+        == "python -m h3_core.serving.dit.simulate: error: --capacity takes the mixed workload"
     )

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from h3_core.config import get_config
-from h3_core.serving.settings import MIN_EXECUTE_STEPS
+from h3_core.serving.shared.settings import MIN_EXECUTE_STEPS
 from server import sizing
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -26,11 +26,11 @@ from h3_core.diffusion.step_cache import polyval
 from h3_core.model import H3DiT
 from h3_core.model.initialization import init_weights
 from h3_core.model.vae import create_vaes
-from h3_core.serving.events import Ended, Refused, Result
-from h3_core.serving.settings import DitSettings
-from h3_core.serving.simulate import SimState, make_workload, simulate, summarize
+from h3_core.serving.dit.events import Ended, Refused, Result
+from h3_core.serving.dit.simulate import SimState, make_workload, simulate, summarize
+from h3_core.serving.shared.settings import DitSettings
 from h3_core.weights.checkpoint import CACHE_FILE, load_cache_polynomial
-from tests.test_step_loop import Client, make_loop, text
+from tests.step_loop_harness import Client, make_loop, text
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from h3_core.factory import load_engine
 from h3_core.model import H3DiT
 from h3_core.model.initialization import init_weights
 from h3_core.model.vae import create_vaes
-from h3_core.serving.settings import DitSettings, EncoderSettings, VaeSettings
+from h3_core.serving.shared.settings import DitSettings, EncoderSettings, VaeSettings
 from h3_core.weights import remote_vae_modeling
 from h3_core.weights.checkpoint import save_official_transformer, save_weights
 from h3_core.weights.official_checkpoint import tiny_qwen3vl, write_byte_tokenizer, write_random_qwen3vl

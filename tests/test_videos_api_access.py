@@ -13,12 +13,12 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 
-from server.videos_api import app as app_module
-from server.videos_api.__main__ import main
-from server.videos_api.app import Settings, create_app
-from server.videos_api.auth import owner_of, parse_key_file
-from server.videos_api.fields import parse_create
-from server.videos_api.store import Store
+from videos_api import app as app_module
+from videos_api.__main__ import main
+from videos_api.app import Settings, create_app
+from videos_api.auth import owner_of, parse_key_file
+from videos_api.fields import parse_create
+from videos_api.store import Store
 
 from .test_fl2va_serving import png
 from .videos_api_serving import FrontEnd, wait_for
@@ -62,9 +62,7 @@ def test_the_key_file_holds_keys_and_admin_marks(tmp_path, capsys):
         with pytest.raises(SystemExit) as exited:
             main(["--api-key-file", str(tmp_path / "keys.txt")])
         assert exited.value.code == 2
-        assert (
-            capsys.readouterr().err.splitlines()[-1] == f"python -m server.videos_api: error: --api-key-file: {message}"
-        )
+        assert capsys.readouterr().err.splitlines()[-1] == f"python -m videos_api: error: --api-key-file: {message}"
 
 
 def test_non_ascii_keys_are_compared_as_utf8_bytes(tmp_path):

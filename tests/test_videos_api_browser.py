@@ -16,9 +16,9 @@ import pytest
 from selenium.webdriver.common.by import By
 
 from server.environment import pick_free_ports
-from server.videos_api.auth import owner_of
-from server.videos_api.fields import parse_create
-from server.videos_api.store import Store
+from videos_api.auth import owner_of
+from videos_api.fields import parse_create
+from videos_api.store import Store
 
 from .serving import ROOT
 from .test_videos_page import chromium

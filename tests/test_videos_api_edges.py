@@ -16,13 +16,13 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from client.api import H3Error
-from server.videos_api import jobs as jobs_module
-from server.videos_api.app import EXPOSED_HEADERS, Settings, create_app
-from server.videos_api.auth import owner_of, parse_key_file
-from server.videos_api.content import sprite_indices
-from server.videos_api.fields import parse_create
-from server.videos_api.jobs import Jobs
-from server.videos_api.store import Store
+from videos_api import jobs as jobs_module
+from videos_api.app import EXPOSED_HEADERS, Settings, create_app
+from videos_api.auth import owner_of, parse_key_file
+from videos_api.content import sprite_indices
+from videos_api.fields import parse_create
+from videos_api.jobs import Jobs
+from videos_api.store import Store
 
 from .test_fl2va_serving import png
 from .videos_api_serving import API_KEY, FrontEnd
@@ -465,7 +465,7 @@ def bomb_png(width: int, height: int) -> bytes:
 def test_a_keyframe_header_over_pillows_bomb_limit_is_left_to_the_servers_refusal():
     # before: Pillow's DecompressionBombError (over 2 x MAX_IMAGE_PIXELS, 178,956,970) escaped the
     # header read of the create's defaults, and the create answered 500 INTERNAL
-    from server.videos_api.models import _upright_size
+    from videos_api.models import _upright_size
 
     assert _upright_size(bomb_png(20_000, 10_000)) is None
     assert _upright_size(bomb_png(2**31 - 1, 1)) is None
@@ -475,7 +475,7 @@ def test_a_keyframe_header_over_pillows_bomb_limit_is_left_to_the_servers_refusa
 @pytest.mark.parametrize("seconds", ["\u0664", "\uff14", "0_5", "4_0", "1e", ""])
 def test_seconds_take_ascii_decimal_numbers_only(seconds):
     # before: float() took Arabic-Indic and full-width digits and underscores ("0_5" -> 5 s)
-    from server.videos_api.fields import ApiError
+    from videos_api.fields import ApiError
 
     with pytest.raises(ApiError) as info:
         parse_create({"prompt": "a", "seconds": seconds}, "h3")

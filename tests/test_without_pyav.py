@@ -55,9 +55,9 @@ sys.path.insert(0, {str(find_tritonserver()[1] / "python")!r})
 for name in ("h3_vae", "h3_dit"):
     spec = importlib.util.spec_from_file_location(name, f"model_repository/{{name}}/1/model.py")
     spec.loader.exec_module(importlib.util.module_from_spec(spec))
-from h3_core.serving.admission import parse
-from h3_core.serving.events import Arrival
-from h3_core.serving.settings import DitSettings
+from h3_core.serving.dit.admission import parse
+from h3_core.serving.dit.events import Arrival
+from h3_core.serving.shared.settings import DitSettings
 print(parse.__globals__["MP4_AVAILABLE"])
 settings = DitSettings()
 for parameters in ({{}}, {{"return_mp4": True}}, {{"return_mp4": False, "progress_every": -1}}):

@@ -1,6 +1,7 @@
-"""Helpers for the Videos API tests: the front end (python -m server.videos_api) in its own process,
+"""Helpers for the Videos API tests: the front end (python -m videos_api) in its own process,
 so that a test can kill it, and waiting for a condition."""
 
+import base64
 import signal
 import subprocess
 import sys
@@ -14,6 +15,18 @@ from server.environment import pick_free_ports
 from .serving import ROOT
 
 API_KEY = "test-key-0123456789"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+NUM_FRAMES_RULE = " (NUM_FRAMES; the clip is aligned up to 17n+5 frames, at most max_num_frames=124)"
+
+
+def api_error(code: str, message: str, param: str | None = None) -> dict:
+    """The OpenAI-style error object the front end answers with (the body's `error`)."""
+    return {"message": f"{code}: {message}", "type": "invalid_request_error", "param": param, "code": code}
+
+
+def data_url(data: bytes, kind: str = "image/png") -> str:
+    """A base64 data URL of a file."""
+    return f"data:{kind};base64,{base64.b64encode(data).decode()}"
 
 
 def wait_for(condition, timeout_s: float, what: str):
@@ -30,7 +43,7 @@ def wait_for(condition, timeout_s: float, what: str):
 
 
 class FrontEnd:
-    """`python -m server.videos_api` against Triton at `triton_url` on a free port (the same one
+    """`python -m videos_api` against Triton at `triton_url` on a free port (the same one
     when started again), its data in `data_dir`, its key file `keys` (default: API_KEY alone)
     and any `extra` flags; its output goes to `data_dir`/front_end.log. A context manager:
     started on entry, stopped (SIGTERM) on exit."""
@@ -52,7 +65,7 @@ class FrontEnd:
         keys.write_text(self.keys, encoding="utf-8")
         if not self.port:
             (self.port,) = pick_free_ports(1, "127.0.0.1")
-        command = [sys.executable, "-m", "server.videos_api", "--triton-url", self.triton_url]
+        command = [sys.executable, "-m", "videos_api", "--triton-url", self.triton_url]
         command += ["--port", str(self.port), "--data-dir", str(self.data_dir), "--api-key-file", str(keys)]
         with open(self.data_dir / "front_end.log", "a") as log:
             self.process = subprocess.Popen([*command, *self.extra], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)

@@ -31,7 +31,7 @@ from h3_core.diffusion.engine import Engine, RequestState
 from h3_core.diffusion.request import GenerationRequest
 from h3_core.factory import load_engine
 from h3_core.media import write_mp4
-from h3_core.serving.conditioning import Keyframes, References, keyframe_conditions, reference_conditions
+from h3_core.serving.encoder.conditioning import Keyframes, References, keyframe_conditions, reference_conditions
 
 from . import data, measure
 
@@ -40,7 +40,7 @@ KEYFRAME_INDICES = {"first": [L.FIRST_FRAME], "last": [L.LAST_FRAME], "both": [L
 
 def conditions(engine: Engine, clip: data.Clip, task: str) -> list[Condition]:
     """The Conditions of `clip` for a task of data.TASKS, built as h3_encoder builds them
-    (h3_core.serving.conditioning): "first" / "last" / "both" the clip's rendered first / last
+    (h3_core.serving.encoder.conditioning): "first" / "last" / "both" the clip's rendered first / last
     frames as KEYFRAMES (keyframe_conditions), "image" its reference image and "audio" its
     reference tone (data.render_reference_image, data.render_audio of REFERENCE_SAMPLES) as
     REFERENCE_IMAGES / REFERENCE_AUDIO (reference_conditions), with the engine's VAEs; [] for

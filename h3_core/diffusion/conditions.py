@@ -1,7 +1,7 @@
 """A request's condition inputs (fl2va keyframes, ref2va guides and references) and their anchors.
 
 A Condition holds one condition block's clean normalised latents, as the encoders made them
-(h3_encoder: h3_core.serving.conditioning). `condition_rows` turns a request's conditions into
+(h3_encoder: h3_core.serving.encoder.conditioning). `condition_rows` turns a request's conditions into
 the fixed rows the DiT sees beside the noisy target rows (docs/model.md §3.3): visual conditions an
 anchor 0.999 x clean + 0.001 x noise seeded by the request's seed, reference audio its clean rows
 (noise_aug 1.0). The sampler never updates them.

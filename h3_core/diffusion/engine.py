@@ -15,7 +15,7 @@ from ..config import AUDIO_LATENT_CHANNELS, VIDEO_LATENT_CHANNELS, align_num_fra
 from ..model import H3DiT
 from ..model.preview import RANDOM_PREVIEW, PreviewMap
 from ..model.vae import AudioVAE, VideoVAE, decode_clip
-from ..protocol import check_task
+from ..rules import check_task
 from . import layout as L
 from .conditions import Condition, condition_rows
 from .request import GenerationRequest, RequestLimits, random_seed, request_memory_mb, validate_request

@@ -22,7 +22,9 @@ import torch
 
 from ..config import (
     AUDIO_CHANNELS,
+    FIRST_FRAME,
     FRAMES_PER_LATENT,
+    LAST_FRAME,
     PATCH,
     ROW_ALIGN,
     VIDEO_LATENT_CHANNELS,
@@ -32,7 +34,6 @@ from ..config import (
     latent_frames,
 )
 from ..model.packed import PackedBatch
-from ..protocol import FIRST_FRAME, LAST_FRAME
 
 FRAME_TIME = 5.0 / 3.0  # RoPE time units per video frame: one unit = one 40 Hz audio latent
 SPATIAL_EXTENT = 32.0  # RoPE spatial coordinates span about this range (docs/model.md §2.3)

@@ -4,7 +4,7 @@ import secrets
 from dataclasses import dataclass
 
 from ..config import CANVAS_MULTIPLE, FPS, align_num_frames, max_requested_frames
-from ..protocol import check_prompt
+from ..rules import InvalidRequest, check_prompt
 from .sampling import DEFAULT_AUDIO_SHIFT, DEFAULT_VIDEO_SHIFT
 
 INT64_MAX = 2**63 - 1
@@ -22,7 +22,7 @@ STEP_CACHE_BYTES_PER_ROW = 2 * 96 * 4
 @dataclass(frozen=True)
 class RequestLimits:
     """Serving limits; each request field must lie within them (units: pixels, frames, rows, MiB).
-    The defaults are the shipped CPU repository's (h3_core.serving.settings.DitSettings takes them)."""
+    The defaults are the shipped CPU repository's (h3_core.serving.shared.settings.DitSettings takes them)."""
 
     max_height: int = 256
     max_width: int = 256
@@ -38,8 +38,8 @@ class RequestLimits:
 @dataclass(frozen=True)
 class GenerationRequest:
     """One generation request. `seed` None means a random seed is drawn in prepare(). `task` is
-    one of h3_core.protocol.TASKS; its conditions (keyframes, guides, references) are
-    Engine.prepare's argument, checked against it there (h3_core.protocol.check_task)."""
+    one of h3_core.rules.TASKS; its conditions (keyframes, guides, references) are
+    Engine.prepare's argument, checked against it there (h3_core.rules.check_task)."""
 
     prompt: str
     height: int
@@ -58,11 +58,11 @@ class GenerationRequest:
 
 def _check_range(field: str, value, low, high) -> None:
     if not (low <= value <= high):
-        raise ValueError(f"{field}={value} is out of range: allowed {low}..{high}")
+        raise InvalidRequest(field, f"{field}={value} is out of range: allowed {low}..{high}")
 
 
 def check_canvas(height: int, width: int, num_frames: int, limits: RequestLimits) -> None:
-    """Raise ValueError naming the field, the value and the allowed range unless height and
+    """Raise InvalidRequest naming the field, the value and the allowed range unless height and
     width (pixels) are multiples of CANVAS_MULTIPLE in CANVAS_MULTIPLE..the maxima and the clip
     served for num_frames, align_num_frames(num_frames) frames (17n+5), is at most
     limits.max_num_frames: num_frames in 1..max_requested_frames(max_num_frames) (121 -> 1..107).
@@ -70,19 +70,22 @@ def check_canvas(height: int, width: int, num_frames: int, limits: RequestLimits
     forge)."""
     for field, value, maximum in (("height", height, limits.max_height), ("width", width, limits.max_width)):
         if not (CANVAS_MULTIPLE <= value <= maximum) or value % CANVAS_MULTIPLE:
-            raise ValueError(
+            raise InvalidRequest(
+                field,
                 f"{field}={value} is out of range: allowed multiples of "
-                f"{CANVAS_MULTIPLE} in {CANVAS_MULTIPLE}..{maximum}"
+                f"{CANVAS_MULTIPLE} in {CANVAS_MULTIPLE}..{maximum}",
             )
     if not (1 <= num_frames and align_num_frames(num_frames) <= limits.max_num_frames):
-        raise ValueError(
+        raise InvalidRequest(
+            "num_frames",
             f"num_frames={num_frames} is out of range: allowed 1..{max_requested_frames(limits.max_num_frames)} "
-            f"(NUM_FRAMES; the clip is aligned up to 17n+5 frames, at most max_num_frames={limits.max_num_frames})"
+            f"(NUM_FRAMES; the clip is aligned up to 17n+5 frames, at most max_num_frames={limits.max_num_frames})",
         )
 
 
 def validate_request(request: GenerationRequest, limits: RequestLimits) -> None:
-    """Check every field; raise ValueError naming the field, the value and the allowed range.
+    """Check every field; raise InvalidRequest (h3_core.rules, a ValueError) naming the field, the
+    value and the allowed range.
 
     Rules: prompt as check_prompt says (a non-empty str with a visible character), at most
     limits.max_prompt_bytes of UTF-8 (a leading byte-order mark counted);
@@ -95,7 +98,7 @@ def validate_request(request: GenerationRequest, limits: RequestLimits) -> None:
     check_prompt(request.prompt)
     size = len(request.prompt.encode("utf-8"))
     if size > limits.max_prompt_bytes:
-        raise ValueError(f"prompt is {size} bytes: allowed 1..{limits.max_prompt_bytes}")
+        raise InvalidRequest("prompt", f"prompt is {size} bytes: allowed 1..{limits.max_prompt_bytes}")
     check_canvas(request.height, request.width, request.num_frames, limits)
     _check_range("num_inference_steps", request.num_inference_steps, 1, limits.max_steps)
     _check_range("num_outputs", request.num_outputs, 1, limits.max_outputs)
@@ -103,14 +106,15 @@ def validate_request(request: GenerationRequest, limits: RequestLimits) -> None:
         _check_range("seed", request.seed, 0, INT64_MAX - (request.num_outputs - 1))
     for field in ("video_shift", "audio_shift"):
         if not getattr(request, field) > 0:
-            raise ValueError(f"{field}={getattr(request, field)} is out of range: allowed > 0")
+            raise InvalidRequest(field, f"{field}={getattr(request, field)} is out of range: allowed > 0")
     if not 0 <= request.cache_threshold <= limits.max_cache_threshold:
-        raise ValueError(
+        raise InvalidRequest(
+            "cache_threshold",
             f"cache_threshold={request.cache_threshold} is out of range: allowed "
-            f"0..{limits.max_cache_threshold} (max_cache_threshold)"
+            f"0..{limits.max_cache_threshold} (max_cache_threshold)",
         )
     if request.fps != FPS:
-        raise ValueError(f"fps={request.fps} is not supported: the model generates {FPS} fps")
+        raise InvalidRequest("fps", f"fps={request.fps} is not supported: the model generates {FPS} fps")
 
 
 def request_memory_mb(

@@ -32,7 +32,7 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer
 
 from h3_core.model.initialization import init_weights, weights_seed
 from h3_core.model.presentation import load_image_processor, load_video_processor, present
-from h3_core.protocol import check_prompt
+from h3_core.rules import check_prompt
 
 QWEN3VL = "qwen3_vl"
 QWEN3VL_H3_LAYER = 50  # docs/model.md §4.1: H3 conditions on hidden_states[50]
@@ -267,7 +267,7 @@ class TextEncoder:
 
     def count_tokens(self, prompt: str) -> int:
         """Number of tokens `encode(prompt)` returns (special tokens included), without the
-        max_tokens check. Raises ValueError as h3_core.protocol.check_prompt does (not a string,
+        max_tokens check. Raises ValueError as h3_core.rules.check_prompt does (not a string,
         empty, or no visible character)."""
         return len(self._token_ids(prompt))
 
@@ -275,7 +275,7 @@ class TextEncoder:
     def encode(self, prompt: str) -> torch.Tensor:
         """Token hidden states float32 [L, width] on the model's device, L = count_tokens(prompt).
 
-        The prompt, less one leading byte-order mark (h3_core.protocol.check_prompt), is
+        The prompt, less one leading byte-order mark (h3_core.rules.check_prompt), is
         tokenized (with the model's special tokens, [CLS] ... [SEP] for MiniLM; verbatim for
         Qwen3-VL) and run alone with an all-ones attention mask; row i is token i's state at
         `hidden_layer` (class docstring).
@@ -366,7 +366,7 @@ class TextEncoder:
         [T, H, W, 3] RGB arrays at 24 frames a second, T >= the temporal patch size (2).
         audio_count: the number of reference audio clips (>= 0). order: the items' order in the
         presentation, one "image" / "video" / "audio" per item (the block order:
-        h3_core.serving.conditioning.References.presentation_order); None: images, videos, audio.
+        h3_core.serving.encoder.conditioning.References.presentation_order); None: images, videos, audio.
 
         Qwen3-VL (h3_core.model.presentation, whose docstring states what is assumed): for image
         i = 1, 2, ... "<Picture i>: " and its vision block, as encode_presentation's; for video

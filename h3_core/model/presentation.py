@@ -37,7 +37,8 @@ from transformers.image_utils import ChannelDimension
 from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor, smart_resize
 from transformers.video_utils import VideoMetadata
 
-from h3_core.protocol import VIDEO_FPS, check_prompt
+from h3_core.config import FPS as VIDEO_FPS
+from h3_core.rules import check_prompt
 
 IMAGE_PROCESSOR_FILE = "preprocessor_config.json"  # Qwen3-VL's image processor settings, beside config.json
 VIDEO_PROCESSOR_FILE = "video_preprocessor_config.json"  # its video processor settings, beside config.json

@@ -195,7 +195,7 @@ class VideoVAE(nn.Module):
         rounded).
 
         The decoder runs over DECODE_TILE_LATENTS latent frames at a time, each tile inside
-        `with tile():` (h3_core.serving.gpu_turns gives the GPU to a DiT step between tiles).
+        `with tile():` (h3_core.serving.shared.gpu_turns gives the GPU to a DiT step between tiles).
         Latents are decoded independently, so the tiles change no value; the peak memory is a
         tile's.
 

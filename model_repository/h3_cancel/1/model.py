@@ -1,5 +1,5 @@
 """h3_cancel: the model clients send their cancels by id to (H3Client.cancel, the CLI's Ctrl-C,
-the Videos API), an adapter over h3_core.serving.registry.record_cancel.
+the Videos API), an adapter over h3_core.serving.shared.registry.record_cancel.
 
 A cancel sent to h3_dit waits in Triton's queue until the execute in progress ends, and in
 execution mode "request" one execute runs a whole generation: with one DiT instance the cancel
@@ -20,8 +20,8 @@ import traceback
 import triton_python_backend_utils as pb_utils
 
 from h3_core.protocol import INFO, REQUEST, cancel_info, read_cancel_request
-from h3_core.serving.registry import CancelNotRecorded, Registry, record_cancel, server_folder
-from server.adapter import error_response, json_tensor
+from h3_core.serving.shared.registry import CancelNotRecorded, Registry, record_cancel, server_folder
+from h3_core.serving.shared.triton import error_response, json_tensor
 
 
 class TritonPythonModel:

@@ -1,10 +1,10 @@
-"""h3_dit: the decoupled iterative DiT model, an adapter over h3_core.serving.step_loop.StepLoop.
+"""h3_dit: the decoupled iterative DiT model, an adapter over h3_core.serving.dit.step_loop.StepLoop.
 
 Each execute() receives every live sequence (Triton's iterative sequence batcher). The adapter
-turns each request into an h3_core.serving.events.Arrival, runs one StepLoop.iterate (in step mode as many
+turns each request into an h3_core.serving.dit.events.Arrival, runs one StepLoop.iterate (in step mode as many
 steps as execute_budget_s allows), sends the events it produces as they come and reschedules the
 requests still running. The step loop (admission, cancel by id, deadlines, the pack, the packed
-forward and its retry, results) is in h3_core/serving/step_loop.py and runs without Triton.
+forward and its retry, results) is in h3_core/serving/dit/step_loop.py and runs without Triton.
 
 With sp_degree > 1 the engine's DiT runs in worker processes this instance starts, on the CPU
 or on its GPU and the next ones (h3_core.parallel.workers); finalize() stops them.
@@ -23,15 +23,15 @@ import triton_python_backend_utils as pb_utils
 from h3_core.factory import load_engine
 from h3_core.parallel.workers import SP_TIMEOUT_FRACTION
 from h3_core.protocol import AUDIO_LATENT, CONDITION_LATENTS, REQUEST, TEXT_EMBEDS, VIDEO_LATENT, cancel_info
-from h3_core.serving.events import Arrival, CancelAnswer, Ended, Heartbeat, Progress, Refused, Result
-from h3_core.serving.gpu_turns import TURN_WAIT_FRACTION, GpuTurns
-from h3_core.serving.metrics import METRICS
-from h3_core.serving.registry import Registry, server_folder
-from h3_core.serving.settings import DitSettings
-from h3_core.serving.step_loop import StepLoop
+from h3_core.serving.dit.events import Arrival, CancelAnswer, Ended, Heartbeat, Progress, Refused, Result
+from h3_core.serving.dit.metrics import METRICS
+from h3_core.serving.dit.step_loop import StepLoop
+from h3_core.serving.shared.gpu_turns import TURN_WAIT_FRACTION, GpuTurns
+from h3_core.serving.shared.registry import Registry, server_folder
+from h3_core.serving.shared.settings import DitSettings
+from h3_core.serving.shared.triton import error_response, json_tensor, model_parameters, resolve_path, set_threads
 from h3_core.weights.checkpoint import source_seed
 from h3_core.weights.training_metadata import load_training_metadata
-from server.adapter import error_response, json_tensor, model_parameters, resolve_path, set_threads
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 EMPTY_VIDEO = np.zeros((1, 0, 0, 0, 0), dtype=np.float32)
@@ -40,7 +40,7 @@ EMPTY_PREVIEW = np.zeros((1, 0, 0, 3), dtype=np.uint8)
 
 
 class TritonMetrics:
-    """The step loop's metrics (h3_core.serving.metrics.METRICS) published on Triton's /metrics endpoint, one
+    """The step loop's metrics (h3_core.serving.dit.metrics.METRICS) published on Triton's /metrics endpoint, one
     series per DiT instance (`labels`: model, instance, and gpu on a GPU instance): sum over
     the series for the server's totals."""
 

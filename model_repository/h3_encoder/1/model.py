@@ -1,6 +1,6 @@
 """h3_encoder: PROMPT (+ KEYFRAMES or references) -> TEXT_EMBEDS, KEYFRAMES / references ->
 CONDITION_LATENTS, the optional
-inputs -> REQUEST JSON (an adapter over h3_core.model.encoder and h3_core.serving.conditioning).
+inputs -> REQUEST JSON (an adapter over h3_core.model.encoder and h3_core.serving.encoder.conditioning).
 Keyframe, guide and reference files are decoded, checked and sized before any model runs.
 Decoupled: a request with files is decoded by one of `media_workers` threads apart from the text
 encoder (never a second copy of it), within its decode budget, its id held in the registry so that
@@ -9,7 +9,7 @@ at once, so it never waits behind another's files. The models (text encoder, VAE
 one request at a time (a lock); each request gets one response, its final one.
 The request parameters and the inputs' shapes are checked before the prompt
 is encoded, so a malformed request costs no encoder time; when every h3_dit instance is full
-(h3_core.serving.registry) the request is refused with UNAVAILABLE before encoding. Each request
+(h3_core.serving.shared.registry) the request is refused with UNAVAILABLE before encoding. Each request
 passed on to h3_dit is announced in the registry as its response is sent (Registry.announce), so
 that an h3_dit execute taking several steps ends at its next step boundary and takes it in."""
 
@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import triton_python_backend_utils as pb_utils
 
 from h3_core.config import get_config
+from h3_core.inputs.references import Decoding
 from h3_core.model.encoder import TextEncoder
 from h3_core.protocol import (
     CONDITION_LATENTS,
@@ -43,22 +44,21 @@ from h3_core.protocol import (
     check_task,
     implied_task,
 )
-from h3_core.serving.conditioning import (
+from h3_core.serving.dit.scheduler import Overloaded
+from h3_core.serving.encoder.conditioning import (
     Cancelled,
-    Decoding,
     keyframe_conditions,
     read_keyframes,
     read_references,
     reference_conditions,
     wire_conditions,
 )
-from h3_core.serving.registry import Registry, server_folder
-from h3_core.serving.scheduler import Overloaded
-from h3_core.serving.settings import EncoderSettings, check_served
+from h3_core.serving.shared.registry import Registry, server_folder
+from h3_core.serving.shared.settings import EncoderSettings, check_served
+from h3_core.serving.shared.triton import error_response, json_tensor, model_parameters, resolve_path, set_threads
 from h3_core.weights.checkpoint import source_seed
 from h3_core.weights.training_metadata import load_training_metadata
 from h3_core.weights.vae_hook import load_vaes
-from server.adapter import error_response, json_tensor, model_parameters, resolve_path, set_threads
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 MEDIA_INPUTS = (KEYFRAMES, REFERENCE_IMAGES, REFERENCE_VIDEOS, REFERENCE_AUDIO, GUIDES)  # inputs that hold files
@@ -196,7 +196,7 @@ class TritonPythonModel:
         the models run (under self.models). Raises ValueError naming the input or parameter for a
         malformed request (keyframes included: decoded and checked before any model runs) or a
         decode budget passed, Overloaded when every h3_dit instance is full
-        (h3_core.serving.registry), Cancelled when its id was cancelled between two files."""
+        (h3_core.serving.shared.registry), Cancelled when its id was cancelled between two files."""
         start, received = time.perf_counter(), time.time()
         parameters = check_request_parameters(request.parameters())
         if self.fault(request) == "encode_raise":

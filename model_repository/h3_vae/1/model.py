@@ -3,16 +3,16 @@ with the decode time (an adapter over h3_core.model.vae.decode_clip and h3_core.
 
 Decoupled: every h3_dit response reaches this model through the ensemble; one without latents
 (progress, an early end, a cancel answer) is answered at once with empty outputs, and one with
-latents is decoded on a pool of `decode_workers` threads (h3_core.serving.ordered_pool: one request's
+latents is decoded on a pool of `decode_workers` threads (h3_core.serving.vae.ordered_pool: one request's
 outputs in order, different requests in parallel), so no response waits behind another
 request's decode; a heartbeat is answered with a keep-alive response (protocol.KEEPALIVE, unless
 the request sent keepalive=false), a result with its response and then the final flag, or at
 once with UNAVAILABLE when decode_workers + max_queued_decodes decodes are open; an open decode
 gets keep-alives of its own after heartbeat_s seconds without a response, and the gauge
-h3_vae_decodes{state="queued"|"running"} counts the open decodes (h3_core.serving.decodes). Every
+h3_vae_decodes{state="queued"|"running"} counts the open decodes (h3_core.serving.vae.decodes). Every
 request ends with its final flag, whatever fails. Everything that touches the stub (requests,
 tensors, logging, sends) runs under one lock (stub_lock), execute() included; the cancels of
-h3_core.serving.gone_clients go to the registry, outside it. With request parameter
+h3_core.serving.vae.gone_clients go to the registry, outside it. With request parameter
 return_mp4 false the latents are still decoded but no MP4 is encoded: VIDEO_MP4 is empty
 (BYTES [1, 0]), so a server without PyAV can serve FRAMES / AUDIO (h3_dit refuses return_mp4
 true there). A malformed direct request is refused with INVALID_ARG, also a result whose INFO
@@ -41,16 +41,16 @@ from h3_core.protocol import (
     check_request_parameters,
     fault_seconds,
 )
-from h3_core.serving.decodes import BacklogFull, Decode, Decodes, check_result
-from h3_core.serving.gone_clients import GoneClients
-from h3_core.serving.gpu_turns import GpuTurns, decode_tiles
-from h3_core.serving.metrics import end_line
-from h3_core.serving.ordered_pool import OrderedPool
-from h3_core.serving.registry import Registry, server_folder
-from h3_core.serving.settings import VaeSettings
+from h3_core.serving.dit.metrics import end_line
+from h3_core.serving.shared.gpu_turns import GpuTurns, decode_tiles
+from h3_core.serving.shared.registry import Registry, server_folder
+from h3_core.serving.shared.settings import VaeSettings
+from h3_core.serving.shared.triton import error_response, json_tensor, model_parameters, resolve_path, set_threads
+from h3_core.serving.vae.decodes import BacklogFull, Decode, Decodes, check_result
+from h3_core.serving.vae.gone_clients import GoneClients
+from h3_core.serving.vae.ordered_pool import OrderedPool
 from h3_core.weights.checkpoint import source_seed
 from h3_core.weights.vae_hook import load_vaes
-from server.adapter import error_response, json_tensor, model_parameters, resolve_path, set_threads
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 log = logging.getLogger("h3_vae")
@@ -144,7 +144,7 @@ class TritonPythonModel:
         self.open_gauges = [self.open_family.Metric(labels={"model": "h3_vae", "state": s}) for s in DECODE_STATES]
         self.limits = settings.limits()
         self.allow_faults = settings.allow_fault_injection  # inject_fault's VAE_FAULTS act (tests only)
-        # decodes in turns with the DiT steps of this GPU (h3_core.serving.gpu_turns), or at once
+        # decodes in turns with the DiT steps of this GPU (h3_core.serving.shared.gpu_turns), or at once
         folder = server_folder()  # shared with the server's other models (registry, GPU turns)
         self.turns = GpuTurns.on_device(folder, settings.device, settings.turn_share) if settings.gpu_turns else None
         self.pool = OrderedPool(settings.decode_workers, name="h3_vae-decode")

@@ -3,24 +3,24 @@ decoded and sized, the canvas chosen, and their clean latents from the VAEs' enc
 
 Geometry policy (one rule, echoed in the result's INFO "geometry"): the canvas is HEIGHT x WIDTH
 when both are given; otherwise the first keyframe's aspect decides the missing side(s)
-(h3_core.images.canvas_for_image: with neither given, at about the model's default canvas area,
+(h3_core.inputs.images.canvas_for_image: with neither given, at about the model's default canvas area,
 within h3_dit's limits, multiples of 32). Every keyframe is then fitted to the canvas by the
 request parameter "fit" (h3_core.protocol.FITS, default DEFAULT_FIT).
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from ..config import AUDIO_HOP, AUDIO_SAMPLE_RATE, VIDEO_SPATIAL_DOWNSAMPLE, get_config, latent_frames
-from ..diffusion.conditions import Condition
-from ..diffusion.layout import ConditionBlock, make_layout
-from ..diffusion.request import RequestLimits, check_canvas, request_memory_mb
-from ..images import canvas_for_image, decode_image, fit_image
-from ..model.vae import keyframe_latent
-from ..protocol import (
+from h3_core.config import AUDIO_HOP, AUDIO_SAMPLE_RATE, VIDEO_SPATIAL_DOWNSAMPLE, get_config, latent_frames
+from h3_core.diffusion.conditions import Condition
+from h3_core.diffusion.layout import ConditionBlock, make_layout
+from h3_core.diffusion.request import RequestLimits, check_canvas, request_memory_mb
+from h3_core.inputs.images import canvas_for_image, fit_image
+from h3_core.inputs.references import Decoding, align_reference_frames, decode_audio, decode_video
+from h3_core.model.vae import keyframe_latent
+from h3_core.protocol import (
     DEFAULT_FIT,
     FIRST_FRAME,
     GUIDE_FRAMES,
@@ -33,26 +33,7 @@ from ..protocol import (
     keyframe_indices,
     reference_list,
 )
-from ..references import DecodeBudget, align_reference_frames, decode_audio, decode_video
-from .settings import EncoderSettings
-
-
-@dataclass
-class Decoding:
-    """How one request's files are decoded (h3_encoder's media workers): `budget`, the request's
-    DecodeBudget (None: not counted), and `between_files(field)`, called before each file is
-    decoded (h3_encoder: raises Cancelled once the request's id was cancelled)."""
-
-    budget: DecodeBudget | None = None
-    between_files: Callable[[str], None] = lambda field: None
-
-    def image(self, data: bytes, field: str, limits) -> np.ndarray:
-        """One image file decoded (h3_core.images.decode_image) and counted in the budget."""
-        self.between_files(field)
-        image = decode_image(data, field, limits)
-        if self.budget is not None:
-            self.budget.take(field, pixels=image.shape[0] * image.shape[1])
-        return image
+from h3_core.serving.shared.settings import EncoderSettings
 
 
 class Cancelled(Exception):
@@ -93,7 +74,7 @@ def read_keyframes(
     follow it, whatever order KEYFRAME_INDICES lists them in.
 
     Raises ValueError naming the input: the count or indices (h3_core.protocol.keyframe_indices),
-    a file (h3_core.images.decode_image: format, bytes, pixels, sides, aspect, animation,
+    a file (h3_core.inputs.images.decode_image: format, bytes, pixels, sides, aspect, animation,
     truncation; named by its position in KEYFRAMES as sent), the canvas (height/width out of
     h3_dit's limits or not multiples of 32), or two different keyframes for NUM_FRAMES 1 (a
     one-frame request's first frame is its last)."""
@@ -245,13 +226,13 @@ def read_references(
     HEIGHT x WIDTH when given, else the first guide's aspect (as fl2va's first keyframe), else the
     model's default canvas (default_canvas: height, width). Guides are fitted to the canvas by
     `fit`; reference images and video frames keep their own aspect at about the canvas area
-    (h3_core.images.canvas_for_image), sides multiples of 32; videos are cut to 17n + 5 frames
-    (h3_core.references.align_reference_frames); audio to whole latents.
+    (h3_core.inputs.images.canvas_for_image), sides multiples of 32; videos are cut to 17n + 5 frames
+    (h3_core.inputs.references.align_reference_frames); audio to whole latents.
 
     Raises ValueError naming the input: counts over the settings' limits, REFERENCES
     (protocol.reference_list), GUIDE_FRAMES that do
-    not match GUIDES or lie outside 0..num_frames - 1, a file (h3_core.images.decode_image,
-    h3_core.references.decode_audio / decode_video), audio over max_total_audio_s in all, the
+    not match GUIDES or lie outside 0..num_frames - 1, a file (h3_core.inputs.images.decode_image,
+    h3_core.inputs.references.decode_audio / decode_video), audio over max_total_audio_s in all, the
     canvas out of h3_dit's limits, rows of all num_outputs (conditions included; the text's not
     yet known) over max_batch_rows, or the memory of num_outputs such requests (request_memory_mb) over
     max_request_mb: refused before any VAE runs."""

@@ -1,4 +1,4 @@
-"""One packed step of the DiT's step loop (h3_core.serving.step_loop): `launch` queues the packed
+"""One packed step of the DiT's step loop (h3_core.serving.dit.step_loop): `launch` queues the packed
 forward and each state's Euler update, `settle` reads the step's finiteness flags (through a CUDA
 event on a GPU) and sends what the step produced: progress, previews and the results of the jobs
 whose last step it was. The step between the two is `InFlight`. `PackedStep` is a base class of
@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..diffusion import layout as L
-from ..diffusion.engine import GroupFailure
-from .admission import WORKER_FAULTS
-from .events import Job, Progress, Result, Send, Status
+from h3_core.diffusion import layout as L
+from h3_core.diffusion.engine import GroupFailure
+from h3_core.serving.dit.admission import WORKER_FAULTS
+from h3_core.serving.dit.events import Job, Progress, Result, Send, Status
 
 log = logging.getLogger("h3_dit")
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import (
+from h3_core.config import (
     AUDIO_CHANNELS,
     AUDIO_LATENT_CHANNELS,
     VIDEO_LATENT_CHANNELS,
@@ -27,8 +27,8 @@ from ..config import (
     audio_latent_frames,
     latent_frames,
 )
-from ..diffusion.request import RequestLimits, check_canvas
-from ..protocol import AUDIO_LATENT, VIDEO_LATENT
+from h3_core.diffusion.request import RequestLimits, check_canvas
+from h3_core.protocol import AUDIO_LATENT, VIDEO_LATENT
 
 log = logging.getLogger("h3_vae")
 

@@ -66,7 +66,7 @@ from .jobs import PURGE_INTERVAL_S, Jobs
 from .models import model_card, resolved_defaults
 from .store import ACTIVE, BUSY_TIMEOUT_S, Store
 
-log = logging.getLogger("server.videos_api")
+log = logging.getLogger("videos_api")
 
 STATIC = Path(__file__).resolve().parent / "static"
 SYNC_POLL_S = 0.1  # how often /v1/videos/sync looks whether its job ended

@@ -1,6 +1,6 @@
 """Discrete-event simulation of the serving pipeline under each scheduling policy.
 
-The simulation drives the server's own Scheduler (h3_core.serving.scheduler) with simulated time; its
+The simulation drives the server's own Scheduler (h3_core.serving.dit.scheduler) with simulated time; its
 jobs are Jobs whose states are SimStates (row and step counters, no tensors). Per request:
 encoder (one instance, first come first served, encode_s) -> DiT (at every step boundary the
 policy picks the pack; a step of a pack of R rows takes c0 + c1 x R seconds) -> VAE (one
@@ -23,7 +23,7 @@ p95 latency under bounds (docs/scaling.md).
 Step caching (h3_core.diffusion.step_cache): --hit-rate F makes each request skip the fraction F of
 its steps (evenly spread, first and last computed), which cost no rows.
 
-Run `python -m h3_core.serving.simulate --workload reference|mixed|burst [--json]`; --c0, --c1 set a
+Run `python -m h3_core.serving.dit.simulate --workload reference|mixed|burst [--json]`; --c0, --c1 set a
 calibrated step cost (--step-costs fits them to a benchmark's measured steps), --row-budget srpt's
 row budget, --replicas and --routing the servers, --rate / --requests / --mix the mixed workload,
 --capacity RATES the capacity table.
@@ -39,9 +39,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .scheduler import DEFAULT_POLICY, POLICIES, Job, Scheduler
+from h3_core.serving.dit.scheduler import DEFAULT_POLICY, POLICIES, Job, Scheduler
 
-ROOT_RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"  # benchmark results files
+ROOT_RESULTS = Path(__file__).resolve().parents[3] / "benchmarks" / "results"  # benchmark results files
 LARGE_ROWS = 16_384  # 672x384, 4 s at 24 fps (docs/model.md §4.4)
 SMALL_ROWS = 1_280
 
@@ -466,7 +466,9 @@ def capacity_table(rows: list[dict], cost: CostModel, max_ttfs_s: float, max_p95
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m h3_core.serving.simulate", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m h3_core.serving.dit.simulate", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--workload", choices=WORKLOADS, required=True)
     parser.add_argument("--seed", type=int, default=0, help="random seed of the mixed workload")
     parser.add_argument("--c0", type=float, help="step cost seconds per step (replaces the workload's)")

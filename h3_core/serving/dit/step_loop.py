@@ -1,9 +1,9 @@
 """The DiT's step loop: diffusion continuous batching over live requests, Triton-free.
 
 The Triton model h3_dit (model_repository/h3_dit/1/model.py) is an adapter: at every execute() it
-turns each live Triton request into an `Arrival` (plain data, h3_core.serving.events) and calls
+turns each live Triton request into an `Arrival` (plain data, h3_core.serving.dit.events) and calls
 `StepLoop.iterate`, which hands it the `Event`s to send, in order, as they happen, and returns the
-requests to reschedule. Everything else lives here and in h3_core.serving.admission (arrivals),
+requests to reschedule. Everything else lives here and in h3_core.serving.dit.admission (arrivals),
 .packed_step (one packed step: launch, settle), .events (the plain data) and .metrics, and tests
 drive it without a server:
 
@@ -17,7 +17,7 @@ drive it without a server:
    their deadline, or all of them while the server drains, end with a final `Ended` (CANCELLED).
 3. The pack: each live job's step cache plans its next step (`plan`, Engine.plan_step: whether it
    computes or takes its cached velocity), then `Scheduler.schedule()`
-   (h3_core/serving/scheduler.py) picks the jobs this step advances, counting only the outputs
+   (h3_core/serving/dit/scheduler.py) picks the jobs this step advances, counting only the outputs
    that compute against its limits.
 4. ONE packed forward for them, launched with each state's Euler update queued after it
    (`launch`; a forward that raises is retried one job at a time so only the offending job fails,
@@ -39,7 +39,7 @@ drive it without a server:
    allows, at least MIN_EXECUTE_STEPS steps with a budget above 0 (`another_step`,
    DitSettings.execute_budget_s), so the Triton round trip and the work of 1 are paid once for
    several steps. Newcomers and control requests reach the DiT only
-   between executes, so the ones that are announced (h3_core.serving.registry: h3_encoder announces each
+   between executes, so the ones that are announced (h3_core.serving.shared.registry: h3_encoder announces each
    request it passes on, the registry each cancel it flags for another instance: h3_cancel's
    (clients'), h3_vae's for gone clients) end the execute at the next step boundary and wait at
    most the step in flight (`note_announcements`; while steps overlap, also the one launched
@@ -60,10 +60,10 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 
-from ..diffusion.engine import Engine
-from ..model.trained_on import TrainingMetadata
-from .admission import VANISHED_EXECUTES, Admission, BoundedMemory
-from .events import (
+from h3_core.diffusion.engine import Engine
+from h3_core.model.trained_on import TrainingMetadata
+from h3_core.serving.dit.admission import VANISHED_EXECUTES, Admission, BoundedMemory
+from h3_core.serving.dit.events import (
     EVENT_NAMES,
     Arrival,
     CancelAnswer,
@@ -76,16 +76,16 @@ from .events import (
     Send,
     Status,
 )
-from .gpu_turns import GpuTurns
-from .metrics import MetricsRecord, device_memory_bytes, end_line
-from .packed_step import InFlight, PackedStep
-from .registry import Registry, record_cancel
-from .scheduler import DitLoad, Scheduler
-from .settings import MIN_EXECUTE_STEPS, DitSettings
+from h3_core.serving.dit.metrics import MetricsRecord, device_memory_bytes, end_line
+from h3_core.serving.dit.packed_step import InFlight, PackedStep
+from h3_core.serving.dit.scheduler import Scheduler
+from h3_core.serving.shared.gpu_turns import GpuTurns
+from h3_core.serving.shared.registry import DitLoad, Registry, record_cancel
+from h3_core.serving.shared.settings import MIN_EXECUTE_STEPS, DitSettings
 
 log = logging.getLogger("h3_dit")
 
-# Seconds an announced request may take from its announcement (h3_core.serving.registry) to Triton's queue
+# Seconds an announced request may take from its announcement (h3_core.serving.shared.registry) to Triton's queue
 # for h3_dit: the ensemble's hand-over from h3_encoder (2.6 ms for 4 MB of text embeddings on the
 # 2-core CPU, docs/triton_2.51_notes.md), or h3_vae's call with a cancel; with a wide margin.
 ANNOUNCED_TRANSIT_S = 0.1
@@ -103,7 +103,7 @@ OVERLAP_MAX_STEP_S = 0.05
 
 class StepLoop(Admission, PackedStep):
     """The DiT's step loop over an Engine (see the module docstring). Its arrival methods (arrive,
-    refuse, admit, refuse_reused_key) are its base class's, Admission (h3_core.serving.admission).
+    refuse, admit, refuse_reused_key) are its base class's, Admission (h3_core.serving.dit.admission).
 
     Args:
         engine: the Engine (DiT only; decoding happens in h3_vae).
@@ -113,7 +113,7 @@ class StepLoop(Admission, PackedStep):
         clock: monotonic seconds (tests pass a fake one).
         training: what the weights were trained on (their training.json), or None: a request
             outside it gets "outside_training" in its results' INFO.
-        turns: the GPU's turns (h3_core.serving.gpu_turns, settings.gpu_turns), or None: each
+        turns: the GPU's turns (h3_core.serving.shared.gpu_turns, settings.gpu_turns), or None: each
             step is taken inside `turns.step()` and settled before the next is launched.
     Raises ValueError when settings.max_batch_rows exceeds the rows the DiT's compiled blocks
     take (H3DiT.max_compiled_rows).
@@ -152,7 +152,7 @@ class StepLoop(Admission, PackedStep):
         self.last_step_s = math.inf  # seconds of the last settled step (OVERLAP_MAX_STEP_S)
         self.dropped = BoundedMemory()  # correlation id -> (request id, cause): forgotten without an answer
         self.draining = False
-        # announcements (h3_core.serving.registry): how many are accounted for (arrived here, or written
+        # announcements (h3_core.serving.shared.registry): how many are accounted for (arrived here, or written
         # off), the count when this execute started, and whether one may still be on its way
         self.announced = registry.announcements()
         self.execute_announcements = self.announced
@@ -373,7 +373,7 @@ class StepLoop(Admission, PackedStep):
 
     def note_announcements(self, arrivals: list[Arrival]) -> None:
         """At the start of an execute: record the registry's count of announcements (requests
-        headed for the DiT, h3_core.serving.registry), which `another_step` compares with, and whether
+        headed for the DiT, h3_core.serving.shared.registry), which `another_step` compares with, and whether
         an announced request may still be on its way. Triton hands an execute the requests it
         holds when the execute starts; one announced just before that may reach Triton just
         after, and then waits for the next execute: this one takes one step only. Announcements

@@ -42,7 +42,7 @@ def model_card(client: H3Client, model_name: str, created: int) -> dict:
     answer (503 UNAVAILABLE for an unreachable one)."""
     # torch comes with these; imported here, so a front end that is never asked does not load it
     from h3_core.config import CANVAS_MULTIPLE, get_config
-    from h3_core.serving.settings import DitSettings, EncoderSettings
+    from h3_core.serving.shared.settings import DitSettings, EncoderSettings
 
     try:
         encoder = EncoderSettings.from_parameters(_parameters(client, protocol.ENCODER_MODEL))
@@ -88,10 +88,10 @@ def resolved_defaults(client: H3Client, request: dict, media: dict[str, list[byt
     """What the server will use where a parsed create `request` (fields.parse_create) left the
     defaults to it: {"size": "WxH", "num_frames": N}, for the video object from create on (its
     size and seconds are never null). The size: the model's default canvas, or with a keyframe the
-    first keyframe's aspect at about the default area (h3_core.images.canvas_for_image, as the
+    first keyframe's aspect at about the default area (h3_core.inputs.images.canvas_for_image, as the
     server computes it; its header read with Pillow). Raises ApiError 503 when Triton cannot be
     asked (model_card)."""
-    from h3_core.images import canvas_for_image
+    from h3_core.inputs.images import canvas_for_image
 
     card = model_card(client, model_name, 0)
     size, num_frames = card["size"], card["num_frames"]["default"]

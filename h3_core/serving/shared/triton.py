@@ -1,6 +1,7 @@
-"""Glue shared by the Triton python models in model_repository/ (imported only inside the
-python backend stub, where triton_python_backend_utils exists). The wire contract itself
-(names, parameters, error codes) is h3_core.protocol.
+"""The Triton helpers the python models in model_repository/ share (each model.py imports them;
+it runs inside the python backend stub, where triton_python_backend_utils exists: the helpers
+that build Triton objects import it when called, so this module imports without Triton). The
+wire contract itself (names, parameters, error codes) is h3_core.protocol.
 
 Error messages start with a stable code word (h3_core.protocol.ERROR_CODES) because streaming
 clients receive only the message text; through the ensemble, Triton 2.51 prefixes it with
@@ -9,9 +10,12 @@ clients receive only the message text; through the ensemble, Triton 2.51 prefixe
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import triton_python_backend_utils as pb_utils
+
+if TYPE_CHECKING:  # the stub's module, present only where the python backend runs a model
+    import triton_python_backend_utils as pb_utils
 
 
 def model_parameters(args: dict) -> dict[str, str]:
@@ -39,10 +43,14 @@ def set_threads(cpu_threads: int) -> None:
 def error_response(code: str, message: str) -> "pb_utils.InferenceResponse":
     """An error response whose message starts with `code:` (one of protocol.ERROR_CODES, which
     are also pb_utils.TritonError status names; pb_utils fills those in only once the stub runs)."""
+    import triton_python_backend_utils as pb_utils
+
     status = getattr(pb_utils.TritonError, code)
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{code}: {message}", status))
 
 
 def json_tensor(name: str, value: dict) -> "pb_utils.Tensor":
     """A BYTES [1, 1] tensor holding `value` as JSON."""
+    import triton_python_backend_utils as pb_utils
+
     return pb_utils.Tensor(name, np.array([[json.dumps(value).encode()]], dtype=object))

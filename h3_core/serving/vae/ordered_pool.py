@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 
 class OrderedPool:
     """Run submitted callables on `workers` daemon threads (workers >= 1; ValueError otherwise).
-    Tasks handle their own errors: one that raises is logged (logger h3_core.serving.ordered_pool) and
+    Tasks handle their own errors: one that raises is logged (logger h3_core.serving.vae.ordered_pool) and
     the pool keeps running."""
 
     def __init__(self, workers: int, name: str = "ordered-pool"):

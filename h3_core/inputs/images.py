@@ -1,4 +1,4 @@
-"""Keyframe images for fl2va (protocol.KEYFRAMES): strict, bounded decoding of the uploaded files,
+"""Keyframe images for fl2va (KEYFRAMES on the wire): strict, bounded decoding of the uploaded files,
 the canvas a request's keyframes choose, and how a keyframe is fitted to that canvas.
 
 No torch here: numpy and Pillow only. Images are uint8 RGB numpy arrays [H, W, 3] (rows, columns,
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageFile, ImageOps
 
-from h3_core import config, protocol
+from h3_core import config
 
 FORMATS = ("PNG", "JPEG", "WEBP")  # the formats decode_image accepts (Pillow's names)
 # Transparent pixels are composited over this colour (RGB, black); "pad" fills the canvas with it.
@@ -210,14 +210,14 @@ def decode_image(data: bytes, field: str, limits: ImageLimits) -> np.ndarray:
 def fit_image(image: np.ndarray, height: int, width: int, fit: str) -> np.ndarray:
     """Fit uint8 RGB [h, w, 3] to the canvas: uint8 RGB [height, width, 3] (pixels).
 
-    fit (protocol.FITS): "crop" scales to cover the canvas and keeps the centre (PIL.ImageOps.fit);
+    fit (config.FITS): "crop" scales to cover the canvas and keeps the centre (PIL.ImageOps.fit);
     "pad" scales to fit inside, centred, the rest PAD_COLOR (PIL.ImageOps.pad); "stretch" resizes
     to the canvas whatever the aspect. Resampling is RESAMPLE (LANCZOS). An image already of the
     canvas size is returned as it is (the same array, whatever `fit`). Raises ValueError for an
     unknown fit (the message lists FITS), an image that is not uint8 [h, w, 3] or a side < 1.
     """
-    if fit not in protocol.FITS:
-        raise ValueError(f"fit must be one of {', '.join(protocol.FITS)}, got {fit!r}")
+    if fit not in config.FITS:
+        raise ValueError(f"fit must be one of {', '.join(config.FITS)}, got {fit!r}")
     if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3 or 0 in image.shape:
         raise ValueError(f"image must be uint8 [h, w, 3] with h, w >= 1, got {image.dtype} {list(image.shape)}")
     if height < 1 or width < 1:

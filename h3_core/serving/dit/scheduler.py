@@ -48,7 +48,7 @@ waiting in Triton's backlog. The line (jobs outside the pack, h3_dit's h3_waitin
 is longer than max_waiting when the pack holds fewer than max_num_seqs jobs (multi-output jobs,
 max_batch_rows, row_budget).
 
-Policies never read the clock: schedule() takes `now`, so the simulator (h3_core.serving.simulate) drives
+Policies never read the clock: schedule() takes `now`, so the simulator (h3_core.serving.dit.simulate) drives
 the same code with simulated time.
 """
 
@@ -56,29 +56,8 @@ import math
 import time
 from dataclasses import dataclass, field
 
-POLICIES = ("request", "fifo", "srpt")
-DEFAULT_POLICY = "srpt"
-DEFAULT_MAX_WAIT_S = 30.0
-
-
-@dataclass(frozen=True)
-class DitLoad:
-    """One h3_dit instance: `held` live requests, capacity max_num_seqs + max_waiting."""
-
-    held: int
-    max_num_seqs: int
-    max_waiting: int
-
-    @property
-    def full(self) -> bool:
-        return self.held >= self.max_num_seqs + self.max_waiting
-
-    def message(self) -> str:
-        """The UNAVAILABLE text for a newcomer (the scheduler's Overloaded says the same)."""
-        return (
-            f"the DiT holds {self.held} requests, its capacity max_num_seqs + max_waiting = {self.max_num_seqs} + "
-            f"{self.max_waiting}; retry later"
-        )
+from h3_core.serving.shared.registry import DitLoad
+from h3_core.serving.shared.settings import DEFAULT_MAX_WAIT_S, DEFAULT_POLICY, POLICIES
 
 
 class Overloaded(Exception):
@@ -89,9 +68,9 @@ class Overloaded(Exception):
 @dataclass(eq=False)  # a job is itself: compared by identity
 class Job:
     """One client request as the scheduler sees it. Times are seconds on one clock
-    (time.monotonic() in the server, simulated seconds in h3_core.serving.simulate). The scheduler reads
+    (time.monotonic() in the server, simulated seconds in h3_core.serving.dit.simulate). The scheduler reads
     only rows, step_rows, step_index, total_steps, len(states), arrival_s and priority; the step loop's Job
-    (h3_core.serving.step_loop) adds the serving lifecycle."""
+    (h3_core.serving.dit.step_loop) adds the serving lifecycle."""
 
     key: object  # Triton correlation id
     request_id: str

@@ -33,7 +33,7 @@ lookups, not a pass over the memories. A store SQLite cannot read is refused whe
 it (RuntimeError naming the file); it is never reset, which would forget live ids and cancels.
 
 Announcements: a cheap signal that something new is headed for the DiT, so that an execute()
-stops taking steps (h3_core.serving.step_loop.StepLoop.another_step) when a newcomer or a cancel
+stops taking steps (h3_core.serving.dit.step_loop.StepLoop.another_step) when a newcomer or a cancel
 waits for the next one. h3_encoder announces every generation request it passes on, and
 cancel() each cancel of a request live on another instance than its caller's (h3_cancel's and
 h3_vae's registries are instance "": every cancel they flag is announced; the holder reads the
@@ -86,10 +86,10 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
-from ..protocol import EARLY_CANCEL_SECONDS
-from .scheduler import DitLoad
+from h3_core.protocol import EARLY_CANCEL_SECONDS
 
 IDS_REMEMBERED = 1024  # bound on each memory of ids (early cancels, finished ids)
 DATABASE_FILE = "registry.sqlite3"
@@ -183,6 +183,26 @@ def server_folder(server_pid: int | None = None) -> Path:
     parent = Path(tempfile.gettempdir())
     remove_dead_server_folders(parent)
     return parent / f"h3-triton-ns{pid_namespace()}-{pid}-{started}"
+
+
+@dataclass(frozen=True)
+class DitLoad:
+    """One h3_dit instance: `held` live requests, capacity max_num_seqs + max_waiting."""
+
+    held: int
+    max_num_seqs: int
+    max_waiting: int
+
+    @property
+    def full(self) -> bool:
+        return self.held >= self.max_num_seqs + self.max_waiting
+
+    def message(self) -> str:
+        """The UNAVAILABLE text for a newcomer (the scheduler's Overloaded says the same)."""
+        return (
+            f"the DiT holds {self.held} requests, its capacity max_num_seqs + max_waiting = {self.max_num_seqs} + "
+            f"{self.max_waiting}; retry later"
+        )
 
 
 class Registry:

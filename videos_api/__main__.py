@@ -1,10 +1,10 @@
-"""`python -m server.videos_api`: serve the Videos API and its page with uvicorn.
+"""`python -m videos_api`: serve the Videos API and its page with uvicorn.
 
-    python -m server.videos_api [--triton-url HOST:PORT] [--host ADDR] [--port P] [--data-dir DIR]
-                                [--api-key-file FILE] [--cors-origin ORIGIN]... [--max-body-bytes N]
-                                [--max-upload-bytes N] [--retention-hours H] [--max-attempts N]
-                                [--accept-wait SECONDS] [--recover-wait SECONDS]
-                                [--allow-url-host HOST]... [--allow-private-urls] [--model-name NAME]
+    python -m videos_api [--triton-url HOST:PORT] [--host ADDR] [--port P] [--data-dir DIR]
+                         [--api-key-file FILE] [--cors-origin ORIGIN]... [--max-body-bytes N]
+                         [--max-upload-bytes N] [--retention-hours H] [--max-attempts N]
+                         [--accept-wait SECONDS] [--recover-wait SECONDS]
+                         [--allow-url-host HOST]... [--allow-private-urls] [--model-name NAME]
 
 Bad flags exit with status 2 and one error line (argparse), before anything is served.
 """
@@ -40,7 +40,7 @@ def _positive(kind):
 def _parser() -> argparse.ArgumentParser:
     defaults = Settings()
     p = argparse.ArgumentParser(
-        prog="python -m server.videos_api", description="Serve an OpenAI-compatible Videos API in front of Triton."
+        prog="python -m videos_api", description="Serve an OpenAI-compatible Videos API in front of Triton."
     )
     p.add_argument(
         "--triton-url",
@@ -161,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
     print(
-        f"[server.videos_api] the page: http://{args.host}:{args.port}/  API: http://{args.host}:{args.port}/v1  "
+        f"[videos_api] the page: http://{args.host}:{args.port}/  API: http://{args.host}:{args.port}/v1  "
         f"Triton: {args.triton_url}  data: {args.data_dir}",
         file=sys.stderr,
         flush=True,

@@ -15,7 +15,7 @@ import traceback
 from collections import OrderedDict
 from collections.abc import Callable
 
-from .registry import IDS_REMEMBERED, Registry, record_cancel
+from h3_core.serving.shared.registry import IDS_REMEMBERED, Registry, record_cancel
 
 log = logging.getLogger("h3_vae")
 

@@ -59,7 +59,7 @@ from .content import spritesheet_bytes
 from .fields import MEDIA_FIELDS, ApiError, error_from_server
 from .store import ACTIVE, Store
 
-log = logging.getLogger("server.videos_api")
+log = logging.getLogger("videos_api")
 PURGE_INTERVAL_S = 60.0
 RECOVER_POLL_S = 0.5  # how often the restart rule asks whether Triton is ready
 SEED_LIMIT = 2**31  # seeds the front end draws lie in 0..SEED_LIMIT - 1

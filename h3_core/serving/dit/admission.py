@@ -13,13 +13,13 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from ..diffusion.conditions import Condition
-from ..diffusion.engine import Engine
-from ..diffusion.request import GenerationRequest
-from ..diffusion.sampling import DEFAULT_AUDIO_SHIFT, DEFAULT_VIDEO_SHIFT
-from ..media import MP4_AVAILABLE
-from ..model.trained_on import TrainingMetadata
-from ..protocol import (
+from h3_core.diffusion.conditions import Condition
+from h3_core.diffusion.engine import Engine
+from h3_core.diffusion.request import GenerationRequest
+from h3_core.diffusion.sampling import DEFAULT_AUDIO_SHIFT, DEFAULT_VIDEO_SHIFT
+from h3_core.media import MP4_AVAILABLE
+from h3_core.model.trained_on import TrainingMetadata
+from h3_core.protocol import (
     CANCEL_FIELD,
     CONDITION_ECHO,
     CONDITION_FIELDS,
@@ -31,15 +31,17 @@ from ..protocol import (
     MAX_REFERENCES,
     MAX_REQUEST_ID_CHARS,
     VAE_FAULTS,
+    InvalidRequest,
     check_request_parameters,
+    check_task,
     fault_seconds,
     implied_task,
     read_request_json,
 )
-from .events import Arrival, Ended, Job, Refused, Send, Status
-from .registry import IDS_REMEMBERED, CancelNotRecorded
-from .scheduler import Overloaded
-from .settings import DitSettings, check_served
+from h3_core.serving.dit.events import Arrival, Ended, Job, Refused, Send, Status
+from h3_core.serving.dit.scheduler import Overloaded
+from h3_core.serving.shared.registry import IDS_REMEMBERED, CancelNotRecorded
+from h3_core.serving.shared.settings import DitSettings, check_served
 
 log = logging.getLogger("h3_dit")
 
@@ -277,7 +279,12 @@ def parse(
         cache_threshold=cache_threshold,
         **values,
     )
-    states = engine.prepare(generation, text, conditions, vision_spans)
+    try:
+        states = engine.prepare(generation, text, conditions, vision_spans)
+    except InvalidRequest as error:  # the core's words; the task rule's refusal in the wire's (TASK, KEYFRAMES)
+        if error.field == "task":
+            check_task(task, [condition.kind for condition in conditions])
+        raise
     conditioning = {"task": task, "flow_shift": generation.video_shift, "audio_flow_shift": generation.audio_shift}
     if conditions:
         conditioning.update(conditions=conditions_info(conditions, fields["conditions"]), geometry=geometry)
@@ -302,7 +309,7 @@ def parse(
 
 
 class Admission:
-    """The arrival half of StepLoop (its base class, h3_core.serving.step_loop): each Arrival
+    """The arrival half of StepLoop (its base class, h3_core.serving.dit.step_loop): each Arrival
     becomes its live Job (a new one admitted with `parse`) or is answered at once (refused, a
     cancel control request, a dropped job's end, a filler skipped). It uses the StepLoop's jobs,
     dropped, draining, scheduler, registry, metrics, clock, engine and settings, and its

@@ -1,4 +1,4 @@
-"""What the step loop (h3_core.serving.step_loop) takes and gives, as plain data: an `Arrival` per
+"""What the step loop (h3_core.serving.dit.step_loop) takes and gives, as plain data: an `Arrival` per
 live Triton request in, the `Event`s to send out (Progress, Result, Ended, Refused, CancelAnswer,
 Heartbeat), and the `Job` of a request in the loop with its lifecycle `Status`. h3_dit turns
 Triton requests into Arrivals and Events into responses."""
@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import scheduler
+from h3_core.serving.dit import scheduler
 
 
 class Status(Enum):

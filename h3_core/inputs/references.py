@@ -23,7 +23,7 @@ conditioned_serving_notes.md) is the caller's: these functions see one file at a
 import errno
 import io
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
@@ -31,7 +31,7 @@ from fractions import Fraction
 import numpy as np
 
 from h3_core import config
-from h3_core.images import size_problem
+from h3_core.inputs.images import decode_image, size_problem
 
 try:
     import av
@@ -136,6 +136,24 @@ class DecodeBudget:
                 f"samples per channel at {config.AUDIO_SAMPLE_RATE} Hz (the decode budget of one request: audio "
                 "files and video sound tracks in all)"
             )
+
+
+@dataclass
+class Decoding:
+    """How one request's files are decoded (h3_encoder's media workers): `budget`, the request's
+    DecodeBudget (None: not counted), and `between_files(field)`, called before each file is
+    decoded (h3_encoder: raises Cancelled once the request's id was cancelled)."""
+
+    budget: DecodeBudget | None = None
+    between_files: Callable[[str], None] = lambda field: None
+
+    def image(self, data: bytes, field: str, limits) -> np.ndarray:
+        """One image file decoded (h3_core.inputs.images.decode_image) and counted in the budget."""
+        self.between_files(field)
+        image = decode_image(data, field, limits)
+        if self.budget is not None:
+            self.budget.take(field, pixels=image.shape[0] * image.shape[1])
+        return image
 
 
 @contextmanager

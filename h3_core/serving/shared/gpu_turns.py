@@ -16,7 +16,7 @@ a decode runs, and a decode takes at least about one step while the DiT steps wi
 own time / `share` when that is longer; docs/deploy_h200.md measures both).
 
 The turn is an exclusive flock on <folder>/gpu-<uuid>.turn, where <folder> is the server's shared
-folder (h3_core.serving.registry.server_folder) and <uuid> the GPU's, so that every process of the
+folder (h3_core.serving.shared.registry.server_folder) and <uuid> the GPU's, so that every process of the
 server that names the GPU, under any index, meets the same lock. A DiT instance waiting for the turn
 holds a shared flock on gpu-<uuid>.want, h3_vae waiting for it one on gpu-<uuid>.tiles-want. The
 turn file holds the last step's seconds (a little-endian float64) and how many turns the DiT

@@ -9,13 +9,14 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from ..config import AUDIO_SAMPLE_RATE, get_config
-from ..diffusion.request import RequestLimits
-from ..images import ImageLimits
-from ..model.adaln_table import DEFAULT_CAPACITY
-from ..model.fp8 import QUANTIZATIONS
-from ..model.initialization import weights_seed
-from ..protocol import (
+from h3_core.config import AUDIO_SAMPLE_RATE, get_config
+from h3_core.diffusion.request import RequestLimits
+from h3_core.inputs.images import ImageLimits
+from h3_core.inputs.references import DecodeBudget, MediaLimits
+from h3_core.model.adaln_table import DEFAULT_CAPACITY
+from h3_core.model.fp8 import QUANTIZATIONS
+from h3_core.model.initialization import weights_seed
+from h3_core.protocol import (
     DIT_MODEL,
     ENCODER_MODEL,
     MAX_REFERENCE_AUDIO,
@@ -25,13 +26,17 @@ from ..protocol import (
     TASKS,
     VAE_MODEL,
 )
-from ..references import DecodeBudget, MediaLimits
-from .gpu_turns import DEFAULT_SHARE
-from .scheduler import DEFAULT_MAX_WAIT_S, DEFAULT_POLICY, POLICIES
+from h3_core.serving.shared.gpu_turns import DEFAULT_SHARE
+
+# the scheduling policies of h3_dit (h3_core.serving.dit.scheduler), its default, the longest wait (seconds)
+POLICIES = ("request", "fifo", "srpt")
+DEFAULT_POLICY = "srpt"
+DEFAULT_MAX_WAIT_S = 30.0
+
 
 CONTROL_SLOTS = 2  # h3_dit sequence slots kept for cancel requests (max_batch_size = seqs + waiting + 2)
 # Seconds one h3_dit execute() may keep taking steps (execute_budget_s) while nothing is headed
-# for the DiT (h3_core.serving.step_loop.StepLoop.another_step). Every execute costs a Triton round trip
+# for the DiT (h3_core.serving.dit.step_loop.StepLoop.another_step). Every execute costs a Triton round trip
 # and the loop's per-execute work (about 2.3 ms on the 2-core CPU against a 5 ms tiny step of
 # 128 rows); 0.03 s shares it among 5 such steps. Announced newcomers and cancels (through the
 # encoder; clients' cancels through h3_cancel, h3_vae's for gone clients) end an execute at its
@@ -141,10 +146,10 @@ class EncoderSettings:
     max_height, max_width (pixels: h3_dit's limits, the inferred canvas stays within them);
     max_image_bytes, max_image_pixels, min_image_side, max_image_side (pixels), max_image_aspect
     (long side / short side): a keyframe, guide or reference image beyond them is refused
-    (h3_core.images.ImageLimits). For references (ref2va): max_reference_images, _videos, _audio
+    (h3_core.inputs.images.ImageLimits). For references (ref2va): max_reference_images, _videos, _audio
     and max_references (counts per kind and in all, guides included); min_audio_s, max_audio_s
     (seconds of one audio file), max_total_audio_s (of all), max_video_s (of one video; videos and
-    audio files may be twice max_image_bytes, h3_core.references.MediaLimits); max_reference_aspect
+    audio files may be twice max_image_bytes, h3_core.inputs.references.MediaLimits); max_reference_aspect
     (long side / short side of a reference image or video: 2.5, the reference implementation's
     0.4..2.5; guides, fitted to the canvas, take max_image_aspect); max_batch_rows and
     max_request_mb (h3_dit's: a request whose rows or memory, conditions included, pass them is
@@ -154,7 +159,7 @@ class EncoderSettings:
     requests' media files apart from the text encoder, one request each, so a request without
     files never waits behind another's;
     max_decoded_pixels, max_decoded_samples (>= 1): one request's decode budget
-    (h3_core.references.DecodeBudget); media_workers x the budget bounds the decoded media held at
+    (h3_core.inputs.references.DecodeBudget); media_workers x the budget bounds the decoded media held at
     once (docs/reliability.md)."""
 
     MODEL = ENCODER_MODEL
@@ -212,7 +217,7 @@ class EncoderSettings:
         return served_tasks(self.MODEL, self.tasks)
 
     def media_limits(self) -> MediaLimits:
-        """The reference audio and video limits as h3_core.references takes them (ValueError when
+        """The reference audio and video limits as h3_core.inputs.references takes them (ValueError when
         out of range)."""
         return MediaLimits(
             max_bytes=self.max_image_bytes * 2,
@@ -232,7 +237,7 @@ class EncoderSettings:
         return dataclasses.replace(self.image_limits(), max_aspect=self.max_reference_aspect)
 
     def image_limits(self) -> ImageLimits:
-        """The keyframe limits as h3_core.images takes them (ValueError when out of range)."""
+        """The keyframe limits as h3_core.inputs.images takes them (ValueError when out of range)."""
         return ImageLimits(
             max_bytes=self.max_image_bytes,
             max_pixels=self.max_image_pixels,
@@ -257,13 +262,13 @@ class VaeSettings:
     requests at once, >= 1; docs/reliability.md measures them); trust_remote_code (run the Python
     code an official checkpoint's VAE folders ship, h3_core.weights.vae_hook; off by default);
     heartbeat_s (seconds, finite > 0: a decode, queued or running, sends its client a keep-alive
-    response after this long without a response, h3_core.serving.decodes; keep it equal to
+    response after this long without a response, h3_core.serving.vae.decodes; keep it equal to
     h3_dit's heartbeat timing, under the idle timeout of any proxy in front of the server);
     max_queued_decodes (>= 0: results that may wait for a decode worker; one beyond is refused at
     once with UNAVAILABLE); max_height, max_width (pixels), max_num_frames: the canvas a result
     may have (INFO can be forged by a direct caller; the writer copies h3_dit's limits);
     gpu_turns (on a CUDA device: decode in turns with the h3_dit instances of the same GPU, which
-    must set it too, h3_core.serving.gpu_turns; the writer sets it where h3_vae shares a GPU with
+    must set it too, h3_core.serving.shared.gpu_turns; the writer sets it where h3_vae shares a GPU with
     h3_dit); turn_share (finite > 0: the fraction of the last DiT step's seconds a turn of decode
     tiles may last while a DiT step waits); allow_fault_injection (tests only: lets request
     parameter inject_fault act here, h3_core.protocol.VAE_FAULTS)."""
@@ -328,16 +333,16 @@ class DitSettings:
     Step loop: execution_mode ("step": packed steps, each over the requests the policy picks;
     "request": run to completion), execute_budget_s (step mode: seconds one execute() may keep
     taking steps while nothing announced is headed for the DiT, and at least MIN_EXECUTE_STEPS,
-    h3_core.serving.step_loop.StepLoop.another_step; 0 = one step per execute; announced newcomers and
+    h3_core.serving.dit.step_loop.StepLoop.another_step; 0 = one step per execute; announced newcomers and
     cancels wait at most the step in flight, unannounced ones such as a control request sent
     straight to h3_dit up to this long plus one step, or MIN_EXECUTE_STEPS steps where those are longer, as they
     reach the DiT only between executes),
     heartbeat_s (seconds of silence toward a live request, on the step loop's clock, after which
     it gets a heartbeat at the next answer pass: h3_vae notices a gone client only when a response
-    for it arrives, h3_core.serving.step_loop.StepLoop.answer),
-    scheduling_policy / row_budget (rows) (h3_core.serving.scheduler), max_wait_s (seconds a request may
+    for it arrives, h3_core.serving.dit.step_loop.StepLoop.answer),
+    scheduling_policy / row_budget (rows) (h3_core.serving.dit.scheduler), max_wait_s (seconds a request may
     wait for a step before it ranks before every request that has not waited that long, under
-    every policy: the longest wait, h3_core.serving.scheduler), priority_max (request_priority lies in
+    every policy: the longest wait, h3_core.serving.dit.scheduler), priority_max (request_priority lies in
     -priority_max..priority_max), max_num_seqs (documents per forward), max_waiting (live
     requests beyond a full pack), max_batch_rows (rows per forward and per request; h3_encoder
     refuses a request beyond it, so it is the largest request the server takes),
@@ -351,7 +356,7 @@ class DitSettings:
     cache_threshold above 0 is refused: the metric runs the DiT's first block in this process).
     allow_fault_injection: lets the test-only request parameter inject_fault act. gpu_turns (on
     cuda with sp_degree 1: each packed step takes the GPU's turn, so that an h3_vae decoding on
-    the same GPU with gpu_turns computes only between steps, h3_core.serving.gpu_turns; steps
+    the same GPU with gpu_turns computes only between steps, h3_core.serving.shared.gpu_turns; steps
     then do not overlap the next step's host work).
 
     Rules checked by check(): execution_mode in EXECUTION_MODES, scheduling_policy in POLICIES,

@@ -1,0 +1,80 @@
+"""The request rules of the core, in its own words, torch-free: the domain error the core raises
+(InvalidRequest, naming the request field), the prompt rule (check_prompt) and the task rule
+(check_task). The wire contract (h3_core.protocol) re-exports check_prompt and words check_task's
+refusals in its input names; the adapters turn InvalidRequest into the wire's INVALID_ARG."""
+
+import unicodedata
+
+from h3_core.config import MAX_KEYFRAMES
+
+TASKS = ("t2va", "fl2va", "ref2va")  # text, first/last frame, references (docs/model.md §2.1)
+
+
+class InvalidRequest(ValueError):
+    """A request the core refuses. `field`: the request field it is about, in the core's words
+    ("prompt", "task", "height", ...); str(error): why, naming the field, the value and what is
+    allowed. A ValueError, so an adapter that answers any ValueError with INVALID_ARG keeps doing so."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+BYTE_ORDER_MARK = "\ufeff"  # dropped once from the start of a prompt (a decoder may leave it there)
+# Unicode general categories of characters that show nothing: separators (Zs space, Zl line,
+# Zp paragraph), controls (Cc: tab, newline, ...) and format characters (Cf: U+200B zero-width
+# space, U+200D zero-width joiner, U+FEFF, bidi marks, ...).
+INVISIBLE_CATEGORIES = frozenset({"Zs", "Zl", "Zp", "Cc", "Cf", "Mn", "Me"})  # + marks that only combine
+# default-ignorable or blank characters of other categories (Unicode DerivedCoreProperties, and the
+# blank braille pattern): Hangul fillers, variation selectors, U+2800
+INVISIBLE_CHARACTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800") | frozenset(map(chr, range(0xFE00, 0xFE10)))
+SHOWN_PROMPT_CHARS = 32  # an error message quotes at most this many characters of a prompt
+
+
+def _shown(prompt: str) -> str:
+    if len(prompt) <= SHOWN_PROMPT_CHARS:
+        return repr(prompt)
+    return f"{prompt[:SHOWN_PROMPT_CHARS]!r}... ({len(prompt)} characters)"
+
+
+def check_prompt(prompt: str) -> str:
+    """The one prompt rule, applied by validate_request and by the text encoder.
+
+    Returns the prompt the text encoder reads: `prompt` without one leading byte-order mark
+    (U+FEFF); nothing else is changed. Raises InvalidRequest (field "prompt") "prompt must be a
+    non-empty string, got ..." if `prompt` is not a str or is empty, and "prompt must contain
+    visible characters, got ..." (the prompt's repr, cut after SHOWN_PROMPT_CHARS characters) if
+    every character is in INVISIBLE_CATEGORIES or INVISIBLE_CHARACTERS, e.g. only spaces,
+    newlines, zero-width spaces, byte-order marks, lone combining marks or Hangul fillers.
+    """
+    if not isinstance(prompt, str) or not prompt:
+        raise InvalidRequest("prompt", f"prompt must be a non-empty string, got {prompt!r}")
+    if all(unicodedata.category(char) in INVISIBLE_CATEGORIES or char in INVISIBLE_CHARACTERS for char in prompt):
+        raise InvalidRequest("prompt", f"prompt must contain visible characters, got {_shown(prompt)}")
+    return prompt.removeprefix(BYTE_ORDER_MARK)
+
+
+def check_task(task: str, kinds: list[str]) -> str:
+    """The request's task, checked against the kinds of its conditions (h3_core.diffusion.conditions:
+    "keyframe", "guide", "image", "audio", "video", "video_audio"); returns it. Raises
+    InvalidRequest (field "task") for a task not in TASKS, t2va with conditions, fl2va without
+    keyframes or with anything else, ref2va without guides or references or with keyframes."""
+    if task not in TASKS:
+        raise InvalidRequest("task", f"task={task!r} is not allowed: allowed {list(TASKS)}")
+    keyframes = kinds.count("keyframe")
+    others = len(kinds) - keyframes
+    if task == "t2va" and kinds:
+        raise InvalidRequest("task", f"task='t2va' takes no conditions; got {len(kinds)}")
+    if task == "fl2va" and (not keyframes or others):
+        raise InvalidRequest(
+            "task",
+            f"task='fl2va' needs keyframes (1 or {MAX_KEYFRAMES} images) and nothing else; "
+            f"got {keyframes} keyframes and {others} guides or references",
+        )
+    if task == "ref2va" and (not others or keyframes):
+        raise InvalidRequest(
+            "task",
+            f"task='ref2va' needs references or guides and no keyframes; "
+            f"got {others} references or guides and {keyframes} keyframes",
+        )
+    return task
