@@ -14,13 +14,10 @@ ENCODER ?= $(if $(CHECKPOINT),,$(BENCH_ENCODER))
 setup:
 	bash scripts/setup.sh
 
-# pytest-xdist: TEST_WORKERS processes (0: one process), each test file whole on one of them (loadfile:
-# a module's fixtures and its test order stay in one process; each process starts its own session servers)
-TEST_WORKERS ?= 2
 test: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -q -rfEs -n $(TEST_WORKERS) --dist loadfile tests
+	$(PY) -m pytest -q -rfEs tests
 
 # the CUDA tests (tests/test_gpu.py, docs/gpu_host.md §"Testing on a GPU"): on the GPU host's own python3 unless
 # PY is given, without setup; OUT=DIR also writes DIR/gpu.xml (junit) and DIR/gpu_tests.json
