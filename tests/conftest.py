@@ -19,6 +19,21 @@ def server(tmp_path_factory):
         yield srv
 
 
+@pytest.fixture(scope="session")
+def budget_server(tmp_path_factory):
+    """(server, client): one tritonserver whose h3_dit executes may take steps for 20 s
+    (execute_budget_s 20, max_steps 400), shared by tests/test_gone_clients.py and
+    tests/test_serving_modes.py (neither kills a model process nor changes the server)."""
+    from client.api import H3Client
+    from server.process import TritonServer
+    from tests.serving import model_repository_copy
+
+    folder = tmp_path_factory.mktemp("budget")
+    repo = model_repository_copy(folder / "repo", execute_budget_s="20", max_steps="400")
+    with TritonServer(repo, free_ports=True, log_file=folder / "server.log") as srv:
+        yield srv, H3Client(srv.grpc_url, idle_timeout_s=120)
+
+
 @pytest.fixture
 def client(server):
     from client.api import H3Client

@@ -232,18 +232,19 @@ def test_stopping_the_launcher_cancels_in_flight_requests_and_exits_promptly(tmp
 
 
 def test_a_stop_delivers_every_clip_denoised_before_it(tmp_path):
-    # Three results wait for h3_vae's one decode worker, each decode 3 s slower (decode_slow):
-    # about 9 s of decodes at the stop, against the drain's 5 s (drain_timeout_s) and Triton's
-    # 1 s for requests in flight. The drain waited 5 s and the stop cut the clips still queued
-    # (and tritonserver crashed while h3_vae sent, docs/reliability.md); it now waits for every
-    # decode while they progress.
+    # Three results wait for h3_vae's one decode worker, each decode 2 s slower (decode_slow):
+    # 4 s and more of decodes at the stop (two whole ones still queued), against the drain's 1 s
+    # (drain_timeout_s, 5 s by default) and Triton's 1 s for requests in flight. The drain waited
+    # drain_timeout_s and the stop cut the clips still queued (and tritonserver crashed while
+    # h3_vae sent, docs/reliability.md); it now waits for every decode while they progress.
     allowed = {"allow_fault_injection": "true"}
     vae = {**allowed, "decode_workers": "1"}
     repo = write_repository(tmp_path / "repo", plan(overrides={"h3_dit": allowed, "h3_vae": vae}))
-    with TritonServer(repo, free_ports=True, log_file=tmp_path / "server.log", exit_timeout_secs=1) as server:
+    log_file = tmp_path / "server.log"
+    with TritonServer(repo, free_ports=True, log_file=log_file, exit_timeout_secs=1, drain_timeout_s=1) as server:
         client, outcome = H3Client(server.grpc_url, idle_timeout_s=120), {}
         threads = [
-            start(client, outcome, i, prompt=f"clip {i}", num_inference_steps=2, seed=i, inject_fault="decode_slow:3")
+            start(client, outcome, i, prompt=f"clip {i}", num_inference_steps=2, seed=i, inject_fault="decode_slow:2")
             for i in range(3)
         ]
         deadline = time.monotonic() + 60

@@ -27,7 +27,7 @@ import time
 
 import pytest
 
-from .serving import ROOT, idle_metrics, model_repository_copy
+from .serving import ROOT, idle_metrics
 
 # the step in flight to the client, the one running at detection, one more before the cancel lands,
 # and one launched ahead while steps are short (h3_core.serving.dit.step_loop.OVERLAP_MAX_STEP_S)
@@ -56,19 +56,12 @@ ENDED = re.compile(r"request (gone-\d) ended CANCELLED: request \1 cancelled by 
 
 
 @pytest.fixture(params=["shipped", "execute_budget_s 20"])
-def served(request, tmp_path_factory):
-    """(server, client, long_executes): the session's server, or one whose h3_dit executes may
-    take steps for 20 s."""
+def served(request):
+    """(server, client, long_executes): the session's server, or the session's one whose h3_dit
+    executes may take steps for 20 s (conftest's budget_server)."""
     if request.param == "shipped":
-        yield request.getfixturevalue("server"), request.getfixturevalue("client"), False
-        return
-    from client.api import H3Client
-    from server.process import TritonServer
-
-    folder = tmp_path_factory.mktemp("budget")
-    repo = model_repository_copy(folder / "repo", execute_budget_s="20", max_steps="400")
-    with TritonServer(repo, free_ports=True, log_file=folder / "server.log") as server:
-        yield server, H3Client(server.grpc_url, idle_timeout_s=120), True
+        return request.getfixturevalue("server"), request.getfixturevalue("client"), False
+    return *request.getfixturevalue("budget_server"), True
 
 
 def test_killed_clients_requests_leave_the_pack_within_the_bound(served):

@@ -46,15 +46,6 @@ def dit_executions(server) -> float:
     return float(re.search(r'^nv_inference_exec_count\{model="h3_dit",version="1"\} (\S+)$', text, re.MULTILINE)[1])
 
 
-@pytest.fixture(scope="module")
-def budget_server(tmp_path_factory):
-    """A server whose h3_dit executes may take steps for 20 s (execute_budget_s), max_steps 400."""
-    folder = tmp_path_factory.mktemp("budget")
-    repo = model_repository_copy(folder / "repo", execute_budget_s="20", max_steps="400")
-    with TritonServer(repo, free_ports=True, log_file=folder / "server.log") as server:
-        yield server, H3Client(server.grpc_url, idle_timeout_s=120)
-
-
 def test_a_lone_request_takes_all_its_steps_in_the_execute_that_admits_it(client, budget_server):
     # execute_budget_s 20: the 5 steps of a few ms each fit one execute (one h3_dit execution:
     # h3_encoder's announcement of the request is matched by its arrival); progress still streams

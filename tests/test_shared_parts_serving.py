@@ -26,7 +26,9 @@ LARGEST = dict(height=256, width=256, num_frames=121, num_inference_steps=2)  # 
 def served(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("shared_parts")
     repo = model_repository_copy(tmp / "repo", dit_instances=2, max_steps="4000", max_request_mb="1265")
-    with TritonServer(repo, free_ports=True, log_file=tmp / "server.log") as server:
+    # exit_timeout_secs 1: after the kill Triton has nothing left to finish; its default 5 s wait
+    # for requests in flight would only lengthen the module's teardown
+    with TritonServer(repo, free_ports=True, log_file=tmp / "server.log", exit_timeout_secs=1) as server:
         yield server, H3Client(server.grpc_url, idle_timeout_s=120)
 
 
