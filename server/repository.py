@@ -477,7 +477,7 @@ def _gpu_rows(
     read from its folder) off h3_encoder's. One note per GPU, also for a GPU that holds only
     h3_encoder and h3_vae (what is left there). Raises ValueError for a GPU without a free-memory
     figure, one where the DiT does not fit, or one where h3_encoder and h3_vae do not."""
-    weights = sizing.dit_weight_bytes(cfg, dit.quantization) + sizing.adaln_table_bytes(cfg, dit)
+    weights = sizing.dit_gpu_weight_bytes(cfg, dit)
     per_row = sizing.gpu_bytes_per_row_and_width(cfg, dit.quantization)
     height, width, frames = dit.max_height, dit.max_width, dit.max_num_frames
     decode = sizing.decode_reserve_bytes(height, width, frames, vae.decode_workers)
@@ -523,7 +523,8 @@ def _gpu_rows(
         rows = sizing.gpu_max_batch_rows(free, weights, kept, cfg.hidden_size, per_row, cached)
         notes.append(
             f"GPU {gpu}: {free // sizing.MIB:,} MiB free - {weights // sizing.MIB:,} MiB DiT weights "
-            f"(quantization {dit.quantization}, AdaLN table of {dit.adaln_table_values} values){reserved} -> "
+            f"(quantization {dit.quantization}, AdaLN table of {dit.adaln_table_values} values"
+            f"{sizing.host_adaln_note(cfg, dit)}){reserved} -> "
             f"{rows:,} rows at {per_row} bytes per row and unit of hidden_size {cfg.hidden_size} (measured on an "
             f"H200 in {'fp8' if dit.quantization == 'fp8' else 'bf16'}, server.sizing)"
             + (f" + {cached:,} bytes per row of {held} held requests' step caches" if cached else "")
@@ -650,6 +651,9 @@ COMMENTS = {
         "adaln_table_values": "timestep values whose AdaLN projections the DiT keeps (sp_degree 1; about 9.7 MB a "
         "value for the h3 config, h3_core.model.adaln_table): each distinct timestep's projections are computed once, "
         "not once per step; 0 = off",
+        "adaln_weights": "device, or host: the AdaLN projection weights (24.3 GiB for the h3 config) stay in pinned "
+        "host memory, streamed to the GPU once per AdaLN table fill, a request's whole schedule at its admission "
+        "(h3_core.model.adaln_table); host needs sp_degree 1 and adaln_table_values of at least 2 x max_steps + 2",
         "gpu_turns": '"true" (cuda, sp_degree 1): each packed step takes its GPU\'s turn, so that an h3_vae with '
         "gpu_turns on the same GPU decodes only between steps (h3_core.serving.gpu_turns)",
     },

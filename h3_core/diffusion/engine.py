@@ -95,6 +95,17 @@ def initial_noise(layout: L.RequestLayout, seed: int) -> tuple[torch.Tensor, tor
     return L.patchify_video(latent[0]), audio
 
 
+def schedule_timesteps(state: RequestState) -> torch.Tensor:
+    """The distinct model timesteps a state's remaining steps pack (RequestLayout.row_timesteps of
+    each step: its video and audio values, and its condition rows' values), float32 [K] in the
+    order its steps first need them: what the AdaLN table fills at admission (AdaLNTable.prefill)."""
+    values: dict[float, None] = {}
+    for step in range(state.step_index, state.total_steps):
+        rows = state.layout.row_timesteps(1.0 - state.sigmas_video[step], 1.0 - state.sigmas_audio[step])
+        values.update(dict.fromkeys(rows.unique().tolist()))
+    return torch.tensor(list(values), dtype=torch.float32)
+
+
 class GroupFailure(RuntimeError):
     """A DiT forward failed for no request's sake and its own recovery failed too: the devices or
     worker processes that run it were lost (h3_core.parallel.workers.WorkerLost, raised after one
@@ -243,6 +254,9 @@ class Engine:
                     cache=StepCache(request.cache_threshold),
                 )
             )
+        table = getattr(self.dit, "adaln_table", None)
+        if table is not None and table.host:  # AdaLN weights in host memory: one fill pass at admission
+            table.prefill(schedule_timesteps(states[0]))
         return states
 
     def plan_step(self, states: list[RequestState]) -> list[bool]:

@@ -168,6 +168,7 @@ class TritonPythonModel:
             sp_timeout_s=idle_s / SP_TIMEOUT_FRACTION,  # a hung worker is replaced well within the idle timeout
             quantization=settings.quantization,
             adaln_table_values=settings.adaln_table_values,
+            adaln_weights=settings.adaln_weights,
         )
         seconds = engine.warm_up()
         pb_utils.Logger.log_info(
