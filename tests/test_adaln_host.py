@@ -117,7 +117,8 @@ def test_a_trajectory_with_host_weights_is_bitwise_solo_and_co_batched():
         assert torch.equal(e[0], s[0]) and torch.equal(e[1], s[1])
         assert torch.equal(e[0], p[0]) and torch.equal(e[1], p[1])
     # one pass per admission with unseen values (a, b; c's are a's), none while stepping
-    a, b = (schedule_timesteps(device.prepare(r, torch.zeros(1, TINY.text_dim))[0]).tolist() for r in requests[:2])
+    states = [device.prepare(r, torch.zeros(1, TINY.text_dim))[0] for r in requests[:2]]
+    a, b = (schedule_timesteps(s.layout, s.sigmas_video, s.sigmas_audio).tolist() for s in states)
     assert (len(a), len(b), len(set(a) | set(b))) == (7, 5, 10)  # t = 0 (sigma 1) for video and audio, then
     # 3 video and 3 audio values (4 steps) or 2 and 2 (3 steps); the schedules share 0 and audio's 0.5
     assert (host.dit.adaln_table.passes, step_passes, host.dit.adaln_table.fills) == (2, 0, 10)
