@@ -176,3 +176,22 @@ def test_sizing_leaves_host_weights_out_and_counts_the_scratch():
     # GPU 0 also holds h3_vae and h3_encoder: (42 GiB - 9,032,180,224 B - 2 x 14,402 MiB decodes - the pool) /
     # (67 x 5,376 + 12 x 768 B) = 11,874.3 -> 11,840 rows (3,392 with the AdaLN weights on the device)
     assert repository.dit.max_batch_rows_by_gpu == "0:11840,1:65536"
+
+
+def test_served_with_host_weights_a_clip_is_bitwise_the_device_servers(client, tmp_path):
+    """End to end: h3_dit with adaln_weights=host (config.pbtxt -> DitSettings -> load_engine) serves
+    a clip bitwise equal to the shared server's (AdaLN weights on the device)."""
+    from client.api import H3Client
+    from server.process import TritonServer
+    from tests.serving import model_repository_copy
+
+    request = dict(prompt="a red ball", height=64, width=96, num_frames=9, num_inference_steps=3, seed=4,
+                   return_frames=True, return_audio=True)  # fmt: skip
+    device = client.generate(**request)[0]
+    repo = model_repository_copy(tmp_path / "repo", adaln_weights="host", adaln_table_values="802", max_steps="400")
+    with TritonServer(repo, free_ports=True, log_file=tmp_path / "server.log") as server:
+        host = H3Client(server.grpc_url, idle_timeout_s=120).generate(**request)[0]
+    log = (tmp_path / "server.log").read_text()
+    assert re.search(r"h3_dit \S+: warm-up step on cpu in [0-9.]+ s, AdaLN weights in host memory;", log), log[-3000:]
+    assert host.frames.shape == device.frames.shape == (22, 64, 96, 3)  # 9 frames served as 17n+5 = 22
+    assert host.frames.tobytes() == device.frames.tobytes() and host.audio.tobytes() == device.audio.tobytes()
