@@ -17,7 +17,17 @@ measured, and prints a table last):
            family (torch.profiler, benchmarks/engine_bench.py's families: attention, GEMM,
            norm, elementwise/copy), plus the AdaLN family measured apart: the seconds of one
            AdaLN table fill (every block's projection of one new timestep value,
-           `adaln_fill_ms`); a warm table's step reads only gathers.
+           `adaln_fill_ms`); a warm table's step reads only gathers. Then, beside the fp8 DiT,
+           the fp8 DiT again with h3_dit adaln_weights = host (the AdaLN weights in pinned host
+           memory, h3_core.model.adaln_table): its GPU memory after load
+           (`fp8_dit_gpu_gib_adaln_off`, beside the device-resident `fp8_dit_gpu_gib`), the
+           seconds of one admission fill of a 49-forward schedule's values from a cold table
+           (`adaln_host_fill_49_s`: one pass streaming the weights to the GPU) and whether its
+           values are bitwise the device-resident DiT's (`adaln_host_bitwise`). The summary then
+           computes whether fp8 with host AdaLN weights plus the real-size Qwen3-VL's weights
+           (and our VAE's decode peak, when the decode stage ran) fit one 80 GB H100
+           (`fp8_adaln_off_fits_h100`, from the measured fp8 step peak less the AdaLN weights the
+           host load left off the GPU; the numbers beside it).
   adaln:   on the bf16 DiT (CUDA graphs on, as served for packs <= 4,096 rows), ADALN_REQUESTS
            requests of 128 rows (64 x 64 px, 9 frames) run whole 49-step trajectories twice:
            admitted one step apart ("mixed": up to 16 distinct timesteps a step) and all at one
@@ -63,6 +73,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from adaln_host import ADALN_HOST_VALUES, h100_fit, host_fill, qwen3vl_gib  # noqa: E402 - after the sys.path set-up above
 from full_model_bench import (  # noqa: E402 - after the sys.path set-up above
     QWEN3VL_DIMS,
     QWEN3VL_WEIGHTS,
@@ -126,15 +137,16 @@ def clip_inputs(setting: Setting, text_dim: int, device: str):
     return (video, audio, text), L.pack_requests([layout], [0.5], [0.75])
 
 
-def load(setting: Setting, quantization: str, cuda: bool) -> tuple[object, dict]:
-    """load_engine's DiT (no encoder, no VAEs) and its load figures: seconds, and the peak GiB
-    allocated while loading over what was allocated before (a DiT freed earlier may linger)."""
+def load(setting: Setting, quantization: str, cuda: bool, **options) -> tuple[object, dict]:
+    """load_engine's DiT (no encoder, no VAEs; `options` more of load_engine's arguments) and its
+    load figures: seconds, and the peak GiB allocated while loading over what was allocated
+    before (a DiT freed earlier may linger), and what stays allocated."""
     before = torch.cuda.memory_allocated() if cuda else 0
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     dit = load_engine(setting.config, WEIGHTS, setting.device, with_encoder=False, with_vaes=False,
-                      quantization=quantization).dit  # fmt: skip
+                      quantization=quantization, **options).dit  # fmt: skip
     sync(cuda)
     return dit, {
         "load_s": time.perf_counter() - start,
@@ -486,11 +498,25 @@ def main() -> int:
             })  # fmt: skip
             print(f"--- profile {name}: {json.dumps({k: v for k, v in p.items() if k != 'kernels'})}", flush=True)
 
+        def adaln_host(held=held):
+            dit, figures = load(setting, "fp8", cuda, adaln_weights="host", adaln_table_values=ADALN_HOST_VALUES)
+            layout = L.make_layout(TEXT_ROWS, setting.height, setting.width, setting.num_frames)
+            h = results["adaln_host"] = {**figures, **host_fill(dit, held["dit"], layout, cuda)}
+            summary.update({
+                "fp8_dit_gpu_gib": results["loads"]["fp8"]["allocated_gib_loaded"],
+                "fp8_dit_gpu_gib_adaln_off": h["allocated_gib_loaded"],
+                "adaln_host_fill_49_s": h["fill_s"],
+                "adaln_host_bitwise": h["bitwise"],
+            })  # fmt: skip
+            print(f"--- adaln host: {json.dumps(h)}", flush=True)
+
         stage(f"load_{name}", load_dit)
         if adaln and "dit" in held:
             stage("adaln", adaln_run)
         if profiled and "dit" in held:
             stage(f"profile_{name}", profile)
+        if profiled and quantization == "fp8" and "dit" in held:
+            stage("adaln_host", adaln_host)
         held.clear()
         gc.collect()
         if cuda:
@@ -502,6 +528,9 @@ def main() -> int:
             summary["decode768_5s_s"], summary["decode768_5s_peak_gib"] = d["seconds"]["median"], d["peak_gib"]
 
         stage("decode", decode)
+    if "adaln_host" in results:
+        qwen3vl = args.work / f"qwen3vl_{setting.qwen3vl}"
+        stage("h100_fit", lambda: summary.update(h100_fit(summary, results, qwen3vl_gib(qwen3vl, setting.qwen3vl))))
     if "served" in args.stages:
         stage(
             "served",

@@ -10,7 +10,7 @@ from .config import DiTConfig, get_config
 from .diffusion.engine import DEFAULT_LIMITS, Engine
 from .diffusion.request import RequestLimits
 from .diffusion.step_cache import IDENTITY_POLYNOMIAL
-from .model.adaln_table import DEFAULT_CAPACITY
+from .model.adaln_table import DEFAULT_CAPACITY, check_adaln_weights
 from .model.dit import use_bitwise_cublas
 from .model.fp8 import build_dit, check_quantization
 from .parallel.ulysses import check_sp_degree
@@ -33,6 +33,7 @@ def load_engine(
     sp_timeout_s: float = DEFAULT_SP_TIMEOUT_S,
     quantization: str = "none",
     adaln_table_values: int = DEFAULT_CAPACITY,
+    adaln_weights: str = "device",
 ) -> Engine:
     """Build an Engine of a DiT config (a name of config.CONFIGS, or a DiTConfig such as one with
     another dtype; sequence parallelism only by name) from a weight source
@@ -49,6 +50,9 @@ def load_engine(
     quantization: h3_dit's (h3_core.model.fp8.build_dit: fp8 block linears quantised while the
     weights load, in every worker too). adaln_table_values: with sp_degree 1 and > 0, the DiT keeps
     the AdaLN projections of that many timestep values (H3DiT.use_adaln_table); 0 leaves it off.
+    adaln_weights: h3_dit's ("device", or "host": the AdaLN projection weights loaded into host
+    memory, never onto the device; the table's fills stream them, h3_core.model.adaln_table;
+    sp_degree 1 with the table on only, ValueError otherwise).
     Previews use the source's fitted latent-to-RGB map
     (checkpoint.load_preview), else an arbitrary colour map of the latent (RANDOM_PREVIEW); the
     step cache the source's fitted polynomial (checkpoint.load_cache_polynomial), else
@@ -62,13 +66,19 @@ def load_engine(
         use_bitwise_cublas()
     cfg = get_config(config) if isinstance(config, str) else config
     check_sp_degree(cfg, sp_degree)
+    check_adaln_weights(adaln_weights)
+    if adaln_weights == "host" and (sp_degree > 1 or adaln_table_values < 1):
+        raise ValueError(
+            f"h3_dit parameter adaln_weights=host needs sp_degree 1 and adaln_table_values >= 1, got "
+            f"sp_degree={sp_degree} and adaln_table_values={adaln_table_values}"
+        )
     if sp_degree > 1 and cfg != get_config(cfg.name):
         raise ValueError(f"sequence parallelism loads the config by name: {cfg.name!r} differs from config.CONFIGS'")
     if sp_degree > 1:
         check_quantization(quantization, device)  # before the workers start (each quantises its DiT)
         dit = SequenceParallelDiT(cfg, str(source), device, sp_degree, attention_backend, sp_timeout_s, quantization)
     else:
-        dit = build_dit(cfg, attention_backend, device, quantization)
+        dit = build_dit(cfg, attention_backend, device, quantization, adaln_weights)
         load_dit(dit, source)  # fp8: each block linear quantised as it is loaded
         if adaln_table_values > 0:
             dit.use_adaln_table(adaln_table_values)

@@ -73,6 +73,9 @@ COMMENTS = {
         "quantization": "none, or fp8: the DiT blocks' linears in float8 e4m3 (per-channel weight and per-row "
         "activation scales, h3_core.model.fp8; about 44 GiB of weights instead of 62 for the h3 config; needs a GPU "
         "of compute capability >= 8.9, or the CPU for tests)",
+        "adaln_weights": "device, or host: the AdaLN projection weights (24.3 GiB for the h3 config) stay in pinned "
+        "host memory, streamed to the GPU once per AdaLN table fill, a request's whole schedule at its admission "
+        "(h3_core.model.adaln_table); host needs sp_degree 1 and adaln_table_values of at least 2 x max_steps + 2",
         "adaln_table_values": "timestep values whose AdaLN projections the DiT keeps (sp_degree 1; about 9.7 MB a "
         "value for the h3 config, h3_core.model.adaln_table): each distinct timestep's projections are computed once, "
         "not once per step; 0 = off",

@@ -31,7 +31,7 @@ def gpu_rows(
     read from its folder) off h3_encoder's. One note per GPU, also for a GPU that holds only
     h3_encoder and h3_vae (what is left there). Raises ValueError for a GPU without a free-memory
     figure, one where the DiT does not fit, or one where h3_encoder and h3_vae do not."""
-    weights = sizing.dit_weight_bytes(cfg, dit.quantization) + sizing.adaln_table_bytes(cfg, dit)
+    weights = sizing.dit_gpu_weight_bytes(cfg, dit)
     per_row = sizing.gpu_bytes_per_row_and_width(cfg, dit.quantization)
     height, width, frames = dit.max_height, dit.max_width, dit.max_num_frames
     decode = sizing.decode_reserve_bytes(height, width, frames, vae.decode_workers)
@@ -77,7 +77,8 @@ def gpu_rows(
         rows = sizing.gpu_max_batch_rows(free, weights, kept, cfg.hidden_size, per_row, cached)
         notes.append(
             f"GPU {gpu}: {free // sizing.MIB:,} MiB free - {weights // sizing.MIB:,} MiB DiT weights "
-            f"(quantization {dit.quantization}, AdaLN table of {dit.adaln_table_values} values){reserved} -> "
+            f"(quantization {dit.quantization}, AdaLN table of {dit.adaln_table_values} values"
+            f"{sizing.host_adaln_note(cfg, dit)}){reserved} -> "
             f"{rows:,} rows at {per_row} bytes per row and unit of hidden_size {cfg.hidden_size} (measured on an "
             f"H200 in {'fp8' if dit.quantization == 'fp8' else 'bf16'}, server.sizing)"
             + (f" + {cached:,} bytes per row of {held} held requests' step caches" if cached else "")

@@ -185,6 +185,33 @@ def adaln_table_bytes(config: DiTConfig, dit) -> int:
     return dit.adaln_table_values * value_bytes(config) if dit.sp_degree == 1 else 0
 
 
+def dit_gpu_weight_bytes(config: DiTConfig, dit) -> int:
+    """GPU bytes of an h3_dit instance's weights (DitSettings `dit`): dit_weight_bytes of its
+    quantization plus its AdaLN table (adaln_table_bytes); with adaln_weights = host the AdaLN
+    projection weights (h3_core.model.adaln_table.weight_bytes) are left out and the fill's two
+    scratch buffers (scratch_bytes) counted instead. h3, bf16, 64 values: 66,901,121,536 B on the
+    device; with host AdaLN weights and 102 values 42,231,754,240 B, 22,976,355,840 in fp8."""
+    from h3_core.model.adaln_table import scratch_bytes, weight_bytes
+
+    total = dit_weight_bytes(config, dit.quantization) + adaln_table_bytes(config, dit)
+    if dit.adaln_weights == "host":
+        total += scratch_bytes(config) - weight_bytes(config)
+    return total
+
+
+def host_adaln_note(config: DiTConfig, dit) -> str:
+    """The sizing note's words for the AdaLN weights of DitSettings `dit`: "" on the device;
+    with adaln_weights = host the pinned host memory they take and the scratch counted instead."""
+    if dit.adaln_weights != "host":
+        return ""
+    from h3_core.model.adaln_table import scratch_bytes, weight_bytes
+
+    return (
+        f"; AdaLN weights in pinned host memory, {weight_bytes(config) // MIB:,} MiB, "
+        f"not on the GPU, a {scratch_bytes(config) // MIB:,} MiB fill scratch instead"
+    )
+
+
 def gpu_bytes_per_row_and_width(config: DiTConfig, quantization: str = "none") -> int:
     """The DiT activation bytes per packed row and unit of hidden_size on a GPU:
     GPU_BF16_BYTES_PER_ROW_AND_WIDTH (67, measured in bf16) or, with quantization fp8,

@@ -224,7 +224,8 @@ def test_official_layout_bench_cpu_smoke(tmp_path):
 
 def test_clip768_bench_cpu_smoke(tmp_path):
     """benchmarks/clip768_bench.py's CPU path, every stage (about 30-50 s): the tiny DiT at 96 x 64
-    px, 22 frames; the profile (bf16, fp8 quantised while loading), the AdaLN trajectories of 8
+    px, 22 frames; the profile (bf16, fp8 quantised while loading, fp8 with host AdaLN weights and
+    one admission fill of a 49-forward schedule), the AdaLN trajectories of 8
     requests (8 steps: full packs from step 7) with the table bitwise equal to none, our VAEs'
     decode, and the served clip beside a tiny Qwen3-VL with the clip's canvas limits."""
     out, work = tmp_path / "out", tmp_path / "work"
@@ -244,6 +245,14 @@ def test_clip768_bench_cpu_smoke(tmp_path):
         assert report["loads"][name]["load_peak_gib"] is None is summary[f"{name}_load_peak_gib"]
         assert set(profile["kernels"]) <= {"attention", "gemm", "norm", "elementwise/copy"} and profile["kernels"]
         assert len(profile["step_s"]["runs"]) == 2
+    # fp8 with host AdaLN weights: one pass fills the 49-forward schedule's 97 values (t = 0 once, 48
+    # video and 48 audio values), bitwise the device-resident fp8 DiT's; no GPU memory figures on the CPU
+    host = report["adaln_host"]
+    assert (host["schedule_values"], host["filled"], host["passes"], host["bitwise"]) == (97, 97, 1, True)
+    assert host["host_weight_gib"] == 715_008 / 2**30  # (18 x 2 + 2) x 96 x (48 + 1) float32
+    assert summary["adaln_host_fill_49_s"] == host["fill_s"] > 0 and summary["adaln_host_bitwise"] is True
+    assert summary["fp8_dit_gpu_gib_adaln_off"] is None is summary["fp8_dit_gpu_gib"]
+    assert summary["fp8_adaln_off_fits_h100"] is None and "fp8_adaln_off_h100_need_gib" not in summary
     runs = report["adaln"]["runs"]
     assert set(runs) == {"mixed_table", "single_table", "mixed_no_table", "single_no_table"}
     mixed, single = runs["mixed_table"], runs["single_table"]

@@ -95,6 +95,20 @@ def initial_noise(layout: L.RequestLayout, seed: int) -> tuple[torch.Tensor, tor
     return L.patchify_video(latent[0]), audio
 
 
+def schedule_timesteps(
+    layout: L.RequestLayout, sigmas_video: list[float], sigmas_audio: list[float], first_step: int = 0
+) -> torch.Tensor:
+    """The distinct model timesteps the steps first_step.. of a schedule (sigma lists of
+    steps + 1 entries) pack for `layout` (RequestLayout.row_timesteps of each step: its video
+    and audio values and its condition rows' values), float32 [K] in the order the steps first
+    need them: what the AdaLN table fills at a request's admission (AdaLNTable.prefill)."""
+    values: dict[float, None] = {}
+    for step in range(first_step, len(sigmas_video) - 1):
+        rows = layout.row_timesteps(1.0 - sigmas_video[step], 1.0 - sigmas_audio[step])
+        values.update(dict.fromkeys(rows.unique().tolist()))
+    return torch.tensor(list(values), dtype=torch.float32)
+
+
 class GroupFailure(RuntimeError):
     """A DiT forward failed for no request's sake and its own recovery failed too: the devices or
     worker processes that run it were lost (h3_core.parallel.workers.WorkerLost, raised after one
@@ -180,7 +194,8 @@ class Engine:
         conditions' kinds, check_task; a condition's latents, Condition.block and
         layout.check_conditions; `rows` when the padded row count exceeds limits.max_rows;
         `memory` when request_memory_mb exceeds limits.max_request_mb; `text_embeds` for a wrong
-        width).
+        width). With the DiT's AdaLN weights in host memory (adaln_weights = host) the AdaLN table
+        fills the request's whole schedule here, in one pass (schedule_timesteps, AdaLNTable.prefill).
         """
         validate_request(request, self.limits)
         conditions = L.order_conditions(conditions)
@@ -243,6 +258,9 @@ class Engine:
                     cache=StepCache(request.cache_threshold),
                 )
             )
+        table = getattr(self.dit, "adaln_table", None)
+        if table is not None and table.host:  # AdaLN weights in host memory: one fill pass at admission
+            table.prefill(schedule_timesteps(layout, sigmas_video, sigmas_audio))
         return states
 
     def plan_step(self, states: list[RequestState]) -> list[bool]:

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import AUDIO_ROW_WIDTH, ROW_ALIGN, VIDEO_ROW_WIDTH, DiTConfig
-from .adaln_table import AdaLNSlots, AdaLNTable
+from .adaln_table import AdaLNSlots, AdaLNTable, check_adaln_weights
 from .attention import AttentionFn, Documents, get_attention_backend
 from .graphs import GRAPH_MAX_ROWS, GRAPHS_KEPT, GraphedForward
 from .packed import PackedBatch
@@ -179,19 +179,42 @@ class AdaLNProj(nn.Module):
     -> [M, n x hidden] in the model dtype. per_timestep=True (serving) makes one call per
     timestep, so the result is independent of how many timesteps share the forward; False
     (training) one call for all M. Given AdaLNSlots (H3DiT.use_adaln_table) instead of t_emb, the
-    stored rows of those one-row calls."""
+    stored rows of those one-row calls.
 
-    def __init__(self, cfg: DiTConfig, n: int, dtype: torch.dtype):
+    host=True (h3_dit adaln_weights = host): `linear` is built on the meta device and the weight
+    [n x hidden, time_embed_dim] and bias [n x hidden] live in `host` (CPU tensors, pinned when
+    `pin`), no parameters; a per-timestep call copies them to t_emb's device first (the AdaLN
+    table streams them once per fill pass instead, h3_core.model.adaln_table)."""
+
+    def __init__(self, cfg: DiTConfig, n: int, dtype: torch.dtype, host: bool = False, pin: bool = False):
         super().__init__()
-        self.linear = Linear(cfg.time_embed_dim, n * cfg.hidden_size, dtype=dtype)
+        self.linear = Linear(cfg.time_embed_dim, n * cfg.hidden_size, dtype=dtype, device="meta" if host else None)
+        self.host: tuple[torch.Tensor, torch.Tensor] | None = None
+        if host:
+            shape = (n * cfg.hidden_size, cfg.time_embed_dim)
+            weight = torch.empty(shape, dtype=dtype, device="cpu", pin_memory=pin)
+            self.host = (weight, torch.empty(shape[0], dtype=dtype, device="cpu", pin_memory=pin))
+
+    def project_input(self, e: torch.Tensor) -> torch.Tensor:
+        """The GEMM input of time embeddings e float32 [rows, time_embed_dim]: SiLU(e) in the model dtype."""
+        return F.silu(e).to(self.linear.weight.dtype)
+
+    @staticmethod
+    def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """One projection call: x [1, time_embed_dim] (project_input) -> [1, n x hidden], the
+        GEMM Linear runs for one row, with the weight wherever it was read from."""
+        return F.linear(x, weight, bias)
 
     def forward(self, t_emb: torch.Tensor, per_timestep: bool = True) -> torch.Tensor:
         if isinstance(t_emb, AdaLNSlots):
             return t_emb.rows(self)
-        dtype = self.linear.weight.dtype
         if not per_timestep:
-            return self.linear(F.silu(t_emb).to(dtype))
-        return torch.cat([self.linear(F.silu(e).to(dtype)) for e in t_emb.split(1)])
+            return self.linear(self.project_input(t_emb))
+        if self.host is None:
+            weight, bias = self.linear.weight, self.linear.bias
+        else:
+            weight, bias = (tensor.to(t_emb.device, non_blocking=True) for tensor in self.host)
+        return torch.cat([self.project(self.project_input(e), weight, bias) for e in t_emb.split(1)])
 
 
 class DiTBlock(nn.Module):
@@ -205,14 +228,16 @@ class DiTBlock(nn.Module):
     stays eager: its loop over documents depends on the pack).
     """
 
-    def __init__(self, cfg: DiTConfig, dtype: torch.dtype, linear_device: str | None = None):
+    def __init__(
+        self, cfg: DiTConfig, dtype: torch.dtype, linear_device: str | None = None, host_adaln: tuple[bool, bool] = ()
+    ):
         super().__init__()
         self.hidden = cfg.hidden_size
         self.norm1 = RMSNorm(cfg.hidden_size, cfg.eps, dtype)
         self.attn = Attention(cfg, dtype, linear_device)
         self.norm2 = RMSNorm(cfg.hidden_size, cfg.eps, dtype)
         self.mlp = MLP(cfg, dtype, linear_device)
-        self.adaln_proj = AdaLNProj(cfg, 18, dtype)
+        self.adaln_proj = AdaLNProj(cfg, 18, dtype, *host_adaln)
 
     def before_attention(self, x, table, mod_index, rope):
         """AdaLN-modulated norm1, qkv projection, QK-norm and RoPE: q, k, v [rows, heads, head_dim]."""
@@ -242,11 +267,11 @@ class DiTBlock(nn.Module):
 class FinalLayer(nn.Module):
     """RMSNorm -> per-timestep shift/scale (no modality) -> fp32 video and audio heads."""
 
-    def __init__(self, cfg: DiTConfig, dtype: torch.dtype):
+    def __init__(self, cfg: DiTConfig, dtype: torch.dtype, host_adaln: tuple[bool, bool] = ()):
         super().__init__()
         self.hidden = cfg.hidden_size
         self.norm = RMSNorm(cfg.hidden_size, cfg.eps, dtype)
-        self.adaln_proj = AdaLNProj(cfg, 2, dtype)
+        self.adaln_proj = AdaLNProj(cfg, 2, dtype, *host_adaln)
         self.video_out = Linear(cfg.hidden_size, VIDEO_ROW_WIDTH, dtype=torch.float32)
         self.audio_out = Linear(cfg.hidden_size, AUDIO_ROW_WIDTH, dtype=torch.float32)
 
@@ -300,6 +325,9 @@ class H3DiT(nn.Module):
         device: where the parameters live ("meta" for shape-only models).
         block_linears_device: where the blocks' qkv_proj, out_proj, fc1 and fc2 are built (None:
             `device`; "meta" for a loader that replaces them, h3_core.model.fp8.build_dit).
+        adaln_weights: h3_dit's (adaln_table.ADALN_WEIGHTS): "device", or "host": every AdaLNProj's
+            weight and bias in host memory (pinned on CUDA), none on `device` (AdaLNProj; the
+            AdaLN table streams them per fill pass). ValueError for another value.
     """
 
     def __init__(
@@ -309,8 +337,10 @@ class H3DiT(nn.Module):
         row_tile: int | None = None,
         device: str | torch.device = "cpu",
         block_linears_device: str | None = None,
+        adaln_weights: str = "device",
     ):
         super().__init__()
+        check_adaln_weights(adaln_weights)
         cuda = torch.device(device).type == "cuda"
         if row_tile is None and cuda and os.environ.get("CUBLAS_WORKSPACE_CONFIG") != BITWISE_CUBLAS_WORKSPACE:
             raise RuntimeError(
@@ -320,14 +350,15 @@ class H3DiT(nn.Module):
             )
         self.cfg = cfg
         dtype = cfg.torch_dtype
+        host = (True, cuda) if adaln_weights == "host" else ()  # AdaLNProj's host, pin
         with torch.device(device):
             self.video_patch_proj = Linear(VIDEO_ROW_WIDTH, cfg.hidden_size, dtype=torch.float32)
             self.audio_patch_proj = Linear(AUDIO_ROW_WIDTH, cfg.hidden_size, dtype=torch.float32)
             self.condition_proj = Linear(cfg.text_dim, cfg.hidden_size, dtype=dtype)
             self.token_refiner = TokenRefiner(cfg, dtype)
             self.time_embedder = TimeEmbedder(cfg)
-            self.blocks = nn.ModuleList(DiTBlock(cfg, dtype, block_linears_device) for _ in range(cfg.num_layers))
-            self.final_layer = FinalLayer(cfg, dtype)
+            self.blocks = nn.ModuleList(DiTBlock(cfg, dtype, block_linears_device, host) for _ in range(cfg.num_layers))
+            self.final_layer = FinalLayer(cfg, dtype, host)
         self.attention = get_attention_backend(attention_backend, device, dtype)
         if row_tile is None:
             row_tile = GPU_ROW_TILE if cuda else CPU_ROW_TILE

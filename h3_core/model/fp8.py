@@ -112,17 +112,20 @@ def check_quantization(quantization: str, device: str | torch.device) -> None:
             )
 
 
-def build_dit(cfg, attention_backend: str, device: str | torch.device, quantization: str) -> H3DiT:
+def build_dit(
+    cfg, attention_backend: str, device: str | torch.device, quantization: str, adaln_weights: str = "device"
+) -> H3DiT:
     """An unloaded H3DiT (a DiTConfig `cfg`) for h3_dit's `quantization`: "none" builds it as it
     is; "fp8" builds its block linears on the meta device and puts an empty Fp8Linear on `device`
     in each one's place, so the bf16 block weights are never allocated: h3_core.weights.checkpoint
     .load_dit then quantises each block linear's weight as it is read or drawn (Fp8Linear.quantize_),
     one tensor at a time, to the bits quantize_blocks gives after a bf16 load (tests/test_fp8.py).
+    adaln_weights: H3DiT's (the AdaLN projections stay in the model dtype either way).
     Raises ValueError as check_quantization, and what H3DiT raises."""
     check_quantization(quantization, device)
     if quantization == "none":
-        return H3DiT(cfg, attention_backend=attention_backend, device=device)
-    dit = H3DiT(cfg, attention_backend=attention_backend, device=device, block_linears_device="meta")
+        return H3DiT(cfg, attention_backend=attention_backend, device=device, adaln_weights=adaln_weights)
+    dit = H3DiT(cfg, attention_backend, device=device, block_linears_device="meta", adaln_weights=adaln_weights)
     for parent, name in block_linears(dit):
         linear = getattr(parent, name)
         fp8 = Fp8Linear.empty(linear.out_features, linear.in_features, dit.device)

@@ -42,6 +42,7 @@ from torch import nn
 
 from ..config import AUDIO_LATENT_CHANNELS, CONFIGS, PATCH, VIDEO_LATENT_CHANNELS, DiTConfig
 from ..model import H3DiT
+from ..model.dit import AdaLNProj
 from ..model.fp8 import Fp8Linear
 from ..model.initialization import drawn_values, source_seed
 from ..model.preview import FEATURES, RANDOM_PREVIEW, PreviewMap
@@ -92,13 +93,23 @@ def weight_slots(dit: H3DiT) -> dict[str, WeightSlot]:
     """Native name -> WeightSlot of every tensor of `dit`, in state-dict order: a tensor of its
     state dict is copied into (cast to its dtype); the weight of an Fp8Linear
     (h3_core.model.fp8.build_dit) comes in the model dtype and is quantised as it arrives
-    (Fp8Linear.quantize_; its weight_scale is no checkpoint tensor)."""
+    (Fp8Linear.quantize_; its weight_scale is no checkpoint tensor); an AdaLN projection with host
+    weights (H3DiT(adaln_weights="host"), AdaLNProj.host) is copied into its host tensors, never
+    through the DiT's device."""
     dtype = dit.cfg.torch_dtype
     fp8 = {name: module for name, module in dit.named_modules() if isinstance(module, Fp8Linear)}
+    host = {
+        f"{name}.linear": dict(zip(("weight", "bias"), module.host, strict=True))
+        for name, module in dit.named_modules()
+        if isinstance(module, AdaLNProj) and module.host is not None
+    }
     slots = {}
     for name, tensor in dit.state_dict().items():
         owner, _, attribute = name.rpartition(".")
-        if owner not in fp8:
+        if owner in host:
+            target = host[owner][attribute]
+            slots[name] = WeightSlot(tuple(target.shape), target.dtype, lambda v, t=target: t.copy_(v.to(t.dtype)))
+        elif owner not in fp8:
             slots[name] = WeightSlot(tuple(tensor.shape), tensor.dtype, lambda v, t=tensor: t.copy_(v.to(t.dtype)))
         elif attribute == "weight":
             slots[name] = WeightSlot(tuple(tensor.shape), dtype, lambda v, m=fp8[owner]: m.quantize_(v.to(dtype)))

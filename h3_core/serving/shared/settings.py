@@ -13,7 +13,7 @@ from h3_core.config import AUDIO_SAMPLE_RATE, get_config
 from h3_core.diffusion.request import RequestLimits
 from h3_core.inputs.images import ImageLimits
 from h3_core.inputs.references import DecodeBudget, MediaLimits
-from h3_core.model.adaln_table import DEFAULT_CAPACITY
+from h3_core.model.adaln_table import DEFAULT_CAPACITY, check_adaln_weights
 from h3_core.model.fp8 import QUANTIZATIONS
 from h3_core.model.initialization import weights_seed
 from h3_core.protocol import (
@@ -327,6 +327,9 @@ class DitSettings:
     "fp8": the block linears in float8 e4m3, on GPUs of compute capability >= 8.9 or the CPU,
     checked at load); adaln_table_values (timestep values whose AdaLN projections the DiT keeps,
     h3_core.model.adaln_table, with sp_degree 1; 0 = project per step, as sp_degree > 1 does);
+    adaln_weights (ADALN_WEIGHTS: "device", or "host": the AdaLN projection weights stay in pinned
+    host memory, streamed to the device once per table fill pass; needs sp_degree 1 and
+    adaln_table_values >= 2 x max_steps + 2, a whole schedule's values, filled at admission);
     tasks (comma-separated h3_core.protocol.TASKS this
     instance's transformer serves; a request of another task is refused with INVALID_ARG: one
     instance loads one transformer, so requests of different transformers never share a pack).
@@ -379,6 +382,7 @@ class DitSettings:
     sp_degree: int = 1
     quantization: str = "none"
     adaln_table_values: int = DEFAULT_CAPACITY
+    adaln_weights: str = "device"
     tasks: str = ",".join(TASKS)
     execution_mode: str = "step"
     execute_budget_s: float = EXECUTE_BUDGET_S
@@ -436,6 +440,14 @@ class DitSettings:
             if getattr(self, name) < 0:
                 raise ValueError(f"h3_dit parameter {name}={getattr(self, name)} is out of range: allowed >= 0")
         self.rows_by_gpu()
+        check_adaln_weights(self.adaln_weights)
+        schedule = 2 * self.max_steps + 2  # a schedule's video, audio and condition values
+        if self.adaln_weights == "host" and (self.sp_degree != 1 or self.adaln_table_values < schedule):
+            raise ValueError(
+                f"h3_dit parameter adaln_weights=host needs sp_degree 1 and adaln_table_values >= 2 x max_steps + 2 = "
+                f"{schedule} (a schedule's values, filled at admission), got sp_degree={self.sp_degree} and "
+                f"adaln_table_values={self.adaln_table_values}"
+            )
         if not 0 <= self.max_cache_threshold < math.inf:
             raise ValueError(
                 f"h3_dit parameter max_cache_threshold={self.max_cache_threshold} is out of range: allowed finite >= 0"

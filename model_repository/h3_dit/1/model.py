@@ -168,13 +168,16 @@ class TritonPythonModel:
             sp_timeout_s=idle_s / SP_TIMEOUT_FRACTION,  # a hung worker is replaced well within the idle timeout
             quantization=settings.quantization,
             adaln_table_values=settings.adaln_table_values,
+            adaln_weights=settings.adaln_weights,
         )
         seconds = engine.warm_up()
+        table = getattr(engine.dit, "adaln_table", None)  # None also for sequence parallelism
         pb_utils.Logger.log_info(
             f"h3_dit {instance}: warm-up step on {device} in {seconds:.1f} s"
             + (" (compiles the DiT blocks)" if device.startswith("cuda") and settings.sp_degree == 1 else "")
             + (f" over {settings.sp_degree} sequence-parallel workers" if settings.sp_degree > 1 else "")
             + (f", block linears in {settings.quantization}" if settings.quantization != "none" else "")
+            + (", AdaLN weights in host memory" if getattr(table, "host", False) else "")
             + f"; up to {settings.max_batch_rows:,} rows a step"
             + ("; each step takes the GPU's turn (gpu_turns)" if settings.gpu_turns else "")
         )
