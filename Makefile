@@ -14,10 +14,13 @@ ENCODER ?= $(if $(CHECKPOINT),,$(BENCH_ENCODER))
 setup:
 	bash scripts/setup.sh
 
+# make test's pytest processes (pytest-xdist; each test file whole on one): the 2-core CI machine's count
+TEST_WORKERS ?= 2
+
 test: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -q -rfEs tests
+	$(PY) -m pytest -q -rfEs -n $(TEST_WORKERS) --dist loadfile tests
 
 # the CUDA tests (tests/test_gpu.py, docs/gpu_host.md §"Testing on a GPU"): on the GPU host's own python3 unless
 # PY is given, without setup; OUT=DIR also writes DIR/gpu.xml (junit) and DIR/gpu_tests.json

@@ -7,7 +7,6 @@ import json
 import socket
 import sqlite3
 
-import httpx2
 import numpy as np
 import openai
 import pytest
@@ -20,7 +19,7 @@ from videos_api.jobs import first_frame
 from .serving import idle_metrics
 from .test_fl2va_serving import png as noise_png
 from .test_references import float_wav, turned_mp4
-from .videos_api_serving import API_KEY, AUTH, NUM_FRAMES_RULE, FrontEnd, api_error, data_url, wait_for
+from .videos_api_serving import API_KEY, AUTH, HTTP, NUM_FRAMES_RULE, FrontEnd, api_error, data_url, wait_for
 
 # the SDK marks its videos methods deprecated (OpenAI retired its own video service); only that
 pytestmark = pytest.mark.filterwarnings("ignore:The Sora API is scheduled to permanently shut down:DeprecationWarning")
@@ -113,7 +112,7 @@ def test_sdk_creates_polls_and_downloads_what_the_client_api_generates(sdk, clie
     preview = png(sdk.videos.download_content(video.id, variant="preview").content)
     assert np.array_equal(preview, reference.previews[-1][1])  # the last step's, at latent resolution
     # the synchronous route answers the same MP4 and keeps the job like any other
-    sync = httpx2.post(
+    sync = HTTP.post(
         f"{front_end.url}/v1/videos/sync",
         json={
             "prompt": "a red ball rolls to the left",
@@ -130,7 +129,7 @@ def test_sdk_creates_polls_and_downloads_what_the_client_api_generates(sdk, clie
 
 
 def test_json_create_of_several_outputs_downloads_each(sdk, client, front_end):
-    created = httpx2.post(
+    created = HTTP.post(
         f"{front_end.url}/v1/videos",
         json={"prompt": "a blue square", "num_frames": 9, "num_inference_steps": 2, "seed": 4, "n": 2},
         headers=AUTH,
@@ -221,14 +220,14 @@ def test_sdk_input_reference_and_a_last_frame_in_extra_body_make_the_client_apis
     assert sdk.videos.download_content(video.id).content == reference.video_mp4
     assert sdk.videos.download_content(video.id, variant="audio").content == wav_bytes(reference.audio)
     for item, sent in zip(video.model_extra["inputs"], (first, last), strict=True):
-        downloaded = httpx2.get(f"{front_end.url}{item['url']}", headers=AUTH)
+        downloaded = HTTP.get(f"{front_end.url}{item['url']}", headers=AUTH)
         assert (downloaded.headers["content-type"], downloaded.content) == ("image/png", sent)
 
 
 def test_multipart_reference_image_makes_the_client_apis_ref2va_clip(sdk, client, front_end):
     image = noise_png(64, 64, 4)
     shape = {"seed": 4, "num_frames": 9, "num_inference_steps": 2}
-    created = httpx2.post(
+    created = HTTP.post(
         f"{front_end.url}/v1/videos",
         data={"prompt": "a ball", "size": "96x64", "fit": "stretch", **{k: str(v) for k, v in shape.items()}},
         files=[("reference_images", ("ball.png", image, "image/png"))],
@@ -341,7 +340,7 @@ def test_bad_input_is_refused_and_creates_nothing(sdk, front_end):
         ({"prompt": "a", "size": "96"}, "size='96' must be WIDTHxHEIGHT in pixels, e.g. '96x64'", "size"),
     ]
     for body, message, param in cases:
-        response = httpx2.post(url, json=body, headers=AUTH)
+        response = HTTP.post(url, json=body, headers=AUTH)
         assert (response.status_code, response.json()) == (
             400,
             {"error": api_error("INVALID_ARG", message, param)},
@@ -435,10 +434,10 @@ def test_bad_input_is_refused_and_creates_nothing(sdk, front_end):
     ]
     for method, path, body, kind, status, message in raw:
         headers = {**AUTH, **({"Content-Type": kind} if kind else {})}
-        response = httpx2.request(method, f"{front_end.url}{path}", content=body, headers=headers)
+        response = HTTP.request(method, f"{front_end.url}{path}", content=body, headers=headers)
         assert (response.status_code, response.json()["error"]["message"]) == (status, message), path
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
-        response = httpx2.get(url, headers=headers)
+        response = HTTP.get(url, headers=headers)
         assert (response.status_code, response.headers["www-authenticate"], response.json()["error"]) == (
             401,
             "Bearer",

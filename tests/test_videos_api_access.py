@@ -8,7 +8,6 @@ import json
 import sqlite3
 import threading
 
-import httpx2
 import openai
 import pytest
 from fastapi.testclient import TestClient
@@ -21,7 +20,7 @@ from videos_api.fields import parse_create
 from videos_api.store import Store
 
 from .test_fl2va_serving import png
-from .videos_api_serving import FrontEnd, wait_for
+from .videos_api_serving import HTTP, FrontEnd, wait_for
 
 pytestmark = pytest.mark.filterwarnings("ignore:The Sora API is scheduled to permanently shut down:DeprecationWarning")
 UNREACHABLE = "127.0.0.1:1"
@@ -367,7 +366,7 @@ def test_models_name_the_served_model_and_its_limits(front_end):
     with pytest.raises(openai.NotFoundError) as missing:
         sdk.models.retrieve("sora-2")
     assert missing.value.body["message"] == "NOT_FOUND: no model 'sora-2'; served: 'h3'"
-    assert httpx2.get(f"{front_end.url}/readyz").json() == {"status": "ready"}
+    assert HTTP.get(f"{front_end.url}/readyz").json() == {"status": "ready"}
 
 
 def test_content_answers_ranges_and_head_and_keys_isolate_it(front_end):
@@ -375,7 +374,7 @@ def test_content_answers_ranges_and_head_and_keys_isolate_it(front_end):
     video = sdk.videos.create_and_poll(prompt="a ranged ball", extra_body={"num_inference_steps": 1, "seed": 2})
     whole = sdk.videos.download_content(video.id).content
     url, key_a = f"{front_end.url}/v1/videos/{video.id}/content", bearer(KEYS["key-a"])
-    head = httpx2.head(url, headers=key_a)
+    head = HTTP.head(url, headers=key_a)
     assert (head.status_code, head.headers["content-length"], head.headers["accept-ranges"], head.content) == (
         200,
         str(len(whole)),
@@ -390,22 +389,22 @@ def test_content_answers_ranges_and_head_and_keys_isolate_it(front_end):
         ("bytes=-10", 206, f"bytes {size - 10}-{size - 1}/{size}", whole[-10:]),
         (f"bytes={size}-", 416, f"bytes */{size}", b""),
     ):
-        response = httpx2.get(url, headers={**key_a, "Range": asked})
+        response = HTTP.get(url, headers={**key_a, "Range": asked})
         assert (response.status_code, response.headers["content-range"], response.content) == (
             status,
             content_range,
             body,
         ), asked
-    audio = httpx2.head(f"{url}?variant=audio", headers=key_a)
+    audio = HTTP.head(f"{url}?variant=audio", headers=key_a)
     assert (audio.status_code, audio.headers["content-type"], audio.headers["accept-ranges"]) == (
         200,
         "audio/wav",
         "bytes",
     )
     # a non-ASCII key as curl sends it (UTF-8) is accepted; in another encoding it is another key
-    utf8 = httpx2.get(f"{front_end.url}/v1/videos", headers=bearer(KEYS["utf-8"]))
+    utf8 = HTTP.get(f"{front_end.url}/v1/videos", headers=bearer(KEYS["utf-8"]))
     assert (utf8.status_code, utf8.json()["data"]) == (200, [])  # its own jobs: none
-    cp1251 = httpx2.get(f"{front_end.url}/v1/videos", headers={"Authorization": "Bearer ключ".encode("cp1251")})
+    cp1251 = HTTP.get(f"{front_end.url}/v1/videos", headers={"Authorization": "Bearer ключ".encode("cp1251")})
     assert (cp1251.status_code, cp1251.json()) == (401, {"error": UNAUTHORIZED})
     # another key sees nothing of it; the admin key sees it
     other = sdk_as(front_end, "key-b")

@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import threading
 
-import httpx2
 import pytest
 from selenium.webdriver.common.by import By
 
@@ -22,7 +21,7 @@ from videos_api.store import Store
 
 from .serving import ROOT
 from .test_videos_page import chromium
-from .videos_api_serving import API_KEY, FrontEnd, wait_for
+from .videos_api_serving import API_KEY, HTTP, FrontEnd, wait_for
 
 JS = ROOT / "tests" / "js"
 ESBUILD = JS / "node_modules" / ".bin" / "esbuild"
@@ -106,7 +105,7 @@ def test_the_js_sdk_on_another_origin_creates_polls_and_downloads_a_video(front_
         body,
     )
     assert "error" not in result, result
-    mp4 = httpx2.get(
+    mp4 = HTTP.get(
         f"{front_end.url}/v1/videos/{result['id']}/content", headers={"Authorization": f"Bearer {API_KEY}"}
     ).content
     size = len(mp4)

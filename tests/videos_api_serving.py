@@ -8,7 +8,11 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
+
+import httpx2
 
 from server.environment import pick_free_ports
 
@@ -16,6 +20,12 @@ from .serving import ROOT
 
 API_KEY = "test-key-0123456789"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
+# the tests' own HTTP calls: httpx2's default 5 s read timeout is too short for a loaded 2-core machine
+# (a POST that creates a job waits for the encoder's admission); a hang still fails, after 120 s
+HTTP_TIMEOUT_S = 120
+HTTP = SimpleNamespace(
+    **{m: partial(getattr(httpx2, m), timeout=HTTP_TIMEOUT_S) for m in ("get", "head", "post", "request")}
+)
 NUM_FRAMES_RULE = " (NUM_FRAMES; the clip is aligned up to 17n+5 frames, at most max_num_frames=124)"
 
 
