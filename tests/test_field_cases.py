@@ -268,8 +268,7 @@ def test_field_case_c6_a_dead_or_stalled_dit_is_visible_and_the_launcher_restart
         assert outcome["stopped"].code == "CANCELLED"
         assert outcome["stopped"].message.endswith(" of 400")
         assert "cancelled because the server is shutting down at step " in outcome["stopped"].message
-        # stopped by itself: 0, or 1 where unloading outlasted its exit timeout on a loaded machine
-        assert re.search(r"tritonserver stopped \(exit code [01]\)", log.read_text())
+        assert re.search(r"tritonserver stopped \(exit code [01]\)", log.read_text())  # 1: slow unload
     finally:
         if launcher.poll() is None:
             launcher.kill()
