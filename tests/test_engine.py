@@ -180,3 +180,105 @@ def test_finished_state_cannot_step(engine):
     state = solo(engine, REQUESTS[2])
     with pytest.raises(ValueError, match="request 'c' has finished all 4 steps"):
         engine.denoise_step([state])
+
+
+def by_hand(engine, requests, joins):
+    """The hand-driven loop Engine.run_to_completion replaces: requests[i] prepared before step
+    joins[i], one denoise_step over the unfinished states a step, each updated with its velocity."""
+    active, states, step = [], [], 0
+    while active or step <= max(joins):
+        for request, join in zip(requests, joins, strict=True):
+            if join == step:
+                states += engine.prepare(request)
+                active += states[-1:]
+        for state, velocity in zip(active, engine.denoise_step(active), strict=True):
+            engine.update(state, velocity)
+        active = [state for state in active if not state.finished]
+        step += 1
+    return states
+
+
+def test_run_to_completion_equals_the_hand_driven_loop_with_staggered_joins(engine):
+    """Exact latents and decoded clips against the hand-driven loop: a (5 steps) from step 0, b
+    (3 steps) joining at step 2, c (4 steps) at step 7, after a and b have finished."""
+    expected = by_hand(engine, REQUESTS, [0, 2, 7])
+    joins = {2: lambda: engine.prepare(REQUESTS[1]), 7: lambda: engine.prepare(REQUESTS[2])}
+    done = engine.run_to_completion(engine.prepare(REQUESTS[0]), joins=joins, decode=True)
+    assert [(s.request_id, s.step_index) for s, _, _ in done] == [("a", 5), ("b", 3), ("c", 4)]
+    for (state, frames, audio), want in zip(done, expected, strict=True):
+        assert_same(state, want)
+        want_frames, want_audio = engine.decode(want)
+        assert torch.equal(frames, want_frames) and torch.equal(audio, want_audio)
+    # one state alone is request mode: Engine.generate's latents
+    ((generated, _, _),) = engine.generate(REQUESTS[1])
+    (alone,) = engine.run_to_completion(engine.prepare(REQUESTS[1]))
+    assert_same(alone, generated) and assert_same(alone, expected[1])
+
+
+def test_run_to_completion_calls_its_hooks_in_order_and_once_a_step(engine):
+    """The order and count of joins, cancels, step_context and on_step: x (3 steps) from step 0, y
+    (2 steps) joining at 1, z (4 steps) joining at 1 and cancelled before step 2, w (1 step)
+    joining at 5 after two steps with no state (nothing runs then); on_step sees each state at
+    the step it is about to leave, the finished one given (f) takes no step."""
+    events = []
+
+    def req(request_id, steps):
+        return GenerationRequest("-", 32, 32, 5, steps, seed=len(request_id), request_id=request_id)
+
+    def prepare(*requests):
+        def join():
+            events.append(("join", [r.request_id for r in requests]))
+            return [s for r in requests for s in engine.prepare(r, torch.ones(2, 384))]
+
+        return join
+
+    class Context:
+        def __init__(self, step, pack):
+            self.step, self.pack = step, pack
+
+        def __enter__(self):
+            events.append(("enter", self.step, [s.request_id for s in self.pack]))
+
+        def __exit__(self, *error):
+            events.append(("exit", self.step, [(s.request_id, s.step_index) for s in self.pack]))
+
+    def on_step(step, pack, velocities):
+        assert [tuple(v.shape) for v in velocities[0]] == [(2, 96), (16, 32)]  # 32 x 32 x 5 frames
+        events.append(("on_step", step, [(s.request_id, s.step_index) for s in pack], len(velocities)))
+
+    (finished,) = engine.run_to_completion([engine.prepare(req("f", 1), torch.ones(2, 384))[0]])
+    done = engine.run_to_completion(
+        [finished, *engine.prepare(req("x", 3), torch.ones(2, 384))],
+        joins={1: prepare(req("y", 2), req("z", 4)), 5: prepare(req("w", 1))},
+        cancels={2: ["z"]},
+        step_context=Context,
+        on_step=on_step,
+    )
+    assert [(s.request_id, s.step_index) for s in done] == [("f", 1), ("x", 3), ("y", 2), ("w", 1)]
+    assert events == [
+        ("enter", 0, ["x"]),
+        ("on_step", 0, [("x", 0)], 1),
+        ("exit", 0, [("x", 1)]),
+        ("join", ["y", "z"]),
+        ("enter", 1, ["x", "y", "z"]),
+        ("on_step", 1, [("x", 1), ("y", 0), ("z", 0)], 3),
+        ("exit", 1, [("x", 2), ("y", 1), ("z", 1)]),
+        ("enter", 2, ["x", "y"]),
+        ("on_step", 2, [("x", 2), ("y", 1)], 2),
+        ("exit", 2, [("x", 3), ("y", 2)]),
+        ("join", ["w"]),
+        ("enter", 5, ["w"]),
+        ("on_step", 5, [("w", 0)], 1),
+        ("exit", 5, [("w", 1)]),
+    ]
+
+
+def test_run_to_completion_refuses_bad_steps_and_unknown_cancels(engine):
+    state = engine.prepare(GenerationRequest("-", 32, 32, 5, 2, seed=1, request_id="x"), torch.ones(2, 384))[0]
+    with pytest.raises(ValueError, match=r"^joins has step -1: allowed steps are 0 and above$"):
+        engine.run_to_completion([state], joins={-1: list})
+    with pytest.raises(ValueError, match=r"^cancels names request 'y', not in the pack at step 1$"):
+        engine.run_to_completion([state], cancels={1: ["y"]})
+    assert state.step_index == 1  # the step before the bad cancel ran
+    with pytest.raises(ValueError, match=r"^cancels names request 'x', not in the pack at step 3$"):
+        engine.run_to_completion([state], cancels={3: ["x"]})  # x finished at step 0 of this run
