@@ -12,7 +12,7 @@ from h3_core.model.encoder import TextEncoder
 from h3_core.model.initialization import init_weights
 from h3_core.model.vae import create_vaes, decode_clip
 from h3_core.serving.dit.events import Result
-from tests.step_loop_harness import Client, make_loop
+from tests.step_loop_harness import Client, joins_by_step, make_loop
 
 
 @pytest.fixture(scope="module")
@@ -39,10 +39,7 @@ REQUESTS = [
 
 
 def solo(engine, request):
-    state = engine.prepare(request)[0]
-    while not state.finished:
-        engine.update(state, engine.denoise_step([state])[0])
-    return state
+    return engine.run_to_completion([engine.prepare(request)[0]])[0]
 
 
 def assert_same(a, b):
@@ -88,17 +85,8 @@ def test_request_mode_equals_step_mode(engine):
 def run_cobatched(engine, requests, admit_at):
     """Step mode: requests[i] joins when the step counter reaches admit_at[i]; finished states
     leave the batch. Returns final states by request id."""
-    pending = {r.request_id: r for r in requests}
-    active, done, tick = [], {}, 0
-    while pending or active:
-        for request in [r for r in requests if r.request_id in pending and admit_at[r.request_id] <= tick]:
-            active += engine.prepare(pending.pop(request.request_id))
-        for state, velocity in zip(active, engine.denoise_step(active), strict=True):
-            engine.update(state, velocity)
-        done.update({s.request_id: s for s in active if s.finished})
-        active = [s for s in active if not s.finished]
-        tick += 1
-    return done
+    joins = joins_by_step(engine.prepare, [(admit_at[r.request_id], r) for r in requests])
+    return {s.request_id: s for s in engine.run_to_completion([], joins=joins)}
 
 
 def test_cobatched_mid_flight_admission_equals_solo(engine):
@@ -124,10 +112,7 @@ def test_num_outputs_gives_consecutive_seeds_in_both_modes(engine):
     request = GenerationRequest("two clips", 32, 32, 5, 2, seed=100, num_outputs=2)
     results = engine.generate(request)
     assert [s.seed for s, _, _ in results] == [100, 101]
-    states = engine.prepare(request)
-    while not states[0].finished:
-        for state, velocity in zip(states, engine.denoise_step(states), strict=True):
-            engine.update(state, velocity)
+    states = engine.run_to_completion(engine.prepare(request))
     for (expected, _, _), got in zip(results, states, strict=True):
         assert got.seed == expected.seed and got.output_index == expected.output_index
         assert_same(got, expected)

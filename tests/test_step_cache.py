@@ -50,12 +50,10 @@ def prepare(engine, req):
 
 
 def step_together(engine, states) -> list[list[bool]]:
-    """Step the states co-batched until the first finishes; returns plan_step's answer per step."""
+    """Step the states co-batched to completion; returns plan_step's answer per step (the plan
+    made for that step, read back before its updates)."""
     plans = []
-    while not states[0].finished:
-        plans.append(engine.plan_step(states))
-        for state, velocity in zip(states, engine.denoise_step(states), strict=True):
-            engine.update(state, velocity)
+    engine.run_to_completion(states, on_step=lambda step, pack, velocities: plans.append(engine.plan_step(pack)))
     return plans
 
 
