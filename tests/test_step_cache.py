@@ -265,8 +265,8 @@ def test_a_cached_request_keeps_its_latents_not_the_modulated_input(engine):
     the modulated input ([rows, hidden] in the model dtype, recomputed when needed)."""
     state = prepare(engine, request(threshold=0.5, steps=6))
     shapes = [tuple(state.video_latents.shape), tuple(state.audio_latents.shape)]
-    while not state.finished:
-        engine.plan_step([state])
+
+    def check_cache(step, pack, velocities):  # after the step's plan and forward, before its update
         if state.step_index < state.total_steps - 1:
             video, audio, t_video, t_audio = state.cache.inputs
             assert video is state.video_latents and audio is state.audio_latents
@@ -282,7 +282,8 @@ def test_a_cached_request_keeps_its_latents_not_the_modulated_input(engine):
         assert set(tensors) <= {"inputs", "velocity"}
         if state.cache.velocity is not None:
             assert [tuple(t.shape) for t in state.cache.velocity] == shapes
-        engine.update(state, engine.denoise_step([state])[0])
+
+    engine.run_to_completion([state], on_step=check_cache)
     assert state.cache.inputs is None and state.cache.skipped == 4
 
 
