@@ -184,20 +184,27 @@ def by_hand(engine, requests, joins):
 
 
 def test_run_to_completion_equals_the_hand_driven_loop_with_staggered_joins(engine):
-    """Exact latents and decoded clips against the hand-driven loop: a (5 steps) from step 0, b
-    (3 steps) joining at step 2, c (4 steps) at step 7, after a and b have finished."""
-    expected = by_hand(engine, REQUESTS, [0, 2, 7])
-    joins = {2: lambda: engine.prepare(REQUESTS[1]), 7: lambda: engine.prepare(REQUESTS[2])}
-    done = engine.run_to_completion(engine.prepare(REQUESTS[0]), joins=joins, decode=True)
-    assert [(s.request_id, s.step_index) for s, _, _ in done] == [("a", 5), ("b", 3), ("c", 4)]
-    for (state, frames, audio), want in zip(done, expected, strict=True):
+    """Exact latents and decoded clips against the hand-driven loop: a (4 steps) from step 0, b
+    (2 steps) joining at step 1, c (3 steps) at step 5, after a and b have finished."""
+    requests = [
+        GenerationRequest("a red ball", 32, 64, 5, 4, seed=1, request_id="a"),
+        GenerationRequest("a high tone", 32, 32, 5, 2, seed=2, request_id="b"),
+        GenerationRequest("green", 64, 32, 5, 3, seed=3, request_id="c"),
+    ]
+    expected = by_hand(engine, requests, [0, 1, 5])
+    joins = {1: lambda: engine.prepare(requests[1]), 5: lambda: engine.prepare(requests[2])}
+    done = engine.run_to_completion(engine.prepare(requests[0]), joins=joins, decode=True)
+    assert [(s.request_id, s.step_index) for s, _, _ in done] == [("a", 4), ("b", 2), ("c", 3)]
+    for (state, _, _), want in zip(done, expected, strict=True):
         assert_same(state, want)
-        want_frames, want_audio = engine.decode(want)
-        assert torch.equal(frames, want_frames) and torch.equal(audio, want_audio)
+    frames, audio = engine.decode(expected[1])
+    assert torch.equal(done[1][1], frames) and torch.equal(done[1][2], audio)
+    assert (frames.shape, audio.shape) == ((5, 32, 32, 3), (2, 6667))  # 5 frames / 24 s at 32 kHz
     # one state alone is request mode: Engine.generate's latents
-    ((generated, _, _),) = engine.generate(REQUESTS[1])
-    (alone,) = engine.run_to_completion(engine.prepare(REQUESTS[1]))
-    assert_same(alone, generated) and assert_same(alone, expected[1])
+    ((generated, _, _),) = engine.generate(requests[1])
+    (alone,) = engine.run_to_completion(engine.prepare(requests[1]))
+    assert_same(alone, generated)
+    assert_same(alone, expected[1])
 
 
 def test_run_to_completion_calls_its_hooks_in_order_and_once_a_step(engine):
