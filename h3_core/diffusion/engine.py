@@ -403,18 +403,19 @@ class Engine:
         negative step in joins or cancels, or a cancel naming no unfinished state of the pack at
         its step; errors of denoise_step, update and the hooks propagate (the run stops there).
         """
-        for name, steps in (("joins", joins or {}), ("cancels", cancels or {})):
+        joins, cancels = joins or {}, cancels or {}
+        for name, steps in (("joins", joins), ("cancels", cancels)):
             if any(step < 0 for step in steps):
                 raise ValueError(f"{name} has step {min(steps)}: allowed steps are 0 and above")
         entered, active, step = list(states), [s for s in states if not s.finished], 0
         cancelled: list[RequestState] = []
-        last = max([*(joins or {}), *(cancels or {})], default=-1)  # the run reaches every given step
+        last = max([*joins, *cancels], default=-1)  # the run reaches every step named
         while active or step <= last:
-            if joins and step in joins:
+            if step in joins:
                 joined = list(joins[step]())
                 entered += joined
                 active += [s for s in joined if not s.finished]
-            for request_id in (cancels or {}).get(step, ()):
+            for request_id in cancels.get(step, ()):
                 leaving = [s for s in active if s.request_id == request_id]
                 if not leaving:
                     raise ValueError(f"cancels names request {request_id!r}, not in the pack at step {step}")
