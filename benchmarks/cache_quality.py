@@ -83,9 +83,11 @@ def fit(engine, states: dict) -> dict:
                 request = GenerationRequest(
                     prompt, data.HEIGHT, data.WIDTH, data.NUM_FRAMES, steps, 0, task=data.REQUEST_TASKS[task]
                 )
-                (state,) = engine.prepare(request, states[prompt], conditions(engine, clip, task))
-                previous = None
-                while not state.finished:
+                previous = None  # the last step's (modulated input, velocity)
+
+                def measure_step(step, pack, velocities):
+                    nonlocal previous
+                    ((state,), ((video, audio),)) = pack, velocities
                     k = state.step_index
                     modulated = modulated_input(
                         engine.dit,
@@ -94,13 +96,15 @@ def fit(engine, states: dict) -> dict:
                         1.0 - state.sigmas_video[k],
                         1.0 - state.sigmas_audio[k],
                     )
-                    video, audio = engine.denoise_step([state])[0]
                     velocity = torch.cat([video.flatten(), audio.flatten()]).clone()
                     if previous is not None:
                         xs.append(relative_change(modulated, previous[0]))
                         ys.append(relative_change(velocity, previous[1]))
                     previous = (modulated, velocity)
-                    engine.update(state, (video, audio))
+
+                engine.run_to_completion(
+                    engine.prepare(request, states[prompt], conditions(engine, clip, task)), on_step=measure_step
+                )
     coefficients = np.polyfit(xs, ys, FIT_DEGREE)
     residual = float(np.sqrt(np.mean((np.polyval(coefficients, xs) - ys) ** 2)))
     return {
@@ -165,13 +169,10 @@ def bitwise_check(engine, states: dict, threshold: float) -> dict:
         )
         return engine.prepare(request, states[prompt], conditions(engine, clip, task))[0]
 
-    solo = prepare(clips[0], "t2va", threshold)
-    while not solo.finished:
-        engine.update(solo, engine.denoise_step([solo])[0])
-    packed = [prepare(clip, task, value) for clip, task, value in zip(clips, tasks, thresholds, strict=True)]
-    while not packed[0].finished:
-        for state, velocity in zip(packed, engine.denoise_step(packed), strict=True):
-            engine.update(state, velocity)
+    (solo,) = engine.run_to_completion([prepare(clips[0], "t2va", threshold)])
+    packed = engine.run_to_completion(
+        [prepare(clip, task, value) for clip, task, value in zip(clips, tasks, thresholds, strict=True)]
+    )
     prompt = clips[0].caption_for("t2va")
     request = GenerationRequest(prompt, data.HEIGHT, data.WIDTH, data.NUM_FRAMES, 8, 0, cache_threshold=threshold)
     ((request_mode, _, _),) = engine.generate(request, states[prompt])

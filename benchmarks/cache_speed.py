@@ -69,7 +69,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import cache_quality
-from benchmarks.engine_bench import sync
+from benchmarks.step_timing import sync
 from h3_core.diffusion.engine import Engine
 from h3_core.diffusion.request import GenerationRequest, RequestLimits
 from h3_core.diffusion.step_cache import StepCache
@@ -256,13 +256,12 @@ def bench_text(engine: Engine) -> torch.Tensor:
 
 
 def timed_request(engine: Engine, request: GenerationRequest, text: torch.Tensor) -> tuple[float, object]:
-    """(seconds, finished state) of `request` stepped alone to completion (Engine.denoise_step
-    + Engine.update), the device synchronised before and after."""
-    (state,) = engine.prepare(request, text)
+    """(seconds, finished state) of `request` stepped alone to completion
+    (Engine.run_to_completion), the device synchronised before and after."""
+    states = engine.prepare(request, text)
     sync(engine.device)
     start = time.perf_counter()
-    while not state.finished:
-        engine.update(state, engine.denoise_step([state])[0])
+    (state,) = engine.run_to_completion(states)
     sync(engine.device)
     return time.perf_counter() - start, state
 

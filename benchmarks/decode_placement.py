@@ -114,13 +114,17 @@ def steps_beside(engine, work: Path, steps: int, device: str | None, share: floa
         decoder = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
         assert decoder.stdout.readline().strip() == "ready"
     each = []
+
+    @contextlib.contextmanager
+    def timed_step(step: int, states: list):
+        start = time.perf_counter()
+        with turns.step() if turns is not None else contextlib.nullcontext():
+            yield
+            torch.cuda.synchronize()
+        each.append(time.perf_counter() - start)
+
     try:
-        while not state.finished:
-            start = time.perf_counter()
-            with turns.step() if turns is not None else contextlib.nullcontext():
-                engine.update(state, engine.denoise_step([state])[0])
-                torch.cuda.synchronize()
-            each.append(time.perf_counter() - start)
+        engine.run_to_completion([state], step_context=timed_step)
     finally:
         if decoder is not None:
             decoder.kill()

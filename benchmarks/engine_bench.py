@@ -247,13 +247,6 @@ def max_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     return 0.0 if torch.equal(a, b) else float((a.float() - b.float()).abs().max())
 
 
-def request_mode(engine: Engine, state) -> None:
-    """Step `state` alone to completion: the loop of Engine.generate (and of h3_dit's request
-    mode), without the decode."""
-    while not state.finished:
-        engine.update(state, engine.denoise_step([state])[0])
-
-
 def bitwise(engine: Engine, packs: dict) -> dict:
     """Per pack: the largest difference between (1) each request's velocity in the packed first
     step and its solo step, (2) its latents after the packed run (every step one forward over all
@@ -261,21 +254,20 @@ def bitwise(engine: Engine, packs: dict) -> dict:
     results = {}
     for name, rows_list in packs.items():
         states = pack_states(engine, rows_list, BITWISE_STEPS)
-        packed = engine.denoise_step(states)
-        solo_worst = 0.0
-        for state, (video, audio) in zip(states, packed, strict=True):
-            ((video_solo, audio_solo),) = engine.denoise_step([state])
-            solo_worst = max(solo_worst, max_difference(video, video_solo), max_difference(audio, audio_solo))
-        for state, velocity in zip(states, packed, strict=True):
-            engine.update(state, velocity)
-        pack_sizes = [len(states)]
-        while running := [s for s in states if not s.finished]:
-            for state, velocity in zip(running, engine.denoise_step(running), strict=True):
-                engine.update(state, velocity)
-            pack_sizes.append(len(running))
+        pack_sizes, solo = [], [0.0]  # solo: the differences of the first step's velocities
+
+        def first_step_solo(step, pack, velocities, pack_sizes=pack_sizes, solo=solo):
+            """Each step's pack size; in the first, each velocity against its solo step (read at
+            once: a later forward may reuse the output's memory)."""
+            pack_sizes.append(len(pack))
+            for state, packed in zip(pack, velocities, strict=True) if step == 0 else ():
+                solo += map(max_difference, packed, engine.denoise_step([state])[0])
+
+        engine.run_to_completion(states, on_step=first_step_solo)
+        solo_worst = max(solo)
         request_worst = 0.0
         for state, alone in zip(states, pack_states(engine, rows_list, BITWISE_STEPS), strict=True):
-            request_mode(engine, alone)
+            engine.run_to_completion([alone])  # request mode: alone to completion
             for field in ("video_latents", "audio_latents"):
                 request_worst = max(request_worst, max_difference(getattr(state, field), getattr(alone, field)))
         results[name] = {
@@ -286,7 +278,7 @@ def bitwise(engine: Engine, packs: dict) -> dict:
             "packed_vs_request_mode_max_difference": request_worst,
             "bitwise": solo_worst == 0.0 and request_worst == 0.0,
         }
-        del states, packed
+        del states, solo
     return results
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -26,20 +28,23 @@ def synchronize(device: str) -> None:
 def timed_loop(
     engine, request: GenerationRequest, text: torch.Tensor, device: str, per_step_sync: bool = False
 ) -> float:
-    """Mean seconds per step of `request` stepped alone (Engine.update(state,
-    Engine.denoise_step([state]))) over all but its first 2 steps, which run untimed; the device
-    synchronised before and after the timed steps, and after each one when per_step_sync."""
-    state = engine.prepare(request, text)[0]
-    for _ in range(2):
-        engine.update(state, engine.denoise_step([state])[0])
-    synchronize(device)
-    start = time.perf_counter()
-    while not state.finished:
-        engine.update(state, engine.denoise_step([state])[0])
-        if per_step_sync:
+    """Mean seconds per step of `request` stepped alone (Engine.run_to_completion) over all but
+    its first 2 steps, which run untimed; the device synchronised before and after the timed
+    steps, and after each one when per_step_sync."""
+    starts = []
+
+    @contextmanager
+    def timed_step(step: int, states: list) -> Iterator[None]:
+        if step == 2:
             synchronize(device)
+            starts.append(time.perf_counter())
+        yield
+        if per_step_sync and step >= 2:
+            synchronize(device)
+
+    (state,) = engine.run_to_completion(engine.prepare(request, text), step_context=timed_step)
     synchronize(device)
-    return (time.perf_counter() - start) / (state.total_steps - 2)
+    return (time.perf_counter() - starts[0]) / (state.total_steps - 2)
 
 
 def in_process_step_loops(setting, checkpoint: Path, loops: dict, device: str) -> dict:

@@ -11,7 +11,7 @@ weights `random:0` drawn on each GPU at load), requests of 672x384, 209 frames, 
 the heads' divisors; cuda:0..N-1).
   inprocess: load_engine(..., sp_degree=1 / N) in this process (for N: the driver here, one
      worker process per GPU over NCCL). Per sp_degree: load and warm-up seconds; step time
-     (Engine.denoise_step + Engine.update, the device synchronised around each of 5 steps after 2
+     (Engine.run_to_completion's steps, the device synchronised around each of 5 steps after 2
      unmeasured ones) of one request (16,384 rows) and of 4 packed (65,536 rows); for N also the
      slowest worker's own forward (step minus it = the driver's transport), one profiled step per
      pack with the device synchronised around each all-to-all (seconds per layer = its two
@@ -54,6 +54,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -154,9 +156,27 @@ def prepare(engine, shapes, steps: int, seed: int) -> list:
     return states
 
 
-def step(engine, states) -> None:
-    for state, velocity in zip(states, engine.denoise_step(states), strict=True):
-        engine.update(state, velocity)
+def timed_steps(engine, states, device: str, warm_steps: int, sp: int) -> tuple[list[float], list[float]]:
+    """Step `states` to completion (Engine.run_to_completion). Returns the seconds of each step
+    after the first warm_steps, the device synchronised around each, and for sp > 1 the slowest
+    worker's own forward in each of them (else [])."""
+    seconds, worker = [], []
+
+    @contextmanager
+    def timed(step: int, pack: list) -> Iterator[None]:
+        if step < warm_steps:
+            yield
+            return
+        synchronize(device)
+        start = time.perf_counter()
+        yield
+        synchronize(device)
+        seconds.append(time.perf_counter() - start)
+        if sp > 1:
+            worker.append(max(stats["forward_s"] for stats in engine.dit.last_stats))
+
+    engine.run_to_completion(states, step_context=timed)
+    return seconds, worker
 
 
 def packed_inputs(states) -> tuple:
@@ -197,17 +217,7 @@ def in_process(setting: Setting, sp: int) -> tuple[dict, dict]:
     for count in (1, PACKED):
         states = prepare(engine, [setting.shape] * count, steps, seed=10)
         rows = sum(state.rows for state in states)
-        for _ in range(setting.warm_steps):
-            step(engine, states)
-        seconds, worker = [], []
-        for _ in range(setting.timed_steps):
-            synchronize(setting.device)
-            start = time.perf_counter()
-            step(engine, states)
-            synchronize(setting.device)
-            seconds.append(time.perf_counter() - start)
-            if sp > 1:
-                worker.append(max(stats["forward_s"] for stats in engine.dit.last_stats))
+        seconds, worker = timed_steps(engine, states, setting.device, setting.warm_steps, sp)
         pack = {"requests": count, "rows": rows, "step_s": statistics.mean(seconds), "steps_s": seconds}
         if sp > 1:
             pack["worker_forward_s"] = statistics.mean(worker)
@@ -234,8 +244,7 @@ def in_process(setting: Setting, sp: int) -> tuple[dict, dict]:
     states = prepare(engine, [setting.shape], setting.long_steps, seed=30)
     synchronize(setting.device)
     start = time.perf_counter()
-    while not states[0].finished:
-        step(engine, states)
+    engine.run_to_completion(states)
     synchronize(setting.device)
     result[f"{setting.long_steps}_steps_s"] = time.perf_counter() - start
     tensors[f"latents after {setting.long_steps} steps"] = latents(states)
@@ -244,7 +253,7 @@ def in_process(setting: Setting, sp: int) -> tuple[dict, dict]:
         start = time.perf_counter()
         engine.dit.start()
         result["restart_s"] = time.perf_counter() - start
-        step(engine, prepare(engine, [setting.shape], 1, seed=40))  # the new workers step
+        engine.run_to_completion(prepare(engine, [setting.shape], 1, seed=40))  # the new workers step
     engine.close()
     del engine
     gc.collect()

@@ -140,10 +140,18 @@ def make_loop(engine, clock=None, registry=None, **settings) -> StepLoop:
     return StepLoop(engine, DitSettings(**settings), registry, MetricsRecord(), clock or Clock())
 
 
+def joins_by_step(prepare, arrivals) -> dict:
+    """Engine.run_to_completion's joins for (step, item) arrivals: at each step its items, in the
+    order given, prepared then (prepare(item) -> a list of RequestState)."""
+    by_step = {}
+    for step, item in arrivals:
+        by_step.setdefault(step, []).append(item)
+    return {step: lambda items=items: [s for item in items for s in prepare(item)] for step, items in by_step.items()}
+
+
 def solo_latents(engine, steps: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    (state,) = engine.prepare(GenerationRequest("-", 32, 64, 5, steps, seed=seed), torch.from_numpy(text(seed)[0]))
-    while not state.finished:
-        engine.update(state, engine.denoise_step([state])[0])
+    request = GenerationRequest("-", 32, 64, 5, steps, seed=seed)
+    (state,) = engine.run_to_completion(engine.prepare(request, torch.from_numpy(text(seed)[0])))
     return L.unpatchify_video(state.video_latents, state.layout), L.audio_rows_to_latent(
         state.audio_latents, state.layout
     )

@@ -3,6 +3,7 @@ the DiT's device, table fills streamed from host memory bitwise equal to device-
 one fill pass per admission, trajectories solo == co-batched, the setting's refusals, sizing."""
 
 import re
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from h3_core.weights.checkpoint import load_dit
 from server import repository as R
 from server import sizing
 from server.sizing import Machine
+from tests.step_loop_harness import joins_by_step
 
 GIB = 2**30
 TINY = get_config("tiny")
@@ -80,21 +82,17 @@ def trajectory(engine, requests, joins):
     step joins[i]; returns each one's final (video, audio) latents and the table's passes during
     the steps alone."""
     text = torch.randn(7, TINY.text_dim, generator=torch.Generator().manual_seed(5))
-    active, done, step_passes, k = [], {}, 0, 0
-    table = engine.dit.adaln_table
-    while len(done) < len(requests):
-        for i, request in enumerate(requests):
-            if joins[i] == k:
-                active.append(engine.prepare(request, text)[0])
+    table, step_passes = engine.dit.adaln_table, []
+
+    @contextmanager
+    def counted(step, pack):
         passes = table.passes
-        for state, velocity in zip(active, engine.denoise_step(active), strict=True):
-            engine.update(state, velocity)
-        step_passes += table.passes - passes
-        for state in [s for s in active if s.finished]:
-            done[state.request_id] = (state.video_latents, state.audio_latents)
-            active.remove(state)
-        k += 1
-    return [done[r.request_id] for r in requests], step_passes
+        yield
+        step_passes.append(table.passes - passes)
+
+    admit = joins_by_step(lambda request: engine.prepare(request, text), zip(joins, requests, strict=True))
+    done = {s.request_id: s for s in engine.run_to_completion([], joins=admit, step_context=counted)}
+    return [(done[r.request_id].video_latents, done[r.request_id].audio_latents) for r in requests], sum(step_passes)
 
 
 def test_a_trajectory_with_host_weights_is_bitwise_solo_and_co_batched():

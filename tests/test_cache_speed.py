@@ -40,15 +40,10 @@ def engine():
 
 
 def run(engine, threshold: float, request_id: str = "r"):
-    (state,) = engine.prepare(
-        GenerationRequest(
-            "-", *cache_speed.SHAPES["tiny"], STEPS, seed=0, request_id=request_id, cache_threshold=threshold
-        ),
-        cache_speed.bench_text(engine),
+    request = GenerationRequest(
+        "-", *cache_speed.SHAPES["tiny"], STEPS, seed=0, request_id=request_id, cache_threshold=threshold
     )
-    while not state.finished:
-        engine.update(state, engine.denoise_step([state])[0])
-    return state
+    return engine.run_to_completion(engine.prepare(request, cache_speed.bench_text(engine)))[0]
 
 
 def test_picks():

@@ -13,6 +13,7 @@ from h3_core.diffusion.request import GenerationRequest
 from h3_core.model.vae import keyframe_latent
 from h3_core.rules import InvalidRequest
 from h3_core.serving.encoder.conditioning import wire_conditions
+from tests.step_loop_harness import joins_by_step
 from tests.test_engine import REQUESTS, assert_same, engine, solo  # noqa: F401  (engine: the fixture)
 
 
@@ -122,19 +123,10 @@ def run_packs(model, entries, admit_at, cancel_at=None):
     """Step mode with conditions: entries = {id: (request, its Conditions or None)}; a request joins when
     the step counter reaches admit_at[id]; cancel_at = (id, step) drops that request before the
     step. Returns the finished states by id."""
-    pending, active, done, tick = dict(entries), [], {}, 0
-    while pending or active:
-        for rid in [rid for rid in pending if admit_at[rid] <= tick]:
-            request, conditions = pending.pop(rid)
-            active += model.prepare(request, conditions=conditions or ())
-        if cancel_at is not None and cancel_at[1] == tick:
-            active = [s for s in active if s.request_id != cancel_at[0]]
-        for state, velocity in zip(active, model.denoise_step(active), strict=True):
-            model.update(state, velocity)
-        done.update({s.request_id: s for s in active if s.finished})
-        active = [s for s in active if not s.finished]
-        tick += 1
-    return done
+    arrivals = [(admit_at[rid], entry) for rid, entry in entries.items()]
+    joins = joins_by_step(lambda entry: model.prepare(entry[0], conditions=entry[1] or ()), arrivals)
+    cancels = {} if cancel_at is None else {cancel_at[1]: [cancel_at[0]]}
+    return {s.request_id: s for s in model.run_to_completion([], joins=joins, cancels=cancels)}
 
 
 def test_fl2va_solo_equals_cobatched_equals_request_mode(engine):  # noqa: F811
@@ -149,10 +141,7 @@ def test_fl2va_solo_equals_cobatched_equals_request_mode(engine):  # noqa: F811
     t2va = {r.request_id: (r, None) for r in REQUESTS[:2]}
     solos = {}
     for rid, (request, conditions) in entries.items():
-        state = engine.prepare(request, conditions=conditions)[0]
-        while not state.finished:
-            engine.update(state, engine.denoise_step([state])[0])
-        solos[rid] = state
+        solos[rid] = engine.run_to_completion([engine.prepare(request, conditions=conditions)[0]])[0]
     solos.update({r.request_id: solo(engine, r) for r in REQUESTS[:2]})
     done = run_packs(engine, {**entries, **t2va}, {"first": 0, "both": 2, "last": 0, "a": 0, "b": 1})
     assert sorted(done) == ["a", "b", "both", "first", "last"]
@@ -164,9 +153,7 @@ def test_fl2va_solo_equals_cobatched_equals_request_mode(engine):  # noqa: F811
     assert frames.shape == (22, 32, 64, 3) and audio.shape == (2, 29333)  # 9 frames asked: 22 served
     # the conditions matter: another image gives other latents
     swapped = [Condition(c.kind, c.frame, other.video) for c, other in zip(conditions, conditions[::-1], strict=True)]
-    other = engine.prepare(request, conditions=swapped)[0]
-    while not other.finished:
-        engine.update(other, engine.denoise_step([other])[0])
+    (other,) = engine.run_to_completion([engine.prepare(request, conditions=swapped)[0]])
     assert not torch.equal(other.video_latents, solos["both"].video_latents)
 
 
@@ -286,10 +273,8 @@ def test_step_loop_serves_fl2va_beside_t2va_and_echoes_the_conditioning(engine):
 
     request, conditions = fl2va(engine, "kf", (-1, 0), 21, 32, 64, 9, 3, image_seed=400)
     text = engine.encode_prompt(request.prompt)
-    state = engine.prepare(request, text, conditions)[0]
+    (state,) = engine.run_to_completion([engine.prepare(request, text, conditions)[0]])
     latents, entries = wire_conditions(conditions)
-    while not state.finished:
-        engine.update(state, engine.denoise_step([state])[0])
     client = Client(make_loop(engine))
     geometry = {"canvas": "requested", "height": 32, "width": 64, "fit": "crop", "keyframe_sizes": [[32, 64]] * 2}
     client.send(

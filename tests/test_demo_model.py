@@ -113,13 +113,15 @@ def test_the_demo_preview_is_the_fitted_map_applied_to_x0_hat(engine):
     i, j = torch.triu_indices(24, 24)
     clip = DISTINCT_CLIPS[0]  # a red ball
     request = GenerationRequest(clip.caption, data.HEIGHT, data.WIDTH, data.NUM_FRAMES, 8, seed=0)
-    (state,) = engine.prepare(request)
-    while not state.finished:
-        velocity = engine.denoise_step([state])[0]
+    previews = []
+
+    def check_preview(step, pack, velocities):
+        ((state,), (velocity,)) = pack, velocities
         x0 = state.video_latents + state.sigmas_video[state.step_index] * velocity[0]
         latent = L.unpatchify_video(x0, state.layout)[:, state.layout.latent_t // 2]  # [24, 4, 6]
         rgb = engine.preview.rgb(latent)
         preview = engine.preview_frame(state, velocity[0])
+        previews.append(preview)
         assert preview.shape == (32, 48, 3)
         assert torch.equal(preview, ((rgb * 0.5 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8))
         # rgb[8y + a, 8x + b, c] = bias[c, a, b] + sum over k, dy, dx of
@@ -129,7 +131,10 @@ def test_the_demo_preview_is_the_fitted_map_applied_to_x0_hat(engine):
         windows = features.unfold(1, 5, 1).unfold(2, 5, 1)  # [324, 4, 6, 5, 5]
         direct = torch.einsum("cabkuv,kyxuv->yaxbc", weight, windows) + bias.permute(1, 2, 0)[None, :, None]
         torch.testing.assert_close(rgb.double(), direct.reshape(32, 48, 3), rtol=0, atol=1e-4)
-        engine.update(state, velocity)
+
+    engine.run_to_completion(engine.prepare(request), on_step=check_preview)
+    assert len(previews) == 8
+    preview = previews[-1]
     # the clip's middle latent frame as the fit's target (group-mean frames, 2 x 2 px blocks)
     target = preview_fit.encode([clip], engine.video_vae)[1][0, 3]  # [3, 64, 96]
     target = ((torch.nn.functional.avg_pool2d(target, 2).permute(1, 2, 0) * 0.5 + 0.5) * 255).round()

@@ -12,7 +12,7 @@ from h3_core.model.encoder import TextEncoder
 from h3_core.model.initialization import init_weights
 from h3_core.model.vae import create_vaes, decode_clip
 from h3_core.serving.dit.events import Result
-from tests.step_loop_harness import Client, make_loop
+from tests.step_loop_harness import Client, joins_by_step, make_loop
 
 
 @pytest.fixture(scope="module")
@@ -39,10 +39,7 @@ REQUESTS = [
 
 
 def solo(engine, request):
-    state = engine.prepare(request)[0]
-    while not state.finished:
-        engine.update(state, engine.denoise_step([state])[0])
-    return state
+    return engine.run_to_completion([engine.prepare(request)[0]])[0]
 
 
 def assert_same(a, b):
@@ -88,17 +85,8 @@ def test_request_mode_equals_step_mode(engine):
 def run_cobatched(engine, requests, admit_at):
     """Step mode: requests[i] joins when the step counter reaches admit_at[i]; finished states
     leave the batch. Returns final states by request id."""
-    pending = {r.request_id: r for r in requests}
-    active, done, tick = [], {}, 0
-    while pending or active:
-        for request in [r for r in requests if r.request_id in pending and admit_at[r.request_id] <= tick]:
-            active += engine.prepare(pending.pop(request.request_id))
-        for state, velocity in zip(active, engine.denoise_step(active), strict=True):
-            engine.update(state, velocity)
-        done.update({s.request_id: s for s in active if s.finished})
-        active = [s for s in active if not s.finished]
-        tick += 1
-    return done
+    joins = joins_by_step(engine.prepare, [(admit_at[r.request_id], r) for r in requests])
+    return {s.request_id: s for s in engine.run_to_completion([], joins=joins)}
 
 
 def test_cobatched_mid_flight_admission_equals_solo(engine):
@@ -124,10 +112,7 @@ def test_num_outputs_gives_consecutive_seeds_in_both_modes(engine):
     request = GenerationRequest("two clips", 32, 32, 5, 2, seed=100, num_outputs=2)
     results = engine.generate(request)
     assert [s.seed for s, _, _ in results] == [100, 101]
-    states = engine.prepare(request)
-    while not states[0].finished:
-        for state, velocity in zip(states, engine.denoise_step(states), strict=True):
-            engine.update(state, velocity)
+    states = engine.run_to_completion(engine.prepare(request))
     for (expected, _, _), got in zip(results, states, strict=True):
         assert got.seed == expected.seed and got.output_index == expected.output_index
         assert_same(got, expected)
@@ -180,3 +165,112 @@ def test_finished_state_cannot_step(engine):
     state = solo(engine, REQUESTS[2])
     with pytest.raises(ValueError, match="request 'c' has finished all 4 steps"):
         engine.denoise_step([state])
+
+
+def by_hand(engine, requests, joins):
+    """The hand-driven loop Engine.run_to_completion replaces: requests[i] prepared before step
+    joins[i], one denoise_step over the unfinished states a step, each updated with its velocity."""
+    active, states, step = [], [], 0
+    while active or step <= max(joins):
+        for request, join in zip(requests, joins, strict=True):
+            if join == step:
+                states += engine.prepare(request)
+                active += states[-1:]
+        for state, velocity in zip(active, engine.denoise_step(active), strict=True):
+            engine.update(state, velocity)
+        active = [state for state in active if not state.finished]
+        step += 1
+    return states
+
+
+def test_run_to_completion_equals_the_hand_driven_loop_with_staggered_joins(engine):
+    """Exact latents and decoded clips against the hand-driven loop: a (4 steps) from step 0, b
+    (2 steps) joining at step 1, c (3 steps) at step 5, after a and b have finished."""
+    requests = [
+        GenerationRequest("a red ball", 32, 64, 5, 4, seed=1, request_id="a"),
+        GenerationRequest("a high tone", 32, 32, 5, 2, seed=2, request_id="b"),
+        GenerationRequest("green", 64, 32, 5, 3, seed=3, request_id="c"),
+    ]
+    expected = by_hand(engine, requests, [0, 1, 5])
+    joins = {1: lambda: engine.prepare(requests[1]), 5: lambda: engine.prepare(requests[2])}
+    done = engine.run_to_completion(engine.prepare(requests[0]), joins=joins, decode=True)
+    assert [(s.request_id, s.step_index) for s, _, _ in done] == [("a", 4), ("b", 2), ("c", 3)]
+    for (state, _, _), want in zip(done, expected, strict=True):
+        assert_same(state, want)
+    frames, audio = engine.decode(expected[1])
+    assert torch.equal(done[1][1], frames) and torch.equal(done[1][2], audio)
+    assert (frames.shape, audio.shape) == ((5, 32, 32, 3), (2, 6667))  # 5 frames / 24 s at 32 kHz
+    # one state alone is request mode: Engine.generate's latents
+    ((generated, _, _),) = engine.generate(requests[1])
+    (alone,) = engine.run_to_completion(engine.prepare(requests[1]))
+    assert_same(alone, generated)
+    assert_same(alone, expected[1])
+
+
+def test_run_to_completion_calls_its_hooks_in_order_and_once_a_step(engine):
+    """The order and count of joins, cancels, step_context and on_step: x (3 steps) from step 0, y
+    (2 steps) joining at 1, z (4 steps) joining at 1 and cancelled before step 2, w (1 step)
+    joining at 5 after two steps with no state (nothing runs then); on_step sees each state at
+    the step it is about to leave, the finished one given (f) takes no step."""
+    events = []
+
+    def req(request_id, steps):
+        return GenerationRequest("-", 32, 32, 5, steps, seed=len(request_id), request_id=request_id)
+
+    def prepare(*requests):
+        def join():
+            events.append(("join", [r.request_id for r in requests]))
+            return [s for r in requests for s in engine.prepare(r, torch.ones(2, 384))]
+
+        return join
+
+    class Context:
+        def __init__(self, step, pack):
+            self.step, self.pack = step, pack
+
+        def __enter__(self):
+            events.append(("enter", self.step, [s.request_id for s in self.pack]))
+
+        def __exit__(self, *error):
+            events.append(("exit", self.step, [(s.request_id, s.step_index) for s in self.pack]))
+
+    def on_step(step, pack, velocities):
+        assert [tuple(v.shape) for v in velocities[0]] == [(2, 96), (16, 32)]  # 32 x 32 x 5 frames
+        events.append(("on_step", step, [(s.request_id, s.step_index) for s in pack], len(velocities)))
+
+    (finished,) = engine.run_to_completion([engine.prepare(req("f", 1), torch.ones(2, 384))[0]])
+    done = engine.run_to_completion(
+        [finished, *engine.prepare(req("x", 3), torch.ones(2, 384))],
+        joins={1: prepare(req("y", 2), req("z", 4)), 5: prepare(req("w", 1))},
+        cancels={2: ["z"]},
+        step_context=Context,
+        on_step=on_step,
+    )
+    assert [(s.request_id, s.step_index) for s in done] == [("f", 1), ("x", 3), ("y", 2), ("w", 1)]
+    assert events == [
+        ("enter", 0, ["x"]),
+        ("on_step", 0, [("x", 0)], 1),
+        ("exit", 0, [("x", 1)]),
+        ("join", ["y", "z"]),
+        ("enter", 1, ["x", "y", "z"]),
+        ("on_step", 1, [("x", 1), ("y", 0), ("z", 0)], 3),
+        ("exit", 1, [("x", 2), ("y", 1), ("z", 1)]),
+        ("enter", 2, ["x", "y"]),
+        ("on_step", 2, [("x", 2), ("y", 1)], 2),
+        ("exit", 2, [("x", 3), ("y", 2)]),
+        ("join", ["w"]),
+        ("enter", 5, ["w"]),
+        ("on_step", 5, [("w", 0)], 1),
+        ("exit", 5, [("w", 1)]),
+    ]
+
+
+def test_run_to_completion_refuses_bad_steps_and_unknown_cancels(engine):
+    state = engine.prepare(GenerationRequest("-", 32, 32, 5, 2, seed=1, request_id="x"), torch.ones(2, 384))[0]
+    with pytest.raises(ValueError, match=r"^joins has step -1: allowed steps are 0 and above$"):
+        engine.run_to_completion([state], joins={-1: list})
+    with pytest.raises(ValueError, match=r"^cancels names request 'y', not in the pack at step 1$"):
+        engine.run_to_completion([state], cancels={1: ["y"]})
+    assert state.step_index == 1  # the step before the bad cancel ran
+    with pytest.raises(ValueError, match=r"^cancels names request 'x', not in the pack at step 3$"):
+        engine.run_to_completion([state], cancels={3: ["x"]})  # x finished at step 0 of this run

@@ -154,9 +154,7 @@ def prepare(engine, config: str, request_id: str):
 def request_mode(engine, config: str, request_id: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Final latents (video float32 [24, T_lat, Hl, Wl], audio float32 [2, 32, T_a], on the CPU) of
     the request stepped alone to completion: Engine.generate's loop, h3_dit's request mode."""
-    state = prepare(engine, config, request_id)
-    while not state.finished:
-        engine.update(state, engine.denoise_step([state])[0])
+    (state,) = engine.run_to_completion([prepare(engine, config, request_id)])
     return L.unpatchify_video(state.video_latents, state.layout).cpu(), L.audio_rows_to_latent(
         state.audio_latents, state.layout
     ).cpu()
@@ -438,9 +436,7 @@ def test_a_cached_request_on_cuda_equals_request_mode_with_compiled_blocks_and_c
         (result,) = client.of(request_id, Result)
         height, width, frames, _, seed, _ = spec("a")
         request = GenerationRequest("-", height, width, frames, 8, seed=seed, cache_threshold=threshold)
-        (state,) = engine.prepare(request, torch.from_numpy(text_embeds(config, seed)[0]))
-        while not state.finished:
-            engine.update(state, engine.denoise_step([state])[0])
+        (state,) = engine.run_to_completion(engine.prepare(request, torch.from_numpy(text_embeds(config, seed)[0])))
         assert result.info["skipped_steps"] == state.cache.skipped, request_id
         assert torch.equal(result.video_latent, L.unpatchify_video(state.video_latents, state.layout).cpu())
         assert torch.equal(result.audio_latent, L.audio_rows_to_latent(state.audio_latents, state.layout).cpu())

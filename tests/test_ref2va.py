@@ -144,10 +144,7 @@ def ref2va(request_id: str, seed: int, height: int, width: int, frames: int, ste
 
 
 def solo_run(model, request, conditions):
-    state = model.prepare(request, conditions=conditions)[0]
-    while not state.finished:
-        model.update(state, model.denoise_step([state])[0])
-    return state
+    return model.run_to_completion([model.prepare(request, conditions=conditions)[0]])[0]
 
 
 def test_ref2va_solo_equals_cobatched_with_t2va_and_fl2va_equals_request_mode(engine):  # noqa: F811

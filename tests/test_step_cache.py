@@ -50,12 +50,10 @@ def prepare(engine, req):
 
 
 def step_together(engine, states) -> list[list[bool]]:
-    """Step the states co-batched until the first finishes; returns plan_step's answer per step."""
+    """Step the states co-batched to completion; returns plan_step's answer per step (the plan
+    made for that step, read back before its updates)."""
     plans = []
-    while not states[0].finished:
-        plans.append(engine.plan_step(states))
-        for state, velocity in zip(states, engine.denoise_step(states), strict=True):
-            engine.update(state, velocity)
+    engine.run_to_completion(states, on_step=lambda step, pack, velocities: plans.append(engine.plan_step(pack)))
     return plans
 
 
@@ -267,8 +265,8 @@ def test_a_cached_request_keeps_its_latents_not_the_modulated_input(engine):
     the modulated input ([rows, hidden] in the model dtype, recomputed when needed)."""
     state = prepare(engine, request(threshold=0.5, steps=6))
     shapes = [tuple(state.video_latents.shape), tuple(state.audio_latents.shape)]
-    while not state.finished:
-        engine.plan_step([state])
+
+    def check_cache(step, pack, velocities):  # after the step's plan and forward, before its update
         if state.step_index < state.total_steps - 1:
             video, audio, t_video, t_audio = state.cache.inputs
             assert video is state.video_latents and audio is state.audio_latents
@@ -284,7 +282,8 @@ def test_a_cached_request_keeps_its_latents_not_the_modulated_input(engine):
         assert set(tensors) <= {"inputs", "velocity"}
         if state.cache.velocity is not None:
             assert [tuple(t.shape) for t in state.cache.velocity] == shapes
-        engine.update(state, engine.denoise_step([state])[0])
+
+    engine.run_to_completion([state], on_step=check_cache)
     assert state.cache.inputs is None and state.cache.skipped == 4
 
 

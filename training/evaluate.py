@@ -112,11 +112,7 @@ def generate_states(
             )
             embeds = None if text_states is None else text_states[prompt]
             states += engine.prepare(request, embeds, conditions(engine, clip, task))
-        while not states[0].finished:
-            for state, velocity in zip(states, engine.denoise_step(states), strict=True):
-                engine.update(state, velocity)
-        for state in states:
-            frames, audio = engine.decode(state)
+        for state, frames, audio in engine.run_to_completion(states, decode=True):
             outputs.append((state, frames.cpu().numpy(), audio.cpu().numpy()))
     return outputs
 

@@ -1,11 +1,14 @@
 """The step-execution contract (docs/model.md §5): prepare -> denoise_step(states) -> update -> decode.
 
-Request mode (`Engine.generate`) is the same four functions driven to completion for one
-request, so request mode, solo step mode and co-batched step mode run identical arithmetic.
+`Engine.run_to_completion` drives states through them until every one has finished (the one loop
+of tools, benchmarks, training and tests); request mode (`Engine.generate`) is that call for each
+output alone, so request mode, solo step mode and co-batched step mode run identical arithmetic.
 All per-request state lives in RequestState; the Engine holds only the models.
 """
 
 import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -27,6 +30,7 @@ if TYPE_CHECKING:
 
 
 DEFAULT_LIMITS = RequestLimits()  # the shipped CPU repository's limits
+Velocity = tuple[torch.Tensor, torch.Tensor]  # a state's (video float32 [V, 96], audio float32 [2*T_a, 32])
 
 
 @dataclass(eq=False)  # a state is itself: compared by identity (its fields hold tensors)
@@ -365,6 +369,70 @@ class Engine:
             L.audio_rows_to_latent(state.audio_latents, state.layout),
         )
 
+    def run_to_completion(
+        self,
+        states: Sequence[RequestState],
+        *,
+        joins: Mapping[int, Callable[[], Sequence[RequestState]]] | None = None,
+        cancels: Mapping[int, Collection[str]] | None = None,
+        step_context: Callable[[int, list[RequestState]], AbstractContextManager] | None = None,
+        on_step: Callable[[int, list[RequestState], list[Velocity]], None] | None = None,
+        decode: bool = False,
+    ) -> list[RequestState] | list[tuple[RequestState, torch.Tensor, torch.Tensor]]:
+        """Step a pack until every state has finished: at each step n = 0, 1, ... the unfinished
+        states form the pack, ONE `denoise_step` runs for it and `update` advances each state with
+        its velocity; a finished state leaves the pack (a state given finished takes no step).
+        One state alone is request mode (`generate`); several are co-batched step mode.
+
+        states: the states that step from step 0 (RequestState, from `prepare`).
+        joins: step n -> a function returning the states that join the pack before step n (called
+            then, so a `prepare` in it admits the request mid-run, as h3_dit does); the run goes on
+            to the last step named in joins and cancels (a step with no state runs nothing).
+        cancels: step n -> request ids whose states leave the pack before step n, unfinished (a
+            cancel); they are not returned.
+        step_context: (n, pack) -> a context manager entered before step n's forward and left
+            after its updates (timing, device synchronisation, GPU turns, counters).
+        on_step: called as on_step(n, pack, velocities) after step n's forward, before its
+            updates: the states still hold step n's latents; velocities are denoise_step's (video
+            float32 [V, 96], audio float32 [2*T_a, 32]) per state of the pack, on the device.
+        decode: False returns the states; True returns (state, frames uint8 [num_frames, H, W, 3],
+            audio float32 [2, samples]) per state (`decode`).
+
+        Returns the finished states (decoded when `decode`) in the order they entered: `states`,
+        then each join's by step. Latents stay on the engine's device. Raises ValueError for a
+        negative step in joins or cancels, or a cancel naming no unfinished state of the pack at
+        its step; errors of denoise_step, update and the hooks propagate (the run stops there).
+        """
+        joins, cancels = joins or {}, cancels or {}
+        for name, steps in (("joins", joins), ("cancels", cancels)):
+            if any(step < 0 for step in steps):
+                raise ValueError(f"{name} has step {min(steps)}: allowed steps are 0 and above")
+        entered, active, step = list(states), [s for s in states if not s.finished], 0
+        cancelled: list[RequestState] = []
+        last = max([*joins, *cancels], default=-1)  # the run reaches every step named
+        while active or step <= last:
+            if step in joins:
+                joined = list(joins[step]())
+                entered += joined
+                active += [s for s in joined if not s.finished]
+            for request_id in cancels.get(step, ()):
+                leaving = [s for s in active if s.request_id == request_id]
+                if not leaving:
+                    raise ValueError(f"cancels names request {request_id!r}, not in the pack at step {step}")
+                cancelled += leaving
+                active = [s for s in active if s.request_id != request_id]
+            if active:
+                with step_context(step, active) if step_context is not None else nullcontext():
+                    velocities = self.denoise_step(active)
+                    if on_step is not None:
+                        on_step(step, active, velocities)
+                    for state, velocity in zip(active, velocities, strict=True):
+                        self.update(state, velocity)
+                active = [s for s in active if not s.finished]
+            step += 1
+        done = [s for s in entered if not any(s is c for c in cancelled)]
+        return [(s, *self.decode(s)) for s in done] if decode else done
+
     def generate(
         self,
         request: GenerationRequest,
@@ -372,11 +440,7 @@ class Engine:
         conditions: list[Condition] = (),
         vision_spans: tuple[tuple[int, int], ...] = (),
     ) -> list[tuple[RequestState, torch.Tensor, torch.Tensor]]:
-        """Request mode: prepare (arguments as prepare's), then step each output to completion,
-        then decode. Returns (state, frames, audio) per output."""
-        results = []
-        for state in self.prepare(request, text_embeds, conditions, vision_spans):
-            while not state.finished:
-                self.update(state, self.denoise_step([state])[0])
-            results.append((state, *self.decode(state)))
-        return results
+        """Request mode: prepare (arguments as prepare's), then step each output alone to
+        completion and decode it (`run_to_completion`). Returns (state, frames, audio) per output."""
+        states = self.prepare(request, text_embeds, conditions, vision_spans)
+        return [result for state in states for result in self.run_to_completion([state], decode=True)]
