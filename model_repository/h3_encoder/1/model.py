@@ -53,6 +53,7 @@ from h3_core.serving.encoder.conditioning import (
     reference_conditions,
     wire_conditions,
 )
+from h3_core.serving.shared.agreement import check_siblings
 from h3_core.serving.shared.registry import Registry, server_folder
 from h3_core.serving.shared.settings import EncoderSettings, check_served
 from h3_core.serving.shared.triton import error_response, json_tensor, model_parameters, resolve_path, set_threads
@@ -79,6 +80,7 @@ def read_strings(request, name: str) -> list[bytes] | None:
 class TritonPythonModel:
     def initialize(self, args):
         self.settings = EncoderSettings.from_parameters(model_parameters(args))
+        check_siblings(args["model_repository"], EncoderSettings.MODEL, model_parameters(args))
         set_threads(self.settings.cpu_threads)
         settings = self.settings
         self.encoder = TextEncoder(
