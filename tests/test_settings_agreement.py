@@ -5,8 +5,9 @@ each model refuses to load when a sibling's config.pbtxt in its repository holds
 
 import pytest
 
-from h3_core.serving.shared.agreement import check_agreement, check_siblings, config_parameters, sibling_parameters
+from h3_core.serving.shared.agreement import check_agreement, check_siblings, sibling_parameters
 from h3_core.serving.shared.settings import SHARED_SETTINGS, DitSettings, EncoderSettings, VaeSettings
+from h3_core.serving.shared.triton import config_parameters
 from server.environment import LaunchError
 from server.process import TritonServer
 from server.repository import plan, write_repository

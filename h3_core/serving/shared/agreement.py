@@ -2,26 +2,13 @@
 model, at load, reads the config.pbtxt of the sibling models in its model repository
 (sibling_parameters) and refuses to load on a difference (check_agreement), so a hand-edited
 repository fails whatever order Triton loads the models in; server.planner refuses given values
-that differ with the same message. Triton-free: a config.pbtxt is parsed by protobuf as Triton's
-ModelConfig (tritonclient's model_config_pb2)."""
+that differ with the same message. A config.pbtxt is read by
+h3_core.serving.shared.triton.config_parameters."""
 
 from pathlib import Path
 
-from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2
-
 from h3_core.serving.shared.settings import SETTINGS, SHARED_SETTINGS, parse_value
-
-
-def config_parameters(path: Path) -> dict[str, str]:
-    """The string values of the `parameters` of the config.pbtxt at `path`. Raises ValueError
-    naming the file for a text that is no Triton model configuration."""
-    config = model_config_pb2.ModelConfig()
-    try:
-        text_format.Parse(Path(path).read_text(), config)
-    except text_format.ParseError as error:
-        raise ValueError(f"{path} is not a Triton model configuration: {error}") from None
-    return {key: value.string_value for key, value in config.parameters.items()}
+from h3_core.serving.shared.triton import config_parameters
 
 
 def sibling_parameters(model_folder: str | Path, model: str) -> dict[str, dict[str, str]]:
