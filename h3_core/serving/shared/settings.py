@@ -284,11 +284,11 @@ class VaeSettings:
     requests at once, >= 1; docs/reliability.md measures them); trust_remote_code (run the Python
     code an official checkpoint's VAE folders ship, h3_core.weights.vae_hook; off by default);
     heartbeat_s (seconds, finite > 0: a decode, queued or running, sends its client a keep-alive
-    response after this long without a response, h3_core.serving.vae.decodes; keep it equal to
-    h3_dit's heartbeat timing, under the idle timeout of any proxy in front of the server);
+    response after this long without a response, h3_core.serving.vae.decodes; h3_dit's,
+    SHARED_SETTINGS; under the idle timeout of any proxy in front of the server);
     max_queued_decodes (>= 0: results that may wait for a decode worker; one beyond is refused at
     once with UNAVAILABLE); max_height, max_width (pixels), max_num_frames: the canvas a result
-    may have (INFO can be forged by a direct caller; the writer copies h3_dit's limits);
+    may have (INFO can be forged by a direct caller; h3_dit's, SHARED_SETTINGS);
     gpu_turns (on a CUDA device: decode in turns with the h3_dit instances of the same GPU, which
     must set it too, h3_core.serving.shared.gpu_turns; the writer sets it where h3_vae shares a GPU with
     h3_dit); turn_share (finite > 0: the fraction of the last DiT step's seconds a turn of decode
