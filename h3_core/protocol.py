@@ -25,7 +25,7 @@ from h3_core.config import (  # noqa: F401
     align_num_frames,
 )
 from h3_core.config import FPS as VIDEO_FPS  # noqa: F401  (VIDEO_MP4 and FRAMES run at it)
-from h3_core.rules import TASKS, InvalidRequest, check_prompt  # noqa: F401
+from h3_core.rules import TASKS, InvalidRequest, check_prompt, check_prompt_bytes  # noqa: F401
 from h3_core.rules import check_task as check_task_rule
 
 PIPELINE_MODEL = "h3_pipeline"  # the entry point clients call

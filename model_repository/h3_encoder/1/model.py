@@ -40,6 +40,7 @@ from h3_core.protocol import (
     TASK,
     TASKS,
     TEXT_EMBEDS,
+    check_prompt_bytes,
     check_request_parameters,
     check_task,
     implied_task,
@@ -210,8 +211,7 @@ class TritonPythonModel:
         if raw.size != 1:
             raise ValueError(f"{PROMPT} must hold exactly one string, got {raw.size}")
         value = raw[0]
-        if len(value) > self.settings.max_prompt_bytes:
-            raise ValueError(f"prompt is {len(value)} bytes: allowed 1..{self.settings.max_prompt_bytes}")
+        check_prompt_bytes(len(value), self.settings.max_prompt_bytes)
         try:
             prompt = value.decode("utf-8") if isinstance(value, bytes) else str(value)
         except UnicodeDecodeError as error:
