@@ -23,6 +23,7 @@ from h3_core.config import (  # noqa: F401
     LAST_FRAME,
     MAX_KEYFRAMES,
     align_num_frames,
+    frames_for_seconds,
 )
 from h3_core.config import FPS as VIDEO_FPS  # noqa: F401  (VIDEO_MP4 and FRAMES run at it)
 from h3_core.rules import TASKS, InvalidRequest, check_prompt, check_prompt_bytes  # noqa: F401

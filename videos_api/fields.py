@@ -316,7 +316,7 @@ def parse_create(form: Mapping[str, object], model_name: str) -> tuple[dict, dic
     if seconds is not None:
         if request["num_frames"] is not None:
             raise invalid("give seconds or num_frames, not both", "seconds")
-        request["num_frames"] = round(_seconds(seconds) * protocol.VIDEO_FPS)
+        request["num_frames"] = protocol.frames_for_seconds(_seconds(seconds))
         request["seconds"] = str(seconds)
     preview_every = form.get("preview_every")
     request["preview_every"] = (
