@@ -191,12 +191,13 @@ def _shared_given(stated: Mapping[str, Mapping[str, str]]) -> dict[str, dict[str
     every model that carries it. Raises ValueError (check_agreement's message) where two models
     are given different values of one."""
     for model in SETTINGS:
-        check_agreement(model, dict(stated[model]), {other: dict(values) for other, values in stated.items()})
+        check_agreement(model, stated[model], stated)
     given = {model: dict(values) for model, values in stated.items()}
     for key, models in SHARED_SETTINGS.items():
         values = [stated[model][key] for model in models if key in stated[model]]
-        for model in models if values else ():
-            given[model][key] = values[0]
+        if values:
+            for model in models:
+                given[model][key] = values[0]
     return given
 
 
@@ -301,7 +302,7 @@ def _size_processes(
 
 def _apply_given(sized: _Sizing) -> None:
     """The given values over the sized ones; then every model carries the owner's value of each
-    shared setting (SHARED_SETTINGS: a value given on any carrier is given on all, _given)."""
+    shared setting (SHARED_SETTINGS: a value given on any carrier is given on all, _shared_given)."""
     values = sized.values
     for model in SETTINGS:
         values[model].update(sized.given[model])

@@ -5,6 +5,7 @@ repository fails whatever order Triton loads the models in; server.planner refus
 that differ with the same message. A config.pbtxt is read by
 h3_core.serving.shared.triton.config_parameters."""
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from h3_core.serving.shared.settings import SETTINGS, SHARED_SETTINGS, parse_value
@@ -22,7 +23,7 @@ def sibling_parameters(model_folder: str | Path, model: str) -> dict[str, dict[s
     return {other: config_parameters(path) for other, path in paths.items() if path.is_file()}
 
 
-def check_agreement(model: str, parameters: dict[str, str], siblings: dict[str, dict[str, str]]) -> None:
+def check_agreement(model: str, parameters: Mapping[str, str], siblings: Mapping[str, Mapping[str, str]]) -> None:
     """Raise ValueError naming the key, both models and both values for the first shared setting
     (SHARED_SETTINGS order, then the siblings' order) whose value in `model`'s string
     `parameters` differs from a sibling's (`siblings`: {model: its parameters}). Values compare
