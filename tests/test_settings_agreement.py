@@ -11,8 +11,11 @@ from h3_core.serving.shared.triton import config_parameters
 from server.environment import LaunchError
 from server.process import TritonServer
 from server.repository import plan, write_repository
+from server.sizing import Machine
 
 ENCODER, DIT, VAE = EncoderSettings.MODEL, DitSettings.MODEL, VaeSettings.MODEL
+NAMES = {"encoder": EncoderSettings, "dit": DitSettings, "vae": VaeSettings}  # Repository's fields
+GIB = 2**30
 CANVAS = "h3_dit, h3_encoder, h3_vae must carry the same max_height (h3_core.serving.shared.settings.SHARED_SETTINGS)"
 
 
@@ -128,3 +131,19 @@ def test_a_hand_edited_canvas_fails_the_servers_load_with_both_models_messages(t
     dit = f"h3_dit parameter max_height='256' differs from h3_encoder parameter max_height='512': {CANVAS}"
     assert encoder in log and dit in log
     assert encoder in str(failed.value) or dit in str(failed.value)
+
+
+def test_the_writer_gives_h3_encoder_the_rows_and_request_memory_it_sized_for_h3_dit():
+    """On cuda the writer sizes h3_dit's max_batch_rows and max_request_mb from the GPUs after the
+    shared settings were copied: h3_encoder kept the CPU defaults (4,096 rows, 2,048 MiB) and let
+    through requests h3_dit refuses (and refused ones it admits). Now it carries the sized values."""
+    machine = Machine(16, {0: 42 * GIB, 1: 42 * GIB})
+    wide = {ENCODER: {"encoder_path": "/encoder-5120"}}  # bench reads 5120-wide text states
+    repository = plan("bench", "/w", "cuda", [0, 1], machine=machine, overrides=wide, placement="shared")
+    encoder, dit = repository.encoder, repository.dit
+    assert (
+        (encoder.max_batch_rows, encoder.max_request_mb) == (dit.max_batch_rows, dit.max_request_mb) == (3_392, 16_074)
+    )
+    parameters = {cls.MODEL: getattr(repository, name).to_parameters() for name, cls in NAMES.items()}
+    for model in parameters:
+        check_agreement(model, parameters[model], parameters)
