@@ -189,6 +189,14 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
 
 
+def check_int64(name: str, value: int) -> None:
+    """Raise ValueError "NAME=VALUE does not fit INT64 (INT64_MIN..INT64_MAX)" unless `value` fits
+    an INT64 input or request parameter: the one rule of the client (H3Error INVALID_ARG) and the
+    Videos API (its INVALID_ARG error)."""
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise ValueError(f"{name}={value} does not fit INT64 ({INT64_MIN}..{INT64_MAX})")
+
+
 def implied_task(keyframes: bool, references: bool) -> str:
     """The task a request without TASK asks for: fl2va with keyframes, ref2va with references or
     guides, else t2va."""
