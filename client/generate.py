@@ -78,35 +78,20 @@ if __name__ == "__main__":
         on_sigint(signal.SIGINT, None)
 
 import argparse
-import io
 import json
 import math
 import tempfile
 import time
 import uuid
-import wave
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
 from h3_core import protocol, request_model
+from h3_core.media import encode_wav
 
 from .api import CANCEL_WAIT_S, DEADLINE_MARGIN_S, H3Client, H3Error, check_url, media_bytes
-
-
-def wav_bytes(audio: np.ndarray) -> bytes:
-    """A 16-bit PCM WAV file of the server's AUDIO output: float32 [AUDIO_CHANNELS, samples] at
-    protocol.AUDIO_SAMPLE_RATE Hz; each sample becomes round(clip(x, -1, 1) * 32767), the same
-    bytes as h3_core.media.encode_wav (which needs torch)."""
-    pcm = np.round(np.clip(audio, -1.0, 1.0) * 32767.0).astype("<i2").T  # [samples, channels] interleaved
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as wav:
-        wav.setnchannels(protocol.AUDIO_CHANNELS)
-        wav.setsampwidth(2)
-        wav.setframerate(protocol.AUDIO_SAMPLE_RATE)
-        wav.writeframes(np.ascontiguousarray(pcm).tobytes())
-    return buffer.getvalue()
 
 
 def numbered(path: Path, count: int) -> list[Path]:
@@ -203,7 +188,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--wav", type=Path, help="also write the audio as a .wav file (numbered like --out)")
     add("--height", type=POSITIVE, metavar="PIXELS", help="a multiple of 32 (the server's default when left out)")
     add("--width", type=POSITIVE, metavar="PIXELS", help="a multiple of 32")
-    add("--num-frames", type=POSITIVE, metavar="N", help="frames at 24 fps")
+    add("--num-frames", type=POSITIVE, metavar="N", help=f"frames at {protocol.VIDEO_FPS} fps")
     add("--steps", type=POSITIVE, metavar="N", help="number of denoise steps (DiT forwards)")
     add("--seed", type=NON_NEGATIVE, metavar="N", help="output k uses seed + k (random when left out)")
     add("--num-outputs", type=POSITIVE, default=1, metavar="N", help="clips from one request (default 1)")
@@ -477,7 +462,7 @@ def main(argv: list[str] | None = None, interrupted: threading.Event = INTERRUPT
     files = [(path, result.video_mp4) for result, path in zip(results, numbered(args.out, len(results)), strict=True)]
     if args.wav is not None:
         files += [
-            (path, wav_bytes(result.audio))
+            (path, encode_wav(result.audio))
             for result, path in zip(results, numbered(args.wav, len(results)), strict=True)
         ]
     written = [str(path) for path, _ in files]

@@ -21,8 +21,10 @@ from .errors import H3Error
 
 def check_int64(name: str, value: int) -> None:
     """Raise H3Error INVALID_ARG naming the value unless it fits INT64 (what tritonclient sends)."""
-    if not protocol.INT64_MIN <= value <= protocol.INT64_MAX:
-        raise H3Error("INVALID_ARG", f"{name}={value} does not fit INT64 ({protocol.INT64_MIN}..{protocol.INT64_MAX})")
+    try:
+        protocol.check_int64(name, value)
+    except ValueError as error:
+        raise H3Error("INVALID_ARG", str(error)) from None
 
 
 def scalar_input(name: str, value, datatype: str) -> grpcclient.InferInput:

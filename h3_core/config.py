@@ -55,6 +55,13 @@ def align_num_frames(num_frames: int) -> int:
     return 5 + 17 * math.ceil((num_frames - 5) / 17)
 
 
+def frames_for_seconds(seconds: float) -> int:
+    """Frames asked for by a duration of `seconds` at FPS: round(seconds x 24). The one rule of the
+    request formats that give seconds (SGLang's target.duration_seconds, vLLM-Omni's duration, the
+    Videos API's seconds, a reference's audio length); the clip is align_num_frames of it."""
+    return round(seconds * FPS)
+
+
 def max_requested_frames(max_num_frames: int) -> int:
     """The largest num_frames whose aligned clip fits max_num_frames frames: the largest 17n+5
     <= max_num_frames (121 -> 107, 209 -> 209); 0 when max_num_frames < 5 (no clip fits)."""

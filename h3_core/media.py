@@ -1,4 +1,6 @@
-"""The project's one MP4 writer (H.264 + AAC via PyAV) and one WAV writer (stdlib `wave`).
+"""The project's one MP4 writer (H.264 + AAC via PyAV) and one WAV writer (stdlib `wave`), used
+by the server, the client (client.generate --wav) and the Videos API alike. No torch import: the
+client installs without torch (tests/test_client_install.py); torch tensors are taken as they are.
 
 PyAV is optional: without it this module still imports, MP4_AVAILABLE is False and encode_mp4 /
 write_mp4 raise RuntimeError (a server then serves only return_mp4=false requests).
@@ -12,11 +14,14 @@ import io
 import wave
 from fractions import Fraction
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from h3_core import config
+
+if TYPE_CHECKING:  # tensors are accepted, torch is not imported (the client has none)
+    import torch
 
 try:
     import av
@@ -35,11 +40,13 @@ AAC_FRAME = 1024  # samples per AAC frame (FFmpeg's native encoder)
 X264_PARAMS = "cpu-independent=1"
 
 
-def _as_numpy(array: np.ndarray | torch.Tensor) -> np.ndarray:
-    return array.detach().cpu().numpy() if isinstance(array, torch.Tensor) else np.asarray(array)
+def _as_numpy(array: "np.ndarray | torch.Tensor") -> np.ndarray:
+    """`array` as a numpy array: a torch tensor (any device) copied to the host, anything else
+    through np.asarray."""
+    return array.detach().cpu().numpy() if hasattr(array, "detach") else np.asarray(array)
 
 
-def _check_frames(frames: np.ndarray | torch.Tensor) -> np.ndarray:
+def _check_frames(frames: "np.ndarray | torch.Tensor") -> np.ndarray:
     """Return frames as a C-contiguous uint8 numpy array [T, H, W, 3], T >= 1, even H and W (yuv420p).
     Raises ValueError naming `frames` otherwise."""
     array = _as_numpy(frames)
@@ -51,12 +58,14 @@ def _check_frames(frames: np.ndarray | torch.Tensor) -> np.ndarray:
     return np.ascontiguousarray(array)
 
 
-def _check_audio(audio: np.ndarray | torch.Tensor) -> np.ndarray:
+def _check_audio(audio: "np.ndarray | torch.Tensor") -> np.ndarray:
     """Return audio as a C-contiguous float32 numpy array [2, N] with N >= 1.
     Raises ValueError naming `audio` otherwise."""
     array = _as_numpy(audio)
     if array.dtype != np.float32 or array.ndim != 2 or array.shape[0] != config.AUDIO_CHANNELS or array.shape[1] == 0:
-        raise ValueError(f"audio must be float32 [2, N] with N >= 1, got {array.dtype} {list(array.shape)}")
+        raise ValueError(
+            f"audio must be float32 [{config.AUDIO_CHANNELS}, N] with N >= 1, got {array.dtype} {list(array.shape)}"
+        )
     return np.ascontiguousarray(array)
 
 
@@ -66,8 +75,8 @@ def _check_rate(name: str, value: int) -> None:
 
 
 def encode_mp4(
-    frames: np.ndarray | torch.Tensor,
-    audio: np.ndarray | torch.Tensor | None,
+    frames: "np.ndarray | torch.Tensor",
+    audio: "np.ndarray | torch.Tensor | None",
     fps: int = config.FPS,
     sample_rate: int = config.AUDIO_SAMPLE_RATE,
 ) -> bytes:
@@ -121,8 +130,8 @@ def encode_mp4(
 
 def write_mp4(
     path: str | Path,
-    frames: np.ndarray | torch.Tensor,
-    audio: np.ndarray | torch.Tensor | None,
+    frames: "np.ndarray | torch.Tensor",
+    audio: "np.ndarray | torch.Tensor | None",
     fps: int = config.FPS,
     sample_rate: int = config.AUDIO_SAMPLE_RATE,
 ) -> None:
@@ -133,7 +142,7 @@ def write_mp4(
     Path(path).write_bytes(data)
 
 
-def encode_wav(audio: np.ndarray | torch.Tensor, sample_rate: int = config.AUDIO_SAMPLE_RATE) -> bytes:
+def encode_wav(audio: "np.ndarray | torch.Tensor", sample_rate: int = config.AUDIO_SAMPLE_RATE) -> bytes:
     """Encode a 16-bit PCM stereo WAV file.
 
     Args:
@@ -154,7 +163,9 @@ def encode_wav(audio: np.ndarray | torch.Tensor, sample_rate: int = config.AUDIO
     return buffer.getvalue()
 
 
-def write_wav(path: str | Path, audio: np.ndarray | torch.Tensor, sample_rate: int = config.AUDIO_SAMPLE_RATE) -> None:
+def write_wav(
+    path: str | Path, audio: "np.ndarray | torch.Tensor", sample_rate: int = config.AUDIO_SAMPLE_RATE
+) -> None:
     """Write `encode_wav(audio, sample_rate)` to `path` (parent folders are created)."""
     data = encode_wav(audio, sample_rate)
     Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -23,9 +23,10 @@ from h3_core.config import (  # noqa: F401
     LAST_FRAME,
     MAX_KEYFRAMES,
     align_num_frames,
+    frames_for_seconds,
 )
 from h3_core.config import FPS as VIDEO_FPS  # noqa: F401  (VIDEO_MP4 and FRAMES run at it)
-from h3_core.rules import TASKS, InvalidRequest, check_prompt  # noqa: F401
+from h3_core.rules import TASKS, InvalidRequest, check_prompt, check_prompt_bytes  # noqa: F401
 from h3_core.rules import check_task as check_task_rule
 
 PIPELINE_MODEL = "h3_pipeline"  # the entry point clients call
@@ -186,6 +187,14 @@ MAX_FLOW_SHIFT = 100.0  # flow_shift / audio_flow_shift: the sigma schedule's sh
 MIN_FLOW_SHIFT = 1 / MAX_FLOW_SHIFT
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
+
+
+def check_int64(name: str, value: int) -> None:
+    """Raise ValueError "NAME=VALUE does not fit INT64 (INT64_MIN..INT64_MAX)" unless `value` fits
+    an INT64 input or request parameter: the one rule of the client (H3Error INVALID_ARG) and the
+    Videos API (its INVALID_ARG error)."""
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise ValueError(f"{name}={value} does not fit INT64 ({INT64_MIN}..{INT64_MAX})")
 
 
 def implied_task(keyframes: bool, references: bool) -> str:

@@ -248,7 +248,7 @@ def _number(path: str, value, positive: bool = False) -> float:
 
 def _frames(path: str, seconds) -> int:
     """Frames asked for by a duration in seconds at 24 fps."""
-    return round(_number(path, seconds, positive=True) * protocol.VIDEO_FPS)
+    return protocol.frames_for_seconds(_number(path, seconds, positive=True))
 
 
 def _steps_from_sigma_points(path: str, value) -> int:
@@ -463,7 +463,7 @@ def read_sglang(body: Mapping, parts: Mapping[str, bytes] | None = None, policy:
     elif task == "ref2va":
         sounding = [r for r in references if r.kind == "audio" or (r.kind == "video" and r.audio)]
         if len(sounding) == 1:
-            request["num_frames"] = round(media_seconds(sounding[0].data, sounding[0].path) * protocol.VIDEO_FPS)
+            request["num_frames"] = protocol.frames_for_seconds(media_seconds(sounding[0].data, sounding[0].path))
             paths["num_frames"] = sounding[0].path
     if body.get("seed") is not None:
         request["seed"] = _int("seed", body["seed"])

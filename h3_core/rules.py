@@ -1,5 +1,5 @@
 """The request rules of the core, in its own words, torch-free: the domain error the core raises
-(InvalidRequest, naming the request field), the prompt rule (check_prompt) and the task rule
+(InvalidRequest, naming the request field), the prompt rules (check_prompt, check_prompt_bytes) and the task rule
 (check_task). The wire contract (h3_core.protocol) re-exports check_prompt and words check_task's
 refusals in its input names; the adapters turn InvalidRequest into the wire's INVALID_ARG."""
 
@@ -52,6 +52,15 @@ def check_prompt(prompt: str) -> str:
     if all(unicodedata.category(char) in INVISIBLE_CATEGORIES or char in INVISIBLE_CHARACTERS for char in prompt):
         raise InvalidRequest("prompt", f"prompt must contain visible characters, got {_shown(prompt)}")
     return prompt.removeprefix(BYTE_ORDER_MARK)
+
+
+def check_prompt_bytes(size: int, max_bytes: int) -> None:
+    """The prompt's size rule: raise InvalidRequest (field "prompt") "prompt is SIZE bytes: allowed
+    1..MAX_BYTES" when its UTF-8 encoding (`size` bytes, a leading byte-order mark counted) passes
+    `max_bytes`. validate_request applies it to a prompt, h3_encoder to the PROMPT input's bytes
+    before decoding them."""
+    if size > max_bytes:
+        raise InvalidRequest("prompt", f"prompt is {size} bytes: allowed 1..{max_bytes}")
 
 
 def check_task(task: str, kinds: list[str]) -> str:

@@ -19,7 +19,8 @@ from h3_core.diffusion.request import request_memory_mb
 from h3_core.model.encoder import QWEN3VL, QWEN3VL_H3_LAYER, minilm_path, model_type, text_width
 from h3_core.parallel.ulysses import check_sp_degree
 from h3_core.parallel.workers import SP_TIMEOUT_FRACTION
-from h3_core.serving.shared.settings import DitSettings, EncoderSettings, VaeSettings
+from h3_core.serving.shared.agreement import check_agreement
+from h3_core.serving.shared.settings import SETTINGS, SHARED_SETTINGS, DitSettings, EncoderSettings, VaeSettings
 from h3_core.weights.checkpoint import TRANSFORMER_FOLDER, check_transformer_config
 from h3_core.weights.official_checkpoint import TEXT_ENCODER, TOKENIZER, is_official
 
@@ -29,22 +30,8 @@ from .placement import PLACED, InstanceGroup, instance_groups, side_gpu
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_CONFIG = "demo"  # the trained demo model's config
-SETTINGS = {cls.MODEL: cls for cls in (EncoderSettings, DitSettings, VaeSettings)}
-CANVAS_KEYS = ("max_height", "max_width", "max_num_frames")  # h3_vae's are h3_dit's unless given
 MINILM_WIDTH = 384  # width of the token states of h3_core.model.encoder's default text encoder
 REQUEST_PROMPT_TOKENS = 64  # the prompt of request_rows: 672 x 384 px, 209 frames and 64 tokens are 16,384 rows
-# h3_encoder infers a keyframe request's canvas within the DiT's limits and encodes keyframes with
-# h3_vae's video VAE: these keys are h3_dit's (or h3_vae's) unless given
-ENCODER_COPIES = {
-    "max_height": DitSettings.MODEL,
-    "max_width": DitSettings.MODEL,
-    "max_batch_rows": DitSettings.MODEL,
-    "max_request_mb": DitSettings.MODEL,
-    "tasks": DitSettings.MODEL,
-    "config_name": DitSettings.MODEL,
-    "checkpoint_dir": VaeSettings.MODEL,
-    "trust_remote_code": VaeSettings.MODEL,
-}
 
 
 @dataclass(frozen=True)
@@ -104,8 +91,7 @@ def plan(
     cpu_threads = sizing.cpu_threads(cores, model processes) and, on cuda, max_batch_rows from
     each GPU's free memory (server.sizing). On cuda, also without a machine: h3_dit's
     max_height, max_width and max_num_frames become at least the config's default canvas
-    (the larger of its default height and width on both axes; h3_vae's canvas limits are always
-    h3_dit's unless given, CANVAS_KEYS), row_budget at most
+    (the larger of its default height and width on both axes), row_budget at most
     max_batch_rows, and max_request_mb = request_memory_mb of a max_batch_rows request at the
     largest canvas, with the CPU constant that Engine.prepare applies, so that it refuses no
     request the row and canvas limits admit, and execute_budget_s = sizing.GPU_EXECUTE_BUDGET_S
@@ -123,11 +109,15 @@ def plan(
     they differ. text_encoder_bytes: the text encoder's weight bytes where its folder is not at hand
     (server.repository --plan); None reads them from its safetensors headers
     (h3_core.model.encoder.weight_bytes), and only then is its width checked.
-    Raises ValueError for an unknown config, device, model or key, a value the settings refuse
+    The settings several models carry (SHARED_SETTINGS) are kept equal: each takes its owner's
+    value, sized or given, and a value given on one model is given on every model carrying it.
+    Raises ValueError for two models given different values of a shared setting
+    (check_agreement's message), an unknown config, device, model or key, a value the settings refuse
     (h3_core.serving.shared.settings messages), bad GPUs or instances, a text encoder of another width than the
     config's text_dim (check_text_width), or a GPU where the DiT does not fit."""
     cfg = get_config(config)
-    given = _given(overrides)
+    stated = _given(overrides)
+    given = _shared_given(stated)
     sp_degree = _sp_degree(cfg, given)
     if device != "cuda" and placement is not None:
         raise ValueError(f"--placement {placement} places h3_encoder and h3_vae beside GPUs: it needs --device cuda")
@@ -173,13 +163,15 @@ def plan(
     _check_encoder(config, folder, encoder, text_encoder_bytes)
     vae = VaeSettings.from_parameters(sized.values[VaeSettings.MODEL])
     _size_rows(sized, config, device, machine, encoder, vae, groups, sp_degree, text_encoder_bytes)
+    _share(sized.values)  # h3_encoder takes the sized rows and request memory
+    encoder = EncoderSettings.from_parameters(sized.values[EncoderSettings.MODEL])
     dit = DitSettings.from_parameters(sized.values[DitSettings.MODEL])
     idle, reason = _idle_timeout(dit, config, device, sp_degree, idle_timeout_s)
     notes = sized.notes
     for model in SETTINGS:
         notes += [
             f"{model}.{key} {value}: given"
-            for key, value in given[model].items()
+            for key, value in stated[model].items()
             if not any(note.startswith(f"{model}.{key} ") for note in notes)
         ]
     return Repository(encoder, dit, vae, groups, idle, reason, tuple(notes))
@@ -192,6 +184,21 @@ def _given(overrides: Mapping[str, Mapping[str, object]] | None) -> dict[str, di
     if unknown:
         raise ValueError(f"no model {unknown[0]!r} to set: choose one of {sorted(SETTINGS)}")
     return {model: {key: _text(value) for key, value in (overrides or {}).get(model, {}).items()} for model in SETTINGS}
+
+
+def _shared_given(stated: Mapping[str, Mapping[str, str]]) -> dict[str, dict[str, str]]:
+    """The given values with each shared setting (SHARED_SETTINGS) given on one model given on
+    every model that carries it. Raises ValueError (check_agreement's message) where two models
+    are given different values of one."""
+    for model in SETTINGS:
+        check_agreement(model, stated[model], stated)
+    given = {model: dict(values) for model, values in stated.items()}
+    for key, models in SHARED_SETTINGS.items():
+        values = [stated[model][key] for model in models if key in stated[model]]
+        if values:
+            for model in models:
+                given[model][key] = values[0]
+    return given
 
 
 def _sp_degree(cfg, given: Mapping[str, Mapping[str, str]]) -> int:
@@ -294,18 +301,19 @@ def _size_processes(
 
 
 def _apply_given(sized: _Sizing) -> None:
-    """The given values over the sized ones; then h3_vae's canvas limits (CANVAS_KEYS) and
-    h3_encoder's ENCODER_COPIES follow h3_dit's and h3_vae's values where not given."""
+    """The given values over the sized ones; then every model carries the owner's value of each
+    shared setting (SHARED_SETTINGS: a value given on any carrier is given on all, _shared_given)."""
     values = sized.values
     for model in SETTINGS:
         values[model].update(sized.given[model])
-    for key in CANVAS_KEYS:  # h3_vae checks each result's canvas against the DiT's limits
-        if key not in sized.given[VaeSettings.MODEL]:
-            values[VaeSettings.MODEL][key] = values[DitSettings.MODEL][key]
-    copied = {key: values[model][key] for key, model in ENCODER_COPIES.items()}
-    for key, value in copied.items():
-        if key not in sized.given[EncoderSettings.MODEL]:
-            values[EncoderSettings.MODEL][key] = value
+    _share(values)
+
+
+def _share(values: dict[str, dict[str, str]]) -> None:
+    """Copy each shared setting (SHARED_SETTINGS) from the model that owns it to the others."""
+    for key, (owner, *carriers) in SHARED_SETTINGS.items():
+        for model in carriers:
+            values[model][key] = values[owner][key]
 
 
 def _check_encoder(config: str, folder: Path, encoder: EncoderSettings, text_encoder_bytes: int | None) -> None:

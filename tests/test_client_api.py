@@ -3,6 +3,8 @@ and what the client sends and reads, against FakeTriton (a stand-in for tritoncl
 that plays scripted responses)."""
 
 import json
+import subprocess
+import sys
 import threading
 from types import SimpleNamespace
 
@@ -11,9 +13,11 @@ import pytest
 from tritonclient.utils import InferenceServerException, deserialize_bytes_tensor
 
 from client import api
+from client import generate as client_generate
 from client.api import H3Client, H3Error
-from client.generate import wav_bytes
 from h3_core import protocol
+
+from .serving import ROOT
 
 
 def test_unreachable_server_is_unavailable():
@@ -101,11 +105,20 @@ def test_protocol_media_constants_match_the_model():
     )
 
 
-def test_wav_is_byte_identical_to_h3_core_media():
-    from h3_core.media import encode_wav
+def test_the_one_wav_writer_serves_the_client_and_the_videos_api_without_torch():
+    """h3_core.media.encode_wav is the one WAV writer (issue 46 item 4): client.generate and the
+    Videos API's jobs write with it, and it loads with client.generate in a fresh interpreter
+    without torch (the client installs without it)."""
+    from h3_core import media
+    from videos_api import jobs
 
-    audio = np.random.default_rng(0).uniform(-1.2, 1.2, (2, 1000)).astype(np.float32)
-    assert wav_bytes(audio) == encode_wav(audio)
+    assert client_generate.encode_wav is media.encode_wav and jobs.encode_wav is media.encode_wav
+    code = (
+        "import json, sys, numpy; import client.generate, h3_core.media; "
+        "print(json.dumps(['torch' in sys.modules, len(h3_core.media.encode_wav(numpy.zeros((2, 4), 'f4')))]))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert (run.returncode, run.stdout.strip()) == (0, "[false, 60]"), run.stderr  # 44-byte header + 4 x 2 x 2
 
 
 # ---- against FakeTriton ------------------------------------------------------------------------

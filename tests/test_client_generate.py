@@ -10,8 +10,9 @@ import pytest
 
 import client.generate as generate_module
 from client.api import H3Client
-from client.generate import main, wav_bytes
+from client.generate import main
 from h3_core import protocol
+from h3_core.media import encode_wav
 
 from .test_client_api import FIRST_IMAGE, LAST_IMAGE, FakeTriton, results_script
 
@@ -121,7 +122,7 @@ def test_generate_cli_writes_every_output_wav_and_preview(monkeypatch, tmp_path,
         "return_audio": True,
     }
     assert [(tmp_path / f"clip-{k}.mp4").read_bytes() for k in (0, 1)] == [b"mp4-0", b"mp4-1"]
-    assert (tmp_path / "clip-1.wav").read_bytes() == wav_bytes(np.full((2, 640), 0.25, np.float32))
+    assert (tmp_path / "clip-1.wav").read_bytes() == encode_wav(np.full((2, 640), 0.25, np.float32))
     assert sorted(p.name for p in (tmp_path / "previews").iterdir()) == ["step-001.npy"]
     saved = np.load(tmp_path / "previews" / "step-001.npy")  # no pickle: numpy's default refuses object arrays
     assert np.array_equal(saved, preview)

@@ -10,7 +10,8 @@ from safetensors.torch import load_file
 
 from h3_core.diffusion.request import GenerationRequest, RequestLimits, validate_request
 from h3_core.model.encoder import TextEncoder, minilm_path
-from h3_core.protocol import check_prompt
+from h3_core.protocol import InvalidRequest, check_prompt, check_prompt_bytes, frames_for_seconds
+from h3_core.request_model import read_sglang
 
 PROMPT = "a red ball rolls to the left while a low tone plays"
 REPO = Path(__file__).resolve().parents[1]
@@ -150,3 +151,26 @@ def test_default_ignorable_and_lone_combining_characters_are_not_visible(prompt)
     with pytest.raises(ValueError, match="^prompt must contain visible characters, got "):
         check_prompt(prompt)
     assert check_prompt("e\u0301") == "e\u0301"  # a combining mark on a letter is fine
+
+
+def test_one_prompt_size_rule_for_the_core_and_h3_encoder():
+    """rules.check_prompt_bytes is the size rule of validate_request and of h3_encoder's PROMPT
+    read (tests/test_bad_input.py's prompt_over_4096_bytes sends it through the server): a
+    leading byte-order mark counts, 4096 bytes pass and 4097 do not."""
+    check_prompt_bytes(4096, 4096)
+    with pytest.raises(InvalidRequest) as direct:
+        check_prompt_bytes(4097, 4096)
+    with pytest.raises(InvalidRequest) as core:
+        validate_request(GenerationRequest("\ufeff" + "a" * 4094, 32, 32, 1, 1), RequestLimits())
+    assert (str(direct.value), direct.value.field) == ("prompt is 4097 bytes: allowed 1..4096", "prompt")
+    assert (str(core.value), core.value.field) == ("prompt is 4097 bytes: allowed 1..4096", "prompt")
+    validate_request(GenerationRequest("a" * 4096, 32, 32, 1, 1), RequestLimits())
+
+
+def test_frames_for_seconds_is_the_one_duration_rule():
+    assert [frames_for_seconds(s) for s in (0.917, 1, 4, 0.02)] == [22, 24, 96, 0]
+    assert (
+        read_sglang({"task": "t2va", "prompt": "a", "target": {"duration_seconds": 4}}).num_frames
+        == frames_for_seconds(4)
+        == 96
+    )

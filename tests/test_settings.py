@@ -160,12 +160,12 @@ def test_bad_vae_parameters_are_refused_at_load(change, message):
     assert str(refused.value) == message
 
 
-def test_the_writer_gives_h3_vae_the_dits_canvas_limits_unless_given():
+def test_the_writer_gives_h3_vae_the_dits_canvas_limits():
     from server.repository import plan
 
     assert plan(overrides={"h3_dit": {"max_height": 128}}).vae.limits().max_height == 128
-    given = plan(overrides={"h3_dit": {"max_height": 128}, "h3_vae": {"max_height": 64}})
-    assert (given.vae.max_height, given.dit.max_height) == (64, 128)
+    given = plan(overrides={"h3_dit": {"max_height": 128}, "h3_vae": {"max_height": 128}})
+    assert (given.vae.max_height, given.dit.max_height) == (128, 128)  # differing values: test_settings_agreement
 
 
 @pytest.mark.parametrize("value", ["x", "random:", "random:-3", "/weights"])

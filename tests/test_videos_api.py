@@ -13,7 +13,7 @@ import pytest
 from openai.types import Video
 from PIL import Image
 
-from client.generate import wav_bytes
+from h3_core.media import encode_wav
 from videos_api.jobs import first_frame
 
 from .serving import idle_metrics
@@ -106,7 +106,7 @@ def test_sdk_creates_polls_and_downloads_what_the_client_api_generates(sdk, clie
         return_audio=True,
     )
     assert sdk.videos.download_content(video.id).content == reference.video_mp4
-    assert sdk.videos.download_content(video.id, variant="audio").content == wav_bytes(reference.audio)
+    assert sdk.videos.download_content(video.id, variant="audio").content == encode_wav(reference.audio)
     thumbnail = png(sdk.videos.download_content(video.id, variant="thumbnail").content)
     assert thumbnail.shape == (64, 96, 3) and np.array_equal(thumbnail, first_frame(reference.video_mp4))
     preview = png(sdk.videos.download_content(video.id, variant="preview").content)
@@ -218,7 +218,7 @@ def test_sdk_input_reference_and_a_last_frame_in_extra_body_make_the_client_apis
         **shape,
     )
     assert sdk.videos.download_content(video.id).content == reference.video_mp4
-    assert sdk.videos.download_content(video.id, variant="audio").content == wav_bytes(reference.audio)
+    assert sdk.videos.download_content(video.id, variant="audio").content == encode_wav(reference.audio)
     for item, sent in zip(video.model_extra["inputs"], (first, last), strict=True):
         downloaded = HTTP.get(f"{front_end.url}{item['url']}", headers=AUTH)
         assert (downloaded.headers["content-type"], downloaded.content) == ("image/png", sent)

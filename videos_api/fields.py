@@ -316,17 +316,16 @@ def parse_create(form: Mapping[str, object], model_name: str) -> tuple[dict, dic
     if seconds is not None:
         if request["num_frames"] is not None:
             raise invalid("give seconds or num_frames, not both", "seconds")
-        request["num_frames"] = round(_seconds(seconds) * protocol.VIDEO_FPS)
+        request["num_frames"] = protocol.frames_for_seconds(_seconds(seconds))
         request["seconds"] = str(seconds)
     preview_every = form.get("preview_every")
     request["preview_every"] = (
         DEFAULT_PREVIEW_EVERY if preview_every is None else _integer("preview_every", preview_every)
     )
-    if not protocol.INT64_MIN <= request["preview_every"] <= protocol.INT64_MAX:  # a request parameter: INT64
-        raise invalid(
-            f"preview_every={request['preview_every']} does not fit INT64 ({protocol.INT64_MIN}..{protocol.INT64_MAX})",
-            "preview_every",
-        )
+    try:
+        protocol.check_int64("preview_every", request["preview_every"])  # a request parameter: INT64
+    except ValueError as error:
+        raise invalid(str(error), "preview_every") from None
     for name in ("task", "fit"):
         value = form.get(name)
         if value is not None and not isinstance(value, str):

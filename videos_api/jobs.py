@@ -2,7 +2,7 @@
 in the Store (SQLite), its files under `<data_dir>/videos/<id>/`:
 
     <k>.mp4   output k (seed + k): H.264 + AAC, as VIDEO_MP4 came from the server
-    <k>.wav   its audio, 16-bit PCM stereo 32 kHz (client.generate.wav_bytes)
+    <k>.wav   its audio, 16-bit PCM stereo 32 kHz (h3_core.media.encode_wav)
     <k>.png   its thumbnail: the MP4's first frame
     <k>_spritesheet.jpg  its spritesheet (content.py), made at the first download
     preview.png  the latest preview image (p px per latent cell, PreviewMap) while it runs
@@ -52,7 +52,7 @@ import numpy as np
 from PIL import Image
 
 from client.api import H3Client, H3Error
-from client.generate import wav_bytes
+from h3_core.media import encode_wav
 
 from .auth import Caller
 from .content import spritesheet_bytes
@@ -344,7 +344,7 @@ class Jobs:
             folder.mkdir(parents=True, exist_ok=True)
             for k, result in enumerate(results):
                 _write(folder / f"{k}.mp4", result.video_mp4)
-                _write(folder / f"{k}.wav", wav_bytes(result.audio))
+                _write(folder / f"{k}.wav", encode_wav(result.audio))
                 _write(folder / f"{k}.png", png_bytes(first_frame(result.video_mp4)))
             now = int(time.time())
             if not self.store.end(job_id, "completed", now, self._expiry(now), outputs=[r.info for r in results]):

@@ -4,7 +4,7 @@ import secrets
 from dataclasses import dataclass
 
 from ..config import CANVAS_MULTIPLE, FPS, align_num_frames, max_requested_frames
-from ..rules import InvalidRequest, check_prompt
+from ..rules import InvalidRequest, check_prompt, check_prompt_bytes
 from .sampling import DEFAULT_AUDIO_SHIFT, DEFAULT_VIDEO_SHIFT
 
 INT64_MAX = 2**63 - 1
@@ -96,9 +96,7 @@ def validate_request(request: GenerationRequest, limits: RequestLimits) -> None:
     The padded row count is checked in Engine.prepare, once the prompt's token count is known.
     """
     check_prompt(request.prompt)
-    size = len(request.prompt.encode("utf-8"))
-    if size > limits.max_prompt_bytes:
-        raise InvalidRequest("prompt", f"prompt is {size} bytes: allowed 1..{limits.max_prompt_bytes}")
+    check_prompt_bytes(len(request.prompt.encode("utf-8")), limits.max_prompt_bytes)
     check_canvas(request.height, request.width, request.num_frames, limits)
     _check_range("num_inference_steps", request.num_inference_steps, 1, limits.max_steps)
     _check_range("num_outputs", request.num_outputs, 1, limits.max_outputs)

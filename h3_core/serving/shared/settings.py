@@ -95,6 +95,25 @@ def check_served(task: str, served: list[str]) -> None:
         )
 
 
+# The settings several models carry, which must be equal in all of them: {key: the models that
+# carry it, the first the one whose value the writer copies to the others}. A difference would let
+# one model accept what another refuses (h3_encoder infers a canvas or admits rows h3_dit refuses,
+# h3_vae refuses a result h3_dit made). Each model checks its siblings' config.pbtxt at load
+# (h3_core.serving.shared.agreement); server.planner keeps them equal and refuses given values that differ.
+SHARED_SETTINGS = {
+    "config_name": (DIT_MODEL, ENCODER_MODEL),
+    "max_height": (DIT_MODEL, ENCODER_MODEL, VAE_MODEL),
+    "max_width": (DIT_MODEL, ENCODER_MODEL, VAE_MODEL),
+    "max_num_frames": (DIT_MODEL, VAE_MODEL),
+    "max_batch_rows": (DIT_MODEL, ENCODER_MODEL),
+    "max_request_mb": (DIT_MODEL, ENCODER_MODEL),
+    "tasks": (DIT_MODEL, ENCODER_MODEL),
+    "heartbeat_s": (DIT_MODEL, VAE_MODEL),
+    "checkpoint_dir": (VAE_MODEL, ENCODER_MODEL),
+    "trust_remote_code": (VAE_MODEL, ENCODER_MODEL),
+}
+
+
 def _parse(cls, parameters: dict[str, str]):
     """An instance of the settings dataclass `cls` from string parameters. Every field must be
     given, nothing else; ints, floats and booleans ("true" / "false") are parsed. Raises
@@ -106,20 +125,23 @@ def _parse(cls, parameters: dict[str, str]):
         raise ValueError(
             f"{cls.MODEL} parameters: unknown {unknown}, missing {missing}; expected exactly {sorted(fields)}"
         )
-    values = {}
-    for name, text in parameters.items():
-        kind = fields[name].type
-        try:
-            if kind is bool:
-                if text not in ("true", "false"):
-                    raise ValueError
-                values[name] = text == "true"
-            else:
-                values[name] = kind(text)
-        except ValueError:
-            expected = "'true' or 'false'" if kind is bool else f"a valid {kind.__name__}"
-            raise ValueError(f"{cls.MODEL} parameter {name}={text!r} is not {expected}") from None
-    return cls(**values)
+    return cls(**{name: parse_value(cls, name, text) for name, text in parameters.items()})
+
+
+def parse_value(cls, name: str, text: str):
+    """The value of parameter `name` of the settings dataclass `cls` from its string: an int, a
+    float, a bool ("true" / "false") or a str, by the field's type. Raises ValueError naming the
+    model, the key and what was expected."""
+    kind = next(field.type for field in dataclasses.fields(cls) if field.name == name)
+    try:
+        if kind is bool:
+            if text not in ("true", "false"):
+                raise ValueError
+            return text == "true"
+        return kind(text)
+    except ValueError:
+        expected = "'true' or 'false'" if kind is bool else f"a valid {kind.__name__}"
+        raise ValueError(f"{cls.MODEL} parameter {name}={text!r} is not {expected}") from None
 
 
 def _to_parameters(settings) -> dict[str, str]:
@@ -262,11 +284,11 @@ class VaeSettings:
     requests at once, >= 1; docs/reliability.md measures them); trust_remote_code (run the Python
     code an official checkpoint's VAE folders ship, h3_core.weights.vae_hook; off by default);
     heartbeat_s (seconds, finite > 0: a decode, queued or running, sends its client a keep-alive
-    response after this long without a response, h3_core.serving.vae.decodes; keep it equal to
-    h3_dit's heartbeat timing, under the idle timeout of any proxy in front of the server);
+    response after this long without a response, h3_core.serving.vae.decodes; h3_dit's,
+    SHARED_SETTINGS; under the idle timeout of any proxy in front of the server);
     max_queued_decodes (>= 0: results that may wait for a decode worker; one beyond is refused at
     once with UNAVAILABLE); max_height, max_width (pixels), max_num_frames: the canvas a result
-    may have (INFO can be forged by a direct caller; the writer copies h3_dit's limits);
+    may have (INFO can be forged by a direct caller; h3_dit's, SHARED_SETTINGS);
     gpu_turns (on a CUDA device: decode in turns with the h3_dit instances of the same GPU, which
     must set it too, h3_core.serving.shared.gpu_turns; the writer sets it where h3_vae shares a GPU with
     h3_dit); turn_share (finite > 0: the fraction of the last DiT step's seconds a turn of decode
@@ -565,3 +587,6 @@ class DitSettings:
             max_request_mb=self.max_request_mb,
             max_cache_threshold=self.max_cache_threshold,
         )
+
+
+SETTINGS = {cls.MODEL: cls for cls in (EncoderSettings, DitSettings, VaeSettings)}  # model name -> its settings

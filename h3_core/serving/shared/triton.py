@@ -24,6 +24,21 @@ def model_parameters(args: dict) -> dict[str, str]:
     return {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
 
 
+def config_parameters(path: Path) -> dict[str, str]:
+    """The string values of the `parameters` of the config.pbtxt at `path` (model_parameters of
+    a file: a sibling model's, h3_core.serving.shared.agreement), parsed by protobuf as Triton's
+    ModelConfig. Raises ValueError naming the file for a text that is no Triton model configuration."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2  # Triton's ModelConfig, imported only when a file is read
+
+    config = model_config_pb2.ModelConfig()
+    try:
+        text_format.Parse(Path(path).read_text(), config)
+    except text_format.ParseError as error:
+        raise ValueError(f"{path} is not a Triton model configuration: {error}") from None
+    return {key: value.string_value for key, value in config.parameters.items()}
+
+
 def resolve_path(args: dict, path: str) -> Path:
     """An absolute path, or one relative to the folder that holds the model repository."""
     candidate = Path(path)

@@ -26,6 +26,7 @@ from h3_core.protocol import AUDIO_LATENT, CONDITION_LATENTS, REQUEST, TEXT_EMBE
 from h3_core.serving.dit.events import Arrival, CancelAnswer, Ended, Heartbeat, Progress, Refused, Result
 from h3_core.serving.dit.metrics import METRICS
 from h3_core.serving.dit.step_loop import StepLoop
+from h3_core.serving.shared.agreement import check_siblings
 from h3_core.serving.shared.gpu_turns import TURN_WAIT_FRACTION, GpuTurns
 from h3_core.serving.shared.registry import Registry, server_folder
 from h3_core.serving.shared.settings import DitSettings
@@ -143,6 +144,7 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         idle_s = int(config["sequence_batching"]["max_sequence_idle_microseconds"]) / 1e6
         settings = DitSettings.from_parameters(model_parameters(args), config["max_batch_size"], idle_s)
+        check_siblings(args["model_repository"], DitSettings.MODEL, model_parameters(args))
         set_threads(settings.cpu_threads)
         logging.getLogger("h3_dit").addHandler(TritonLogHandler())
         logging.getLogger("h3_dit").setLevel(logging.INFO)

@@ -40,6 +40,7 @@ from h3_core.protocol import (
     TASK,
     TASKS,
     TEXT_EMBEDS,
+    check_prompt_bytes,
     check_request_parameters,
     check_task,
     implied_task,
@@ -53,6 +54,7 @@ from h3_core.serving.encoder.conditioning import (
     reference_conditions,
     wire_conditions,
 )
+from h3_core.serving.shared.agreement import check_siblings
 from h3_core.serving.shared.registry import Registry, server_folder
 from h3_core.serving.shared.settings import EncoderSettings, check_served
 from h3_core.serving.shared.triton import error_response, json_tensor, model_parameters, resolve_path, set_threads
@@ -79,6 +81,7 @@ def read_strings(request, name: str) -> list[bytes] | None:
 class TritonPythonModel:
     def initialize(self, args):
         self.settings = EncoderSettings.from_parameters(model_parameters(args))
+        check_siblings(args["model_repository"], EncoderSettings.MODEL, model_parameters(args))
         set_threads(self.settings.cpu_threads)
         settings = self.settings
         self.encoder = TextEncoder(
@@ -208,8 +211,7 @@ class TritonPythonModel:
         if raw.size != 1:
             raise ValueError(f"{PROMPT} must hold exactly one string, got {raw.size}")
         value = raw[0]
-        if len(value) > self.settings.max_prompt_bytes:
-            raise ValueError(f"prompt is {len(value)} bytes: allowed 1..{self.settings.max_prompt_bytes}")
+        check_prompt_bytes(len(value), self.settings.max_prompt_bytes)
         try:
             prompt = value.decode("utf-8") if isinstance(value, bytes) else str(value)
         except UnicodeDecodeError as error:

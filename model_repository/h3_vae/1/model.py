@@ -42,6 +42,7 @@ from h3_core.protocol import (
     fault_seconds,
 )
 from h3_core.serving.dit.metrics import end_line
+from h3_core.serving.shared.agreement import check_siblings
 from h3_core.serving.shared.gpu_turns import GpuTurns, decode_tiles
 from h3_core.serving.shared.registry import Registry, server_folder
 from h3_core.serving.shared.settings import VaeSettings
@@ -120,6 +121,7 @@ class Reply:
 class TritonPythonModel:
     def initialize(self, args):
         settings = VaeSettings.from_parameters(model_parameters(args))
+        check_siblings(args["model_repository"], VaeSettings.MODEL, model_parameters(args))
         set_threads(settings.cpu_threads)
         source = settings.checkpoint_dir  # random:SEED is no path
         source = source if source_seed(source) is not None else resolve_path(args, source)
