@@ -1,5 +1,5 @@
 """Admission to the step loop: the arrival half of StepLoop (`Admission`: each Arrival becomes a
-live Job or an answer), a request's inputs and request
+live LiveJob or an answer), a request's inputs and request
 parameters (parse, which prepares its states), fault injection (check_fault, tests only), the
 client's message for an unexpected failure (admission_failure), and the bounded memory of ids
 (BoundedMemory)."""
@@ -18,7 +18,7 @@ from h3_core.diffusion.engine import Engine
 from h3_core.diffusion.request import GenerationRequest
 from h3_core.diffusion.sampling import DEFAULT_AUDIO_SHIFT, DEFAULT_VIDEO_SHIFT
 from h3_core.media import MP4_AVAILABLE
-from h3_core.model.trained_on import TrainingMetadata
+from h3_core.model.training_metadata import TrainingMetadata
 from h3_core.protocol import (
     CANCEL_FIELD,
     CONDITION_ECHO,
@@ -38,7 +38,7 @@ from h3_core.protocol import (
     implied_task,
     read_request_json,
 )
-from h3_core.serving.dit.events import Arrival, Ended, Job, Refused, Send, Status
+from h3_core.serving.dit.events import Arrival, Ended, LiveJob, Refused, Send, Status
 from h3_core.serving.dit.scheduler import Overloaded
 from h3_core.serving.shared.registry import IDS_REMEMBERED, CancelNotRecorded
 from h3_core.serving.shared.settings import DitSettings, check_served
@@ -184,8 +184,8 @@ def parse(
     engine: Engine,
     settings: DitSettings,
     training: TrainingMetadata | None = None,
-) -> Job:
-    """Inputs, REQUEST fields and request parameters of a new request -> Job (its states prepared
+) -> LiveJob:
+    """Inputs, REQUEST fields and request parameters of a new request -> LiveJob (its states prepared
     with engine.prepare; `now`: its arrival, seconds on the step loop's clock). `settings`: h3_dit's
     (fault injection, sp_degree, priority_max). `training`: the weights' training.json, or None;
     the sizes outside it and REQUEST's "outside_training" (h3_encoder's unknown words) go to the
@@ -291,7 +291,7 @@ def parse(
     outside = [] if training is None else training.outside_size(values["height"], values["width"], states[0].num_frames)
     if outside + words:
         conditioning["outside_training"] = outside + words
-    return Job(
+    return LiveJob(
         key=arrival.key,
         request_id=request_id,
         states=states,
@@ -310,12 +310,12 @@ def parse(
 
 class Admission:
     """The arrival half of StepLoop (its base class, h3_core.serving.dit.step_loop): each Arrival
-    becomes its live Job (a new one admitted with `parse`) or is answered at once (refused, a
+    becomes its live LiveJob (a new one admitted with `parse`) or is answered at once (refused, a
     cancel control request, a dropped job's end, a filler skipped). It uses the StepLoop's jobs,
     dropped, draining, scheduler, registry, metrics, clock, engine and settings, and its
     cancel_by_id and forget."""
 
-    def arrive(self, arrival: Arrival, send: Send) -> Job | None:
+    def arrive(self, arrival: Arrival, send: Send) -> LiveJob | None:
         """The live job this arrival belongs to (admitting a new one), or None when the arrival
         was answered (refused, control request, dropped job) or is a filler."""
         if arrival.key in (0, ""):
@@ -370,7 +370,7 @@ class Admission:
 
     # -- admission ---------------------------------------------------------------------------
 
-    def admit(self, arrival: Arrival, fields: dict, now: float, send: Send) -> Job | None:
+    def admit(self, arrival: Arrival, fields: dict, now: float, send: Send) -> LiveJob | None:
         """Validate a new request and queue it; on failure refuse it at once. A refused request
         leaves nothing behind: the scheduler takes it first (Overloaded, or ValueError for a
         request that never fits one forward) and the registry only then (ValueError for an id
@@ -414,7 +414,7 @@ class Admission:
         self.jobs[job.key] = job
         return job
 
-    def refuse_reused_key(self, arrival: Arrival, job: Job, send: Send) -> None:
+    def refuse_reused_key(self, arrival: Arrival, job: LiveJob, send: Send) -> None:
         """A new request (START) came with the sequence id of a live job: a client sent a
         sequence_id in use. Triton 2.51 ends the job's sequence ("conflict ... terminated
         early") and may free its request, so the job is dropped without an event (answering its

@@ -13,7 +13,7 @@ import torch
 from h3_core.diffusion import layout as L
 from h3_core.diffusion.engine import GroupFailure
 from h3_core.serving.dit.admission import WORKER_FAULTS
-from h3_core.serving.dit.events import Job, Progress, Result, Send, Status
+from h3_core.serving.dit.events import LiveJob, Progress, Result, Send, Status
 
 log = logging.getLogger("h3_dit")
 
@@ -31,11 +31,11 @@ class InFlight:
     clock seconds when it was launched; computed: (outputs, rows) in its forward (the states
     whose step the step cache skips are not; (0, 0): no forward ran)."""
 
-    jobs: list[Job]
-    steps: dict[Job, int]
+    jobs: list[LiveJob]
+    steps: dict[LiveJob, int]
     finite: torch.Tensor | None
     copied: torch.cuda.Event | None
-    previews: dict[Job, torch.Tensor]
+    previews: dict[LiveJob, torch.Tensor]
     start: float
     computed: tuple[int, int] = (0, 0)
 
@@ -43,7 +43,7 @@ class InFlight:
 class PackedStep:
     """launch / settle / forward / results of StepLoop (see the module docstring)."""
 
-    def launch(self, pack: list[Job], send: Send) -> InFlight:
+    def launch(self, pack: list[LiveJob], send: Send) -> InFlight:
         """Launch one packed forward for `pack` and queue each state's Euler update after it. On
         a GPU nothing here waits for this step's forward (a preview due at this step is the
         exception); the pack's small host-to-device copies wait for the step queued before, so
@@ -167,7 +167,7 @@ class PackedStep:
                 self.results(job, send)
         return True
 
-    def forward(self, jobs: list[Job]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def forward(self, jobs: list[LiveJob]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """engine.denoise_step for the jobs' states: velocities on the engine's device (on a GPU
         the forward may still run when this returns). Injected faults (see check_fault) act
         here, at a job's first step: "nan" makes its velocities non-finite (found by `settle`)."""
@@ -192,7 +192,7 @@ class PackedStep:
 
     # -- endings -----------------------------------------------------------------------------
 
-    def results(self, job: Job, send: Send) -> None:
+    def results(self, job: LiveJob, send: Send) -> None:
         """One Result per output, with its final latents; the last one is final. A cancel that
         reached the registry during the last step wins: the request ends with CANCELLED (its
         canceller was told "cancelled")."""

@@ -48,7 +48,7 @@ drive it without a server:
    steps where those are longer. Then every job still live is rescheduled.
 
 A job's lifecycle is `Status`: WAITING (admitted, no step yet or preempted) -> RUNNING -> FINISHED,
-CANCELLED or FAILED. All per-request state lives in the Job and its RequestStates; the loop keeps
+CANCELLED or FAILED. All per-request state lives in the LiveJob and its RequestStates; the loop keeps
 only the map of live jobs, two bounded memories of ids (ids cancelled before their request
 arrived; ids that finished recently), its count of the registry's announcements and the step in
 flight (`InFlight`, between its launch and its settling).
@@ -61,7 +61,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 
 from h3_core.diffusion.engine import Engine
-from h3_core.model.trained_on import TrainingMetadata
+from h3_core.model.training_metadata import TrainingMetadata
 from h3_core.serving.dit.admission import VANISHED_EXECUTES, Admission, BoundedMemory
 from h3_core.serving.dit.events import (
     EVENT_NAMES,
@@ -70,7 +70,7 @@ from h3_core.serving.dit.events import (
     Ended,
     Event,
     Heartbeat,
-    Job,
+    LiveJob,
     Progress,
     Refused,
     Send,
@@ -146,7 +146,7 @@ class StepLoop(Admission, PackedStep):
             settings.row_budget,
             settings.max_wait_s,
         )
-        self.jobs: dict[object, Job] = {}  # live jobs by correlation id
+        self.jobs: dict[object, LiveJob] = {}  # live jobs by correlation id
         self.in_flight: InFlight | None = None  # the step launched last, until it settles
         self.settled_at = -math.inf  # clock seconds when the last step settled
         self.last_step_s = math.inf  # seconds of the last settled step (OVERLAP_MAX_STEP_S)
@@ -173,14 +173,14 @@ class StepLoop(Admission, PackedStep):
     def iterate(self, arrivals: list[Arrival], send: Send) -> list:
         """One execute() over every live request: the announcements so far
         (`note_announcements`), the arrivals (step 1 of the module docstring) and the cancels
-        other instances took (`Registry.boundary`), then step boundaries and steps (steps 2-5)
+        other instances took (`Registry.publish_and_read_cancels`), then step boundaries and steps (steps 2-5)
         while `another_step` allows, then the settling of the step launched last. Events are
         passed to `send` as they happen (progress streams while the execute runs). Returns the
         handles of the requests to reschedule (still live)."""
         self.metrics.set("h3_heartbeat_timestamp_seconds", time.time())
         self.metrics.set("h3_execute_in_progress", 1)
         failed: set[int] = set()  # ids of the handles whose request ended after a failed send
-        owners: dict[int, Job] = {}  # id of a live job's handle -> the job
+        owners: dict[int, LiveJob] = {}  # id of a live job's handle -> the job
 
         def deliver(event: Event) -> None:
             if id(event.handle) in failed:
@@ -194,7 +194,7 @@ class StepLoop(Admission, PackedStep):
                 failed.add(id(event.handle))
                 self.send_failed(event, error, send)
 
-        present: list[Job] = []
+        present: list[LiveJob] = []
         try:
             start = self.clock()
             self.note_announcements(arrivals)
@@ -224,10 +224,12 @@ class StepLoop(Admission, PackedStep):
 
     def read_cancels(self) -> None:
         """Once an execute: publish this instance's load and mark the jobs whose cancel another
-        instance took (Registry.boundary). A registry that fails is logged and read again at the
+        instance took (Registry.publish_and_read_cancels). A registry that fails is logged and read again at the
         next execute."""
         try:
-            cancelled = self.registry.boundary([job.request_id for job in self.jobs.values()], self.load())
+            cancelled = self.registry.publish_and_read_cancels(
+                [job.request_id for job in self.jobs.values()], self.load()
+            )
         except Exception:  # noqa: BLE001 - read again at the next execute
             log.exception("the registry's cancels could not be read; read again at the next execute")
             return
@@ -259,7 +261,7 @@ class StepLoop(Admission, PackedStep):
         if job is not None:
             self.forget(job, Status.FAILED)
 
-    def fail_execute(self, arrivals: list[Arrival], error: Exception, send: Send) -> list[Job]:
+    def fail_execute(self, arrivals: list[Arrival], error: Exception, send: Send) -> list[LiveJob]:
         """A fault of the loop itself (not of one request's send or registry call, which fail
         that request alone) ended the execute: log it, discard the step in flight and end every
         live job of this execute's requests with INTERNAL, so each gets its final response
@@ -280,7 +282,7 @@ class StepLoop(Admission, PackedStep):
             )
         return []
 
-    def boundary_and_step(self, present: list[Job], send: Send) -> bool:
+    def boundary_and_step(self, present: list[LiveJob], send: Send) -> bool:
         """One step boundary over the jobs Triton delivered in this execute: end the cancelled
         ones (`end_cancelled`), let the policy pick the pack and `advance` it (launch its step;
         settle the one in flight), then `answer` the jobs after a settled step. In execution
@@ -297,7 +299,7 @@ class StepLoop(Admission, PackedStep):
             self.answer(present, send)
         return bool(pack)
 
-    def plan(self, present: list[Job], send: Send) -> None:
+    def plan(self, present: list[LiveJob], send: Send) -> None:
         """Plan the next step of every live job Triton delivered in this execute (`present`; only
         they can be packed, and only their handles may be answered) that has steps left
         (Engine.plan_step: its step cache decides whether it computes; a job without caching costs
@@ -315,7 +317,7 @@ class StepLoop(Admission, PackedStep):
                     message = f"planning step {job.step_index + 1} failed: {type(error).__name__}: {error}"
                     self.end(job, send, Status.FAILED, "INTERNAL", message)
 
-    def run_to_completion(self, job: Job, present: list[Job], send: Send) -> None:
+    def run_to_completion(self, job: LiveJob, present: list[LiveJob], send: Send) -> None:
         """Execution mode "request": take `job`'s steps within this execute until it finishes or
         ends early. Every step boundary in it is a step boundary of step mode for the job: the
         cancels recorded elsewhere are read from the registry (`read_cancels`: with this
@@ -332,7 +334,7 @@ class StepLoop(Admission, PackedStep):
         if self.settle_in_flight(send):
             self.answer(present, send)
 
-    def advance(self, pack: list[Job], send: Send) -> tuple[InFlight, bool]:
+    def advance(self, pack: list[LiveJob], send: Send) -> tuple[InFlight, bool]:
         """Launch `pack`'s step, then settle the previous one if it is still in flight (the two
         overlap while steps are short, OVERLAP_MAX_STEP_S); after a long step, settle this one
         too. With GPU turns each step holds the turn from its launch until the device has done
@@ -353,10 +355,10 @@ class StepLoop(Admission, PackedStep):
         flight, self.in_flight = self.in_flight, None
         return self.settle(flight, send)
 
-    def answer(self, present: list[Job], send: Send) -> None:
+    def answer(self, present: list[LiveJob], send: Send) -> None:
         """After a step settled, or at a boundary without a step: send each present job that
         waits its new queue position (if it asked for progress) and a `Heartbeat` to each live
-        one that got no response for settings.heartbeat_s seconds (Job.responded_s, which
+        one that got no response for settings.heartbeat_s seconds (LiveJob.responded_s, which
         `iterate`'s send stamps). Answer passes come at least once a step, so a silent job gets
         one at most heartbeat_s plus one step after its last response."""
         now = self.clock()
@@ -395,7 +397,7 @@ class StepLoop(Admission, PackedStep):
         self.announced_in_transit = count - self.announced > arrived and in_transit
         self.announced = self.announced + arrived if self.announced_in_transit else count
 
-    def another_step(self, start: float, boundary: float, steps: int, present: list[Job]) -> bool:
+    def another_step(self, start: float, boundary: float, steps: int, present: list[LiveJob]) -> bool:
         """Whether the execute that began at `start` and has taken `steps` steps takes another
         after the one whose boundary was at `boundary` (clock seconds). Only in step mode, only
         while every live job is among the `present` ones (a job Triton withholds is counted
@@ -443,7 +445,7 @@ class StepLoop(Admission, PackedStep):
                 job.cancel_reason = job.cancel_reason or "cancelled by request"
         return CancelAnswer(handle, target, state)
 
-    def drop_vanished(self, present: list[Job]) -> None:
+    def drop_vanished(self, present: list[LiveJob]) -> None:
         """Forget jobs Triton stopped delivering: every live sequence comes back in each
         execute(), but Triton 2.51 drops a natively cancelled iterative request when it is
         rescheduled instead of delivering it again. After VANISHED_EXECUTES absences the job is
@@ -458,7 +460,7 @@ class StepLoop(Admission, PackedStep):
                     dropped=f"Triton withheld it for {VANISHED_EXECUTES} steps (sequence id {job.key})",
                 )
 
-    def end_cancelled(self, present: list[Job], send: Send) -> None:
+    def end_cancelled(self, present: list[LiveJob], send: Send) -> None:
         """Step boundary: end jobs cancelled by id or by their client, past their deadline, or
         all of them once the server drains."""
         now = self.clock()
@@ -485,7 +487,7 @@ class StepLoop(Admission, PackedStep):
                     f"request {job.request_id} {reason} at step {job.step_index} of {job.total_steps}",
                 )
 
-    def end(self, job: Job, send: Send, status: Status, code: str, message: str) -> None:
+    def end(self, job: LiveJob, send: Send, status: Status, code: str, message: str) -> None:
         """End a live job early with a final `Ended` (code CANCELLED or INTERNAL), one log line,
         and `forget` it."""
         send(Ended(job.handle, job.request_id, code, message, job.step_index, job.total_steps))
@@ -511,7 +513,7 @@ class StepLoop(Admission, PackedStep):
         )
         self.forget(job, status)
 
-    def forget(self, job: Job, status: Status, dropped: str | None = None) -> None:
+    def forget(self, job: LiveJob, status: Status, dropped: str | None = None) -> None:
         """Remove the job and tell the registry it left. `dropped`: why it was dropped without a
         final event; if Triton delivers its request again, arrive() ends it with CANCELLED
         naming its request id and this cause. The registry gets this instance's load without
@@ -527,7 +529,7 @@ class StepLoop(Admission, PackedStep):
         if dropped is not None:
             self.dropped.remember(job.key, (job.request_id, dropped), self.clock())
 
-    def drop(self, job: Job, status: Status) -> None:
+    def drop(self, job: LiveJob, status: Status) -> None:
         """Remove the job from this loop (the registry already knows it left)."""
         job.status = status
         self.scheduler.remove(job)
