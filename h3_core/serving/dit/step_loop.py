@@ -3,13 +3,17 @@
 The Triton model h3_dit (model_repository/h3_dit/1/model.py) is an adapter: at every execute() it
 turns each live Triton request into an `Arrival` (plain data, h3_core.serving.dit.events) and calls
 `StepLoop.iterate`, which hands it the `Event`s to send, in order, as they happen, and returns the
-requests to reschedule. Everything else lives here and in h3_core.serving.dit.admission (arrivals),
-.packed_step (one packed step: launch, settle), .events (the plain data) and .metrics, and tests
-drive it without a server:
+requests to reschedule. The loop is composed of parts that own their state and are built and
+tested alone (tests/test_step_loop_parts.py): `Admission` (h3_core.serving.dit.admission: arrivals,
+the memory of dropped ids), `Announcements` (.announcements: the registry's count of requests
+headed for the DiT), `PackedStep` (.packed_step: launch and settle of one packed step, the step in
+flight, step times; it returns what is due as plain data, `Settled`) and the `Scheduler`
+(.scheduler: the waiting line and the pack); the plain data is in .events, the metrics in
+.metrics. Tests drive the loop without a server:
 
 1. Arrivals, once per execute. A new request (Triton's START flag) is validated (`parse`) and
    handed to the scheduler (admission; refused with INVALID_ARG or UNAVAILABLE at once); a control
-   request {"cancel_request_id": ID} is answered at once (`cancel_by_id`, CANCEL_STATES in
+   request {"cancel_request_id": ID} is answered at once (`Admission.cancel_by_id`, CANCEL_STATES in
    h3_core.protocol); a known request refreshes its job's handle. Cancels that reached another
    DiT instance are read from the registry; jobs Triton stopped delivering (`drop_vanished`) are
    forgotten.
@@ -42,16 +46,17 @@ drive it without a server:
    between executes, so the ones that are announced (h3_core.serving.shared.registry: h3_encoder announces each
    request it passes on, the registry each cancel it flags for another instance: h3_cancel's
    (clients'), h3_vae's for gone clients) end the execute at the next step boundary and wait at
-   most the step in flight (`note_announcements`; while steps overlap, also the one launched
+   most the step in flight (`Announcements.note`; while steps overlap, also the one launched
    behind it, OVERLAP_MAX_STEP_S); unannounced ones (a direct call of h3_dit, a control
    request sent to it included) wait at most the budget plus one step, or MIN_EXECUTE_STEPS
    steps where those are longer. Then every job still live is rescheduled.
 
 A job's lifecycle is `Status`: WAITING (admitted, no step yet or preempted) -> RUNNING -> FINISHED,
-CANCELLED or FAILED. All per-request state lives in the LiveJob and its RequestStates; the loop keeps
-only the map of live jobs, two bounded memories of ids (ids cancelled before their request
-arrived; ids that finished recently), its count of the registry's announcements and the step in
-flight (`InFlight`, between its launch and its settling).
+CANCELLED or FAILED. All per-request state lives in the LiveJob and its RequestStates; the loop
+itself keeps only the map of live jobs and whether the server drains, and ends jobs (`end`,
+`forget`, `results`); the memory of dropped ids is the Admission's, the announcements' count the
+Announcements', the step in flight (`InFlight`, between its launch and its settling) the
+PackedStep's.
 """
 
 import logging
