@@ -133,7 +133,7 @@ class StepLoop:
             )
         self.engine, self.settings, self.registry = engine, settings, registry
         self.metrics = metrics if metrics is not None else MetricsRecord()
-        self.clock, self.training, self.turns = clock, training, turns
+        self.clock, self.turns = clock, turns
         self.scheduler = Scheduler(
             settings.max_num_seqs,
             settings.max_batch_rows,
