@@ -12,14 +12,15 @@ folder (tempfile.gettempdir(), where servers keep theirs), by one DiT instance w
                   round remembers is forgotten by the next;
   full_memories:  IDS_REMEMBERED early cancels and IDS_REMEMBERED finished ids remembered (the
                   clock moves 1 ms a round; each finish replaces the oldest finished id);
-  live_2000:      2,000 ids live on the measured instance, which boundary() is asked about; the
-                  clock moves EARLY_CANCEL_SECONDS a round.
-A round is admit(new id), boundary(the instance's live ids, its load), finish(the new id, its
-load), so the state is the same at every round. Per call: the CPU time of this process
-(time.process_time_ns, user + system; SQLite runs in the process), median and p99 (statistics.
-quantiles, n=100) over --calls rounds, in milliseconds. Writes --out: date, command, hardware,
-python and sqlite versions, the per-call figures and a summary (per state and call: the medians
-and p99s, and old / current medians when --old is given). Prints the summary table.
+  live_2000:      2,000 ids live on the measured instance, which publish_and_read_cancels() is
+                  asked about; the clock moves EARLY_CANCEL_SECONDS a round.
+A round is admit(new id), publish_and_read_cancels(the instance's live ids, its load; named
+"boundary" in the results), finish(the new id, its load), so the state is the same at every
+round. Per call: the CPU time of this process (time.process_time_ns, user + system; SQLite runs
+in the process), median and p99 (statistics.quantiles, n=100) over --calls rounds, in
+milliseconds. Writes --out: date, command, hardware, python and sqlite versions, the per-call
+figures and a summary (per state and call: the medians and p99s, and old / current medians
+when --old is given). Prints the summary table.
 """
 
 import argparse
@@ -88,7 +89,7 @@ def measure(module: ModuleType, state: str, calls: int) -> dict:
             start = time.process_time_ns()
             registry.admit(request_id)
             admitted = time.process_time_ns()
-            registry.boundary(live, load)
+            registry.publish_and_read_cancels(live, load)
             stepped = time.process_time_ns()
             registry.finish(request_id, load)
             finished = time.process_time_ns()

@@ -122,11 +122,6 @@ class DiTConfig:
         return self.num_heads * self.head_dim
 
     @property
-    def rotary_dim(self) -> int:
-        """Head dims rotated by the 3-axis RoPE: 3 axes x 2 halves x freqs per axis."""
-        return 6 * self.rope_freqs_per_axis
-
-    @property
     def torch_dtype(self) -> torch.dtype:
         """The runtime torch dtype named by `dtype` (torch.float32 for "float32")."""
         import torch

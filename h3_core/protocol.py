@@ -109,7 +109,7 @@ AUDIO_LATENT = "AUDIO_LATENT"  # float32 [1, 2, 32, T_a] final stereo audio late
 # of TASKS), "conditions" (CONDITION_FIELDS per block, in CONDITION_LATENTS' order), "vision_spans" ([start,
 # end) token ranges of TEXT_EMBEDS that are vision tokens, token tag 0) and "geometry" (how the
 # canvas was chosen and the images fitted; echoed in the result's INFO); "outside_training" (a list
-# of strings: the prompt's words not in the weights' training.json, h3_core.weights.training_metadata;
+# of strings: the prompt's words not in the weights' training.json, h3_core.model.training_metadata;
 # h3_dit adds the sizes outside it and echoes them in the result's INFO "outside_training")
 REQUEST_FIELDS = tuple(INT_INPUTS.values()) + (
     "encode_seconds",

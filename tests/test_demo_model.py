@@ -18,8 +18,8 @@ from h3_core.factory import load_engine
 from h3_core.model import H3DiT
 from h3_core.model.encoder import TextEncoder
 from h3_core.model.initialization import init_weights
-from h3_core.weights.checkpoint import CACHE_FILE, PREVIEW_FILE, load_preview, load_weights
-from h3_core.weights.training_metadata import TRAINING_FILE, load_training_metadata
+from h3_core.model.training_metadata import TRAINING_FILE
+from h3_core.weights.checkpoint import CACHE_FILE, PREVIEW_FILE, load_preview, load_training_metadata, load_weights
 from h3_core.weights.vae_hook import load_vaes
 from server.process import TritonServer
 from server.repository import DEMO_WEIGHTS, plan, write_repository

@@ -33,7 +33,7 @@ def test_cancel_states_and_their_memory(tmp_path):
     assert dit.admit("live") is False
     assert dit.admit("done") is False and dit.finish("done") is False
     assert [other.cancel(i) for i in ("live", "done", "early")] == ["cancelled", "finished", "unknown"]
-    assert dit.boundary(["live"], DitLoad(1, 4, 8)) == {"live"}
+    assert dit.publish_and_read_cancels(["live"], DitLoad(1, 4, 8)) == {"live"}
     assert dit.finish("live") is True  # its cancel flag was set
     assert other.admit("done") is False  # a finished id planted nothing
     assert other.admit("early") is True  # the early cancel was waiting for it
@@ -62,7 +62,10 @@ def test_the_encoder_holds_the_ids_whose_media_it_decodes(tmp_path):
     assert cancels.cancel("early") == "finished"
     assert dit.admit("running") is False and encoder.hold("running") is False
     encoder.release("running", ended=False)  # not the encoder's: left live on the DiT
-    assert dit.boundary(["running"], DitLoad(1, 4, 8)) == set() and cancels.cancel("running") == "cancelled"
+    assert (
+        dit.publish_and_read_cancels(["running"], DitLoad(1, 4, 8)) == set()
+        and cancels.cancel("running") == "cancelled"
+    )
 
 
 def test_memories_are_bounded(tmp_path, monkeypatch):
@@ -83,12 +86,12 @@ def test_memories_are_bounded(tmp_path, monkeypatch):
 def test_the_encoder_is_refused_only_when_every_instance_is_full(tmp_path):
     first, second, encoder = Registry(tmp_path, "h3_dit_0"), Registry(tmp_path, "h3_dit_1"), Registry(tmp_path)
     assert encoder.refusal() is None  # nothing reported yet
-    first.boundary([], DitLoad(held=5, max_num_seqs=4, max_waiting=1))
+    first.publish_and_read_cancels([], DitLoad(held=5, max_num_seqs=4, max_waiting=1))
     assert encoder.refusal() == "the DiT holds 5 requests, its capacity max_num_seqs + max_waiting = 4 + 1; retry later"
-    second.boundary([], DitLoad(held=4, max_num_seqs=4, max_waiting=1))
+    second.publish_and_read_cancels([], DitLoad(held=4, max_num_seqs=4, max_waiting=1))
     assert encoder.refusal() is None
     second.leave()
-    first.boundary([], DitLoad(held=4, max_num_seqs=4, max_waiting=1))
+    first.publish_and_read_cancels([], DitLoad(held=4, max_num_seqs=4, max_waiting=1))
     assert encoder.refusal() is None
 
 
@@ -106,8 +109,8 @@ def test_leaving_forgets_the_instance_and_deletes_nothing(tmp_path):
     folder = tmp_path / "h3-triton-1-2"
     first, second, encoder = Registry(folder, "h3_dit_0_0"), Registry(folder, "h3_dit_0_1"), Registry(folder)
     assert first.admit("a") is False and second.admit("b") is False
-    first.boundary(["a"], DitLoad(1, 1, 0))
-    second.boundary(["b"], DitLoad(2, 2, 0))
+    first.publish_and_read_cancels(["a"], DitLoad(1, 1, 0))
+    second.publish_and_read_cancels(["b"], DitLoad(2, 2, 0))
     assert encoder.refusal() == DitLoad(1, 1, 0).message()  # the emptiest full instance's
     first.leave()
     assert encoder.refusal() == DitLoad(2, 2, 0).message()
@@ -124,7 +127,7 @@ def test_leaving_forgets_the_instance_and_deletes_nothing(tmp_path):
 def test_a_finished_request_publishes_the_load_without_it(tmp_path):
     dit, encoder = Registry(tmp_path, "h3_dit_0"), Registry(tmp_path)
     dit.admit("a")
-    dit.boundary(["a"], DitLoad(held=1, max_num_seqs=1, max_waiting=0))
+    dit.publish_and_read_cancels(["a"], DitLoad(held=1, max_num_seqs=1, max_waiting=0))
     assert encoder.refusal() is not None
     assert dit.finish("a", DitLoad(held=0, max_num_seqs=1, max_waiting=0)) is False
     assert encoder.refusal() is None  # at once, not at the instance's next execute
@@ -212,7 +215,7 @@ def write_through_one_instance(folder: Path, instance: int, each: int) -> None:
         request_id = f"{instance}-{k}"
         registry.announce()
         assert registry.admit(request_id) is False
-        assert registry.boundary([request_id], DitLoad(1, 4, 8)) == set()
+        assert registry.publish_and_read_cancels([request_id], DitLoad(1, 4, 8)) == set()
         assert registry.finish(request_id, DitLoad(0, 4, 8)) is False
         assert registry.cancel(f"early-{request_id}") == "unknown"
     registry.leave()
@@ -361,7 +364,7 @@ from h3_core.serving.shared.registry import Registry
 from h3_core.serving.shared.registry import DitLoad
 registry = Registry(sys.argv[1], "h3_dit_1")
 assert registry.admit("failed") is False
-registry.boundary(["failed"], DitLoad(held=1, max_num_seqs=4, max_waiting=0))
+registry.publish_and_read_cancels(["failed"], DitLoad(held=1, max_num_seqs=4, max_waiting=0))
 """
 
 
@@ -372,7 +375,7 @@ def test_a_dead_instances_rows_are_forgotten(tmp_path):
     root = Path(__file__).resolve().parents[1]
     subprocess.run([sys.executable, "-c", DEAD_INSTANCE, str(tmp_path)], cwd=root, check=True, timeout=120)
     full, encoder = Registry(tmp_path, "h3_dit_0"), Registry(tmp_path)
-    full.boundary([], DitLoad(held=1, max_num_seqs=1, max_waiting=0))
+    full.publish_and_read_cancels([], DitLoad(held=1, max_num_seqs=1, max_waiting=0))
     assert encoder.refusal() == DitLoad(1, 1, 0).message()
     assert encoder.cancel("failed") == "unknown"
     assert full.admit("failed") is True  # the early cancel above waited for it, as for any unknown id
@@ -381,9 +384,9 @@ def test_a_dead_instances_rows_are_forgotten(tmp_path):
 def test_an_instance_that_opens_again_clears_its_former_rows(tmp_path):
     before = Registry(tmp_path, "h3_dit_0")
     assert before.admit("a") is False
-    before.boundary(["a"], DitLoad(held=1, max_num_seqs=4, max_waiting=0))
+    before.publish_and_read_cancels(["a"], DitLoad(held=1, max_num_seqs=4, max_waiting=0))
     encoder, other = Registry(tmp_path), Registry(tmp_path, "h3_dit_1")
-    other.boundary([], DitLoad(held=1, max_num_seqs=1, max_waiting=0))
+    other.publish_and_read_cancels([], DitLoad(held=1, max_num_seqs=1, max_waiting=0))
     assert encoder.refusal() is None
     Registry(tmp_path, "h3_dit_0")  # the instance restarted (Triton restarts a dead stub under its name)
     assert encoder.cancel("a") == "unknown"

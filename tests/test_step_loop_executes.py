@@ -5,8 +5,8 @@ compared with its solo run (torch.equal)."""
 
 import pytest
 
+from h3_core.serving.dit.announcements import ANNOUNCED_TRANSIT_S
 from h3_core.serving.dit.events import CancelAnswer, Ended, Heartbeat, Result
-from h3_core.serving.dit.step_loop import ANNOUNCED_TRANSIT_S
 from h3_core.serving.shared.registry import Registry
 from tests.step_loop_harness import (
     Client,

@@ -103,7 +103,7 @@ def test_a_registry_call_that_raises_fails_only_its_request(engine, monkeypatch,
     INTERNAL, the execute whose read failed steps on; a runs to its solo result."""
     loop = make_loop(engine)
     client = Client(loop)
-    finish, boundary = loop.registry.finish, loop.registry.boundary
+    finish, boundary = loop.registry.finish, loop.registry.publish_and_read_cancels
     boundary_failures = [RuntimeError("database is locked")]
 
     def finish_or_raise(request_id, load=None):
@@ -120,7 +120,7 @@ def test_a_registry_call_that_raises_fails_only_its_request(engine, monkeypatch,
         raise RuntimeError("database is locked")
 
     monkeypatch.setattr(loop.registry, "finish", finish_or_raise)
-    monkeypatch.setattr(loop.registry, "boundary", boundary_or_raise)
+    monkeypatch.setattr(loop.registry, "publish_and_read_cancels", boundary_or_raise)
     monkeypatch.setattr(loop.registry, "cancel", cancel_or_raise)
     client.send("a", steps=3, seed=1)
     client.send("b", steps=2, seed=2)

@@ -49,7 +49,6 @@ SIDES = ("left", "right")
 LOUD, QUIET = 0.5, 0.05
 RADIUS = 9.0  # px: disc radius / half the square's side
 TRAVEL = {"horizontal": 56.0, "vertical": 36.0}  # px covered from the first to the last frame
-ATTRIBUTES = ("colour", "shape", "direction", "pitch", "side")
 CAPTION = "a {colour} {shape} {verb} {direction} while a {pitch} tone plays on the {side}"  # {direction}: its phrase
 SPLIT_SEED, NUM_HELD_OUT = 8, 36
 REFERENCE_SAMPLES = AUDIO_SAMPLE_RATE  # the reference tone: 1 s, 40 whole audio latents
@@ -142,7 +141,7 @@ def held_out_captions() -> list[str]:
 
 
 def training_metadata() -> dict:
-    """The shipped training.json (h3_core.weights.training_metadata): the canvas (pixels), the
+    """The shipped training.json (h3_core.model.training_metadata): the canvas (pixels), the
     clip length (frames), the caption template and every word of the training captions, sorted."""
     words = sorted({word for text in train_captions() for word in text.split()})
     return {"height": [HEIGHT], "width": [WIDTH], "num_frames": [NUM_FRAMES], "caption": CAPTION, "words": words}

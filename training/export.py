@@ -18,8 +18,8 @@ from pathlib import Path
 
 from h3_core.config import get_config
 from h3_core.model import H3DiT
+from h3_core.model.training_metadata import TRAINING_FILE
 from h3_core.weights.checkpoint import save_weights
-from h3_core.weights.training_metadata import TRAINING_FILE
 
 from . import data
 from .loop import read_loss_csv
@@ -45,7 +45,7 @@ def export_weights(work: Path, out: Path, config: str = "demo") -> list[Path]:
 
 
 def write_training_metadata(out: Path) -> Path:
-    """Write out/training.json (training.data.training_metadata, h3_core.weights.training_metadata)."""
+    """Write out/training.json (training.data.training_metadata, h3_core.model.training_metadata)."""
     path = out / TRAINING_FILE
     path.write_text(json.dumps(data.training_metadata(), indent=1) + "\n")
     return path

@@ -15,7 +15,6 @@ from ..config import AUDIO_LATENT_CHANNELS, VIDEO_LATENT_CHANNELS, VIDEO_ROW_WID
 from . import layout as L
 
 CONDITION_AUG = 0.999  # visual anchor = a x clean + (1 - a) x noise (docs/model.md §3.3)
-AUDIO_CONDITION_AUG = 1.0  # reference audio: its clean rows unchanged
 
 
 @dataclass

@@ -292,7 +292,7 @@ class PackRows:
     text_rows: torch.Tensor  # int64 [sum L]: the rows receiving refined text
     refiner_text_rows: torch.Tensor  # int64 [sum L]: where each text token sits in the refiner sequence
     refiner_rows: int  # rows of the refiner sequence
-    modality: torch.Tensor  # int64 [S]: a row's AdaLN modality (token tag, padding as text)
+    modality: torch.Tensor  # int64 [S]: a row's AdaLN modality (token tag; padding, -1, clamped to 0: as video)
     rope: torch.Tensor  # [S, 6 * rope_freqs_per_axis] model dtype: rope_table of the rows
     documents: Documents  # the pack's attention documents
     refiner_documents: Documents  # the refiner sequence's

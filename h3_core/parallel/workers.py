@@ -18,7 +18,7 @@ Failures are of two kinds, and each costs at most one restart of the workers.
   too. The driver kills every worker (SIGKILL: a rank stuck in a collective or a CUDA call reads
   no pipe), starts new ones ONCE and retries the whole step once; if that fails too, the forward
   raises WorkerLost naming both causes and the step loop fails every request of the pack with it
-  (INTERNAL), retrying none alone (h3_core/serving/dit/step_loop.py, StepLoop.launch): a request's
+  (INTERNAL), retrying none alone (h3_core/serving/dit/packed_step.py, PackedStep.launch): a request's
   solo retry would only restart the workers again.
 - A request's (WorkerFailed): an exception in a rank's own computation (not in a collective).
   That rank makes the step's remaining all-to-alls with zeros (ulysses.release_peers), so its

@@ -46,6 +46,7 @@ from ..model.dit import AdaLNProj
 from ..model.fp8 import Fp8Linear
 from ..model.initialization import drawn_values, source_seed
 from ..model.preview import FEATURES, RANDOM_PREVIEW, PreviewMap
+from ..model.training_metadata import TRAINING_FILE, TrainingMetadata
 
 DIT_FILE, VIDEO_VAE_FILE, AUDIO_VAE_FILE = "dit.safetensors", "video_vae.safetensors", "audio_vae.safetensors"
 PREVIEW_FILE = "preview.safetensors"  # optional: the previews' fitted latent-to-RGB map (load_preview)
@@ -373,6 +374,16 @@ def read_json_object(path: Path) -> dict:
     if not isinstance(value, dict):
         raise ValueError(f"{path} must hold a JSON object, got {type(value).__name__}")
     return value
+
+
+def load_training_metadata(source: str | Path) -> TrainingMetadata | None:
+    """The TRAINING_FILE beside a weight source's files (h3_core.model.training_metadata), or None
+    (no file, or `random:SEED`). Raises ValueError naming the file and the key when it is not a
+    JSON object or its values are wrong (TrainingMetadata.from_fields)."""
+    path = Path(source) / TRAINING_FILE
+    if source_seed(source) is not None or not path.is_file():
+        return None
+    return TrainingMetadata.from_fields(read_json_object(path), path)
 
 
 def check_transformer_config(folder: str | Path, cfg: DiTConfig) -> None:

@@ -1,5 +1,5 @@
-"""Admission to the step loop: the arrival half of StepLoop (`Admission`: each Arrival becomes a
-live Job or an answer), a request's inputs and request
+"""Admission to the step loop (`Admission`: each Arrival becomes a live job or an answer), a
+request's inputs and request
 parameters (parse, which prepares its states), fault injection (check_fault, tests only), the
 client's message for an unexpected failure (admission_failure), and the bounded memory of ids
 (BoundedMemory)."""
@@ -9,6 +9,8 @@ import math
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -18,7 +20,7 @@ from h3_core.diffusion.engine import Engine
 from h3_core.diffusion.request import GenerationRequest
 from h3_core.diffusion.sampling import DEFAULT_AUDIO_SHIFT, DEFAULT_VIDEO_SHIFT
 from h3_core.media import MP4_AVAILABLE
-from h3_core.model.trained_on import TrainingMetadata
+from h3_core.model.training_metadata import TrainingMetadata
 from h3_core.protocol import (
     CANCEL_FIELD,
     CONDITION_ECHO,
@@ -38,9 +40,10 @@ from h3_core.protocol import (
     implied_task,
     read_request_json,
 )
-from h3_core.serving.dit.events import Arrival, Ended, Job, Refused, Send, Status
-from h3_core.serving.dit.scheduler import Overloaded
-from h3_core.serving.shared.registry import IDS_REMEMBERED, CancelNotRecorded
+from h3_core.serving.dit.events import Arrival, CancelAnswer, Ended, LiveJob, Refused, Send
+from h3_core.serving.dit.metrics import MetricsRecord
+from h3_core.serving.dit.scheduler import Overloaded, Scheduler
+from h3_core.serving.shared.registry import IDS_REMEMBERED, CancelNotRecorded, Registry, record_cancel
 from h3_core.serving.shared.settings import DitSettings, check_served
 
 log = logging.getLogger("h3_dit")
@@ -184,8 +187,8 @@ def parse(
     engine: Engine,
     settings: DitSettings,
     training: TrainingMetadata | None = None,
-) -> Job:
-    """Inputs, REQUEST fields and request parameters of a new request -> Job (its states prepared
+) -> LiveJob:
+    """Inputs, REQUEST fields and request parameters of a new request -> LiveJob (its states prepared
     with engine.prepare; `now`: its arrival, seconds on the step loop's clock). `settings`: h3_dit's
     (fault injection, sp_degree, priority_max). `training`: the weights' training.json, or None;
     the sizes outside it and REQUEST's "outside_training" (h3_encoder's unknown words) go to the
@@ -291,7 +294,7 @@ def parse(
     outside = [] if training is None else training.outside_size(values["height"], values["width"], states[0].num_frames)
     if outside + words:
         conditioning["outside_training"] = outside + words
-    return Job(
+    return LiveJob(
         key=arrival.key,
         request_id=request_id,
         states=states,
@@ -308,16 +311,75 @@ def parse(
     )
 
 
-class Admission:
-    """The arrival half of StepLoop (its base class, h3_core.serving.dit.step_loop): each Arrival
-    becomes its live Job (a new one admitted with `parse`) or is answered at once (refused, a
-    cancel control request, a dropped job's end, a filler skipped). It uses the StepLoop's jobs,
-    dropped, draining, scheduler, registry, metrics, clock, engine and settings, and its
-    cancel_by_id and forget."""
+@dataclass
+class ReusedKey:
+    """A new request (START) came with the sequence id of the live `job`: a client sent a
+    sequence_id in use. Triton 2.51 ends the job's sequence ("conflict ... terminated early") and
+    may free its request, so the step loop drops the job without an event (answering its old
+    handle crashed the server; if Triton delivers its request once more, `Admission.arrive` ends
+    it with CANCELLED naming its request id and `cause`) and refuses the newcomer with `message`
+    (admitting it routed its responses to the job's client)."""
 
-    def arrive(self, arrival: Arrival, send: Send) -> Job | None:
-        """The live job this arrival belongs to (admitting a new one), or None when the arrival
-        was answered (refused, control request, dropped job) or is a filler."""
+    job: LiveJob
+
+    @property
+    def cause(self) -> str:
+        return f"another request reused its sequence id {self.job.key}"
+
+    @property
+    def message(self) -> str:
+        return (
+            f"sequence id {self.job.key} belongs to request {self.job.request_id}, "
+            "which Triton has now ended; do not send sequence_id"
+        )
+
+
+class Admission:
+    """Arrivals to the step loop: each Arrival becomes its live job (a new one admitted with
+    `parse` and queued in the scheduler) or is answered at once (refused, a cancel control
+    request, a dropped job's end, a filler skipped).
+
+    Owns `dropped`: correlation id -> (request id, cause) of the jobs the loop dropped without an
+    answer (`remember_dropped`), so a request Triton delivers again is ended naming its id and
+    cause. The map of live jobs is the loop's, passed to `arrive` and `cancel_by_id`.
+
+    Args:
+        engine: the Engine whose prepare a new request's states come from.
+        settings: h3_dit's DitSettings.
+        registry: the Registry (ids admitted, cancels by id recorded).
+        scheduler: the Scheduler a new job is queued in.
+        metrics: MetricsRecord or an object with its three methods (h3_refusals_total,
+            h3_failures_total, h3_cancellations_total).
+        clock: monotonic seconds.
+        training: what the weights were trained on, or None (see `parse`).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        settings: DitSettings,
+        registry: Registry,
+        scheduler: Scheduler,
+        metrics: MetricsRecord,
+        clock: Callable[[], float],
+        training: TrainingMetadata | None = None,
+    ):
+        self.engine, self.settings, self.registry, self.scheduler = engine, settings, registry, scheduler
+        self.metrics, self.clock, self.training = metrics, clock, training
+        self.dropped = BoundedMemory()
+
+    def remember_dropped(self, key, request_id: str, cause: str) -> None:
+        """The loop dropped the job of sequence id `key` without an answer, because of `cause`."""
+        self.dropped.remember(key, (request_id, cause), self.clock())
+
+    def arrive(
+        self, arrival: Arrival, jobs: Mapping[object, LiveJob], send: Send, draining: bool = False
+    ) -> LiveJob | ReusedKey | None:
+        """The live job this arrival belongs to (`jobs`: the loop's live jobs by key; a new one is
+        admitted, and the caller adds it to them), None when the arrival was answered (refused,
+        control request, dropped job) or is a filler, or ReusedKey for a newcomer with a live
+        job's key (the caller drops the job and refuses the newcomer). `draining`: newcomers are
+        refused with UNAVAILABLE."""
         if arrival.key in (0, ""):
             return None  # filler request inserted by Triton's `direct` strategy
         try:
@@ -327,7 +389,7 @@ class Admission:
             return None
         if CANCEL_FIELD in fields:
             try:
-                answer = self.cancel_by_id(arrival.handle, fields[CANCEL_FIELD])
+                answer = self.cancel_by_id(arrival.handle, fields[CANCEL_FIELD], jobs)
             except CancelNotRecorded as error:  # the registry failed: this control request fails alone
                 log.exception("the cancel of request %s could not be recorded", fields[CANCEL_FIELD])
                 self.refuse(send, arrival, "INTERNAL", str(error))
@@ -335,10 +397,10 @@ class Admission:
             send(answer)
             return None
         now = self.clock()
-        job = self.jobs.get(arrival.key)
+        job = jobs.get(arrival.key)
         if job is not None and arrival.new:
-            self.refuse_reused_key(arrival, job, send)
-            return None
+            self.metrics.increment("h3_cancellations_total")
+            return ReusedKey(job)
         if job is None and not arrival.new:  # a rescheduled request whose job was dropped: end it
             dropped = self.dropped.recall(arrival.key, now, pop=True)
             if dropped is None:
@@ -354,7 +416,7 @@ class Admission:
             return None
         if job is None:
             self.dropped.pop(arrival.key, None)  # a new sequence with the id of a dropped one
-            job = self.admit(arrival, fields, now, send)
+            job = self.admit(arrival, fields, now, send, draining)
         if job is not None:
             job.handle = arrival.handle
             job.absent = 0
@@ -368,17 +430,27 @@ class Admission:
         log.info("request %s refused: %s: %s", named, code, message)
         send(Refused(arrival.handle, code, message))
 
-    # -- admission ---------------------------------------------------------------------------
+    def cancel_by_id(self, handle, target: str, jobs: Mapping[object, LiveJob]) -> CancelAnswer:
+        """A cancel-by-id control request sent to h3_dit directly, answered as h3_cancel answers
+        it (registry.record_cancel, whichever instance holds the target): "cancelled",
+        "finished" or "unknown". A target among `jobs` (this instance's) gets its cancel_reason
+        and leaves at the loop's next step boundary. Raises CancelNotRecorded when the registry
+        fails."""
+        state = record_cancel(self.registry, target)
+        for job in jobs.values():
+            if job.request_id == target:
+                job.cancel_reason = job.cancel_reason or "cancelled by request"
+        return CancelAnswer(handle, target, state)
 
-    def admit(self, arrival: Arrival, fields: dict, now: float, send: Send) -> Job | None:
+    def admit(self, arrival: Arrival, fields: dict, now: float, send: Send, draining: bool = False) -> LiveJob | None:
         """Validate a new request and queue it; on failure refuse it at once. A refused request
         leaves nothing behind: the scheduler takes it first (Overloaded, or ValueError for a
         request that never fits one forward) and the registry only then (ValueError for an id
         live on some instance); when the registry refuses it, or raises, or an early cancel was
         waiting for its id, the scheduler forgets it again. So a retry with the same id is
-        admitted and a cancel of it answers as for an unknown id."""
+        admitted and a cancel of it answers as for an unknown id. Returns the queued job."""
         try:
-            if self.draining:
+            if draining:
                 raise Overloaded("the server is shutting down")
             job = parse(arrival, fields, now, self.engine, self.settings, self.training)
             self.scheduler.add(job)
@@ -411,22 +483,4 @@ class Admission:
             log.exception("request %s could not be admitted", arrival.request_id or arrival.key)
             self.refuse(send, arrival, "INTERNAL", admission_failure(error))
             return None
-        self.jobs[job.key] = job
         return job
-
-    def refuse_reused_key(self, arrival: Arrival, job: Job, send: Send) -> None:
-        """A new request (START) came with the sequence id of a live job: a client sent a
-        sequence_id in use. Triton 2.51 ends the job's sequence ("conflict ... terminated
-        early") and may free its request, so the job is dropped without an event (answering its
-        old handle crashed the server); if Triton delivers its request once more, arrive() ends
-        it with CANCELLED naming its request id. The newcomer is refused: admitting it routed its
-        responses to the job's client."""
-        self.metrics.increment("h3_cancellations_total")
-        self.forget(job, Status.CANCELLED, dropped=f"another request reused its sequence id {job.key}")
-        self.refuse(
-            send,
-            arrival,
-            "INVALID_ARG",
-            f"sequence id {job.key} belongs to request {job.request_id}, "
-            "which Triton has now ended; do not send sequence_id",
-        )

@@ -1,6 +1,6 @@
 """What the step loop (h3_core.serving.dit.step_loop) takes and gives, as plain data: an `Arrival` per
 live Triton request in, the `Event`s to send out (Progress, Result, Ended, Refused, CancelAnswer,
-Heartbeat), and the `Job` of a request in the loop with its lifecycle `Status`. h3_dit turns
+Heartbeat), and the `LiveJob` of a request in the loop with its lifecycle `Status`. h3_dit turns
 Triton requests into Arrivals and Events into responses."""
 
 from collections.abc import Callable
@@ -133,7 +133,7 @@ Send = Callable[[Event], None]  # what iterate() hands each event to
 
 
 @dataclass(eq=False)
-class Job(scheduler.Job):
+class LiveJob(scheduler.Job):
     """A request in the step loop: the scheduler's Job (key, request_id, states, priority,
     arrival_s, first_step_s) plus its lifecycle. Times are seconds on the loop's clock."""
 

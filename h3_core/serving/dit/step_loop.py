@@ -3,13 +3,17 @@
 The Triton model h3_dit (model_repository/h3_dit/1/model.py) is an adapter: at every execute() it
 turns each live Triton request into an `Arrival` (plain data, h3_core.serving.dit.events) and calls
 `StepLoop.iterate`, which hands it the `Event`s to send, in order, as they happen, and returns the
-requests to reschedule. Everything else lives here and in h3_core.serving.dit.admission (arrivals),
-.packed_step (one packed step: launch, settle), .events (the plain data) and .metrics, and tests
-drive it without a server:
+requests to reschedule. The loop is composed of parts that own their state and are built and
+tested alone (tests/test_step_loop_parts.py): `Admission` (h3_core.serving.dit.admission: arrivals,
+the memory of dropped ids), `Announcements` (.announcements: the registry's count of requests
+headed for the DiT), `PackedStep` (.packed_step: launch and settle of one packed step, the step in
+flight, step times; it returns what is due as plain data, `Settled`) and the `Scheduler`
+(.scheduler: the waiting line and the pack); the plain data is in .events, the metrics in
+.metrics. Tests drive the loop without a server:
 
 1. Arrivals, once per execute. A new request (Triton's START flag) is validated (`parse`) and
    handed to the scheduler (admission; refused with INVALID_ARG or UNAVAILABLE at once); a control
-   request {"cancel_request_id": ID} is answered at once (`cancel_by_id`, CANCEL_STATES in
+   request {"cancel_request_id": ID} is answered at once (`Admission.cancel_by_id`, CANCEL_STATES in
    h3_core.protocol); a known request refreshes its job's handle. Cancels that reached another
    DiT instance are read from the registry; jobs Triton stopped delivering (`drop_vanished`) are
    forgotten.
@@ -42,27 +46,28 @@ drive it without a server:
    between executes, so the ones that are announced (h3_core.serving.shared.registry: h3_encoder announces each
    request it passes on, the registry each cancel it flags for another instance: h3_cancel's
    (clients'), h3_vae's for gone clients) end the execute at the next step boundary and wait at
-   most the step in flight (`note_announcements`; while steps overlap, also the one launched
+   most the step in flight (`Announcements.note`; while steps overlap, also the one launched
    behind it, OVERLAP_MAX_STEP_S); unannounced ones (a direct call of h3_dit, a control
    request sent to it included) wait at most the budget plus one step, or MIN_EXECUTE_STEPS
    steps where those are longer. Then every job still live is rescheduled.
 
 A job's lifecycle is `Status`: WAITING (admitted, no step yet or preempted) -> RUNNING -> FINISHED,
-CANCELLED or FAILED. All per-request state lives in the Job and its RequestStates; the loop keeps
-only the map of live jobs, two bounded memories of ids (ids cancelled before their request
-arrived; ids that finished recently), its count of the registry's announcements and the step in
-flight (`InFlight`, between its launch and its settling).
+CANCELLED or FAILED. All per-request state lives in the LiveJob and its RequestStates; the loop
+itself keeps only the map of live jobs and whether the server drains, and ends jobs (`end`,
+`forget`, `results`); the memory of dropped ids is the Admission's, the announcements' count the
+Announcements', the step in flight (`InFlight`, between its launch and its settling) the
+PackedStep's.
 """
 
 import logging
-import math
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
 
 from h3_core.diffusion.engine import Engine
-from h3_core.model.trained_on import TrainingMetadata
-from h3_core.serving.dit.admission import VANISHED_EXECUTES, Admission, BoundedMemory
+from h3_core.model.training_metadata import TrainingMetadata
+from h3_core.serving.dit.admission import VANISHED_EXECUTES, Admission, ReusedKey
+from h3_core.serving.dit.announcements import Announcements
 from h3_core.serving.dit.events import (
     EVENT_NAMES,
     Arrival,
@@ -70,40 +75,31 @@ from h3_core.serving.dit.events import (
     Ended,
     Event,
     Heartbeat,
-    Job,
+    LiveJob,
     Progress,
     Refused,
     Send,
     Status,
 )
 from h3_core.serving.dit.metrics import MetricsRecord, device_memory_bytes, end_line
-from h3_core.serving.dit.packed_step import InFlight, PackedStep
+from h3_core.serving.dit.packed_step import InFlight, PackedStep, Velocities, result_events
 from h3_core.serving.dit.scheduler import Scheduler
 from h3_core.serving.shared.gpu_turns import GpuTurns
-from h3_core.serving.shared.registry import DitLoad, Registry, record_cancel
+from h3_core.serving.shared.registry import DitLoad, Registry
 from h3_core.serving.shared.settings import MIN_EXECUTE_STEPS, DitSettings
 
 log = logging.getLogger("h3_dit")
 
-# Seconds an announced request may take from its announcement (h3_core.serving.shared.registry) to Triton's queue
-# for h3_dit: the ensemble's hand-over from h3_encoder (2.6 ms for 4 MB of text embeddings on the
-# 2-core CPU, docs/triton_2.51_notes.md), or h3_vae's call with a cancel; with a wide margin.
-ANNOUNCED_TRANSIT_S = 0.1
-# Steps overlap (the next one is launched before the previous one settles) while the last settled
-# step took less than this. The overlap hides the host's work of a step (about 1.7 ms on the H200
-# host at 128 rows: packing, Triton's calls; docs/benchmarks.md, issue 16), 3 % or more of a step
-# below 50 ms; in exchange an announced newcomer or cancel may wait for the step launched behind
-# the one in flight too. Longer steps settle before their boundary ends (lockstep), so after a
-# long step no one waits a step more.
-OVERLAP_MAX_STEP_S = 0.05
-
-
 # -- the loop -----------------------------------------------------------------------------------
 
 
-class StepLoop(Admission, PackedStep):
-    """The DiT's step loop over an Engine (see the module docstring). Its arrival methods (arrive,
-    refuse, admit, refuse_reused_key) are its base class's, Admission (h3_core.serving.dit.admission).
+class StepLoop:
+    """The DiT's step loop over an Engine (see the module docstring), composed of parts that own
+    their state: `admission` (Admission: arrivals, the memory of dropped ids), `announcements`
+    (Announcements: the registry's count of requests headed for the DiT), `step` (PackedStep:
+    launch and settle of one packed step, the step in flight, step times) and `scheduler`
+    (Scheduler: the waiting line and the pack). The loop owns the map of live jobs and their
+    endings, and talks to each part through arguments and return values.
 
     Args:
         engine: the Engine (DiT only; decoding happens in h3_vae).
@@ -137,7 +133,7 @@ class StepLoop(Admission, PackedStep):
             )
         self.engine, self.settings, self.registry = engine, settings, registry
         self.metrics = metrics if metrics is not None else MetricsRecord()
-        self.clock, self.training, self.turns = clock, training, turns
+        self.clock, self.turns = clock, turns
         self.scheduler = Scheduler(
             settings.max_num_seqs,
             settings.max_batch_rows,
@@ -146,17 +142,16 @@ class StepLoop(Admission, PackedStep):
             settings.row_budget,
             settings.max_wait_s,
         )
-        self.jobs: dict[object, Job] = {}  # live jobs by correlation id
-        self.in_flight: InFlight | None = None  # the step launched last, until it settles
-        self.settled_at = -math.inf  # clock seconds when the last step settled
-        self.last_step_s = math.inf  # seconds of the last settled step (OVERLAP_MAX_STEP_S)
-        self.dropped = BoundedMemory()  # correlation id -> (request id, cause): forgotten without an answer
+        self.jobs: dict[object, LiveJob] = {}  # live jobs by correlation id
         self.draining = False
-        # announcements (h3_core.serving.shared.registry): how many are accounted for (arrived here, or written
-        # off), the count when this execute started, and whether one may still be on its way
-        self.announced = registry.announcements()
-        self.execute_announcements = self.announced
-        self.announced_in_transit = False
+        self.admission = Admission(engine, settings, registry, self.scheduler, self.metrics, clock, training)
+        self.announcements = Announcements(registry)
+        self.step = PackedStep(engine, self.scheduler, self.metrics, clock)
+
+    @property
+    def in_flight(self) -> InFlight | None:
+        """The step launched last, until it settles (PackedStep.in_flight)."""
+        return self.step.in_flight
 
     def load(self, leaving: int = 0) -> DitLoad:
         """The requests held now against the capacity, less `leaving` (published in the
@@ -172,15 +167,15 @@ class StepLoop(Admission, PackedStep):
 
     def iterate(self, arrivals: list[Arrival], send: Send) -> list:
         """One execute() over every live request: the announcements so far
-        (`note_announcements`), the arrivals (step 1 of the module docstring) and the cancels
-        other instances took (`Registry.boundary`), then step boundaries and steps (steps 2-5)
+        (`Announcements.note`), the arrivals (step 1 of the module docstring) and the cancels
+        other instances took (`Registry.publish_and_read_cancels`), then step boundaries and steps (steps 2-5)
         while `another_step` allows, then the settling of the step launched last. Events are
         passed to `send` as they happen (progress streams while the execute runs). Returns the
         handles of the requests to reschedule (still live)."""
         self.metrics.set("h3_heartbeat_timestamp_seconds", time.time())
         self.metrics.set("h3_execute_in_progress", 1)
         failed: set[int] = set()  # ids of the handles whose request ended after a failed send
-        owners: dict[int, Job] = {}  # id of a live job's handle -> the job
+        owners: dict[int, LiveJob] = {}  # id of a live job's handle -> the job
 
         def deliver(event: Event) -> None:
             if id(event.handle) in failed:
@@ -194,10 +189,10 @@ class StepLoop(Admission, PackedStep):
                 failed.add(id(event.handle))
                 self.send_failed(event, error, send)
 
-        present: list[Job] = []
+        present: list[LiveJob] = []
         try:
             start = self.clock()
-            self.note_announcements(arrivals)
+            self.announcements.note(arrivals, self.jobs)
             present = [job for arrival in arrivals if (job := self.arrive(arrival, deliver)) is not None]
             owners.update((id(job.handle), job) for job in present)
             self.read_cancels()
@@ -222,12 +217,27 @@ class StepLoop(Admission, PackedStep):
             self.metrics.set("h3_execute_in_progress", 0)
         return [job.handle for job in present]
 
+    def arrive(self, arrival: Arrival, send: Send) -> LiveJob | None:
+        """The live job `arrival` belongs to (Admission.arrive; a new one joins the live jobs), or
+        None when it was answered or is a filler. A newcomer with a live job's sequence id
+        (ReusedKey) drops that job without an event and is refused with INVALID_ARG."""
+        arrived = self.admission.arrive(arrival, self.jobs, send, self.draining)
+        if isinstance(arrived, ReusedKey):
+            self.forget(arrived.job, Status.CANCELLED, dropped=arrived.cause)
+            self.admission.refuse(send, arrival, "INVALID_ARG", arrived.message)
+            return None
+        if arrived is not None:
+            self.jobs.setdefault(arrived.key, arrived)
+        return arrived
+
     def read_cancels(self) -> None:
         """Once an execute: publish this instance's load and mark the jobs whose cancel another
-        instance took (Registry.boundary). A registry that fails is logged and read again at the
+        instance took (Registry.publish_and_read_cancels). A registry that fails is logged and read again at the
         next execute."""
         try:
-            cancelled = self.registry.boundary([job.request_id for job in self.jobs.values()], self.load())
+            cancelled = self.registry.publish_and_read_cancels(
+                [job.request_id for job in self.jobs.values()], self.load()
+            )
         except Exception:  # noqa: BLE001 - read again at the next execute
             log.exception("the registry's cancels could not be read; read again at the next execute")
             return
@@ -259,14 +269,14 @@ class StepLoop(Admission, PackedStep):
         if job is not None:
             self.forget(job, Status.FAILED)
 
-    def fail_execute(self, arrivals: list[Arrival], error: Exception, send: Send) -> list[Job]:
+    def fail_execute(self, arrivals: list[Arrival], error: Exception, send: Send) -> list[LiveJob]:
         """A fault of the loop itself (not of one request's send or registry call, which fail
         that request alone) ended the execute: log it, discard the step in flight and end every
         live job of this execute's requests with INTERNAL, so each gets its final response
         (raising to Triton would fail them with no state cleaned up). Returns [] (nothing to
         reschedule)."""
         log.error("the step loop failed; this execute's requests end with INTERNAL", exc_info=error)
-        self.in_flight = None
+        self.step.take()  # discarded
         handles = {id(arrival.handle) for arrival in arrivals}
         for job in [job for job in self.jobs.values() if id(job.handle) in handles]:
             self.metrics.increment("h3_failures_total")
@@ -280,7 +290,7 @@ class StepLoop(Admission, PackedStep):
             )
         return []
 
-    def boundary_and_step(self, present: list[Job], send: Send) -> bool:
+    def boundary_and_step(self, present: list[LiveJob], send: Send) -> bool:
         """One step boundary over the jobs Triton delivered in this execute: end the cancelled
         ones (`end_cancelled`), let the policy pick the pack and `advance` it (launch its step;
         settle the one in flight), then `answer` the jobs after a settled step. In execution
@@ -297,7 +307,7 @@ class StepLoop(Admission, PackedStep):
             self.answer(present, send)
         return bool(pack)
 
-    def plan(self, present: list[Job], send: Send) -> None:
+    def plan(self, present: list[LiveJob], send: Send) -> None:
         """Plan the next step of every live job Triton delivered in this execute (`present`; only
         they can be packed, and only their handles may be answered) that has steps left
         (Engine.plan_step: its step cache decides whether it computes; a job without caching costs
@@ -315,7 +325,7 @@ class StepLoop(Admission, PackedStep):
                     message = f"planning step {job.step_index + 1} failed: {type(error).__name__}: {error}"
                     self.end(job, send, Status.FAILED, "INTERNAL", message)
 
-    def run_to_completion(self, job: Job, present: list[Job], send: Send) -> None:
+    def run_to_completion(self, job: LiveJob, present: list[LiveJob], send: Send) -> None:
         """Execution mode "request": take `job`'s steps within this execute until it finishes or
         ends early. Every step boundary in it is a step boundary of step mode for the job: the
         cancels recorded elsewhere are read from the registry (`read_cancels`: with this
@@ -332,7 +342,7 @@ class StepLoop(Admission, PackedStep):
         if self.settle_in_flight(send):
             self.answer(present, send)
 
-    def advance(self, pack: list[Job], send: Send) -> tuple[InFlight, bool]:
+    def advance(self, pack: list[LiveJob], send: Send) -> tuple[InFlight, bool]:
         """Launch `pack`'s step, then settle the previous one if it is still in flight (the two
         overlap while steps are short, OVERLAP_MAX_STEP_S); after a long step, settle this one
         too. With GPU turns each step holds the turn from its launch until the device has done
@@ -342,21 +352,50 @@ class StepLoop(Admission, PackedStep):
                 flight = self.launch(pack, send)
             return flight, self.settle(flight, send)
         flight = self.launch(pack, send)
-        previous, self.in_flight = self.in_flight, flight
-        settled = self.settle(previous, send)
-        if self.last_step_s >= OVERLAP_MAX_STEP_S:
+        settled = self.settle(self.step.hold(flight), send)
+        if not self.step.overlaps:
             settled = self.settle_in_flight(send) or settled
         return flight, settled
 
     def settle_in_flight(self, send: Send) -> bool:
         """Settle the step in flight, if any (`settle`). Returns whether there was one."""
-        flight, self.in_flight = self.in_flight, None
-        return self.settle(flight, send)
+        return self.settle(self.step.take(), send)
 
-    def answer(self, present: list[Job], send: Send) -> None:
+    def launch(self, pack: list[LiveJob], send: Send) -> InFlight:
+        """Launch `pack`'s step (PackedStep.launch, through `forward`); a job whose forward failed
+        ends alone with INTERNAL. Returns the step in flight."""
+        flight, failures = self.step.launch(pack, self.forward)
+        for job, message in failures:
+            self.end(job, send, Status.FAILED, "INTERNAL", message)
+        return flight
+
+    def forward(self, jobs: list[LiveJob]) -> Velocities:
+        """The packed forward of `jobs` (PackedStep.forward; tests replace it)."""
+        return self.step.forward(jobs)
+
+    def settle(self, flight: InFlight | None, send: Send) -> bool:
+        """Settle `flight` (PackedStep.settle) and act on it in pack order: a job whose velocity
+        was not finite ends with INTERNAL, the others get their progress and previews, and the
+        results of those whose last step it was (`results`). Returns whether a step was
+        settled."""
+        settled = self.step.settle(flight, self.jobs)
+        if settled is None:
+            return False
+        for outcome in settled:
+            job = outcome.job
+            if outcome.failure is not None:
+                self.end(job, send, Status.FAILED, "INTERNAL", outcome.failure)
+                continue
+            if outcome.progress is not None:
+                send(outcome.progress)
+            if outcome.last and self.jobs.get(job.key) is job:
+                self.results(job, send)
+        return True
+
+    def answer(self, present: list[LiveJob], send: Send) -> None:
         """After a step settled, or at a boundary without a step: send each present job that
         waits its new queue position (if it asked for progress) and a `Heartbeat` to each live
-        one that got no response for settings.heartbeat_s seconds (Job.responded_s, which
+        one that got no response for settings.heartbeat_s seconds (LiveJob.responded_s, which
         `iterate`'s send stamps). Answer passes come at least once a step, so a silent job gets
         one at most heartbeat_s plus one step after its last response."""
         now = self.clock()
@@ -371,31 +410,7 @@ class StepLoop(Admission, PackedStep):
             if now - job.responded_s >= self.settings.heartbeat_s:
                 send(Heartbeat(job.handle, job.request_id))
 
-    def note_announcements(self, arrivals: list[Arrival]) -> None:
-        """At the start of an execute: record the registry's count of announcements (requests
-        headed for the DiT, h3_core.serving.shared.registry), which `another_step` compares with, and whether
-        an announced request may still be on its way. Triton hands an execute the requests it
-        holds when the execute starts; one announced just before that may reach Triton just
-        after, and then waits for the next execute: this one takes one step only. Announcements
-        are matched with this execute's newcomers and control requests; those left unmatched
-        ANNOUNCED_TRANSIT_S after the last announcement went to another DiT instance or never
-        came (refused on the way, a cancel flag another instance set in the registry) and are
-        written off. A registry that cannot be read holds this execute to one step (logged)."""
-        try:
-            count = self.registry.announcements()
-            in_transit = self.registry.seconds_since_announcement() < ANNOUNCED_TRANSIT_S
-        except Exception:  # noqa: BLE001 - one step, then read again
-            log.exception("the registry's announcements could not be read; this execute takes one step")
-            self.announced_in_transit = True
-            return
-        arrived = sum(
-            1 for arrival in arrivals if arrival.key not in (0, "") and (arrival.new or arrival.key not in self.jobs)
-        )
-        self.execute_announcements = count
-        self.announced_in_transit = count - self.announced > arrived and in_transit
-        self.announced = self.announced + arrived if self.announced_in_transit else count
-
-    def another_step(self, start: float, boundary: float, steps: int, present: list[Job]) -> bool:
+    def another_step(self, start: float, boundary: float, steps: int, present: list[LiveJob]) -> bool:
         """Whether the execute that began at `start` and has taken `steps` steps takes another
         after the one whose boundary was at `boundary` (clock seconds). Only in step mode, only
         while every live job is among the `present` ones (a job Triton withholds is counted
@@ -405,7 +420,7 @@ class StepLoop(Admission, PackedStep):
         step longer than the budget no longer pays a Triton round trip each), and only while
         nothing is headed for the DiT: no announced request may still be on its way to this
         execute's successor, and no announcement came since the execute started (one pread,
-        Registry.announcements). So an announced newcomer or control request waits at most the
+        Announcements.quiet). So an announced newcomer or control request waits at most the
         step in flight (and the next one, if it reached Triton only as this execute began, or
         if it was launched behind a short step: `advance`); an unannounced one waits at most the
         budget, or MIN_EXECUTE_STEPS steps where those are longer. The Triton round trip between
@@ -417,33 +432,12 @@ class StepLoop(Admission, PackedStep):
             self.settings.execution_mode == "step"
             and len(present) == len(self.jobs)
             and (elapsed + last_step < budget or (budget > 0 and steps < MIN_EXECUTE_STEPS))
-            and not self.announced_in_transit
-            and self.announcements() == self.execute_announcements
+            and self.announcements.quiet()
         )
 
-    def announcements(self) -> int | None:
-        """Registry.announcements(), or None when it cannot be read (logged; `another_step`
-        then stops the execute)."""
-        try:
-            return self.registry.announcements()
-        except Exception:  # noqa: BLE001 - the execute ends; read again at the next one
-            log.exception("the registry's announcements could not be read")
-            return None
+    # -- endings ----------------------------------------------------------------------------
 
-    # -- cancellation ------------------------------------------------------------------------
-
-    def cancel_by_id(self, handle, target: str) -> CancelAnswer:
-        """A cancel-by-id control request sent to h3_dit directly, answered as h3_cancel answers
-        it (registry.record_cancel, whichever instance holds the target): "cancelled",
-        "finished" or "unknown". A target on this instance leaves at this execute's next step
-        boundary. Raises CancelNotRecorded when the registry fails."""
-        state = record_cancel(self.registry, target)
-        for job in self.jobs.values():
-            if job.request_id == target:
-                job.cancel_reason = job.cancel_reason or "cancelled by request"
-        return CancelAnswer(handle, target, state)
-
-    def drop_vanished(self, present: list[Job]) -> None:
+    def drop_vanished(self, present: list[LiveJob]) -> None:
         """Forget jobs Triton stopped delivering: every live sequence comes back in each
         execute(), but Triton 2.51 drops a natively cancelled iterative request when it is
         rescheduled instead of delivering it again. After VANISHED_EXECUTES absences the job is
@@ -458,7 +452,7 @@ class StepLoop(Admission, PackedStep):
                     dropped=f"Triton withheld it for {VANISHED_EXECUTES} steps (sequence id {job.key})",
                 )
 
-    def end_cancelled(self, present: list[Job], send: Send) -> None:
+    def end_cancelled(self, present: list[LiveJob], send: Send) -> None:
         """Step boundary: end jobs cancelled by id or by their client, past their deadline, or
         all of them once the server drains."""
         now = self.clock()
@@ -485,7 +479,43 @@ class StepLoop(Admission, PackedStep):
                     f"request {job.request_id} {reason} at step {job.step_index} of {job.total_steps}",
                 )
 
-    def end(self, job: Job, send: Send, status: Status, code: str, message: str) -> None:
+    def results(self, job: LiveJob, send: Send) -> None:
+        """Send a finished job's results (packed_step.result_events; the last one is final) and
+        drop it. A cancel that reached the registry during the last step wins: the request ends
+        with CANCELLED (its canceller was told "cancelled"). A registry that fails fails the
+        request alone (INTERNAL)."""
+        try:
+            cancelled = self.registry.finish(job.request_id, self.load(leaving=1))
+        except Exception as error:  # noqa: BLE001 - the request fails alone
+            log.exception("request %s: the registry could not record its end", job.request_id)
+            self.metrics.increment("h3_failures_total")
+            self.end(
+                job,
+                send,
+                Status.FAILED,
+                "INTERNAL",
+                f"request {job.request_id} could not be recorded as finished: {type(error).__name__}: {error}",
+            )
+            return
+        if cancelled:
+            self.metrics.increment("h3_cancellations_total")
+            self.end(
+                job,
+                send,
+                Status.CANCELLED,
+                "CANCELLED",
+                f"request {job.request_id} cancelled by request at step {job.step_index} of {job.total_steps}",
+            )
+            return
+        silent_s = self.clock() - job.responded_s  # since the client's last response (h3_vae's keep-alives)
+        for result in result_events(job, self.settings.quantization, silent_s):
+            send(result)
+            if self.jobs.get(job.key) is not job:
+                return  # its send failed: the request ended with INTERNAL (send_failed)
+            self.metrics.increment("h3_completions_total")
+        self.drop(job, Status.FINISHED)
+
+    def end(self, job: LiveJob, send: Send, status: Status, code: str, message: str) -> None:
         """End a live job early with a final `Ended` (code CANCELLED or INTERNAL), one log line,
         and `forget` it."""
         send(Ended(job.handle, job.request_id, code, message, job.step_index, job.total_steps))
@@ -511,9 +541,9 @@ class StepLoop(Admission, PackedStep):
         )
         self.forget(job, status)
 
-    def forget(self, job: Job, status: Status, dropped: str | None = None) -> None:
+    def forget(self, job: LiveJob, status: Status, dropped: str | None = None) -> None:
         """Remove the job and tell the registry it left. `dropped`: why it was dropped without a
-        final event; if Triton delivers its request again, arrive() ends it with CANCELLED
+        final event; if Triton delivers its request again, Admission.arrive ends it with CANCELLED
         naming its request id and this cause. The registry gets this instance's load without
         the job at once (the encoder's refusal need not wait for the next execute). A job already
         gone is left alone; a registry that fails is logged (the id may then stay live there)."""
@@ -525,9 +555,9 @@ class StepLoop(Admission, PackedStep):
             log.exception("request %s: the registry could not record its end", job.request_id)
         self.drop(job, status)
         if dropped is not None:
-            self.dropped.remember(job.key, (job.request_id, dropped), self.clock())
+            self.admission.remember_dropped(job.key, job.request_id, dropped)
 
-    def drop(self, job: Job, status: Status) -> None:
+    def drop(self, job: LiveJob, status: Status) -> None:
         """Remove the job from this loop (the registry already knows it left)."""
         job.status = status
         self.scheduler.remove(job)

@@ -19,7 +19,8 @@ with what the holder of the request does:
 - admit(id): refused when the id is live anywhere; True when an early cancel was waiting for it.
 - hold(id), held_cancelled(id), release(id): h3_encoder's ids while it decodes their media (live
   on ENCODER_INSTANCE, so a cancel answers "cancelled" and the encoder stops between files).
-- boundary(ids): the live ids of this instance whose cancel flag is set.
+- publish_and_read_cancels(ids, load): writes this instance's load, returns its live ids whose cancel
+  flag is set (once an execute, at its first step boundary).
 - finish(id, load): forget a live id, remember it as finished, publish the instance's load without
   it; True when its cancel flag was set.
 
@@ -332,7 +333,7 @@ class Registry:
             self._db.execute("INSERT INTO live VALUES (?, ?)", (request_id, self.instance))
             return False
 
-    def boundary(self, request_ids: list[str], load: DitLoad) -> set[str]:
+    def publish_and_read_cancels(self, request_ids: list[str], load: DitLoad) -> set[str]:
         """At a step boundary: publish this instance's load; return which of its live ids have
         been cancelled (one primary-key lookup per id in `request_ids`)."""
         with self._transaction():

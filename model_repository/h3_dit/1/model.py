@@ -31,8 +31,7 @@ from h3_core.serving.shared.gpu_turns import TURN_WAIT_FRACTION, GpuTurns
 from h3_core.serving.shared.registry import Registry, server_folder
 from h3_core.serving.shared.settings import DitSettings
 from h3_core.serving.shared.triton import error_response, json_tensor, model_parameters, resolve_path, set_threads
-from h3_core.weights.checkpoint import source_seed
-from h3_core.weights.training_metadata import load_training_metadata
+from h3_core.weights.checkpoint import load_training_metadata, source_seed
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 EMPTY_VIDEO = np.zeros((1, 0, 0, 0, 0), dtype=np.float32)

@@ -58,8 +58,7 @@ from h3_core.serving.shared.agreement import check_siblings
 from h3_core.serving.shared.registry import Registry, server_folder
 from h3_core.serving.shared.settings import EncoderSettings, check_served
 from h3_core.serving.shared.triton import error_response, json_tensor, model_parameters, resolve_path, set_threads
-from h3_core.weights.checkpoint import source_seed
-from h3_core.weights.training_metadata import load_training_metadata
+from h3_core.weights.checkpoint import load_training_metadata, source_seed
 from h3_core.weights.vae_hook import load_vaes
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
