@@ -3,6 +3,10 @@ each model refuses to load when a sibling's config.pbtxt in its repository holds
 (h3_core.serving.shared.agreement), whatever order Triton loads them in, and the writer
 (server.planner) keeps them equal and refuses given values that differ (issue 46 item 4)."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from h3_core.serving.shared.agreement import check_agreement, check_siblings, sibling_parameters
@@ -16,6 +20,7 @@ from server.sizing import Machine
 ENCODER, DIT, VAE = EncoderSettings.MODEL, DitSettings.MODEL, VaeSettings.MODEL
 NAMES = {"encoder": EncoderSettings, "dit": DitSettings, "vae": VaeSettings}  # Repository's fields
 GIB = 2**30
+ROOT = Path(__file__).resolve().parents[1]
 CANVAS = "h3_dit, h3_encoder, h3_vae must carry the same max_height (h3_core.serving.shared.settings.SHARED_SETTINGS)"
 
 
@@ -147,3 +152,41 @@ def test_the_writer_gives_h3_encoder_the_rows_and_request_memory_it_sized_for_h3
     parameters = {cls.MODEL: getattr(repository, name).to_parameters() for name, cls in NAMES.items()}
     for model in parameters:
         check_agreement(model, parameters[model], parameters)
+
+
+def test_config_parameters_reads_what_protobuf_reads_without_tritonclient(tmp_path):
+    """config_parameters runs in the stub's Python, which need not hold tritonclient (a GPU host's
+    did not): it reads the parameters as Triton's ModelConfig does (protobuf, the oracle here) for
+    every shipped config.pbtxt and for a hand-written one with the list syntax, comments (one
+    naming a string_value), escapes and a non-ASCII value; it imports no tritonclient."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    def by_protobuf(path):
+        config = model_config_pb2.ModelConfig()
+        text_format.Parse(path.read_text(), config)
+        return {key: value.string_value for key, value in config.parameters.items()}
+
+    hand = tmp_path / "config.pbtxt"
+    hand.write_text(
+        'name: "h3_dit"\nbackend: "python"\n# parameters { key: "x" value { string_value: "commented out" } }\n'
+        'parameters [ { key: "max_height" value { string_value: "256" } },\n'
+        '  { key: "prompt" value: { string_value: "a \\"quoted\\" caf\\303\\251 # not a comment" } } ]\n'
+        'parameters: { key: "max_width", value: { string_value: "" } }\n'
+    )
+    assert (
+        config_parameters(hand)
+        == by_protobuf(hand)
+        == {
+            "max_height": "256",
+            "prompt": 'a "quoted" café # not a comment',
+            "max_width": "",
+        }
+    )
+    for path in sorted((ROOT / "model_repository").glob("*/config.pbtxt")):
+        assert config_parameters(path) == by_protobuf(path), path
+    hand.write_text('parameters { key: "k" value { string_value: "a" "b" } }\n')  # adjacent strings: refused
+    with pytest.raises(ValueError, match=r"cannot read its parameters: 1 string_value fields, 0 of them as"):
+        config_parameters(hand)
+    code = "import sys; from h3_core.serving.shared import agreement, triton; print('tritonclient' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT).stdout == "False\n"

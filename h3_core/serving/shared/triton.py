@@ -8,7 +8,9 @@ clients receive only the message text; through the ensemble, Triton 2.51 prefixe
 "in ensemble 'h3_pipeline', ".
 """
 
+import codecs
 import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,19 +26,29 @@ def model_parameters(args: dict) -> dict[str, str]:
     return {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
 
 
+# one `parameters` entry of a config.pbtxt in protobuf's text format: key: "K" value: { string_value: "V" }
+# (the colon before a message is optional, a field may end in , or ;, strings are C-escaped)
+PARAMETER = re.compile(
+    r'key\s*:\s*"((?:[^"\\]|\\.)*)"\s*[,;]?\s*value\s*:?\s*\{\s*string_value\s*:\s*"((?:[^"\\]|\\.)*)"\s*[,;]?\s*\}'
+)
+COMMENT = re.compile(r'("(?:[^"\\\n]|\\.)*")|#[^\n]*')  # a string (kept) or a comment to the line's end
+
+
 def config_parameters(path: Path) -> dict[str, str]:
     """The string values of the `parameters` of the config.pbtxt at `path` (model_parameters of
-    a file: a sibling model's, h3_core.serving.shared.agreement), parsed by protobuf as Triton's
-    ModelConfig. Raises ValueError naming the file for a text that is no Triton model configuration."""
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2  # Triton's ModelConfig, imported only when a file is read
-
-    config = model_config_pb2.ModelConfig()
-    try:
-        text_format.Parse(Path(path).read_text(), config)
-    except text_format.ParseError as error:
-        raise ValueError(f"{path} is not a Triton model configuration: {error}") from None
-    return {key: value.string_value for key, value in config.parameters.items()}
+    a file: a sibling model's, h3_core.serving.shared.agreement), read from protobuf's text format
+    (Triton's ModelConfig: only the ModelParameter map has `string_value`), with no import beyond
+    the standard library: the python backend stub's Python need not hold tritonclient or protobuf.
+    Raises ValueError naming the file when a `string_value` is not inside an entry it can read."""
+    text = COMMENT.sub(lambda m: m.group(1) or "", Path(path).read_text())
+    found = PARAMETER.findall(text)
+    if len(found) != text.count("string_value"):
+        raise ValueError(
+            f"{path}: cannot read its parameters: {text.count('string_value')} string_value fields, "
+            f'{len(found)} of them as key: "..." value: {{ string_value: "..." }}'
+        )
+    unescape = lambda value: codecs.escape_decode(value.encode())[0].decode()  # noqa: E731 - C escapes, as protobuf
+    return {unescape(key): unescape(value) for key, value in found}
 
 
 def resolve_path(args: dict, path: str) -> Path:
