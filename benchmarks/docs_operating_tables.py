@@ -405,6 +405,13 @@ def clip768(root: Path) -> str:
         f"outputs with the table bitwise those without: {cell('adaln_table_bitwise', '{}')}. "
         f"Load peaks: bf16 {cell('bf16_load_peak_gib')} GiB, fp8 quantised while loading "
         f"(`fp8_load_peak_gib`, target below the 61.8 GiB of bf16 weights) {cell('fp8_load_peak_gib')} GiB.",
+        "",
+        f"AdaLN weights in host memory (`adaln_weights=host`): the fp8 DiT's GPU memory after load "
+        f"{cell('fp8_dit_gpu_gib_adaln_off', '{:.1f} GiB')} (`fp8_dit_gpu_gib_adaln_off`; with them on the GPU "
+        f"{cell('fp8_dit_gpu_gib', '{:.1f} GiB')}); one admission fill of a 49-forward schedule's values "
+        f"{cell('adaln_host_fill_49_s', '{:.2f} s')} (`adaln_host_fill_49_s`), bitwise the device fills: "
+        f"{cell('adaln_host_bitwise', '{}')}; fp8 beside the real-size Qwen3-VL on one 80 GB H100 "
+        f"(`fp8_adaln_off_fits_h100`, from the measured peak): {cell('fp8_adaln_off_fits_h100', '{}')}.",
     ]
     return "\n".join(lines + sources.render())
 
