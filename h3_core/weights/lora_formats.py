@@ -136,11 +136,11 @@ def map_lora(tensors: dict[str, torch.Tensor], metadata: dict[str, str], cfg: Di
     shapes = lora_targets(cfg)
     for name, (source, target) in pairs.items():
         if name not in shapes:
-            raise ValueError(f"LoRA tensor {source!r} targets no linear of the DiT ({name!r})")
+            raise ValueError(f"LoRA module {source!r} targets no linear of the DiT ({name!r})")
         out, inp = shapes[name]
         if target.a.shape[1] != inp or target.b.shape[0] != out or target.b.shape[1] != target.rank:
             raise ValueError(
-                f"LoRA tensor {source!r}: A {tuple(target.a.shape)} and B {tuple(target.b.shape)} "
+                f"LoRA module {source!r}: A {tuple(target.a.shape)} and B {tuple(target.b.shape)} "
                 f"do not fit {name!r} of out={out}, in={inp}"
             )
     targets = {name: target for name, (_, target) in pairs.items()}
@@ -214,7 +214,7 @@ def _block_diagonal(
     for column, (name, _, part_b) in enumerate(parts):
         index = _QKV_PARTS.index(name.rsplit(".", 1)[1])
         if part_b.shape != (width, rank):
-            raise ValueError(f"LoRA tensor {name!r}: B {tuple(part_b.shape)} does not fit ({width}, {rank})")
+            raise ValueError(f"LoRA module {name!r}: B {tuple(part_b.shape)} does not fit ({width}, {rank})")
         b[index * width : (index + 1) * width, column * rank : (column + 1) * rank] = part_b
     return torch.cat([a for _, a, _ in parts]), b
 
