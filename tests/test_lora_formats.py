@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from h3_core.config import CONFIGS
-from h3_core.weights.lora_formats import DEFAULT_ALPHA, lora_targets, read_lora
+from h3_core.weights.lora_formats import lora_targets, read_lora
 
 CFG = CONFIGS["tiny"]
 RANK, ALPHA = 4, 6.0
@@ -172,10 +172,17 @@ def test_diffusers_matches_peft(adapter):
 def test_diffusers_alpha_defaults_and_adapter_metadata(tmp_path):
     _, tensors = toy_adapter(seed=2)
     save_file(tensors, str(tmp_path / "none.safetensors"))
-    assert {t.alpha for n, t in read_lora(tmp_path / "none.safetensors", CFG).targets.items()} == {
-        DEFAULT_ALPHA,
-        3 * DEFAULT_ALPHA,
+    lora = read_lora(tmp_path / "none.safetensors", CFG)
+    # alpha 8 when the metadata has none (LightX2V, the Turbo reference); x 3 on the stacked qkv
+    assert {name: t.alpha for name, t in lora.targets.items() if name.startswith("blocks.0.")} == {
+        "blocks.0.attn.qkv_proj": 24.0,
+        "blocks.0.attn.out_proj": 8.0,
+        "blocks.0.mlp.fc1": 8.0,
+        "blocks.0.mlp.fc2": 8.0,
+        "blocks.0.adaln_proj.linear": 8.0,
     }
+    x = torch.randn(3, CFG.hidden_size, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(lora.targets["blocks.0.mlp.fc1"].delta(x, scale=0.0), torch.zeros(3, 2 * FFN))
     plain = {k.replace(".default", ""): v for k, v in tensors.items()}
     save_file(
         plain, str(tmp_path / "d.safetensors"), metadata={"lora_adapter_metadata": json.dumps({"lora_alpha": 16})}
