@@ -183,12 +183,12 @@ def test_diffusers_alpha_defaults_and_adapter_metadata(tmp_path):
     }
     x = torch.randn(3, CFG.hidden_size, generator=torch.Generator().manual_seed(3))
     assert torch.equal(lora.targets["blocks.0.mlp.fc1"].delta(x, scale=0.0), torch.zeros(3, 2 * FFN))
-    plain = {k.replace(".default", ""): v for k, v in tensors.items()}
+    plain = {"transformer." + k.replace(".default", ""): v for k, v in tensors.items()}  # diffusers' saved form
     save_file(
         plain, str(tmp_path / "d.safetensors"), metadata={"lora_adapter_metadata": json.dumps({"lora_alpha": 16})}
     )
     lora = read_lora(tmp_path / "d.safetensors", CFG)
-    assert lora.targets["blocks.1.mlp.fc2"].alpha == 16.0
+    assert lora.format == "diffusers" and lora.targets["blocks.1.mlp.fc2"].alpha == 16.0
     assert lora.targets["token_refiner.blocks.0.attn.qkv_proj"].alpha == 48.0
 
 

@@ -3,14 +3,16 @@
 A LoRA adapter adds, to a target linear y = x W^T of our DiT, the delta
 scale * alpha / rank * (x A^T) B^T with A [rank, in] and B [out, rank]. `read_lora` reads a
 safetensors file (tensors and metadata), detects its format from the tensor names and maps every
-tensor onto one of our linears (LORA_TARGETS), in our layouts: qkv_proj rows [Q; K; V], fc1 rows
+tensor onto one of our linears (lora_targets), in our layouts: qkv_proj rows [Q; K; V], fc1 rows
 [gate; up].
 
-- diffusers / PEFT: the official names (checkpoint.OFFICIAL_RENAMES), `<name>.lora_A[.default].weight`
-  and `.lora_B[...]`; alpha from the metadata (`lora_alpha`, also inside diffusers'
-  `lora_adapter_metadata` JSON), DEFAULT_ALPHA when absent. to_q / to_k / to_v stack into one qkv
-  target: A concatenated, B block-diagonal, alpha and rank times the parts stacked (alpha / rank
-  unchanged); ff.net.0.proj's B rows [up; gate] are swapped to [gate; up].
+- diffusers / PEFT: the official names (checkpoint.OFFICIAL_RENAMES), all with or all without a
+  `transformer.` prefix, `<name>.lora_A[.default].weight` and `.lora_B[...]`; alpha from a
+  `<name>.alpha` tensor, else the metadata (`lora_alpha`, also inside diffusers'
+  `lora_adapter_metadata` JSON), else DEFAULT_ALPHA. to_q / to_k / to_v stack into one qkv
+  target: A concatenated, B block-diagonal (a part absent from the file: zero rows), alpha and
+  rank times the parts stacked (alpha / rank unchanged); ff.net.0.proj's B rows [up; gate] are
+  swapped to [gate; up].
 - ComfyUI: `diffusion_model.` + the official names with a fused `attn.qkv_proj` (its A already
   concatenated, B block-diagonal), `lora_A`/`lora_B` or `lora_down`/`lora_up`; alpha from a
   `<name>.alpha` tensor (3 x the parts' alpha on a fused qkv), else as for diffusers.
@@ -69,7 +71,7 @@ class LoraTarget:
 class LoraAdapter:
     """A LoRA file mapped onto our DiT: format ("diffusers", "comfyui" or "flashgen"), targets
     (our module name, e.g. "blocks.0.attn.qkv_proj" -> LoraTarget), rank (the largest target
-    rank), bytes (of all A and B tensors), base_schedule (FlashGen's metadata, else None) and the
+    rank), bytes (of all mapped A and B tensors, as held in memory), base_schedule (FlashGen's metadata, else None) and the
     file's metadata."""
 
     format: str
@@ -129,7 +131,7 @@ def map_lora(tensors: dict[str, torch.Tensor], metadata: dict[str, str], cfg: Di
     names = list(tensors)
     if names and all(n.startswith("diffusion_model.") for n in names):
         fmt, pairs = "comfyui", _comfyui(tensors, metadata, cfg)
-    elif any(n.startswith(("transformer.blocks.", "transformer.token_refiner.", "final_layer.")) for n in names):
+    elif any(n.startswith(("transformer.blocks.", "transformer.token_refiner.blocks.", "final_layer.")) for n in names):
         fmt, pairs = "flashgen", _flashgen(tensors, metadata, cfg)
     else:
         fmt, pairs = "diffusers", _diffusers(tensors, metadata, cfg)
@@ -220,7 +222,7 @@ def _block_diagonal(
 
 
 def _diffusers(tensors: dict[str, torch.Tensor], metadata: dict[str, str], cfg: DiTConfig) -> dict:
-    pairs, _ = _pairs(tensors, "transformer." if all(k.startswith("transformer.") for k in tensors) else "")
+    pairs, alphas = _pairs(tensors, "transformer." if all(k.startswith("transformer.") for k in tensors) else "")
     alpha = _file_alpha(metadata)
     names = _official_names(cfg)
     out, qkv = {}, {}
@@ -229,13 +231,16 @@ def _diffusers(tensors: dict[str, torch.Tensor], metadata: dict[str, str], cfg: 
             raise ValueError(f"LoRA file has unknown module {module!r}")
         target, part = names[module]
         if part is None:
-            out[target] = (module, LoraTarget(pair["A"], _fc1(target, pair["B"]), alpha))
+            out[target] = (module, LoraTarget(pair["A"], _fc1(target, pair["B"]), alphas.get(module, alpha)))
         else:
             qkv.setdefault(target, []).append((part, module, pair))
     for target, parts in qkv.items():
         ordered = [(module, pair["A"], pair["B"]) for _, module, pair in sorted(parts, key=lambda p: p[0])]
+        part_alphas = {alphas.get(module, alpha) for module, _, _ in ordered}
+        if len(part_alphas) != 1:
+            raise ValueError(f"LoRA qkv parts {[m for m, _, _ in ordered]} have different alphas {sorted(part_alphas)}")
         a, b = _block_diagonal(ordered, cfg.attn_width)
-        out[target] = (ordered[0][0], LoraTarget(a, b, alpha * len(ordered)))
+        out[target] = (ordered[0][0], LoraTarget(a, b, part_alphas.pop() * len(ordered)))
     return out
 
 
@@ -265,7 +270,11 @@ def _flashgen(tensors: dict[str, torch.Tensor], metadata: dict[str, str], cfg: D
     layout = metadata.get("qkv_layout", "qkv")
     if layout not in ("qkv", "grouped"):
         raise ValueError(f"FlashGen LoRA qkv_layout={layout!r} is unknown: allowed 'qkv', 'grouped'")
-    pairs, _ = _pairs(tensors, "")
+    pairs, alphas = _pairs(tensors, "")
+    if alphas:
+        raise ValueError(
+            f"FlashGen LoRA file has unknown tensor {next(iter(alphas)) + '.alpha'!r}: alpha is lora_alpha"
+        )
     out = {}
     for module, pair in pairs.items():
         target = module.removeprefix("transformer.")
