@@ -71,8 +71,8 @@ class LoraTarget:
 class LoraAdapter:
     """A LoRA file mapped onto our DiT: format ("diffusers", "comfyui" or "flashgen"), targets
     (our module name, e.g. "blocks.0.attn.qkv_proj" -> LoraTarget), rank (the largest target
-    rank), bytes (of all mapped A and B tensors, as held in memory), base_schedule (FlashGen's metadata, else None) and the
-    file's metadata."""
+    rank), bytes (of all mapped A and B tensors, as held in memory), base_schedule (FlashGen's
+    metadata, else None) and the file's metadata."""
 
     format: str
     targets: dict[str, LoraTarget]
