@@ -22,6 +22,7 @@ from h3_core.weights.lora_formats import lora_targets, read_lora
 
 CFG = CONFIGS["tiny"]
 RANK, ALPHA = 4, 6.0
+DEFAULT = 8.0  # the alpha of a diffusers file that names none
 WIDTH, FFN = CFG.attn_width, CFG.ffn_size
 
 
@@ -279,6 +280,7 @@ def refusal(tmp_path, tensors, metadata=None) -> str:
 def test_refusals_name_what_is_wrong(adapter, tmp_path):
     _, _, tensors = adapter
     extra = {f"transformer_blocks.0.attn.to_x.lora_{p}.default.weight": torch.zeros(RANK, RANK) for p in "AB"}
+    assert refusal(tmp_path, {}) == "LoRA file holds no tensors"
     assert refusal(tmp_path, {**tensors, **extra}) == "LoRA file has unknown module 'transformer_blocks.0.attn.to_x'"
     base = {"transformer_blocks.0.attn.to_q.weight": torch.zeros(WIDTH, CFG.hidden_size)}
     assert refusal(tmp_path, {**tensors, **base}) == (
@@ -301,3 +303,25 @@ def test_refusals_name_what_is_wrong(adapter, tmp_path):
         "LoRA file is FastH3's fastvideo-lora-v2 (full-rank weight diffs and sparse-attention gates), "
         "not a LoRA of A/B pairs: unsupported"
     )
+
+
+def test_diffusers_qkv_parts_missing_from_the_file(tmp_path):
+    # LoRA on to_q and to_v only (to_k keeps its base output): the stacked B has zero K rows
+    toy, tensors = toy_adapter(seed=4)
+    tensors = {k: v for k, v in tensors.items() if ".to_q." in k or ".to_v." in k}
+    save_file(tensors, str(tmp_path / "qv.safetensors"))
+    config = LoraConfig(r=RANK, lora_alpha=DEFAULT, target_modules=r".*\.(to_q|to_v)", lora_dropout=0.0)
+    model = inject_adapter_in_model(config, toy).eval()
+    assert model.load_state_dict(tensors, strict=False).unexpected_keys == []
+    attn = model.token_refiner.refiner_blocks[1].attn
+    target = read_lora(tmp_path / "qv.safetensors", CFG).targets["token_refiner.blocks.1.attn.qkv_proj"]
+    assert (target.rank, target.alpha) == (2 * RANK, 2 * DEFAULT)
+    q, v = (f"token_refiner.refiner_blocks.1.attn.to_{p}.lora_B.default.weight" for p in "qv")
+    assert torch.equal(target.b, torch.block_diag(tensors[q], torch.zeros(WIDTH, 0), tensors[v]))
+    x = torch.randn(5, CFG.hidden_size, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        y = torch.cat([attn.to_q(x), attn.to_k(x), attn.to_v(x)], dim=-1)
+        weight = torch.cat([attn.to_q.base_layer.weight, attn.to_k.weight, attn.to_v.base_layer.weight])
+        ours = F.linear(x, weight) + target.delta(x)
+    torch.testing.assert_close(ours, y, rtol=1.3e-6, atol=1e-5)  # float32 rounding, as for the full qkv
+    assert torch.equal(ours[:, WIDTH : 2 * WIDTH], y[:, WIDTH : 2 * WIDTH])  # K: base only, exactly

@@ -41,7 +41,6 @@ DEFAULT_ALPHA = 8.0  # alpha of a diffusers file without one (what LightX2V and 
 FASTVIDEO_FORMAT = "fastvideo-lora-v2"
 _PEFT_KEY = re.compile(r"^(?P<module>.+)\.lora_(?P<part>A|B|down|up)(?:\.default)?\.weight$")
 _PART = {"A": "A", "down": "A", "B": "B", "up": "B"}
-_QKV_PARTS = ("to_q", "to_k", "to_v")
 
 
 @dataclass(frozen=True)
@@ -129,7 +128,9 @@ def map_lora(tensors: dict[str, torch.Tensor], metadata: dict[str, str], cfg: Di
             "not a LoRA of A/B pairs: unsupported"
         )
     names = list(tensors)
-    if names and all(n.startswith("diffusion_model.") for n in names):
+    if not names:
+        raise ValueError("LoRA file holds no tensors")
+    if all(n.startswith("diffusion_model.") for n in names):
         fmt, pairs = "comfyui", _comfyui(tensors, metadata, cfg)
     elif any(n.startswith(("transformer.blocks.", "transformer.token_refiner.blocks.", "final_layer.")) for n in names):
         fmt, pairs = "flashgen", _flashgen(tensors, metadata, cfg)
@@ -203,25 +204,26 @@ def _fc1(target: str, b: torch.Tensor) -> torch.Tensor:
 
 
 def _block_diagonal(
-    parts: list[tuple[str, torch.Tensor, torch.Tensor]], width: int
+    parts: list[tuple[int, str, torch.Tensor, torch.Tensor]], width: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(name, A_i [r, in], B_i [width, r]) per qkv part present -> A [k r, in] concatenated and B
-    [3 width, k r] with B_i in part i's rows and columns, zeros elsewhere (a missing part's rows
-    are zero); raises ValueError for parts of different ranks or a B not `width` rows."""
-    ranks = {a.shape[0] for _, a, _ in parts}
+    """(part index 0/1/2 for q/k/v, name, A_i [r, in], B_i [width, r]) per qkv part present, in
+    part order -> A [k r, in] concatenated and B [3 width, k r] with B_i in part i's rows and in
+    its own columns, zeros elsewhere (a missing part's rows are zero); raises ValueError for parts
+    of different ranks or a B_i not [width, r]."""
+    ranks = {a.shape[0] for _, _, a, _ in parts}
     if len(ranks) != 1:
-        raise ValueError(f"LoRA qkv parts {[n for n, _, _ in parts]} have different ranks {sorted(ranks)}")
+        raise ValueError(f"LoRA qkv parts {[n for _, n, _, _ in parts]} have different ranks {sorted(ranks)}")
     rank = ranks.pop()
-    b = torch.zeros(3 * width, rank * len(parts), dtype=parts[0][2].dtype)
-    for column, (name, _, part_b) in enumerate(parts):
-        index = _QKV_PARTS.index(name.rsplit(".", 1)[1])
+    b = torch.zeros(3 * width, rank * len(parts), dtype=parts[0][3].dtype)
+    for column, (index, name, _, part_b) in enumerate(parts):
         if part_b.shape != (width, rank):
             raise ValueError(f"LoRA module {name!r}: B {tuple(part_b.shape)} does not fit ({width}, {rank})")
         b[index * width : (index + 1) * width, column * rank : (column + 1) * rank] = part_b
-    return torch.cat([a for _, a, _ in parts]), b
+    return torch.cat([a for _, _, a, _ in parts]), b
 
 
 def _diffusers(tensors: dict[str, torch.Tensor], metadata: dict[str, str], cfg: DiTConfig) -> dict:
+    """A diffusers / PEFT file's targets: our module name -> (file module name, LoraTarget)."""
     pairs, alphas = _pairs(tensors, "transformer." if all(k.startswith("transformer.") for k in tensors) else "")
     alpha = _file_alpha(metadata)
     names = _official_names(cfg)
@@ -235,16 +237,18 @@ def _diffusers(tensors: dict[str, torch.Tensor], metadata: dict[str, str], cfg: 
         else:
             qkv.setdefault(target, []).append((part, module, pair))
     for target, parts in qkv.items():
-        ordered = [(module, pair["A"], pair["B"]) for _, module, pair in sorted(parts, key=lambda p: p[0])]
-        part_alphas = {alphas.get(module, alpha) for module, _, _ in ordered}
+        ordered = [(index, module, pair["A"], pair["B"]) for index, module, pair in sorted(parts, key=lambda p: p[0])]
+        part_alphas = {alphas.get(module, alpha) for _, module, _, _ in ordered}
         if len(part_alphas) != 1:
-            raise ValueError(f"LoRA qkv parts {[m for m, _, _ in ordered]} have different alphas {sorted(part_alphas)}")
+            modules = [module for _, module, _, _ in ordered]
+            raise ValueError(f"LoRA qkv parts {modules} have different alphas {sorted(part_alphas)}")
         a, b = _block_diagonal(ordered, cfg.attn_width)
-        out[target] = (ordered[0][0], LoraTarget(a, b, part_alphas.pop() * len(ordered)))
+        out[target] = (ordered[0][1], LoraTarget(a, b, part_alphas.pop() * len(ordered)))
     return out
 
 
 def _comfyui(tensors: dict[str, torch.Tensor], metadata: dict[str, str], cfg: DiTConfig) -> dict:
+    """A ComfyUI file's targets: our module name -> (file module name, LoraTarget)."""
     pairs, alphas = _pairs(tensors, "diffusion_model.")
     names = {}
     for target in lora_targets(cfg):
@@ -263,6 +267,7 @@ def _comfyui(tensors: dict[str, torch.Tensor], metadata: dict[str, str], cfg: Di
 
 
 def _flashgen(tensors: dict[str, torch.Tensor], metadata: dict[str, str], cfg: DiTConfig) -> dict:
+    """A FlashGen file's targets: our module name -> (file module name, LoraTarget)."""
     for key in ("lora_rank", "lora_alpha"):
         if key not in metadata:
             raise ValueError(f"FlashGen LoRA file lacks metadata {key!r}")
