@@ -4,6 +4,7 @@ channels it keeps, cancels sent to every server, and two real tritonservers on 1
 
 import json
 import threading
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -152,8 +153,16 @@ def two_servers(server, tmp_path_factory):
 
 
 def holders(servers, request_id: str, outcome: str) -> list[int]:
-    """The indices of the servers whose log has `request ID <outcome>`."""
-    return [k for k, srv in enumerate(servers) if f"request {request_id} {outcome}" in srv.log_text()]
+    """The indices of the servers whose log has `request ID <outcome>`. A model's end line reaches
+    the server log through the python backend's log channel, which may lag the response the
+    client already has: the logs are read until some server has the line, for a minute at most."""
+    found = []
+    for _ in range(1200):
+        found = [k for k, srv in enumerate(servers) if f"request {request_id} {outcome}" in srv.log_text()]
+        if found:
+            break
+        time.sleep(0.05)
+    return found
 
 
 def test_each_request_goes_to_the_next_server(two_servers):

@@ -7,6 +7,8 @@ request has even started its last file; before, it waited for every file of the 
 
 import io
 import json
+import sqlite3
+from contextlib import closing
 
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ import tritonclient.grpc as grpcclient
 from PIL import Image
 
 from client.api import H3Error
+from h3_core.serving.shared.registry import DATABASE_FILE, ENCODER_INSTANCE, server_folder
 
 from .serving import tensor
 from .videos_api_serving import wait_for
@@ -41,15 +44,29 @@ def started(server, request_id: str, index: int) -> bool:
     return f"h3_encoder: request {request_id} decoding REFERENCE_IMAGES[{index}] " in server.log_text()
 
 
+def held(server, request_id: str) -> bool:
+    """Whether h3_encoder holds `request_id` in the server's registry (live on ENCODER_INSTANCE)."""
+    with closing(sqlite3.connect(server_folder(server.pid) / DATABASE_FILE)) as db:
+        row = db.execute(
+            "SELECT 1 FROM live WHERE request_id = ? AND instance = ?", (request_id, ENCODER_INSTANCE)
+        ).fetchone()
+    return row is not None
+
+
 def test_a_light_request_finishes_before_a_heavy_ones_files_are_decoded(server, client):
     data, streams, outcomes = heavy_png(), {}, {}
-    for name in ("heavy-1", "heavy-2", "heavy-3"):
+    # sent one by one, each once the one before holds its place (three streams reach the encoder in
+    # no set order): heavy-1 and heavy-2 decoding in the two media workers, heavy-3 held, waiting
+    for name, arrived in (("heavy-1", "decoding"), ("heavy-2", "decoding"), ("heavy-3", "held")):
         stream = grpcclient.InferenceServerClient(server.grpc_url)
         stream.start_stream(callback=lambda result, error, name=name: outcomes.setdefault(name, []).append(error))
         stream.async_stream_infer("h3_pipeline", heavy_inputs(data), request_id=name)
         streams[name] = stream
+        if arrived == "decoding":
+            wait_for(lambda name=name: started(server, name, 0), 120, f"{name}'s first file")
+        else:
+            wait_for(lambda name=name: held(server, name), 120, f"{name} held by h3_encoder")
     try:
-        wait_for(lambda: started(server, "heavy-1", 0) and started(server, "heavy-2", 0), 120, "two media workers")
         # heavy-2 (decoding) and heavy-3 (waiting for a worker) are abandoned: held, so "cancelled"
         assert [client.cancel(name) for name in ("heavy-2", "heavy-3")] == ["cancelled", "cancelled"]
         for name in ("heavy-2", "heavy-3"):
