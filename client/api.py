@@ -320,7 +320,9 @@ class H3Client:
             next step boundary and its stream ends with H3Error CANCELLED.
           "finished": the request already left the DiT (its result is being decoded or was
             delivered): nothing was done, and its stream ends normally.
-          "unknown": no request with this id is known (never sent, or still in the encoder).
+          "unknown": no request with this id is known (never sent, or still in Triton's queue or
+            the text encoder; a request with files is held while h3_encoder decodes them: it
+            answers "cancelled" and stops between files).
             The server remembers the id for protocol.EARLY_CANCEL_SECONDS, and a request with it
             that arrives in that time ends with CANCELLED.
 
