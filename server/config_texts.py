@@ -108,6 +108,9 @@ PROMPT_INPUTS = """\
   { name: "NUM_INFERENCE_STEPS" data_type: TYPE_INT64 dims: [ 1 ] optional: true },
   { name: "SEED" data_type: TYPE_INT64 dims: [ 1 ] optional: true },
   { name: "NUM_OUTPUTS" data_type: TYPE_INT64 dims: [ 1 ] optional: true },
+  # a request's own sigma lists, NUM_INFERENCE_STEPS + 1 values from 1 down to 0 (docs/model.md 3.1)
+  { name: "VIDEO_SIGMAS" data_type: TYPE_FP32 dims: [ -1 ] optional: true },
+  { name: "AUDIO_SIGMAS" data_type: TYPE_FP32 dims: [ -1 ] optional: true },
   # fl2va: KEYFRAMES = 1 or 2 encoded images (PNG, JPEG, WebP files), KEYFRAME_INDICES the frame each
   # conditions (0 first, -1 last); TASK t2va | fl2va (without it the task follows the inputs)
   { name: "TASK" data_type: TYPE_STRING dims: [ 1 ] optional: true },
@@ -254,6 +257,8 @@ ensemble_scheduling {{
       input_map {{ key: "NUM_INFERENCE_STEPS" value: "NUM_INFERENCE_STEPS" }}
       input_map {{ key: "SEED" value: "SEED" }}
       input_map {{ key: "NUM_OUTPUTS" value: "NUM_OUTPUTS" }}
+      input_map {{ key: "VIDEO_SIGMAS" value: "VIDEO_SIGMAS" }}
+      input_map {{ key: "AUDIO_SIGMAS" value: "AUDIO_SIGMAS" }}
       input_map {{ key: "TASK" value: "TASK" }}
       input_map {{ key: "KEYFRAMES" value: "KEYFRAMES" }}
       input_map {{ key: "KEYFRAME_INDICES" value: "KEYFRAME_INDICES" }}
