@@ -1,9 +1,11 @@
 """Few-step schedules pinned (issue 51 item 1): golden sigma lists, per-request sigma lists and their
 validation, and an adapter's base_schedule as a request's default sigmas (docs/model.md §3.1)."""
 
+import numpy as np
 import pytest
 import torch
 
+from client.errors import H3Error
 from h3_core.config import get_config
 from h3_core.diffusion.engine import Engine
 from h3_core.diffusion.request import GenerationRequest, RequestLimits, validate_request
@@ -202,3 +204,48 @@ def test_default_sigmas_refuses_a_bad_base_schedule(base_schedule, message):
     with pytest.raises(InvalidRequest) as info:
         default_sigmas(base_schedule)
     assert (info.value.field, str(info.value)) == ("base_schedule", message)
+
+
+# Through a real tritonserver (the session's shared `server`, max_steps 400): VIDEO_SIGMAS / AUDIO_SIGMAS.
+E2E = dict(height=32, width=64, num_frames=5, seed=3, return_mp4=False, return_frames=True, return_audio=True)
+
+
+def test_sigma_lists_through_tritonserver_replace_the_shift_and_set_the_steps(client):
+    """VIDEO_SIGMAS of shift 6 and AUDIO_SIGMAS of shift 3, without NUM_INFERENCE_STEPS, give the
+    frames and audio of the request with 3 steps and flow_shift 6 (shift 12 and the default 4
+    steps would differ); INFO reports 3 steps."""
+    (shifted_6,) = client.generate("a red ball", num_inference_steps=3, flow_shift=6.0, **E2E)
+    (listed,) = client.generate(
+        "a red ball", video_sigmas=sigma_schedule(3, 6.0), audio_sigmas=sigma_schedule(3, 3.0), **E2E
+    )
+    assert listed.info["num_inference_steps"] == shifted_6.info["num_inference_steps"] == 3
+    assert np.array_equal(listed.frames, shifted_6.frames) and np.array_equal(listed.audio, shifted_6.audio)
+
+
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        ({"video_sigmas": [1, 0.5, 0.5, 0]}, f"VIDEO_SIGMAS[2]=0.5 is not below VIDEO_SIGMAS[1]=0.5: {ALLOWED}"),
+        (
+            {"video_sigmas": [1, float("nan"), 0]},
+            "VIDEO_SIGMAS[1]=nan is not finite: allowed values from exactly 1 down to exactly 0",
+        ),
+        (
+            {"audio_sigmas": [1 - k / 401 for k in range(402)]},
+            "AUDIO_SIGMAS has 402 points: allowed 2..401 (one more than the forwards, at most max_steps=400)",
+        ),
+        (
+            {"video_sigmas": [1, 0.5, 0], "audio_sigmas": [1, 0]},
+            "audio_sigmas has 2 points but video_sigmas has 3: allowed the same number (one DiT forward advances "
+            "both clocks)",
+        ),
+        (
+            {"video_sigmas": [1, 0.5, 0], "num_inference_steps": 5},
+            "num_inference_steps=5 does not match video_sigmas (3 points): allowed 2, the list's number of forwards",
+        ),
+    ],
+)
+def test_bad_sigma_lists_through_tritonserver_are_invalid_arg(client, fields, message):
+    with pytest.raises(H3Error) as info:
+        client.generate("a red ball", **{**E2E, **fields})
+    assert (info.value.code, info.value.message) == ("INVALID_ARG", message)
