@@ -170,9 +170,9 @@ DIT_INTRO = """\
 # cancel is announced (h3_core.serving.shared.registry), and reschedules the unfinished ones.
 #
 # REQUEST is JSON: the request fields present (height, width, num_frames, num_inference_steps,
-# seed, num_outputs), encode_seconds, received_unix_s and for fl2va / ref2va task, conditions,
-# vision_spans, geometry, and outside_training when the prompt has words the weights were not
-# trained on (the keys h3_encoder writes; any other key is refused), or
+# seed, num_outputs, video_sigmas, audio_sigmas), encode_seconds, received_unix_s and for fl2va /
+# ref2va task, conditions, vision_spans, geometry, and outside_training when the prompt has words
+# the weights were not trained on (the keys h3_encoder writes; any other key is refused), or
 # {"cancel_request_id": ID} (ID a non-empty string, no other key) for a control request that cancels
 # the request with that id. Every request has the same three inputs because Triton batches only
 # requests with identical input sets; TEXT_EMBEDS is ragged (prompts differ in token count):
