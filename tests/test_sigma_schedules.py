@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from client.errors import H3Error
+from client.inputs import sigma_inputs
 from h3_core.config import get_config
 from h3_core.diffusion.engine import Engine
 from h3_core.diffusion.request import GenerationRequest, RequestLimits, validate_request
@@ -249,3 +250,20 @@ def test_bad_sigma_lists_through_tritonserver_are_invalid_arg(client, fields, me
     with pytest.raises(H3Error) as info:
         client.generate("a red ball", **{**E2E, **fields})
     assert (info.value.code, info.value.message) == ("INVALID_ARG", message)
+
+
+def test_client_sigma_inputs_are_fp32_rows_and_refuse_wrong_types():
+    video, audio = sigma_inputs([1, 0.5, 0], (1.0, 0.25, 0.0))
+    assert [(t.name(), t.datatype(), t.shape()) for t in (video, audio)] == [
+        ("VIDEO_SIGMAS", "FP32", [1, 3]),
+        ("AUDIO_SIGMAS", "FP32", [1, 3]),
+    ]
+    assert [t.name() for t in sigma_inputs(None, [1, 0])] == ["AUDIO_SIGMAS"] and sigma_inputs(None, None) == []
+    for arguments, message in (
+        (("1, 0", None), "video_sigmas must be a sequence (list or tuple), got str '1, 0'"),
+        ((None, [1, "0"]), "audio_sigmas[1] must be number, got str '0'"),
+        (([1, True], None), "video_sigmas[1] must be number, got bool True"),
+    ):
+        with pytest.raises(TypeError) as info:
+            sigma_inputs(*arguments)
+        assert str(info.value) == message
