@@ -214,12 +214,17 @@ E2E = dict(height=32, width=64, num_frames=5, seed=3, return_mp4=False, return_f
 def test_sigma_lists_through_tritonserver_replace_the_shift_and_set_the_steps(client):
     """VIDEO_SIGMAS of shift 6 and AUDIO_SIGMAS of shift 3, without NUM_INFERENCE_STEPS, give the
     frames and audio of the request with 3 steps and flow_shift 6 (shift 12 and the default 4
-    steps would differ); INFO reports 3 steps."""
+    steps would differ); INFO reports 3 steps and echoes the lists."""
     (shifted_6,) = client.generate("a red ball", num_inference_steps=3, flow_shift=6.0, **E2E)
     (listed,) = client.generate(
         "a red ball", video_sigmas=sigma_schedule(3, 6.0), audio_sigmas=sigma_schedule(3, 3.0), **E2E
     )
     assert listed.info["num_inference_steps"] == shifted_6.info["num_inference_steps"] == 3
+    assert (listed.info["video_sigmas"], listed.info["audio_sigmas"]) == (
+        sigma_schedule(3, 6.0),
+        sigma_schedule(3, 3.0),
+    )
+    assert "video_sigmas" not in shifted_6.info
     assert np.array_equal(listed.frames, shifted_6.frames) and np.array_equal(listed.audio, shifted_6.audio)
 
 

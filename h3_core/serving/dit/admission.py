@@ -196,7 +196,7 @@ def parse(
     results' INFO "outside_training" when there are any. REQUEST's "video_sigmas" / "audio_sigmas"
     (VIDEO_SIGMAS / AUDIO_SIGMAS) are checked naming the input (sampling.check_sigmas, at most
     max_steps + 1 points); without "num_inference_steps" the request takes a list's length - 1
-    steps. Raises ValueError naming the bad field."""
+    steps; the results' INFO echoes them. Raises ValueError naming the bad field."""
     if arrival.sequence_end:
         raise ValueError(
             "sequence_end must not be set: a request runs over many iterations and Triton 2.51 "
@@ -301,6 +301,7 @@ def parse(
             check_task(task, [condition.kind for condition in conditions])
         raise
     conditioning = {"task": task, "flow_shift": generation.video_shift, "audio_flow_shift": generation.audio_shift}
+    conditioning.update({field: list(values) for field, values in sigmas.items()})  # the lists used, when given
     if conditions:
         conditioning.update(conditions=conditions_info(conditions, fields["conditions"]), geometry=geometry)
     outside = [] if training is None else training.outside_size(values["height"], values["width"], states[0].num_frames)
