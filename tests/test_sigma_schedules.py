@@ -207,6 +207,15 @@ def test_default_sigmas_refuses_a_bad_base_schedule(base_schedule, message):
     assert (info.value.field, str(info.value)) == ("base_schedule", message)
 
 
+def test_default_sigmas_refuses_a_shift_of_zero_and_shows_a_long_value_cut():
+    with pytest.raises(InvalidRequest) as info:
+        default_sigmas("[1, 0]", 12.0, 0.0)
+    assert (info.value.field, str(info.value)) == ("base_schedule", "audio_shift=0.0 is out of range: allowed > 0")
+    with pytest.raises(InvalidRequest) as info:
+        validate_request(GenerationRequest("ok", 32, 32, 5, 4, video_sigmas="x" * 100), LIMITS)
+    assert str(info.value) == f"video_sigmas must be a list of numbers, got '{'x' * 79}..."
+
+
 # Through a real tritonserver (the session's shared `server`, max_steps 400): VIDEO_SIGMAS / AUDIO_SIGMAS.
 E2E = dict(height=32, width=64, num_frames=5, seed=3, return_mp4=False, return_frames=True, return_audio=True)
 

@@ -57,7 +57,8 @@ def check_sigmas(field: str, sigmas, max_steps: int | None = None) -> None:
     if not isinstance(sigmas, (list, tuple)) or not all(
         isinstance(value, Real) and not isinstance(value, bool) for value in sigmas
     ):
-        raise InvalidRequest(field, f"{field} must be a list of numbers, got {sigmas!r}")
+        shown = repr(sigmas) if len(repr(sigmas)) <= 80 else f"{repr(sigmas)[:80]}..."
+        raise InvalidRequest(field, f"{field} must be a list of numbers, got {shown}")
     points = len(sigmas)
     if points < 2 or (max_steps is not None and points > max_steps + 1):
         allowed = "at least 2" if max_steps is None else f"2..{max_steps + 1}"
