@@ -49,6 +49,7 @@ from .inputs import (
     reference_inputs,
     request_parameters,
     scalar_input,
+    sigma_inputs,
 )
 
 CANCEL_WAIT_S = 10.0  # after a timeout: how long to wait for the cancelled request's final response
@@ -159,6 +160,8 @@ class H3Client:
         flow_shift: float | None = None,
         audio_flow_shift: float | None = None,
         cache_threshold: float | None = None,
+        video_sigmas: Sequence[float] | None = None,
+        audio_sigmas: Sequence[float] | None = None,
         task: str | None = None,
         reference_images: Sequence[str | os.PathLike | bytes] = (),
         reference_videos: Sequence[str | os.PathLike | bytes] = (),
@@ -193,7 +196,10 @@ class H3Client:
         protocol.DEFAULT_FIT). flow_shift / audio_flow_shift: the shift of the video / audio sigma
         schedule, > 0 and <= protocol.MAX_FLOW_SHIFT (docs/model.md §3.1). cache_threshold: the step
         cache's threshold, 0 (every step computed) .. the server's max_cache_threshold; larger
-        skips more steps (docs/request_contract.md). task: one of protocol.TASKS
+        skips more steps (docs/request_contract.md). video_sigmas / audio_sigmas: the clock's own
+        sigma list, num_inference_steps + 1 numbers strictly decreasing from exactly 1 to exactly 0,
+        sent as VIDEO_SIGMAS / AUDIO_SIGMAS FP32 (sigma_inputs; without num_inference_steps the server
+        takes the list's length - 1 steps). task: one of protocol.TASKS
         (TASK BYTES [1, 1]); None lets the server choose it from the inputs (keyframes: fl2va;
         references or guides: ref2va). Each of these is sent only when given (None: the server's
         default).
@@ -265,7 +271,7 @@ class H3Client:
             for name, key in protocol.INT_INPUTS.items()
             if fields[key] is not None
         ]
-        inputs += keyframes + files
+        inputs += keyframes + files + sigma_inputs(video_sigmas, audio_sigmas)
         if task is not None:
             inputs.append(scalar_input(protocol.TASK, task.encode(), "BYTES"))
         if references is not None:  # the server checks the entries (protocol.reference_list)

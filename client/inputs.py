@@ -1,7 +1,8 @@
 """A generation request's input tensors and argument checks, client side: the type checks that
 catch what tritonclient would silently convert (check_type, check_seconds), the [1, 1] scalar
 inputs, the media files sent unchanged (media_bytes) as fl2va keyframes (keyframe_inputs) and
-ref2va references and guides (reference_inputs). Used by client.api.H3Client.generate.
+ref2va references and guides (reference_inputs), the sigma lists (sigma_inputs). Used by
+client.api.H3Client.generate.
 """
 
 from __future__ import annotations
@@ -117,6 +118,24 @@ def keyframe_inputs(first_frame: bytes | None, last_frame: bytes | None) -> list
     indices = grpcclient.InferInput(protocol.KEYFRAME_INDICES, [1, len(given)], "INT64")
     indices.set_data_from_numpy(np.array([[index for _, index in given]], dtype=np.int64))
     return [keyframes, indices]
+
+
+def sigma_inputs(video_sigmas: Sequence[float] | None, audio_sigmas: Sequence[float] | None) -> list:
+    """h3_pipeline's VIDEO_SIGMAS and AUDIO_SIGMAS FP32 [1, N] (protocol.SIGMA_INPUTS: a request's own
+    sigma list per clock, docs/model.md §3.1), one for each argument that is not None, in that
+    order. The values are the server's to check (N = the steps + 1, from exactly 1 down to exactly 0,
+    strictly decreasing). Raises TypeError naming the argument and item (e.g. "video_sigmas[1]") for
+    a wrong type."""
+    inputs = []
+    for (input_name, name), values in zip(protocol.SIGMA_INPUTS.items(), (video_sigmas, audio_sigmas), strict=True):
+        if values is None:
+            continue
+        _sequence(name, values)
+        for index, value in enumerate(values):
+            check_type(f"{name}[{index}]", value, "number")
+        inputs.append(grpcclient.InferInput(input_name, [1, len(values)], "FP32"))
+        inputs[-1].set_data_from_numpy(np.array([values], dtype=np.float32).reshape(1, len(values)))
+    return inputs
 
 
 def _sequence(name: str, value) -> None:

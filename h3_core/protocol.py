@@ -45,6 +45,11 @@ INT_INPUTS = {
     "SEED": "seed",
     "NUM_OUTPUTS": "num_outputs",
 }
+# The optional FP32 [1, N] inputs of h3_pipeline and the REQUEST field each becomes (a list of numbers):
+# a request's own sigma list for the video / audio clock (docs/model.md §3.1), N = NUM_INFERENCE_STEPS + 1
+# noise levels strictly decreasing from exactly 1 to exactly 0, used instead of the shifted uniform
+# schedule. Without NUM_INFERENCE_STEPS the request takes N - 1 steps.
+SIGMA_INPUTS = {"VIDEO_SIGMAS": "video_sigmas", "AUDIO_SIGMAS": "audio_sigmas"}
 # Outputs of h3_pipeline: VIDEO_MP4 BYTES [1, 0 or 1]; FRAMES uint8 [1, T, H, W, 3] and AUDIO float32
 # [1, 2, samples] (empty unless asked for); PROGRESS int32 [1, 3] = (step, total steps, queue position);
 # PREVIEW uint8 [1, Hl, Wl, 3] (empty unless a preview is due); INFO BYTES [1, 1] JSON (INFO_KINDS).
@@ -104,21 +109,25 @@ REQUEST = "REQUEST"  # BYTES [1, 1] JSON: REQUEST_FIELDS present, or {CANCEL_FIE
 CONDITION_LATENTS = "CONDITION_LATENTS"
 VIDEO_LATENT = "VIDEO_LATENT"  # float32 [1, 24, T_lat, Hl, Wl] final video latent; [1, 0, 0, 0, 0] when none
 AUDIO_LATENT = "AUDIO_LATENT"  # float32 [1, 2, 32, T_a] final stereo audio latent; [1, 0, 0, 0] when none
-# exactly what h3_encoder writes: the INT_INPUTS present, the seconds it spent and the unix time
+# exactly what h3_encoder writes: the INT_INPUTS and SIGMA_INPUTS present, the seconds it spent and the unix time
 # it received the request (deadline_s counts from there); for a conditioned request also "task" (one
 # of TASKS), "conditions" (CONDITION_FIELDS per block, in CONDITION_LATENTS' order), "vision_spans" ([start,
 # end) token ranges of TEXT_EMBEDS that are vision tokens, token tag 0) and "geometry" (how the
 # canvas was chosen and the images fitted; echoed in the result's INFO); "outside_training" (a list
 # of strings: the prompt's words not in the weights' training.json, h3_core.model.training_metadata;
 # h3_dit adds the sizes outside it and echoes them in the result's INFO "outside_training")
-REQUEST_FIELDS = tuple(INT_INPUTS.values()) + (
-    "encode_seconds",
-    "received_unix_s",
-    "task",
-    "conditions",
-    "vision_spans",
-    "geometry",
-    "outside_training",
+REQUEST_FIELDS = (
+    tuple(INT_INPUTS.values())
+    + tuple(SIGMA_INPUTS.values())
+    + (
+        "encode_seconds",
+        "received_unix_s",
+        "task",
+        "conditions",
+        "vision_spans",
+        "geometry",
+        "outside_training",
+    )
 )
 CANCEL_FIELD = "cancel_request_id"
 # one entry of REQUEST's "conditions": "kind" (CONDITION_KINDS), "frame" (keyframes and guides:

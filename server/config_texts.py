@@ -108,6 +108,9 @@ PROMPT_INPUTS = """\
   { name: "NUM_INFERENCE_STEPS" data_type: TYPE_INT64 dims: [ 1 ] optional: true },
   { name: "SEED" data_type: TYPE_INT64 dims: [ 1 ] optional: true },
   { name: "NUM_OUTPUTS" data_type: TYPE_INT64 dims: [ 1 ] optional: true },
+  # a request's own sigma lists, NUM_INFERENCE_STEPS + 1 values from 1 down to 0 (docs/model.md 3.1)
+  { name: "VIDEO_SIGMAS" data_type: TYPE_FP32 dims: [ -1 ] optional: true },
+  { name: "AUDIO_SIGMAS" data_type: TYPE_FP32 dims: [ -1 ] optional: true },
   # fl2va: KEYFRAMES = 1 or 2 encoded images (PNG, JPEG, WebP files), KEYFRAME_INDICES the frame each
   # conditions (0 first, -1 last); TASK t2va | fl2va (without it the task follows the inputs)
   { name: "TASK" data_type: TYPE_STRING dims: [ 1 ] optional: true },
@@ -167,9 +170,9 @@ DIT_INTRO = """\
 # cancel is announced (h3_core.serving.shared.registry), and reschedules the unfinished ones.
 #
 # REQUEST is JSON: the request fields present (height, width, num_frames, num_inference_steps,
-# seed, num_outputs), encode_seconds, received_unix_s and for fl2va / ref2va task, conditions,
-# vision_spans, geometry, and outside_training when the prompt has words the weights were not
-# trained on (the keys h3_encoder writes; any other key is refused), or
+# seed, num_outputs, video_sigmas, audio_sigmas), encode_seconds, received_unix_s and for fl2va /
+# ref2va task, conditions, vision_spans, geometry, and outside_training when the prompt has words
+# the weights were not trained on (the keys h3_encoder writes; any other key is refused), or
 # {"cancel_request_id": ID} (ID a non-empty string, no other key) for a control request that cancels
 # the request with that id. Every request has the same three inputs because Triton batches only
 # requests with identical input sets; TEXT_EMBEDS is ragged (prompts differ in token count):
@@ -254,6 +257,8 @@ ensemble_scheduling {{
       input_map {{ key: "NUM_INFERENCE_STEPS" value: "NUM_INFERENCE_STEPS" }}
       input_map {{ key: "SEED" value: "SEED" }}
       input_map {{ key: "NUM_OUTPUTS" value: "NUM_OUTPUTS" }}
+      input_map {{ key: "VIDEO_SIGMAS" value: "VIDEO_SIGMAS" }}
+      input_map {{ key: "AUDIO_SIGMAS" value: "AUDIO_SIGMAS" }}
       input_map {{ key: "TASK" value: "TASK" }}
       input_map {{ key: "KEYFRAMES" value: "KEYFRAMES" }}
       input_map {{ key: "KEYFRAME_INDICES" value: "KEYFRAME_INDICES" }}

@@ -43,7 +43,8 @@ class RequestState:
     t2va; h3_core.diffusion.conditions.condition_rows), the same for the whole request (the Euler
     update never touches them, so they are "re-pinned" after every step by construction);
     all on the engine's device from prepare() on (the Euler update runs there; they reach the
-    CPU only when the result is sent). Sigma lists have num_inference_steps + 1 entries;
+    CPU only when the result is sent). Sigma lists (the request's own, else sigma_schedule's)
+    have num_inference_steps + 1 entries, one per clock, stepped together;
     step_index counts completed steps (computed or taken with the cached velocity); cache is
     the request's step cache (h3_core.diffusion.step_cache; threshold 0: off).
     """
@@ -235,8 +236,13 @@ class Engine:
                 f"memory={memory} MiB is out of range: allowed up to {self.limits.max_request_mb} MiB (max_request_mb)"
             )
         seed = random_seed() if request.seed is None else request.seed
-        sigmas_video = sigma_schedule(request.num_inference_steps, request.video_shift)
-        sigmas_audio = sigma_schedule(request.num_inference_steps, request.audio_shift)
+        sigmas_video, sigmas_audio = (  # the request's own lists (validated), else its steps and shifts
+            sigma_schedule(request.num_inference_steps, shift) if given is None else [float(s) for s in given]
+            for given, shift in (
+                (request.video_sigmas, request.video_shift),
+                (request.audio_sigmas, request.audio_shift),
+            )
+        )
         states = []
         for index in range(request.num_outputs):
             video, audio = (noise.to(self.device) for noise in initial_noise(layout, seed + index))

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from ..config import CANVAS_MULTIPLE, FPS, align_num_frames, max_requested_frames
 from ..rules import InvalidRequest, check_prompt, check_prompt_bytes
-from .sampling import DEFAULT_AUDIO_SHIFT, DEFAULT_VIDEO_SHIFT
+from .sampling import DEFAULT_AUDIO_SHIFT, DEFAULT_VIDEO_SHIFT, check_sigmas
 
 INT64_MAX = 2**63 - 1
 # Peak memory one request adds, measured on the 2-core CPU in float32 with /proc VmHWM
@@ -39,7 +39,11 @@ class RequestLimits:
 class GenerationRequest:
     """One generation request. `seed` None means a random seed is drawn in prepare(). `task` is
     one of h3_core.rules.TASKS; its conditions (keyframes, guides, references) are
-    Engine.prepare's argument, checked against it there (h3_core.rules.check_task)."""
+    Engine.prepare's argument, checked against it there (h3_core.rules.check_task).
+    video_sigmas / audio_sigmas: the clock's own sigma list (num_inference_steps + 1 noise levels
+    from exactly 1 down to exactly 0, e.g. a few-step student's), used as given instead of
+    sigma_schedule(num_inference_steps, shift), the shift then unused for that clock; None: from
+    the steps and the shift (docs/model.md §3.1)."""
 
     prompt: str
     height: int
@@ -54,6 +58,8 @@ class GenerationRequest:
     request_id: str = ""
     task: str = "t2va"
     cache_threshold: float = 0.0  # step cache (h3_core.diffusion.step_cache); 0 = every step computed
+    video_sigmas: tuple[float, ...] | None = None
+    audio_sigmas: tuple[float, ...] | None = None
 
 
 def _check_range(field: str, value, low, high) -> None:
@@ -92,7 +98,10 @@ def validate_request(request: GenerationRequest, limits: RequestLimits) -> None:
     height/width positive multiples of 32 up to the maxima; 1 <= num_frames <= max;
     1 <= num_inference_steps <= max; 1 <= num_outputs <= max; seed in 0..2^63-1 with
     seed + num_outputs - 1 also in range; shifts > 0; fps must be the model's 24;
-    0 <= cache_threshold <= limits.max_cache_threshold.
+    0 <= cache_threshold <= limits.max_cache_threshold; a sigma list as check_sigmas says (2 to
+    max_steps + 1 finite points, strictly decreasing from exactly 1 to exactly 0), both lists of
+    the same length (one DiT forward advances both clocks one entry), and num_inference_steps equal
+    to a given list's length - 1.
     The padded row count is checked in Engine.prepare, once the prompt's token count is known.
     """
     check_prompt(request.prompt)
@@ -113,6 +122,26 @@ def validate_request(request: GenerationRequest, limits: RequestLimits) -> None:
         )
     if request.fps != FPS:
         raise InvalidRequest("fps", f"fps={request.fps} is not supported: the model generates {FPS} fps")
+    _check_sigma_lists(request, limits)
+
+
+def _check_sigma_lists(request: GenerationRequest, limits: RequestLimits) -> None:
+    lists = {f: getattr(request, f) for f in ("video_sigmas", "audio_sigmas") if getattr(request, f) is not None}
+    for field, sigmas in lists.items():
+        check_sigmas(field, sigmas, limits.max_steps)
+    if len(lists) == 2 and len(request.audio_sigmas) != len(request.video_sigmas):
+        raise InvalidRequest(
+            "audio_sigmas",
+            f"audio_sigmas has {len(request.audio_sigmas)} points but video_sigmas has {len(request.video_sigmas)}: "
+            "allowed the same number (one DiT forward advances both clocks)",
+        )
+    for field, sigmas in lists.items():
+        if request.num_inference_steps != len(sigmas) - 1:
+            raise InvalidRequest(
+                "num_inference_steps",
+                f"num_inference_steps={request.num_inference_steps} does not match {field} ({len(sigmas)} points): "
+                f"allowed {len(sigmas) - 1}, the list's number of forwards",
+            )
 
 
 def request_memory_mb(

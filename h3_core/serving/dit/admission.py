@@ -18,7 +18,7 @@ import torch
 from h3_core.diffusion.conditions import Condition
 from h3_core.diffusion.engine import Engine
 from h3_core.diffusion.request import GenerationRequest
-from h3_core.diffusion.sampling import DEFAULT_AUDIO_SHIFT, DEFAULT_VIDEO_SHIFT
+from h3_core.diffusion.sampling import DEFAULT_AUDIO_SHIFT, DEFAULT_VIDEO_SHIFT, check_sigmas
 from h3_core.media import MP4_AVAILABLE
 from h3_core.model.training_metadata import TrainingMetadata
 from h3_core.protocol import (
@@ -32,6 +32,7 @@ from h3_core.protocol import (
     INT_INPUTS,
     MAX_REFERENCES,
     MAX_REQUEST_ID_CHARS,
+    SIGMA_INPUTS,
     VAE_FAULTS,
     InvalidRequest,
     check_request_parameters,
@@ -192,7 +193,10 @@ def parse(
     with engine.prepare; `now`: its arrival, seconds on the step loop's clock). `settings`: h3_dit's
     (fault injection, sp_degree, priority_max). `training`: the weights' training.json, or None;
     the sizes outside it and REQUEST's "outside_training" (h3_encoder's unknown words) go to the
-    results' INFO "outside_training" when there are any. Raises ValueError naming the bad field."""
+    results' INFO "outside_training" when there are any. REQUEST's "video_sigmas" / "audio_sigmas"
+    (VIDEO_SIGMAS / AUDIO_SIGMAS) are checked naming the input (sampling.check_sigmas, at most
+    max_steps + 1 points); without "num_inference_steps" the request takes a list's length - 1
+    steps; the results' INFO echoes them. Raises ValueError naming the bad field."""
     if arrival.sequence_end:
         raise ValueError(
             "sequence_end must not be set: a request runs over many iterations and Triton 2.51 "
@@ -228,6 +232,13 @@ def parse(
             if type(fields[name]) is not int:
                 raise ValueError(f"{name} must be an integer, got {fields[name]!r}")
             values[name] = fields[name]
+    sigmas = {}
+    for name, field in SIGMA_INPUTS.items():
+        if field in fields:
+            check_sigmas(name, fields[field], engine.limits.max_steps)
+            sigmas[field] = tuple(fields[field])
+            if "num_inference_steps" not in fields:  # a list without NUM_INFERENCE_STEPS: its forwards
+                values["num_inference_steps"] = len(sigmas[field]) - 1
     embeds = arrival.text_embeds
     if (
         embeds is None
@@ -280,6 +291,7 @@ def parse(
         video_shift=parameters.get("flow_shift", DEFAULT_VIDEO_SHIFT),
         audio_shift=parameters.get("audio_flow_shift", DEFAULT_AUDIO_SHIFT),
         cache_threshold=cache_threshold,
+        **sigmas,
         **values,
     )
     try:
@@ -289,6 +301,7 @@ def parse(
             check_task(task, [condition.kind for condition in conditions])
         raise
     conditioning = {"task": task, "flow_shift": generation.video_shift, "audio_flow_shift": generation.audio_shift}
+    conditioning.update({field: list(values) for field, values in sigmas.items()})  # the lists used, when given
     if conditions:
         conditioning.update(conditions=conditions_info(conditions, fields["conditions"]), geometry=geometry)
     outside = [] if training is None else training.outside_size(values["height"], values["width"], states[0].num_frames)

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import triton_python_backend_utils as pb_utils
 
 from h3_core.config import get_config
+from h3_core.diffusion.sampling import check_sigmas
 from h3_core.inputs.references import Decoding
 from h3_core.model.encoder import TextEncoder
 from h3_core.protocol import (
@@ -37,6 +38,7 @@ from h3_core.protocol import (
     REFERENCE_VIDEOS,
     REFERENCES,
     REQUEST,
+    SIGMA_INPUTS,
     TASK,
     TASKS,
     TEXT_EMBEDS,
@@ -223,6 +225,11 @@ class TritonPythonModel:
                 if values.size != 1:
                     raise ValueError(f"{name} must hold exactly one INT64 value, got {values.size}")
                 fields[field] = int(values[0])
+        for name, field in SIGMA_INPUTS.items():  # the point count against max_steps: h3_dit's check
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is not None:
+                fields[field] = [float(value) for value in tensor.as_numpy().reshape(-1)]
+                check_sigmas(name, fields[field])
         task = read_strings(request, TASK)
         if task is not None and len(task) != 1:
             raise ValueError(f"{TASK} must hold exactly one string, got {len(task)}")
