@@ -40,7 +40,7 @@ def config_parameters(path: Path) -> dict[str, str]:
     (Triton's ModelConfig: only the ModelParameter map has `string_value`), with no import beyond
     the standard library: the python backend stub's Python need not hold tritonclient or protobuf.
     Raises ValueError naming the file when a `string_value` is not inside an entry it can read."""
-    text = COMMENT.sub(lambda m: m.group(1) or "", Path(path).read_text())
+    text = COMMENT.sub(lambda m: m.group(1) or "", Path(path).read_text(encoding="utf-8"))
     found = PARAMETER.findall(text)
     if len(found) != text.count("string_value"):
         raise ValueError(
