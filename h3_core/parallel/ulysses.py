@@ -51,6 +51,7 @@ import torch
 from ..config import ROW_ALIGN, DiTConfig
 from ..model.attention import AttentionFn
 from ..model.dit import H3DiT
+from ..model.lora import lora_scope
 from ..model.packed import PackedBatch
 
 Exchange = Callable[[torch.Tensor], torch.Tensor]  # all-to-all: [sp, ...] -> [sp, ...] (chunk i to rank i)
@@ -156,16 +157,17 @@ def forward_share(
     e = dit.embed(*(t.to(dit.device) for t in (video, audio, text)), batch)
     shares = Shares(batch.total_rows, world)
     attention = ulysses_attention(exchange, shares, dit.attention)
-    video_out, audio_out = dit.transformer(
-        shares.take(rank, e.x),
-        e.t_emb,
-        shares.take(rank, e.mod_index),
-        shares.take(rank, e.timestep_index),
-        attention,
-        e.rows.documents,
-        shares.take(rank, e.rows.rope),
-    )
     first, end = shares.bounds(rank)
+    with lora_scope(None if e.rows.lora is None else e.rows.lora.window(first, end)):  # the share's rows
+        video_out, audio_out = dit.transformer(
+            shares.take(rank, e.x),
+            e.t_emb,
+            shares.take(rank, e.mod_index),
+            shares.take(rank, e.timestep_index),
+            attention,
+            e.rows.documents,
+            shares.take(rank, e.rows.rope),
+        )
 
     def local(rows: torch.Tensor) -> torch.Tensor:
         return rows[(rows >= first) & (rows < end)] - first
