@@ -245,6 +245,9 @@ def test_unknown_adapters_bad_compositions_and_removal_in_use_are_refused(engine
         with pytest.raises(InvalidRequest) as error:
             engine.prepare(request("v", lora), text("v"))
         assert (error.value.field, str(error.value)) == ("lora", message)
+    batch = L.pack_requests([L.make_layout(5, 32, 32, 1)], [0.5], [0.5], [(("ghost", 0.0),)])
+    with pytest.raises(ValueError, match=r"^LoRA adapter 'ghost' is not loaded$"):  # a rank lacking it
+        engine.dit.loras.plan(batch)
     engine.add_lora("temp", make_adapter("mix", 40))
     with pytest.raises(ValueError, match=r"^LoRA adapter 'temp' is already loaded: remove it first$"):
         engine.add_lora("temp", make_adapter("mix", 41))

@@ -62,7 +62,7 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = row_tiled(self.gemm, x, self.row_tile)
-        return y if self.lora is None else self.lora(x, y)
+        return y if self.lora is None else self.lora.apply(x, y)
 
 
 class RMSNorm(nn.Module):

@@ -115,21 +115,25 @@ class LoraPlan:
 
 
 class LoraSlot:
-    """What a targeted Linear calls after its base GEMM (dit.Linear.lora): adds the active plan's
-    deltas of this module (`name`) onto its output. Attached by LoraAdapters while adapters are
+    """What a targeted Linear calls after its base GEMM (dit.Linear.lora; `apply` is add_deltas,
+    `extend` is extend_rows for an AdaLN projection): adds the active plan's deltas of this
+    module (`name`) onto its output. Attached by LoraAdapters while adapters are
     loaded; outside a pack's forward (no active plan) it returns the output unchanged."""
 
     def __init__(self, owner: "LoraAdapters", name: str, linear: torch.nn.Module):
         self.owner, self.name, self.linear = owner, name, linear
         self.refiner = name.startswith(REFINER_PREFIX)
+        # What the DiT calls, run outside torch.compile's tracing (the plan is Python state). Wrapped
+        # here, not by a decorator: torch.compiler loads torch.distributed, which h3_vae must not import.
+        self.apply = torch.compiler.disable(self.add_deltas)
+        self.extend = torch.compiler.disable(self.extend_rows)
 
     def terms(self, run: LoraRun) -> list[tuple[object, float]]:
         """(LoraTarget of this module, scale x alpha / rank) of the run's adapters that target it."""
         found = [(adapter.targets.get(self.name), scale) for adapter, scale in run.terms]
         return [(target, scale * target.alpha / target.rank) for target, scale in found if target is not None]
 
-    @torch.compiler.disable
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def add_deltas(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """y [rows, out] (the base output of x [rows, in]) with every active run's delta added on
         its own rows, in float32, rounded once to y's dtype (in place; returns y)."""
         plan = self.owner.active
@@ -147,8 +151,7 @@ class LoraSlot:
             y[start:end] = total.to(y.dtype)
         return y
 
-    @torch.compiler.disable
-    def extend(self, projection, t_emb, shared: torch.Tensor) -> torch.Tensor:
+    def extend_rows(self, projection, t_emb, shared: torch.Tensor) -> torch.Tensor:
         """An AdaLN projection's output for the active plan: `shared` [M, n x hidden] (its value
         per unique timestep) followed, per AdaLN group, by M rows of shared + the group's delta
         (one one-row call per value, on the projection's input: the AdaLN table's stored inputs
@@ -245,8 +248,9 @@ class LoraAdapters:
 
     def plan(self, batch: PackedBatch) -> LoraPlan | None:
         """The LoRA work of `batch`, or None when no request of it has an
-        adapter with a scale other than 0. Raises ValueError naming an adapter not held."""
-        if not self.adapters or not any(batch.loras):
+        adapter with a scale other than 0. Raises ValueError naming an adapter not held (a
+        request is never computed without an adapter it names, e.g. on a rank that lacks it)."""
+        if not any(batch.loras):
             return None
         runs, groups, refiner = [], 0, 0
         for layout, offset, composition in zip(batch.layouts, batch.offsets, batch.loras, strict=True):
