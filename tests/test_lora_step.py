@@ -77,7 +77,7 @@ def engine():
     return make_engine()
 
 
-def request(rid: str, lora=(), seed: int = 1, steps: int = 3, shape=(64, 96, 9)) -> GenerationRequest:
+def request(rid: str, lora=(), seed: int = 1, steps: int = 2, shape=(64, 96, 9)) -> GenerationRequest:
     return GenerationRequest("p", *shape, steps, seed=seed, request_id=rid, lora=tuple(lora))
 
 
@@ -116,7 +116,7 @@ def same(a, b) -> bool:
 REQUESTS = {
     "plain": request("plain", seed=5),
     "one": request("one", [("style", 1.0)], seed=6, shape=(64, 64, 5)),
-    "several": request("several", [("timing", 0.5), ("mix", -1.5)], seed=7, steps=4),
+    "several": request("several", [("timing", 0.5), ("mix", -1.5)], seed=7, steps=3),
     "composed": request("composed", [("style", 2.0), ("timing", -1.0), ("mix", 0.75)], seed=8, shape=(32, 64, 9)),
 }
 
@@ -125,14 +125,9 @@ def test_solo_equals_cobatched_with_none_one_and_several_adapters(engine):
     solos = {rid: solo(engine, r) for rid, r in REQUESTS.items()}
     runs = [
         cobatched(engine, [REQUESTS["plain"], REQUESTS["composed"]], [(1, REQUESTS["one"])]),
-        cobatched(engine, [REQUESTS["several"], REQUESTS["one"]], [(2, REQUESTS["plain"])]),
-        cobatched(engine, [REQUESTS["plain"]], [(1, REQUESTS["several"]), (1, REQUESTS["composed"])]),
+        cobatched(engine, [REQUESTS["several"], REQUESTS["one"]], [(1, REQUESTS["plain"]), (1, REQUESTS["composed"])]),
     ]
-    assert [sorted(run) for run in runs] == [
-        ["composed", "one", "plain"],
-        ["one", "plain", "several"],
-        ["composed", "plain", "several"],
-    ]
+    assert [sorted(run) for run in runs] == [["composed", "one", "plain"], ["composed", "one", "plain", "several"]]
     for run in runs:
         for rid, state in run.items():
             assert same(state, solos[rid]), rid
@@ -266,12 +261,12 @@ def test_merge_equals_the_dynamic_path_within_tolerance_and_is_refused_on_fp8(en
     merged = make_engine(adapters={})
     merge_lora(merged.dit, ADAPTERS["timing"], 1.5)
     merge_lora(merged.dit, ADAPTERS["style"], -0.5)
-    dynamic = solo(engine, request("m", [("timing", 1.5), ("style", -0.5)], seed=21))
-    folded = solo(merged, request("m", seed=21))
-    # the tolerance docs/lora.md states: 1e-4 on the latents after the run (float32 tiny)
-    assert (folded.video_latents - dynamic.video_latents).abs().max() <= 1e-4
-    assert (folded.audio_latents - dynamic.audio_latents).abs().max() <= 1e-4
-    assert not torch.equal(folded.video_latents, solo(engine, request("m", seed=21)).video_latents)
+    dynamic = solo(engine, request("m", [("timing", 1.5), ("style", -0.5)], seed=21, steps=3))
+    folded = solo(merged, request("m", seed=21, steps=3))
+    # the tolerance docs/lora.md states: 1e-5 on the latents after the run (float32 tiny; measured 1.1e-6)
+    assert (folded.video_latents - dynamic.video_latents).abs().max() <= 1e-5
+    assert (folded.audio_latents - dynamic.audio_latents).abs().max() <= 1e-5
+    assert not torch.equal(folded.video_latents, solo(engine, request("m", seed=21, steps=3)).video_latents)
     quantize_blocks(merged.dit, "fp8")  # merge, then quantise: the order a merged fp8 server uses
     with pytest.raises(ValueError, match=r"^merge_lora: 'blocks.0.attn.qkv_proj' is fp8 already; merge into"):
         merge_lora(merged.dit, ADAPTERS["style"])
