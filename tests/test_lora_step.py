@@ -319,3 +319,25 @@ def test_cuda_graphs_of_packs_using_a_removed_adapter_are_dropped():
     graphs.captured = dict.fromkeys(keys, None)
     graphs.forget_lora("a")
     assert list(graphs.captured) == keys[1:]
+
+
+def test_compiled_blocks_keep_solo_equal_to_cobatched_without_recompiling():
+    """compile_blocks (the GPU default) on the CPU: loading adapters leaves a plain request's bits
+    as they were; the slots break the compiled halves at the targeted linears, shared by every
+    block (no recompilation), and solo == co-batched holds there too."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    dit = H3DiT(CFG, row_tile=0)
+    init_weights(dit, 0)
+    dit.compile_blocks()
+    compiled = Engine(dit.eval(), None, None, limits=LIMITS)
+    plain, mine = request("p", seed=1), request("m", [("timing", 1.0), ("style", 2.0)], seed=2, shape=(32, 64, 5))
+    before = solo(compiled, plain)
+    for name in ("timing", "style"):
+        compiled.add_lora(name, ADAPTERS[name])
+    assert same(solo(compiled, plain), before)
+    packed = cobatched(compiled, [plain], [(1, mine)])
+    assert same(packed["p"], before) and same(packed["m"], solo(compiled, mine))
+    assert sum(counters["recompiles"].values()) == 0
