@@ -39,7 +39,6 @@ from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
-from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -73,6 +72,31 @@ def lora_gemm(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, factor: float) 
 
 
 @dataclass(frozen=True)
+class HeldTarget:
+    """One target linear's pair as the DiT holds it: a [rank, in], b [out, rank] on its device in
+    its dtype; alpha (the delta's scaling is alpha / rank)."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    alpha: float
+
+    @property
+    def rank(self) -> int:
+        """Rows of A."""
+        return self.a.shape[0]
+
+
+@dataclass(frozen=True)
+class HeldAdapter:
+    """An adapter as the DiT holds it: targets (module name -> HeldTarget), rank (the file's
+    largest) and bytes (its A and B on the device)."""
+
+    targets: dict[str, HeldTarget]
+    rank: int
+    bytes: int
+
+
+@dataclass(frozen=True)
 class LoraRun:
     """One request's part of a plan: its rows [start, end) in the pack (or a rank's share), its
     text block's rows in the refiner sequence, its adapters (adapter, scale) in order (scale != 0)
@@ -80,7 +104,7 @@ class LoraRun:
 
     rows: tuple[int, int]
     refiner_rows: tuple[int, int]
-    terms: tuple[tuple[object, float], ...]
+    terms: tuple[tuple[HeldAdapter, float], ...]
     group: int
 
 
@@ -128,8 +152,8 @@ class LoraSlot:
         self.apply = torch.compiler.disable(self.add_deltas)
         self.extend = torch.compiler.disable(self.extend_rows)
 
-    def terms(self, run: LoraRun) -> list[tuple[object, float]]:
-        """(LoraTarget of this module, scale x alpha / rank) of the run's adapters that target it."""
+    def terms(self, run: LoraRun) -> list[tuple[HeldTarget, float]]:
+        """(HeldTarget of this module, scale x alpha / rank) of the run's adapters that target it."""
         found = [(adapter.targets.get(self.name), scale) for adapter, scale in run.terms]
         return [(target, scale * target.alpha / target.rank) for target, scale in found if target is not None]
 
@@ -182,15 +206,15 @@ class LoraAdapters:
     """The LoRA adapters a DiT holds by name (H3DiT.loras), on its device in its dtype, and on
     each thread the plan of the pack being computed.
 
-    An adapter is an object shaped like h3_core.weights.lora_formats.LoraAdapter: `targets`
-    (module name -> an object with a [rank, in], b [out, rank], alpha, rank), `rank`, `bytes`.
+    `add` takes an h3_core.weights.lora_formats.LoraAdapter (any object with its `targets`:
+    module name -> a [rank, in], b [out, rank], alpha; and `rank`) and holds a HeldAdapter.
     While at least one adapter is held, every module any adapter targets and every AdaLN
     projection gets a LoraSlot (dit.Linear.lora); with none held the DiT runs without any.
     """
 
     def __init__(self, dit: torch.nn.Module):
         self.dit = dit
-        self.adapters: dict[str, object] = {}
+        self.adapters: dict[str, HeldAdapter] = {}
         self.local = threading.local()
 
     @property
@@ -220,11 +244,8 @@ class LoraAdapters:
         for target_name, target in adapter.targets.items():
             if target_name not in modules:
                 raise ValueError(f"LoRA adapter {name!r} targets {target_name!r}, which the DiT does not have")
-            a, b = (t.to(device, dtype) for t in (target.a, target.b))
-            targets[target_name] = SimpleNamespace(a=a, b=b, alpha=target.alpha, rank=a.shape[0])
-        self.adapters[name] = SimpleNamespace(
-            targets=targets, rank=adapter.rank, bytes=sum(t.a.nbytes + t.b.nbytes for t in targets.values())
-        )
+            targets[target_name] = HeldTarget(target.a.to(device, dtype), target.b.to(device, dtype), target.alpha)
+        self.adapters[name] = HeldAdapter(targets, adapter.rank, sum(t.a.nbytes + t.b.nbytes for t in targets.values()))
         self.attach()
 
     def remove(self, name: str) -> None:
