@@ -243,6 +243,12 @@ def test_unknown_adapters_bad_compositions_and_removal_in_use_are_refused(engine
     batch = L.pack_requests([L.make_layout(5, 32, 32, 1)], [0.5], [0.5], [(("ghost", 0.0),)])
     with pytest.raises(ValueError, match=r"^LoRA adapter 'ghost' is not loaded$"):  # a rank lacking it
         engine.dit.loras.plan(batch)
+    wrong = make_adapter("mix", 42)
+    wrong.targets["blocks.0.mlp.fc1"] = LoraTarget(torch.zeros(8, 95), torch.zeros(512, 8), 8.0)
+    with pytest.raises(ValueError) as error:
+        engine.add_lora("wrong", wrong)
+    message = "LoRA adapter 'wrong': A (8, 95) and B (512, 8) do not fit 'blocks.0.mlp.fc1' of out=512, in=96"
+    assert str(error.value) == message and "wrong" not in [e["name"] for e in engine.loras()]
     engine.add_lora("temp", make_adapter("mix", 40))
     with pytest.raises(ValueError, match=r"^LoRA adapter 'temp' is already loaded: remove it first$"):
         engine.add_lora("temp", make_adapter("mix", 41))

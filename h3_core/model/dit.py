@@ -306,7 +306,7 @@ class Embedded:
     x: torch.Tensor  # [S, hidden] model dtype: the embedded rows (padding rows 0)
     t_emb: torch.Tensor | AdaLNSlots  # float32 [M, time_embed_dim], or the table's slots (use_adaln_table)
     mod_index: torch.Tensor  # int64 [S]: a row's AdaLN modulation row (timestep_index * 3 + modality)
-    timestep_index: torch.Tensor  # int64 [S]: a row's row of t_emb
+    timestep_index: torch.Tensor  # int64 [S]: a row's row of t_emb (+ its LoRA AdaLN group x M: lora.LoraPlan)
     rows: PackRows
 
 

@@ -233,7 +233,8 @@ class LoraAdapters:
 
     def add(self, name: str, adapter) -> None:
         """Hold `adapter` as `name`, its A and B copied to the DiT's device and dtype. Raises
-        ValueError for an empty name, a name already held, or a target the DiT lacks (naming it)."""
+        ValueError for an empty name, a name already held, a target that is no linear of the DiT
+        or A and B that do not fit it (an adapter mapped for another config), naming it."""
         if not isinstance(name, str) or not name.strip():
             raise ValueError(f"a LoRA adapter needs a non-empty name, got {name!r}")
         if name in self.adapters:
@@ -242,8 +243,15 @@ class LoraAdapters:
         device, dtype = self.dit.device, self.dit.cfg.torch_dtype
         targets = {}
         for target_name, target in adapter.targets.items():
-            if target_name not in modules:
-                raise ValueError(f"LoRA adapter {name!r} targets {target_name!r}, which the DiT does not have")
+            linear = modules.get(target_name)
+            if not hasattr(linear, "row_tile"):  # a dit.Linear
+                raise ValueError(f"LoRA adapter {name!r} targets {target_name!r}, which is no linear of the DiT")
+            a_shape, b_shape = tuple(target.a.shape), tuple(target.b.shape)
+            if a_shape[1:] != (linear.in_features,) or b_shape != (linear.out_features, a_shape[0]):
+                raise ValueError(
+                    f"LoRA adapter {name!r}: A {a_shape} and B {b_shape} do not fit {target_name!r} of "
+                    f"out={linear.out_features}, in={linear.in_features}"
+                )
             targets[target_name] = HeldTarget(target.a.to(device, dtype), target.b.to(device, dtype), target.alpha)
         self.adapters[name] = HeldAdapter(targets, adapter.rank, sum(t.a.nbytes + t.b.nbytes for t in targets.values()))
         self.attach()
