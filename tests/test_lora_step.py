@@ -12,6 +12,7 @@ against a float64 reference, and the refusals by their messages.
 
 import dataclasses
 import threading
+from collections import OrderedDict
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ from h3_core.diffusion.engine import Engine
 from h3_core.diffusion.request import GenerationRequest, RequestLimits
 from h3_core.model import H3DiT
 from h3_core.model.fp8 import quantize_blocks
-from h3_core.model.graphs import GraphedForward
+from h3_core.model.graphs import CapturedPack, GraphedForward
 from h3_core.model.initialization import init_weights
 from h3_core.model.lora import lora_scope, merge_lora, row_tiled
 from h3_core.parallel.ulysses import forward_share
@@ -315,16 +316,38 @@ def test_sequence_parallel_ranks_apply_each_requests_deltas_on_their_share(engin
         torch.set_num_threads(threads)
 
 
-def test_cuda_graphs_of_packs_using_a_removed_adapter_are_dropped():
-    graphs = GraphedForward.__new__(GraphedForward)  # the key logic only: no CUDA here
-    keys = [
-        ("sdpa", ("l",), 2, ((("a", 1.0),), ())),
-        ("sdpa", ("l",), 2, ((), ())),
-        ("sdpa", ("l",), 2, ((("b", 1.0),),)),
+class Replay:
+    """A stand-in for a captured CUDA graph (there is no CUDA here): replay does nothing."""
+
+    def replay(self) -> None:
+        pass
+
+
+def test_cuda_graph_keys_hold_each_requests_composition_and_removal_drops_its_graphs(engine, monkeypatch):
+    graphs = GraphedForward.__new__(GraphedForward)  # GraphedForward's keying without CUDA
+    graphs.dit, graphs.kept, graphs.captured, keys = engine.dit, 16, OrderedDict(), []
+
+    def capture(key, values, batch):
+        keys.append(key)
+        graphs.captured[key] = CapturedPack(Replay(), [v.clone() for v in values], (values[0], values[1]), None)
+        return graphs.captured[key]
+
+    monkeypatch.setattr(graphs, "capture", capture)
+    layouts = [L.make_layout(5, 32, 64, 5), L.make_layout(9, 32, 32, 5)]
+    rows = [
+        torch.zeros(sum(getattr(lay, k) for lay in layouts), w) for k, w in (("video_rows", 96), ("audio_rows", 32))
     ]
-    graphs.captured = dict.fromkeys(keys, None)
-    graphs.forget_lora("a")
-    assert list(graphs.captured) == keys[1:]
+    inputs = (*rows, torch.zeros(14, CFG.text_dim))
+    for loras in ([(), ()], [(("style", 1.0),), ()], [(("style", 2.0),), ()], [(), (("style", 1.0),)], [(), ()]):
+        graphs(*inputs, L.pack_requests(layouts, [0.5, 0.5], [0.5, 0.5], loras))
+    assert [key[3] for key in keys] == [
+        ((), ()),
+        ((("style", 1.0),), ()),
+        ((("style", 2.0),), ()),
+        ((), (("style", 1.0),)),
+    ]
+    graphs.forget_lora("style")
+    assert list(graphs.captured) == keys[:1]
 
 
 def test_compiled_blocks_keep_solo_equal_to_cobatched_without_recompiling():

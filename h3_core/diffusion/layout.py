@@ -453,6 +453,8 @@ def pack_requests(
     img_pos); its audio rows likewise (audio_pos). loras: each request's LoRA composition
     ((adapter name, scale), ...; PackedBatch.loras), None for none.
     """
+    if loras is not None and len(loras) != len(layouts):
+        raise ValueError(f"loras has {len(loras)} compositions for {len(layouts)} requests")
     offsets, blocks, refiner_blocks = [], [], []
     video, audio, text, refiner_text, positions, tags, timesteps = [], [], [], [], [], [], []
     offset = refiner_offset = 0
