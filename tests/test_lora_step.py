@@ -6,8 +6,9 @@ on the blocks' and the refiner's linears, "timing" on the AdaLN projections (blo
 layer's) and one qkv, "mix" on a few linears the others also target. A request's latents after a
 whole run must be bitwise the same solo (request mode: the request stepped alone to completion),
 co-batched in step mode with requests carrying no, one or several other adapters (admitted at
-other steps, in other pack orders), with the AdaLN table and in fp8; the delta itself is checked
-against a float64 reference, and the refusals by their messages.
+other steps, in other pack orders), with the AdaLN table, in fp8, under compile_blocks and over
+two sequence-parallel ranks; the delta itself is checked against a float64 reference, the CUDA
+graph keys with a stand-in capture (no CUDA here), and the refusals by their messages.
 """
 
 import dataclasses

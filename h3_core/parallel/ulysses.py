@@ -19,7 +19,8 @@ One step, on every rank at once (`forward_share`):
 2. The blocks on the share. Everything in a block is row-wise except attention, which
    `ulysses_attention` runs as: an all-to-all that gives each rank ALL rows for heads / sp of the
    heads, per-document attention over them with the pack's own cu_seqlens and the configured
-   backend, and an all-to-all back. Two all-to-alls per layer, nothing else is exchanged.
+   backend, and an all-to-all back. Two all-to-alls per layer, nothing else is exchanged. A
+   request's LoRA deltas apply to its rows in the share (h3_core.model.lora.LoraPlan.window).
 3. The final layer on the share (row-wise); each rank sends the driver its share's video and
    audio rows, which the driver concatenates in rank order (the pack's video and audio rows are
    in ascending row order, so this is the pack's order).
