@@ -47,7 +47,6 @@ from ..config import ROW_ALIGN
 from .adaln_table import AdaLNSlots
 from .packed import PackedBatch
 
-Composition = tuple[tuple[str, float], ...]  # a request's adapters: (name, scale), applied in order
 ADALN_SUFFIX = "adaln_proj.linear"  # the AdaLN projections' linears end in this
 REFINER_PREFIX = "token_refiner."  # the linears on the refiner sequence start with this
 
@@ -141,8 +140,8 @@ class LoraPlan:
 class LoraSlot:
     """What a targeted Linear calls after its base GEMM (dit.Linear.lora; `apply` is add_deltas,
     `extend` is extend_rows for an AdaLN projection): adds the active plan's deltas of this
-    module (`name`) onto its output. Attached by LoraAdapters while adapters are
-    loaded; outside a pack's forward (no active plan) it returns the output unchanged."""
+    module (`name`) onto its output. Attached by LoraAdapters while adapters are loaded;
+    outside a pack's forward (no active plan) it returns the output unchanged."""
 
     def __init__(self, owner: "LoraAdapters", name: str, linear: torch.nn.Module):
         self.owner, self.name, self.linear = owner, name, linear
