@@ -7,6 +7,7 @@ All per-request state lives in RequestState; the Engine holds only the models.
 """
 
 import time
+import weakref
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from ..config import AUDIO_LATENT_CHANNELS, VIDEO_LATENT_CHANNELS, align_num_fra
 from ..model import H3DiT
 from ..model.preview import RANDOM_PREVIEW, PreviewMap
 from ..model.vae import AudioVAE, VideoVAE, decode_clip
-from ..rules import check_task
+from ..rules import InvalidRequest, check_task
 from . import layout as L
 from .conditions import Condition, condition_rows
 from .request import GenerationRequest, RequestLimits, random_seed, request_memory_mb, validate_request
@@ -67,6 +68,7 @@ class RequestState:
     num_frames_requested: int = 0  # NUM_FRAMES as asked; num_frames is the served, aligned clip
     step_index: int = 0
     cache: StepCache = field(default_factory=StepCache)
+    lora: tuple[tuple[str, float], ...] = ()  # GenerationRequest.lora: its adapters (name, scale)
 
     @property
     def total_steps(self) -> int:
@@ -154,6 +156,7 @@ class Engine:
         self.dit, self.video_vae, self.audio_vae, self.encoder, self.limits = dit, video_vae, audio_vae, encoder, limits
         self.preview, self.cache_polynomial = preview, tuple(cache_polynomial)
         self.device = dit.device
+        self.lora_users: weakref.WeakSet[RequestState] = weakref.WeakSet()  # live states with adapters
 
     def warm_up(self) -> float:
         """Run one packed step of a small request so first-use set-up (oneDNN on the CPU, cuBLAS
@@ -203,6 +206,7 @@ class Engine:
         fills the request's whole schedule here, in one pass (schedule_timesteps, AdaLNTable.prefill).
         """
         validate_request(request, self.limits)
+        self.check_loras_loaded(request.lora)
         conditions = L.order_conditions(conditions)
         check_task(request.task, [condition.kind for condition in conditions])
         blocks = tuple(condition.block() for condition in conditions)
@@ -266,8 +270,11 @@ class Engine:
                     condition_audio=fixed_audio.to(self.device),
                     task=request.task,
                     cache=StepCache(request.cache_threshold),
+                    lora=request.lora,
                 )
             )
+        if request.lora:
+            self.lora_users.update(states)
         table = getattr(self.dit, "adaln_table", None)
         if table is not None and table.host:  # AdaLN weights in host memory: one fill pass at admission
             table.prefill(schedule_timesteps(layout, sigmas_video, sigmas_audio))
@@ -325,6 +332,7 @@ class Engine:
             [s.layout for s in states],
             [1.0 - s.sigmas_video[s.step_index] for s in states],
             [1.0 - s.sigmas_audio[s.step_index] for s in states],
+            [s.lora for s in states],
         )
         video = torch.cat([rows for s in states for rows in (s.condition_video, s.video_latents)])
         audio = torch.cat([rows for s in states for rows in (s.condition_audio, s.audio_latents)])
@@ -450,3 +458,49 @@ class Engine:
         completion and decode it (`run_to_completion`). Returns (state, frames, audio) per output."""
         states = self.prepare(request, text_embeds, conditions, vision_spans)
         return [result for state in states for result in self.run_to_completion([state], decode=True)]
+
+    def add_lora(self, name: str, adapter) -> None:
+        """Load LoRA adapter `adapter` (h3_core.weights.lora_formats.LoraAdapter, mapped for this
+        DiT's config) as `name` for requests to name (GenerationRequest.lora); its tensors are
+        copied to the DiT's device and dtype (h3_core.model.lora.LoraAdapters.add). Raises
+        ValueError for an empty or already loaded name, a target the DiT lacks, or a DiT without
+        per-request adapters (a sequence-parallel DiT, for now)."""
+        self.lora_holder().add(name, adapter)
+
+    def remove_lora(self, name: str) -> None:
+        """Unload adapter `name`. Raises ValueError when it is not loaded, or while a prepared or
+        running request's state uses it (naming the requests): remove it once they finish or are
+        cancelled (their states dropped)."""
+        users = sorted({s.request_id for s in self.lora_users if not s.finished and name in dict(s.lora)})
+        if users:
+            raise ValueError(
+                f"LoRA adapter {name!r} is in use by request(s) {', '.join(map(repr, users))}: "
+                "remove it once they finish or are cancelled"
+            )
+        self.lora_holder().remove(name)
+
+    def loras(self) -> list[dict]:
+        """The loaded adapters in name order: {"name", "rank", "targets" (linears it changes),
+        "bytes" (its A and B on the device)}."""
+        holder = getattr(self.dit, "loras", None)
+        adapters = {} if holder is None else holder.adapters
+        return [
+            {"name": name, "rank": a.rank, "targets": len(a.targets), "bytes": a.bytes}
+            for name, a in sorted(adapters.items())
+        ]
+
+    def check_loras_loaded(self, lora: tuple[tuple[str, float], ...]) -> None:
+        """Raise InvalidRequest (field `lora`) naming the first adapter of `lora` not loaded."""
+        loaded = [entry["name"] for entry in self.loras()]
+        for name, _ in lora:
+            if name not in loaded:
+                raise InvalidRequest(
+                    "lora", f"lora {name!r} is not a loaded LoRA adapter (loaded: {', '.join(loaded) or 'none'})"
+                )
+
+    def lora_holder(self):
+        """The DiT's LoRA adapters (h3_core.model.lora.LoraAdapters); ValueError for a DiT without."""
+        holder = getattr(self.dit, "loras", None)
+        if holder is None:
+            raise ValueError(f"this DiT ({type(self.dit).__name__}) takes no per-request LoRA adapters yet")
+        return holder

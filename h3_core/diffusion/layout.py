@@ -441,15 +441,20 @@ def _documents(starts_ends: list[tuple[int, int, int]]) -> torch.Tensor:
     return torch.tensor(bounds, dtype=torch.int32)
 
 
-def pack_requests(layouts: list[RequestLayout], t_video: list[float], t_audio: list[float]) -> PackedBatch:
+def pack_requests(
+    layouts: list[RequestLayout], t_video: list[float], t_audio: list[float], loras: list[tuple] | None = None
+) -> PackedBatch:
     """Pack N requests (batch order kept) for one forward at per-request timesteps.
 
     t_video / t_audio: each request's model timestep t = 1 - sigma for its video and audio
     rows; each row's timestep is RequestLayout.row_timesteps' (docs/model.md §1.9). Unique timesteps
     are taken over the whole batch (torch.unique, sorted) with per-row inverse indices. The
     video rows of a request are its condition video rows, then its target rows (docs/model.md's
-    img_pos); its audio rows likewise (audio_pos).
+    img_pos); its audio rows likewise (audio_pos). loras: each request's LoRA composition
+    ((adapter name, scale), ...; PackedBatch.loras), None for none.
     """
+    if loras is not None and len(loras) != len(layouts):
+        raise ValueError(f"loras has {len(loras)} compositions for {len(layouts)} requests")
     offsets, blocks, refiner_blocks = [], [], []
     video, audio, text, refiner_text, positions, tags, timesteps = [], [], [], [], [], [], []
     offset = refiner_offset = 0
@@ -484,6 +489,7 @@ def pack_requests(layouts: list[RequestLayout], t_video: list[float], t_audio: l
         token_tags=torch.cat(tags),
         unique_timesteps=unique,
         inverse_indices=inverse,
+        loras=[()] * len(layouts) if loras is None else [tuple(composition) for composition in loras],
     )
 
 

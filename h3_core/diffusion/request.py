@@ -1,5 +1,6 @@
 """A generation request, its limits and its validation (checked before anything runs)."""
 
+import math
 import secrets
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ DECODE_BYTES_PER_VOXEL = 160
 # What a cached request (cache_threshold > 0) keeps between steps, per packed row: its last planned
 # latents and last computed velocity, float32, at most 96 wide each (h3_core.diffusion.step_cache).
 STEP_CACHE_BYTES_PER_ROW = 2 * 96 * 4
+LORA_SCALE_MAX = 4.0  # a request's LoRA scales lie in -LORA_SCALE_MAX..LORA_SCALE_MAX
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class GenerationRequest:
     cache_threshold: float = 0.0  # step cache (h3_core.diffusion.step_cache); 0 = every step computed
     video_sigmas: tuple[float, ...] | None = None
     audio_sigmas: tuple[float, ...] | None = None
+    lora: tuple[tuple[str, float], ...] = ()  # LoRA adapters (name, scale), composed in order (h3_core.model.lora)
 
 
 def _check_range(field: str, value, low, high) -> None:
@@ -101,7 +104,7 @@ def validate_request(request: GenerationRequest, limits: RequestLimits) -> None:
     0 <= cache_threshold <= limits.max_cache_threshold; a sigma list as check_sigmas says (2 to
     max_steps + 1 finite points, strictly decreasing from exactly 1 to exactly 0), both lists of
     the same length (one DiT forward advances both clocks one entry), and num_inference_steps equal
-    to a given list's length - 1.
+    to a given list's length - 1; lora as check_lora says.
     The padded row count is checked in Engine.prepare, once the prompt's token count is known.
     """
     check_prompt(request.prompt)
@@ -123,6 +126,7 @@ def validate_request(request: GenerationRequest, limits: RequestLimits) -> None:
     if request.fps != FPS:
         raise InvalidRequest("fps", f"fps={request.fps} is not supported: the model generates {FPS} fps")
     _check_sigma_lists(request, limits)
+    check_lora(request.lora)
 
 
 def _check_sigma_lists(request: GenerationRequest, limits: RequestLimits) -> None:
@@ -141,6 +145,26 @@ def _check_sigma_lists(request: GenerationRequest, limits: RequestLimits) -> Non
                 "num_inference_steps",
                 f"num_inference_steps={request.num_inference_steps} does not match {field} ({len(sigmas)} points): "
                 f"allowed {len(sigmas) - 1}, the list's number of forwards",
+            )
+
+
+def check_lora(lora: tuple[tuple[str, float], ...]) -> None:
+    """Raise InvalidRequest (field `lora`) unless every entry is a (name, scale) pair with a
+    non-empty name str, named once, and a finite scale in -LORA_SCALE_MAX..LORA_SCALE_MAX.
+    Whether the adapters are loaded is Engine.prepare's check."""
+    names = set()
+    for entry in lora:
+        if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str) and entry[0].strip()):
+            raise InvalidRequest("lora", f"lora entry {entry!r} is not a (name, scale) pair with a non-empty name")
+        name, scale = entry
+        if name in names:
+            raise InvalidRequest("lora", f"lora names {name!r} twice: each adapter at most once a request")
+        names.add(name)
+        if isinstance(scale, bool) or not isinstance(scale, int | float) or not math.isfinite(scale):
+            raise InvalidRequest("lora", f"lora {name!r} scale={scale!r} is not a finite number")
+        if abs(scale) > LORA_SCALE_MAX:
+            raise InvalidRequest(
+                "lora", f"lora {name!r} scale={scale} is out of range: allowed -{LORA_SCALE_MAX}..{LORA_SCALE_MAX}"
             )
 
 

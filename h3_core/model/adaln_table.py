@@ -78,6 +78,12 @@ class AdaLNSlots:
         """The stored [M, n x hidden] rows of one AdaLNProj for the pack's timesteps."""
         return self.table.values[self.table.index[id(projection)]].index_select(0, self.slots)
 
+    def projection_inputs(self) -> torch.Tensor:
+        """The projections' input SiLU(t_emb) of the pack's timesteps as the fill computed it
+        (AdaLNProj.project_input): [M, time_embed_dim] in the model dtype (per-request LoRA
+        deltas of the AdaLN projections start from it, h3_core.model.lora)."""
+        return self.table.inputs.index_select(0, self.slots)
+
 
 class AdaLNTable:
     """The AdaLN projections of `dit` (an H3DiT) keyed by float32 timestep (module docstring).
@@ -98,6 +104,8 @@ class AdaLNTable:
             torch.empty(capacity, p.linear.out_features, dtype=p.linear.weight.dtype, device=dit.device)
             for p in self.projections
         ]
+        first = self.projections[0].linear
+        self.inputs = torch.empty(capacity, first.in_features, dtype=first.weight.dtype, device=dit.device)
         self.host = self.projections[0].host is not None  # adaln_weights = host: fills stream the weights
         self.scratch: list[tuple[torch.Tensor, torch.Tensor]] = []
         if self.host:
@@ -161,6 +169,8 @@ class AdaLNTable:
         for projection, values, (weight, bias) in zip(self.projections, self.values, self.weights(), strict=True):
             for slot, x in zip(slots, inputs, strict=True):
                 values[slot] = projection.project(x, weight, bias)[0]
+        for slot, x in zip(slots, inputs, strict=True):
+            self.inputs[slot] = x[0]
         self.fills += len(slots)
         self.passes += 1
 

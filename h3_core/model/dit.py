@@ -29,6 +29,7 @@ from ..config import AUDIO_ROW_WIDTH, ROW_ALIGN, VIDEO_ROW_WIDTH, DiTConfig
 from .adaln_table import AdaLNSlots, AdaLNTable, check_adaln_weights
 from .attention import AttentionFn, Documents, get_attention_backend
 from .graphs import GRAPH_MAX_ROWS, GRAPHS_KEPT, GraphedForward
+from .lora import LoraAdapters, LoraPlan, LoraSlot, lora_scope, row_tiled
 from .packed import PackedBatch
 from .rope import apply_rope, rope_table
 
@@ -53,19 +54,15 @@ class Linear(nn.Linear):
     (`gemm`; h3_core.model.fp8.Fp8Linear), not the tiling."""
 
     row_tile: int = 0
+    lora: LoraSlot | None = None  # per-request LoRA deltas after the base GEMM (h3_core.model.lora)
 
     def gemm(self, x: torch.Tensor) -> torch.Tensor:
         """One GEMM call: x [rows, in_features] -> [rows, out_features]."""
         return F.linear(x, self.weight, self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows, tile = x.shape[0], self.row_tile
-        if tile <= 0 or rows == 1:
-            return self.gemm(x)
-        tiles = list(x.split(tile))
-        if tiles[-1].shape[0] < tile:
-            tiles[-1] = F.pad(tiles[-1], (0, 0, 0, tile - tiles[-1].shape[0]))
-        return torch.cat([self.gemm(part) for part in tiles])[:rows]
+        y = row_tiled(self.gemm, x, self.row_tile)
+        return y if self.lora is None else self.lora.apply(x, y)
 
 
 class RMSNorm(nn.Module):
@@ -207,14 +204,16 @@ class AdaLNProj(nn.Module):
 
     def forward(self, t_emb: torch.Tensor, per_timestep: bool = True) -> torch.Tensor:
         if isinstance(t_emb, AdaLNSlots):
-            return t_emb.rows(self)
+            out = t_emb.rows(self)
+            return out if self.linear.lora is None else self.linear.lora.extend(self, t_emb, out)
         if not per_timestep:
             return self.linear(self.project_input(t_emb))
         if self.host is None:
             weight, bias = self.linear.weight, self.linear.bias
         else:
             weight, bias = (tensor.to(t_emb.device, non_blocking=True) for tensor in self.host)
-        return torch.cat([self.project(self.project_input(e), weight, bias) for e in t_emb.split(1)])
+        out = torch.cat([self.project(self.project_input(e), weight, bias) for e in t_emb.split(1)])
+        return out if self.linear.lora is None else self.linear.lora.extend(self, t_emb, out)
 
 
 class DiTBlock(nn.Module):
@@ -296,6 +295,7 @@ class PackRows:
     rope: torch.Tensor  # [S, 6 * rope_freqs_per_axis] model dtype: rope_table of the rows
     documents: Documents  # the pack's attention documents
     refiner_documents: Documents  # the refiner sequence's
+    lora: LoraPlan | None = None  # the pack's per-request LoRA work (H3DiT.loras.plan)
 
 
 @dataclass
@@ -306,7 +306,7 @@ class Embedded:
     x: torch.Tensor  # [S, hidden] model dtype: the embedded rows (padding rows 0)
     t_emb: torch.Tensor | AdaLNSlots  # float32 [M, time_embed_dim], or the table's slots (use_adaln_table)
     mod_index: torch.Tensor  # int64 [S]: a row's AdaLN modulation row (timestep_index * 3 + modality)
-    timestep_index: torch.Tensor  # int64 [S]: a row's row of t_emb
+    timestep_index: torch.Tensor  # int64 [S]: a row's row of t_emb (+ its LoRA AdaLN group x M: lora.LoraPlan)
     rows: PackRows
 
 
@@ -366,6 +366,7 @@ class H3DiT(nn.Module):
         self.graphs: GraphedForward | None = None  # use_cuda_graphs
         self.adaln_table: AdaLNTable | None = None  # use_adaln_table
         self.max_compiled_rows: int | None = None  # compile_blocks
+        self.loras = LoraAdapters(self)  # per-request LoRA adapters (h3_core.model.lora)
 
     def compile_blocks(self) -> None:
         """Compile every DiTBlock's row-wise halves (before_attention, after_attention) with
@@ -465,9 +466,10 @@ class H3DiT(nn.Module):
         inverse_indices int64 [S] of the PackedBatch, on the device (with the AdaLN table the int64
         slots of step_timesteps in place of unique_timesteps); rows = pack_rows(batch)."""
         e = self.embed_rows(video, audio, text, unique_timesteps, inverse_indices, rows)
-        video_out, audio_out = self.transformer(
-            e.x, e.t_emb, e.mod_index, e.timestep_index, self.attention, rows.documents, rows.rope
-        )
+        with lora_scope(rows.lora):
+            video_out, audio_out = self.transformer(
+                e.x, e.t_emb, e.mod_index, e.timestep_index, self.attention, rows.documents, rows.rope
+            )
         return video_out[rows.video_rows], audio_out[rows.audio_rows]
 
     def device_batch(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor, PackRows]:
@@ -490,6 +492,7 @@ class H3DiT(nn.Module):
             rope=rope_table(batch.position_ids.to(device), cfg.rope_freqs_per_axis, cfg.rope_theta, cfg.torch_dtype),
             documents=Documents(batch.cu_seqlens, batch.total_rows, device),
             refiner_documents=Documents(batch.refiner_cu_seqlens, batch.refiner_rows, device),
+            lora=self.loras.plan(batch),
         )
 
     def embed(self, video: torch.Tensor, audio: torch.Tensor, text: torch.Tensor, batch: PackedBatch) -> "Embedded":
@@ -520,7 +523,8 @@ class H3DiT(nn.Module):
         x.index_copy_(0, rows.audio_rows, self.audio_patch_proj(audio_in)[rows.audio_rows].to(dtype))
         text_in = torch.zeros(rows.refiner_rows, cfg.text_dim, dtype=dtype, device=device)
         text_in.index_copy_(0, rows.refiner_text_rows, text.to(dtype))
-        refined = self.token_refiner(self.condition_proj(text_in), self.attention, rows.refiner_documents)
+        with lora_scope(rows.lora):
+            refined = self.token_refiner(self.condition_proj(text_in), self.attention, rows.refiner_documents)
         x.index_copy_(0, rows.text_rows, refined[rows.refiner_text_rows])
 
         # Conditioning: one time embedding per unique timestep (or the table's slots); row -> AdaLN row index.
@@ -528,6 +532,8 @@ class H3DiT(nn.Module):
             t_emb = AdaLNSlots(self.adaln_table, unique_timesteps)
         else:
             t_emb = torch.cat([self.time_embedder(t) for t in unique_timesteps.split(1)])
+        if rows.lora is not None:  # rows of requests with AdaLN adapters read their own AdaLN rows
+            inverse_indices = rows.lora.adaln_rows(inverse_indices, unique_timesteps.shape[0])
         return Embedded(x, t_emb, inverse_indices * 3 + rows.modality, inverse_indices, rows)
 
     def transformer(

@@ -28,8 +28,9 @@ class CapturedPack:
 
 class GraphedForward:
     """H3DiT.forward_rows replayed from CUDA graphs, one per pack structure: the key is the DiT's
-    attention backend, the requests' layouts in pack order and the number of unique timesteps,
-    which fix every kernel, every shape and every layout-determined tensor (PackRows); the step's
+    attention backend, the requests' layouts in pack order, the number of unique timesteps and
+    each request's LoRA composition (PackedBatch.loras: adapter names and scales), which fix
+    every kernel, every shape and every layout- and LoRA-determined tensor (PackRows); the step's
     values (latents, text states, timesteps, each row's timestep index) are copied into the
     graph's static inputs.
 
@@ -56,7 +57,7 @@ class GraphedForward:
         self, video: torch.Tensor, audio: torch.Tensor, text: torch.Tensor, batch: PackedBatch
     ) -> tuple[torch.Tensor, torch.Tensor]:
         values = (video, audio, text, self.dit.step_timesteps(batch), batch.inverse_indices)
-        key = (self.dit.attention, tuple(batch.layouts), len(batch.unique_timesteps))
+        key = (self.dit.attention, tuple(batch.layouts), len(batch.unique_timesteps), tuple(batch.loras))
         pack = self.captured.get(key)
         if pack is None:
             pack = self.capture(key, values, batch)
@@ -69,6 +70,12 @@ class GraphedForward:
             static.copy_(value)
         pack.graph.replay()
         return pack.outputs[0].clone(), pack.outputs[1].clone()
+
+    def forget_lora(self, name: str) -> None:
+        """Drop the graphs of packs in which a request used LoRA adapter `name` (they read its
+        tensors; LoraAdapters.remove calls it)."""
+        for key in [key for key in self.captured if any(n == name for c in key[3] for n, _ in c)]:
+            del self.captured[key]
 
     def capture(self, key: tuple, values: tuple[torch.Tensor, ...], batch: PackedBatch) -> CapturedPack:
         device = self.dit.device

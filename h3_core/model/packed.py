@@ -3,7 +3,7 @@
 h3_core.diffusion.layout.pack_requests builds it; H3DiT.forward and the sequence-parallel ranks read it.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -31,3 +31,6 @@ class PackedBatch:
     token_tags: torch.Tensor  # int64 [total_rows]
     unique_timesteps: torch.Tensor  # float32 [M], sorted ascending
     inverse_indices: torch.Tensor  # int64 [total_rows]: row -> index into unique_timesteps
+    # each request's LoRA composition ((adapter name, scale), ...) in pack order, () for none
+    # (h3_core.model.lora); empty: no request has one
+    loras: list[tuple[tuple[str, float], ...]] = field(default_factory=list)

@@ -19,7 +19,8 @@ One step, on every rank at once (`forward_share`):
 2. The blocks on the share. Everything in a block is row-wise except attention, which
    `ulysses_attention` runs as: an all-to-all that gives each rank ALL rows for heads / sp of the
    heads, per-document attention over them with the pack's own cu_seqlens and the configured
-   backend, and an all-to-all back. Two all-to-alls per layer, nothing else is exchanged.
+   backend, and an all-to-all back. Two all-to-alls per layer, nothing else is exchanged. A
+   request's LoRA deltas apply to its rows in the share (h3_core.model.lora.LoraPlan.window).
 3. The final layer on the share (row-wise); each rank sends the driver its share's video and
    audio rows, which the driver concatenates in rank order (the pack's video and audio rows are
    in ascending row order, so this is the pack's order).
@@ -51,6 +52,7 @@ import torch
 from ..config import ROW_ALIGN, DiTConfig
 from ..model.attention import AttentionFn
 from ..model.dit import H3DiT
+from ..model.lora import lora_scope
 from ..model.packed import PackedBatch
 
 Exchange = Callable[[torch.Tensor], torch.Tensor]  # all-to-all: [sp, ...] -> [sp, ...] (chunk i to rank i)
@@ -156,16 +158,17 @@ def forward_share(
     e = dit.embed(*(t.to(dit.device) for t in (video, audio, text)), batch)
     shares = Shares(batch.total_rows, world)
     attention = ulysses_attention(exchange, shares, dit.attention)
-    video_out, audio_out = dit.transformer(
-        shares.take(rank, e.x),
-        e.t_emb,
-        shares.take(rank, e.mod_index),
-        shares.take(rank, e.timestep_index),
-        attention,
-        e.rows.documents,
-        shares.take(rank, e.rows.rope),
-    )
     first, end = shares.bounds(rank)
+    with lora_scope(None if e.rows.lora is None else e.rows.lora.window(first, end)):  # the share's rows
+        video_out, audio_out = dit.transformer(
+            shares.take(rank, e.x),
+            e.t_emb,
+            shares.take(rank, e.mod_index),
+            shares.take(rank, e.timestep_index),
+            attention,
+            e.rows.documents,
+            shares.take(rank, e.rows.rope),
+        )
 
     def local(rows: torch.Tensor) -> torch.Tensor:
         return rows[(rows >= first) & (rows < end)] - first
