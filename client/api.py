@@ -45,6 +45,7 @@ from .inputs import (
     check_seconds,
     check_type,
     keyframe_inputs,
+    lora_input,
     media_bytes,
     reference_inputs,
     request_parameters,
@@ -162,6 +163,7 @@ class H3Client:
         cache_threshold: float | None = None,
         video_sigmas: Sequence[float] | None = None,
         audio_sigmas: Sequence[float] | None = None,
+        lora: Sequence[tuple[str, float] | Mapping | str] | None = None,
         task: str | None = None,
         reference_images: Sequence[str | os.PathLike | bytes] = (),
         reference_videos: Sequence[str | os.PathLike | bytes] = (),
@@ -199,7 +201,9 @@ class H3Client:
         skips more steps (docs/request_contract.md). video_sigmas / audio_sigmas: the clock's own
         sigma list, num_inference_steps + 1 numbers strictly decreasing from exactly 1 to exactly 0,
         sent as VIDEO_SIGMAS / AUDIO_SIGMAS FP32 (sigma_inputs; without num_inference_steps the server
-        takes the list's length - 1 steps). task: one of protocol.TASKS
+        takes the list's length - 1 steps). lora: the LoRA adapters to apply, composed in order,
+        each ("name", scale), {"name": ..., "scale": ...} or "NAME[:SCALE]" (scale 1.0 when left
+        out, -4..4), each loaded on the server (docs/lora.md), sent as LORA (lora_input). task: one of protocol.TASKS
         (TASK BYTES [1, 1]); None lets the server choose it from the inputs (keyframes: fl2va;
         references or guides: ref2va). Each of these is sent only when given (None: the server's
         default).
@@ -271,7 +275,7 @@ class H3Client:
             for name, key in protocol.INT_INPUTS.items()
             if fields[key] is not None
         ]
-        inputs += keyframes + files + sigma_inputs(video_sigmas, audio_sigmas)
+        inputs += keyframes + files + sigma_inputs(video_sigmas, audio_sigmas) + lora_input(lora)
         if task is not None:
             inputs.append(scalar_input(protocol.TASK, task.encode(), "BYTES"))
         if references is not None:  # the server checks the entries (protocol.reference_list)

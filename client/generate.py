@@ -146,6 +146,12 @@ SHIFT = flag_type(
     f"a number from {protocol.MIN_FLOW_SHIFT:g} to {protocol.MAX_FLOW_SHIFT:g}",
     lambda v: protocol.MIN_FLOW_SHIFT <= v <= protocol.MAX_FLOW_SHIFT,
 )
+LORA = flag_type(  # one adapter, (name, scale), by the one rule (rules.lora_list)
+    lambda text: protocol.lora_list([text])[0],
+    f"NAME[:SCALE], NAME {protocol.LORA_NAME_RULE} and SCALE a number in "
+    f"-{protocol.LORA_SCALE_MAX:g}..{protocol.LORA_SCALE_MAX:g}",
+    bool,
+)
 CACHE_THRESHOLD = flag_type(float, "a finite number >= 0", lambda v: 0 <= v < math.inf)
 
 
@@ -217,6 +223,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     add("--flow-shift", type=SHIFT, metavar="SHIFT", help="the video sigma schedule's shift (server default)")
     add("--audio-flow-shift", type=SHIFT, metavar="SHIFT", help="the audio sigma schedule's shift (server default)")
+    add(
+        "--lora",
+        action="append",
+        default=[],
+        type=LORA,
+        metavar="NAME[:SCALE]",
+        help="apply the server's LoRA adapter NAME at SCALE (default 1.0, -4..4); repeat to compose, in order "
+        "(docs/lora.md)",
+    )
     add(
         "--cache-threshold",
         type=CACHE_THRESHOLD,
@@ -293,6 +308,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("give --prompt or --request")
     if args.preview_every is not None and args.preview_dir is None:
         parser.error("--preview-every needs --preview-dir")
+    try:
+        protocol.lora_list(args.lora)  # a name given twice
+    except ValueError as error:
+        parser.error(f"--lora: {error}")
     try:
         for flag, path in (("--out", args.out), ("--wav", args.wav)):
             for numbered_path in numbered(path, args.num_outputs) if path is not None else ():
@@ -431,6 +450,7 @@ def main(argv: list[str] | None = None, interrupted: threading.Event = INTERRUPT
                     flow_shift=args.flow_shift,
                     audio_flow_shift=args.audio_flow_shift,
                     cache_threshold=args.cache_threshold,
+                    lora=args.lora,
                     task=args.task,
                     reference_images=args.reference_images,
                     reference_videos=args.reference_videos,

@@ -7,6 +7,7 @@ client.api.H3Client.generate.
 
 from __future__ import annotations
 
+import json
 import numbers
 import os
 from collections.abc import Sequence
@@ -136,6 +137,26 @@ def sigma_inputs(video_sigmas: Sequence[float] | None, audio_sigmas: Sequence[fl
         inputs.append(grpcclient.InferInput(input_name, [1, len(values)], "FP32"))
         inputs[-1].set_data_from_numpy(np.array([values], dtype=np.float32).reshape(1, len(values)))
     return inputs
+
+
+def lora_input(lora) -> list:
+    """h3_pipeline's LORA BYTES [1, 1] (protocol.LORA): the request's adapters as a JSON array of
+    {"name", "scale"}, from `lora`, a sequence of ("name", scale) pairs, {"name", "scale"} dicts or
+    "NAME[:SCALE]" strings (protocol.lora_list, the rule every entry point uses); [] for None or
+    an empty sequence. Raises ValueError (protocol.InvalidRequest, naming `lora` and the entry)
+    for a malformed entry, a name outside rules.LORA_NAME, a name twice or a scale out of range;
+    whether the server holds the adapters is the server's check (INVALID_ARG)."""
+    entries = protocol.lora_list(list(lora) if isinstance(lora, tuple) else lora)
+    if not entries:
+        return []
+    return [_bytes_input(protocol.LORA, json.dumps(protocol.lora_entries(entries)).encode())]
+
+
+def _bytes_input(name: str, data: bytes) -> grpcclient.InferInput:
+    """A BYTES [1, 1] input holding `data`."""
+    tensor = grpcclient.InferInput(name, [1, 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[data]], dtype=object))
+    return tensor
 
 
 def _sequence(name: str, value) -> None:

@@ -26,7 +26,16 @@ from h3_core.config import (  # noqa: F401
     frames_for_seconds,
 )
 from h3_core.config import FPS as VIDEO_FPS  # noqa: F401  (VIDEO_MP4 and FRAMES run at it)
-from h3_core.rules import TASKS, InvalidRequest, check_prompt, check_prompt_bytes  # noqa: F401
+from h3_core.rules import (  # noqa: F401
+    LORA_NAME_RULE,
+    LORA_SCALE_MAX,
+    TASKS,
+    InvalidRequest,
+    check_prompt,
+    check_prompt_bytes,
+    lora_entries,
+    lora_list,
+)
 from h3_core.rules import check_task as check_task_rule
 
 PIPELINE_MODEL = "h3_pipeline"  # the entry point clients call
@@ -50,6 +59,10 @@ INT_INPUTS = {
 # noise levels strictly decreasing from exactly 1 to exactly 0, used instead of the shifted uniform
 # schedule. Without NUM_INFERENCE_STEPS the request takes N - 1 steps.
 SIGMA_INPUTS = {"VIDEO_SIGMAS": "video_sigmas", "AUDIO_SIGMAS": "audio_sigmas"}
+# LORA BYTES [1, 1] (optional): the request's LoRA adapters, a JSON array of {"name": NAME, "scale":
+# SCALE} (scale optional, 1.0), composed in order (docs/lora.md); read by rules.lora_list, each name an
+# adapter loaded on the server (h3_dit refuses another). REQUEST field "lora" holds the same array.
+LORA = "LORA"
 # Outputs of h3_pipeline: VIDEO_MP4 BYTES [1, 0 or 1]; FRAMES uint8 [1, T, H, W, 3] and AUDIO float32
 # [1, 2, samples] (empty unless asked for); PROGRESS int32 [1, 3] = (step, total steps, queue position);
 # PREVIEW uint8 [1, Hl, Wl, 3] (empty unless a preview is due); INFO BYTES [1, 1] JSON (INFO_KINDS).
@@ -109,7 +122,7 @@ REQUEST = "REQUEST"  # BYTES [1, 1] JSON: REQUEST_FIELDS present, or {CANCEL_FIE
 CONDITION_LATENTS = "CONDITION_LATENTS"
 VIDEO_LATENT = "VIDEO_LATENT"  # float32 [1, 24, T_lat, Hl, Wl] final video latent; [1, 0, 0, 0, 0] when none
 AUDIO_LATENT = "AUDIO_LATENT"  # float32 [1, 2, 32, T_a] final stereo audio latent; [1, 0, 0, 0] when none
-# exactly what h3_encoder writes: the INT_INPUTS and SIGMA_INPUTS present, the seconds it spent and the unix time
+# exactly what h3_encoder writes: the INT_INPUTS, SIGMA_INPUTS and LORA ("lora") present, the seconds it spent and the unix time
 # it received the request (deadline_s counts from there); for a conditioned request also "task" (one
 # of TASKS), "conditions" (CONDITION_FIELDS per block, in CONDITION_LATENTS' order), "vision_spans" ([start,
 # end) token ranges of TEXT_EMBEDS that are vision tokens, token tag 0) and "geometry" (how the
@@ -120,6 +133,7 @@ REQUEST_FIELDS = (
     tuple(INT_INPUTS.values())
     + tuple(SIGMA_INPUTS.values())
     + (
+        "lora",
         "encode_seconds",
         "received_unix_s",
         "task",

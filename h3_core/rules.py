@@ -1,13 +1,21 @@
 """The request rules of the core, in its own words, torch-free: the domain error the core raises
 (InvalidRequest, naming the request field), the prompt rules (check_prompt, check_prompt_bytes) and the task rule
-(check_task). The wire contract (h3_core.protocol) re-exports check_prompt and words check_task's
+(check_task), the LoRA rules (lora_list: a request's adapters as every entry point sends them,
+check_lora). The wire contract (h3_core.protocol) re-exports check_prompt and words check_task's
 refusals in its input names; the adapters turn InvalidRequest into the wire's INVALID_ARG."""
 
+import json
+import math
+import re
 import unicodedata
 
 from h3_core.config import MAX_KEYFRAMES
 
 TASKS = ("t2va", "fl2va", "ref2va")  # text, first/last frame, references (docs/model.md §2.1)
+LORA_SCALE_MAX = 4.0  # a request's LoRA scales lie in -LORA_SCALE_MAX..LORA_SCALE_MAX
+# a LoRA adapter's name (docs/lora.md): no "=", "," or ":", which the settings and the CLI use as separators
+LORA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+LORA_NAME_RULE = "1..64 letters, digits, '_', '.' or '-', the first a letter or digit"
 
 
 class InvalidRequest(ValueError):
@@ -87,3 +95,83 @@ def check_task(task: str, kinds: list[str]) -> str:
             f"got {others} references or guides and {keyframes} keyframes",
         )
     return task
+
+
+def check_lora_name(name) -> str:
+    """Return `name` when it is a LoRA adapter name (LORA_NAME); raise InvalidRequest (field
+    "lora") "lora name ... is not allowed: allowed LORA_NAME_RULE" otherwise."""
+    if not isinstance(name, str) or not LORA_NAME.fullmatch(name):
+        raise InvalidRequest("lora", f"lora name {name!r} is not allowed: allowed {LORA_NAME_RULE}")
+    return name
+
+
+def check_lora(lora: tuple[tuple[str, float], ...]) -> None:
+    """Raise InvalidRequest (field "lora") unless every entry is a (name, scale) pair, the name
+    a LORA_NAME named once, the scale a finite number in -LORA_SCALE_MAX..LORA_SCALE_MAX. Whether
+    the adapters are loaded is the engine's check (Engine.check_loras_loaded)."""
+    names = set()
+    for entry in lora:
+        if not (isinstance(entry, tuple) and len(entry) == 2):
+            raise InvalidRequest("lora", f"lora entry {entry!r} is not a (name, scale) pair")
+        name, scale = entry
+        check_lora_name(name)
+        if name in names:
+            raise InvalidRequest("lora", f"lora names {name!r} twice: each adapter at most once a request")
+        names.add(name)
+        if isinstance(scale, bool) or not isinstance(scale, int | float) or not math.isfinite(scale):
+            raise InvalidRequest("lora", f"lora {name!r} scale={scale!r} is not a finite number")
+        if abs(scale) > LORA_SCALE_MAX:
+            raise InvalidRequest(
+                "lora", f"lora {name!r} scale={scale} is out of range: allowed -{LORA_SCALE_MAX}..{LORA_SCALE_MAX}"
+            )
+
+
+def _lora_entry(entry) -> tuple[str, float]:
+    """One entry of lora_list's input -> (name, scale), scale a float when it is a number."""
+    if isinstance(entry, str):  # NAME[:SCALE]
+        name, colon, scale = entry.partition(":")
+        if not colon:
+            return name, 1.0
+        try:
+            return name, float(scale)
+        except ValueError:
+            raise InvalidRequest("lora", f"lora {entry!r}: scale {scale!r} is not a number (NAME[:SCALE])") from None
+    if isinstance(entry, dict):
+        unknown = sorted(set(entry) - {"name", "scale"})
+        if unknown or "name" not in entry:
+            raise InvalidRequest(
+                "lora", f"lora entry {entry!r} is not an object of 'name' and optional 'scale' (unknown: {unknown})"
+            )
+        entry = (entry["name"], entry.get("scale", 1.0))
+    if isinstance(entry, list | tuple) and len(entry) == 2:
+        name, scale = entry
+        if isinstance(scale, int) and not isinstance(scale, bool):
+            scale = float(scale)
+        return name, scale
+    raise InvalidRequest("lora", f"lora entry {entry!r} is not {{'name': ..., 'scale': ...}}, [name, scale] or NAME[:SCALE]")
+
+
+def lora_list(value) -> tuple[tuple[str, float], ...]:
+    """The one reading of a request's `lora`, for every entry point: `value` is a JSON array
+    text or a sequence whose entries are {"name": NAME, "scale": SCALE} objects (scale optional,
+    1.0), [NAME, SCALE] pairs or "NAME[:SCALE]" strings; None or "" is no adapter. Returns
+    ((name, scale float), ...) in order, checked by check_lora. Raises InvalidRequest (field
+    "lora") naming the entry for anything else."""
+    if value is None or value == "":
+        return ()
+    if isinstance(value, bytes | str):
+        try:
+            value = json.loads(value)
+        except (ValueError, UnicodeDecodeError):
+            raise InvalidRequest("lora", f"lora {str(value)[:80]!r} is not a JSON array of adapters") from None
+    if not isinstance(value, list | tuple):
+        raise InvalidRequest("lora", f"lora must be a list of adapters, got {value!r}")
+    lora = tuple(_lora_entry(entry) for entry in value)
+    check_lora(lora)
+    return lora
+
+
+def lora_entries(lora: tuple[tuple[str, float], ...]) -> list[dict]:
+    """The wire's form of a request's adapters (REQUEST "lora", the LORA input, INFO's echo):
+    [{"name": NAME, "scale": SCALE}, ...] in order."""
+    return [{"name": name, "scale": scale} for name, scale in lora]

@@ -111,6 +111,8 @@ PROMPT_INPUTS = """\
   # a request's own sigma lists, NUM_INFERENCE_STEPS + 1 values from 1 down to 0 (docs/model.md 3.1)
   { name: "VIDEO_SIGMAS" data_type: TYPE_FP32 dims: [ -1 ] optional: true },
   { name: "AUDIO_SIGMAS" data_type: TYPE_FP32 dims: [ -1 ] optional: true },
+  # the request's LoRA adapters, a JSON array of {"name", "scale"} (docs/lora.md)
+  { name: "LORA" data_type: TYPE_STRING dims: [ 1 ] optional: true },
   # fl2va: KEYFRAMES = 1 or 2 encoded images (PNG, JPEG, WebP files), KEYFRAME_INDICES the frame each
   # conditions (0 first, -1 last); TASK t2va | fl2va (without it the task follows the inputs)
   { name: "TASK" data_type: TYPE_STRING dims: [ 1 ] optional: true },
@@ -259,6 +261,7 @@ ensemble_scheduling {{
       input_map {{ key: "NUM_OUTPUTS" value: "NUM_OUTPUTS" }}
       input_map {{ key: "VIDEO_SIGMAS" value: "VIDEO_SIGMAS" }}
       input_map {{ key: "AUDIO_SIGMAS" value: "AUDIO_SIGMAS" }}
+      input_map {{ key: "LORA" value: "LORA" }}
       input_map {{ key: "TASK" value: "TASK" }}
       input_map {{ key: "KEYFRAMES" value: "KEYFRAMES" }}
       input_map {{ key: "KEYFRAME_INDICES" value: "KEYFRAME_INDICES" }}

@@ -5,7 +5,7 @@ import secrets
 from dataclasses import dataclass
 
 from ..config import CANVAS_MULTIPLE, FPS, align_num_frames, max_requested_frames
-from ..rules import InvalidRequest, check_prompt, check_prompt_bytes
+from ..rules import InvalidRequest, check_lora, check_prompt, check_prompt_bytes
 from .sampling import DEFAULT_AUDIO_SHIFT, DEFAULT_VIDEO_SHIFT, check_sigmas
 
 INT64_MAX = 2**63 - 1
@@ -18,7 +18,6 @@ DECODE_BYTES_PER_VOXEL = 160
 # What a cached request (cache_threshold > 0) keeps between steps, per packed row: its last planned
 # latents and last computed velocity, float32, at most 96 wide each (h3_core.diffusion.step_cache).
 STEP_CACHE_BYTES_PER_ROW = 2 * 96 * 4
-LORA_SCALE_MAX = 4.0  # a request's LoRA scales lie in -LORA_SCALE_MAX..LORA_SCALE_MAX
 
 
 @dataclass(frozen=True)
@@ -145,26 +144,6 @@ def _check_sigma_lists(request: GenerationRequest, limits: RequestLimits) -> Non
                 "num_inference_steps",
                 f"num_inference_steps={request.num_inference_steps} does not match {field} ({len(sigmas)} points): "
                 f"allowed {len(sigmas) - 1}, the list's number of forwards",
-            )
-
-
-def check_lora(lora: tuple[tuple[str, float], ...]) -> None:
-    """Raise InvalidRequest (field `lora`) unless every entry is a (name, scale) pair with a
-    non-empty name str, named once, and a finite scale in -LORA_SCALE_MAX..LORA_SCALE_MAX.
-    Whether the adapters are loaded is Engine.prepare's check."""
-    names = set()
-    for entry in lora:
-        if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str) and entry[0].strip()):
-            raise InvalidRequest("lora", f"lora entry {entry!r} is not a (name, scale) pair with a non-empty name")
-        name, scale = entry
-        if name in names:
-            raise InvalidRequest("lora", f"lora names {name!r} twice: each adapter at most once a request")
-        names.add(name)
-        if isinstance(scale, bool) or not isinstance(scale, int | float) or not math.isfinite(scale):
-            raise InvalidRequest("lora", f"lora {name!r} scale={scale!r} is not a finite number")
-        if abs(scale) > LORA_SCALE_MAX:
-            raise InvalidRequest(
-                "lora", f"lora {name!r} scale={scale} is out of range: allowed -{LORA_SCALE_MAX}..{LORA_SCALE_MAX}"
             )
 
 

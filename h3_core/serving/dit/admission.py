@@ -39,6 +39,8 @@ from h3_core.protocol import (
     check_task,
     fault_seconds,
     implied_task,
+    lora_entries,
+    lora_list,
     read_request_json,
 )
 from h3_core.serving.dit.events import Arrival, CancelAnswer, Ended, LiveJob, Refused, Send
@@ -196,7 +198,8 @@ def parse(
     results' INFO "outside_training" when there are any. REQUEST's "video_sigmas" / "audio_sigmas"
     (VIDEO_SIGMAS / AUDIO_SIGMAS) are checked naming the input (sampling.check_sigmas, at most
     max_steps + 1 points); without "num_inference_steps" the request takes a list's length - 1
-    steps; the results' INFO echoes them. Raises ValueError naming the bad field."""
+    steps; the results' INFO echoes them. REQUEST's "lora" (rules.lora_list; each adapter loaded,
+    Engine.prepare) is echoed in INFO "lora" when not empty. Raises ValueError naming the bad field."""
     if arrival.sequence_end:
         raise ValueError(
             "sequence_end must not be set: a request runs over many iterations and Triton 2.51 "
@@ -281,6 +284,7 @@ def parse(
             f"cache_threshold={cache_threshold} is out of range: allowed 0 with h3_dit parameter "
             f"sp_degree={settings.sp_degree} (step caching needs sp_degree 1)"
         )
+    lora = lora_list(fields.get("lora"))  # the encoder's entries; a direct caller's are checked alike
     task, conditions, vision_spans = read_conditions(arrival, fields)
     check_served(task, settings.served_tasks())
     request_id = arrival.request_id or f"h3-{secrets.token_hex(8)}"
@@ -291,6 +295,7 @@ def parse(
         video_shift=parameters.get("flow_shift", DEFAULT_VIDEO_SHIFT),
         audio_shift=parameters.get("audio_flow_shift", DEFAULT_AUDIO_SHIFT),
         cache_threshold=cache_threshold,
+        lora=lora,
         **sigmas,
         **values,
     )
@@ -302,6 +307,8 @@ def parse(
         raise
     conditioning = {"task": task, "flow_shift": generation.video_shift, "audio_flow_shift": generation.audio_shift}
     conditioning.update({field: list(values) for field, values in sigmas.items()})  # the lists used, when given
+    if lora:
+        conditioning["lora"] = lora_entries(lora)
     if conditions:
         conditioning.update(conditions=conditions_info(conditions, fields["conditions"]), geometry=geometry)
     outside = [] if training is None else training.outside_size(values["height"], values["width"], states[0].num_frames)

@@ -38,6 +38,7 @@ from h3_core.protocol import (
     REFERENCE_VIDEOS,
     REFERENCES,
     REQUEST,
+    LORA,
     SIGMA_INPUTS,
     TASK,
     TASKS,
@@ -46,6 +47,8 @@ from h3_core.protocol import (
     check_request_parameters,
     check_task,
     implied_task,
+    lora_entries,
+    lora_list,
 )
 from h3_core.serving.dit.scheduler import Overloaded
 from h3_core.serving.encoder.conditioning import (
@@ -230,6 +233,11 @@ class TritonPythonModel:
             if tensor is not None:
                 fields[field] = [float(value) for value in tensor.as_numpy().reshape(-1)]
                 check_sigmas(name, fields[field])
+        lora = read_strings(request, LORA)
+        if lora is not None:  # h3_dit checks that the adapters are loaded
+            if len(lora) != 1:
+                raise ValueError(f"{LORA} must hold exactly one JSON array, got {len(lora)} elements")
+            fields["lora"] = lora_entries(lora_list(lora[0]))
         task = read_strings(request, TASK)
         if task is not None and len(task) != 1:
             raise ValueError(f"{TASK} must hold exactly one string, got {len(task)}")
