@@ -122,13 +122,14 @@ REQUEST = "REQUEST"  # BYTES [1, 1] JSON: REQUEST_FIELDS present, or {CANCEL_FIE
 CONDITION_LATENTS = "CONDITION_LATENTS"
 VIDEO_LATENT = "VIDEO_LATENT"  # float32 [1, 24, T_lat, Hl, Wl] final video latent; [1, 0, 0, 0, 0] when none
 AUDIO_LATENT = "AUDIO_LATENT"  # float32 [1, 2, 32, T_a] final stereo audio latent; [1, 0, 0, 0] when none
-# exactly what h3_encoder writes: the INT_INPUTS, SIGMA_INPUTS and LORA ("lora") present, the seconds it spent and the unix time
-# it received the request (deadline_s counts from there); for a conditioned request also "task" (one
-# of TASKS), "conditions" (CONDITION_FIELDS per block, in CONDITION_LATENTS' order), "vision_spans" ([start,
-# end) token ranges of TEXT_EMBEDS that are vision tokens, token tag 0) and "geometry" (how the
-# canvas was chosen and the images fitted; echoed in the result's INFO); "outside_training" (a list
-# of strings: the prompt's words not in the weights' training.json, h3_core.model.training_metadata;
-# h3_dit adds the sizes outside it and echoes them in the result's INFO "outside_training")
+# exactly what h3_encoder writes: the INT_INPUTS, SIGMA_INPUTS and LORA ("lora") present, the seconds it
+# spent and the unix time it received the request (deadline_s counts from there); for a conditioned
+# request also "task" (one of TASKS), "conditions" (CONDITION_FIELDS per block, in CONDITION_LATENTS'
+# order), "vision_spans" ([start, end) token ranges of TEXT_EMBEDS that are vision tokens, token tag 0)
+# and "geometry" (how the canvas was chosen and the images fitted; echoed in the result's INFO);
+# "outside_training" (a list of strings: the prompt's words not in the weights' training.json,
+# h3_core.model.training_metadata; h3_dit adds the sizes outside it and echoes them in the result's
+# INFO "outside_training")
 REQUEST_FIELDS = (
     tuple(INT_INPUTS.values())
     + tuple(SIGMA_INPUTS.values())

@@ -148,7 +148,9 @@ def _lora_entry(entry) -> tuple[str, float]:
         if isinstance(scale, int) and not isinstance(scale, bool):
             scale = float(scale)
         return name, scale
-    raise InvalidRequest("lora", f"lora entry {entry!r} is not {{'name': ..., 'scale': ...}}, [name, scale] or NAME[:SCALE]")
+    raise InvalidRequest(
+        "lora", f"lora entry {entry!r} is not {{'name': ..., 'scale': ...}}, [name, scale] or NAME[:SCALE]"
+    )
 
 
 def lora_list(value) -> tuple[tuple[str, float], ...]:

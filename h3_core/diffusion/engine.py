@@ -157,6 +157,7 @@ class Engine:
         self.preview, self.cache_polynomial = preview, tuple(cache_polynomial)
         self.device = dit.device
         self.lora_users: weakref.WeakSet[RequestState] = weakref.WeakSet()  # live states with adapters
+        self.closed_loras: set[str] = set()  # held adapters that take no new request (being unloaded)
 
     def warm_up(self) -> float:
         """Run one packed step of a small request so first-use set-up (oneDNN on the CPU, cuBLAS
@@ -490,9 +491,12 @@ class Engine:
         ]
 
     def check_loras_loaded(self, lora: tuple[tuple[str, float], ...]) -> None:
-        """Raise InvalidRequest (field `lora`) naming the first adapter of `lora` not loaded."""
-        loaded = [entry["name"] for entry in self.loras()]
+        """Raise InvalidRequest (field `lora`) naming the first adapter of `lora` not loaded or
+        in `closed_loras` (held for its running requests until they end, refused to new ones)."""
+        loaded = [entry["name"] for entry in self.loras() if entry["name"] not in self.closed_loras]
         for name, _ in lora:
+            if name in self.closed_loras:
+                raise InvalidRequest("lora", f"lora {name!r} is being unloaded: it takes no new requests")
             if name not in loaded:
                 raise InvalidRequest(
                     "lora", f"lora {name!r} is not a loaded LoRA adapter (loaded: {', '.join(loaded) or 'none'})"

@@ -1,6 +1,5 @@
 """A generation request, its limits and its validation (checked before anything runs)."""
 
-import math
 import secrets
 from dataclasses import dataclass
 

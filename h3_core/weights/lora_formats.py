@@ -102,6 +102,29 @@ def lora_targets(cfg: DiTConfig) -> dict[str, tuple[int, int]]:
     return shapes
 
 
+QKV_PARTS = 3  # a qkv_proj target stacks the Q, K and V parts: rank and B's columns x 3
+
+
+def part_rank(adapter: LoraAdapter) -> int:
+    """The adapter's rank as a serving limit compares it (h3_dit max_lora_rank): the largest
+    target rank, a qkv_proj's divided by QKV_PARTS (rounded up: its stacked parts' rank)."""
+    return max(
+        (-(-t.rank // QKV_PARTS) if name.endswith("attn.qkv_proj") else t.rank for name, t in adapter.targets.items()),
+        default=0,
+    )
+
+
+def reserve_bytes(cfg: DiTConfig, rank: int, element_bytes: int) -> int:
+    """Bytes of one adapter of part rank `rank` targeting every linear of lora_targets(cfg), as
+    the DiT holds it (A and B of `element_bytes` each; a qkv_proj stacked: A [3r, in], B
+    [out, 3r]): what sizing reserves per adapter slot (server.sizing)."""
+    total = 0
+    for name, (out, inp) in lora_targets(cfg).items():
+        held = rank * QKV_PARTS if name.endswith("attn.qkv_proj") else rank
+        total += held * (inp + out)
+    return total * element_bytes
+
+
 def read_lora(path: str | Path, cfg: DiTConfig) -> LoraAdapter:
     """Read the LoRA safetensors file `path` for a DiT of `cfg` (module docstring).
 

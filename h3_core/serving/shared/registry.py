@@ -113,7 +113,14 @@ CREATE TABLE IF NOT EXISTS loads (
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS instances (instance TEXT PRIMARY KEY, pid INTEGER NOT NULL, started TEXT NOT NULL)
 WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS loras (name TEXT PRIMARY KEY, path TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS lora_reports (
+    instance TEXT NOT NULL, name TEXT NOT NULL, version INTEGER NOT NULL, report TEXT NOT NULL,
+    PRIMARY KEY (instance, name)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS lora_version (one INTEGER PRIMARY KEY CHECK (one = 0), version INTEGER NOT NULL);
 """
+LORA_FINAL_STATES = ("loaded", "failed", "unloaded")  # an instance's report that ends a control's wait
 # statfs(2) f_type of network filesystems (linux/magic.h and the filesystems' own headers)
 NETWORK_FILESYSTEMS = {
     0x6969: "nfs",
@@ -281,7 +288,7 @@ class Registry:
     def _remove_dead_instances(self) -> None:
         """Remove the rows of every dead instance; the caller holds a write transaction."""
         for instance in self._dead_instances():
-            for table in ("live", "loads", "instances"):
+            for table in ("live", "loads", "instances", "lora_reports"):
                 self._db.execute(f"DELETE FROM {table} WHERE instance = ?", (instance,))
 
     def _remember(self, memory: str, request_id: str, now: float) -> None:
@@ -360,7 +367,7 @@ class Registry:
         deleted from the folder (other processes may have the database open); the folder goes
         when the server is gone (remove_dead_server_folders, at the next start)."""
         with self._transaction():
-            for table in ("loads", "live", "instances"):
+            for table in ("loads", "live", "instances", "lora_reports"):
                 self._db.execute(f"DELETE FROM {table} WHERE instance = ?", (self.instance,))
 
     def announce(self, count: int = 1) -> None:
@@ -445,6 +452,76 @@ class Registry:
             if ended:
                 self._db.execute("DELETE FROM cancels WHERE request_id = ?", (request_id,))
                 self._remember("finished", request_id, now)
+
+    # The LoRA adapters the server should hold (docs/lora.md §"Serving"): `loras` (name -> path, as the
+    # operator gave it), a version counted up by every change, and each DiT instance's report per name.
+
+    def lora_version(self) -> int:
+        """The version of the adapter table (0 before any adapter was named): one read, no write lock."""
+        with self._thread_lock:
+            row = self._db.execute("SELECT version FROM lora_version").fetchone()
+        return 0 if row is None else row[0]
+
+    def wanted_loras(self) -> tuple[int, dict[str, str]]:
+        """(version, {name: path}) of the adapter table, read together."""
+        with self._thread_lock:
+            self._db.execute("BEGIN")
+            try:
+                row = self._db.execute("SELECT version FROM lora_version").fetchone()
+                names = dict(self._db.execute("SELECT name, path FROM loras ORDER BY name"))
+            finally:
+                self._db.execute("COMMIT")
+        return (0 if row is None else row[0]), names
+
+    def seed_loras(self, loras: dict[str, str]) -> None:
+        """The adapters named at start (h3_dit's `loras`): written once per server, by the first
+        instance (a table already versioned is kept: run-time loads and unloads stand)."""
+        with self._transaction():
+            if self._db.execute("SELECT 1 FROM lora_version").fetchone() is None:
+                self._db.executemany("INSERT OR REPLACE INTO loras VALUES (?, ?)", list(loras.items()))
+                self._db.execute("INSERT INTO lora_version VALUES (0, 1)")
+
+    def change_lora(self, name: str, path: str | None) -> int:
+        """Add adapter `name` at `path` to the table, or drop it (path None); returns the new
+        version. Raises ValueError (the control's INVALID_ARG) for a name already there, or
+        one not there to drop."""
+        with self._transaction():
+            present = self._db.execute("SELECT 1 FROM loras WHERE name = ?", (name,)).fetchone() is not None
+            if path is not None and present:
+                raise ValueError(f"LoRA adapter {name!r} is already loaded: unload it first")
+            if path is None and not present:
+                raise ValueError(f"LoRA adapter {name!r} is not loaded")
+            if path is None:
+                self._db.execute("DELETE FROM loras WHERE name = ?", (name,))
+            else:
+                self._db.execute("INSERT INTO loras VALUES (?, ?)", (name, path))
+            self._db.execute(
+                "INSERT INTO lora_version VALUES (0, 1) ON CONFLICT (one) DO UPDATE SET version = version + 1"
+            )
+            return self._db.execute("SELECT version FROM lora_version").fetchone()[0]
+
+    def report_lora(self, name: str, version: int, report: dict | None) -> None:
+        """This instance's state of adapter `name` at table `version`: a dict with "state" (one
+        of LORA_FINAL_STATES or "unloading") and its details, or None to forget it."""
+        with self._transaction():
+            self._db.execute("DELETE FROM lora_reports WHERE instance = ? AND name = ?", (self.instance, name))
+            if report is not None:
+                self._db.execute(
+                    "INSERT INTO lora_reports VALUES (?, ?, ?, ?)", (self.instance, name, version, json.dumps(report))
+                )
+
+    def lora_reports(self) -> dict[str, dict[str, dict]]:
+        """{instance: {name: report}} of every live DiT instance (one without reports: {}), each
+        report with its "version" added."""
+        with self._thread_lock:
+            dead = set(self._dead_instances())
+            instances = [row[0] for row in self._db.execute("SELECT instance FROM instances ORDER BY instance")]
+            rows = self._db.execute("SELECT instance, name, version, report FROM lora_reports").fetchall()
+        reports = {instance: {} for instance in instances if instance not in dead}
+        for instance, name, version, report in rows:
+            if instance in reports:
+                reports[instance][name] = {**json.loads(report), "version": version}
+        return reports
 
 
 class CancelNotRecorded(RuntimeError):

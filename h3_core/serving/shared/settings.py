@@ -26,6 +26,7 @@ from h3_core.protocol import (
     TASKS,
     VAE_MODEL,
 )
+from h3_core.rules import LORA_NAME, LORA_NAME_RULE
 from h3_core.serving.shared.gpu_turns import DEFAULT_SHARE
 
 # the scheduling policies of h3_dit (h3_core.serving.dit.scheduler), its default, the longest wait (seconds)
@@ -75,6 +76,20 @@ def step_estimate_s(device: str, rows: int, num_layers: int) -> float:
     ("cpu", "cuda" or "cuda:N"): STEP_ESTIMATES scaled by rows and layers."""
     seconds, measured_rows, measured_layers = STEP_ESTIMATES[device.split(":")[0]]
     return seconds * rows / measured_rows * num_layers / measured_layers
+
+
+def lora_setting(text: str) -> dict[str, str]:
+    """h3_dit parameter `loras` ("" or "NAME=PATH,...", rules.LORA_NAME) -> {name: path}; ValueError naming it."""
+    named = {}
+    for item in filter(None, text.split(",")):
+        name, equals, path = item.partition("=")
+        if not equals or not path or not LORA_NAME.fullmatch(name) or name in named:
+            raise ValueError(
+                f"h3_dit parameter loras={text!r} is not comma-separated NAME=PATH pairs, each NAME once and "
+                f"{LORA_NAME_RULE} (e.g. 'turbo=weights/turbo.safetensors')"
+            )
+        named[name] = path
+    return named
 
 
 def served_tasks(model: str, tasks: str) -> list[str]:
@@ -382,7 +397,8 @@ class DitSettings:
     allow_fault_injection: lets the test-only request parameter inject_fault act. gpu_turns (on
     cuda with sp_degree 1: each packed step takes the GPU's turn, so that an h3_vae decoding on
     the same GPU with gpu_turns computes only between steps, h3_core.serving.shared.gpu_turns; steps
-    then do not overlap the next step's host work).
+    then do not overlap the next step's host work). LoRA (docs/lora.md): loras (adapters loaded at start,
+    lora_setting), max_loras (held at once), max_lora_rank (lora_formats.part_rank); sizing reserves them.
 
     Rules checked by check(): execution_mode in EXECUTION_MODES, scheduling_policy in POLICIES,
     1 <= row_budget <= max_batch_rows, max_wait_s and heartbeat_s finite > 0, priority_max >= 0,
@@ -427,6 +443,9 @@ class DitSettings:
     max_cache_threshold: float = RequestLimits.max_cache_threshold
     allow_fault_injection: bool = False
     gpu_turns: bool = False
+    loras: str = ""
+    max_loras: int = 4
+    max_lora_rank: int = 128
 
     def __post_init__(self):
         self.check()
@@ -444,23 +463,15 @@ class DitSettings:
             raise ValueError(f"h3_dit parameter execution_mode={self.execution_mode!r} is not one of {EXECUTION_MODES}")
         if self.scheduling_policy not in POLICIES:
             raise ValueError(f"h3_dit parameter scheduling_policy={self.scheduling_policy!r} is not one of {POLICIES}")
-        for name in (
-            "cpu_threads",
-            "sp_degree",
-            "max_num_seqs",
-            "max_batch_rows",
-            "max_height",
-            "max_width",
-            "max_num_frames",
-            "max_steps",
-            "max_outputs",
-            "max_request_mb",
-        ):
+        positive = "cpu_threads sp_degree max_num_seqs max_batch_rows max_height max_width max_num_frames max_steps"
+        for name in (*positive.split(), "max_outputs", "max_request_mb", "max_lora_rank"):
             if getattr(self, name) < 1:
                 raise ValueError(f"h3_dit parameter {name}={getattr(self, name)} is out of range: allowed >= 1")
-        for name in ("max_waiting", "priority_max", "adaln_table_values"):
+        for name in ("max_waiting", "priority_max", "adaln_table_values", "max_loras"):
             if getattr(self, name) < 0:
                 raise ValueError(f"h3_dit parameter {name}={getattr(self, name)} is out of range: allowed >= 0")
+        if len(lora_setting(self.loras)) > self.max_loras:
+            raise ValueError(f"h3_dit parameter loras names more than max_loras={self.max_loras} adapters")
         self.rows_by_gpu()
         check_adaln_weights(self.adaln_weights)
         schedule = 2 * self.max_steps + 2  # a schedule's video, audio and condition values
@@ -494,14 +505,11 @@ class DitSettings:
                 f"h3_dit parameter row_budget={self.row_budget} is out of range: allowed "
                 f"1..{self.max_batch_rows} (max_batch_rows)"
             )
-        if not 0 < self.max_wait_s < math.inf:
-            raise ValueError(
-                f"h3_dit parameter max_wait_s={self.max_wait_s} is out of range: allowed finite > 0 seconds"
-            )
-        if not 0 < self.heartbeat_s < math.inf:
-            raise ValueError(
-                f"h3_dit parameter heartbeat_s={self.heartbeat_s} is out of range: allowed finite > 0 seconds"
-            )
+        for name in ("max_wait_s", "heartbeat_s"):
+            if not 0 < getattr(self, name) < math.inf:
+                raise ValueError(
+                    f"h3_dit parameter {name}={getattr(self, name)} is out of range: allowed finite > 0 seconds"
+                )
         if not (0 <= self.execute_budget_s < math.inf):
             raise ValueError(
                 f"h3_dit parameter execute_budget_s={self.execute_budget_s} is out of range: allowed finite >= 0"
