@@ -31,6 +31,7 @@ from h3_core.rules import (  # noqa: F401
     LORA_SCALE_MAX,
     TASKS,
     InvalidRequest,
+    check_lora_name,
     check_prompt,
     check_prompt_bytes,
     lora_entries,
@@ -441,3 +442,36 @@ def cancel_info(request_id: str, state: str) -> dict:
     """INFO of the answer to a cancel by id of `request_id` (kind "cancel"; `state` one of
     CANCEL_STATES), from h3_cancel or from h3_dit."""
     return {"kind": "cancel", "request_id": request_id, "state": state}
+
+
+# LoRA control requests (h3_cancel; docs/lora.md §"Serving"): REQUEST holds one of these keys alone,
+# {"lora_load": {"name": NAME, "path": PATH}}, {"lora_unload": {"name": NAME}} or {"lora_list": {}}; PATH a
+# safetensors file on the server's disk (absolute, or relative to the folder above the model repository).
+LORA_CONTROLS = {"lora_load": ("name", "path"), "lora_unload": ("name",), "lora_list": ()}
+MAX_LORA_PATH_CHARS = 4096
+
+
+def read_lora_control(elements: list) -> tuple[str, str | None, str | None] | None:
+    """REQUEST's elements of a LoRA control request -> (action, name, path) with action a key of
+    LORA_CONTROLS and None where it takes no name / path; None for another request (a cancel).
+    Raises ValueError naming the key for a malformed one (another key beside it, a missing or
+    unknown field, a name outside rules.LORA_NAME, an empty or over-long path)."""
+    if len(elements) != 1:
+        return None
+    try:
+        fields = json.loads(elements[0])
+    except (ValueError, RecursionError):
+        return None  # read_cancel_request words it
+    if not isinstance(fields, dict) or not set(fields) & set(LORA_CONTROLS):
+        return None
+    if len(fields) != 1:
+        raise ValueError(f"REQUEST must hold one LoRA control alone, got keys {sorted(fields)}")
+    ((action, body),) = fields.items()
+    wanted = LORA_CONTROLS[action]
+    if not isinstance(body, dict) or sorted(body) != sorted(wanted):
+        raise ValueError(f"{action} must be an object of {list(wanted)}, got {json.dumps(body)[:200]}")
+    name = None if "name" not in body else check_lora_name(body["name"])
+    path = body.get("path")
+    if path is not None and (type(path) is not str or not 1 <= len(path) <= MAX_LORA_PATH_CHARS or "\0" in path):
+        raise ValueError(f"{action} path must be a file's path of 1..{MAX_LORA_PATH_CHARS} characters")
+    return action, name, path

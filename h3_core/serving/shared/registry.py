@@ -120,7 +120,6 @@ CREATE TABLE IF NOT EXISTS lora_reports (
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS lora_version (one INTEGER PRIMARY KEY CHECK (one = 0), version INTEGER NOT NULL);
 """
-LORA_FINAL_STATES = ("loaded", "failed", "unloaded")  # an instance's report that ends a control's wait
 # statfs(2) f_type of network filesystems (linux/magic.h and the filesystems' own headers)
 NETWORK_FILESYSTEMS = {
     0x6969: "nfs",
@@ -501,8 +500,8 @@ class Registry:
             return self._db.execute("SELECT version FROM lora_version").fetchone()[0]
 
     def report_lora(self, name: str, version: int, report: dict | None) -> None:
-        """This instance's state of adapter `name` at table `version`: a dict with "state" (one
-        of LORA_FINAL_STATES or "unloading") and its details, or None to forget it."""
+        """This instance's state of adapter `name` at table `version`: a dict with "state"
+        ("loaded", "failed", "unloading", "unloaded") and its details, or None to forget it."""
         with self._transaction():
             self._db.execute("DELETE FROM lora_reports WHERE instance = ? AND name = ?", (self.instance, name))
             if report is not None:

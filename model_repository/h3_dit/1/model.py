@@ -9,6 +9,11 @@ forward and its retry, results) is in h3_core/serving/dit/step_loop.py and runs 
 With sp_degree > 1 the engine's DiT runs in worker processes this instance starts, on the CPU
 or on its GPU and the next ones (h3_core.parallel.workers); finalize() stops them.
 
+LoRA adapters (docs/lora.md §"Serving"): h3_core.serving.dit.adapters.ServedAdapters loads the
+`loras` setting's at start and follows the registry's adapter table, before each execute's
+arrivals and, while no execute runs, from a thread every lora_control.ADAPTER_POLL_S (a lock keeps
+the two apart), so a run-time load reaches an idle instance too.
+
 SIGUSR1 (sent by server.launch before it stops the server) starts draining: at the next step
 boundary every job ends with CANCELLED and newcomers are refused with UNAVAILABLE:.
 """
@@ -16,6 +21,7 @@ boundary every job ends with CANCELLED and newcomers are refused with UNAVAILABL
 import json
 import logging
 import signal
+import threading
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -23,11 +29,13 @@ import triton_python_backend_utils as pb_utils
 from h3_core.factory import load_engine
 from h3_core.parallel.workers import SP_TIMEOUT_FRACTION
 from h3_core.protocol import AUDIO_LATENT, CONDITION_LATENTS, REQUEST, TEXT_EMBEDS, VIDEO_LATENT, cancel_info
+from h3_core.serving.dit.adapters import ServedAdapters
 from h3_core.serving.dit.events import Arrival, CancelAnswer, Ended, Heartbeat, Progress, Refused, Result
 from h3_core.serving.dit.metrics import METRICS
 from h3_core.serving.dit.step_loop import StepLoop
 from h3_core.serving.shared.agreement import check_siblings
 from h3_core.serving.shared.gpu_turns import TURN_WAIT_FRACTION, GpuTurns
+from h3_core.serving.shared.lora_control import ADAPTER_POLL_S
 from h3_core.serving.shared.registry import Registry, server_folder
 from h3_core.serving.shared.settings import DitSettings
 from h3_core.serving.shared.triton import error_response, json_tensor, model_parameters, resolve_path, set_threads
@@ -194,9 +202,31 @@ class TritonPythonModel:
             if settings.gpu_turns
             else None,
         )
+        self.adapters = ServedAdapters(engine, self.loop.registry, settings, lambda path: resolve_path(args, path))
+        self.adapters.start()
+        self.lock, self.stopped = threading.Lock(), threading.Event()
+        self.poller = threading.Thread(target=self.poll_adapters, name="h3_dit-adapters", daemon=True)
+        self.poller.start()
         signal.signal(signal.SIGUSR1, lambda signum, frame: self.loop.start_draining())
 
+    def poll_adapters(self) -> None:
+        """While no execute runs, follow the registry's adapter table every ADAPTER_POLL_S."""
+        while not self.stopped.wait(ADAPTER_POLL_S):
+            if self.lock.acquire(blocking=False):
+                try:
+                    self.adapters.sync()
+                except Exception as error:  # noqa: BLE001 - logged; the next poll or execute tries again
+                    logging.getLogger("h3_dit").error("the LoRA adapters could not follow the registry: %s", error)
+                finally:
+                    self.lock.release()
+
     def execute(self, requests):
+        with self.lock:
+            self.adapters.sync()  # before the arrivals: a request sent after a load's answer finds it
+            return self.iterate(requests)
+
+    def iterate(self, requests):
+        """One execute's work: the arrivals, one StepLoop.iterate, the reschedules."""
         senders = {}
 
         def sender(request):
@@ -227,6 +257,8 @@ class TritonPythonModel:
         return None
 
     def finalize(self):
+        self.stopped.set()
+        self.poller.join()
         if self.loop.turns is not None:
             self.loop.turns.stop()
         self.loop.registry.leave()
