@@ -352,6 +352,37 @@ class H3Client:
             raise errors[0]
         return next(state for state in protocol.CANCEL_STATES if state in answers)
 
+    def lora_control(self, action: str, name: str | None = None, path: str | None = None) -> dict:
+        """A LoRA control request (docs/lora.md §"Serving") to h3_cancel of every server behind the
+        url: action "lora_load" (name, path: a safetensors file on the server's disk),
+        "lora_unload" (name) or "lora_list". Returns the server's INFO answer ({"kind": "lora",
+        "action", "name", "instances": {instance: report}} or {"kind": "lora_list", "adapters":
+        [...]}); with several servers, one answer whose instances (or adapters) are all of
+        theirs, each instance named "host:port/instance". Raises H3Error with the server's code
+        word (INVALID_ARG: a malformed control, a name loaded already or not loaded, a load every
+        DiT instance refused, e.g. beyond max_loras or max_lora_rank, with its message)."""
+        body = {key: value for key, value in (("name", name), ("path", path)) if value is not None}
+        control = scalar_input(protocol.REQUEST, json.dumps({action: body}).encode(), "BYTES")
+        requested = [grpcclient.InferRequestedOutput(protocol.INFO)]
+        addresses = server_addresses(self.url)
+        answers = []
+        for address in addresses:
+            with closing(self._stream(protocol.CANCEL_MODEL, [control], requested, {}, "", None, address)) as stream:
+                final = list(stream)
+            answers.append(json.loads(final[0].as_numpy(protocol.INFO).reshape(-1)[0]))
+        if len(answers) == 1:
+            return answers[0]
+        merged = dict(answers[0])
+        if "instances" in merged:
+            merged["instances"] = {
+                f"{address}/{instance}": report
+                for address, answer in zip(addresses, answers, strict=True)
+                for instance, report in answer["instances"].items()
+            }
+        else:
+            merged["adapters"] = [entry for answer in answers for entry in answer["adapters"]]
+        return merged
+
     def model_config(self, model: str) -> dict:
         """Triton's configuration of `model` (get_model_config as JSON: "name", "parameters"
         {key: {"string_value": ...}}, ...) from the next server behind the url. Raises H3Error

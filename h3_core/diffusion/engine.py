@@ -495,8 +495,6 @@ class Engine:
         in `closed_loras` (held for its running requests until they end, refused to new ones)."""
         loaded = [entry["name"] for entry in self.loras() if entry["name"] not in self.closed_loras]
         for name, _ in lora:
-            if name in self.closed_loras:
-                raise InvalidRequest("lora", f"lora {name!r} is being unloaded: it takes no new requests")
             if name not in loaded:
                 raise InvalidRequest(
                     "lora", f"lora {name!r} is not a loaded LoRA adapter (loaded: {', '.join(loaded) or 'none'})"

@@ -92,6 +92,7 @@ class ServedAdapters:
             return
         version, wanted = self.registry.wanted_loras()
         held = {entry["name"] for entry in self.engine.loras()}
+        self.engine.closed_loras -= set(wanted)  # loaded again before its unload ended: it stays, open again
         for name in sorted(held - set(wanted)):
             try:
                 self.engine.remove_lora(name)
