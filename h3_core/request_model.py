@@ -43,22 +43,9 @@ SGLANG_REFUSED = {  # fields SGLang's H3 refuses, and why
 SGLANG_CONDITION_FIELDS = ("type", "uri", "role", "frame_index", "start_time_seconds")
 SGLANG_TYPES = ("image", "video", "audio", "video_audio")
 SGLANG_TARGET_FIELDS = ("short_edge", "aspect_ratio", "duration_seconds")
-VLLM_FIELDS = (
-    "prompt",
-    "short_edge",
-    "aspect_ratio",
-    "width",
-    "height",
-    "fps",
-    "num_inference_steps",
-    "flow_shift",
-    "seed",
-    "num_outputs_per_prompt",
-    "input_reference",
-    "input_references",
-    "lora",
-    "extra_params",
-    "model",
+VLLM_FIELDS = tuple(  # vLLM-Omni's multipart fields
+    "prompt short_edge aspect_ratio width height fps num_inference_steps flow_shift seed num_outputs_per_prompt "
+    "input_reference input_references lora extra_params model".split()
 )
 VLLM_EXTRA_FIELDS = ("task", "duration", "audio_flow_shift", "frame_indices", "start_time_seconds")
 ASPECT = re.compile(r"^([1-9][0-9]*):([1-9][0-9]*)$")
@@ -135,6 +122,7 @@ class VideoRequest:
     num_outputs: int | None = None
     flow_shift: float | None = None
     audio_flow_shift: float | None = None
+    lora: tuple[tuple[str, float], ...] = ()  # (name, scale) of each LoRA adapter, in order (rules.lora_list)
     keyframes: tuple[Keyframe, ...] = ()
     references: tuple[Reference, ...] = ()
     paths: Mapping[str, str] = field(default_factory=dict, compare=False)
@@ -173,6 +161,7 @@ class VideoRequest:
             num_outputs=self.num_outputs,
             flow_shift=self.flow_shift,
             audio_flow_shift=self.audio_flow_shift,
+            lora=self.lora,
             task=self.task,
             first_frame=frames.get(protocol.FIRST_FRAME),
             last_frame=frames.get(protocol.LAST_FRAME),
@@ -196,14 +185,11 @@ class VideoRequest:
             "num_outputs": self.num_outputs,
             "flow_shift": self.flow_shift,
             "audio_flow_shift": self.audio_flow_shift,
+            "lora": protocol.lora_entries(self.lora),
             "keyframes": [{"frame": k.frame, "sha256": hashlib.sha256(k.data).hexdigest()} for k in self.keyframes],
             "references": [
-                {
-                    "kind": r.kind,
-                    "sha256": hashlib.sha256(r.data).hexdigest(),
-                    "start_time_seconds": r.start_time_seconds,
-                    "audio": r.audio,
-                }
+                dict(kind=r.kind, sha256=hashlib.sha256(r.data).hexdigest(), start_time_seconds=r.start_time_seconds)
+                | {"audio": r.audio}
                 for r in self.references
             ],
         }
@@ -517,10 +503,8 @@ def read_vllm_omni(form: Mapping) -> VideoRequest:
     prompt, short_edge + aspect_ratio or width / height, fps (24 only), num_inference_steps
     (forwards), flow_shift, seed, num_outputs_per_prompt, input_reference / input_references
     (files, in order), extra_params JSON {task, duration, audio_flow_shift, frame_indices (one per
-    file: fl2va), start_time_seconds (one per file, null for a non-video)}; lora is refused (not
-    served yet). Raises RequestError at the field's path."""
-    if "lora" in form:
-        raise RequestError("lora", "LoRA is not served yet")
+    file: fl2va), start_time_seconds (one per file, null for a non-video)}, lora (a JSON array of
+    {"name", "scale"}: rules.lora_list, a path refused). Raises RequestError at the field's path."""
     _keys("", form, VLLM_FIELDS)
     prompt = _prompt(form.get("prompt"))
     extra = form.get("extra_params") or {}
@@ -597,4 +581,8 @@ def read_vllm_omni(form: Mapping) -> VideoRequest:
     if extra.get("audio_flow_shift") is not None:
         request["audio_flow_shift"] = _number("extra_params.audio_flow_shift", extra["audio_flow_shift"], True)
         paths["audio_flow_shift"] = "extra_params.audio_flow_shift"
+    try:
+        request["lora"] = protocol.lora_list(form.get("lora"))
+    except ValueError as error:
+        raise RequestError("lora", str(error)) from None
     return VideoRequest(**request, keyframes=tuple(keyframes), references=tuple(references), paths=paths)

@@ -156,7 +156,8 @@ def _lora_entry(entry) -> tuple[str, float]:
 def lora_list(value) -> tuple[tuple[str, float], ...]:
     """The one reading of a request's `lora`, for every entry point: `value` is a JSON array
     text or a sequence whose entries are {"name": NAME, "scale": SCALE} objects (scale optional,
-    1.0), [NAME, SCALE] pairs or "NAME[:SCALE]" strings; None or "" is no adapter. Returns
+    1.0; no other key, so no path), [NAME, SCALE] pairs, "NAME[:SCALE]" strings or JSON texts of
+    an array or one object (a form's repeated field); None or "" is no adapter. Returns
     ((name, scale float), ...) in order, checked by check_lora. Raises InvalidRequest (field
     "lora") naming the entry for anything else."""
     if value is None or value == "":
@@ -168,7 +169,15 @@ def lora_list(value) -> tuple[tuple[str, float], ...]:
             raise InvalidRequest("lora", f"lora {str(value)[:80]!r} is not a JSON array of adapters") from None
     if not isinstance(value, list | tuple):
         raise InvalidRequest("lora", f"lora must be a list of adapters, got {value!r}")
-    lora = tuple(_lora_entry(entry) for entry in value)
+    entries = []
+    for entry in value:  # a form's repeated field: JSON texts and NAME[:SCALE] strings mixed
+        if isinstance(entry, str) and entry.lstrip().startswith(("[", "{")):
+            try:
+                entry = json.loads(entry)
+            except ValueError:
+                raise InvalidRequest("lora", f"lora {entry[:80]!r} is not valid JSON") from None
+        entries += entry if isinstance(entry, list) else [entry]
+    lora = tuple(_lora_entry(entry) for entry in entries)
     check_lora(lora)
     return lora
 

@@ -20,7 +20,8 @@ from h3_core.config import get_config
 from h3_core.protocol import LORA_CONTROLS, lora_list, read_lora_control
 from h3_core.rules import InvalidRequest
 from h3_core.serving.shared.settings import DitSettings, lora_setting
-from h3_core.weights.lora_formats import lora_targets, part_rank, read_lora, reserve_bytes
+from h3_core.model.lora import part_rank
+from h3_core.weights.lora_formats import lora_targets, read_lora, reserve_bytes
 
 from .serving import generate_in_thread, model_repository_copy
 

@@ -49,6 +49,7 @@ from .packed import PackedBatch
 
 ADALN_SUFFIX = "adaln_proj.linear"  # the AdaLN projections' linears end in this
 REFINER_PREFIX = "token_refiner."  # the linears on the refiner sequence start with this
+QKV_PARTS = 3  # a qkv_proj target stacks the Q, K and V parts: rank and B's columns x 3
 
 
 def row_tiled(gemm: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, tile: int) -> torch.Tensor:
@@ -302,6 +303,16 @@ class LoraAdapters:
                 row_groups[run.rows[0] : run.rows[1]] = run.group
             row_groups = row_groups.to(self.dit.device)
         return LoraPlan(self, tuple(runs), groups, row_groups)
+
+
+def part_rank(adapter) -> int:
+    """The rank of `adapter` (a LoraAdapter or HeldAdapter) as a serving limit compares it (h3_dit
+    max_lora_rank): the largest target rank, a qkv_proj's divided by QKV_PARTS (rounded up: its
+    stacked parts' rank)."""
+    return max(
+        (-(-t.rank // QKV_PARTS) if name.endswith("attn.qkv_proj") else t.rank for name, t in adapter.targets.items()),
+        default=0,
+    )
 
 
 @torch.no_grad()

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from ..config import DiTConfig
+from ..model.lora import QKV_PARTS
 from .checkpoint import grouped_to_qkv, official_sources
 
 DEFAULT_ALPHA = 8.0  # alpha of a diffusers file without one (what LightX2V and the Turbo reference use)
@@ -100,18 +101,6 @@ def lora_targets(cfg: DiTConfig) -> dict[str, tuple[int, int]]:
         shapes.update({f"token_refiner.blocks.{i}.{k}": v for k, v in common.items()})
     shapes["final_layer.adaln_proj.linear"] = (2 * hidden, temb)
     return shapes
-
-
-QKV_PARTS = 3  # a qkv_proj target stacks the Q, K and V parts: rank and B's columns x 3
-
-
-def part_rank(adapter: LoraAdapter) -> int:
-    """The adapter's rank as a serving limit compares it (h3_dit max_lora_rank): the largest
-    target rank, a qkv_proj's divided by QKV_PARTS (rounded up: its stacked parts' rank)."""
-    return max(
-        (-(-t.rank // QKV_PARTS) if name.endswith("attn.qkv_proj") else t.rank for name, t in adapter.targets.items()),
-        default=0,
-    )
 
 
 def reserve_bytes(cfg: DiTConfig, rank: int, element_bytes: int) -> int:

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from h3_core.diffusion.engine import Engine
+from h3_core.model.lora import part_rank
 from h3_core.serving.shared.registry import Registry
 from h3_core.serving.shared.settings import DitSettings, lora_setting
-from h3_core.weights.lora_formats import LoraAdapter, part_rank, read_lora
 
 log = logging.getLogger("h3_dit")
 
@@ -30,7 +30,8 @@ class ServedAdapters:
     """One h3_dit instance's adapters. `engine`: its Engine; `registry`: the server's Registry
     as this instance; `settings`: h3_dit's (loras, max_loras, max_lora_rank); `resolve`: a path
     as the operator wrote it -> the file (relative ones from the folder above the model
-    repository); `read`: path, DiTConfig -> LoraAdapter (read_lora)."""
+    repository); `read`: path, DiTConfig -> h3_core.weights.lora_formats.LoraAdapter (read_lora,
+    passed by the Triton adapter: a serving room imports no weights module)."""
 
     def __init__(
         self,
@@ -38,7 +39,7 @@ class ServedAdapters:
         registry: Registry,
         settings: DitSettings,
         resolve: Callable[[str], Path],
-        read: Callable[..., LoraAdapter] = read_lora,
+        read: Callable,
     ):
         self.engine, self.registry, self.settings, self.resolve, self.read = engine, registry, settings, resolve, read
         self.version = -1  # the table version last reconciled

@@ -40,6 +40,7 @@ from h3_core.serving.shared.registry import Registry, server_folder
 from h3_core.serving.shared.settings import DitSettings
 from h3_core.serving.shared.triton import error_response, json_tensor, model_parameters, resolve_path, set_threads
 from h3_core.weights.checkpoint import load_training_metadata, source_seed
+from h3_core.weights.lora_formats import read_lora
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 EMPTY_VIDEO = np.zeros((1, 0, 0, 0, 0), dtype=np.float32)
@@ -202,7 +203,9 @@ class TritonPythonModel:
             if settings.gpu_turns
             else None,
         )
-        self.adapters = ServedAdapters(engine, self.loop.registry, settings, lambda path: resolve_path(args, path))
+        self.adapters = ServedAdapters(
+            engine, self.loop.registry, settings, lambda path: resolve_path(args, path), read_lora
+        )
         self.adapters.start()
         self.lock, self.stopped = threading.Lock(), threading.Event()
         self.poller = threading.Thread(target=self.poll_adapters, name="h3_dit-adapters", daemon=True)
