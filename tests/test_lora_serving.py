@@ -8,6 +8,7 @@ start (h3_dit parameter loras), max_loras 2 and max_lora_rank 4; the tests run i
 each leaves the adapter table as the next expects ("style", then "extra" loaded and unloaded)."""
 
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,10 +18,10 @@ from safetensors.torch import save_file
 from client.api import H3Client, H3Error
 from client.generate import parse_args
 from h3_core.config import get_config
+from h3_core.model.lora import part_rank
 from h3_core.protocol import LORA_CONTROLS, lora_list, read_lora_control
 from h3_core.rules import InvalidRequest
 from h3_core.serving.shared.settings import DitSettings, lora_setting
-from h3_core.model.lora import part_rank
 from h3_core.weights.lora_formats import lora_targets, read_lora, reserve_bytes
 
 from .serving import generate_in_thread, model_repository_copy
@@ -276,3 +277,50 @@ def test_unload_while_in_use_waits_for_the_request_and_refuses_new_ones(served):
         client.lora_control("lora_unload", "extra")
     assert error.value.message == "LoRA adapter 'extra' is not loaded"
     assert [a["name"] for a in client.lora_control("lora_list")["adapters"]] == ["style"]
+
+
+def test_videos_api_lora_field_and_admin_routes(served):
+    """The Videos API: the form field `lora` (repeated NAME[:SCALE] or a JSON array) reaches the
+    server; the admin routes list, load and unload, refused without an admin key (OpenAI's shape)."""
+    from fastapi.testclient import TestClient
+
+    from videos_api.app import Settings, create_app
+
+    server, _, paths = served
+    keys = {"admin-key": True, "user-key": False}
+    settings = Settings(triton_url=server.grpc_url, data_dir=Path(paths["style"]).parent / "api", api_keys=keys)
+    admin, user = {"Authorization": "Bearer admin-key"}, {"Authorization": "Bearer user-key"}
+    with TestClient(create_app(settings)) as http:
+        refused = http.get("/v1/loras", headers=user)
+        assert refused.status_code == 403
+        assert refused.json() == {
+            "error": {
+                "message": "PERMISSION_DENIED: the LoRA routes need an admin key ('KEY admin' in the key file)",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "PERMISSION_DENIED",
+            }
+        }
+        assert http.post("/v1/loras", json={"name": "extra", "path": paths["extra"]}).status_code == 401
+        listed = http.get("/v1/loras", headers=admin).json()
+        assert [entry["name"] for entry in listed["data"]] == ["style"]
+        loaded = http.post("/v1/loras", headers=admin, json={"name": "extra", "path": paths["extra"]})
+        assert loaded.status_code == 200 and loaded.json()["action"] == "lora_load"
+        assert sorted(report["state"] for report in loaded.json()["instances"].values()) == ["loaded", "loaded"]
+        form = {"prompt": PROMPT, "size": "96x64", "num_frames": "5", "num_inference_steps": "2", "seed": "3"}
+        sync = http.post("/v1/videos/sync", headers=user, data={**form, "lora": ["extra:0.5", "style"]})
+        assert sync.status_code == 200 and sync.headers["content-type"] == "video/mp4"
+        unknown = http.post("/v1/videos/sync", headers=user, data={**form, "lora": '[{"name": "nope"}]'})
+        assert unknown.status_code == 400
+        assert unknown.json()["error"]["message"] == (
+            "INVALID_ARG: lora 'nope' is not a loaded LoRA adapter (loaded: extra, style)"
+        )
+        assert unknown.json()["error"]["param"] == "lora"
+        with_path = http.post("/v1/videos", headers=user, data={**form, "lora": '[{"name": "x", "path": "/etc"}]'})
+        assert with_path.status_code == 400 and with_path.json()["error"]["param"] == "lora"
+        assert http.delete("/v1/loras/extra", headers=admin).json()["instances"] != {}
+        gone = http.delete("/v1/loras/extra", headers=admin)
+        assert (gone.status_code, gone.json()["error"]["message"]) == (
+            400,
+            "INVALID_ARG: LoRA adapter 'extra' is not loaded",
+        )

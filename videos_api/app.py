@@ -63,6 +63,7 @@ from .bodies import read_form
 from .content import MediaFile
 from .fields import ApiError
 from .jobs import PURGE_INTERVAL_S, Jobs
+from .loras import add_lora_routes
 from .models import model_card, resolved_defaults
 from .store import ACTIVE, BUSY_TIMEOUT_S, Store
 
@@ -482,6 +483,8 @@ def create_app(settings: Settings) -> FastAPI:
     def delete(request: Request, video_id: str, caller: Authorized):
         jobs_of(request).delete(video_id, caller)
         return {"id": video_id, "object": "video.deleted", "deleted": True}
+
+    add_lora_routes(api, client, Authorized)  # admin only: docs/lora.md
 
     @api.post("/videos/{video_id}/remix")
     def remix(video_id: str):

@@ -52,7 +52,7 @@ MEDIA_FIELDS = {
     "reference_videos": ("reference_video", "reference_videos", True),
     "reference_audio": ("reference_audio", "reference_audio", True),
 }
-OTHER_REPEATABLE = ("input_references",)  # vLLM-Omni's file field (formats.py)
+OTHER_REPEATABLE = ("input_references", "lora")  # vLLM-Omni's file field (formats.py); lora: NAME[:SCALE] each
 KEYFRAME_FIELDS = ("input_reference", "last_frame")  # KEYFRAMES' order (client.api.keyframe_inputs)
 # request fields of POST /v1/videos (and /v1/videos/sync)
 CREATE_FIELDS = (
@@ -70,6 +70,7 @@ CREATE_FIELDS = (
     "flow_shift",
     "audio_flow_shift",
     "references",
+    "lora",
     *MEDIA_FIELDS,
 )
 MEDIA_FIELDS_OF = {"image": "reference_images", "video": "reference_videos", "audio": "reference_audio"}
@@ -104,6 +105,7 @@ API_FIELD = {
     "preview_every": "preview_every",
     "flow_shift": "flow_shift",
     "audio_flow_shift": "audio_flow_shift",
+    "lora": "lora",
 }
 API_INPUT = {  # h3_pipeline inputs -> API fields (KEYFRAMES: _input_field)
     protocol.TASK: "task",
@@ -292,8 +294,8 @@ def parse_create(form: Mapping[str, object], model_name: str) -> tuple[dict, dic
     ApiError 400 INVALID_ARG naming the field for an unknown field, a missing or non-string
     prompt, a model other than `model_name`, a size not "WxH", seconds not a number > 0, seconds
     together with num_frames, a non-integer integer field, a task or fit that is not a string, or
-    a file field that holds no file (_file). Values (task, fit, the files' contents) are the
-    server's to check."""
+    a file field that holds no file (_file), a malformed lora (protocol.lora_list). Values (task,
+    fit, the files' contents, whether a LoRA adapter is loaded) are the server's to check."""
     unknown = sorted(set(form) - set(CREATE_FIELDS))
     if unknown:
         raise invalid(f"unknown field {unknown[0]!r}; allowed: {sorted(CREATE_FIELDS)}", unknown[0])
@@ -333,6 +335,10 @@ def parse_create(form: Mapping[str, object], model_name: str) -> tuple[dict, dic
         request[name] = value
     for name in ("flow_shift", "audio_flow_shift"):
         request[name] = None if form.get(name) is None else _shift(name, form[name])
+    try:  # a JSON array of {"name", "scale"}, or the form field repeated as NAME[:SCALE]
+        request["lora"] = protocol.lora_list(form.get("lora"))
+    except ValueError as error:
+        raise invalid(str(error), "lora") from None
     media = _media(form)
     request["references"] = _references(form.get("references"), media)
     request["inputs"] = {variant: [media_type(data) for data in files] for variant, files in media.items()}

@@ -28,7 +28,6 @@ VLLM_ONLY = (
     "num_outputs_per_prompt",
     "input_references",
     "extra_params",
-    "lora",
 )
 VARIANT = {"image": "reference_image", "video": "reference_video", "audio": "reference_audio"}
 KEYFRAME_VARIANT = {protocol.FIRST_FRAME: "first_frame", protocol.LAST_FRAME: "last_frame"}
@@ -109,6 +108,7 @@ def to_parsed(request: VideoRequest) -> tuple[dict, dict[str, list[bytes]]]:
         "fit": None,
         "flow_shift": request.flow_shift,
         "audio_flow_shift": request.audio_flow_shift,
+        "lora": request.lora,
         "references": request.reference_order() if request.references else None,
         "paths": paths,
         "inputs": {variant: [fields.media_type(data) for data in files] for variant, files in media.items()},
@@ -153,6 +153,7 @@ def from_parsed(parsed: dict, media: Mapping[str, list[bytes]]) -> VideoRequest:
         num_outputs=parsed["num_outputs"],
         flow_shift=parsed.get("flow_shift"),
         audio_flow_shift=parsed.get("audio_flow_shift"),
+        lora=parsed.get("lora", ()),
         keyframes=keyframes,
         references=references,
     )

@@ -339,6 +339,7 @@ class Jobs:
                 flow_shift=request.get("flow_shift"),
                 audio_flow_shift=request.get("audio_flow_shift"),
                 references=request.get("references"),
+                lora=request.get("lora"),
                 **files,
             )
             folder.mkdir(parents=True, exist_ok=True)
