@@ -52,7 +52,8 @@ COMMENTS = {
         "loras": '"" or NAME=PATH pairs, comma-separated: LoRA adapters loaded at start (safetensors files on the '
         "server's disk, relative to the folder above this repository); load and unload more at run time with the "
         "control requests of h3_cancel (docs/lora.md)",
-        "max_loras": "LoRA adapters held at once (a load beyond them is refused); server.sizing reserves their memory",
+        "max_loras": "LoRA adapters held at once (a load beyond them is refused); -1: as many as loras names (none "
+        "without); server.sizing reserves their memory",
         "max_lora_rank": "the largest LoRA rank a load may have (a qkv_proj's per part); sizing reserves max_loras "
         "adapters of this rank on every linear",
         "allow_fault_injection": '"true" lets the test-only request parameter inject_fault act; "false" refuses it '

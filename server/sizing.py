@@ -7,7 +7,7 @@ packed DiT sequence.
   model processes (one per Triton model instance), at least 1. More OpenMP threads than free
   cores makes every parallel region wait for a descheduled thread.
 - GPU memory (cuda), per GPU that holds a DiT instance:
-      available = free - DiT weights - decode reserve
+      available = free - DiT weights - LoRA reserve - decode reserve
       rows      = available // (bytes_per_row_and_width x hidden_size + held step caches), down to
                   a multiple of 64
   max_batch_rows = the least over the GPUs, capped at MAX_BATCH_ROWS (65,536). DiT weights: the
@@ -20,7 +20,8 @@ packed DiT sequence.
   measured on an H200, scaled by the config's dtype bytes / 2. Held step caches (with
   max_cache_threshold > 0): held_cache_bytes_per_row, every held request (max_num_seqs +
   max_waiting) at up to max_batch_rows rows, each keeping its step cache. CUDA graph pool (sp_degree
-  1, on every GPU with a DiT instance): graph_pool_bytes.
+  1, on every GPU with a DiT instance): graph_pool_bytes. LoRA reserve: max_loras adapters of
+  max_lora_rank (lora_bytes), counted with the DiT's weights.
 - max_sequence_idle_microseconds: longer than the longest execute(), with sequence parallelism
   including one that loses a worker, with GPU turns one that waits for its turn (see idle_timeout).
 - execute_budget_s on cuda: GPU_EXECUTE_BUDGET_S (below).
@@ -185,15 +186,26 @@ def adaln_table_bytes(config: DiTConfig, dit) -> int:
     return dit.adaln_table_values * value_bytes(config) if dit.sp_degree == 1 else 0
 
 
+def lora_bytes(config: DiTConfig, dit) -> int:
+    """GPU bytes reserved for an h3_dit instance's LoRA adapters (DitSettings `dit`): lora_slots
+    (max_loras, or the adapters loras names) adapters of max_lora_rank on every linear an adapter
+    may target, in the model dtype (h3_core.weights.lora_formats.reserve_bytes: 3,232,595,968 B an
+    adapter of rank 128 for h3)."""
+    from h3_core.weights.lora_formats import reserve_bytes
+
+    return dit.lora_slots * reserve_bytes(config, dit.max_lora_rank, dtype_bytes(config))
+
+
 def dit_gpu_weight_bytes(config: DiTConfig, dit) -> int:
     """GPU bytes of an h3_dit instance's weights (DitSettings `dit`): dit_weight_bytes of its
-    quantization plus its AdaLN table (adaln_table_bytes); with adaln_weights = host the AdaLN
-    projection weights (h3_core.model.adaln_table.weight_bytes) are left out and the fill's two
-    scratch buffers (scratch_bytes) counted instead. h3, bf16, 64 values: 66,901,121,536 B on the
-    device; with host AdaLN weights and 102 values 42,231,754,240 B, 22,976,355,840 in fp8."""
+    quantization plus its AdaLN table (adaln_table_bytes) and its LoRA reserve (lora_bytes); with
+    adaln_weights = host the AdaLN projection weights (h3_core.model.adaln_table.weight_bytes) are
+    left out and the fill's two scratch buffers (scratch_bytes) counted instead. h3, bf16, 64
+    values, no LoRA: 66,901,121,536 B on the device; with host AdaLN weights and 102 values
+    42,231,754,240 B, 22,976,355,840 in fp8."""
     from h3_core.model.adaln_table import scratch_bytes, weight_bytes
 
-    total = dit_weight_bytes(config, dit.quantization) + adaln_table_bytes(config, dit)
+    total = dit_weight_bytes(config, dit.quantization) + adaln_table_bytes(config, dit) + lora_bytes(config, dit)
     if dit.adaln_weights == "host":
         total += scratch_bytes(config) - weight_bytes(config)
     return total

@@ -21,7 +21,8 @@ from h3_core.config import get_config
 from h3_core.model.lora import part_rank
 from h3_core.protocol import LORA_CONTROLS, lora_list, read_lora_control
 from h3_core.rules import InvalidRequest
-from h3_core.serving.shared.settings import DitSettings, lora_setting
+from h3_core.serving.shared.lora_control import lora_setting
+from h3_core.serving.shared.settings import DitSettings
 from h3_core.weights.lora_formats import lora_targets, read_lora, reserve_bytes
 
 from .serving import generate_in_thread, model_repository_copy
@@ -111,8 +112,14 @@ def test_settings_and_control_requests_are_checked():
     }
     with pytest.raises(ValueError, match=r"^h3_dit parameter loras='turbo' is not comma-separated NAME=PATH pairs"):
         DitSettings(loras="turbo")
-    with pytest.raises(ValueError, match=r"^h3_dit parameter loras names more than max_loras=1 adapters$"):
+    with pytest.raises(ValueError) as error:
         DitSettings(loras="a=x,b=y", max_loras=1)
+    assert str(error.value) == "h3_dit parameter max_loras=1 is out of range: allowed -1 or >= the loras named"
+    assert (DitSettings(loras="a=x,b=y").lora_slots, DitSettings(max_loras=3).lora_slots, DitSettings().lora_slots) == (
+        2,
+        3,
+        0,
+    )
     assert read_lora_control(['{"lora_load": {"name": "a", "path": "/x"}}']) == ("lora_load", "a", "/x")
     assert read_lora_control(['{"lora_list": {}}']) == ("lora_list", None, None)
     assert read_lora_control(['{"cancel_request_id": "x"}']) is None

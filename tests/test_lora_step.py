@@ -237,8 +237,10 @@ def test_unknown_adapters_bad_compositions_and_removal_in_use_are_refused(engine
         ([("style", 4.5)], "lora 'style' scale=4.5 is out of range: allowed -4.0..4.0"),
         ([("style", float("nan"))], "lora 'style' scale=nan is not a finite number"),
         ([("style", 1.0), ("style", 2.0)], "lora names 'style' twice: each adapter at most once a request"),
-        ([(" ", 1.0)], "lora name ' ' is not allowed: allowed 1..64 letters, digits, '_', '.' or '-', the first a "
-         "letter or digit"),
+        (
+            [(" ", 1.0)],
+            "lora name ' ' is not allowed: allowed 1..64 letters, digits, '_', '.' or '-', the first a letter or digit",
+        ),
     ):
         with pytest.raises(InvalidRequest) as error:
             engine.prepare(request("v", lora), text("v"))

@@ -20,8 +20,9 @@ from pathlib import Path
 
 from h3_core.diffusion.engine import Engine
 from h3_core.model.lora import part_rank
+from h3_core.serving.shared.lora_control import lora_setting
 from h3_core.serving.shared.registry import Registry
-from h3_core.serving.shared.settings import DitSettings, lora_setting
+from h3_core.serving.shared.settings import DitSettings
 
 log = logging.getLogger("h3_dit")
 
@@ -65,10 +66,10 @@ class ServedAdapters:
         the numbers when max_loras adapters are held already or its rank passes max_lora_rank,
         OSError / ValueError as read_lora and Engine.add_lora do."""
         held = len(self.engine.loras())
-        if held >= self.settings.max_loras:
+        if held >= self.settings.lora_slots:
             raise ValueError(
                 f"LoRA adapter {name!r} refused: {held} adapters are loaded, h3_dit max_loras="
-                f"{self.settings.max_loras} (unload one first)"
+                f"{self.settings.lora_slots} (unload one first)"
             )
         adapter = self.read(self.resolve(path), self.engine.dit.cfg)
         rank = part_rank(adapter)

@@ -1,5 +1,6 @@
 """The answers to the LoRA control requests (protocol.LORA_CONTROLS; docs/lora.md §"Serving"),
-whichever model takes them (h3_cancel, where clients send them). Torch-free.
+whichever model takes them (h3_cancel, where clients send them), and h3_dit's `loras` setting
+(lora_setting). Torch-free.
 
 A load or unload changes the registry's adapter table (Registry.change_lora), which every h3_dit
 instance reconciles with (h3_core.serving.dit.adapters.ServedAdapters.sync: at each execute, and
@@ -19,12 +20,27 @@ instance has reported on that change, and then holds each instance's report:
 import time
 from collections.abc import Callable
 
+from h3_core.rules import LORA_NAME, LORA_NAME_RULE
 from h3_core.serving.shared.registry import Registry
 
 CONTROL_WAIT_S = 10.0  # how long a load or unload waits for the DiT instances' reports
 POLL_S = 0.05  # between two reads of the reports
 ADAPTER_POLL_S = 0.2  # an idle h3_dit instance reads the adapter table this often (its Triton adapter)
 ENDS = {"lora_load": ("loaded", "failed"), "lora_unload": ("unloaded", "unloading")}
+
+
+def lora_setting(text: str) -> dict[str, str]:
+    """h3_dit parameter `loras` ("" or "NAME=PATH,...", rules.LORA_NAME) -> {name: path}; ValueError naming it."""
+    named = {}
+    for item in filter(None, text.split(",")):
+        name, equals, path = item.partition("=")
+        if not equals or not path or not LORA_NAME.fullmatch(name) or name in named:
+            raise ValueError(
+                f"h3_dit parameter loras={text!r} is not comma-separated NAME=PATH pairs, each NAME once and "
+                f"{LORA_NAME_RULE} (e.g. 'turbo=weights/turbo.safetensors')"
+            )
+        named[name] = path
+    return named
 
 
 def lora_listing(registry: Registry) -> dict:

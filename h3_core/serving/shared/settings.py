@@ -26,8 +26,8 @@ from h3_core.protocol import (
     TASKS,
     VAE_MODEL,
 )
-from h3_core.rules import LORA_NAME, LORA_NAME_RULE
 from h3_core.serving.shared.gpu_turns import DEFAULT_SHARE
+from h3_core.serving.shared.lora_control import lora_setting
 
 # the scheduling policies of h3_dit (h3_core.serving.dit.scheduler), its default, the longest wait (seconds)
 POLICIES = ("request", "fifo", "srpt")
@@ -76,20 +76,6 @@ def step_estimate_s(device: str, rows: int, num_layers: int) -> float:
     ("cpu", "cuda" or "cuda:N"): STEP_ESTIMATES scaled by rows and layers."""
     seconds, measured_rows, measured_layers = STEP_ESTIMATES[device.split(":")[0]]
     return seconds * rows / measured_rows * num_layers / measured_layers
-
-
-def lora_setting(text: str) -> dict[str, str]:
-    """h3_dit parameter `loras` ("" or "NAME=PATH,...", rules.LORA_NAME) -> {name: path}; ValueError naming it."""
-    named = {}
-    for item in filter(None, text.split(",")):
-        name, equals, path = item.partition("=")
-        if not equals or not path or not LORA_NAME.fullmatch(name) or name in named:
-            raise ValueError(
-                f"h3_dit parameter loras={text!r} is not comma-separated NAME=PATH pairs, each NAME once and "
-                f"{LORA_NAME_RULE} (e.g. 'turbo=weights/turbo.safetensors')"
-            )
-        named[name] = path
-    return named
 
 
 def served_tasks(model: str, tasks: str) -> list[str]:
@@ -398,7 +384,7 @@ class DitSettings:
     cuda with sp_degree 1: each packed step takes the GPU's turn, so that an h3_vae decoding on
     the same GPU with gpu_turns computes only between steps, h3_core.serving.shared.gpu_turns; steps
     then do not overlap the next step's host work). LoRA (docs/lora.md): loras (adapters loaded at start,
-    lora_setting), max_loras (held at once), max_lora_rank (lora_formats.part_rank); sizing reserves them.
+    lora_setting), max_loras (held at once; -1: as many as loras names), max_lora_rank (model.lora.part_rank).
 
     Rules checked by check(): execution_mode in EXECUTION_MODES, scheduling_policy in POLICIES,
     1 <= row_budget <= max_batch_rows, max_wait_s and heartbeat_s finite > 0, priority_max >= 0,
@@ -444,8 +430,13 @@ class DitSettings:
     allow_fault_injection: bool = False
     gpu_turns: bool = False
     loras: str = ""
-    max_loras: int = 4
+    max_loras: int = -1
     max_lora_rank: int = 128
+
+    @property
+    def lora_slots(self) -> int:
+        """Adapters held at once: max_loras, or with -1 the number `loras` names."""
+        return len(lora_setting(self.loras)) if self.max_loras < 0 else self.max_loras
 
     def __post_init__(self):
         self.check()
@@ -467,11 +458,13 @@ class DitSettings:
         for name in (*positive.split(), "max_outputs", "max_request_mb", "max_lora_rank"):
             if getattr(self, name) < 1:
                 raise ValueError(f"h3_dit parameter {name}={getattr(self, name)} is out of range: allowed >= 1")
-        for name in ("max_waiting", "priority_max", "adaln_table_values", "max_loras"):
+        for name in ("max_waiting", "priority_max", "adaln_table_values"):
             if getattr(self, name) < 0:
                 raise ValueError(f"h3_dit parameter {name}={getattr(self, name)} is out of range: allowed >= 0")
-        if len(lora_setting(self.loras)) > self.max_loras:
-            raise ValueError(f"h3_dit parameter loras names more than max_loras={self.max_loras} adapters")
+        if self.max_loras < -1 or 0 <= self.max_loras < len(lora_setting(self.loras)):
+            raise ValueError(
+                f"h3_dit parameter max_loras={self.max_loras} is out of range: allowed -1 or >= the loras named"
+            )
         self.rows_by_gpu()
         check_adaln_weights(self.adaln_weights)
         schedule = 2 * self.max_steps + 2  # a schedule's video, audio and condition values
