@@ -97,12 +97,15 @@ $("form").addEventListener("submit", async (event) => {
     const value = $(id).value.trim();
     if (value) body[name] = ["size", "seconds", "fit"].includes(name) ? value : Number(value);
   }
+  // the server's LoRA adapters, each NAME or NAME:SCALE, comma-separated (docs/lora.md)
+  const loras = $("lora").value.split(",").map((entry) => entry.trim()).filter(Boolean);
+  if (loras.length) body.lora = loras;
   const files = Object.entries(PICKERS).flatMap(([id, name]) => Array.from($(id).files, (file) => [name, file]));
   let request = { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) };
   if (files.length) {
     // files go as a multipart body (the browser sets its Content-Type with the boundary)
     const form = new FormData();
-    for (const [name, value] of Object.entries(body)) form.append(name, String(value));
+    for (const [name, value] of Object.entries(body)) for (const item of [value].flat()) form.append(name, String(item));
     for (const [name, file] of files) form.append(name, file, file.name);
     request = { method: "POST", body: form };
   }
