@@ -24,6 +24,7 @@ from h3_core.rules import InvalidRequest
 from h3_core.serving.shared.lora_control import lora_setting
 from h3_core.serving.shared.settings import DitSettings
 from h3_core.weights.lora_formats import lora_targets, read_lora, reserve_bytes
+from server.sizing import lora_bytes
 
 from .serving import generate_in_thread, model_repository_copy
 
@@ -136,6 +137,11 @@ def test_rank_and_reserve_follow_the_targets(tmp_path):
         (3 if name.endswith("qkv_proj") else 1) * 4 * (inp + out) for name, (out, inp) in lora_targets(CFG).items()
     )
     assert reserve_bytes(CFG, 4, 2) == 2 * expected
+    # sizing reserves lora_slots adapters of max_lora_rank on the GPU (h3, bf16: 3,232,595,968 B an adapter)
+    h3 = get_config("h3")
+    assert lora_bytes(h3, DitSettings(max_loras=2)) == 2 * 3_232_595_968
+    assert lora_bytes(h3, DitSettings(loras="turbo=t.safetensors", max_lora_rank=64)) == 3_232_595_968 // 2
+    assert lora_bytes(h3, DitSettings()) == 0
 
 
 # Through a real tritonserver.

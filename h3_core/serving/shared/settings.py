@@ -461,7 +461,7 @@ class DitSettings:
         for name in ("max_waiting", "priority_max", "adaln_table_values"):
             if getattr(self, name) < 0:
                 raise ValueError(f"h3_dit parameter {name}={getattr(self, name)} is out of range: allowed >= 0")
-        if self.max_loras < -1 or 0 <= self.max_loras < len(lora_setting(self.loras)):
+        if self.lora_slots < len(lora_setting(self.loras)) or self.max_loras < -1:
             raise ValueError(
                 f"h3_dit parameter max_loras={self.max_loras} is out of range: allowed -1 or >= the loras named"
             )
