@@ -305,7 +305,12 @@ def test_vllm_omni_refusals_name_the_field_path():
             read_vllm_omni({"prompt": "p", **form})
         return refused.value.path, str(refused.value)
 
-    assert error({"lora": "x"}) == ("lora", "lora: LoRA is not served yet")
+    assert error({"lora": '[{"name": "x", "path": "/a.safetensors"}]'}) == (  # no path from a request
+        "lora",
+        "lora: lora entry {'name': 'x', 'path': '/a.safetensors'} is not an object of 'name' and optional 'scale' "
+        "(unknown: ['path'])",
+    )
+    assert read_vllm_omni({"prompt": "p", "lora": '[{"name": "turbo", "scale": 0.5}]'}).lora == (("turbo", 0.5),)
     assert error({"input_references": [FIRST, LAST], "extra_params": '{"frame_indices": [0, 0]}'}) == (
         "extra_params.frame_indices",
         "extra_params.frame_indices: KEYFRAME_INDICES [0, 0] repeats a frame: "
