@@ -307,8 +307,9 @@ def test_bad_input_is_refused_and_harms_nothing(server, client, reference, kind)
 
 
 FIELD_NAMES = (
-    "['audio_sigmas', 'conditions', 'encode_seconds', 'geometry', 'height', 'num_frames', 'num_inference_steps', "
-    "'num_outputs', 'outside_training', 'received_unix_s', 'seed', 'task', 'video_sigmas', 'vision_spans', 'width'], "
+    "['audio_sigmas', 'conditions', 'encode_seconds', 'geometry', 'height', 'lora', 'num_frames', "
+    "'num_inference_steps', 'num_outputs', 'outside_training', 'received_unix_s', 'seed', 'task', 'video_sigmas', "
+    "'vision_spans', 'width'], "
     "or 'cancel_request_id' alone (a cancel request)"
 )
 NO_TEXT = np.zeros((1, 0, 0), dtype=np.float32)  # the TEXT_EMBEDS of a cancel request (client.api.H3Client.cancel)

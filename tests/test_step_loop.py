@@ -228,8 +228,8 @@ def test_an_unexpected_admission_error_refuses_only_that_request(engine, caplog,
         (
             [b'{"colour": 1}'],
             "REQUEST field 'colour' is unknown; allowed: ['audio_sigmas', 'conditions', 'encode_seconds', 'geometry', "
-            "'height', 'num_frames', 'num_inference_steps', 'num_outputs', 'outside_training', 'received_unix_s', "
-            "'seed', 'task', 'video_sigmas', 'vision_spans', 'width'], or "
+            "'height', 'lora', 'num_frames', 'num_inference_steps', 'num_outputs', 'outside_training', "
+            "'received_unix_s', 'seed', 'task', 'video_sigmas', 'vision_spans', 'width'], or "
             "'cancel_request_id' alone (a cancel request)",
         ),
         ([b'{"received_unix_s": -1}'], "received_unix_s=-1 is out of range: allowed finite >= 0 seconds"),
