@@ -21,7 +21,8 @@ from h3_core.config import get_config
 from h3_core.model.lora import part_rank
 from h3_core.protocol import LORA_CONTROLS, lora_list, read_lora_control
 from h3_core.rules import InvalidRequest
-from h3_core.serving.shared.lora_control import lora_setting
+from h3_core.serving.shared.lora_control import lora_control, lora_listing, lora_setting
+from h3_core.serving.shared.registry import Registry
 from h3_core.serving.shared.settings import DitSettings
 from h3_core.weights.lora_formats import lora_targets, read_lora, reserve_bytes
 from server.sizing import lora_bytes
@@ -142,6 +143,36 @@ def test_rank_and_reserve_follow_the_targets(tmp_path):
     assert lora_bytes(h3, DitSettings(max_loras=2)) == 2 * 3_232_595_968
     assert lora_bytes(h3, DitSettings(loras="turbo=t.safetensors", max_lora_rank=64)) == 3_232_595_968 // 2
     assert lora_bytes(h3, DitSettings()) == 0
+
+
+def test_a_control_answers_pending_instances_and_takes_back_a_load_every_instance_refused(tmp_path):
+    dit, control = Registry(tmp_path, "h3_dit_0"), Registry(tmp_path)  # a DiT instance, h3_cancel
+    answer = lora_control(control, "lora_load", "a", "/x.safetensors", wait_s=0)
+    assert answer == {
+        "kind": "lora",
+        "action": "lora_load",
+        "name": "a",
+        "instances": {"h3_dit_0": {"state": "pending"}},
+    }
+    assert dit.wanted_loras() == (1, {"a": "/x.safetensors"})
+
+    def refuse(_seconds):  # the instance reconciles while the control waits
+        dit.report_lora("b", dit.lora_version(), {"state": "failed", "message": "no room"})
+
+    with pytest.raises(ValueError, match=r"^no room$"):
+        lora_control(control, "lora_load", "b", "/y.safetensors", sleep=refuse)
+    assert dit.wanted_loras() == (3, {"a": "/x.safetensors"})  # b's entry taken back
+    dit.report_lora("a", 1, {"state": "loaded", "rank": 4, "targets": 2, "bytes": 64})
+    assert lora_listing(control)["adapters"] == [
+        {
+            "name": "a",
+            "path": "/x.safetensors",
+            "rank": 4,
+            "targets": 2,
+            "bytes": 64,
+            "instances": {"h3_dit_0": {"state": "loaded", "rank": 4, "targets": 2, "bytes": 64, "version": 1}},
+        }
+    ]
 
 
 # Through a real tritonserver.
