@@ -370,6 +370,7 @@ def read_request_file(parser: argparse.ArgumentParser, args: argparse.Namespace)
     arguments = request.generate_arguments()  # H3Client.generate's, by the one request model
     arguments["steps"] = arguments.pop("num_inference_steps")
     arguments.pop("num_outputs")  # --num-outputs stays a flag (SGLang's H3 has no outputs field)
+    arguments.pop("lora")  # --lora too (SGLang's H3 has no lora field)
     vars(args).update(arguments)
 
 

@@ -105,6 +105,10 @@ def test_cli_lora_flags_compose_in_order(tmp_path, capsys):
     with pytest.raises(SystemExit):
         parse_args(["--prompt", "x", "--out", str(tmp_path / "a.mp4"), "--lora", "turbo:9"])
     assert "argument --lora: must be NAME[:SCALE]" in capsys.readouterr().err
+    request = tmp_path / "sglang.json"  # SGLang's H3 JSON has no lora field: --lora stays
+    request.write_text('{"task": "t2va", "prompt": "p"}')
+    args = parse_args(["--request", str(request), "--out", str(tmp_path / "b.mp4"), "--lora", "style:2"])
+    assert (args.prompt, args.lora) == ("p", [("style", 2.0)])
 
 
 def test_settings_and_control_requests_are_checked():
