@@ -40,6 +40,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from h3_core.serving.shared.lora_control import lora_setting
 from h3_core.serving.shared.settings import CONTROL_SLOTS, DitSettings, EncoderSettings, VaeSettings
 from h3_core.weights.checkpoint import (
     AUDIO_VAE_FILE,
@@ -247,7 +248,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _plan_from_args(args: argparse.Namespace) -> Repository:
     """plan() for parsed CLI options: device auto resolved, GPUs and the machine probed unless
-    --unsized, a relative --checkpoint read against the current directory."""
+    --unsized, a relative --checkpoint, encoder path or h3_dit loras path read against the current
+    directory."""
     device, gpus = args.device or "cpu", []
     if device == "auto":
         import torch
@@ -268,6 +270,9 @@ def _plan_from_args(args: argparse.Namespace) -> Repository:
     for key in ("encoder_path", "tokenizer_path"):  # the h3_encoder stub reads them against its own directory
         if encoder.get(key):
             encoder[key] = str(Path(encoder[key]).resolve())
+    dit = overrides.get(DitSettings.MODEL, {})
+    if dit.get("loras"):  # the h3_dit stub reads a relative path against the folder above its repository
+        dit["loras"] = ",".join(f"{name}={Path(path).resolve()}" for name, path in lora_setting(dit["loras"]).items())
     machine = None if args.unsized else sizing.probe(gpus)
     return plan(
         args.config or "tiny",

@@ -134,6 +134,17 @@ def test_settings_and_control_requests_are_checked():
     assert set(LORA_CONTROLS) == {"lora_load", "lora_unload", "lora_list"}
 
 
+def test_the_writer_reads_lora_paths_against_the_current_directory(tmp_path, monkeypatch, capsys):
+    from server.repository import main
+
+    monkeypatch.chdir(tmp_path)  # as `--set h3_dit.loras=...` through server.launch or server.repository
+    assert main([str(tmp_path / "repo"), "--unsized", "--set", "h3_dit.loras=turbo=weights/t.safetensors"]) == 0
+    text = (tmp_path / "repo" / "h3_dit" / "config.pbtxt").read_text()
+    assert f'{{ key: "loras" value: {{ string_value: "turbo={tmp_path}/weights/t.safetensors" }} }}' in text
+    assert main([str(tmp_path / "bad"), "--unsized", "--set", "h3_dit.loras=turbo"]) == 2
+    assert capsys.readouterr().err.startswith("python -m server.repository: h3_dit parameter loras='turbo' is not")
+
+
 def test_rank_and_reserve_follow_the_targets(tmp_path):
     adapter = read_lora(write_adapter(tmp_path / "a.safetensors", 1, rank=6), CFG)
     assert part_rank(adapter) == 6  # mlp.fc2's 6; qkv_proj's 6 rows are 2 per part
