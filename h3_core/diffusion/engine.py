@@ -16,9 +16,9 @@ import torch
 
 from ..config import AUDIO_LATENT_CHANNELS, ROW_ALIGN, VIDEO_LATENT_CHANNELS, align_num_frames
 from ..model import H3DiT
+from ..model.preview import RANDOM_PREVIEW, PreviewMap
 from ..model.reference_kv import ReferenceKV, ReferencePlan, bytes_per_reference_row
 from ..model.reference_kv import forward as reference_forward
-from ..model.preview import RANDOM_PREVIEW, PreviewMap
 from ..model.vae import AudioVAE, VideoVAE, decode_clip
 from ..rules import InvalidRequest, check_task
 from . import layout as L
@@ -216,8 +216,9 @@ class Engine:
         layout.check_conditions; `rows` when the padded row count exceeds limits.max_rows;
         `memory` when request_memory_mb exceeds limits.max_request_mb; `text_embeds` for a wrong
         width; `ref_kv_refresh` above 1 when the DiT runs sequence-parallel). ref_kv_refresh
-        applies only to a request with references (RequestLayout.reference_span). With the DiT's AdaLN weights in host memory (adaln_weights = host) the AdaLN table
-        fills the request's whole schedule here, in one pass (schedule_timesteps, AdaLNTable.prefill).
+        applies only to a request with references (RequestLayout.reference_span). With the DiT's
+        AdaLN weights in host memory (adaln_weights = host) the AdaLN table fills the request's
+        whole schedule here, in one pass (schedule_timesteps, AdaLNTable.prefill).
         """
         validate_request(request, self.limits)
         conditions = L.order_conditions(conditions)
