@@ -141,7 +141,7 @@ def request_memory_mb(
     (256 x 256 x 121 frames, one output, 2816 rows; 3072 with a 256-token prompt) needs
     25 + 1240 = 1265 MiB (1267). reference_kv_bytes: what its reference key / value caches keep
     (ref_kv_refresh > 1: reference rows x outputs x h3_core.model.reference_kv.bytes_per_reference_row,
-    2 KiB a row for tiny, 1.31 MiB for H3 in bf16). bytes_per_row_and_width: the DiT's activation bytes per packed
+    2 KiB a row for tiny, 1.37 MiB for H3 in bf16). bytes_per_row_and_width: the DiT's activation bytes per packed
     row and unit of hidden_size; the default is the CPU float32 measurement, the one
     Engine.prepare applies (server.sizing plugs in a GPU figure)."""
     total = bytes_per_row_and_width * rows * hidden_size + DECODE_BYTES_PER_VOXEL * height * width * align_num_frames(

@@ -30,7 +30,7 @@ MAX_REF_KV_REFRESH = 16  # the largest k a server may allow (h3_dit max_ref_kv_r
 
 def bytes_per_reference_row(cfg: DiTConfig) -> int:
     """Bytes a ReferenceKV keeps per reference row: num_layers x 2 x attn_width x dtype bytes
-    (tiny float32: 2 x 2 x 128 x 4 = 2,048; H3 bf16: 48 x 2 x 7,168 x 2 = 1,376,256)."""
+    (tiny float32: 2 x 2 x 128 x 4 = 2,048; H3 bf16: 50 x 2 x 7,168 x 2 = 1,433,600)."""
     return cfg.num_layers * 2 * cfg.attn_width * torch.tensor([], dtype=cfg.torch_dtype).element_size()
 
 
