@@ -28,6 +28,28 @@ from .packed import PackedBatch
 MAX_REF_KV_REFRESH = 16  # the largest k a server may allow (h3_dit max_ref_kv_refresh)
 
 
+def check_refresh(ref_kv_refresh: int, max_ref_kv_refresh: int, sp_degree: int) -> None:
+    """h3_dit's rules (h3_core.serving.shared.settings.DitSettings): 1 <= max_ref_kv_refresh <=
+    MAX_REF_KV_REFRESH (1 by default: off unless the server allows it, since above 1 server.sizing
+    counts a cache for every held request), 1 <= ref_kv_refresh <= max_ref_kv_refresh, and
+    ref_kv_refresh 1 unless sp_degree is 1 (a request's k above 1 is refused there too). Raises
+    ValueError naming the parameter and the allowed range."""
+    if not 1 <= max_ref_kv_refresh <= MAX_REF_KV_REFRESH:
+        raise ValueError(
+            f"h3_dit parameter max_ref_kv_refresh={max_ref_kv_refresh} is out of range: allowed 1..{MAX_REF_KV_REFRESH}"
+        )
+    if not 1 <= ref_kv_refresh <= max_ref_kv_refresh:
+        raise ValueError(
+            f"h3_dit parameter ref_kv_refresh={ref_kv_refresh} is out of range: allowed "
+            f"1..{max_ref_kv_refresh} (max_ref_kv_refresh)"
+        )
+    if ref_kv_refresh > 1 and sp_degree > 1:
+        raise ValueError(
+            f"h3_dit parameter ref_kv_refresh={ref_kv_refresh} needs sp_degree 1: reference reuse runs the DiT "
+            "in the instance's process"
+        )
+
+
 def bytes_per_reference_row(cfg: DiTConfig) -> int:
     """Bytes a ReferenceKV keeps per reference row: num_layers x 2 x attn_width x dtype bytes
     (tiny float32: 2 x 2 x 128 x 4 = 2,048; H3 bf16: 50 x 2 x 7,168 x 2 = 1,433,600)."""

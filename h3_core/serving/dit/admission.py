@@ -280,6 +280,7 @@ def parse(
         video_shift=parameters.get("flow_shift", DEFAULT_VIDEO_SHIFT),
         audio_shift=parameters.get("audio_flow_shift", DEFAULT_AUDIO_SHIFT),
         cache_threshold=cache_threshold,
+        ref_kv_refresh=parameters.get("ref_kv_refresh", settings.ref_kv_refresh),
         **values,
     )
     try:
