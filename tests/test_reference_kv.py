@@ -19,6 +19,8 @@ from h3_core.model.encoder import TextEncoder
 from h3_core.model.initialization import init_weights
 from h3_core.model.reference_kv import ReferenceKV, bytes_per_reference_row
 from h3_core.rules import InvalidRequest
+from h3_core.serving.shared.settings import DitSettings
+from server import sizing
 from tests.test_conditions import run_packs
 from tests.test_engine import REQUESTS, assert_same
 from tests.test_ref2va import ref2va
@@ -171,3 +173,31 @@ def test_refusals_and_memory():
     plain = request_memory_mb(64, 96, 22, 192, 96)
     assert request_memory_mb(64, 96, 22, 192, 96, reference_kv_bytes=3 * 2**20) == plain + 3
     assert bytes_per_reference_row(get_config("h3")) == 50 * 2 * 7168 * 2
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"max_ref_kv_refresh": 17}, "h3_dit parameter max_ref_kv_refresh=17 is out of range: allowed 1..16"),
+        ({"max_ref_kv_refresh": 0}, "h3_dit parameter max_ref_kv_refresh=0 is out of range: allowed 1..16"),
+        ({"ref_kv_refresh": 2}, "h3_dit parameter ref_kv_refresh=2 is out of range: allowed 1..1 (max_ref_kv_refresh)"),
+        (
+            {"ref_kv_refresh": 2, "max_ref_kv_refresh": 4, "sp_degree": 2},
+            "h3_dit parameter ref_kv_refresh=2 needs sp_degree 1: reference reuse runs the DiT in the "
+            "instance's process",
+        ),
+    ],
+)
+def test_server_settings_are_checked(values, message):
+    with pytest.raises(ValueError) as error:
+        DitSettings(**values)
+    assert str(error.value) == message
+
+
+def test_server_settings_reach_the_limits_and_sizing():
+    """max_ref_kv_refresh becomes the request limit; with it above 1 every held request's rows
+    count bytes_per_reference_row (tiny: 2,048 B) in server.sizing, beside the step caches."""
+    settings = DitSettings(ref_kv_refresh=2, max_ref_kv_refresh=4)
+    assert settings.limits().max_ref_kv_refresh == 4 and DitSettings().limits().max_ref_kv_refresh == 1
+    assert sizing.held_cache_bytes_per_row(12, step_cache=True, reference_row_bytes=2048) == 12 * (768 + 2048)
+    assert sizing.held_cache_bytes_per_row(12, step_cache=False) == 0
