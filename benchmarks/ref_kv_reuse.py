@@ -31,6 +31,7 @@ import argparse
 import dataclasses
 import datetime
 import json
+import os
 import platform
 import statistics
 import sys
@@ -270,6 +271,11 @@ def bench(args) -> dict:
     return results
 
 
+def cpu_name() -> str:
+    """This CPU, as the other CPU results name theirs."""
+    return f"the {os.cpu_count()}-core development CPU ({platform.machine()}, OMP threads {torch.get_num_threads()})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=("demo", "bench"), default="demo")
@@ -281,9 +287,11 @@ def main() -> None:
     args.steps = args.steps or (8 if args.model == "demo" else 30)
     results = {
         "what": "reference rows' keys and values reused every k steps: drift, step time, quality against k = 1",
-        "command": " ".join(["python benchmarks/ref_kv_reuse.py", *sys.argv[1:]]),
+        "command": " ".join(
+            ["OMP_NUM_THREADS=1" if args.model == "demo" else "", "python benchmarks/ref_kv_reuse.py", *sys.argv[1:]]
+        ).strip(),
         "date": datetime.date.today().isoformat(),
-        "device": torch.cuda.get_device_name() if args.model == "bench" else platform.processor() or "cpu",
+        "hardware": torch.cuda.get_device_name() if args.model == "bench" else cpu_name(),
         "model": args.model,
         "steps": args.steps,
         "torch": torch.__version__,
