@@ -15,10 +15,11 @@ accuracy (training.evaluate.report) against k = 1's. The demo's references are s
 requests whose references are most of their rows (large_references).
 --model bench (CUDA): the bench DiT (the full H3 width, 8 layers, bf16, compiled blocks, weights
 random:0) on one 672 x 384 px, 209-frame ref2va request whose references (a video of the same
-canvas and length, an image, a 348-latent tone) are over half its rows (32,901 of 33,024 used
+canvas and length, an image, a 348-latent tone) are over half its rows (16,572 of 32,901 used
 rows); per k the median step time over --steps steps of a whole run (refresh and reuse steps
 alternate, so the mean step is what a request sees) and the latents' relative error and cosine
-against k = 1 (no VAE: the bench DiT has random weights).
+against k = 1 (no VAE: the bench DiT has random weights). Without CUDA it runs the tiny DiT on
+smaller shapes instead (BENCH_SHAPES), as a smoke test (tests/test_reference_kv.py).
 
 Both: per block, the relative drift of the reference rows' keys and values along the exact
 (k = 1) trajectory, ||X_s - X_r|| / ||X_r|| with r the last refresh step before s for k of KS
@@ -74,32 +75,34 @@ def reference_drift(engine, states: list, ks=KS) -> dict:
     """Run `states` (ref2va, prepared) to completion exactly (EveryStep caches) and return per k
     of ks {"keys": [per block {"mean", "max"}], "values": [...]} of the relative drift of every
     state's reference keys / values at step s from those of its last refresh step s - s % k, over
-    the steps with s % k != 0 and the states."""
-    history: dict[int, list] = {id(s): [] for s in states}
+    the steps with s % k != 0 and the states. Measured as the run goes, keeping one refresh's
+    keys and values per state and k (not every step's: the bench DiT's are 3.8 GB a step)."""
+    layers = engine.dit.cfg.num_layers
+    refreshed: dict[tuple[int, int], tuple] = {}  # (state, k) -> its last refresh's (keys, values)
+    drift = {k: [[[] for _ in range(layers)] for _ in range(2)] for k in ks}  # k -> [keys, values][layer]
     for state in states:
         state.reference_kv = EveryStep(refresh=2)
 
-    def keep(step, pack, velocities):
+    def measure(step, pack, velocities):
         for state in pack:
-            history[id(state)].append((list(state.reference_kv.keys), list(state.reference_kv.values)))
+            now = (state.reference_kv.keys, state.reference_kv.values)  # this step's lists (keep replaces them)
+            for k in ks:
+                if step % k == 0:
+                    refreshed[id(state), k] = now
+                    continue
+                for index in range(2):
+                    for layer in range(layers):
+                        then = refreshed[id(state), k][index][layer]
+                        drift[k][index][layer].append(relative(now[index][layer], then))
 
-    engine.run_to_completion(states, on_step=keep)
-    layers = engine.dit.cfg.num_layers
-    drift = {}
-    for k in ks:
-        drift[str(k)] = {}
-        for index, name in enumerate(("keys", "values")):
-            per_layer = []
-            for layer in range(layers):
-                values = [
-                    relative(steps[s][index][layer], steps[s - s % k][index][layer])
-                    for steps in history.values()
-                    for s in range(len(steps))
-                    if s % k
-                ]
-                per_layer.append({"mean": round(statistics.fmean(values), 5), "max": round(max(values), 5)})
-            drift[str(k)][name] = per_layer
-    return drift
+    engine.run_to_completion(states, on_step=measure)
+    return {
+        str(k): {
+            name: [{"mean": round(statistics.fmean(v), 5), "max": round(max(v), 5)} for v in drift[k][index]]
+            for index, name in enumerate(("keys", "values"))
+        }
+        for k in ks
+    }
 
 
 def with_refresh(states: list, k: int) -> list:
@@ -215,8 +218,16 @@ def large_references(engine, steps: int, runs: int = 5) -> dict:
     return result
 
 
+# --model bench: (config, height, width, frames, reference video latent [T, h, w], reference tone
+# latents) on CUDA, and the CPU smoke test's tiny stand-in (references 128 of 253 used rows)
+BENCH_SHAPES = {"cuda": ("bench", 384, 672, 209, (62, 24, 42), 348), "cpu": ("tiny", 64, 96, 22, (7, 4, 6), 40)}
+
+
 def bench(args) -> dict:
-    """--model bench (module docstring)."""
+    """--model bench (module docstring); on a machine without CUDA the tiny DiT on smaller shapes
+    (BENCH_SHAPES["cpu"]), a smoke test."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    config, height, width, frames, video, tone = BENCH_SHAPES[device]
     use_bitwise_cublas()
     limits = RequestLimits(
         max_height=1024,
@@ -226,44 +237,49 @@ def bench(args) -> dict:
         max_request_mb=2**30,
         max_ref_kv_refresh=max(KS),
     )
-    engine = load_engine("bench", "random:0", "cuda", with_encoder=False, with_vaes=False, limits=limits)
+    engine = load_engine(config, "random:0", device, with_encoder=False, with_vaes=False, limits=limits)
     engine.warm_up()
     g = torch.Generator().manual_seed(0)
     text = torch.randn(9, engine.dit.cfg.text_dim, generator=g)
     references = [
-        Condition("video", 0, torch.randn(24, 62, 24, 42, generator=g)),
-        Condition("image", 0, torch.randn(24, 1, 24, 42, generator=g)),
-        Condition("audio", 0, None, torch.randn(2, 32, 348, generator=g)),
+        Condition("video", 0, torch.randn(24, *video, generator=g)),
+        Condition("image", 0, torch.randn(24, 1, *video[1:], generator=g)),
+        Condition("audio", 0, None, torch.randn(2, 32, tone, generator=g)),
     ]
-    request = GenerationRequest("bench", 384, 672, 209, args.steps, seed=0, task="ref2va")
+    request = GenerationRequest("bench", height, width, frames, args.steps, seed=0, task="ref2va")
 
     def prepared(k: int):
         return with_refresh(engine.prepare(dataclasses.replace(request, ref_kv_refresh=k), text, references), k)
 
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+
     example = prepared(1)[0]
     start, end = example.layout.reference_span
-    results = {"reference_rows": end - start, "used": example.layout.used, "rows": example.layout.seq_len}
+    results = {"config": config, "reference_rows": end - start, "used": example.layout.used}
+    results["rows"] = example.layout.seq_len
     results["drift"] = reference_drift(engine, prepared(1))
     finals, step_s = {}, {}
     for k in (1, *KS):
         times = []
 
         def timing(step, pack, velocities, times=times):
-            torch.cuda.synchronize()
+            sync()
             times.append(time.perf_counter())
 
-        torch.cuda.synchronize()
+        sync()
         begin = time.perf_counter()
         (state,) = engine.run_to_completion(prepared(k), on_step=timing)
-        torch.cuda.synchronize()
+        sync()
         steps = [b - a for a, b in zip([begin, *times], times, strict=False)]
         step_s[str(k)] = round(statistics.fmean(steps[1:]), 5)  # the first step also pays warm-up
         finals[str(k)] = state.video_latents.float().cpu()
     results["step_s"] = step_s
     results["latent_error"] = {
         str(k): {
-            "relative": round(relative(finals[str(k)], finals["1"]), 5),
-            "cosine": round(float(cosine(finals[str(k)], finals["1"])), 6),
+            "relative": float(f"{relative(finals[str(k)], finals['1']):.4g}"),
+            "cosine": round(cosine(finals[str(k)], finals["1"]), 9),
         }
         for k in KS
     }
@@ -291,7 +307,7 @@ def main() -> None:
             ["OMP_NUM_THREADS=1" if args.model == "demo" else "", "python benchmarks/ref_kv_reuse.py", *sys.argv[1:]]
         ).strip(),
         "date": datetime.date.today().isoformat(),
-        "hardware": torch.cuda.get_device_name() if args.model == "bench" else cpu_name(),
+        "hardware": torch.cuda.get_device_name() if torch.cuda.is_available() else cpu_name(),
         "model": args.model,
         "steps": args.steps,
         "torch": torch.__version__,

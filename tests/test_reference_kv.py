@@ -4,6 +4,7 @@ reuse steps leave its reference rows out of the pack and equal a full forward wh
 and values are the cached ones; solo == co-batched (with t2va and with a ref2va request at another
 step) bitwise; a t2va request is unaffected; the cache is freed on finish and cancel; refusals."""
 
+import argparse
 import dataclasses
 
 import pytest
@@ -201,3 +202,22 @@ def test_server_settings_reach_the_limits_and_sizing():
     assert settings.limits().max_ref_kv_refresh == 4 and DitSettings().limits().max_ref_kv_refresh == 1
     assert sizing.held_cache_bytes_per_row(12, step_cache=True, reference_row_bytes=2048) == 12 * (768 + 2048)
     assert sizing.held_cache_bytes_per_row(12, step_cache=False) == 0
+
+
+def test_bench_measurement_runs_on_the_cpu():
+    """benchmarks/ref_kv_reuse.py --model bench without CUDA: the tiny DiT, a 64 x 96 px request
+    whose references (a 7 x 4 x 6 latent video: 42 rows, an image: 6, a 40-latent tone: 80) are 128
+    of its 253 used rows. Block 1's reference keys and values never drift (their input and
+    timestep, 0.999 and 1, are fixed); block 2's do; k = 2 and 4 move the latents, k = 4 further."""
+    from benchmarks import ref_kv_reuse
+
+    results = ref_kv_reuse.bench(argparse.Namespace(steps=4))
+    assert (results["config"], results["reference_rows"], results["used"], results["rows"]) == ("tiny", 128, 253, 256)
+    for k in ("2", "4"):
+        for name in ("keys", "values"):
+            first, second = results["drift"][k][name]
+            assert first == {"mean": 0.0, "max": 0.0} and second["max"] > 0
+    errors = results["latent_error"]
+    assert 0 < errors["2"]["relative"] < errors["4"]["relative"] and 0.99 < errors["4"]["cosine"] <= 1
+    assert sorted(results["step_s"]) == ["1", "2", "4"]
+    assert sorted(results["summary"]) == ["ref_kv_reuse_2_speedup", "ref_kv_reuse_4_speedup"]
