@@ -444,7 +444,7 @@ def ref_kv_reuse(name: str) -> Callable[[Path], str]:
             large, rows = document["large_references"], document["reference_rows"]
             lines += [
                 f"| k | step s, demo refs ({rows['image']} of {rows['used']} rows) |"
-                f" step s, large refs ({large['reference_rows']} of {large['used']} rows) | rows a step "
+                f" step s, large refs ({large['reference_rows']} of {large['used']} rows) | rows a step, large refs "
                 "| SSIM min / mean | PSNR min / mean dB | audio SNR min dB | attribute accuracy unchanged |",
                 "|---:|---:|---:|---:|---|---|---:|---|",
             ]

@@ -24,8 +24,8 @@ smaller shapes instead (BENCH_SHAPES), as a smoke test (tests/test_reference_kv.
 Both: per block, the relative drift of the reference rows' keys and values along the exact
 (k = 1) trajectory, ||X_s - X_r|| / ||X_r|| with r the last refresh step before s for k of KS
 (mean and max over the steps), read from every step's keys and values (reference_drift).
-Writes --out with "summary": ref_kv_reuse_<k>_speedup (k = 1's step time / k's) and
-ref_kv_reuse_<k>_ssim (demo: min over clips; bench: none).
+Writes --out with "summary": ref_kv_reuse_<k>_speedup (k = 1's step time / k's; demo: of
+large_references) and ref_kv_reuse_<k>_ssim (demo: min over clips; bench: none).
 """
 
 import argparse
@@ -177,11 +177,18 @@ def demo(args) -> dict:
         }
         for k, q in quality.items()
     }
-    results["summary"] = {
-        **{f"ref_kv_reuse_{k}_speedup": round(results["step_s"]["1"] / results["step_s"][str(k)], 3) for k in KS},
+    results["summary"] = summary(results)
+    return results
+
+
+def summary(results: dict) -> dict:
+    """The demo's summary: the speedups of large_references (the demo's own references, 6 of 138
+    rows, leave its 192 padded rows unchanged: its step times differ by the machine's noise only)
+    and the smallest SSIM of each k."""
+    return {
+        **{f"ref_kv_reuse_{k}_speedup": results["large_references"]["speedup"][str(k)] for k in KS},
         **{f"ref_kv_reuse_{k}_ssim": results["quality"][str(k)]["ssim_min"] for k in KS},
     }
-    return results
 
 
 def large_references(engine, steps: int, runs: int = 5) -> dict:
