@@ -221,3 +221,39 @@ def test_bench_measurement_runs_on_the_cpu():
     assert 0 < errors["2"]["relative"] < errors["4"]["relative"] and 0.99 < errors["4"]["cosine"] <= 1
     assert sorted(results["step_s"]) == ["1", "2", "4"]
     assert sorted(results["summary"]) == ["ref_kv_reuse_2_speedup", "ref_kv_reuse_4_speedup"]
+
+
+def test_step_loop_reuses_on_request_and_frees_the_cache_of_a_cancelled_request(model):
+    """Through h3_dit's StepLoop with max_ref_kv_refresh 4: a ref2va request sending
+    ref_kv_refresh 2 ends with the latents of its engine-level k = 2 run (and not k = 1's); a
+    second one, cancelled after two steps, leaves no cache held (StepLoop.drop)."""
+    from h3_core.serving.dit.events import Result
+    from h3_core.serving.encoder.conditioning import wire_conditions
+    from tests.step_loop_harness import Client, make_loop
+
+    request, conditions = R2
+    text = model.encode_prompt(request.prompt)
+    expected = solo(model, with_refresh(R2, 2))
+    latents, entries = wire_conditions(conditions)
+    shape = dict(height=32, width=64, num_frames=9, conditions=entries, task="ref2va")
+    held = ReferenceKV.held
+    client = Client(make_loop(model, max_ref_kv_refresh=4))
+    for request_id in ("kept", "cancelled"):
+        client.send(
+            request_id,
+            5,
+            32,
+            parameters={"ref_kv_refresh": 2},
+            text_embeds=text[None].numpy(),
+            condition_latents=latents,
+            **shape,
+        )
+    client.iterate()
+    client.iterate()
+    assert ReferenceKV.held == held + 2
+    client.cancel("cancelled")
+    client.run()
+    (result,) = client.of("kept", Result)
+    assert torch.equal(result.video_latent, L.unpatchify_video(expected.video_latents, expected.layout))
+    assert not torch.equal(result.video_latent, L.unpatchify_video(solo(model, R2).video_latents, expected.layout))
+    assert client.of("cancelled", Result) == [] and ReferenceKV.held == held
