@@ -231,15 +231,17 @@ def forward(
     drops every condition row's output). `dit` must be an H3DiT (its embed_rows and transformer)."""
     pack = compact_pack(batch, plans)
     timesteps, inverse, rows = dit.device_batch(pack.batch)
-    keep_video, keep_audio = pack.keep_video.to(video.device), pack.keep_audio.to(audio.device)
+    # the kept input rows as indices made on the CPU: no read-back of a device mask
+    keep_video = pack.keep_video.nonzero().squeeze(1).to(video.device)
+    keep_audio = pack.keep_audio.nonzero().squeeze(1).to(audio.device)
     e = dit.embed_rows(video[keep_video], audio[keep_audio], text, timesteps, inverse, rows)
     attention = ReferenceAttention(dit.attention, pack.captures, pack.reuses)
     video_out, audio_out = dit.transformer(
         e.x, e.t_emb, e.mod_index, e.timestep_index, attention, rows.documents, rows.rope
     )
     attention.commit()
-    video_full = video_out.new_zeros(keep_video.shape[0], video_out.shape[1])
-    audio_full = audio_out.new_zeros(keep_audio.shape[0], audio_out.shape[1])
-    video_full[keep_video] = video_out[rows.video_rows]
-    audio_full[keep_audio] = audio_out[rows.audio_rows]
+    video_full = video_out.new_zeros(pack.keep_video.shape[0], video_out.shape[1])
+    audio_full = audio_out.new_zeros(pack.keep_audio.shape[0], audio_out.shape[1])
+    video_full.index_copy_(0, keep_video, video_out[rows.video_rows])
+    audio_full.index_copy_(0, keep_audio, audio_out[rows.audio_rows])
     return video_full, audio_full
