@@ -180,6 +180,7 @@ REQUEST_PARAMETERS = {
     "flow_shift": (int, float),
     "audio_flow_shift": (int, float),
     "cache_threshold": (int, float),  # its range: h3_dit's max_cache_threshold (validate_request)
+    "ref_kv_refresh": (int,),  # its range: h3_dit's max_ref_kv_refresh (validate_request)
 }
 RESERVED_PARAMETERS = ("priority", "timeout")
 # inject_fault (tests only; h3_core.serving.dit.admission.check_fault lists every value) acting in

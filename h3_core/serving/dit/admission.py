@@ -292,6 +292,7 @@ def parse(
         audio_shift=parameters.get("audio_flow_shift", DEFAULT_AUDIO_SHIFT),
         cache_threshold=cache_threshold,
         **sigmas,
+        ref_kv_refresh=parameters.get("ref_kv_refresh", settings.ref_kv_refresh),
         **values,
     )
     try:

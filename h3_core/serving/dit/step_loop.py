@@ -558,7 +558,10 @@ class StepLoop:
             self.admission.remember_dropped(job.key, job.request_id, dropped)
 
     def drop(self, job: LiveJob, status: Status) -> None:
-        """Remove the job from this loop (the registry already knows it left)."""
+        """Remove the job from this loop (the registry already knows it left) and free its states'
+        reference key / value caches (h3_core.model.reference_kv)."""
         job.status = status
+        for state in job.states:
+            state.reference_kv.clear()
         self.scheduler.remove(job)
         del self.jobs[job.key]
