@@ -4,10 +4,9 @@ import secrets
 from dataclasses import dataclass
 
 from ..config import CANVAS_MULTIPLE, FPS, align_num_frames, max_requested_frames
-from ..rules import InvalidRequest, check_prompt, check_prompt_bytes
+from ..rules import INT64_MAX, InvalidRequest, check_in_range, check_prompt, check_prompt_bytes
 from .sampling import DEFAULT_AUDIO_SHIFT, DEFAULT_VIDEO_SHIFT
 
-INT64_MAX = 2**63 - 1
 # Peak memory one request adds, measured on the 2-core CPU in float32 with /proc VmHWM
 # (docs/reliability.md): a DiT step needs about 75-88 bytes per packed row and unit of
 # hidden_size (tiny 8.5 KB/row, small 29 KB/row); the video VAE decode about 144 bytes per
@@ -56,11 +55,6 @@ class GenerationRequest:
     cache_threshold: float = 0.0  # step cache (h3_core.diffusion.step_cache); 0 = every step computed
 
 
-def _check_range(field: str, value, low, high) -> None:
-    if not (low <= value <= high):
-        raise InvalidRequest(field, f"{field}={value} is out of range: allowed {low}..{high}")
-
-
 def check_canvas(height: int, width: int, num_frames: int, limits: RequestLimits) -> None:
     """Raise InvalidRequest naming the field, the value and the allowed range unless height and
     width (pixels) are multiples of CANVAS_MULTIPLE in CANVAS_MULTIPLE..the maxima and the clip
@@ -98,10 +92,10 @@ def validate_request(request: GenerationRequest, limits: RequestLimits) -> None:
     check_prompt(request.prompt)
     check_prompt_bytes(len(request.prompt.encode("utf-8")), limits.max_prompt_bytes)
     check_canvas(request.height, request.width, request.num_frames, limits)
-    _check_range("num_inference_steps", request.num_inference_steps, 1, limits.max_steps)
-    _check_range("num_outputs", request.num_outputs, 1, limits.max_outputs)
+    check_in_range("num_inference_steps", request.num_inference_steps, 1, limits.max_steps)
+    check_in_range("num_outputs", request.num_outputs, 1, limits.max_outputs)
     if request.seed is not None:
-        _check_range("seed", request.seed, 0, INT64_MAX - (request.num_outputs - 1))
+        check_in_range("seed", request.seed, 0, INT64_MAX - (request.num_outputs - 1))
     for field in ("video_shift", "audio_shift"):
         if not getattr(request, field) > 0:
             raise InvalidRequest(field, f"{field}={getattr(request, field)} is out of range: allowed > 0")
