@@ -210,7 +210,10 @@ def check_task(task: str, kinds: list[str]) -> str:
     core's rule (h3_core.rules.check_task); returns it. Its refusals in the wire's words: raises
     ValueError naming TASK for a task not in TASKS, t2va with conditions, fl2va without
     KEYFRAMES or with anything else, ref2va without guides or references or with KEYFRAMES."""
-    check_choice(TASK, task, TASKS)
+    try:
+        check_choice(TASK, task, TASKS)
+    except InvalidValue as error:  # the wire's words, a plain ValueError (the core's is InvalidRequest)
+        raise ValueError(str(error)) from error
     try:
         return check_task_rule(task, kinds)
     except InvalidRequest:
