@@ -16,6 +16,7 @@ from h3_core.rules import (
     InvalidValue,
     check_at_least,
     check_choice,
+    check_flow_shift,
     check_int64,
     check_integer,
     check_number,
@@ -192,6 +193,16 @@ def read_number(path: str, value, positive: bool = False) -> float:
     `positive`; h3_core.rules.check_number). Raises RequestError at `path`."""
     try:
         return check_number(path, value, text=True, low=0, strict=positive)
+    except InvalidValue as error:
+        raise at_path(path, error) from error
+
+
+def read_shift(path: str, value) -> float:
+    """A sigma schedule's shift (a number, or a form's decimal text) in
+    rules.MIN_FLOW_SHIFT..MAX_FLOW_SHIFT (h3_core.rules.check_flow_shift, the server's rule too).
+    Raises RequestError at `path`."""
+    try:
+        return check_flow_shift(path, check_number(path, value, text=True))
     except InvalidValue as error:
         raise at_path(path, error) from error
 

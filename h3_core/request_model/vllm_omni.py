@@ -22,6 +22,7 @@ from .request import (
     read_number,
     read_object,
     read_prompt,
+    read_shift,
     read_task,
 )
 
@@ -132,9 +133,9 @@ def read_vllm_omni(form: Mapping) -> VideoRequest:
         request["num_outputs"] = read_integer("num_outputs_per_prompt", form["num_outputs_per_prompt"])
         paths["num_outputs"] = "num_outputs_per_prompt"
     if form.get("flow_shift") is not None:
-        request["flow_shift"] = read_number("flow_shift", form["flow_shift"], positive=True)
+        request["flow_shift"] = read_shift("flow_shift", form["flow_shift"])
         paths["flow_shift"] = "flow_shift"
     if extra.get("audio_flow_shift") is not None:
-        request["audio_flow_shift"] = read_number("extra_params.audio_flow_shift", extra["audio_flow_shift"], True)
+        request["audio_flow_shift"] = read_shift("extra_params.audio_flow_shift", extra["audio_flow_shift"])
         paths["audio_flow_shift"] = "extra_params.audio_flow_shift"
     return VideoRequest(**request, keyframes=tuple(keyframes), references=tuple(references), paths=paths)
