@@ -99,12 +99,7 @@ def validate_request(request: GenerationRequest, limits: RequestLimits) -> None:
     for field in ("video_shift", "audio_shift"):
         if not getattr(request, field) > 0:
             raise InvalidRequest(field, f"{field}={getattr(request, field)} is out of range: allowed > 0")
-    if not 0 <= request.cache_threshold <= limits.max_cache_threshold:
-        raise InvalidRequest(
-            "cache_threshold",
-            f"cache_threshold={request.cache_threshold} is out of range: allowed "
-            f"0..{limits.max_cache_threshold} (max_cache_threshold)",
-        )
+    check_in_range("cache_threshold", request.cache_threshold, 0, limits.max_cache_threshold, " (max_cache_threshold)")
     if request.fps != FPS:
         raise InvalidRequest("fps", f"fps={request.fps} is not supported: the model generates {FPS} fps")
 

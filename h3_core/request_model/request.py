@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 from h3_core import protocol
 from h3_core.rules import (
+    PROMPT_REQUIRED,
+    InvalidRequest,
     InvalidValue,
     check_at_least,
     check_choice,
@@ -228,8 +230,8 @@ def read_prompt(value) -> str:
     """The request's prompt, a str (h3_core.rules.check_prompt_sent); RequestError at "prompt"."""
     try:
         return check_prompt_sent(value)
-    except ValueError as error:
-        raise RequestError("prompt", str(error).removeprefix("prompt ")) from error
+    except InvalidRequest as error:
+        raise RequestError("prompt", PROMPT_REQUIRED) from error
 
 
 def read_task(path: str, value) -> str:
