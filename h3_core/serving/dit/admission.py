@@ -136,8 +136,7 @@ def read_conditions(arrival: Arrival, fields: dict) -> tuple[str, list[Condition
         unknown = sorted(set(entry) - set(CONDITION_FIELDS))
         if unknown:
             raise ValueError(f"{where} has unknown key {unknown[0]!r}; allowed: {list(CONDITION_FIELDS)}")
-        if not _is_int(entry.get("frame", 0)):
-            raise ValueError(f"{where} frame must be an integer, got {entry['frame']!r}")
+        _checked(check_integer, f"{where} frame", entry.get("frame", 0))
         for key, rank in (("video", 4), ("audio", 3)):
             if key in entry and not _shape(entry[key], rank):
                 raise ValueError(f"{where} {key} must be a shape of {rank} positive integers, got {entry[key]!r}")
