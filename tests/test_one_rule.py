@@ -22,6 +22,7 @@ from h3_core.request_model import RequestError, read_sglang, read_uri, read_vllm
 from h3_core.serving.dit.admission import parse
 from h3_core.serving.dit.events import Arrival
 from h3_core.serving.shared.settings import DitSettings
+from videos_api import formats
 from videos_api.fields import ApiError, parse_create
 
 INT64 = f"({-(2**63)}..{2**63 - 1})"
@@ -163,6 +164,12 @@ TABLE = {
     "is not allowed: allowed ['crop', 'pad', 'stretch']": [
         ("Triton request parameters", lambda: protocol.check_request_parameters('{"fit": "zoom"}'), ValueError,
          "fit='zoom' is not allowed: allowed ['crop', 'pad', 'stretch']", None),
+    ],
+    "is not served here; allowed: 'h3'": [
+        ("Videos API", lambda: api(model="sora-2"), ApiError,
+         "INVALID_ARG: model='sora-2' is not served here; allowed: 'h3'", "model"),
+        ("Videos API: SGLang's format", lambda: formats.read({"model": "sora-2", "target": {}}, False, "h3"), ApiError,
+         "INVALID_ARG: model: 'sora-2' is not served here; allowed: 'h3'", "model"),
     ],
     rules.PROMPT_REQUIRED: [
         ("request model: vLLM-Omni", lambda: read_vllm_omni({}), RequestError,

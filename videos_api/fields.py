@@ -286,6 +286,13 @@ def _seconds(value) -> float:
         raise refused(error, "seconds") from error
 
 
+def check_model(model, model_name: str) -> None:
+    """A create's `model`: absent or `model_name` (every request format's rule). Raises
+    rules.InvalidValue "is not served here; allowed: 'NAME'"."""
+    if model is not None and model != model_name:
+        raise rules.InvalidValue("model", model, f"is not served here; allowed: {model_name!r}")
+
+
 def parse_create(form: Mapping[str, object], model_name: str) -> tuple[dict, dict[str, list[bytes]]]:
     """The generation request of a POST /v1/videos body (JSON, or form_fields of a form) and its
     files: (request, media). request: {"prompt", "width", "height", "num_frames",
@@ -305,9 +312,10 @@ def parse_create(form: Mapping[str, object], model_name: str) -> tuple[dict, dic
         prompt = rules.check_prompt_sent(form.get("prompt"))  # its content: the server's prompt rule
     except rules.InvalidRequest as error:
         raise refused(error, "prompt") from error
-    model = form.get("model")
-    if model is not None and model != model_name:
-        raise invalid(f"model={model!r} is not served here; allowed: {model_name!r}", "model")
+    try:
+        check_model(form.get("model"), model_name)
+    except rules.InvalidValue as error:
+        raise refused(error, "model") from error
     request = {"prompt": prompt, "width": None, "height": None, "size": None, "seconds": None}
     size = form.get("size")
     if size is not None:

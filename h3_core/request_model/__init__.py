@@ -29,7 +29,7 @@ from .files import (
     media_type,
     read_uri,
 )
-from .request import FORMATS, REFERENCE_INPUT, Keyframe, Reference, RequestError, VideoRequest, canvas
+from .request import FORMATS, REFERENCE_INPUT, Keyframe, Reference, RequestError, VideoRequest, at_path, canvas
 from .sglang import SGLANG_AUDIO_FLOW_SHIFT, SGLANG_FLOW_SHIFT, read_sglang
 from .vllm_omni import read_vllm_omni
 
@@ -45,6 +45,7 @@ __all__ = [
     "RequestError",
     "UrlPolicy",
     "VideoRequest",
+    "at_path",
     "canvas",
     "data_url_bytes",
     "fetch_url",
