@@ -56,7 +56,8 @@ def read_vllm_omni(form: Mapping) -> VideoRequest:
     (forwards), flow_shift, seed, num_outputs_per_prompt, input_reference / input_references
     (files, in order), extra_params JSON {task, duration, audio_flow_shift, frame_indices (one per
     file: fl2va), start_time_seconds (one per file, null for a non-video)}; lora is refused (not
-    served yet). Raises RequestError at the field's path."""
+    served yet). flow_shift and audio_flow_shift lie in 0.01..100 (h3_core.rules.check_flow_shift,
+    the server's rule). Raises RequestError at the field's path."""
     if "lora" in form:
         raise RequestError("lora", "LoRA is not served yet")
     read_object("", form, VLLM_FIELDS)
