@@ -5,10 +5,9 @@ import secrets
 from dataclasses import dataclass
 
 from ..config import CANVAS_MULTIPLE, FPS, align_num_frames, max_requested_frames
-from ..rules import InvalidRequest, check_prompt, check_prompt_bytes
+from ..rules import INT64_MAX, InvalidRequest, check_in_range, check_prompt, check_prompt_bytes
 from .sampling import DEFAULT_AUDIO_SHIFT, DEFAULT_VIDEO_SHIFT, check_sigmas
 
-INT64_MAX = 2**63 - 1
 # Peak memory one request adds, measured on the 2-core CPU in float32 with /proc VmHWM
 # (docs/reliability.md): a DiT step needs about 75-88 bytes per packed row and unit of
 # hidden_size (tiny 8.5 KB/row, small 29 KB/row); the video VAE decode about 144 bytes per
@@ -67,11 +66,6 @@ class GenerationRequest:
     ref_kv_refresh: int = 1  # reference rows computed every k steps (h3_core.model.reference_kv); 1 = every step
 
 
-def _check_range(field: str, value, low, high) -> None:
-    if not (low <= value <= high):
-        raise InvalidRequest(field, f"{field}={value} is out of range: allowed {low}..{high}")
-
-
 def check_canvas(height: int, width: int, num_frames: int, limits: RequestLimits) -> None:
     """Raise InvalidRequest naming the field, the value and the allowed range unless height and
     width (pixels) are multiples of CANVAS_MULTIPLE in CANVAS_MULTIPLE..the maxima and the clip
@@ -113,25 +107,15 @@ def validate_request(request: GenerationRequest, limits: RequestLimits) -> None:
     check_prompt(request.prompt)
     check_prompt_bytes(len(request.prompt.encode("utf-8")), limits.max_prompt_bytes)
     check_canvas(request.height, request.width, request.num_frames, limits)
-    _check_range("num_inference_steps", request.num_inference_steps, 1, limits.max_steps)
-    _check_range("num_outputs", request.num_outputs, 1, limits.max_outputs)
+    check_in_range("num_inference_steps", request.num_inference_steps, 1, limits.max_steps)
+    check_in_range("num_outputs", request.num_outputs, 1, limits.max_outputs)
     if request.seed is not None:
-        _check_range("seed", request.seed, 0, INT64_MAX - (request.num_outputs - 1))
+        check_in_range("seed", request.seed, 0, INT64_MAX - (request.num_outputs - 1))
     for field in ("video_shift", "audio_shift"):
         if not getattr(request, field) > 0:
             raise InvalidRequest(field, f"{field}={getattr(request, field)} is out of range: allowed > 0")
-    if not 0 <= request.cache_threshold <= limits.max_cache_threshold:
-        raise InvalidRequest(
-            "cache_threshold",
-            f"cache_threshold={request.cache_threshold} is out of range: allowed "
-            f"0..{limits.max_cache_threshold} (max_cache_threshold)",
-        )
-    if not 1 <= request.ref_kv_refresh <= limits.max_ref_kv_refresh:
-        raise InvalidRequest(
-            "ref_kv_refresh",
-            f"ref_kv_refresh={request.ref_kv_refresh} is out of range: allowed "
-            f"1..{limits.max_ref_kv_refresh} (max_ref_kv_refresh)",
-        )
+    check_in_range("cache_threshold", request.cache_threshold, 0, limits.max_cache_threshold, " (max_cache_threshold)")
+    check_in_range("ref_kv_refresh", request.ref_kv_refresh, 1, limits.max_ref_kv_refresh, " (max_ref_kv_refresh)")
     if request.fps != FPS:
         raise InvalidRequest("fps", f"fps={request.fps} is not supported: the model generates {FPS} fps")
     _check_sigma_lists(request, limits)
