@@ -427,3 +427,57 @@ def clip768_headline(root: Path) -> str:
         return f"{spec.format(summary[key])} {sources.cite(key_source(root, merged, key))}"
 
     return "\n".join(clip768_cost_rows(merged, cell) + sources.render())
+
+
+def ref_kv_reuse(name: str) -> Callable[[Path], str]:
+    """Reference reuse per k from benchmarks/results/<name>.json (benchmarks/ref_kv_reuse.py): the
+    step time and speedup against k = 1, with the demo model the frames' SSIM / PSNR and the
+    audio's SNR against k = 1 and whether the attribute accuracy stayed, with the bench DiT the
+    latents' relative error and cosine; then the largest per-block drift of the reference keys and
+    values from their last refresh (blocks in order)."""
+
+    def render(root: Path) -> str:
+        document = load(root, name)
+        demo = document["model"] == "demo"
+        lines = [provenance(document, f"benchmarks/results/{name}.json") + ":", ""]
+        if demo:
+            large, rows = document["large_references"], document["reference_rows"]
+            lines += [
+                f"| k | step s, demo refs ({rows['image']} of {rows['used']} rows) |"
+                f" step s, large refs ({large['reference_rows']} of {large['used']} rows) | rows a step, large refs "
+                "| SSIM min / mean | PSNR min / mean dB | audio SNR min dB | attribute accuracy unchanged |",
+                "|---:|---:|---:|---:|---|---|---:|---|",
+            ]
+        else:
+            lines += [
+                f"| k | step s ({document['reference_rows']:,} reference rows of {document['used']:,}) | speedup "
+                "| latents' relative error | cosine |",
+                "|---:|---:|---:|---:|---:|",
+            ]
+        for k, step in document["step_s"].items():
+            if demo:
+                large, quality = document["large_references"], document["quality"].get(k)
+                cells = (
+                    f"{quality['ssim_min']:.4f} / {quality['ssim_mean']:.4f} | {quality['psnr_min_db']:.1f} / "
+                    f"{quality['psnr_mean_db']:.1f} | {quality['audio_snr_min_db']:.1f} | "
+                    f"{all(entry['k'] == entry['k1'] for entry in quality['accuracy'])}"
+                    if quality
+                    else "exact | exact | exact | (reference)"
+                )
+                lines.append(
+                    f"| {k} | {step:.4f} | {large['step_s'][k]:.4f} | {large['rows_per_step'][k]:g} | {cells} |"
+                )
+            else:
+                error = document["latent_error"].get(k, {"relative": 0.0, "cosine": 1.0})
+                speedup = document["step_s"]["1"] / step
+                lines.append(f"| {k} | {step:.4f} | {speedup:.3f} | {error['relative']:.4g} | {error['cosine']:.6f} |")
+        drift = document["drift"]["image"] if demo else document["drift"]
+        lines.append("")
+        for k, entry in drift.items():
+            keys = " ".join(f"{layer['max']:.3f}" for layer in entry["keys"])
+            values = " ".join(f"{layer['max']:.3f}" for layer in entry["values"])
+            task = " (image references)" if demo else ""
+            lines.append(f"Largest drift from the last refresh, k = {k}{task}: keys {keys}; values {values}.  ")
+        return "\n".join(lines)
+
+    return render

@@ -57,6 +57,7 @@ from docs_operating_tables import (
     full_model_qwen3vl,
     full_model_qwen3vl_figure,
     official_layout,
+    ref_kv_reuse,
     sequence_parallel_bitwise,
     sequence_parallel_max_diff,
 )
@@ -97,6 +98,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "h200x2_sequence_parallel max_abs_diff": sequence_parallel_max_diff,
     "registry_cpu calls": registry_cpu,
     "clip768 table": clip768,
+    "ref_kv_reuse_cpu table": ref_kv_reuse("ref_kv_reuse_cpu"),
     "clip768 headline": clip768_headline,
     "clip768 bf16_s": lambda root: f"{load(root, 'clip768')['summary']['clip768_5s_bf16_s']:.1f}",
 }

@@ -79,7 +79,6 @@ if __name__ == "__main__":
 
 import argparse
 import json
-import math
 import tempfile
 import time
 import uuid
@@ -88,7 +87,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from h3_core import protocol, request_model
+from h3_core import protocol, request_model, rules
 from h3_core.media import encode_wav
 
 from .api import CANCEL_WAIT_S, DEADLINE_MARGIN_S, H3Client, H3Error, check_url, media_bytes
@@ -121,38 +120,48 @@ def check_writable(flag: str, path: Path, folder: bool = False) -> None:
         raise ValueError(f"{flag} {path}: cannot write in {parent} ({error.strerror})") from None
 
 
-def flag_type(convert, allowed: str, accept):
-    """An argparse type: convert(text), refused with 'must be <allowed>, got <text>' when convert
-    raises ValueError or accept(value) is false."""
+def flag_type(rule, allowed: str | None = None):
+    """An argparse type: rule(text), a flag's value by h3_core.rules' field rules, refused when the
+    rule raises ValueError with "must be <allowed>, got <text>", or without `allowed` with the
+    rule's own words ("must be a number of seconds > 0, got 'nan'"); the rule's error is the
+    ArgumentTypeError's cause."""
 
     def parse(text: str):
         try:
-            value = convert(text)
-        except ValueError:
-            value = None
-        if value is None or not accept(value):
-            raise argparse.ArgumentTypeError(f"must be {allowed}, got {text!r}")
-        return value
+            return rule(text)
+        except ValueError as error:
+            words = f"must be {allowed}" if allowed is not None else error.reason
+            raise argparse.ArgumentTypeError(f"{words}, got {text!r}") from error
 
     return parse
 
 
-POSITIVE = flag_type(int, "an integer >= 1", lambda v: v >= 1)
-NON_NEGATIVE = flag_type(int, "an integer >= 0", lambda v: v >= 0)
-SECONDS = flag_type(float, "a number of seconds > 0", lambda v: math.isfinite(v) and v > 0)
-REQUEST_ID = flag_type(str, "a non-empty string", bool)
+def whole(low: int):
+    """The rule of an integer flag >= low: rules.check_integer (digits) and rules.check_at_least."""
+    return lambda text: rules.check_at_least("flag", rules.check_integer("flag", text, text=True), low)
+
+
+def non_empty(text: str) -> str:
+    """`text`; ValueError when it is empty."""
+    if not text:
+        raise ValueError("empty")
+    return text
+
+
+POSITIVE = flag_type(whole(1), "an integer >= 1")
+NON_NEGATIVE = flag_type(whole(0), "an integer >= 0")
+SECONDS = flag_type(lambda text: rules.check_seconds("flag", text, text=True))  # its words: MUST_BE_SECONDS
+REQUEST_ID = flag_type(non_empty, "a non-empty string")
 SHIFT = flag_type(
-    float,
+    lambda text: rules.check_flow_shift("flag", rules.check_number("flag", text, text=True)),
     f"a number from {protocol.MIN_FLOW_SHIFT:g} to {protocol.MAX_FLOW_SHIFT:g}",
-    lambda v: protocol.MIN_FLOW_SHIFT <= v <= protocol.MAX_FLOW_SHIFT,
 )
 LORA = flag_type(  # one adapter, (name, scale), by the one rule (rules.lora_list)
     lambda text: protocol.lora_list([text])[0],
     f"NAME[:SCALE], NAME {protocol.LORA_NAME_RULE} and SCALE a number in "
     f"-{protocol.LORA_SCALE_MAX:g}..{protocol.LORA_SCALE_MAX:g}",
-    bool,
 )
-CACHE_THRESHOLD = flag_type(float, "a finite number >= 0", lambda v: 0 <= v < math.inf)
+CACHE_THRESHOLD = flag_type(lambda text: rules.check_number("flag", text, text=True, low=0))  # "a finite number >= 0"
 
 
 def image_at_frame(text: str) -> tuple[Path, int]:
@@ -161,10 +170,16 @@ def image_at_frame(text: str) -> tuple[Path, int]:
     image, at, frame = text.rpartition("@")
     if not (image and at):
         raise ValueError(f"no IMAGE@ in {text!r}")
-    return Path(image), int(frame)
+    return Path(image), rules.check_integer("FRAME", frame, text=True)
 
 
-GUIDE = flag_type(image_at_frame, "IMAGE@FRAME with FRAME an integer >= 0", lambda guide: guide[1] >= 0)
+def guide_at(text: str) -> tuple[Path, int]:
+    """image_at_frame(text) with FRAME >= 0 (rules.check_at_least)."""
+    image, frame = image_at_frame(text)
+    return image, rules.check_at_least("FRAME", frame, 0)
+
+
+GUIDE = flag_type(guide_at, "IMAGE@FRAME with FRAME an integer >= 0")
 
 
 def url_type(text: str) -> str:

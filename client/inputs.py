@@ -1,7 +1,8 @@
 """A generation request's input tensors and argument checks, client side: the type checks that
-catch what tritonclient would silently convert (check_type, check_seconds), the [1, 1] scalar
-inputs, the media files sent unchanged (media_bytes) as fl2va keyframes (keyframe_inputs) and
-ref2va references and guides (reference_inputs), the sigma lists (sigma_inputs). Used by
+catch what tritonclient would silently convert (check_type, check_seconds; an int or a number by
+h3_core.rules' field rules), the [1, 1] scalar inputs (INT64 by h3_core.rules.check_int64), the
+media files sent unchanged (media_bytes) as fl2va keyframes (keyframe_inputs) and ref2va
+references and guides (reference_inputs), the sigma lists (sigma_inputs). Used by
 client.api.H3Client.generate.
 """
 
@@ -16,17 +17,18 @@ from pathlib import Path
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from h3_core import protocol
+from h3_core import protocol, rules
 
 from .errors import H3Error
 
 
 def check_int64(name: str, value: int) -> None:
-    """Raise H3Error INVALID_ARG naming the value unless it fits INT64 (what tritonclient sends)."""
+    """Raise H3Error INVALID_ARG naming the value unless it fits INT64 (what tritonclient sends;
+    h3_core.rules.check_int64, the server's and the Videos API's rule), the rule's error its cause."""
     try:
-        protocol.check_int64(name, value)
-    except ValueError as error:
-        raise H3Error("INVALID_ARG", str(error)) from None
+        rules.check_int64(name, value)
+    except rules.InvalidValue as error:
+        raise H3Error("INVALID_ARG", str(error)) from error
 
 
 def scalar_input(name: str, value, datatype: str) -> grpcclient.InferInput:
@@ -40,8 +42,6 @@ def scalar_input(name: str, value, datatype: str) -> grpcclient.InferInput:
 
 
 ARGUMENT_KINDS = {
-    "int": numbers.Integral,
-    "number": numbers.Real,
     "bool": bool,
     "str": str,
     "str or bytes": (str, bytes),
@@ -49,14 +49,25 @@ ARGUMENT_KINDS = {
 }
 
 
+FIELD_RULES = {"int": rules.check_integer, "number": rules.check_number}  # never a bool
+
+
 def check_type(name: str, value, kind: str, optional: bool = False) -> None:
-    """Raise TypeError naming the argument unless `value` is of `kind` (a key of ARGUMENT_KINDS;
-    numpy integers count as int, bool never counts as a number) or, when optional, None.
-    Catches what tritonclient would silently convert (2.9 -> 2 steps, "false" -> true)."""
+    """Raise TypeError naming the argument unless `value` is of `kind` (a key of ARGUMENT_KINDS or
+    FIELD_RULES; numpy integers count as int, bool never counts as a number) or, when optional, None.
+    Catches what tritonclient would silently convert (2.9 -> 2 steps, "false" -> true). An int
+    and a number are the field rules' (h3_core.rules.check_integer, check_number): their
+    InvalidValue is the TypeError's cause."""
     if value is None and optional:
         return
-    if isinstance(value, bool) and kind != "bool" or not isinstance(value, ARGUMENT_KINDS[kind]):
-        raise TypeError(f"{name} must be {kind}{' or None' if optional else ''}, got {type(value).__name__} {value!r}")
+    wrong = TypeError(f"{name} must be {kind}{' or None' if optional else ''}, got {type(value).__name__} {value!r}")
+    try:
+        if kind in FIELD_RULES:
+            FIELD_RULES[kind](name, value)
+        elif isinstance(value, bool) and kind != "bool" or not isinstance(value, ARGUMENT_KINDS[kind]):
+            raise wrong
+    except rules.InvalidValue as error:
+        raise wrong from error
 
 
 def check_seconds(name: str, value, optional: bool = False) -> None:

@@ -27,10 +27,19 @@ from h3_core.config import (  # noqa: F401
 )
 from h3_core.config import FPS as VIDEO_FPS  # noqa: F401  (VIDEO_MP4 and FRAMES run at it)
 from h3_core.rules import (  # noqa: F401
+    INT64_MAX,
+    INT64_MIN,
     LORA_NAME_RULE,
     LORA_SCALE_MAX,
+    MAX_FLOW_SHIFT,
+    MIN_FLOW_SHIFT,
     TASKS,
     InvalidRequest,
+    InvalidValue,
+    check_at_least,
+    check_choice,
+    check_flow_shift,
+    check_int64,
     check_lora_name,
     check_prompt,
     check_prompt_bytes,
@@ -196,6 +205,7 @@ REQUEST_PARAMETERS = {
     "flow_shift": (int, float),
     "audio_flow_shift": (int, float),
     "cache_threshold": (int, float),  # its range: h3_dit's max_cache_threshold (validate_request)
+    "ref_kv_refresh": (int,),  # its range: h3_dit's max_ref_kv_refresh (validate_request)
 }
 RESERVED_PARAMETERS = ("priority", "timeout")
 # inject_fault (tests only; h3_core.serving.dit.admission.check_fault lists every value) acting in
@@ -205,21 +215,9 @@ ENCODER_FAULTS = ("encode_raise", "announce_raise")
 # ... acting in h3_vae where its allow_fault_injection is true: the decode fails as it starts; and
 # "decode_slow:S", each of the request's decodes takes S seconds more (fault_seconds)
 VAE_FAULTS = ("decode_start_raise",)
-MAX_FLOW_SHIFT = 100.0  # flow_shift / audio_flow_shift: the sigma schedule's shift (docs/model.md §3.1)
-# Below it the schedule's float32 arithmetic (sampling.shift_sigma) is wrong: (shift - 1) rounds,
-# by 1e-3 relative at 1e-5, 50 % at 3e-8, and to -1 (0/0 = NaN at sigma 1) below 6e-8. At 0.01
-# the float32 schedule is within 1e-6 of the float64 one.
-MIN_FLOW_SHIFT = 1 / MAX_FLOW_SHIFT
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# flow_shift / audio_flow_shift lie in MIN_FLOW_SHIFT..MAX_FLOW_SHIFT (h3_core.rules.check_flow_shift);
+# INT64 inputs and request parameters in INT64_MIN..INT64_MAX (h3_core.rules.check_int64)
 JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
-
-
-def check_int64(name: str, value: int) -> None:
-    """Raise ValueError "NAME=VALUE does not fit INT64 (INT64_MIN..INT64_MAX)" unless `value` fits
-    an INT64 input or request parameter: the one rule of the client (H3Error INVALID_ARG) and the
-    Videos API (its INVALID_ARG error)."""
-    if not INT64_MIN <= value <= INT64_MAX:
-        raise ValueError(f"{name}={value} does not fit INT64 ({INT64_MIN}..{INT64_MAX})")
 
 
 def implied_task(keyframes: bool, references: bool) -> str:
@@ -234,6 +232,10 @@ def check_task(task: str, kinds: list[str]) -> str:
     ValueError naming TASK for a task not in TASKS, t2va with conditions, fl2va without
     KEYFRAMES or with anything else, ref2va without guides or references or with KEYFRAMES."""
     try:
+        check_choice(TASK, task, TASKS)
+    except InvalidValue as error:  # the wire's words, a plain ValueError (the core's is InvalidRequest)
+        raise ValueError(str(error)) from error
+    try:
         return check_task_rule(task, kinds)
     except InvalidRequest:
         keyframes = kinds.count("keyframe")
@@ -247,12 +249,10 @@ def check_task(task: str, kinds: list[str]) -> str:
             f"{TASK}='fl2va' needs {KEYFRAMES} (1 or {MAX_KEYFRAMES} images) and nothing else; "
             f"got {keyframes} keyframes and {others} guides or references"
         )
-    if task == "ref2va":
-        raise ValueError(
-            f"{TASK}='ref2va' needs references or guides ({', '.join(REFERENCE_INPUTS)}) and no {KEYFRAMES}; "
-            f"got {others} references or guides and {keyframes} keyframes"
-        )
-    raise ValueError(f"{TASK}={task!r} is not allowed: allowed {list(TASKS)}")
+    raise ValueError(
+        f"{TASK}='ref2va' needs references or guides ({', '.join(REFERENCE_INPUTS)}) and no {KEYFRAMES}; "
+        f"got {others} references or guides and {keyframes} keyframes"
+    )
 
 
 def keyframe_indices(count: int, indices: list[int] | None) -> list[int]:
@@ -338,7 +338,7 @@ def check_request_parameters(raw: str) -> dict:
     (sequence_*, priority, timeout) left out. Raises ValueError naming the parameter for an
     unknown name, a value of the wrong type or out of range (progress_every and preview_every
     >= 0, deadline_s finite > 0 seconds, flow_shift and audio_flow_shift in [MIN_FLOW_SHIFT, MAX_FLOW_SHIFT],
-    fit one of FITS)."""
+    fit one of FITS; h3_core.rules' field rules, so the refusal is an InvalidValue)."""
     parameters = {}
     for name, value in json.loads(raw or "{}").items():
         if name.startswith("sequence_") or name in RESERVED_PARAMETERS:
@@ -350,16 +350,14 @@ def check_request_parameters(raw: str) -> dict:
             raise ValueError(f"request parameter {name!r} must be {kinds}, got {value!r}")
         parameters[name] = value
     for name in ("progress_every", "preview_every"):
-        if parameters.get(name, 0) < 0:
-            raise ValueError(f"{name}={parameters[name]} is out of range: allowed >= 0")
+        check_at_least(name, parameters.get(name, 0), 0)
     deadline_s = parameters.get("deadline_s")
     if deadline_s is not None and not 0 < deadline_s < math.inf:
         raise ValueError(f"deadline_s={deadline_s} is out of range: allowed finite > 0 seconds")
     for name in ("flow_shift", "audio_flow_shift"):
-        if name in parameters and not MIN_FLOW_SHIFT <= parameters[name] <= MAX_FLOW_SHIFT:
-            raise ValueError(f"{name}={parameters[name]} is out of range: allowed {MIN_FLOW_SHIFT}..{MAX_FLOW_SHIFT}")
-    if parameters.get("fit", DEFAULT_FIT) not in FITS:
-        raise ValueError(f"fit={parameters['fit']!r} is not allowed: allowed {list(FITS)}")
+        if name in parameters:
+            check_flow_shift(name, parameters[name])
+    check_choice("fit", parameters.get("fit", DEFAULT_FIT), FITS)
     return parameters
 
 

@@ -1,17 +1,42 @@
-"""The request rules of the core, in its own words, torch-free: the domain error the core raises
-(InvalidRequest, naming the request field), the prompt rules (check_prompt, check_prompt_bytes) and the task rule
-(check_task), the LoRA rules (lora_list: a request's adapters as every entry point sends them,
-check_lora). The wire contract (h3_core.protocol) re-exports check_prompt and words check_task's
-refusals in its input names; the adapters turn InvalidRequest into the wire's INVALID_ARG."""
+"""The request rules, each defined once, in the core's words and torch-free: the domain error the
+core raises (InvalidRequest, naming the request field; InvalidValue, a field's value and the rule's
+words), each field rule (check_integer, check_int64, check_at_least, check_in_range, check_number,
+check_seconds, check_flow_shift, check_choice, check_prompt_sent), the prompt rules (check_prompt,
+check_prompt_bytes), the task rule (check_task) and the LoRA rules (lora_list: a request's
+adapters as every entry point sends them, check_lora_name, check_lora).
+
+Every entry point applies these rules and words their refusal for its wire (docs/request_contract.md
+§"One rule, every entry point"): h3_dit's validate_request and admission and the request
+parameters (h3_core.protocol) raise them as they are (Triton INVALID_ARG), the request model
+(h3_core.request_model) as a RequestError at the sender's field path, the Videos API as OpenAI's
+error shape naming its field, H3Client and the CLI as a ValueError / TypeError / argparse error
+naming the argument or flag; each keeps the rule's error as its __cause__."""
 
 import json
 import math
+import numbers
 import re
 import unicodedata
 
 from h3_core.config import MAX_KEYFRAMES
 
 TASKS = ("t2va", "fl2va", "ref2va")  # text, first/last frame, references (docs/model.md §2.1)
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # an integer field travels as INT64
+MAX_FLOW_SHIFT = 100.0  # flow_shift / audio_flow_shift: the sigma schedule's shift (docs/model.md §3.1)
+# Below it the schedule's float32 arithmetic (sampling.shift_sigma) is wrong: (shift - 1) rounds,
+# by 1e-3 relative at 1e-5, 50 % at 3e-8, and to -1 (0/0 = NaN at sigma 1) below 6e-8. At 0.01
+# the float32 schedule is within 1e-6 of the float64 one.
+MIN_FLOW_SHIFT = 1 / MAX_FLOW_SHIFT
+# the words of the field rules (what a refusal says after "FIELD=VALUE")
+MUST_BE_INTEGER = "must be an integer"
+DOES_NOT_FIT_INT64 = f"does not fit INT64 ({INT64_MIN}..{INT64_MAX})"
+MUST_BE_NUMBER = "must be a number"
+MUST_BE_SECONDS = "must be a number of seconds > 0"
+PROMPT_REQUIRED = "is required and must be a string"
+# a form's text: an integer is ASCII digits with an optional minus sign; a number ASCII decimal
+# (float() would also take "٤", "４", "0_5" and "nan")
+INTEGER_TEXT = re.compile(r"^\s*-?[0-9]+\s*$")
+NUMBER_TEXT = re.compile(r"^\s*-?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?\s*$")
 LORA_SCALE_MAX = 4.0  # a request's LoRA scales lie in -LORA_SCALE_MAX..LORA_SCALE_MAX
 # a LoRA adapter's name (docs/lora.md): no "=", "," or ":", which the settings and the CLI use as separators
 LORA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -26,6 +51,111 @@ class InvalidRequest(ValueError):
     def __init__(self, field: str, message: str):
         super().__init__(message)
         self.field = field
+
+
+class InvalidValue(InvalidRequest):
+    """A field's value that its rule refuses: `field` as the caller named it, `value` as sent,
+    `reason` the rule's words (MUST_BE_INTEGER, "is out of range: allowed 1..50", ...).
+    str(error): "FIELD=VALUE REASON" (a str or bytes value shown by its repr, another by str)."""
+
+    def __init__(self, field: str, value, reason: str):
+        super().__init__(field, f"{field}={shown(value)} {reason}")
+        self.value, self.reason = value, reason
+
+    def got(self) -> str:
+        """The refusal worded "FIELD REASON, got VALUE" (h3_dit's REQUEST fields)."""
+        return f"{self.field} {self.reason}, got {self.value!r}"
+
+
+def shown(value) -> str:
+    """A value in a refusal: repr of a str or bytes (quoted), else str (numpy numbers as numbers)."""
+    return repr(value) if isinstance(value, (str, bytes)) else str(value)
+
+
+def check_integer(field: str, value, text: bool = False) -> int:
+    """`value` as an int: an int or numpy integer (numbers.Integral; a bool never), or with `text`
+    (a form's or a flag's field) a str of INTEGER_TEXT. Raises InvalidValue MUST_BE_INTEGER."""
+    if text and isinstance(value, str) and INTEGER_TEXT.match(value):
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InvalidValue(field, value, MUST_BE_INTEGER)
+    return int(value)
+
+
+def check_int64(field: str, value: int) -> int:
+    """`value` when INT64_MIN <= value <= INT64_MAX (what an INT64 input or request parameter
+    holds), else InvalidValue DOES_NOT_FIT_INT64."""
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise InvalidValue(field, value, DOES_NOT_FIT_INT64)
+    return value
+
+
+def check_at_least(field: str, value, low):
+    """`value` when value >= low, else InvalidValue "is out of range: allowed >= LOW"."""
+    if not value >= low:
+        raise InvalidValue(field, value, f"is out of range: allowed >= {low}")
+    return value
+
+
+def check_in_range(field: str, value, low, high, note: str = ""):
+    """`value` when low <= value <= high, else InvalidValue "is out of range: allowed LOW..HIGH"
+    with `note` after it (" (priority_max)")."""
+    if not low <= value <= high:
+        raise InvalidValue(field, value, f"is out of range: allowed {low}..{high}{note}")
+    return value
+
+
+def _number_of(value, text: bool) -> float | None:
+    """An int or float (not bool), or with `text` a str of NUMBER_TEXT, as a float; else None."""
+    if text and isinstance(value, str):
+        return float(value) if NUMBER_TEXT.match(value) else None
+    return None if isinstance(value, bool) or not isinstance(value, numbers.Real) else float(value)
+
+
+def check_number(field: str, value, text: bool = False, low: float | None = None, strict: bool = False) -> float:
+    """`value` as a float: an int or float (numpy's too, never a bool), or with `text` a str of
+    NUMBER_TEXT. With `low` also finite and >= low (> low when `strict`). Raises InvalidValue
+    MUST_BE_NUMBER, or with `low` "must be a finite number >= LOW" (> LOW)."""
+    number = _number_of(value, text)
+    if low is None:
+        if number is None:
+            raise InvalidValue(field, value, MUST_BE_NUMBER)
+        return number
+    if number is None or not math.isfinite(number) or number < low or (strict and number == low):
+        raise InvalidValue(field, value, f"must be a finite number {'>' if strict else '>='} {low:g}")
+    return number
+
+
+def check_seconds(field: str, value, text: bool = False) -> float:
+    """A duration or a time limit in seconds: `value` as a float, finite and > 0 (check_number's
+    kinds). Raises InvalidValue MUST_BE_SECONDS."""
+    number = _number_of(value, text)
+    if number is None or not (math.isfinite(number) and number > 0):
+        raise InvalidValue(field, value, MUST_BE_SECONDS)
+    return number
+
+
+def check_flow_shift(field: str, value: float) -> float:
+    """A sigma schedule's shift (flow_shift, audio_flow_shift): `value` in
+    MIN_FLOW_SHIFT..MAX_FLOW_SHIFT (NaN refused), else InvalidValue "is out of range: allowed
+    0.01..100.0"."""
+    return check_in_range(field, value, MIN_FLOW_SHIFT, MAX_FLOW_SHIFT)
+
+
+def check_choice(field: str, value, allowed) -> str:
+    """`value` when it is one of `allowed` (TASKS, FITS), else InvalidValue "is not allowed:
+    allowed [...]"."""
+    if value not in allowed:
+        raise InvalidValue(field, value, f"is not allowed: allowed {list(allowed)}")
+    return value
+
+
+def check_prompt_sent(value) -> str:
+    """A request's prompt as sent, before the prompt rule (check_prompt, the server's): a str.
+    Raises InvalidRequest (field "prompt") "prompt is required and must be a string"."""
+    if not isinstance(value, str):
+        raise InvalidRequest("prompt", f"prompt {PROMPT_REQUIRED}")
+    return value
 
 
 BYTE_ORDER_MARK = "\ufeff"  # dropped once from the start of a prompt (a decoder may leave it there)
@@ -76,8 +206,7 @@ def check_task(task: str, kinds: list[str]) -> str:
     "keyframe", "guide", "image", "audio", "video", "video_audio"); returns it. Raises
     InvalidRequest (field "task") for a task not in TASKS, t2va with conditions, fl2va without
     keyframes or with anything else, ref2va without guides or references or with keyframes."""
-    if task not in TASKS:
-        raise InvalidRequest("task", f"task={task!r} is not allowed: allowed {list(TASKS)}")
+    check_choice("task", task, TASKS)
     keyframes = kinds.count("keyframe")
     others = len(kinds) - keyframes
     if task == "t2va" and kinds:

@@ -88,6 +88,12 @@ COMMENTS = {
         "not once per step; 0 = off",
         "gpu_turns": '"true" (cuda, sp_degree 1): each packed step takes its GPU\'s turn, so that an h3_vae with '
         "gpu_turns on the same GPU decodes only between steps (h3_core.serving.shared.gpu_turns)",
+        "ref_kv_refresh": "a request's k when it sends none: a ref2va request computes its reference rows on its "
+        "steps s with s % k == 0 and reuses their keys and values on the others (h3_core.model.reference_kv); "
+        "1 = every step computed (exact)",
+        "max_ref_kv_refresh": "the largest ref_kv_refresh a request may send (sp_degree 1); 1 = off. Above 1 every "
+        "held request may keep num_layers x 2 x attn_width values a reference row (1.37 MiB for the h3 config in "
+        "bf16), which server.sizing counts against max_batch_rows",
     },
     VaeSettings.MODEL: {
         "cpu_threads": CPU_THREADS_COMMENT,

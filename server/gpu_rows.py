@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 from h3_core.model.dit import GRAPH_MAX_ROWS
 from h3_core.model.encoder import drawn_weight_bytes, minilm_path, weight_bytes
+from h3_core.model.reference_kv import bytes_per_reference_row
 from h3_core.serving.shared.settings import DitSettings, EncoderSettings, VaeSettings
 
 from . import sizing
@@ -73,7 +74,8 @@ def gpu_rows(
             notes.append(f"GPU {gpu}: {free // sizing.MIB:,} MiB free{reserved} -> {left:,} MiB left (no h3_dit)")
             continue
         held = dit.max_num_seqs + dit.max_waiting
-        cached = sizing.held_cache_bytes_per_row(held, dit.max_cache_threshold > 0 and sp_degree == 1)
+        references = bytes_per_reference_row(cfg) if dit.max_ref_kv_refresh > 1 and sp_degree == 1 else 0
+        cached = sizing.held_cache_bytes_per_row(held, dit.max_cache_threshold > 0 and sp_degree == 1, references)
         rows = sizing.gpu_max_batch_rows(free, weights, kept, cfg.hidden_size, per_row, cached)
         notes.append(
             f"GPU {gpu}: {free // sizing.MIB:,} MiB free - {weights // sizing.MIB:,} MiB DiT weights "
@@ -82,6 +84,7 @@ def gpu_rows(
             f"{rows:,} rows at {per_row} bytes per row and unit of hidden_size {cfg.hidden_size} (measured on an "
             f"H200 in {'fp8' if dit.quantization == 'fp8' else 'bf16'}, server.sizing)"
             + (f" + {cached:,} bytes per row of {held} held requests' step caches" if cached else "")
+            + (" (reference keys and values included)" if references else "")
         )
         gpu_rows[driven[gpu]] = min(rows, gpu_rows.get(driven[gpu], rows))
     return gpu_rows

@@ -17,6 +17,7 @@ from h3_core.config import get_config
 from h3_core.diffusion.layout import make_layout
 from h3_core.diffusion.request import request_memory_mb
 from h3_core.model.encoder import QWEN3VL, QWEN3VL_H3_LAYER, minilm_path, model_type, text_width
+from h3_core.model.reference_kv import bytes_per_reference_row
 from h3_core.parallel.ulysses import check_sp_degree
 from h3_core.parallel.workers import SP_TIMEOUT_FRACTION
 from h3_core.serving.shared.agreement import check_agreement
@@ -379,10 +380,12 @@ def _size_rows(
                 rows,
                 cfg.hidden_size,
                 step_cache=typed.max_cache_threshold > 0,
+                reference_kv_bytes=rows * bytes_per_reference_row(cfg) if typed.max_ref_kv_refresh > 1 else 0,
             ),
             f"request_memory_mb of a {rows:,}-row request at {typed.max_width} x {typed.max_height} px, "
             f"{typed.max_num_frames} frames, with the CPU float32 constant Engine.prepare applies"
-            + (" and its step cache" if typed.max_cache_threshold > 0 else ""),
+            + (" and its step cache" if typed.max_cache_threshold > 0 else "")
+            + (" and its reference keys and values (all rows)" if typed.max_ref_kv_refresh > 1 else ""),
         )
 
 

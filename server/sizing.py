@@ -19,7 +19,9 @@ packed DiT sequence.
   GPU_FP8_BYTES_PER_ROW_AND_WIDTH with h3_dit quantization = fp8, whose DiT weights are also smaller),
   measured on an H200, scaled by the config's dtype bytes / 2. Held step caches (with
   max_cache_threshold > 0): held_cache_bytes_per_row, every held request (max_num_seqs +
-  max_waiting) at up to max_batch_rows rows, each keeping its step cache. CUDA graph pool (sp_degree
+  max_waiting) at up to max_batch_rows rows, each keeping its step cache, and with
+  max_ref_kv_refresh > 1 its reference keys and values (every row may be a reference row: an
+  upper bound). CUDA graph pool (sp_degree
   1, on every GPU with a DiT instance): graph_pool_bytes. LoRA reserve: max_loras adapters of
   max_lora_rank (lora_bytes), counted with the DiT's weights.
 - max_sequence_idle_microseconds: longer than the longest execute(), with sequence parallelism
@@ -238,14 +240,17 @@ def decode_reserve_bytes(max_height: int, max_width: int, max_num_frames: int, d
     return decode_workers * request_memory_mb(max_height, max_width, max_num_frames, 0, 0) * MIB
 
 
-def held_cache_bytes_per_row(held_requests: int, step_cache: bool) -> int:
+def held_cache_bytes_per_row(held_requests: int, step_cache: bool, reference_row_bytes: int = 0) -> int:
     """GPU bytes the step caches of the requests an h3_dit instance holds may keep, per row of
     max_batch_rows: each of `held_requests` (max_num_seqs + max_waiting) may hold a request of up
     to max_batch_rows rows that caches (step_cache: max_cache_threshold > 0), keeping
     STEP_CACHE_BYTES_PER_ROW (768 B) a row (h3_core.diffusion.step_cache); 0 without caching.
     For H3 (hidden 5376, bf16: 360,192 B of activations a row) and 4 + 8 held requests: 9,216 B,
-    2.5 % of a row."""
-    return held_requests * STEP_CACHE_BYTES_PER_ROW if step_cache else 0
+    2.5 % of a row. reference_row_bytes: what a request reusing its reference keys and values
+    keeps per reference row (h3_dit max_ref_kv_refresh > 1: h3_core.model.reference_kv.
+    bytes_per_reference_row, 1,433,600 B for H3 in bf16, 4 x a row's activations; 0 when off),
+    counted for every row of every held request (an upper bound: any row may be a reference's)."""
+    return held_requests * ((STEP_CACHE_BYTES_PER_ROW if step_cache else 0) + reference_row_bytes)
 
 
 def graph_pool_bytes(hidden_size: int, bytes_per_row_and_width: int) -> int:

@@ -189,8 +189,8 @@ CASES = {
     "unknown_parameter": (
         lambda s, c: raw_error(s, [prompt()], parameters={"colour": "red"}),
         "request parameter 'colour' is unknown; allowed: ['audio_flow_shift', 'cache_threshold', 'deadline_s', 'fit', "
-        "'flow_shift', 'inject_fault', 'keepalive', 'preview_every', 'progress_every', 'request_priority', "
-        "'return_audio', 'return_frames', 'return_mp4']",
+        "'flow_shift', 'inject_fault', 'keepalive', 'preview_every', 'progress_every', 'ref_kv_refresh', "
+        "'request_priority', 'return_audio', 'return_frames', 'return_mp4']",
     ),
     "progress_every_wrong_type": (
         lambda s, c: raw_error(s, [prompt()], parameters={"progress_every": "x"}),
@@ -211,6 +211,10 @@ CASES = {
     "cache_threshold_above_max": (
         lambda s, c: raw_error(s, [prompt()], parameters={"cache_threshold": 0.9}),
         "cache_threshold=0.9 is out of range: allowed 0..0.5 (max_cache_threshold)",
+    ),
+    "ref_kv_refresh_above_max": (  # the shipped max_ref_kv_refresh is 1: reference reuse off
+        lambda s, c: raw_error(s, [prompt()], parameters={"ref_kv_refresh": 2}),
+        "ref_kv_refresh=2 is out of range: allowed 1..1 (max_ref_kv_refresh)",
     ),
     # below 0.01 the float32 schedule is wrong (1e-5) or NaN at step 1 (1e-8): refused
     "flow_shift_below_float32_arithmetic": (

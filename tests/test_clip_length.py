@@ -135,3 +135,25 @@ def test_keyframes_beside_guides_advise_guides_the_code_accepts():
     assert str(refused.value) == (
         "keyframes cannot be mixed with guides or references: send guides at frames 0 and num_frames - 1"
     )
+
+
+def test_keyframes_over_the_rows_or_memory_limits_are_refused_before_any_vae_runs():
+    """A fl2va request whose rows (keyframes included, num_outputs of them) pass max_batch_rows, or
+    whose memory passes max_request_mb, is refused by read_keyframes, as read_references refuses
+    references: before the VAEs run (the text's rows are not known yet). 64 x 96 x 22 frames with
+    both keyframes pad to 192 rows an output; memory (request_memory_mb, tiny's hidden size 96):
+    96 B x 384 rows x 96 + 160 B x 64 x 96 x 22 voxels = 25,165,824 B = 24 MiB."""
+    files = [png(64, 96, 1), png(64, 96, 2)]
+    with pytest.raises(ValueError) as refused:
+        read_keyframes(files, [0, -1], 64, 96, None, EncoderSettings(max_batch_rows=256), 64 * 96, 22, None, 2)
+    assert str(refused.value) == (
+        "rows=384 (2 x 192, keyframes included) is out of range: allowed 1..256 (max_batch_rows): "
+        "send fewer outputs, fewer frames, or a smaller canvas"
+    )
+    with pytest.raises(ValueError) as refused:
+        read_keyframes(files, [0, -1], 64, 96, None, EncoderSettings(max_request_mb=1), 64 * 96, 22, None, 2)
+    assert str(refused.value) == (
+        "memory=24 MiB (keyframes included) is out of range: allowed up to 1 MiB (max_request_mb)"
+    )
+    served = read_keyframes(files, [0, -1], 64, 96, None, EncoderSettings(max_batch_rows=384), 64 * 96, 22, None, 2)
+    assert served.frames == [0, -1]

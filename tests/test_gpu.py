@@ -15,6 +15,7 @@ Every test is marked `gpu`: tests/conftest.py skips them without a CUDA device o
 (`make test-gpu`), because CUBLAS_WORKSPACE_CONFIG must be set before the process's first GEMM,
 which this module does before its first test."""
 
+import dataclasses
 import sys
 import time
 
@@ -32,6 +33,7 @@ from h3_core.model.dit import GPU_ROW_TILE, use_bitwise_cublas
 from h3_core.model.fp8 import E4M3, Fp8Linear, quantize_blocks
 from h3_core.serving.dit.events import Ended, Refused, Result
 from h3_core.serving.encoder.conditioning import wire_conditions
+from h3_core.weights.lora_formats import LoraAdapter, LoraTarget, lora_targets
 
 from .serving import ROOT
 from .step_loop_harness import Client, Clock, make_loop, solo_latents, timed_forwards
@@ -508,3 +510,70 @@ def test_gpu_turns_between_two_processes_never_overlap_and_leave_each_side_turns
     for tile_start, tile_end in tiles["spans"]:
         assert all(tile_end <= start or end <= tile_start for start, end in steps["spans"])
     assert tiles["spans"][-1][1] < steps["spans"][-1][0]  # the decode ended while the DiT still stepped
+
+
+def gpu_adapter(config: str, name: str, seed: int) -> LoraAdapter:
+    """A rank-16 LoraAdapter of the config's widths on blocks 0-1's linears, the text refiner's fc2
+    and, for "timing", block 0's AdaLN projection; A and B drawn from `seed` on the CPU."""
+    shapes, g, targets = lora_targets(get_config(config)), torch.Generator().manual_seed(seed), {}
+    names = [f"blocks.{i}.{m}" for i in range(2) for m in ("attn.qkv_proj", "attn.out_proj", "mlp.fc1", "mlp.fc2")]
+    names += ["token_refiner.blocks.0.mlp.fc2"] + (["blocks.0.adaln_proj.linear"] if name == "timing" else [])
+    for target in names:
+        out, inp = shapes[target]
+        a, b = torch.randn(16, inp, generator=g) / inp**0.5, torch.randn(out, 16, generator=g) * 0.05
+        targets[target] = LoraTarget(a, b, 16.0)
+    return LoraAdapter("flashgen", targets, 16, sum(t.a.nbytes + t.b.nbytes for t in targets.values()), None, {})
+
+
+def engine_latents(engine, config: str, states: list, joins: dict | None = None) -> dict:
+    """request id -> (video, audio) final latent rows on the CPU of `states` stepped together."""
+    done = engine.run_to_completion(states, joins=joins or {})
+    return {s.request_id: (s.video_latents.cpu(), s.audio_latents.cpu()) for s in done}
+
+
+def prepared(engine, config: str, request_id: str, **fields):
+    """prepare()'s state of a request of REQUESTS or REF2VA with `fields` (lora, ref_kv_refresh) set."""
+    height, width, frames, steps, seed, _ = spec(request_id)
+    request = GenerationRequest(
+        "-", height, width, frames, steps, seed=seed, task=task(request_id), request_id=request_id, **fields
+    )
+    return engine.prepare(request, torch.from_numpy(text_embeds(config, seed)[0]), conditions(request_id))[0]
+
+
+@pytest.mark.parametrize(("config", "quantization"), CONFIGS)
+def test_lora_and_reference_reuse_co_batched_equal_solo_with_compiled_blocks_and_cuda_graphs(
+    engines, config, quantization
+):
+    """Issues 50 and 49 on CUDA as h3_dit builds the DiT (compiled blocks, CUDA graphs, fp8 too):
+    requests with different LoRA compositions (one with an AdaLN adapter) and a ref2va request
+    reusing its reference keys and values every 2 steps, packed together with one joining at step
+    1, each equal their solo runs bit for bit; the adapters change the results; graphs were
+    captured for the packs with adapters."""
+    engine = engines(config, quantization)
+    limits = engine.limits
+    engine.limits = dataclasses.replace(limits, max_ref_kv_refresh=2)
+    for seed, name in enumerate(("style", "timing")):
+        engine.add_lora(name, gpu_adapter(config, name, seed))
+    fields = {
+        "a": {"lora": (("style", 1.0),)},
+        "b": {},
+        "c": {"lora": (("style", 0.5), ("timing", -1.0))},
+        "r": {"lora": (("timing", 1.0),), "ref_kv_refresh": 2},
+        "rr": {"ref_kv_refresh": 2},
+    }
+    try:
+        captures = engine.dit.graphs.captures
+        joins = {1: lambda: [prepared(engine, config, "rr", **fields["rr"])]}
+        together = engine_latents(engine, config, [prepared(engine, config, k, **fields[k]) for k in "abcr"], joins)
+        for request_id, given in fields.items():
+            (alone,) = engine_latents(engine, config, [prepared(engine, config, request_id, **given)]).values()
+            assert all(torch.isfinite(x).all() for x in alone), request_id
+            assert torch.equal(together[request_id][0], alone[0]), request_id
+            assert torch.equal(together[request_id][1], alone[1]), request_id
+        (plain,) = engine_latents(engine, config, [prepared(engine, config, "a")]).values()
+        assert not torch.equal(plain[0], together["a"][0])
+        assert engine.dit.graphs.captures > captures
+    finally:
+        engine.limits = limits
+        for name in ("style", "timing"):
+            engine.remove_lora(name)

@@ -523,7 +523,7 @@ def test_sglang_auto_aspect_of_a_bomb_header_is_refused_naming_the_field():
     from .test_videos_api_edges import bomb_png
 
     with pytest.raises(RequestError) as info:
-        request_model._auto_aspect([bomb_png(20_000, 10_000)])
+        request_model.sglang._auto_aspect([bomb_png(20_000, 10_000)])
     assert (info.value.path, str(info.value)) == (
         "target.aspect_ratio",
         "target.aspect_ratio: 'auto' cannot read the first image condition's header (DecompressionBombError)",

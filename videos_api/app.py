@@ -54,7 +54,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
 from client.api import H3Client
-from h3_core import protocol
+from h3_core import protocol, rules
 from h3_core.request_model import UrlPolicy
 
 from . import fields, formats
@@ -245,14 +245,19 @@ def _file(path: Path, media_type: str, headers: dict, video_id: str, variant: st
 
 
 def _integer_query(request: Request, name: str, default: int, low: int, high: int) -> int:
+    """Query parameter `name`: an integer in low..high (h3_core.rules.check_integer and
+    check_in_range), `default` when absent. Raises ApiError 400 INVALID_ARG naming it as sent."""
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    if not fields.INTEGER_PATTERN.match(raw):
-        raise fields.invalid(f"{name}={raw!r} must be an integer in {low}..{high}", name)
-    if not low <= int(raw) <= high:
-        raise fields.invalid(f"{name}={raw!r} is out of range: allowed {low}..{high}", name)
-    return int(raw)
+    try:
+        value = rules.check_integer(name, raw, text=True)
+    except rules.InvalidValue as error:
+        raise fields.invalid(f"{name}={raw!r} {error.reason} in {low}..{high}", name) from error
+    try:
+        return rules.check_in_range(name, value, low, high)
+    except rules.InvalidValue as error:
+        raise fields.invalid(f"{name}={raw!r} {error.reason}", name) from error
 
 
 def create_app(settings: Settings) -> FastAPI:

@@ -28,20 +28,23 @@ back naming the API field ("input_reference: is not an image ...").
 
 Ranges are Triton's (h3_encoder / h3_dit parameters), so the refusal text is the server's own
 INVALID_ARG message (docs/request_contract.md); the front end only checks forms (a number where a
-number belongs, "WxH"). Every error message starts with its code word, like Triton's.
+number belongs, "WxH"), each with the one rule of h3_core.rules or h3_core.request_model (an
+integer, seconds, a number, INT64, the prompt sent as a string, a data URL), worded with the API
+field. Every error message starts with its code word, like Triton's.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
-import math
 import re
 from collections.abc import Iterable, Mapping
 
-from h3_core import protocol
-from h3_core.request_model import media_type  # noqa: F401 - the file's media type, one rule
+from h3_core import protocol, rules
+from h3_core.request_model import (
+    RequestError,
+    data_url_bytes,
+    media_type,  # noqa: F401 - the file's media type, one rule
+)
 
 # The file fields: API field -> (its content variant, which also names its files in the job's
 # inputs/ folder; H3Client.generate's argument; repeatable). input_reference is OpenAI's field.
@@ -81,8 +84,6 @@ INT_FIELDS = {
     "n": "num_outputs",
 }
 SIZE_PATTERN = re.compile(r"^([0-9]+)x([0-9]+)$")
-INTEGER_PATTERN = re.compile(r"^-?[0-9]+$")
-DATA_URL = re.compile(r"^data:[^,]*;base64,", re.IGNORECASE)
 DEFAULT_PREVIEW_EVERY = 1
 # Retry-After (seconds) for a full DiT (429) and for a server that cannot serve now (503: shutting
 # down, restarting under --supervise, unreachable)
@@ -148,6 +149,12 @@ class ApiError(Exception):
 def invalid(text: str, param: str | None = None) -> ApiError:
     """A 400 INVALID_ARG error with `text` (the message after the code word) about `param`."""
     return ApiError(400, "INVALID_ARG", text, param)
+
+
+def refused(error: rules.InvalidRequest, param: str) -> ApiError:
+    """A field rule's refusal (h3_core.rules: its text names the API field) as a 400 INVALID_ARG
+    error about `param`; raise it `from error`."""
+    return invalid(str(error), param)
 
 
 def _input_field(text: str, request: dict | None) -> tuple[str | None, str]:
@@ -231,17 +238,18 @@ def _file(field: str, name: str, value) -> bytes:
             raise invalid(f"input_reference must hold image_url alone, got keys {sorted(value)}", field)
         value = value["image_url"]
     if isinstance(value, str):
-        if not DATA_URL.match(value):
+        try:
+            decoded = data_url_bytes(name, value)  # the request model's data: URL rule
+        except RequestError as error:
+            raise invalid(f"{name} {error.text}", field) from error
+        if decoded is None:
             shown = value if len(value) <= 40 else f"{value[:40]}..."
             raise invalid(
                 f"{name}={shown!r} must be a file or a base64 data URL (data:image/png;base64,...): "
                 "this server fetches no URLs",
                 field,
             )
-        try:
-            value = base64.b64decode(value[DATA_URL.match(value).end() :], validate=True)
-        except binascii.Error as error:
-            raise invalid(f"{name} is not valid base64 after 'data:...;base64,': {error}", field) from None
+        value = decoded
     if not isinstance(value, bytes):
         raise invalid(f"{name} must be a file or a base64 data URL, got {type(value).__name__}", field)
     if not value:
@@ -265,23 +273,26 @@ def _media(form: Mapping[str, object]) -> dict[str, list[bytes]]:
 
 
 def _integer(name: str, value) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str) and INTEGER_PATTERN.match(value.strip()):
-        return int(value.strip())
-    raise invalid(f"{name}={value!r} must be an integer", name)
+    """An integer field: a JSON number or a form's digits (h3_core.rules.check_integer)."""
+    try:
+        return rules.check_integer(name, value, text=True)
+    except rules.InvalidValue as error:
+        raise refused(error, name) from error
 
 
 def _seconds(value) -> float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        # ASCII decimal only: float() would also take "٤", "４" and "0_5"
-        ascii_number = isinstance(value, str) and re.fullmatch(r"\s*[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?\s*", value)
-        seconds = float(value) if ascii_number else math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise invalid(f"seconds={value!r} must be a number of seconds > 0", "seconds")
-    return seconds
+    """`seconds`: a number of seconds > 0, ASCII decimal text (h3_core.rules.check_seconds)."""
+    try:
+        return rules.check_seconds("seconds", value, text=True)
+    except rules.InvalidValue as error:
+        raise refused(error, "seconds") from error
+
+
+def check_model(model, model_name: str) -> None:
+    """A create's `model`: absent or `model_name` (every request format's rule). Raises
+    rules.InvalidValue "is not served here; allowed: 'NAME'"."""
+    if model is not None and model != model_name:
+        raise rules.InvalidValue("model", model, f"is not served here; allowed: {model_name!r}")
 
 
 def parse_create(form: Mapping[str, object], model_name: str) -> tuple[dict, dict[str, list[bytes]]]:
@@ -299,12 +310,14 @@ def parse_create(form: Mapping[str, object], model_name: str) -> tuple[dict, dic
     unknown = sorted(set(form) - set(CREATE_FIELDS))
     if unknown:
         raise invalid(f"unknown field {unknown[0]!r}; allowed: {sorted(CREATE_FIELDS)}", unknown[0])
-    prompt = form.get("prompt")
-    if not isinstance(prompt, str):
-        raise invalid("prompt is required and must be a string", "prompt")
-    model = form.get("model")
-    if model is not None and model != model_name:
-        raise invalid(f"model={model!r} is not served here; allowed: {model_name!r}", "model")
+    try:
+        prompt = rules.check_prompt_sent(form.get("prompt"))  # its content: the server's prompt rule
+    except rules.InvalidRequest as error:
+        raise refused(error, "prompt") from error
+    try:
+        check_model(form.get("model"), model_name)
+    except rules.InvalidValue as error:
+        raise refused(error, "model") from error
     request = {"prompt": prompt, "width": None, "height": None, "size": None, "seconds": None}
     size = form.get("size")
     if size is not None:
@@ -325,9 +338,9 @@ def parse_create(form: Mapping[str, object], model_name: str) -> tuple[dict, dic
         DEFAULT_PREVIEW_EVERY if preview_every is None else _integer("preview_every", preview_every)
     )
     try:
-        protocol.check_int64("preview_every", request["preview_every"])  # a request parameter: INT64
-    except ValueError as error:
-        raise invalid(str(error), "preview_every") from None
+        rules.check_int64("preview_every", request["preview_every"])  # a request parameter: INT64
+    except rules.InvalidValue as error:
+        raise refused(error, "preview_every") from error
     for name in ("task", "fit"):
         value = form.get(name)
         if value is not None and not isinstance(value, str):
@@ -346,14 +359,12 @@ def parse_create(form: Mapping[str, object], model_name: str) -> tuple[dict, dic
 
 
 def _shift(name: str, value) -> float:
-    """A flow shift sent as a number or a form's string (its range is the server's)."""
+    """A flow shift sent as a number or a form's decimal text (h3_core.rules.check_number; its
+    range, check_flow_shift, is applied by the server)."""
     try:
-        shift = float(value) if isinstance(value, str) else value
-    except ValueError:
-        shift = None
-    if type(shift) not in (int, float) or isinstance(shift, bool):
-        raise invalid(f"{name}={value!r} must be a number", name)
-    return float(shift)
+        return rules.check_number(name, value, text=True)
+    except rules.InvalidValue as error:
+        raise refused(error, name) from error
 
 
 def _references(value, media: Mapping[str, list[bytes]]) -> list[dict] | None:

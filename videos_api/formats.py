@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from h3_core import protocol, request_model
+from h3_core import protocol, request_model, rules
 from h3_core.request_model import RequestError, VideoRequest
 
 from . import fields
@@ -53,8 +53,10 @@ def read(form: Mapping, multipart: bool, model_name: str, policy: request_model.
             parsed, media = fields.parse_create(form, model_name)
             request = from_parsed(parsed, media)
         else:
-            if form.get("model") not in (None, model_name):
-                raise RequestError("model", f"{form['model']!r} is not served here; allowed: {model_name!r}")
+            try:
+                fields.check_model(form.get("model"), model_name)
+            except rules.InvalidValue as error:
+                raise request_model.at_path("model", error) from error
             if kind == "sglang":
                 body, parts = form, {}
                 if multipart and "request" in form:
@@ -65,7 +67,7 @@ def read(form: Mapping, multipart: bool, model_name: str, policy: request_model.
                 request = request_model.read_vllm_omni({k: v for k, v in form.items() if k != "model"})
             parsed, media = to_parsed(request)
     except RequestError as error:
-        raise fields.invalid(str(error), error.path) from None
+        raise fields.invalid(str(error), error.path) from error
     parsed.update(format=request.format, wire=request.wire().decode("utf-8"))
     return parsed, media
 

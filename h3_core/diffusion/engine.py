@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..config import AUDIO_LATENT_CHANNELS, VIDEO_LATENT_CHANNELS, align_num_frames
+from ..config import AUDIO_LATENT_CHANNELS, ROW_ALIGN, VIDEO_LATENT_CHANNELS, align_num_frames
 from ..model import H3DiT
 from ..model.preview import RANDOM_PREVIEW, PreviewMap
+from ..model.reference_kv import ReferenceKV, ReferencePlan, bytes_per_reference_row
+from ..model.reference_kv import forward as reference_forward
 from ..model.vae import AudioVAE, VideoVAE, decode_clip
 from ..rules import InvalidRequest, check_task
 from . import layout as L
@@ -47,7 +49,9 @@ class RequestState:
     CPU only when the result is sent). Sigma lists (the request's own, else sigma_schedule's)
     have num_inference_steps + 1 entries, one per clock, stepped together;
     step_index counts completed steps (computed or taken with the cached velocity); cache is
-    the request's step cache (h3_core.diffusion.step_cache; threshold 0: off).
+    the request's step cache (h3_core.diffusion.step_cache; threshold 0: off); reference_kv its
+    reference keys and values (h3_core.model.reference_kv; refresh 1: off, always for a request
+    without references), freed when it finishes or leaves.
     """
 
     request_id: str
@@ -69,6 +73,7 @@ class RequestState:
     step_index: int = 0
     cache: StepCache = field(default_factory=StepCache)
     lora: tuple[tuple[str, float], ...] = ()  # GenerationRequest.lora: its adapters (name, scale)
+    reference_kv: ReferenceKV = field(default_factory=ReferenceKV)
 
     @property
     def total_steps(self) -> int:
@@ -86,8 +91,20 @@ class RequestState:
     @property
     def step_rows(self) -> int:
         """Rows its next step occupies in a forward: 0 when Engine.plan_step planned it skipped,
+        its rows without the reference rows (padded to 64) when it reuses their keys and values,
         else `rows` (the scheduler packs by it)."""
-        return 0 if self.cache.skips(self.step_index) else self.rows
+        if self.cache.skips(self.step_index):
+            return 0
+        if self.reference_kv.reuses(self.step_index):
+            start, end = self.layout.reference_span
+            return -(-(self.layout.used - (end - start)) // ROW_ALIGN) * ROW_ALIGN
+        return self.rows
+
+    def reference_plan(self) -> ReferencePlan | None:
+        """Its part in the next forward's reference reuse (None with ref_kv_refresh 1)."""
+        if self.reference_kv.refresh == 1:
+            return None
+        return ReferencePlan(self.reference_kv, *self.layout.reference_span, self.step_index)
 
 
 def initial_noise(layout: L.RequestLayout, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -203,8 +220,10 @@ class Engine:
         conditions' kinds, check_task; a condition's latents, Condition.block and
         layout.check_conditions; `rows` when the padded row count exceeds limits.max_rows;
         `memory` when request_memory_mb exceeds limits.max_request_mb; `text_embeds` for a wrong
-        width). With the DiT's AdaLN weights in host memory (adaln_weights = host) the AdaLN table
-        fills the request's whole schedule here, in one pass (schedule_timesteps, AdaLNTable.prefill).
+        width; `ref_kv_refresh` above 1 when the DiT runs sequence-parallel). ref_kv_refresh
+        applies only to a request with references (RequestLayout.reference_span). With the DiT's
+        AdaLN weights in host memory (adaln_weights = host) the AdaLN table fills the request's
+        whole schedule here, in one pass (schedule_timesteps, AdaLNTable.prefill).
         """
         validate_request(request, self.limits)
         self.check_loras_loaded(request.lora)
@@ -226,6 +245,12 @@ class Engine:
             conditions=blocks,
             vision_spans=vision_spans,
         )
+        refresh = request.ref_kv_refresh if layout.reference_span[0] < layout.reference_span[1] else 1
+        if refresh > 1 and not hasattr(self.dit, "embed_rows"):
+            raise InvalidRequest(
+                "ref_kv_refresh",
+                f"ref_kv_refresh={refresh} is out of range: allowed 1 with a sequence-parallel DiT (sp_degree > 1)",
+            )
         if layout.seq_len > self.limits.max_rows:
             raise ValueError(f"rows={layout.seq_len} is out of range: allowed 1..{self.limits.max_rows}")
         memory = request_memory_mb(
@@ -235,6 +260,11 @@ class Engine:
             layout.seq_len * request.num_outputs,
             self.dit.cfg.hidden_size,
             step_cache=request.cache_threshold > 0,
+            reference_kv_bytes=0
+            if refresh == 1
+            else (layout.reference_span[1] - layout.reference_span[0])
+            * request.num_outputs
+            * bytes_per_reference_row(self.dit.cfg),
         )
         if memory > self.limits.max_request_mb:
             raise ValueError(
@@ -272,6 +302,7 @@ class Engine:
                     task=request.task,
                     cache=StepCache(request.cache_threshold),
                     lora=request.lora,
+                    reference_kv=ReferenceKV(refresh),
                 )
             )
         if request.lora:
@@ -338,7 +369,11 @@ class Engine:
         video = torch.cat([rows for s in states for rows in (s.condition_video, s.video_latents)])
         audio = torch.cat([rows for s in states for rows in (s.condition_audio, s.audio_latents)])
         text = torch.cat([s.text_embeds for s in states])
-        video_v, audio_v = self.dit(video, audio, text, batch)
+        plans = [s.reference_plan() for s in states]
+        if any(plan is not None for plan in plans):
+            video_v, audio_v = reference_forward(self.dit, video, audio, text, batch, plans)
+        else:
+            video_v, audio_v = self.dit(video, audio, text, batch)
         return L.split_rows(batch, video_v, audio_v)
 
     @staticmethod
@@ -359,6 +394,8 @@ class Engine:
             state.audio_latents, velocity[1], state.sigmas_audio[k], state.sigmas_audio[k + 1]
         )
         state.step_index = k + 1
+        if state.finished:
+            state.reference_kv.clear()
 
     def preview_frame(self, state: RequestState, video_velocity: torch.Tensor) -> torch.Tensor:
         """A cheap preview of the current clean estimate (no VAE call): the middle latent frame of
@@ -435,6 +472,8 @@ class Engine:
                 if not leaving:
                     raise ValueError(f"cancels names request {request_id!r}, not in the pack at step {step}")
                 cancelled += leaving
+                for state in leaving:
+                    state.reference_kv.clear()
                 active = [s for s in active if s.request_id != request_id]
             if active:
                 with step_context(step, active) if step_context is not None else nullcontext():

@@ -176,6 +176,13 @@ class RequestLayout:
         return self.condition_audio_rows + self.audio_rows
 
     @property
+    def reference_span(self) -> tuple[int, int]:
+        """[start, end) rows of the reference blocks (image, audio, video references; they follow
+        the keyframes and guides, so they are contiguous); (audio_start, audio_start) when none."""
+        rows = sum(block.rows for block in self.conditions if block.kind in REFERENCE_KINDS)
+        return self.audio_start - rows, self.audio_start
+
+    @property
     def audio_start(self) -> int:
         return self.text_len + self.condition_rows
 

@@ -4,10 +4,9 @@ import secrets
 from dataclasses import dataclass
 
 from ..config import CANVAS_MULTIPLE, FPS, align_num_frames, max_requested_frames
-from ..rules import InvalidRequest, check_lora, check_prompt, check_prompt_bytes
+from ..rules import INT64_MAX, InvalidRequest, check_in_range, check_lora, check_prompt, check_prompt_bytes
 from .sampling import DEFAULT_AUDIO_SHIFT, DEFAULT_VIDEO_SHIFT, check_sigmas
 
-INT64_MAX = 2**63 - 1
 # Peak memory one request adds, measured on the 2-core CPU in float32 with /proc VmHWM
 # (docs/reliability.md): a DiT step needs about 75-88 bytes per packed row and unit of
 # hidden_size (tiny 8.5 KB/row, small 29 KB/row); the video VAE decode about 144 bytes per
@@ -33,6 +32,7 @@ class RequestLimits:
     max_prompt_bytes: int = 4096
     max_request_mb: int = 2048  # request_memory_mb of one request
     max_cache_threshold: float = 0.5  # a request's cache_threshold (h3_core.diffusion.step_cache)
+    max_ref_kv_refresh: int = 1  # a request's ref_kv_refresh (h3_core.model.reference_kv); 1 = off
 
 
 @dataclass(frozen=True)
@@ -61,11 +61,7 @@ class GenerationRequest:
     video_sigmas: tuple[float, ...] | None = None
     audio_sigmas: tuple[float, ...] | None = None
     lora: tuple[tuple[str, float], ...] = ()  # LoRA adapters (name, scale), composed in order (h3_core.model.lora)
-
-
-def _check_range(field: str, value, low, high) -> None:
-    if not (low <= value <= high):
-        raise InvalidRequest(field, f"{field}={value} is out of range: allowed {low}..{high}")
+    ref_kv_refresh: int = 1  # reference rows computed every k steps (h3_core.model.reference_kv); 1 = every step
 
 
 def check_canvas(height: int, width: int, num_frames: int, limits: RequestLimits) -> None:
@@ -102,25 +98,22 @@ def validate_request(request: GenerationRequest, limits: RequestLimits) -> None:
     0 <= cache_threshold <= limits.max_cache_threshold; a sigma list as check_sigmas says (2 to
     max_steps + 1 finite points, strictly decreasing from exactly 1 to exactly 0), both lists of
     the same length (one DiT forward advances both clocks one entry), and num_inference_steps equal
-    to a given list's length - 1; lora as check_lora says.
+    to a given list's length - 1; lora as check_lora says;
+    1 <= ref_kv_refresh <= limits.max_ref_kv_refresh.
     The padded row count is checked in Engine.prepare, once the prompt's token count is known.
     """
     check_prompt(request.prompt)
     check_prompt_bytes(len(request.prompt.encode("utf-8")), limits.max_prompt_bytes)
     check_canvas(request.height, request.width, request.num_frames, limits)
-    _check_range("num_inference_steps", request.num_inference_steps, 1, limits.max_steps)
-    _check_range("num_outputs", request.num_outputs, 1, limits.max_outputs)
+    check_in_range("num_inference_steps", request.num_inference_steps, 1, limits.max_steps)
+    check_in_range("num_outputs", request.num_outputs, 1, limits.max_outputs)
     if request.seed is not None:
-        _check_range("seed", request.seed, 0, INT64_MAX - (request.num_outputs - 1))
+        check_in_range("seed", request.seed, 0, INT64_MAX - (request.num_outputs - 1))
     for field in ("video_shift", "audio_shift"):
         if not getattr(request, field) > 0:
             raise InvalidRequest(field, f"{field}={getattr(request, field)} is out of range: allowed > 0")
-    if not 0 <= request.cache_threshold <= limits.max_cache_threshold:
-        raise InvalidRequest(
-            "cache_threshold",
-            f"cache_threshold={request.cache_threshold} is out of range: allowed "
-            f"0..{limits.max_cache_threshold} (max_cache_threshold)",
-        )
+    check_in_range("cache_threshold", request.cache_threshold, 0, limits.max_cache_threshold, " (max_cache_threshold)")
+    check_in_range("ref_kv_refresh", request.ref_kv_refresh, 1, limits.max_ref_kv_refresh, " (max_ref_kv_refresh)")
     if request.fps != FPS:
         raise InvalidRequest("fps", f"fps={request.fps} is not supported: the model generates {FPS} fps")
     _check_sigma_lists(request, limits)
@@ -154,6 +147,7 @@ def request_memory_mb(
     hidden_size: int,
     bytes_per_row_and_width: int = DIT_BYTES_PER_ROW_AND_WIDTH,
     step_cache: bool = False,
+    reference_kv_bytes: int = 0,
 ) -> int:
     """Estimated peak memory (MiB, rounded up) one request adds to the server: the DiT step
     activations for its packed rows (all outputs) plus the video VAE decoding one output
@@ -161,7 +155,9 @@ def request_memory_mb(
     step caches keep, STEP_CACHE_BYTES_PER_ROW a row (768 B: 12 MiB for one H3 output at its
     default canvas, 16,384 rows). The largest tiny request the default limits allow
     (256 x 256 x 121 frames, one output, 2816 rows; 3072 with a 256-token prompt) needs
-    25 + 1240 = 1265 MiB (1267). bytes_per_row_and_width: the DiT's activation bytes per packed
+    25 + 1240 = 1265 MiB (1267). reference_kv_bytes: what its reference key / value caches keep
+    (ref_kv_refresh > 1: reference rows x outputs x h3_core.model.reference_kv.bytes_per_reference_row,
+    2 KiB a row for tiny, 1.37 MiB for H3 in bf16). bytes_per_row_and_width: the DiT's activation bytes per packed
     row and unit of hidden_size; the default is the CPU float32 measurement, the one
     Engine.prepare applies (server.sizing plugs in a GPU figure)."""
     total = bytes_per_row_and_width * rows * hidden_size + DECODE_BYTES_PER_VOXEL * height * width * align_num_frames(
@@ -169,6 +165,7 @@ def request_memory_mb(
     )
     if step_cache:
         total += STEP_CACHE_BYTES_PER_ROW * rows
+    total += reference_kv_bytes
     return -(-total // 2**20)
 
 

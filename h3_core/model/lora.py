@@ -282,7 +282,9 @@ class LoraAdapters:
         if not any(batch.loras):
             return None
         runs, groups, refiner = [], 0, 0
-        for layout, offset, composition in zip(batch.layouts, batch.offsets, batch.loras, strict=True):
+        ends = [*batch.offsets[1:], batch.total_rows]  # a request's rows: up to the next one's (its padding
+        # included); fewer than layout.seq_len where reference rows are left out (h3_core.model.reference_kv)
+        for layout, offset, end, composition in zip(batch.layouts, batch.offsets, ends, batch.loras, strict=True):
             refiner_len = math.ceil(layout.text_len / ROW_ALIGN) * ROW_ALIGN  # as layout.pack_requests
             for name, _ in composition:
                 if name not in self.adapters:
@@ -291,8 +293,7 @@ class LoraAdapters:
             adaln = any(target.endswith(ADALN_SUFFIX) for adapter, _ in terms for target in adapter.targets)
             groups += adaln
             if terms:
-                rows = (offset, offset + layout.seq_len)
-                runs.append(LoraRun(rows, (refiner, refiner + refiner_len), terms, groups if adaln else 0))
+                runs.append(LoraRun((offset, end), (refiner, refiner + refiner_len), terms, groups if adaln else 0))
             refiner += refiner_len
         if not runs:
             return None

@@ -35,6 +35,7 @@ from h3_core.protocol import (
     SIGMA_INPUTS,
     VAE_FAULTS,
     InvalidRequest,
+    check_request_id,
     check_request_parameters,
     check_task,
     fault_seconds,
@@ -43,6 +44,7 @@ from h3_core.protocol import (
     lora_list,
     read_request_json,
 )
+from h3_core.rules import InvalidValue, check_in_range, check_integer, check_number
 from h3_core.serving.dit.events import Arrival, CancelAnswer, Ended, LiveJob, Refused, Send
 from h3_core.serving.dit.metrics import MetricsRecord
 from h3_core.serving.dit.scheduler import Overloaded, Scheduler
@@ -100,6 +102,16 @@ class BoundedMemory(OrderedDict):
         return entry[1] if entry is not None and now - entry[0] < EARLY_CANCEL_SECONDS else None
 
 
+def _checked(rule, field: str, value, **options):
+    """rule(field, value, **options), an h3_core.rules field rule whose refusal is worded for
+    REQUEST's fields: ValueError "FIELD REASON, got VALUE" (InvalidValue.got), the rule's error its
+    cause."""
+    try:
+        return rule(field, value, **options)
+    except InvalidValue as error:
+        raise ValueError(error.got()) from error
+
+
 def _is_int(value) -> bool:
     return type(value) is int
 
@@ -127,16 +139,14 @@ def read_conditions(arrival: Arrival, fields: dict) -> tuple[str, list[Condition
         unknown = sorted(set(entry) - set(CONDITION_FIELDS))
         if unknown:
             raise ValueError(f"{where} has unknown key {unknown[0]!r}; allowed: {list(CONDITION_FIELDS)}")
-        if not _is_int(entry.get("frame", 0)):
-            raise ValueError(f"{where} frame must be an integer, got {entry['frame']!r}")
+        _checked(check_integer, f"{where} frame", entry.get("frame", 0))
         for key, rank in (("video", 4), ("audio", 3)):
             if key in entry and not _shape(entry[key], rank):
                 raise ValueError(f"{where} {key} must be a shape of {rank} positive integers, got {entry[key]!r}")
         source, start = entry.get("input", ""), entry.get("start_time_seconds", 0.0)
         if type(source) is not str or len(source) > MAX_SOURCE_CHARS:
             raise ValueError(f"{where} input must be a string of at most {MAX_SOURCE_CHARS} characters, got {source!r}")
-        if type(start) not in (int, float) or not 0 <= start < math.inf:
-            raise ValueError(f"{where} start_time_seconds must be a finite number >= 0, got {start!r}")
+        _checked(check_number, f"{where} start_time_seconds", start, low=0)
         shapes.append((entry.get("video"), entry.get("audio")))
     spans = fields.get("vision_spans", [])
     if type(spans) is not list or not all(
@@ -232,9 +242,7 @@ def parse(
     )
     for name in INT_INPUTS.values():
         if name in fields:
-            if type(fields[name]) is not int:
-                raise ValueError(f"{name} must be an integer, got {fields[name]!r}")
-            values[name] = fields[name]
+            values[name] = _checked(check_integer, name, fields[name])  # its range: validate_request
     sigmas = {}
     for name, field in SIGMA_INPUTS.items():
         if field in fields:
@@ -261,17 +269,15 @@ def parse(
         raise ValueError("TEXT_EMBEDS holds non-finite values")
     encode_s, received = fields.get("encode_seconds", 0.0), fields.get("received_unix_s")
     for name, value in (("encode_seconds", encode_s), ("received_unix_s", received)):
-        if value is not None and type(value) not in (int, float):
-            raise ValueError(f"{name} must be a number, got {value!r}")
+        if value is not None:
+            _checked(check_number, name, value)
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise ValueError(f"{name}={value} is out of range: allowed finite >= 0 seconds")
     # deadline_s counts from the request's arrival at the server (h3_encoder), else at the DiT
     since_received = 0.0 if received is None else max(0.0, time.time() - received)
-    if len(arrival.request_id) > MAX_REQUEST_ID_CHARS:
-        raise ValueError(f"request id has {len(arrival.request_id)} characters: allowed 1..{MAX_REQUEST_ID_CHARS}")
+    check_request_id("request id", arrival.request_id)
     priority, limit = parameters.get("request_priority", 0), settings.priority_max
-    if not -limit <= priority <= limit:
-        raise ValueError(f"request_priority={priority} is out of range: allowed {-limit}..{limit} (priority_max)")
+    check_in_range("request_priority", priority, -limit, limit, " (priority_max)")
     geometry = fields.get("geometry")
     if geometry is not None and type(geometry) is not dict:
         raise ValueError(f"REQUEST field 'geometry' must be an object, got {geometry!r}")
@@ -297,6 +303,7 @@ def parse(
         cache_threshold=cache_threshold,
         lora=lora,
         **sigmas,
+        ref_kv_refresh=parameters.get("ref_kv_refresh", settings.ref_kv_refresh),
         **values,
     )
     try:

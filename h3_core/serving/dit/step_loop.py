@@ -15,8 +15,8 @@ flight, step times; it returns what is due as plain data, `Settled`) and the `Sc
    handed to the scheduler (admission; refused with INVALID_ARG or UNAVAILABLE at once); a control
    request {"cancel_request_id": ID} is answered at once (`Admission.cancel_by_id`, CANCEL_STATES in
    h3_core.protocol); a known request refreshes its job's handle. Cancels recorded in the
-   registry (by h3_cancel, where clients send them, or by another instance) are read from it; jobs Triton stopped delivering (`drop_vanished`) are
-   forgotten.
+   registry (by h3_cancel, where clients send them, or by another instance) are read from it;
+   jobs Triton stopped delivering (`drop_vanished`) are forgotten.
 2. Step boundary (`end_cancelled`): jobs cancelled by id, natively cancelled by their client, past
    their deadline, or all of them while the server drains, end with a final `Ended` (CANCELLED).
 3. The pack: each live job's step cache plans its next step (`plan`, Engine.plan_step: whether it
@@ -558,7 +558,10 @@ class StepLoop:
             self.admission.remember_dropped(job.key, job.request_id, dropped)
 
     def drop(self, job: LiveJob, status: Status) -> None:
-        """Remove the job from this loop (the registry already knows it left)."""
+        """Remove the job from this loop (the registry already knows it left) and free its states'
+        reference key / value caches (h3_core.model.reference_kv)."""
         job.status = status
+        for state in job.states:
+            state.reference_kv.clear()
         self.scheduler.remove(job)
         del self.jobs[job.key]

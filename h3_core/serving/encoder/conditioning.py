@@ -63,11 +63,12 @@ def read_keyframes(
     area: int,
     num_frames: int,
     decoding: Decoding | None = None,
+    num_outputs: int = 1,
 ) -> Keyframes:
     """Decode and fit a request's KEYFRAMES (files: the encoded images, indices: KEYFRAME_INDICES
     or None) to its canvas (height, width: HEIGHT / WIDTH or None; area: the model's default
     canvas area in pixels; num_frames: NUM_FRAMES as asked; decoding: the request's Decoding, None
-    for none). No keyframes -> Keyframes() with
+    for none; num_outputs: NUM_OUTPUTS). No keyframes -> Keyframes() with
     height/width as given. The keyframes are sorted once, first frame then last (the row order of
     h3_core.diffusion.layout.order_conditions): `frames`, `images`, the presentation's picture
     numbers, `geometry`'s keyframe_sizes and the canvas (from the first frame's keyframe) all
@@ -76,7 +77,8 @@ def read_keyframes(
     Raises ValueError naming the input: the count or indices (h3_core.protocol.keyframe_indices),
     a file (h3_core.inputs.images.decode_image: format, bytes, pixels, sides, aspect, animation,
     truncation; named by its position in KEYFRAMES as sent), the canvas (height/width out of
-    h3_dit's limits or not multiples of 32), or two different keyframes for NUM_FRAMES 1 (a
+    h3_dit's limits or not multiples of 32), rows or memory of num_outputs over h3_dit's limits
+    (check_request_size: before any VAE runs), or two different keyframes for NUM_FRAMES 1 (a
     one-frame request's first frame is its last)."""
     frames = keyframe_indices(len(files), indices)
     if not files:
@@ -92,6 +94,17 @@ def read_keyframes(
         source[0], source[1], area, settings.max_height, settings.max_width, height=height, width=width
     )
     check_canvas(height, width, 1, RequestLimits(max_height=settings.max_height, max_width=settings.max_width))
+    down = VIDEO_SPATIAL_DOWNSAMPLE
+    check_request_size(
+        [ConditionBlock("keyframe", 1, height // down, width // down, 0, frame) for frame in frames],
+        height,
+        width,
+        num_frames,
+        num_outputs,
+        settings,
+        "keyframes",
+        "fewer outputs, fewer frames, or a smaller canvas",
+    )
     fit = fit or DEFAULT_FIT
     geometry = {
         "canvas": canvas,
@@ -335,22 +348,47 @@ def read_references(
         "reference_video_sizes": [list(frames.shape[:3]) for frames, _ in sized_videos],
         "reference_audio_seconds": [track.shape[1] / AUDIO_SAMPLE_RATE for track in refs.audio],
     }
-    rows = make_layout(1, height, width, num_frames, conditions=tuple(_blocks(refs))).seq_len
+    check_request_size(
+        _blocks(refs),
+        height,
+        width,
+        num_frames,
+        num_outputs,
+        settings,
+        "references and guides",
+        "fewer or shorter references, fewer outputs, or a smaller canvas",
+    )
+    return refs
+
+
+def check_request_size(
+    blocks: list[ConditionBlock],
+    height: int,
+    width: int,
+    num_frames: int,
+    num_outputs: int,
+    settings: EncoderSettings,
+    conditions: str,
+    advice: str,
+) -> None:
+    """Raise ValueError when the rows of num_outputs requests with these condition blocks (the
+    text's rows not yet known) pass max_batch_rows, or their memory (request_memory_mb) passes
+    max_request_mb: what h3_dit would refuse, said before any VAE runs. `conditions` names the
+    blocks in the message ("keyframes"), `advice` what to send instead."""
+    rows = make_layout(1, height, width, num_frames, conditions=tuple(blocks)).seq_len
     if rows * num_outputs > settings.max_batch_rows:
         raise ValueError(
-            f"rows={rows * num_outputs} ({num_outputs} x {rows}, references and guides included) is out of range: "
-            f"allowed 1..{settings.max_batch_rows} (max_batch_rows): send fewer or shorter references, fewer "
-            "outputs, or a smaller canvas"
+            f"rows={rows * num_outputs} ({num_outputs} x {rows}, {conditions} included) is out of range: "
+            f"allowed 1..{settings.max_batch_rows} (max_batch_rows): send {advice}"
         )
     memory = request_memory_mb(
         height, width, num_frames, rows * num_outputs, get_config(settings.config_name).hidden_size
     )
     if memory > settings.max_request_mb:
         raise ValueError(
-            f"memory={memory} MiB (references and guides included) is out of range: allowed up to "
+            f"memory={memory} MiB ({conditions} included) is out of range: allowed up to "
             f"{settings.max_request_mb} MiB (max_request_mb)"
         )
-    return refs
 
 
 def _blocks(refs: References) -> list[ConditionBlock]:

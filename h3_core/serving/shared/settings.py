@@ -16,6 +16,7 @@ from h3_core.inputs.references import DecodeBudget, MediaLimits
 from h3_core.model.adaln_table import DEFAULT_CAPACITY, check_adaln_weights
 from h3_core.model.fp8 import QUANTIZATIONS
 from h3_core.model.initialization import weights_seed
+from h3_core.model.reference_kv import check_refresh
 from h3_core.protocol import (
     DIT_MODEL,
     ENCODER_MODEL,
@@ -380,7 +381,9 @@ class DitSettings:
     (h3_core.diffusion.step_cache): cache_threshold (a request's when it sends none; 0 = off),
     max_cache_threshold (the largest a request may send; with sp_degree > 1 a request's
     cache_threshold above 0 is refused: the metric runs the DiT's first block in this process).
-    allow_fault_injection: lets the test-only request parameter inject_fault act. gpu_turns (on
+    Reference reuse: ref_kv_refresh (a request's k when it sends none), max_ref_kv_refresh (the
+    largest it may send), rules: h3_core.model.reference_kv.check_refresh. allow_fault_injection:
+    lets the test-only request parameter inject_fault act. gpu_turns (on
     cuda with sp_degree 1: each packed step takes the GPU's turn, so that an h3_vae decoding on
     the same GPU with gpu_turns computes only between steps, h3_core.serving.shared.gpu_turns; steps
     then do not overlap the next step's host work). LoRA (docs/lora.md): loras (adapters loaded at start,
@@ -427,6 +430,8 @@ class DitSettings:
     max_request_mb: int = RequestLimits.max_request_mb
     cache_threshold: float = 0.0
     max_cache_threshold: float = RequestLimits.max_cache_threshold
+    ref_kv_refresh: int = 1
+    max_ref_kv_refresh: int = RequestLimits.max_ref_kv_refresh
     allow_fault_injection: bool = False
     gpu_turns: bool = False
     loras: str = ""
@@ -488,6 +493,7 @@ class DitSettings:
                 f"h3_dit parameter cache_threshold={self.cache_threshold} needs sp_degree 1: the step cache's "
                 "metric runs the DiT's first block in the instance's process"
             )
+        check_refresh(self.ref_kv_refresh, self.max_ref_kv_refresh, self.sp_degree)
         if self.gpu_turns and (not self.device.startswith("cuda") or self.sp_degree != 1):
             raise ValueError(
                 f"h3_dit parameter gpu_turns=true needs device cuda and sp_degree 1, got device={self.device!r} "
@@ -587,6 +593,7 @@ class DitSettings:
             max_rows=self.max_batch_rows,
             max_request_mb=self.max_request_mb,
             max_cache_threshold=self.max_cache_threshold,
+            max_ref_kv_refresh=self.max_ref_kv_refresh,
         )
 
 

@@ -271,6 +271,7 @@ class TritonPythonModel:
             self.canvas_area,
             fields.get("num_frames", self.cfg.default_num_frames),
             decoding,
+            max(1, fields.get("num_outputs", 1)),
         )
         refs = None
         if has_references:

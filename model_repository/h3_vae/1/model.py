@@ -6,9 +6,9 @@ Decoupled: every h3_dit response reaches this model through the ensemble; one wi
 latents is decoded on a pool of `decode_workers` threads (h3_core.serving.vae.ordered_pool: one request's
 outputs in order, different requests in parallel), so no response waits behind another
 request's decode; a heartbeat is answered with a keep-alive response (protocol.KEEPALIVE, unless
-the request sent keepalive=false), a result with its response and then the final flag (an early end carries the final flag in its
-one send), or at
-once with UNAVAILABLE when decode_workers + max_queued_decodes decodes are open; an open decode
+the request sent keepalive=false), a result with its response and then the final flag (an
+early end carries the final flag in its one send), or at once with UNAVAILABLE when
+decode_workers + max_queued_decodes decodes are open; an open decode
 gets keep-alives of its own after heartbeat_s seconds without a response, and the gauge
 h3_vae_decodes{state="queued"|"running"} counts the open decodes (h3_core.serving.vae.decodes). Every
 request ends with its final flag, whatever fails. Everything that touches the stub (requests,
