@@ -411,3 +411,34 @@ def test_the_page_sends_its_lora_field(served, tmp_path):
             wait_for(lambda: find(By.ID, "error").text == refused, 60, "the refusal on the page")
         finally:
             browser.quit()
+
+
+def test_one_bad_lora_is_refused_by_the_one_rule_on_every_entry_point(tmp_path, capsys):
+    """rules.lora_list refuses it, and every entry point keeps that error in its chain."""
+    from client.inputs import lora_input
+    from h3_core.request_model import RequestError, read_vllm_omni
+    from videos_api.fields import ApiError, form_fields, parse_create
+
+    from .test_one_rule import dit, rule_error
+
+    bad, message = '[{"name": "style", "scale": 9}]', "lora 'style' scale=9.0 is out of range: allowed -4.0..4.0"
+    with pytest.raises(InvalidRequest) as core:
+        lora_list(bad)
+    assert (core.value.field, str(core.value)) == ("lora", message)
+    with pytest.raises(InvalidRequest) as admission:  # h3_dit's admission of REQUEST's "lora"
+        dit({"lora": [{"name": "style", "scale": 9}]})
+    assert str(admission.value) == message
+    with pytest.raises(ApiError) as api:
+        parse_create(form_fields([("prompt", "p"), ("lora", bad)]), "h3")
+    assert (api.value.status, api.value.message, api.value.param) == (400, f"INVALID_ARG: {message}", "lora")
+    with pytest.raises(RequestError) as vllm:
+        read_vllm_omni({"prompt": "p", "lora": bad})
+    assert (vllm.value.path, vllm.value.text) == ("lora", message)
+    with pytest.raises(InvalidRequest) as client:  # H3Client.generate(lora=...) builds its input with it
+        lora_input([("style", 9)])
+    assert str(vllm.value.__cause__) == message
+    for error in (api.value, client.value):
+        assert str(rule_error(error)) == message
+    with pytest.raises(SystemExit):
+        parse_args(["--prompt", "x", "--out", str(tmp_path / "a.mp4"), "--lora", "style:9"])
+    assert "argument --lora: must be NAME[:SCALE]" in capsys.readouterr().err

@@ -351,7 +351,7 @@ def parse_create(form: Mapping[str, object], model_name: str) -> tuple[dict, dic
     try:  # a JSON array of {"name", "scale"}, or the form field repeated as NAME[:SCALE]
         request["lora"] = protocol.lora_list(form.get("lora"))
     except ValueError as error:
-        raise invalid(str(error), "lora") from None
+        raise refused(error, "lora") from error
     media = _media(form)
     request["references"] = _references(form.get("references"), media)
     request["inputs"] = {variant: [media_type(data) for data in files] for variant, files in media.items()}
