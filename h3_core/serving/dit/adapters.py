@@ -82,9 +82,11 @@ class ServedAdapters:
         return self.report(name)
 
     def report(self, name: str) -> dict:
-        """A held adapter's report: state "loaded", rank, targets (linears it changes), bytes."""
+        """A held adapter's report: state "loaded", rank (part_rank, as max_lora_rank compares it),
+        targets (linears it changes), bytes (its A and B on the device)."""
         entry = next(entry for entry in self.engine.loras() if entry["name"] == name)
-        return {"state": "loaded", "rank": entry["rank"], "targets": entry["targets"], "bytes": entry["bytes"]}
+        rank = part_rank(self.engine.lora_holder().adapters[name])
+        return {"state": "loaded", "rank": rank, "targets": entry["targets"], "bytes": entry["bytes"]}
 
     def sync(self) -> None:
         """Reconcile the engine with the registry's table when its version changed, and retry
