@@ -40,6 +40,9 @@ CPU_ROW_TILE, GPU_ROW_TILE = 64, 0
 BITWISE_CUBLAS_WORKSPACE = ":0:0"  # CUBLAS_WORKSPACE_CONFIG: no workspace, so no split-K reduction
 
 
+RECOMPILE_LIMIT = 64  # compiled entries per code object (compile_blocks; torch's default is 8)
+
+
 def use_bitwise_cublas() -> None:
     """Set CUBLAS_WORKSPACE_CONFIG=:0:0 for this process. cuBLAS reads it when it first runs, so
     call this before the process's first CUDA GEMM (load_engine and the h3_dit model do)."""
@@ -385,6 +388,10 @@ class H3DiT(nn.Module):
         max_compiled_rows rows (74,898 for the H3 widths; servers pack at most
         server.sizing.MAX_BATCH_ROWS = 65,536)."""
         torch._dynamo.config.fail_on_recompile_limit_hit = True  # never fall back to eager silently
+        # with LoRA slots a Linear's forward breaks the graph at its slot (the deltas run eagerly) and
+        # its resumed code compiles once per linear shape (in_features are static), for every config
+        # in the process: 4 shapes a config, so 8 entries were hit by three DiTs in one process
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         cfg = self.cfg
         self.max_compiled_rows = (2**31 - 1) // max(2 * cfg.ffn_size, 3 * cfg.attn_width)
         for block in self.blocks:
