@@ -90,6 +90,7 @@ def test_sdk_creates_polls_and_downloads_what_the_client_api_generates(sdk, clie
             "num_outputs": None,
             "flow_shift": None,
             "audio_flow_shift": None,
+            "lora": [],
             "keyframes": [],
             "references": [],
         },

@@ -36,7 +36,7 @@ def test_create_fields_map_onto_the_pipeline_request():
             "fit": None,
             "flow_shift": None,
             "audio_flow_shift": None,
-            "lora": (),
+            "lora": [],
             "references": None,
             "inputs": {},
         },
@@ -58,12 +58,12 @@ def test_create_fields_map_onto_the_pipeline_request():
         "fit": None,
         "flow_shift": None,
         "audio_flow_shift": None,
-        "lora": (),
+        "lora": [],
         "references": None,
         "inputs": {},
     }
     lora = form_fields([("prompt", "p"), ("lora", "style:0.5"), ("lora", '[{"name": "turbo"}]')])
-    assert parse_create(lora, "h3")[0]["lora"] == (("style", 0.5), ("turbo", 1.0))
+    assert parse_create(lora, "h3")[0]["lora"] == [{"name": "style", "scale": 0.5}, {"name": "turbo", "scale": 1.0}]
 
 
 def test_file_fields_come_as_uploads_or_data_urls_and_imply_the_task():

@@ -349,7 +349,7 @@ def parse_create(form: Mapping[str, object], model_name: str) -> tuple[dict, dic
     for name in ("flow_shift", "audio_flow_shift"):
         request[name] = None if form.get(name) is None else _shift(name, form[name])
     try:  # a JSON array of {"name", "scale"}, or the form field repeated as NAME[:SCALE]
-        request["lora"] = protocol.lora_list(form.get("lora"))
+        request["lora"] = protocol.lora_entries(protocol.lora_list(form.get("lora")))
     except ValueError as error:
         raise refused(error, "lora") from error
     media = _media(form)

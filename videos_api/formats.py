@@ -110,7 +110,7 @@ def to_parsed(request: VideoRequest) -> tuple[dict, dict[str, list[bytes]]]:
         "fit": None,
         "flow_shift": request.flow_shift,
         "audio_flow_shift": request.audio_flow_shift,
-        "lora": request.lora,
+        "lora": protocol.lora_entries(request.lora),
         "references": request.reference_order() if request.references else None,
         "paths": paths,
         "inputs": {variant: [fields.media_type(data) for data in files] for variant, files in media.items()},
@@ -155,7 +155,7 @@ def from_parsed(parsed: dict, media: Mapping[str, list[bytes]]) -> VideoRequest:
         num_outputs=parsed["num_outputs"],
         flow_shift=parsed.get("flow_shift"),
         audio_flow_shift=parsed.get("audio_flow_shift"),
-        lora=parsed.get("lora", ()),
+        lora=protocol.lora_list(parsed.get("lora")),
         keyframes=keyframes,
         references=references,
     )
