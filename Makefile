@@ -35,11 +35,20 @@ test-gpu:
 # writer makes; model_repository/ itself keeps the tiny config on seeded random weights (tests, serve).
 # Conditioned: FIRST_FRAME=a.png and/or LAST_FRAME=b.png (fl2va), REFERENCE_IMAGE=c.png and/or
 # REFERENCE_AUDIO=d.wav (ref2va), passed to client.generate as --first-frame etc.
+# LoRAs (docs/lora.md §"The demo's LoRAs"): LORA=turbo STEPS=2 (the few-step student), LORA=style:0.5, or a
+# comma list; h3_dit loads both shipped adapters (--set h3_dit.loras) and the request names LORA's (--lora
+# NAME[:SCALE] each); LORA empty: no adapter. STEPS=N: the request's denoise steps (default: the config's).
+LORA ?=
+STEPS ?=
+comma := ,
+DEMO_LORAS := turbo=$(CURDIR)/weights/demo/turbo_lora.safetensors,style=$(CURDIR)/weights/demo/style_lora.safetensors
 demo: setup
 	mkdir -p out
-	$(PY) -m server.repository out/demo_model_repository --config demo --checkpoint weights/demo
+	$(PY) -m server.repository out/demo_model_repository --config demo --checkpoint weights/demo \
+		$(if $(LORA),--set h3_dit.loras=$(DEMO_LORAS))
 	$(PY) -m server.launch --free-ports --model-repository out/demo_model_repository \
 		--then $(PY) -m client.generate --prompt "$(PROMPT)" --out out/demo.mp4 --wav out/demo.wav \
+		$(if $(STEPS),--steps $(STEPS)) $(foreach lora,$(subst $(comma), ,$(LORA)),--lora $(lora)) \
 		$(if $(FIRST_FRAME),--first-frame "$(FIRST_FRAME)") $(if $(LAST_FRAME),--last-frame "$(LAST_FRAME)") \
 		$(if $(REFERENCE_IMAGE),--reference-image "$(REFERENCE_IMAGE)") \
 		$(if $(REFERENCE_AUDIO),--reference-audio "$(REFERENCE_AUDIO)")

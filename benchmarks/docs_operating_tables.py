@@ -481,3 +481,36 @@ def ref_kv_reuse(name: str) -> Callable[[Path], str]:
         return "\n".join(lines)
 
     return render
+
+
+def lora_demo(root: Path) -> str:
+    """The demo's turbo and style LoRAs against the base from lora_demo_cpu.json
+    (training/lora_evaluate.py) with issue 51's targets (docs/lora.md §"The demo's LoRAs")."""
+    document = load(root, "lora_demo_cpu")
+    s = document["summary"]
+    style = s["style_per_attribute"]
+    clips = document["clips"]
+    return "\n".join(
+        [
+            provenance(document, "benchmarks/results/lora_demo_cpu.json") + f"; {clips} held-out prompts, seed 0:",
+            "",
+            "| figure | with the LoRA | the base | target |",
+            "|---|---:|---:|---|",
+            f"| 2-step clips against the base's 8-step: median frame PSNR, dB (`turbo2_psnr_vs_base8_db`) "
+            f"| {s['turbo2_psnr_vs_base8_db']:.2f} | {s['base2_psnr_vs_base8_db']:.2f} | >= 36 |",
+            f"| 1 step: attribute accuracy (`turbo1_attribute_accuracy`) | {s['turbo1_attribute_accuracy']:.4f} "
+            f"| {s['base1_attribute_accuracy']:.4f} | |",
+            f"| 1 step: colour accuracy | {s['turbo1_colour_accuracy']:.4f} | {s['base1_colour_accuracy']:.4f} "
+            "| >= 0.95 |",
+            f"| 2 steps: attribute accuracy | {s['turbo2_attribute_accuracy']:.4f} "
+            f"| {s['base2_attribute_accuracy']:.4f} (8 steps: {s['base8_attribute_accuracy']:.4f}) | |",
+            f"| style, scale 1: the shape's mean brightness shift, of 255 (`style_brightness_shift`) "
+            f"| {s['style_brightness_shift']:+.1f} | 0 (brightness {s['base8_shape_brightness']:.1f}) | >= 30 |",
+            f"| style, scale 0.5: the shift (`style_half_scale_shift`) | {s['style_half_scale_shift']:+.1f} | 0 "
+            "| about half |",
+            f"| style, scale 1: direction / pitch / side accuracy | {style['direction']:.2f} / {style['pitch']:.2f} / "
+            f"{style['side']:.2f} | | 1.0 each |",
+            f"| style, scale 1: colour accuracy (the brighter shape is read as another colour) | {style['colour']:.2f} "
+            "| | |",
+        ]
+    )

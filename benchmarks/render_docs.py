@@ -56,6 +56,7 @@ from docs_operating_tables import (
     fp8_comparison,
     full_model_qwen3vl,
     full_model_qwen3vl_figure,
+    lora_demo,
     official_layout,
     ref_kv_reuse,
     sequence_parallel_bitwise,
@@ -94,6 +95,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
         for key in ("run_a_wall_s", "run_b_wall_s", "peak_gib")
     },
     "official_layout_h200 table": official_layout,
+    "lora_demo_cpu table": lora_demo,
     "h200x2_sequence_parallel bitwise": sequence_parallel_bitwise,
     "h200x2_sequence_parallel max_abs_diff": sequence_parallel_max_diff,
     "registry_cpu calls": registry_cpu,

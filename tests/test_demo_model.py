@@ -33,9 +33,17 @@ from tests.test_engine import (  # noqa: F401 - collected by pytest from this mo
     test_num_outputs_gives_consecutive_seeds_in_both_modes,
     test_request_mode_equals_step_mode,
 )
-from training import data, evaluate, preview_fit
+from training import data, evaluate, lora_train, preview_fit
 
-FILES = ("dit.safetensors", "video_vae.safetensors", "audio_vae.safetensors", PREVIEW_FILE, TRAINING_FILE, CACHE_FILE)
+FILES = (
+    "dit.safetensors",
+    "video_vae.safetensors",
+    "audio_vae.safetensors",
+    PREVIEW_FILE,
+    TRAINING_FILE,
+    CACHE_FILE,
+    *lora_train.FILES.values(),  # the demo's LoRAs (docs/lora.md)
+)
 
 
 @pytest.fixture(scope="module")

@@ -178,10 +178,12 @@ def trajectory(clip: Clip) -> tuple[torch.Tensor, torch.Tensor, float]:
     return torch.full_like(s, cx + across), cy + dy * s, radius
 
 
-def render_video(clips: list[Clip], device: str | torch.device = "cpu") -> torch.Tensor:
-    """uint8 [N, 22, 64, 96, 3] frames of the clips (antialiased 1-px edges)."""
+def render_video(clips: list[Clip], device: str | torch.device = "cpu", lift: float = 0.0) -> torch.Tensor:
+    """uint8 [N, 22, 64, 96, 3] frames of the clips (antialiased 1-px edges); lift (0..255) is
+    added to each channel of the shape's colour, clamped at 255 (the style LoRA's brighter clips,
+    training/lora_train.py)."""
     xs, ys, radii = zip(*(trajectory(c) for c in clips), strict=True)
-    return _draw(clips, torch.stack(xs), torch.stack(ys), torch.tensor(radii), device)
+    return _draw(clips, torch.stack(xs), torch.stack(ys), torch.tensor(radii), device, lift)
 
 
 def render_reference_image(clips: list[Clip], device: str | torch.device = "cpu") -> torch.Tensor:
@@ -191,9 +193,11 @@ def render_reference_image(clips: list[Clip], device: str | torch.device = "cpu"
     return _draw(clips, centre[:, :1], centre[:, 1:], torch.full((len(clips),), RADIUS), device)[:, 0]
 
 
-def _draw(clips: list[Clip], x: torch.Tensor, y: torch.Tensor, radius: torch.Tensor, device) -> torch.Tensor:
-    """uint8 [N, T, 64, 96, 3]: each clip's shape and colour centred at x, y float32 [N, T]
-    (pixels), radius float32 [N], on the background."""
+def _draw(
+    clips: list[Clip], x: torch.Tensor, y: torch.Tensor, radius: torch.Tensor, device, lift: float = 0.0
+) -> torch.Tensor:
+    """uint8 [N, T, 64, 96, 3]: each clip's shape and colour (+ lift per channel, at most 255)
+    centred at x, y float32 [N, T] (pixels), radius float32 [N], on the background."""
     x = x.to(device)[:, :, None, None]  # [N, T, 1, 1]
     y = y.to(device)[:, :, None, None]
     r = radius.to(device)[:, None, None, None]
@@ -204,6 +208,7 @@ def _draw(clips: list[Clip], x: torch.Tensor, y: torch.Tensor, radius: torch.Ten
     is_ball = torch.tensor([c.shape == "ball" for c in clips], device=device)[:, None, None, None]
     alpha = (r + 0.5 - torch.where(is_ball, disc, square)).clamp(0, 1)[..., None]  # [N, T, H, W, 1]
     colour = torch.tensor([COLOURS[c.colour] for c in clips], device=device, dtype=torch.float32)
+    colour = (colour + lift).clamp(max=255.0)
     background = torch.tensor(BACKGROUND, device=device, dtype=torch.float32)
     frames = background + alpha * (colour[:, None, None, None, :] - background)
     return frames.round().to(torch.uint8)

@@ -293,14 +293,15 @@ def init_dit(cfg, seed: int, device) -> H3DiT:
 
 @torch.no_grad()
 def encode_clips(
-    clips: list[data.Clip], video_vae: VideoVAE, audio_vae: AudioVAE, device, chunk: int = 256
+    clips: list[data.Clip], video_vae: VideoVAE, audio_vae: AudioVAE, device, chunk: int = 256, lift: float = 0.0
 ) -> dict[str, torch.Tensor]:
     """Clean latent rows (normalised) of the clips and of their conditions, as the sampler and
     conditions.condition_rows lay them out: "video" [N, V, 96] and "audio" [N, 2*T_a, 32] (the
     clip), "first" / "last" [N, F, 96] (its first / last frame through vae.keyframe_latent, F =
     frame_rows), "image" [N, F, 96] (its reference image, keyframe_latent too) and "tone"
     [N, 2 x REFERENCE_AUDIO_T, 32] (its reference tone, channel-major). Reference images and
-    tones are encoded once per colour and shape / pitch and side."""
+    tones are encoded once per colour and shape / pitch and side. lift: data.render_video's (the
+    shape's colour brightened)."""
 
     def still(image: torch.Tensor) -> torch.Tensor:
         return L.patchify_video(keyframe_latent(video_vae, image)[:, None])
@@ -312,7 +313,7 @@ def encode_clips(
     images, tones = {}, {}
     for i in range(0, len(clips), chunk):
         part = clips[i : i + chunk]
-        frames = data.render_video(part, device)
+        frames = data.render_video(part, device, lift)
         sound = data.render_audio(part, device)
         for clip, f, a in zip(part, frames, sound, strict=True):
             out["video"].append(L.patchify_video(video_vae.encode(f)))

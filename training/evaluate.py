@@ -91,10 +91,14 @@ def generate_states(
     text_states: dict[str, torch.Tensor] | None = None,
     task: str = "t2va",
     cache_threshold: float = 0.0,
+    lora: tuple[tuple[str, float], ...] = (),
+    sigmas: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
 ) -> list[tuple[RequestState, np.ndarray, np.ndarray]]:
     """`generate` with each clip's finished RequestState (its rows, its step cache's skipped
     steps) before its frames and audio; cache_threshold: each request's (0: every step
-    computed; the engine's limits bound it)."""
+    computed; the engine's limits bound it); lora: each request's adapters (name, scale), loaded
+    with Engine.add_lora; sigmas: each request's (video_sigmas, audio_sigmas), steps + 1 points
+    each (None: the shifted uniform schedule)."""
     outputs = []
     for start in range(0, len(clips), pack):
         states = []
@@ -109,6 +113,9 @@ def generate_states(
                 seed,
                 task=data.REQUEST_TASKS[task],
                 cache_threshold=cache_threshold,
+                video_sigmas=None if sigmas is None else sigmas[0],
+                audio_sigmas=None if sigmas is None else sigmas[1],
+                lora=lora,
             )
             embeds = None if text_states is None else text_states[prompt]
             states += engine.prepare(request, embeds, conditions(engine, clip, task))
