@@ -235,7 +235,8 @@ def bench(args) -> dict:
     (BENCH_SHAPES["cpu"]), a smoke test."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     config, height, width, frames, video, tone = BENCH_SHAPES[device]
-    use_bitwise_cublas()
+    if device == "cuda":  # as load_engine: the process's environment is left alone on the CPU (its smoke
+        use_bitwise_cublas()  # test runs inside a pytest process whose later subprocesses inherit it)
     limits = RequestLimits(
         max_height=1024,
         max_width=1024,

@@ -6,6 +6,7 @@ step) bitwise; a t2va request is unaffected; the cache is freed on finish and ca
 
 import argparse
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -229,10 +230,14 @@ def test_bench_measurement_runs_on_the_cpu():
     """benchmarks/ref_kv_reuse.py --model bench without CUDA: the tiny DiT, a 64 x 96 px request
     whose references (a 7 x 4 x 6 latent video: 42 rows, an image: 6, a 40-latent tone: 80) are 128
     of its 253 used rows. Block 1's reference keys and values never drift (their input and
-    timestep, 0.999 and 1, are fixed); block 2's do; k = 2 and 4 move the latents, k = 4 further."""
+    timestep, 0.999 and 1, are fixed); block 2's do; k = 2 and 4 move the latents, k = 4 further.
+    On the CPU it leaves CUBLAS_WORKSPACE_CONFIG alone (this process's later subprocesses, e.g.
+    test_benchmarks_smoke's engine_bench, would inherit it)."""
     from benchmarks import ref_kv_reuse
 
+    before = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
     results = ref_kv_reuse.bench(argparse.Namespace(steps=4))
+    assert os.environ.get("CUBLAS_WORKSPACE_CONFIG") == before
     assert (results["config"], results["reference_rows"], results["used"], results["rows"]) == ("tiny", 128, 253, 256)
     for k in ("2", "4"):
         for name in ("keys", "values"):
