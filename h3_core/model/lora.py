@@ -72,9 +72,10 @@ def lora_gemm(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, factor: float) 
 
 
 @dataclass(frozen=True)
-class HeldTarget:
-    """One target linear's pair as the DiT holds it: a [rank, in], b [out, rank] on its device in
-    its dtype; alpha (the delta's scaling is alpha / rank)."""
+class LoraTarget:
+    """One target linear's LoRA pair: a float [rank, in], b float [out, rank], alpha (the delta's
+    scaling is alpha / rank): as read from a file (its dtype, h3_core.weights.lora_formats) or as
+    the DiT holds it (on its device in its dtype, LoraAdapters.add)."""
 
     a: torch.Tensor
     b: torch.Tensor
@@ -85,13 +86,21 @@ class HeldTarget:
         """Rows of A."""
         return self.a.shape[0]
 
+    def delta(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        """scale * alpha / rank * (x A^T) B^T for x [..., in] (A's dtype); returns [..., out]."""
+        return F.linear(F.linear(x, self.a), self.b) * (scale * self.alpha / self.rank)
+
+    def merged(self) -> torch.Tensor:
+        """The delta's weight alpha / rank * B A, [out, in]: W + merged() is the merged linear."""
+        return (self.b @ self.a) * (self.alpha / self.rank)
+
 
 @dataclass(frozen=True)
 class HeldAdapter:
-    """An adapter as the DiT holds it: targets (module name -> HeldTarget), rank (the file's
+    """An adapter as the DiT holds it: targets (module name -> LoraTarget), rank (the file's
     largest) and bytes (its A and B on the device)."""
 
-    targets: dict[str, HeldTarget]
+    targets: dict[str, LoraTarget]
     rank: int
     bytes: int
 
@@ -152,8 +161,8 @@ class LoraSlot:
         self.apply = torch.compiler.disable(self.add_deltas)
         self.extend = torch.compiler.disable(self.extend_rows)
 
-    def terms(self, run: LoraRun) -> list[tuple[HeldTarget, float]]:
-        """(HeldTarget of this module, scale x alpha / rank) of the run's adapters that target it."""
+    def terms(self, run: LoraRun) -> list[tuple[LoraTarget, float]]:
+        """(LoraTarget of this module, scale x alpha / rank) of the run's adapters that target it."""
         found = [(adapter.targets.get(self.name), scale) for adapter, scale in run.terms]
         return [(target, scale * target.alpha / target.rank) for target, scale in found if target is not None]
 
@@ -252,7 +261,7 @@ class LoraAdapters:
                     f"LoRA adapter {name!r}: A {a_shape} and B {b_shape} do not fit {target_name!r} of "
                     f"out={linear.out_features}, in={linear.in_features}"
                 )
-            targets[target_name] = HeldTarget(target.a.to(device, dtype), target.b.to(device, dtype), target.alpha)
+            targets[target_name] = LoraTarget(target.a.to(device, dtype), target.b.to(device, dtype), target.alpha)
         self.adapters[name] = HeldAdapter(targets, adapter.rank, sum(t.a.nbytes + t.b.nbytes for t in targets.values()))
         self.attach()
 

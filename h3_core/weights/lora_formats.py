@@ -31,40 +31,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors import safe_open
 
 from ..config import DiTConfig
-from ..model.lora import QKV_PARTS
+from ..model.lora import QKV_PARTS, LoraTarget
 from .checkpoint import grouped_to_qkv, official_sources
 
 DEFAULT_ALPHA = 8.0  # alpha of a diffusers file without one (what LightX2V and the Turbo reference use)
 FASTVIDEO_FORMAT = "fastvideo-lora-v2"
 _PEFT_KEY = re.compile(r"^(?P<module>.+)\.lora_(?P<part>A|B|down|up)(?:\.default)?\.weight$")
 _PART = {"A": "A", "down": "A", "B": "B", "up": "B"}
-
-
-@dataclass(frozen=True)
-class LoraTarget:
-    """One target linear's LoRA pair: a float [rank, in], b float [out, rank] (the file's dtype),
-    alpha (the delta's scaling is alpha / rank)."""
-
-    a: torch.Tensor
-    b: torch.Tensor
-    alpha: float
-
-    @property
-    def rank(self) -> int:
-        """Rows of A."""
-        return self.a.shape[0]
-
-    def delta(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
-        """scale * alpha / rank * (x A^T) B^T for x [..., in] (A's dtype); returns [..., out]."""
-        return F.linear(F.linear(x, self.a), self.b) * (scale * self.alpha / self.rank)
-
-    def merged(self) -> torch.Tensor:
-        """The delta's weight alpha / rank * B A, [out, in]: W + merged() is the merged linear."""
-        return (self.b @ self.a) * (self.alpha / self.rank)
 
 
 @dataclass(frozen=True)
