@@ -389,19 +389,15 @@ def test_the_page_sends_its_lora_field(served, tmp_path):
     """The page's LoRA field (NAME[:SCALE], comma-separated) reaches h3_dit: an adapter it does not
     hold comes back as the page's error, naming the field's entry."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.common.keys import Keys
 
-    from .test_videos_page import chromium
-    from .videos_api_serving import API_KEY, FrontEnd, wait_for
+    from .test_videos_page import chromium, open_with_key
+    from .videos_api_serving import FrontEnd, wait_for
 
     server, _, _ = served
     with FrontEnd(server.grpc_url, tmp_path / "data") as front_end:
         browser = chromium()
         try:
-            browser.get(f"{front_end.url}/")
-            find = browser.find_element
-            find(By.TAG_NAME, "summary").click()
-            find(By.ID, "api-key").send_keys(API_KEY, Keys.TAB)
+            find = open_with_key(browser, front_end.url)
             find(By.ID, "prompt").send_keys(PROMPT)
             find(By.ID, "size").send_keys("96x64")
             find(By.ID, "steps").send_keys("2")

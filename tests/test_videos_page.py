@@ -39,6 +39,16 @@ def chromium() -> webdriver.Chrome:
     return webdriver.Chrome(options=options, service=Service(driver))
 
 
+def open_with_key(browser: webdriver.Chrome, url: str):
+    """Load the page at `url`, open its settings and enter the tests' API key; returns
+    browser.find_element."""
+    browser.get(f"{url}/")
+    find = browser.find_element
+    find(By.TAG_NAME, "summary").click()
+    find(By.ID, "api-key").send_keys(API_KEY, Keys.TAB)
+    return find
+
+
 def test_the_page_generates_a_video_from_a_first_frame_with_progress_previews_and_the_clip(server, tmp_path):
     with FrontEnd(server.grpc_url, tmp_path / "data") as front_end:
         browser = chromium()
@@ -126,10 +136,7 @@ def test_the_page_reconnects_after_a_front_end_restart_and_the_sdk_resumes_by_id
     front_end = FrontEnd(server.grpc_url, tmp_path / "data").start()
     browser = chromium()
     try:
-        browser.get(f"{front_end.url}/")
-        find = browser.find_element
-        find(By.TAG_NAME, "summary").click()
-        find(By.ID, "api-key").send_keys(API_KEY, Keys.TAB)
+        find = open_with_key(browser, front_end.url)
         prompt = find(By.ID, "prompt")
         prompt.clear()
         prompt.send_keys("a red ball rolls to the left while a low tone plays on the left")
