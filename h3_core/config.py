@@ -43,6 +43,12 @@ FITS = ("crop", "pad", "stretch")
 DEFAULT_FIT = "crop"
 
 
+def aligned_rows(rows: int) -> int:
+    """`rows` rounded up to a multiple of ROW_ALIGN (64): a request's packed length, a text block's
+    refiner length (docs/model.md §2.1)."""
+    return -(-rows // ROW_ALIGN) * ROW_ALIGN
+
+
 def align_num_frames(num_frames: int) -> int:
     """Smallest 17n+5 frame count >= num_frames (docs/model.md §4.2). align(200) = 209, align(10) = 22.
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..config import AUDIO_LATENT_CHANNELS, ROW_ALIGN, VIDEO_LATENT_CHANNELS, align_num_frames
+from ..config import AUDIO_LATENT_CHANNELS, VIDEO_LATENT_CHANNELS, align_num_frames, aligned_rows
 from ..model import H3DiT
 from ..model.preview import RANDOM_PREVIEW, PreviewMap
 from ..model.reference_kv import ReferenceKV, ReferencePlan, bytes_per_reference_row
@@ -97,7 +97,7 @@ class RequestState:
             return 0
         if self.reference_kv.reuses(self.step_index):
             start, end = self.layout.reference_span
-            return -(-(self.layout.used - (end - start)) // ROW_ALIGN) * ROW_ALIGN
+            return aligned_rows(self.layout.used - (end - start))
         return self.rows
 
     def reference_plan(self) -> ReferencePlan | None:

@@ -30,6 +30,7 @@ from ..config import (
     VIDEO_LATENT_CHANNELS,
     VIDEO_SPATIAL_DOWNSAMPLE,
     align_num_frames,
+    aligned_rows,
     audio_latent_frames,
     latent_frames,
 )
@@ -358,7 +359,7 @@ def make_layout(
     )
     used = layout.used
     if seq_len is None:
-        seq_len = math.ceil(used / ROW_ALIGN) * ROW_ALIGN
+        seq_len = aligned_rows(used)
     if seq_len % ROW_ALIGN or seq_len < used:
         raise ValueError(f"seq_len {seq_len} must be a multiple of {ROW_ALIGN} and >= {used} used rows")
     return dataclasses.replace(layout, seq_len=seq_len)
@@ -471,7 +472,7 @@ def pack_requests(
         video.append(layout.video_row_index() + offset)
         audio.append(layout.audio_row_index() + offset)
         text.append(torch.arange(layout.text_len) + offset)
-        refiner_len = math.ceil(layout.text_len / ROW_ALIGN) * ROW_ALIGN
+        refiner_len = aligned_rows(layout.text_len)
         refiner_blocks.append((refiner_offset, refiner_offset + layout.text_len, refiner_offset + refiner_len))
         refiner_text.append(torch.arange(layout.text_len) + refiner_offset)
         positions.append(layout.position_ids())

@@ -33,7 +33,6 @@ alpha), copied to the DiT's device and dtype when added. `merge_lora` folds one 
 weights instead (a server using one adapter for every request).
 """
 
-import math
 import threading
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
@@ -43,7 +42,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from ..config import ROW_ALIGN
+from ..config import aligned_rows
 from .adaln_table import AdaLNSlots
 from .packed import PackedBatch
 
@@ -294,7 +293,7 @@ class LoraAdapters:
         ends = [*batch.offsets[1:], batch.total_rows]  # a request's rows: up to the next one's (its padding
         # included); fewer than layout.seq_len where reference rows are left out (h3_core.model.reference_kv)
         for layout, offset, end, composition in zip(batch.layouts, batch.offsets, ends, batch.loras, strict=True):
-            refiner_len = math.ceil(layout.text_len / ROW_ALIGN) * ROW_ALIGN  # as layout.pack_requests
+            refiner_len = aligned_rows(layout.text_len)  # as layout.pack_requests
             for name, _ in composition:
                 if name not in self.adapters:
                     raise ValueError(f"LoRA adapter {name!r} is not loaded")

@@ -16,12 +16,11 @@ What it keeps: per request output and reference row, num_layers x 2 (keys, value
 values of the model dtype (bytes_per_reference_row), freed when the request finishes or leaves.
 """
 
-import math
 from dataclasses import dataclass, field
 
 import torch
 
-from ..config import ROW_ALIGN, DiTConfig
+from ..config import DiTConfig, aligned_rows
 from .attention import AttentionFn, Documents, sdpa_document
 from .lora import lora_scope
 from .packed import PackedBatch
@@ -184,7 +183,7 @@ def compact_pack(batch: PackedBatch, plans: list[ReferencePlan | None]) -> Compa
             kept = torch.cat(
                 [torch.arange(start, start + plan.start), torch.arange(start + plan.end, start + layout.used)]
             )
-            length = math.ceil(len(kept) / ROW_ALIGN) * ROW_ALIGN
+            length = aligned_rows(len(kept))
             reuses.append((offset, offset + plan.start, offset + len(kept), plan))
         else:
             kept, length = torch.arange(start, start + layout.used), layout.seq_len
